@@ -1,0 +1,150 @@
+// The communication interface. One Communicator per process group (mp, ep, esp, dp, edp,
+// world); the MPI backend implements it (an NCCL one can later). Every operation is
+// counted per (group, op): calls, bus bytes received by this rank, and wall time; and every
+// wait is bounded by a deadline that turns a stuck collective into parm::Timeout.
+//
+// Counts are in elements of `dtype`; buffers are caller-owned and must stay alive until
+// the operation completes (blocking calls: until they return; non-blocking: until wait()).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace parm {
+
+enum class DType { kF32, kF64, kI32, kI64, kU8 };
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kF32; }
+template <> constexpr DType dtype_of<double>() { return DType::kF64; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
+
+enum class CommOp {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kAllToAllv,
+  kSend,
+  kRecv,
+  kBarrier,
+  kNumOps
+};
+constexpr int kNumCommOps = static_cast<int>(CommOp::kNumOps);
+// "allreduce", "allgather", "reduce_scatter", "alltoall", "alltoallv", "send", "recv", "barrier"
+const char* comm_op_name(CommOp op);
+
+// Bus bytes a rank receives in one call on a group of n ranks (nccl-tests busbw convention):
+//   allreduce of B bytes:                 2 (n-1)/n * B
+//   allgather, B bytes per rank:          (n-1) * B
+//   reduce_scatter, B bytes per rank out: (n-1) * B
+//   alltoall, B bytes per peer:           (n-1) * B   (= (n-1)/n of the whole buffer)
+//   send: 0; recv of B bytes: B; barrier: 0. alltoallv: what it received from others.
+double bus_bytes(CommOp op, int n, double bytes);
+
+struct OpStats {
+  int64_t calls = 0;
+  double bus_bytes = 0.0;  // received by this rank
+  double time_us = 0.0;    // wall time from issue to completion
+};
+
+class CommStats {
+ public:
+  OpStats& op(CommOp op) { return ops_[static_cast<int>(op)]; }
+  const OpStats& op(CommOp op) const { return ops_[static_cast<int>(op)]; }
+  void reset() { ops_ = {}; }
+
+ private:
+  std::array<OpStats, kNumCommOps> ops_{};
+};
+
+// A non-blocking operation in flight. wait() returns when it completed, or throws
+// parm::Timeout past the communicator's deadline. Destroying an unfinished request waits.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual bool test() = 0;  // true once complete (and then records the stats)
+  virtual void wait() = 0;
+};
+using RequestPtr = std::unique_ptr<Request>;
+
+// Waits for all; throws the first failure after trying the rest.
+void wait_all(std::vector<RequestPtr>& requests);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual const std::string& name() const = 0;  // "mp", "ep", ...
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual bool intra_node() const = 0;  // all members share a node
+  virtual CommStats& stats() = 0;
+  virtual double timeout_s() const = 0;
+
+  // ---- non-blocking ----
+  // In place sum over the group.
+  virtual RequestPtr iallreduce(void* buf, size_t count, DType dtype) = 0;
+  // recv (size * count) = concatenation of every rank's send (count), in rank order.
+  // send may be recv + rank * count (in place).
+  virtual RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // recv (count) = sum over ranks of their send block `rank` (send holds size * count).
+  virtual RequestPtr ireduce_scatter(const void* send, void* recv, size_t count,
+                                     DType dtype) = 0;
+  // Block p of send (count each) goes to rank p; block p of recv came from rank p.
+  virtual RequestPtr ialltoall(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // Variable blocks: counts and displacements (elements) per peer.
+  virtual RequestPtr ialltoallv(const void* send, const size_t* send_counts,
+                                const size_t* send_displs, void* recv,
+                                const size_t* recv_counts, const size_t* recv_displs,
+                                DType dtype) = 0;
+  virtual RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) = 0;
+  virtual RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) = 0;
+  virtual RequestPtr ibarrier() = 0;
+
+  // ---- blocking: the non-blocking call, then wait() ----
+  void allreduce(void* buf, size_t count, DType dtype) { iallreduce(buf, count, dtype)->wait(); }
+  void allgather(const void* send, void* recv, size_t count, DType dtype) {
+    iallgather(send, recv, count, dtype)->wait();
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype) {
+    ireduce_scatter(send, recv, count, dtype)->wait();
+  }
+  void alltoall(const void* send, void* recv, size_t count, DType dtype) {
+    ialltoall(send, recv, count, dtype)->wait();
+  }
+  void alltoallv(const void* send, const size_t* send_counts, const size_t* send_displs,
+                 void* recv, const size_t* recv_counts, const size_t* recv_displs, DType dtype) {
+    ialltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype)->wait();
+  }
+  void send(const void* buf, size_t count, DType dtype, int peer, int tag) {
+    isend(buf, count, dtype, peer, tag)->wait();
+  }
+  void recv(void* buf, size_t count, DType dtype, int peer, int tag) {
+    irecv(buf, count, dtype, peer, tag)->wait();
+  }
+  void barrier() { ibarrier()->wait(); }
+
+  // Typed conveniences.
+  template <typename T> void allreduce(T* buf, size_t count) {
+    allreduce(buf, count, dtype_of<T>());
+  }
+  template <typename T> void allgather(const T* send, T* recv, size_t count) {
+    allgather(send, recv, count, dtype_of<T>());
+  }
+  template <typename T> void reduce_scatter(const T* send, T* recv, size_t count) {
+    reduce_scatter(send, recv, count, dtype_of<T>());
+  }
+  template <typename T> void alltoall(const T* send, T* recv, size_t count) {
+    alltoall(send, recv, count, dtype_of<T>());
+  }
+};
+
+}  // namespace parm

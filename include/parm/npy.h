@@ -1,0 +1,15 @@
+// NumPy .npy files (format 1.0, little-endian), for dumps a user can load with numpy.load.
+#pragma once
+
+#include <string>
+
+#include "parm/tensor.h"
+
+namespace parm {
+
+// Writes float32 data of `shape` atomically.
+void write_npy(const std::string& path, const float* data, const Shape& shape);
+// Writes float64 data of `shape` atomically.
+void write_npy(const std::string& path, const double* data, const Shape& shape);
+
+}  // namespace parm

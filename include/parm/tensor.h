@@ -1,0 +1,73 @@
+// A small dense fp32 tensor: contiguous rows, row-major, owned (shared storage, 64-byte
+// aligned) or a view of memory someone else owns. Copying a Tensor shares its storage, as
+// a view does; `clone()` makes an independent copy.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace parm {
+
+using Shape = std::vector<int64_t>;
+
+std::string shape_str(const Shape& shape);
+int64_t shape_numel(const Shape& shape);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Owned, zero-filled.
+  explicit Tensor(Shape shape);
+  Tensor(std::initializer_list<int64_t> shape) : Tensor(Shape(shape)) {}
+
+  // A view of `data` (not owned; the caller keeps it alive).
+  static Tensor view(float* data, Shape shape);
+
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const;
+  int64_t numel() const { return numel_; }
+  int64_t bytes() const { return numel_ * static_cast<int64_t>(sizeof(float)); }
+  // Leading dimension and the product of the others (a 1-D tensor is one row).
+  int64_t rows() const;
+  int64_t cols() const;
+  bool empty() const { return numel_ == 0; }
+  bool owns() const { return storage_ != nullptr; }
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  float* row(int64_t r) { return data_ + r * cols(); }
+  const float* row(int64_t r) const { return data_ + r * cols(); }
+  float& operator[](int64_t i) { return data_[i]; }
+  float operator[](int64_t i) const { return data_[i]; }
+  float& at(int64_t r, int64_t c) { return data_[r * cols() + c]; }
+  float at(int64_t r, int64_t c) const { return data_[r * cols() + c]; }
+
+  // View of rows [begin, end) of the leading dimension (shares storage).
+  Tensor slice_rows(int64_t begin, int64_t end) const;
+  // Same storage, new shape of the same numel.
+  Tensor reshaped(Shape shape) const;
+  Tensor clone() const;
+
+  void fill(float value);
+  void zero() { fill(0.0f); }
+  void copy_from(const Tensor& src);  // same numel; overwrites
+
+ private:
+  Shape shape_;
+  int64_t numel_ = 0;
+  std::shared_ptr<float> storage_;  // null for views
+  float* data_ = nullptr;
+};
+
+// Largest |a-b| and largest |a-b| / max(|b|, floor) over all elements; same numel required.
+struct ErrorStats {
+  double max_abs = 0.0;
+  double max_rel = 0.0;
+};
+ErrorStats compare(const Tensor& a, const Tensor& b, double rel_floor = 1e-3);
+
+}  // namespace parm

@@ -1,0 +1,106 @@
+#include "parm/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/ranges.h>
+
+#include "parm/error.h"
+
+namespace parm {
+
+std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    PARM_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
+    n *= d;
+  }
+  return n;
+}
+
+Tensor::Tensor(Shape shape) : shape_(std::move(shape)), numel_(shape_numel(shape_)) {
+  constexpr size_t kAlign = 64;
+  size_t bytes = static_cast<size_t>(std::max<int64_t>(numel_, 1)) * sizeof(float);
+  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  auto* p = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
+  PARM_CHECK(p != nullptr, "out of memory allocating tensor {} ({} bytes)", shape_str(shape_),
+             bytes);
+  std::memset(p, 0, bytes);
+  storage_ = std::shared_ptr<float>(p, [](float* q) { std::free(q); });
+  data_ = p;
+}
+
+Tensor Tensor::view(float* data, Shape shape) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.numel_ = shape_numel(t.shape_);
+  PARM_CHECK(data != nullptr || t.numel_ == 0, "view of null data with shape {}",
+             shape_str(t.shape_));
+  t.data_ = data;
+  return t;
+}
+
+int64_t Tensor::dim(int i) const {
+  PARM_CHECK(i >= 0 && i < ndim(), "dim {} of a {}-d tensor {}", i, ndim(), shape_str(shape_));
+  return shape_[i];
+}
+
+int64_t Tensor::rows() const { return shape_.empty() ? 1 : (shape_.size() == 1 ? 1 : shape_[0]); }
+
+int64_t Tensor::cols() const {
+  const int64_t r = rows();
+  return r == 0 ? 0 : numel_ / r;
+}
+
+Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
+  PARM_CHECK(ndim() >= 1, "slice_rows of a 0-d tensor");
+  PARM_CHECK(0 <= begin && begin <= end && end <= shape_[0],
+             "slice_rows [{}, {}) of tensor {}", begin, end, shape_str(shape_));
+  Tensor t = *this;
+  const int64_t inner = shape_[0] == 0 ? 0 : numel_ / shape_[0];
+  t.shape_[0] = end - begin;
+  t.numel_ = (end - begin) * inner;
+  t.data_ = data_ + begin * inner;
+  return t;
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  PARM_CHECK_EQ(shape_numel(shape), numel_);
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t(shape_);
+  if (numel_ > 0) std::memcpy(t.data_, data_, static_cast<size_t>(bytes()));
+  return t;
+}
+
+void Tensor::fill(float value) { std::fill(data_, data_ + numel_, value); }
+
+void Tensor::copy_from(const Tensor& src) {
+  PARM_CHECK(src.numel_ == numel_, "copy_from {} into {}", shape_str(src.shape_),
+             shape_str(shape_));
+  if (numel_ > 0 && src.data_ != data_)
+    std::memmove(data_, src.data_, static_cast<size_t>(bytes()));
+}
+
+ErrorStats compare(const Tensor& a, const Tensor& b, double rel_floor) {
+  PARM_CHECK(a.numel() == b.numel(), "compare {} with {}", shape_str(a.shape()),
+             shape_str(b.shape()));
+  ErrorStats s;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(d)) return {INFINITY, INFINITY};
+    s.max_abs = std::max(s.max_abs, d);
+    s.max_rel = std::max(s.max_rel, d / std::max<double>(std::fabs(b[i]), rel_floor));
+  }
+  return s;
+}
+
+}  // namespace parm

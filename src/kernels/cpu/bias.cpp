@@ -1,0 +1,25 @@
+// Bias add over rows and its adjoint (column sums).
+#include "kernels/cpu/kernels.h"
+#include "parm/error.h"
+
+namespace parm::cpu {
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
+  PARM_CHECK(rows >= 0 && cols >= 0, "add_bias: bad shape ({}, {})", rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * cols;
+    for (int64_t c = 0; c < cols; ++c) yr[c] += bias[c];
+  }
+}
+
+void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t cols) {
+  PARM_CHECK(rows >= 0 && cols >= 0, "bias_backward: bad shape ({}, {})", rows, cols);
+  // Row-major walk: each column is its own running sum, so the inner loop vectorises
+  // without reordering any addition.
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * cols;
+    for (int64_t c = 0; c < cols; ++c) dbias[c] += dyr[c];
+  }
+}
+
+}  // namespace parm::cpu

@@ -1,0 +1,58 @@
+// GeLU, tanh form (as GPT-2): gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// Computed through the identity 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)) =: s, which needs a
+// single exp and no cancellation: gelu(x) = x s, gelu'(x) = s + 2 x s (1 - s) u'(x).
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vec_math.h"
+#include "parm/error.h"
+
+namespace parm::cpu {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+// Clamping -2u to [-80, 80] (exp(80) ~ 5.5e34) keeps exp(-2u), s and 1 - s = exp(-2u) s
+// finite, so gelu' never forms inf * 0; where the clamp acts, s or 1 - s is below 2e-35.
+constexpr float kClamp = 80.0f;
+
+inline float clamp_minus_2u(float x) {
+  return detail::clamp_f32(-2.0f * kSqrt2OverPi * (x + kCubic * x * x * x), -kClamp, kClamp);
+}
+
+inline float gelu_value(float x) {
+  return x / (1.0f + detail::exp_f32(clamp_minus_2u(x)));
+}
+
+inline float gelu_grad(float x) {
+  const float e = detail::exp_f32(clamp_minus_2u(x));
+  const float s = 1.0f / (1.0f + e);
+  const float one_minus_s = e * s;
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+  return s + 2.0f * x * s * one_minus_s * du;
+}
+
+}  // namespace
+
+void gelu_forward(const float* x, float* y, int64_t n) {
+  PARM_CHECK(n >= 0, "gelu_forward: n = {}", n);
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu_value(x[i]);
+}
+
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+  PARM_CHECK(n >= 0, "gelu_backward: n = {}", n);
+  for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i]) * dy[i];
+}
+
+void bias_gelu_forward(float* pre, const float* bias, float* act, int64_t rows, int64_t cols) {
+  PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_forward: bad shape ({}, {})", rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* pr = pre + r * cols;
+    float* ar = act + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = pr[c] + bias[c];
+      pr[c] = v;
+      ar[c] = gelu_value(v);
+    }
+  }
+}
+
+}  // namespace parm::cpu

@@ -1,0 +1,78 @@
+// CPU kernels over raw row-major fp32 pointers. The caller owns all memory. Shapes are
+// given in the comments as (rows, cols). Functions say whether they overwrite or
+// accumulate (+=) their outputs.
+#pragma once
+
+#include <cstdint>
+
+namespace parm::cpu {
+
+// ---- GEMM (oneDNN) ---------------------------------------------------------------------
+// C (m, n) = op(A) (m, k) * op(B) (k, n)            when accumulate == false (overwrite)
+// C (m, n) += op(A) (m, k) * op(B) (k, n)           when accumulate == true
+// op(X) = X or X^T. Row-major with leading dimensions lda/ldb/ldc (elements per stored row):
+// A is stored (m, k) when !trans_a, else (k, m); B is stored (k, n) when !trans_b, else (n, k).
+// m, n or k may be 0 (k == 0: C is zeroed, or left alone when accumulating).
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+// Contiguous convenience form (lda/ldb/ldc implied by the shapes).
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+          const float* b, float* c, bool accumulate);
+// Name of the GEMM backend, e.g. "oneDNN 2.6.3 (cpu, avx2)".
+const char* gemm_backend();
+// Which oneDNN entry point gemm() calls: kAuto picks one per shape (a fixed rule, the same
+// on every rank; see gemm.cpp), the others force one (benchmarks, tests). Process-wide.
+enum class GemmPath { kAuto, kSgemm, kMatmul };
+void set_gemm_path(GemmPath path);
+GemmPath gemm_path();
+// Threads gemm() may use when called from the calling thread. Default: 1, unless the
+// environment sets OMP_NUM_THREADS, which is then obeyed. set_gemm_threads(n >= 1) overrides
+// both for all threads. oneDNN runs on OpenMP here: this sets the calling thread's OpenMP
+// thread count, which other OpenMP code in that thread would see too.
+void set_gemm_threads(int num_threads);
+int gemm_threads();
+
+// ---- Row-wise softmax ------------------------------------------------------------------
+// y (rows, cols) = softmax(x) per row; overwrites y (may alias x).
+void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols);
+// dx (rows, cols) = y * (dy - sum(dy * y)) per row; overwrites dx (may alias dy).
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
+
+// ---- Top-k per row ---------------------------------------------------------------------
+// idx (rows, k), val (rows, k): the k largest values of each row of x (rows, cols), largest
+// first; ties go to the lower column index. Overwrites idx and val. Requires 1 <= k <= cols.
+void topk(const float* x, int64_t rows, int64_t cols, int k, int32_t* idx, float* val);
+
+// ---- GeLU (tanh form, as GPT-2) --------------------------------------------------------
+// y = gelu(x), n elements; overwrites y (may alias x).
+void gelu_forward(const float* x, float* y, int64_t n);
+// dx = gelu'(x) * dy; overwrites dx (may alias dy).
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
+// Fused: pre (rows, cols) = x + bias (cols) in place, then act = gelu(pre); overwrites act.
+void bias_gelu_forward(float* pre, const float* bias, float* act, int64_t rows, int64_t cols);
+
+// ---- Bias ------------------------------------------------------------------------------
+// y (rows, cols) += bias (cols) for every row.
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols);
+// dbias (cols) += column sums of dy (rows, cols).
+void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t cols);
+
+// ---- LayerNorm -------------------------------------------------------------------------
+// y (rows, cols) = (x - mean) * rstd * gamma + beta; writes mean (rows) and rstd (rows) for
+// the backward pass. Overwrites y, mean, rstd.
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y,
+                       float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
+// Overwrites dx (rows, cols); accumulates (+=) dgamma (cols) and dbeta (cols).
+void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                        int64_t cols);
+
+// ---- Row gather / scatter-add ----------------------------------------------------------
+// dst (n, cols): row i = src row idx[i] (idx[i] < 0: a zero row). Overwrites dst.
+void gather_rows(const float* src, int64_t cols, const int64_t* idx, int64_t n, float* dst);
+// dst row idx[i] += scale[i] * src row i for i < n (scale may be null: 1). idx[i] < 0 is
+// skipped. Accumulates into dst; repeated indices add up.
+void scatter_add_rows(const float* src, int64_t cols, const int64_t* idx, const float* scale,
+                      int64_t n, float* dst);
+
+}  // namespace parm::cpu

@@ -1,0 +1,78 @@
+#include "moe/capacity.h"
+
+#include "parm/error.h"
+
+namespace parm {
+namespace {
+
+constexpr int kMaxDigits = 18;  // 10^18 < 2^63, so num and den always fit in int64
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+[[noreturn]] void refuse(std::string_view text, std::string_view why) {
+  throw InvalidConfig(fmt::format(
+      "capacity factor '{}' is not valid: {}; write a positive decimal such as 1, 1.25, "
+      "0.5 or 2.0 (digits with at most one '.', digits on both sides of it, at most {} "
+      "digits, no sign or exponent)",
+      text, why, kMaxDigits));
+}
+
+}  // namespace
+
+CapacityFactor CapacityFactor::parse(std::string_view text) {
+  if (text.empty()) refuse(text, "it is empty");
+  if (text.front() == '-') refuse(text, "it is negative");
+  const size_t dot = text.find('.');
+  const std::string_view int_part = text.substr(0, dot);
+  const std::string_view frac_part =
+      dot == std::string_view::npos ? std::string_view{} : text.substr(dot + 1);
+  for (std::string_view part : {int_part, frac_part}) {
+    for (char c : part) {
+      if (c == 'e' || c == 'E') refuse(text, "exponent forms are not accepted");
+      if (!is_digit(c)) refuse(text, fmt::format("unexpected character '{}'", c));
+    }
+  }
+  if (int_part.empty()) refuse(text, "there is no digit before the '.'");
+  if (dot != std::string_view::npos && frac_part.empty())
+    refuse(text, "there is no digit after the '.'");
+  if (int_part.size() + frac_part.size() > kMaxDigits) refuse(text, "too many digits");
+
+  CapacityFactor f{0, 1};
+  for (char c : int_part) f.num = f.num * 10 + (c - '0');
+  for (char c : frac_part) {
+    f.num = f.num * 10 + (c - '0');
+    f.den *= 10;
+  }
+  if (f.num == 0) refuse(text, "it must be greater than 0");
+  return f;
+}
+
+std::string CapacityFactor::str() const {
+  int decimals = 0;
+  int64_t q = den;
+  while (q > 1 && q % 10 == 0) {
+    q /= 10;
+    ++decimals;
+  }
+  if (q != 1 || num < 0) return fmt::format("{}/{}", num, den);
+  if (decimals == 0) return fmt::format("{}", num);
+  return fmt::format("{}.{:0{}}", num / den, num % den, decimals);
+}
+
+int64_t capacity(int k, CapacityFactor f, int64_t tokens, int64_t experts) {
+  PARM_CONFIG_CHECK(k >= 1, "capacity: top-k must be >= 1, got k = {}", k);
+  PARM_CONFIG_CHECK(tokens >= 0, "capacity: token count must be >= 0, got {}", tokens);
+  PARM_CONFIG_CHECK(experts >= 1, "capacity: expert count must be >= 1, got {}", experts);
+  PARM_CONFIG_CHECK(f.num >= 0 && f.den >= 1,
+                    "capacity: factor {}/{} must have num >= 0 and den >= 1", f.num, f.den);
+  int64_t numer = 0, denom = 0;
+  const bool overflow = __builtin_mul_overflow(static_cast<int64_t>(k), f.num, &numer) ||
+                        __builtin_mul_overflow(numer, tokens, &numer) ||
+                        __builtin_mul_overflow(f.den, experts, &denom);
+  PARM_CONFIG_CHECK(!overflow,
+                    "capacity: k * f * tokens / experts = {} * {} * {} / {} overflows int64", k,
+                    f.str(), tokens, experts);
+  return numer / denom + (numer % denom != 0 ? 1 : 0);  // ceil of a non-negative ratio
+}
+
+}  // namespace parm

@@ -1,0 +1,108 @@
+// Gate, routing and the l_aux statistics (SPEC §2 items 1-3 and 7).
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/kernels.h"
+#include "moe/moe_ops.h"
+#include "parm/error.h"
+
+namespace parm::moe {
+
+void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
+                  Tensor& probs, GateRouting& r, float* stats) {
+  const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
+  PARM_CHECK_EQ(wg.rows(), M);
+  PARM_CHECK(probs.rows() == rows && probs.cols() == E, "probs {} for {} rows x {} experts",
+             shape_str(probs.shape()), rows, E);
+  PARM_CHECK(topk >= 1 && topk <= E, "top-k {} with {} experts", topk, E);
+  PARM_CHECK(slots >= capacity, "dispatch slots {} below capacity {}", slots, capacity);
+  cpu::gemm(false, false, rows, E, M, x.data(), wg.data(), probs.data(), false);
+  cpu::softmax_forward(probs.data(), probs.data(), rows, E);
+
+  r.tokens = rows;
+  r.experts = E;
+  r.topk = topk;
+  r.capacity = capacity;
+  r.slots = slots;
+  const size_t n = static_cast<size_t>(rows * topk);
+  r.expert.resize(n);
+  r.prob.resize(n);
+  r.weight.resize(n);
+  r.row.resize(n);
+  r.fill.assign(static_cast<size_t>(E), 0);
+  cpu::topk(probs.data(), rows, E, topk, r.expert.data(), r.prob.data());
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* p = &r.prob[static_cast<size_t>(t * topk)];
+    float* w = &r.weight[static_cast<size_t>(t * topk)];
+    if (topk == 1) {
+      w[0] = p[0];
+    } else {
+      float sum = 0.0f;
+      for (int j = 0; j < topk; ++j) sum += p[j];
+      for (int j = 0; j < topk; ++j) w[j] = p[j] / sum;
+    }
+  }
+  // GShard priority: all 1st choices in token order, then all 2nd choices, ...
+  for (int j = 0; j < topk; ++j)
+    for (int64_t t = 0; t < rows; ++t) {
+      const size_t i = static_cast<size_t>(t * topk + j);
+      const int64_t e = r.expert[i];
+      int64_t& f = r.fill[static_cast<size_t>(e)];
+      r.row[i] = f < capacity ? e * slots + f++ : -1;
+    }
+  float* count = stats;
+  float* psum = stats + E;
+  std::fill(stats, stats + 2 * E, 0.0f);
+  for (int64_t t = 0; t < rows; ++t) {
+    count[r.expert[static_cast<size_t>(t * topk)]] += 1.0f;
+    const float* p = probs.row(t);
+    for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
+  }
+}
+
+void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const GateRouting& r,
+                   const std::vector<float>& dweight, const float* dstats, Tensor& dprobs,
+                   Tensor& dwg, Tensor& dx) {
+  const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
+  const int k = r.topk;
+  const float* dpsum = dstats + E;
+  for (int64_t t = 0; t < rows; ++t) {
+    float* dp = dprobs.row(t);
+    for (int64_t e = 0; e < E; ++e) dp[e] = dpsum[e];
+    const size_t base = static_cast<size_t>(t * k);
+    if (k == 1) {
+      dp[r.expert[base]] += dweight[base];
+      continue;
+    }
+    // w_j = p_j / S with S the sum of the k chosen p: dp_i = g_i / S - sum_j g_j p_j / S^2.
+    float s = 0.0f, gp = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      s += r.prob[base + j];
+      gp += dweight[base + j] * r.prob[base + j];
+    }
+    for (int j = 0; j < k; ++j) dp[r.expert[base + j]] += dweight[base + j] / s - gp / (s * s);
+  }
+  cpu::softmax_backward(probs.data(), dprobs.data(), dprobs.data(), rows, E);
+  cpu::gemm(true, false, M, E, rows, x.data(), dprobs.data(), dwg.data(), true);
+  cpu::gemm(false, true, rows, M, E, dprobs.data(), wg.data(), dx.data(), true);
+}
+
+float aux_loss(const float* stats, int64_t E, int64_t total) {
+  if (total == 0) return 0.0f;
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e)
+    sum += static_cast<double>(stats[e]) / total * (static_cast<double>(stats[E + e]) / total);
+  return static_cast<float>(E * sum);
+}
+
+void aux_loss_backward(const float* stats, int64_t E, int64_t total, float dl_aux,
+                       float* dstats) {
+  for (int64_t e = 0; e < E; ++e) {
+    dstats[e] = 0.0f;
+    dstats[E + e] = total == 0 ? 0.0f
+                               : static_cast<float>(static_cast<double>(dl_aux) * E * stats[e] /
+                                                    (static_cast<double>(total) * total));
+  }
+}
+
+}  // namespace parm::moe

@@ -1,0 +1,243 @@
+#include "moe/layer_check.h"
+
+#include <mpi.h>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "moe/moe_layer.h"
+#include "parm/error.h"
+#include "parm/fileio.h"
+#include "parm/npy.h"
+#include "parm/rng.h"
+
+namespace parm {
+namespace {
+
+constexpr uint64_t kGroupSeedStride = 1000003;
+constexpr uint64_t kStreamDout = 100;
+
+template <typename A, typename B>
+TensorError compare(const std::string& name, const A* a, const B* b, size_t n) {
+  double max_abs = 0.0, max_ref = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+    max_abs = std::isnan(d) ? INFINITY : std::max(max_abs, d);
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(b[i])));
+  }
+  return {name, max_abs, max_ref > 0 ? max_abs / max_ref : max_abs, false};
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// Whole parameter-shaped tensors, by name, in a fixed order.
+template <typename S>
+std::vector<std::pair<std::string, const std::vector<S>*>> named(const ref::MoeParams<S>& p) {
+  return {{"wg", &p.wg}, {"w1", &p.w1}, {"b1", &p.b1}, {"w2", &p.w2}, {"b2", &p.b2}};
+}
+
+void allreduce_sum(std::vector<double>& v) {
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM,
+                MPI_COMM_WORLD);
+}
+
+Shape param_shape(const ref::MoeShape& s, const std::string& name) {
+  if (name == "wg") return {s.model_dim, s.experts};
+  if (name == "w1") return {s.experts, s.model_dim, s.hidden};
+  if (name == "b1") return {s.experts, s.hidden};
+  if (name == "w2") return {s.experts, s.hidden, s.model_dim};
+  return {s.experts, s.model_dim};
+}
+
+class Dumper {
+ public:
+  explicit Dumper(std::string dir) : dir_(std::move(dir)) {
+    if (!dir_.empty()) ::mkdir(dir_.c_str(), 0755);
+  }
+  template <typename S>
+  void add(const std::string& file, const S* data, const Shape& shape, const std::string& meaning) {
+    if (dir_.empty()) return;
+    write_npy(dir_ + "/" + file, data, shape);
+    files_.push_back({{"file", file}, {"shape", shape}, {"meaning", meaning},
+                      {"dtype", sizeof(S) == 4 ? "float32" : "float64"}});
+  }
+  void finish(const nlohmann::json& config) {
+    if (dir_.empty()) return;
+    // Merge with what earlier schedules of the same run wrote; the manifest goes last.
+    nlohmann::json doc;
+    try {
+      doc = nlohmann::json::parse(read_file(dir_ + "/manifest.json"));
+    } catch (...) {
+      doc = {{"files", nlohmann::json::array()}};
+    }
+    doc["config"] = config;
+    for (const auto& f : files_) {
+      bool seen = false;
+      for (const auto& g : doc["files"]) seen = seen || g["file"] == f["file"];
+      if (!seen) doc["files"].push_back(f);
+    }
+    write_file_atomic(dir_ + "/manifest.json", doc.dump(2) + "\n");
+  }
+
+ private:
+  std::string dir_;
+  std::vector<nlohmann::json> files_;
+};
+
+}  // namespace
+
+std::vector<float> check_input(const ref::MoeShape& shape, uint64_t seed, int group) {
+  return ref::init_input<float>(shape, seed + kGroupSeedStride * static_cast<uint64_t>(group + 1));
+}
+
+std::vector<float> check_dout(const ref::MoeShape& shape, uint64_t seed, int group) {
+  Tensor t({shape.tokens, shape.model_dim});
+  fill_normal(t, seed + kGroupSeedStride * static_cast<uint64_t>(group + 1), kStreamDout, 0.0f,
+              1.0f);
+  return std::vector<float>(t.data(), t.data() + t.numel());
+}
+
+LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
+  const ref::MoeShape& sh = o.shape;
+  const Layout& l = topo.layout();
+  const int group = group_coord(l, Group::kMp, topo.world_rank()).index;
+  const int mp_rank = topo.comm(Group::kMp).rank();
+  const int64_t T = sh.tokens, M = sh.model_dim;
+
+  MoeLayer layer(topo, sh, o.kind);  // validates the configuration first
+  auto params = ref::init_params<float>(sh, o.seed);
+  auto x = check_input(sh, o.seed, group);
+  const auto dout = check_dout(sh, o.seed, group);
+  if (o.skew != 0.0f) {
+    for (float& v : x) v += o.skew;
+    for (int64_t m = 0; m < M; ++m) params.wg[static_cast<size_t>(m * sh.experts)] += o.skew / M;
+  }
+  ref::MoeParams<double> params64;
+  params64.wg = to_double(params.wg);
+  params64.w1 = to_double(params.w1);
+  params64.b1 = to_double(params.b1);
+  params64.w2 = to_double(params.w2);
+  params64.b2 = to_double(params.b2);
+
+  layer.load_whole(params);
+  layer.zero_grad();
+  Tensor xt = Tensor::view(const_cast<float*>(x.data()), {T, M});
+  const Tensor out = layer.forward(xt).clone();
+  const float l_aux = layer.l_aux();
+  const Tensor dx = layer.backward(Tensor::view(const_cast<float*>(dout.data()), {T, M}),
+                                   o.dl_aux)
+                        .clone();
+
+  LayerCheckResult result;
+  result.oracle_slices = o.kind == schedule::Kind::kS1 && !o.whole_oracle ? l.mp : 1;
+  const auto fwd = ref::moe_forward<double>(sh, params64, to_double(x),
+                                            static_cast<int>(result.oracle_slices));
+  const auto grads = ref::moe_backward<double>(params64, fwd, to_double(dout), o.dl_aux);
+
+  // The layer's routing of its gate rows against the oracle's.
+  const auto& r = layer.routing();
+  const int64_t first = o.kind == schedule::Kind::kS1 ? mp_rank * (T / l.mp) : 0;
+  // Slots are numbered per gate call: compare them only when the oracle gated the same rows.
+  const bool same_gate_calls = o.kind != schedule::Kind::kS1 || result.oracle_slices == l.mp;
+  bool same = r.tokens == (o.kind == schedule::Kind::kS1 ? T / l.mp : T);
+  for (int64_t t = 0; same && t < r.tokens; ++t)
+    for (int j = 0; j < sh.topk; ++j) {
+      const size_t i = static_cast<size_t>(t * sh.topk + j);
+      const size_t oi = static_cast<size_t>((first + t) * sh.topk + j);
+      const int64_t slot = r.row[i] < 0 ? -1 : r.row[i] % r.slots;
+      same = same && r.expert[i] == fwd.routing.expert[oi] &&
+             (same_gate_calls ? slot == fwd.routing.slot[oi] : (slot < 0) == (fwd.routing.slot[oi] < 0));
+    }
+
+  std::vector<TensorError> errs;
+  errs.push_back(compare("out", out.data(), fwd.out.data(), fwd.out.size()));
+  errs.push_back(compare("dx", dx.data(), grads.dx.data(), grads.dx.size()));
+  const double laux64 = fwd.l_aux;
+  errs.push_back({"l_aux", std::fabs(l_aux - laux64),
+                  std::fabs(l_aux - laux64) / std::max(1.0, std::fabs(laux64)), false});
+  errs.push_back(compare("dwg", layer.grads().wg.data(), grads.dparams.wg.data(),
+                         grads.dparams.wg.size()));
+
+  // Expert gradients, whole: the layer's shards summed over all ranks (b2 once per ESP
+  // group) against the oracle summed over MP groups.
+  ref::MoeParams<float> mine = ref::MoeParams<float>::zeros(sh);
+  layer.store_whole_grads(mine);
+  if (layer.esp_rank() != 0) std::fill(mine.b2.begin(), mine.b2.end(), 0.0f);
+  const auto mine_named = named(mine);
+  const auto oracle_named = named(grads.dparams);
+  std::vector<std::vector<double>> layer_whole, oracle_whole;
+  for (size_t i = 1; i < mine_named.size(); ++i) {  // skip wg: compared per MP group above
+    layer_whole.push_back(to_double(*mine_named[i].second));
+    oracle_whole.push_back(mp_rank == 0 ? *oracle_named[i].second
+                                        : std::vector<double>(oracle_named[i].second->size()));
+    allreduce_sum(layer_whole.back());
+    allreduce_sum(oracle_whole.back());
+    errs.push_back(compare("d" + mine_named[i].first, layer_whole.back().data(),
+                           oracle_whole.back().data(), layer_whole.back().size()));
+  }
+
+  // Max over ranks; routing and drops summed.
+  std::vector<double> v;
+  for (const auto& e : errs) {
+    v.push_back(e.max_abs);
+    v.push_back(e.max_rel);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX,
+                MPI_COMM_WORLD);
+  int ok_routing = same ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &ok_routing, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  int64_t dropped = mp_rank == 0 ? fwd.routing.num_dropped() : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  result.routing_matches = ok_routing == 1;
+  result.dropped_choices = dropped;
+  result.passed = result.routing_matches;
+  for (size_t i = 0; i < errs.size(); ++i) {
+    errs[i].max_abs = v[2 * i];
+    errs[i].max_rel = v[2 * i + 1];
+    errs[i].passed = errs[i].max_rel <= o.tolerance;
+    result.passed = result.passed && errs[i].passed;
+  }
+  result.errors = std::move(errs);
+
+  if (!o.dump_dir.empty()) {
+    // MP group 0's tensors, from world rank 0, plus the whole gradients every rank holds.
+    if (topo.world_rank() == 0) {
+      const std::string sname = schedule::kind_name(o.kind);
+      const std::string oname = result.oracle_slices > 1 ? "oracle_sliced" : "oracle";
+      Dumper d(o.dump_dir);
+      d.add("input.x.npy", x.data(), {T, M}, "input x of MP group 0 (T, M)");
+      d.add("input.dout.npy", dout.data(), {T, M}, "output gradient of MP group 0 (T, M)");
+      for (const auto& [name, vec] : named(params))
+        d.add("param." + name + ".npy", vec->data(), param_shape(sh, name),
+              "whole (unsharded) parameter " + name);
+      d.add(oname + ".out.npy", fwd.out.data(), {T, M}, "oracle (fp64) output, MP group 0");
+      d.add(oname + ".dx.npy", grads.dx.data(), {T, M}, "oracle (fp64) dx, MP group 0");
+      d.add(oname + ".l_aux.npy", &fwd.l_aux, {}, "oracle (fp64) l_aux, MP group 0");
+      d.add(oname + ".dwg.npy", grads.dparams.wg.data(), param_shape(sh, "wg"),
+            "oracle (fp64) gate-weight gradient, MP group 0");
+      d.add(sname + ".out.npy", out.data(), {T, M}, sname + " output, MP group 0");
+      d.add(sname + ".dx.npy", dx.data(), {T, M}, sname + " dx, MP group 0");
+      d.add(sname + ".l_aux.npy", &l_aux, {}, sname + " l_aux, MP group 0");
+      d.add(sname + ".dwg.npy", layer.grads().wg.data(), param_shape(sh, "wg"),
+            sname + " gate-weight gradient, MP group 0");
+      for (size_t i = 1; i < mine_named.size(); ++i) {
+        const std::string n = mine_named[i].first;
+        d.add(oname + ".d" + n + ".npy", oracle_whole[i - 1].data(), param_shape(sh, n),
+              "oracle (fp64) gradient of " + n + ", summed over all MP groups");
+        d.add(sname + ".d" + n + ".npy", layer_whole[i - 1].data(), param_shape(sh, n),
+              sname + " gradient of " + n + ", gathered from the ranks' shards and summed "
+              "over EDP replicas");
+      }
+      d.finish({{"tokens", T}, {"model_dim", M}, {"hidden", sh.hidden},
+                {"experts", sh.experts}, {"topk", sh.topk},
+                {"capacity_factor", sh.capacity_factor.str()}, {"mp", l.mp}, {"ep", l.ep},
+                {"esp", l.esp}, {"world", l.world}, {"seed", o.seed}, {"dl_aux", o.dl_aux}});
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  return result;
+}
+
+}  // namespace parm

@@ -1,0 +1,236 @@
+// The executor: runs a schedule's step list forward, and its adjoint in reverse order.
+#include "moe/moe_layer.h"
+
+#include <cstring>
+
+#include "parm/error.h"
+#include "parm/timer.h"
+
+namespace parm {
+
+using schedule::Step;
+using schedule::StepKind;
+
+namespace {
+
+// (outer, n, chunk) -> my (outer, chunk): "keep my slice" (MP off).
+void take_chunk(const Tensor& full, int64_t outer, int n, int j, int64_t chunk, Tensor& mine) {
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(mine.data() + o * chunk, full.data() + (o * n + j) * chunk,
+                static_cast<size_t>(chunk) * sizeof(float));
+}
+
+// AllGather of (outer, chunk) parts into (outer, n, chunk) on every rank.
+void gather_interleaved(Communicator& c, const Tensor& mine, int64_t outer, int64_t chunk,
+                        Tensor& scratch, Tensor& full) {
+  const int n = c.size();
+  if (outer == 1) {
+    c.allgather(mine.data(), full.data(), static_cast<size_t>(chunk));
+    return;
+  }
+  if (scratch.numel() < full.numel()) scratch = Tensor({full.numel()});
+  c.allgather(mine.data(), scratch.data(), static_cast<size_t>(outer * chunk));  // (n, outer, chunk)
+  for (int p = 0; p < n; ++p)
+    for (int64_t o = 0; o < outer; ++o)
+      std::memcpy(full.data() + (o * n + p) * chunk, scratch.data() + (p * outer + o) * chunk,
+                  static_cast<size_t>(chunk) * sizeof(float));
+}
+
+}  // namespace
+
+MoeLayer::MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind)
+    : topo_(topo), shape_(shape) {
+  const Layout& l = topo.layout();
+  esp_rank_ = topo.comm(Group::kEsp).rank();
+  esp_size_ = l.esp;
+  schedule_ = schedule::build({shape, l, esp_rank_}, kind);
+  const int64_t M = shape.model_dim, E = shape.experts;
+  const int64_t e_loc = E / l.ep, hl = shape.hidden / l.esp;
+  first_expert_ = static_cast<int>(topo.comm(Group::kEp).rank() * e_loc);
+  for (MoeLayerParams* p : {&params_, &grads_}) {
+    p->wg = Tensor({M, E});
+    p->experts.w1 = Tensor({e_loc, M, hl});
+    p->experts.b1 = Tensor({e_loc, hl});
+    p->experts.w2 = Tensor({e_loc, hl, M});
+    p->experts.b2 = Tensor({e_loc, M});
+  }
+  dwg_call_ = Tensor({M, E});
+  for (const auto& b : schedule_.buffers) {
+    bufs_.emplace_back(b.shape);
+    dbufs_.emplace_back(b.shape);
+  }
+  probs_ = Tensor({schedule_.gate_tokens, E});
+  dprobs_ = Tensor({schedule_.gate_tokens, E});
+  fwd_us_.assign(schedule_.steps.size(), 0.0);
+  bwd_us_.assign(schedule_.steps.size(), 0.0);
+}
+
+void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
+  whole.check(shape_);
+  std::memcpy(params_.wg.data(), whole.wg.data(), static_cast<size_t>(params_.wg.bytes()));
+  auto& x = params_.experts;
+  const int64_t e_loc = x.w1.dim(0), M = shape_.model_dim, hl = x.w1.dim(2);
+  for (int64_t e = 0; e < e_loc; ++e) {
+    const auto part = ref::slice_expert(shape_, whole, first_expert_ + e, esp_rank_, esp_size_);
+    std::memcpy(x.w1.data() + e * M * hl, part.w1.data(), part.w1.size() * sizeof(float));
+    std::memcpy(x.b1.data() + e * hl, part.b1.data(), part.b1.size() * sizeof(float));
+    std::memcpy(x.w2.data() + e * hl * M, part.w2.data(), part.w2.size() * sizeof(float));
+    std::memcpy(x.b2.data() + e * M, whole.b2.data() + (first_expert_ + e) * M,
+                static_cast<size_t>(M) * sizeof(float));
+  }
+}
+
+void MoeLayer::store_whole_grads(ref::MoeParams<float>& whole) const {
+  whole.check(shape_);
+  std::memcpy(whole.wg.data(), grads_.wg.data(), static_cast<size_t>(grads_.wg.bytes()));
+  const auto& g = grads_.experts;
+  const int64_t e_loc = g.w1.dim(0), M = shape_.model_dim, hl = g.w1.dim(2);
+  for (int64_t e = 0; e < e_loc; ++e) {
+    ref::ExpertWeights<float> part;
+    part.model_dim = M;
+    part.hidden = hl;
+    part.w1.assign(g.w1.data() + e * M * hl, g.w1.data() + (e + 1) * M * hl);
+    part.b1.assign(g.b1.data() + e * hl, g.b1.data() + (e + 1) * hl);
+    part.w2.assign(g.w2.data() + e * hl * M, g.w2.data() + (e + 1) * hl * M);
+    ref::unslice_expert(shape_, part, first_expert_ + e, esp_rank_, esp_size_, whole);
+    std::memcpy(whole.b2.data() + (first_expert_ + e) * M, g.b2.data() + e * M,
+                static_cast<size_t>(M) * sizeof(float));
+  }
+}
+
+void MoeLayer::zero_grad() {
+  grads_.wg.zero();
+  grads_.experts.w1.zero();
+  grads_.experts.b1.zero();
+  grads_.experts.w2.zero();
+  grads_.experts.b2.zero();
+}
+
+const Tensor& MoeLayer::forward(const Tensor& x) {
+  Tensor& in = bufs_[static_cast<size_t>(schedule_.input)];
+  PARM_CHECK(x.numel() == in.numel(), "MoE layer input {} but the layer takes {}",
+             shape_str(x.shape()), shape_str(in.shape()));
+  in.copy_from(x);
+  for (size_t i = 0; i < schedule_.steps.size(); ++i) {
+    const double t0 = now_us();
+    run_forward_step(schedule_.steps[i]);
+    fwd_us_[i] = now_us() - t0;
+  }
+  return bufs_[static_cast<size_t>(schedule_.output)];
+}
+
+const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux) {
+  for (auto& d : dbufs_) d.zero();
+  dwg_call_.zero();
+  dbufs_[static_cast<size_t>(schedule_.output)].copy_from(dout);
+  for (size_t i = schedule_.steps.size(); i-- > 0;) {
+    const double t0 = now_us();
+    run_backward_step(schedule_.steps[i], dl_aux);
+    bwd_us_[i] = now_us() - t0;
+  }
+  float* g = grads_.wg.data();
+  for (int64_t i = 0; i < grads_.wg.numel(); ++i) g[i] += dwg_call_[i];
+  return dbufs_[static_cast<size_t>(schedule_.input)];
+}
+
+void MoeLayer::run_forward_step(const Step& s) {
+  const auto& sc = schedule_;
+  auto buf = [&](int id) -> Tensor& { return bufs_[static_cast<size_t>(id)]; };
+  switch (s.kind) {
+    case StepKind::kGate:
+      moe::gate_forward(buf(s.in), params_.wg, shape_.topk, sc.capacity, sc.dispatch_slots,
+                        probs_, routing_, buf(s.out).data());
+      break;
+    case StepKind::kAuxLoss:
+      l_aux_ = moe::aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
+      break;
+    case StepKind::kDispatch: moe::dispatch_forward(buf(s.in), routing_, buf(s.out)); break;
+    case StepKind::kExperts:
+      moe::experts_forward(buf(s.in), params_.experts, sc.expert_blocks, sc.exchange_slots,
+                           sc.adds_b2, ws_, buf(s.out));
+      break;
+    case StepKind::kCombine: moe::combine_forward(buf(s.in), routing_, buf(s.out)); break;
+    case StepKind::kSlice: {
+      Communicator& c = topo_.comm(s.group);
+      take_chunk(buf(s.in), s.outer, c.size(), c.rank(), s.chunk, buf(s.out));
+      break;
+    }
+    case StepKind::kGatherDup:
+      gather_interleaved(topo_.comm(s.group), buf(s.in), s.outer, s.chunk, gather_scratch_,
+                         buf(s.out));
+      break;
+    case StepKind::kAllToAll: {
+      Communicator& c = topo_.comm(s.group);
+      c.alltoall(buf(s.in).data(), buf(s.out).data(),
+                 static_cast<size_t>(buf(s.in).numel() / c.size()));
+      break;
+    }
+    case StepKind::kGatherShard:
+      topo_.comm(s.group).allgather(buf(s.in).data(), buf(s.out).data(),
+                                    static_cast<size_t>(buf(s.in).numel()));
+      break;
+    case StepKind::kReduceScatter:
+      topo_.comm(s.group).reduce_scatter(buf(s.in).data(), buf(s.out).data(),
+                                         static_cast<size_t>(buf(s.out).numel()));
+      break;
+    case StepKind::kSumDup:
+      topo_.comm(s.group).allreduce(buf(s.in).data(), static_cast<size_t>(buf(s.in).numel()));
+      break;
+    case StepKind::kShareDup: break;
+  }
+}
+
+void MoeLayer::run_backward_step(const Step& s, float dl_aux) {
+  const auto& sc = schedule_;
+  auto buf = [&](int id) -> Tensor& { return bufs_[static_cast<size_t>(id)]; };
+  auto dbuf = [&](int id) -> Tensor& { return dbufs_[static_cast<size_t>(id)]; };
+  switch (s.kind) {
+    case StepKind::kGate:
+      moe::gate_backward(buf(s.in), params_.wg, probs_, routing_, dweight_, dbuf(s.out).data(),
+                         dprobs_, dwg_call_, dbuf(s.in));
+      break;
+    case StepKind::kAuxLoss:
+      moe::aux_loss_backward(buf(s.in).data(), shape_.experts, sc.total_tokens, dl_aux,
+                             dbuf(s.in).data());
+      break;
+    case StepKind::kDispatch: moe::dispatch_backward(dbuf(s.out), routing_, dbuf(s.in)); break;
+    case StepKind::kExperts:
+      moe::experts_backward(dbuf(s.out), params_.experts, sc.expert_blocks, sc.exchange_slots,
+                            ws_, grads_.experts, dbuf(s.in));
+      break;
+    case StepKind::kCombine:
+      moe::combine_backward(buf(s.in), dbuf(s.out), routing_, dbuf(s.in), dweight_);
+      break;
+    case StepKind::kSlice:  // adjoint of "keep my slice": AllGather
+      gather_interleaved(topo_.comm(s.group), dbuf(s.out), s.outer, s.chunk, gather_scratch_,
+                         dbuf(s.in));
+      break;
+    case StepKind::kGatherDup: {  // adjoint of the MP-restoring AllGather: keep my slice
+      Communicator& c = topo_.comm(s.group);
+      take_chunk(dbuf(s.out), s.outer, c.size(), c.rank(), s.chunk, dbuf(s.in));
+      break;
+    }
+    case StepKind::kAllToAll: {
+      Communicator& c = topo_.comm(s.group);
+      c.alltoall(dbuf(s.out).data(), dbuf(s.in).data(),
+                 static_cast<size_t>(dbuf(s.out).numel() / c.size()));
+      break;
+    }
+    case StepKind::kGatherShard:
+      topo_.comm(s.group).reduce_scatter(dbuf(s.out).data(), dbuf(s.in).data(),
+                                         static_cast<size_t>(dbuf(s.in).numel()));
+      break;
+    case StepKind::kReduceScatter:
+      topo_.comm(s.group).allgather(dbuf(s.out).data(), dbuf(s.in).data(),
+                                    static_cast<size_t>(dbuf(s.out).numel()));
+      break;
+    case StepKind::kSumDup: break;  // the gradient of a duplicated sum is already complete
+    case StepKind::kShareDup: {
+      Tensor& d = s.in == schedule::kGateWeight ? dwg_call_ : dbuf(s.in);
+      topo_.comm(s.group).allreduce(d.data(), static_cast<size_t>(d.numel()));
+      break;
+    }
+  }
+}
+
+}  // namespace parm

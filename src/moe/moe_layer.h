@@ -1,0 +1,79 @@
+// The distributed MoE layer: one rank's part of SPEC §2 under a schedule of SPEC §3.
+//
+// Every rank of an MP group passes the same x (T, M) and gets the same out (T, M) back; in
+// the backward pass dout arrives identical on the MP group and dx leaves identical on it.
+// The rank holds the whole gate weight and the shards of its E/N_EP experts (ESP rank j of
+// N_ESP: columns [j*H/N_ESP, (j+1)*H/N_ESP) of W1/b1, the same rows of W2, and all of b2).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "moe/moe_ops.h"
+#include "moe/reference_moe.h"
+#include "parm/topology.h"
+#include "schedule/schedule.h"
+
+namespace parm {
+
+struct MoeLayerParams {
+  Tensor wg;                 // (M, E) whole, on every rank
+  moe::ExpertShards experts; // this rank's shards
+};
+
+class MoeLayer {
+ public:
+  MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind);
+
+  const ref::MoeShape& shape() const { return shape_; }
+  const schedule::Schedule& schedule() const { return schedule_; }
+  int first_expert() const { return first_expert_; }  // global index of local expert 0
+  int esp_rank() const { return esp_rank_; }
+  int esp_size() const { return esp_size_; }
+
+  MoeLayerParams& params() { return params_; }
+  MoeLayerParams& grads() { return grads_; }
+  // Copies this rank's shards out of whole (unsharded) parameters / into whole gradients.
+  void load_whole(const ref::MoeParams<float>& whole);
+  void store_whole_grads(ref::MoeParams<float>& whole) const;  // overwrites this rank's part
+
+  // out (T, M) for x (T, M); the returned tensor lives until the next forward().
+  const Tensor& forward(const Tensor& x);
+  float l_aux() const { return l_aux_; }
+  // dx (T, M) for dout (T, M) and the gradient dl_aux of the loss with respect to l_aux.
+  // Accumulates (+=) the parameter gradients; the returned dx lives until the next call.
+  const Tensor& backward(const Tensor& dout, float dl_aux);
+  void zero_grad();
+
+  // Wall time of each step in the last forward / backward pass (microseconds).
+  const std::vector<double>& forward_step_us() const { return fwd_us_; }
+  const std::vector<double>& backward_step_us() const { return bwd_us_; }
+  // The routing of the last forward pass (gate rows: T, or T / N_MP under S1).
+  const moe::GateRouting& routing() const { return routing_; }
+
+ private:
+  void run_forward_step(const schedule::Step& s);
+  void run_backward_step(const schedule::Step& s, float dl_aux);
+
+  Topology& topo_;
+  ref::MoeShape shape_;
+  schedule::Schedule schedule_;
+  int first_expert_ = 0;
+  int esp_rank_ = 0;
+  int esp_size_ = 1;
+  MoeLayerParams params_;
+  MoeLayerParams grads_;
+  Tensor dwg_call_;  // this call's gate-weight gradient, before the S1 mp sum
+
+  std::vector<Tensor> bufs_;   // by buffer id (aliased ids share one tensor)
+  std::vector<Tensor> dbufs_;  // their gradients
+  Tensor probs_, dprobs_;      // (gate rows, E)
+  Tensor gather_scratch_;      // permutation scratch of interleaved allgathers
+  moe::GateRouting routing_;
+  std::vector<float> dweight_;
+  moe::ExpertWorkspace ws_;
+  float l_aux_ = 0.0f;
+  std::vector<double> fwd_us_, bwd_us_;
+};
+
+}  // namespace parm

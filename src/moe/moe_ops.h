@@ -1,0 +1,90 @@
+// The compute steps of the distributed MoE layer (SPEC §2), over parm::Tensor and the CPU
+// kernels: gate (softmax, top-k, capacity and GShard slot filling, l_aux statistics),
+// dispatch, experts (ESP shards), combine, and their adjoints. The plain-loop oracle in
+// moe/reference_moe.h computes the same maths independently.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "parm/tensor.h"
+
+namespace parm::moe {
+
+// Routing of one gate call over `tokens` rows.
+struct GateRouting {
+  int64_t tokens = 0;
+  int64_t experts = 0;
+  int topk = 1;
+  int64_t capacity = 0;  // C: slots that may be filled per expert (drops are decided here)
+  int64_t slots = 0;     // rows per expert in the dispatch buffer (>= C; S2 pads to Cp)
+  std::vector<int32_t> expert;  // (tokens, k) choice j of token t, j = 0 the largest p
+  std::vector<float> prob;      // (tokens, k) its probability
+  std::vector<float> weight;    // (tokens, k) combine weight (renormalised when k > 1)
+  std::vector<int64_t> row;     // (tokens, k) row e * slots + slot of the dispatch buffer;
+                                //            -1 when dropped
+  std::vector<int64_t> fill;    // (E) slots taken
+};
+
+// logits/probs (rows, E) = softmax(x (rows, M) wg (M, E)); top-k; combine weights; slots
+// in GShard order with `capacity`; stats (2E) = [1st-choice counts, probability sums] of
+// these rows. Overwrites probs, routing and stats.
+void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
+                  Tensor& probs, GateRouting& routing, float* stats);
+
+// Adjoint of the gate: dweight (rows, k) from the combine, dstats (2E) from l_aux.
+// dprobs is scratch (rows, E). Accumulates dwg (M, E) += x^T dlogits and
+// dx (rows, M) += dlogits wg^T.
+void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs,
+                   const GateRouting& routing, const std::vector<float>& dweight,
+                   const float* dstats, Tensor& dprobs, Tensor& dwg, Tensor& dx);
+
+// l_aux = E * sum_e (count_e / T) (psum_e / T); stats = [count (E), psum (E)].
+float aux_loss(const float* stats, int64_t experts, int64_t total_tokens);
+// dstats (2E): no gradient for the counts, dpsum_e = dl_aux * E * count_e / T^2. Overwrites.
+void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens, float dl_aux,
+                       float* dstats);
+
+// buf (E * slots, M): kept choices' rows hold their token's x row, the rest zero. Overwrites.
+void dispatch_forward(const Tensor& x, const GateRouting& routing, Tensor& buf);
+// dx (rows, M) += dbuf rows of the kept choices. Accumulates.
+void dispatch_backward(const Tensor& dbuf, const GateRouting& routing, Tensor& dx);
+
+// out (rows, M) = sum over kept choices of weight * buf row. Overwrites.
+void combine_forward(const Tensor& buf, const GateRouting& routing, Tensor& out);
+// dbuf (E * slots, M) = weight * dout at kept rows, zero elsewhere; dweight (rows, k) =
+// <dout_t, buf row> for kept choices, 0 for dropped. Overwrites both.
+void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& routing,
+                      Tensor& dbuf, std::vector<float>& dweight);
+
+// The expert shards this rank holds: E_loc experts, each the columns [j*H/n, (j+1)*H/n) of
+// W1/b1 and rows of W2 (Hl = H/n), and the whole b2.
+struct ExpertShards {
+  Tensor w1;  // (E_loc, M, Hl)
+  Tensor b1;  // (E_loc, Hl)
+  Tensor w2;  // (E_loc, Hl, M)
+  Tensor b2;  // (E_loc, M)
+};
+
+// Activations kept for the backward pass, one set per local expert, allocated once.
+struct ExpertWorkspace {
+  std::vector<Tensor> in;   // (R, M) the expert's rows gathered from the exchange layout
+  std::vector<Tensor> pre;  // (R, Hl) x W1 + b1
+  std::vector<Tensor> act;  // (R, Hl) gelu(pre)
+  Tensor out_rows;          // (R, M) scratch
+  Tensor d_act;             // (R, Hl) scratch
+};
+
+// The exchange layout: in/out are (blocks, E_loc, slots, M); expert e's rows are the
+// `slots` rows of block b at [b, e]. out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly
+// one shard of an ESP group adds it, so that the sum over the group holds it once).
+// Overwrites out.
+void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
+                     bool add_b2, ExpertWorkspace& ws, Tensor& out);
+// dout: gradient of the summed expert output, same layout. Accumulates dw (dW1, db1, dW2
+// from this shard; db2 whole, from dout: every ESP rank holds the complete dout of its rows).
+// Overwrites din (this shard's part of the input gradient).
+void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
+                      ExpertWorkspace& ws, ExpertShards& dw, Tensor& din);
+
+}  // namespace parm::moe

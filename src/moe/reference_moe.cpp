@@ -1,0 +1,708 @@
+// The reference MoE layer (see reference_moe.h). Every loop is written out so that each
+// line can be checked against SPEC §2; no kernel from src/kernels is used.
+#include "moe/reference_moe.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "parm/error.h"
+#include "parm/rng.h"
+
+namespace parm::ref {
+namespace {
+
+using Size = std::vector<int>::size_type;
+
+// GeLU, tanh form (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <typename S>
+S gelu(S x) {
+  const S c = static_cast<S>(0.79788456080286535588);  // sqrt(2/pi)
+  const S a = static_cast<S>(0.044715);
+  const S u = c * (x + a * x * x * x);
+  return static_cast<S>(0.5) * x * (static_cast<S>(1) + std::tanh(u));
+}
+
+// d gelu / dx.
+template <typename S>
+S gelu_grad(S x) {
+  const S c = static_cast<S>(0.79788456080286535588);
+  const S a = static_cast<S>(0.044715);
+  const S u = c * (x + a * x * x * x);
+  const S th = std::tanh(u);
+  const S du = c * (static_cast<S>(1) + static_cast<S>(3) * a * x * x);
+  return static_cast<S>(0.5) * (static_cast<S>(1) + th) +
+         static_cast<S>(0.5) * x * (static_cast<S>(1) - th * th) * du;
+}
+
+void check_size(const char* what, size_t got, int64_t want) {
+  PARM_CHECK(static_cast<int64_t>(got) == want, "{} has {} elements, expected {}", what, got,
+             want);
+}
+
+template <typename S>
+std::vector<S> draw_normal(int64_t n, uint64_t seed, uint64_t stream, float stddev) {
+  Rng rng(seed, stream);
+  std::vector<S> v(static_cast<Size>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const float value = stddev * rng.normal();  // in float, so fp32 and fp64 agree
+    v[i] = static_cast<S>(value);
+  }
+  return v;
+}
+
+// Offset of row `slot` of expert e in slice s of a (num_slices, E, C, M) buffer.
+int64_t buffer_row(const MoeShape& shape, int64_t capacity, int s, int64_t e, int64_t slot) {
+  return ((s * shape.experts + e) * capacity + slot) * shape.model_dim;
+}
+
+void check_shard(const MoeShape& shape, int64_t e, int shard, int num_shards) {
+  PARM_CONFIG_CHECK(e >= 0 && e < shape.experts, "expert {} out of range [0, {})", e,
+                    shape.experts);
+  PARM_CONFIG_CHECK(num_shards >= 1 && shard >= 0 && shard < num_shards,
+                    "expert shard {} of {} is not valid (need 0 <= shard < num_shards)", shard,
+                    num_shards);
+  PARM_CONFIG_CHECK(shape.hidden % num_shards == 0,
+                    "expert hidden dim H = {} is not divisible by the {} ESP shards; choose "
+                    "N_ESP dividing H",
+                    shape.hidden, num_shards);
+}
+
+}  // namespace
+
+// ---- Shape and parameters ----------------------------------------------------------------
+
+void MoeShape::validate(int num_slices) const {
+  PARM_CONFIG_CHECK(tokens >= 1 && model_dim >= 1 && hidden >= 1 && experts >= 1,
+                    "MoE shape {}: T, M, H and E must all be >= 1", str());
+  PARM_CONFIG_CHECK(topk >= 1 && topk <= experts,
+                    "MoE shape {}: top-k must be in [1, E = {}], got k = {}", str(), experts,
+                    topk);
+  PARM_CONFIG_CHECK(capacity_factor.num >= 1 && capacity_factor.den >= 1,
+                    "MoE shape {}: capacity factor must be > 0", str());
+  PARM_CONFIG_CHECK(num_slices >= 1, "MoE shape {}: num_slices must be >= 1, got {}", str(),
+                    num_slices);
+  PARM_CONFIG_CHECK(tokens % num_slices == 0,
+                    "MoE shape {}: T = {} tokens cannot be cut into {} equal slices; T must "
+                    "be a multiple of num_slices",
+                    str(), tokens, num_slices);
+}
+
+std::string MoeShape::str() const {
+  return fmt::format("T={} M={} H={} E={} k={} f={}", tokens, model_dim, hidden, experts, topk,
+                     capacity_factor.str());
+}
+
+template <typename S>
+MoeParams<S> MoeParams<S>::zeros(const MoeShape& shape) {
+  const int64_t M = shape.model_dim, H = shape.hidden, E = shape.experts;
+  MoeParams<S> p;
+  p.wg.assign(static_cast<Size>(M * E), S(0));
+  p.w1.assign(static_cast<Size>(E * M * H), S(0));
+  p.b1.assign(static_cast<Size>(E * H), S(0));
+  p.w2.assign(static_cast<Size>(E * H * M), S(0));
+  p.b2.assign(static_cast<Size>(E * M), S(0));
+  return p;
+}
+
+template <typename S>
+void MoeParams<S>::check(const MoeShape& shape) const {
+  const int64_t M = shape.model_dim, H = shape.hidden, E = shape.experts;
+  check_size("wg (M, E)", wg.size(), M * E);
+  check_size("w1 (E, M, H)", w1.size(), E * M * H);
+  check_size("b1 (E, H)", b1.size(), E * H);
+  check_size("w2 (E, H, M)", w2.size(), E * H * M);
+  check_size("b2 (E, M)", b2.size(), E * M);
+}
+
+template <typename S>
+MoeParams<S> init_params(const MoeShape& shape, uint64_t seed) {
+  shape.validate();
+  const int64_t M = shape.model_dim, H = shape.hidden, E = shape.experts;
+  const float std_m = 1.0f / std::sqrt(static_cast<float>(M));
+  const float std_h = 1.0f / std::sqrt(static_cast<float>(H));
+  MoeParams<S> p;
+  p.wg = draw_normal<S>(M * E, seed, kStreamWg, std_m);
+  p.w1 = draw_normal<S>(E * M * H, seed, kStreamW1, std_m);
+  p.b1 = draw_normal<S>(E * H, seed, kStreamB1, kInitBiasStd);
+  p.w2 = draw_normal<S>(E * H * M, seed, kStreamW2, std_h);
+  p.b2 = draw_normal<S>(E * M, seed, kStreamB2, kInitBiasStd);
+  return p;
+}
+
+template <typename S>
+std::vector<S> init_input(const MoeShape& shape, uint64_t seed) {
+  shape.validate();
+  return draw_normal<S>(shape.tokens * shape.model_dim, seed, kStreamInput, 1.0f);
+}
+
+// ---- Routing -----------------------------------------------------------------------------
+
+template <typename S>
+int64_t Routing<S>::num_dropped() const {
+  int64_t n = 0;
+  for (int64_t s : slot) n += s < 0 ? 1 : 0;
+  return n;
+}
+
+template <typename S>
+Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices) {
+  shape.validate(num_slices);
+  const int64_t T = shape.tokens, E = shape.experts;
+  const int k = shape.topk;
+  check_size("probs (T, E)", probs.size(), T * E);
+
+  Routing<S> r;
+  r.tokens = T;
+  r.experts = E;
+  r.topk = k;
+  r.num_slices = num_slices;
+  r.capacity = capacity(k, shape.capacity_factor, T / num_slices, E);
+  r.expert.assign(static_cast<Size>(T * k), -1);
+  r.prob.assign(static_cast<Size>(T * k), S(0));
+  r.weight.assign(static_cast<Size>(T * k), S(0));
+  r.slot.assign(static_cast<Size>(T * k), -1);
+  r.fill.assign(static_cast<Size>(num_slices * E), 0);
+
+  // Top-k: choice j is the largest p among the experts not chosen yet. Scanning upward
+  // with a strict '>' keeps the lower index on a tie.
+  for (int64_t t = 0; t < T; ++t) {
+    const S* p = &probs[t * E];
+    std::vector<bool> taken(static_cast<Size>(E), false);
+    for (int j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        if (taken[e]) continue;
+        if (best < 0 || p[e] > p[best]) best = e;
+      }
+      taken[best] = true;
+      r.expert[t * k + j] = static_cast<int32_t>(best);
+      r.prob[t * k + j] = p[best];
+    }
+    // Combine weights, renormalised over all k choices before any drop (k > 1 only).
+    S denom = S(0);
+    for (int j = 0; j < k; ++j) denom += r.prob[t * k + j];
+    for (int j = 0; j < k; ++j)
+      r.weight[t * k + j] = k > 1 ? r.prob[t * k + j] / denom : r.prob[t * k + j];
+  }
+
+  // GShard priority fill, per slice: all 1st choices in token order, then all 2nd
+  // choices, ...; a choice whose expert already has C tokens is dropped.
+  const int64_t Ts = T / num_slices;
+  for (int s = 0; s < num_slices; ++s) {
+    int64_t* fill = &r.fill[s * E];
+    for (int j = 0; j < k; ++j) {
+      for (int64_t t = s * Ts; t < (s + 1) * Ts; ++t) {
+        const int32_t e = r.expert[t * k + j];
+        if (fill[e] < r.capacity) r.slot[t * k + j] = fill[e]++;
+      }
+    }
+  }
+  return r;
+}
+
+// ---- 1. Gate -----------------------------------------------------------------------------
+
+template <typename S>
+void gate_forward(const MoeShape& shape, const std::vector<S>& wg, const std::vector<S>& x,
+                  std::vector<S>& logits, std::vector<S>& probs) {
+  const int64_t M = shape.model_dim, E = shape.experts;
+  check_size("wg (M, E)", wg.size(), M * E);
+  PARM_CHECK(static_cast<int64_t>(x.size()) % M == 0, "x has {} elements, not rows of M = {}",
+             x.size(), M);
+  const int64_t rows = static_cast<int64_t>(x.size()) / M;
+  logits.assign(static_cast<Size>(rows * E), S(0));
+  probs.assign(static_cast<Size>(rows * E), S(0));
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t e = 0; e < E; ++e) {
+      S acc = S(0);
+      for (int64_t m = 0; m < M; ++m) acc += x[t * M + m] * wg[m * E + e];
+      logits[t * E + e] = acc;
+    }
+    // Softmax, shifted by the row max so exp cannot overflow.
+    S mx = logits[t * E];
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, logits[t * E + e]);
+    S sum = S(0);
+    for (int64_t e = 0; e < E; ++e) {
+      probs[t * E + e] = std::exp(logits[t * E + e] - mx);
+      sum += probs[t * E + e];
+    }
+    for (int64_t e = 0; e < E; ++e) probs[t * E + e] /= sum;
+  }
+}
+
+template <typename S>
+void gate_backward(const MoeShape& shape, const std::vector<S>& wg, const std::vector<S>& x,
+                   const std::vector<S>& probs, const std::vector<S>& dprobs,
+                   std::vector<S>& dx, std::vector<S>& dwg) {
+  const int64_t M = shape.model_dim, E = shape.experts;
+  const int64_t rows = static_cast<int64_t>(x.size()) / M;
+  check_size("probs (rows, E)", probs.size(), rows * E);
+  check_size("dprobs (rows, E)", dprobs.size(), rows * E);
+  check_size("dx (rows, M)", dx.size(), rows * M);
+  check_size("dwg (M, E)", dwg.size(), M * E);
+  std::vector<S> dlogits(static_cast<Size>(E));
+  for (int64_t t = 0; t < rows; ++t) {
+    // Softmax adjoint: dlogit_e = p_e * (dp_e - sum_i dp_i p_i).
+    S dot = S(0);
+    for (int64_t e = 0; e < E; ++e) dot += dprobs[t * E + e] * probs[t * E + e];
+    for (int64_t e = 0; e < E; ++e) dlogits[e] = probs[t * E + e] * (dprobs[t * E + e] - dot);
+    for (int64_t m = 0; m < M; ++m) {
+      S acc = S(0);
+      for (int64_t e = 0; e < E; ++e) {
+        dwg[m * E + e] += x[t * M + m] * dlogits[e];
+        acc += dlogits[e] * wg[m * E + e];
+      }
+      dx[t * M + m] += acc;
+    }
+  }
+}
+
+// ---- 2. Combine weights ------------------------------------------------------------------
+
+template <typename S>
+void weight_backward(const Routing<S>& r, const std::vector<S>& dweight,
+                     std::vector<S>& dprobs) {
+  const int64_t T = r.tokens, E = r.experts;
+  const int k = r.topk;
+  check_size("dweight (T, k)", dweight.size(), T * k);
+  check_size("dprobs (T, E)", dprobs.size(), T * E);
+  for (int64_t t = 0; t < T; ++t) {
+    if (k == 1) {  // weight = p: the gradient passes straight through
+      dprobs[t * E + r.expert[t * k]] += dweight[t * k];
+      continue;
+    }
+    // w_j = p_j / Z, Z = sum_i p_i  =>  dp_i = (dw_i - sum_j dw_j w_j) / Z.
+    S denom = S(0), dot = S(0);
+    for (int j = 0; j < k; ++j) {
+      denom += r.prob[t * k + j];
+      dot += dweight[t * k + j] * r.weight[t * k + j];
+    }
+    for (int j = 0; j < k; ++j)
+      dprobs[t * E + r.expert[t * k + j]] += (dweight[t * k + j] - dot) / denom;
+  }
+}
+
+// ---- 4. Dispatch -------------------------------------------------------------------------
+
+template <typename S>
+void dispatch_forward(const MoeShape& shape, const Routing<S>& r, const std::vector<S>& x,
+                      std::vector<S>& dispatched) {
+  const int64_t T = shape.tokens, M = shape.model_dim, E = shape.experts, C = r.capacity;
+  const int k = r.topk;
+  check_size("x (T, M)", x.size(), T * M);
+  dispatched.assign(static_cast<Size>(r.num_slices * E * C * M), S(0));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int j = 0; j < k; ++j) {
+      if (!r.kept(t, j)) continue;
+      const int64_t row = buffer_row(shape, C, r.slice_of(t), r.expert[t * k + j], r.slot[t * k + j]);
+      for (int64_t m = 0; m < M; ++m) dispatched[row + m] = x[t * M + m];
+    }
+  }
+}
+
+template <typename S>
+void dispatch_backward(const MoeShape& shape, const Routing<S>& r,
+                       const std::vector<S>& ddispatched, std::vector<S>& dx) {
+  const int64_t T = shape.tokens, M = shape.model_dim, E = shape.experts, C = r.capacity;
+  const int k = r.topk;
+  check_size("ddispatched (num_slices, E, C, M)", ddispatched.size(), r.num_slices * E * C * M);
+  check_size("dx (T, M)", dx.size(), T * M);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int j = 0; j < k; ++j) {
+      if (!r.kept(t, j)) continue;
+      const int64_t row = buffer_row(shape, C, r.slice_of(t), r.expert[t * k + j], r.slot[t * k + j]);
+      for (int64_t m = 0; m < M; ++m) dx[t * M + m] += ddispatched[row + m];
+    }
+  }
+}
+
+// ---- 6. Combine --------------------------------------------------------------------------
+
+template <typename S>
+void combine_forward(const MoeShape& shape, const Routing<S>& r, const std::vector<S>& expert_out,
+                     std::vector<S>& out) {
+  const int64_t T = shape.tokens, M = shape.model_dim, E = shape.experts, C = r.capacity;
+  const int k = r.topk;
+  check_size("expert_out (num_slices, E, C, M)", expert_out.size(), r.num_slices * E * C * M);
+  out.assign(static_cast<Size>(T * M), S(0));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int j = 0; j < k; ++j) {
+      if (!r.kept(t, j)) continue;  // a dropped choice adds nothing
+      const int64_t row = buffer_row(shape, C, r.slice_of(t), r.expert[t * k + j], r.slot[t * k + j]);
+      const S w = r.weight[t * k + j];
+      for (int64_t m = 0; m < M; ++m) out[t * M + m] += w * expert_out[row + m];
+    }
+  }
+}
+
+template <typename S>
+void combine_backward(const MoeShape& shape, const Routing<S>& r,
+                      const std::vector<S>& expert_out, const std::vector<S>& dout,
+                      std::vector<S>& dexpert_out, std::vector<S>& dweight) {
+  const int64_t T = shape.tokens, M = shape.model_dim, E = shape.experts, C = r.capacity;
+  const int k = r.topk;
+  check_size("expert_out (num_slices, E, C, M)", expert_out.size(), r.num_slices * E * C * M);
+  check_size("dout (T, M)", dout.size(), T * M);
+  dexpert_out.assign(static_cast<Size>(r.num_slices * E * C * M), S(0));
+  dweight.assign(static_cast<Size>(T * k), S(0));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int j = 0; j < k; ++j) {
+      if (!r.kept(t, j)) continue;  // dropped: no gradient to its weight or its expert
+      const int64_t row = buffer_row(shape, C, r.slice_of(t), r.expert[t * k + j], r.slot[t * k + j]);
+      const S w = r.weight[t * k + j];
+      S dot = S(0);
+      for (int64_t m = 0; m < M; ++m) {
+        dot += dout[t * M + m] * expert_out[row + m];
+        dexpert_out[row + m] = w * dout[t * M + m];  // each slot holds exactly one token
+      }
+      dweight[t * k + j] = dot;
+    }
+  }
+}
+
+// ---- 7. Auxiliary loss -------------------------------------------------------------------
+
+template <typename S>
+AuxStats<S> aux_stats(const Routing<S>& r, const std::vector<S>& probs, int64_t begin,
+                      int64_t end) {
+  const int64_t E = r.experts;
+  check_size("probs (T, E)", probs.size(), r.tokens * E);
+  PARM_CHECK(0 <= begin && begin <= end && end <= r.tokens, "aux_stats rows [{}, {}) of {}",
+             begin, end, r.tokens);
+  AuxStats<S> st;
+  st.first_count.assign(static_cast<Size>(E), S(0));
+  st.prob_sum.assign(static_cast<Size>(E), S(0));
+  for (int64_t t = begin; t < end; ++t) {
+    st.first_count[r.expert[t * r.topk]] += S(1);  // the 1st choice, kept or not
+    for (int64_t e = 0; e < E; ++e) st.prob_sum[e] += probs[t * E + e];
+  }
+  return st;
+}
+
+template <typename S>
+S aux_loss(const AuxStats<S>& st, int64_t tokens) {
+  const int64_t E = static_cast<int64_t>(st.first_count.size());
+  check_size("prob_sum (E)", st.prob_sum.size(), E);
+  PARM_CHECK_GE(tokens, 1);
+  const S T = static_cast<S>(tokens);
+  S acc = S(0);
+  for (int64_t e = 0; e < E; ++e) acc += (st.first_count[e] / T) * (st.prob_sum[e] / T);
+  return static_cast<S>(E) * acc;
+}
+
+template <typename S>
+void aux_loss_backward(const AuxStats<S>& st, int64_t tokens, S dl_aux, std::vector<S>& dprobs) {
+  const int64_t E = static_cast<int64_t>(st.first_count.size());
+  PARM_CHECK_GE(tokens, 1);
+  PARM_CHECK(static_cast<int64_t>(dprobs.size()) % E == 0, "dprobs has {} elements, not rows of E = {}",
+             dprobs.size(), E);
+  const int64_t rows = static_cast<int64_t>(dprobs.size()) / E;
+  const S T = static_cast<S>(tokens);
+  // d l_aux / d p[t, e] = E * frac_e * (1 / T), frac_e = first_count_e / T held constant.
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t e = 0; e < E; ++e)
+      dprobs[t * E + e] += dl_aux * static_cast<S>(E) * (st.first_count[e] / T) / T;
+}
+
+// ---- 5. Experts --------------------------------------------------------------------------
+
+template <typename S>
+ExpertWeights<S> slice_expert(const MoeShape& shape, const MoeParams<S>& whole, int64_t e,
+                              int shard, int num_shards) {
+  check_shard(shape, e, shard, num_shards);
+  whole.check(shape);
+  const int64_t M = shape.model_dim, H = shape.hidden, Hs = H / num_shards, h0 = shard * Hs;
+  ExpertWeights<S> w;
+  w.model_dim = M;
+  w.hidden = Hs;
+  w.w1.resize(static_cast<Size>(M * Hs));
+  w.b1.resize(static_cast<Size>(Hs));
+  w.w2.resize(static_cast<Size>(Hs * M));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < Hs; ++h) w.w1[m * Hs + h] = whole.w1[(e * M + m) * H + h0 + h];
+  for (int64_t h = 0; h < Hs; ++h) w.b1[h] = whole.b1[e * H + h0 + h];
+  for (int64_t h = 0; h < Hs; ++h)
+    for (int64_t m = 0; m < M; ++m) w.w2[h * M + m] = whole.w2[(e * H + h0 + h) * M + m];
+  return w;
+}
+
+template <typename S>
+void unslice_expert(const MoeShape& shape, const ExpertWeights<S>& part, int64_t e, int shard,
+                    int num_shards, MoeParams<S>& whole) {
+  check_shard(shape, e, shard, num_shards);
+  whole.check(shape);
+  const int64_t M = shape.model_dim, H = shape.hidden, Hs = H / num_shards, h0 = shard * Hs;
+  PARM_CHECK_EQ(part.model_dim, M);
+  PARM_CHECK_EQ(part.hidden, Hs);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < Hs; ++h) whole.w1[(e * M + m) * H + h0 + h] = part.w1[m * Hs + h];
+  for (int64_t h = 0; h < Hs; ++h) whole.b1[e * H + h0 + h] = part.b1[h];
+  for (int64_t h = 0; h < Hs; ++h)
+    for (int64_t m = 0; m < M; ++m) whole.w2[(e * H + h0 + h) * M + m] = part.w2[h * M + m];
+}
+
+template <typename S>
+void expert_shard_forward(const ExpertWeights<S>& w, const std::vector<S>& x, ExpertActs<S>& acts,
+                          std::vector<S>& partial) {
+  const int64_t M = w.model_dim, Hs = w.hidden;
+  PARM_CHECK(static_cast<int64_t>(x.size()) % M == 0, "x has {} elements, not rows of M = {}",
+             x.size(), M);
+  const int64_t rows = static_cast<int64_t>(x.size()) / M;
+  acts.pre.assign(static_cast<Size>(rows * Hs), S(0));
+  acts.act.assign(static_cast<Size>(rows * Hs), S(0));
+  partial.assign(static_cast<Size>(rows * M), S(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < Hs; ++h) {
+      S acc = w.b1[h];
+      for (int64_t m = 0; m < M; ++m) acc += x[r * M + m] * w.w1[m * Hs + h];
+      acts.pre[r * Hs + h] = acc;
+      acts.act[r * Hs + h] = gelu(acc);
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      S acc = S(0);
+      for (int64_t h = 0; h < Hs; ++h) acc += acts.act[r * Hs + h] * w.w2[h * M + m];
+      partial[r * M + m] = acc;
+    }
+  }
+}
+
+template <typename S>
+void expert_shard_backward(const ExpertWeights<S>& w, const std::vector<S>& x,
+                           const ExpertActs<S>& acts, const std::vector<S>& dy,
+                           std::vector<S>& dx, ExpertWeights<S>& grad) {
+  const int64_t M = w.model_dim, Hs = w.hidden;
+  const int64_t rows = static_cast<int64_t>(x.size()) / M;
+  check_size("x (rows, M)", x.size(), rows * M);
+  check_size("dy (rows, M)", dy.size(), rows * M);
+  check_size("acts.pre (rows, hidden)", acts.pre.size(), rows * Hs);
+  check_size("acts.act (rows, hidden)", acts.act.size(), rows * Hs);
+  grad.model_dim = M;
+  grad.hidden = Hs;
+  grad.w1.assign(static_cast<Size>(M * Hs), S(0));
+  grad.b1.assign(static_cast<Size>(Hs), S(0));
+  grad.w2.assign(static_cast<Size>(Hs * M), S(0));
+  dx.assign(static_cast<Size>(rows * M), S(0));
+  std::vector<S> dpre(static_cast<Size>(Hs));
+  for (int64_t r = 0; r < rows; ++r) {
+    // y = act W2: dW2 += act^T dy, dact = dy W2^T; then through gelu.
+    for (int64_t h = 0; h < Hs; ++h) {
+      S dact = S(0);
+      for (int64_t m = 0; m < M; ++m) {
+        grad.w2[h * M + m] += acts.act[r * Hs + h] * dy[r * M + m];
+        dact += dy[r * M + m] * w.w2[h * M + m];
+      }
+      dpre[h] = dact * gelu_grad(acts.pre[r * Hs + h]);
+    }
+    // pre = x W1 + b1: dW1 += x^T dpre, db1 += dpre, dx = dpre W1^T.
+    for (int64_t h = 0; h < Hs; ++h) grad.b1[h] += dpre[h];
+    for (int64_t m = 0; m < M; ++m) {
+      S acc = S(0);
+      for (int64_t h = 0; h < Hs; ++h) {
+        grad.w1[m * Hs + h] += x[r * M + m] * dpre[h];
+        acc += dpre[h] * w.w1[m * Hs + h];
+      }
+      dx[r * M + m] = acc;
+    }
+  }
+}
+
+template <typename S>
+void add_expert_bias(const MoeShape& shape, const MoeParams<S>& params, int64_t e, std::vector<S>& y) {
+  const int64_t M = shape.model_dim;
+  check_size("b2 (E, M)", params.b2.size(), shape.experts * M);
+  PARM_CHECK(static_cast<int64_t>(y.size()) % M == 0, "y has {} elements, not rows of M = {}",
+             y.size(), M);
+  const int64_t rows = static_cast<int64_t>(y.size()) / M;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t m = 0; m < M; ++m) y[r * M + m] += params.b2[e * M + m];
+}
+
+template <typename S>
+void expert_bias_backward(int64_t model_dim, const std::vector<S>& dy, std::vector<S>& db2) {
+  const int64_t M = model_dim;
+  PARM_CHECK(static_cast<int64_t>(dy.size()) % M == 0, "dy has {} elements, not rows of M = {}",
+             dy.size(), M);
+  const int64_t rows = static_cast<int64_t>(dy.size()) / M;
+  db2.assign(static_cast<Size>(M), S(0));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t m = 0; m < M; ++m) db2[m] += dy[r * M + m];
+}
+
+// ---- The layer ---------------------------------------------------------------------------
+
+template <typename S>
+MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
+                          const std::vector<S>& x, int num_slices) {
+  shape.validate(num_slices);
+  params.check(shape);
+  const int64_t T = shape.tokens, M = shape.model_dim, E = shape.experts;
+  check_size("x (T, M)", x.size(), T * M);
+
+  MoeForward<S> f;
+  f.shape = shape;
+  f.num_slices = num_slices;
+  f.x = x;
+
+  // 1. Gate.
+  gate_forward(shape, params.wg, x, f.logits, f.probs);
+  // 2-3. Top-k, combine weights, capacity and slots, each slice on its own.
+  f.routing = route(shape, f.probs, num_slices);
+  const int64_t C = f.routing.capacity, Ts = T / num_slices;
+
+  // 7. l_aux from the statistics summed over the slices, divided by the total T.
+  f.aux.first_count.assign(static_cast<Size>(E), S(0));
+  f.aux.prob_sum.assign(static_cast<Size>(E), S(0));
+  for (int s = 0; s < num_slices; ++s) {
+    const AuxStats<S> st = aux_stats(f.routing, f.probs, s * Ts, (s + 1) * Ts);
+    for (int64_t e = 0; e < E; ++e) {
+      f.aux.first_count[e] += st.first_count[e];
+      f.aux.prob_sum[e] += st.prob_sum[e];
+    }
+  }
+  f.l_aux = aux_loss(f.aux, T);
+
+  // 4. Dispatch into (num_slices, E, C, M).
+  dispatch_forward(shape, f.routing, x, f.dispatched);
+
+  // 5. Experts, on every slot (unused ones hold zeros; the combine never reads them).
+  f.expert_out.assign(static_cast<Size>(num_slices * E * C * M), S(0));
+  f.acts.resize(static_cast<Size>(num_slices * E));
+  for (int s = 0; s < num_slices; ++s) {
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = buffer_row(shape, C, s, e, 0), end = begin + C * M;
+      const std::vector<S> xe(f.dispatched.begin() + begin, f.dispatched.begin() + end);
+      const ExpertWeights<S> w = slice_expert(shape, params, e, 0, 1);
+      std::vector<S> ye;
+      expert_shard_forward(w, xe, f.acts[s * E + e], ye);
+      add_expert_bias(shape, params, e, ye);
+      std::copy(ye.begin(), ye.end(), f.expert_out.begin() + begin);
+    }
+  }
+
+  // 6. Combine.
+  combine_forward(shape, f.routing, f.expert_out, f.out);
+  return f;
+}
+
+template <typename S>
+MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
+                         const std::vector<S>& dout, S dl_aux) {
+  const MoeShape& shape = fwd.shape;
+  const Routing<S>& r = fwd.routing;
+  params.check(shape);
+  const int64_t T = shape.tokens, M = shape.model_dim, E = shape.experts, H = shape.hidden;
+  const int64_t C = r.capacity;
+  const int num_slices = fwd.num_slices;
+  check_size("dout (T, M)", dout.size(), T * M);
+
+  MoeGrads<S> g;
+  g.dx.assign(static_cast<Size>(T * M), S(0));
+  g.dparams = MoeParams<S>::zeros(shape);
+
+  // 6. Combine: gradients of the expert outputs and of the kept combine weights.
+  std::vector<S> dexpert_out, dweight;
+  combine_backward(shape, r, fwd.expert_out, dout, dexpert_out, dweight);
+
+  // 5. Experts: weight gradients summed over the slices.
+  std::vector<S> ddispatched(static_cast<Size>(num_slices * E * C * M), S(0));
+  for (int s = 0; s < num_slices; ++s) {
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = buffer_row(shape, C, s, e, 0), end = begin + C * M;
+      const std::vector<S> xe(fwd.dispatched.begin() + begin, fwd.dispatched.begin() + end);
+      const std::vector<S> dye(dexpert_out.begin() + begin, dexpert_out.begin() + end);
+      const ExpertWeights<S> w = slice_expert(shape, params, e, 0, 1);
+      ExpertWeights<S> gw;
+      std::vector<S> dxe, db2e;
+      expert_shard_backward(w, xe, fwd.acts[s * E + e], dye, dxe, gw);
+      expert_bias_backward(M, dye, db2e);
+      std::copy(dxe.begin(), dxe.end(), ddispatched.begin() + begin);
+      // Whole expert (one shard of one): its w1/b1/w2 are contiguous blocks of dparams.
+      for (int64_t i = 0; i < M * H; ++i) g.dparams.w1[e * M * H + i] += gw.w1[i];
+      for (int64_t i = 0; i < H; ++i) g.dparams.b1[e * H + i] += gw.b1[i];
+      for (int64_t i = 0; i < H * M; ++i) g.dparams.w2[e * H * M + i] += gw.w2[i];
+      for (int64_t i = 0; i < M; ++i) g.dparams.b2[e * M + i] += db2e[i];
+    }
+  }
+
+  // 4. Dispatch: each kept slot's input gradient goes back to its token.
+  dispatch_backward(shape, r, ddispatched, g.dx);
+
+  // 2. Combine weights -> probabilities (through the renormalisation when k > 1).
+  std::vector<S> dprobs(static_cast<Size>(T * E), S(0));
+  weight_backward(r, dweight, dprobs);
+  // 7. l_aux -> probabilities (the counts carry no gradient).
+  aux_loss_backward(fwd.aux, T, dl_aux, dprobs);
+
+  // 1. Gate: through the softmax into wg and x.
+  gate_backward(shape, params.wg, fwd.x, fwd.probs, dprobs, g.dx, g.dparams.wg);
+  return g;
+}
+
+// ---- Conversions -------------------------------------------------------------------------
+
+template <typename S>
+Tensor to_tensor(const std::vector<S>& v, const Shape& shape) {
+  Tensor t(shape);
+  check_size("to_tensor source", v.size(), t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = static_cast<float>(v[i]);
+  return t;
+}
+
+template <typename S>
+std::vector<S> from_tensor(const Tensor& t) {
+  std::vector<S> v(static_cast<Size>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<S>(t[i]);
+  return v;
+}
+
+// ---- Instantiations ----------------------------------------------------------------------
+
+#define PARM_REF_INSTANTIATE(S)                                                               \
+  template struct MoeParams<S>;                                                               \
+  template struct Routing<S>;                                                                 \
+  template MoeParams<S> init_params<S>(const MoeShape&, uint64_t);                            \
+  template std::vector<S> init_input<S>(const MoeShape&, uint64_t);                           \
+  template Routing<S> route<S>(const MoeShape&, const std::vector<S>&, int);                  \
+  template MoeForward<S> moe_forward<S>(const MoeShape&, const MoeParams<S>&,                 \
+                                        const std::vector<S>&, int);                          \
+  template MoeGrads<S> moe_backward<S>(const MoeParams<S>&, const MoeForward<S>&,             \
+                                       const std::vector<S>&, S);                             \
+  template void gate_forward<S>(const MoeShape&, const std::vector<S>&, const std::vector<S>&, \
+                                std::vector<S>&, std::vector<S>&);                            \
+  template void gate_backward<S>(const MoeShape&, const std::vector<S>&,                      \
+                                 const std::vector<S>&, const std::vector<S>&,                \
+                                 const std::vector<S>&, std::vector<S>&, std::vector<S>&);    \
+  template void weight_backward<S>(const Routing<S>&, const std::vector<S>&, std::vector<S>&); \
+  template void dispatch_forward<S>(const MoeShape&, const Routing<S>&, const std::vector<S>&, \
+                                    std::vector<S>&);                                         \
+  template void dispatch_backward<S>(const MoeShape&, const Routing<S>&,                      \
+                                     const std::vector<S>&, std::vector<S>&);                 \
+  template void combine_forward<S>(const MoeShape&, const Routing<S>&, const std::vector<S>&, \
+                                   std::vector<S>&);                                          \
+  template void combine_backward<S>(const MoeShape&, const Routing<S>&,                       \
+                                    const std::vector<S>&, const std::vector<S>&,             \
+                                    std::vector<S>&, std::vector<S>&);                        \
+  template AuxStats<S> aux_stats<S>(const Routing<S>&, const std::vector<S>&, int64_t,        \
+                                    int64_t);                                                 \
+  template S aux_loss<S>(const AuxStats<S>&, int64_t);                                        \
+  template void aux_loss_backward<S>(const AuxStats<S>&, int64_t, S, std::vector<S>&);        \
+  template ExpertWeights<S> slice_expert<S>(const MoeShape&, const MoeParams<S>&, int64_t,    \
+                                            int, int);                                        \
+  template void unslice_expert<S>(const MoeShape&, const ExpertWeights<S>&, int64_t, int,     \
+                                  int, MoeParams<S>&);                                        \
+  template void expert_shard_forward<S>(const ExpertWeights<S>&, const std::vector<S>&,       \
+                                        ExpertActs<S>&, std::vector<S>&);                     \
+  template void expert_shard_backward<S>(const ExpertWeights<S>&, const std::vector<S>&,      \
+                                         const ExpertActs<S>&, const std::vector<S>&,         \
+                                         std::vector<S>&, ExpertWeights<S>&);                 \
+  template void add_expert_bias<S>(const MoeShape&, const MoeParams<S>&, int64_t,             \
+                                   std::vector<S>&);                                          \
+  template void expert_bias_backward<S>(int64_t, const std::vector<S>&, std::vector<S>&);     \
+  template Tensor to_tensor<S>(const std::vector<S>&, const Shape&);                          \
+  template std::vector<S> from_tensor<S>(const Tensor&);
+
+PARM_REF_INSTANTIATE(float)
+PARM_REF_INSTANTIATE(double)
+#undef PARM_REF_INSTANTIATE
+
+}  // namespace parm::ref

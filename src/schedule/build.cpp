@@ -1,0 +1,200 @@
+// The three schedules of SPEC §3 as step lists.
+#include <fmt/format.h>
+
+#include "parm/error.h"
+#include "schedule/schedule.h"
+
+namespace parm::schedule {
+namespace {
+
+std::string divisors_of(int64_t n) {
+  std::string s;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) s += (s.empty() ? "" : ", ") + std::to_string(i);
+  return s;
+}
+
+class Builder {
+ public:
+  Builder(const LayerSpec& spec, Kind kind) : spec_(spec) { s_.kind = kind; }
+
+  int buffer(std::string name, Shape shape) {
+    s_.buffers.push_back({std::move(name), std::move(shape)});
+    return static_cast<int>(s_.buffers.size()) - 1;
+  }
+  void compute(StepKind kind, int in, int out, std::string label) {
+    s_.steps.push_back({kind, Group::kWorld, in, out, 1, 0, std::move(label)});
+  }
+  // A collective on a group of one rank does nothing: it is left out and its output is its
+  // input.
+  int collective(StepKind kind, Group g, int in, std::string out_name, Shape out_shape,
+                 std::string label, int64_t outer = 1, int64_t chunk = 0) {
+    if (spec_.layout.group_size(g) == 1) return in;
+    const int out = (kind == StepKind::kSumDup || kind == StepKind::kShareDup)
+                        ? in
+                        : buffer(std::move(out_name), std::move(out_shape));
+    s_.steps.push_back({kind, g, in, out, outer, chunk, std::move(label)});
+    return out;
+  }
+  Schedule& schedule() { return s_; }
+
+ private:
+  const LayerSpec& spec_;
+  Schedule s_;
+};
+
+// Gate, l_aux and dispatch on `tokens` (rows, M); returns the dispatch buffer.
+// S1 gates on slices of the MP group's tokens and sums the statistics over mp.
+int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, bool stats_over_mp,
+                      int64_t slots) {
+  const auto& sh = spec.shape;
+  const int stats = b.buffer("aux_stats", {2 * sh.experts});
+  b.compute(StepKind::kGate, tokens, stats, "gate");
+  if (stats_over_mp)
+    b.collective(StepKind::kSumDup, Group::kMp, stats, "", {}, "l_aux statistics allreduce");
+  b.compute(StepKind::kAuxLoss, stats, -1, "l_aux");
+  const int disp = b.buffer("dispatch", {sh.experts, slots, sh.model_dim});
+  b.compute(StepKind::kDispatch, tokens, disp, "dispatch");
+  return disp;
+}
+
+// AllToAll(ep), AllGather(esp), experts, ReduceScatter(esp), AllToAll(ep) on (E, slots, M).
+int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots) {
+  const Layout& l = spec.layout;
+  const int64_t E = spec.shape.experts, M = spec.shape.model_dim, e_loc = E / l.ep;
+  const int recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
+                                {l.ep, e_loc, slots, M}, "dispatch alltoall");
+  const int gathered = b.collective(StepKind::kGatherShard, Group::kEsp, recv, "esp_gathered",
+                                    {l.esp, l.ep, e_loc, slots, M}, "esp allgather");
+  const int y = b.buffer("expert_out", {l.esp * l.ep, e_loc, slots, M});
+  b.compute(StepKind::kExperts, gathered, y, "experts");
+  const int reduced = b.collective(StepKind::kReduceScatter, Group::kEsp, y, "esp_reduced",
+                                   {l.ep, e_loc, slots, M}, "esp reduce_scatter");
+  return b.collective(StepKind::kAllToAll, Group::kEp, reduced, "ep_back", {E, slots, M},
+                      "combine alltoall");
+}
+
+// The baseline with N_ESP = N_MP > 1: every ESP shard already holds the same tokens.
+int expert_exchange_duplicated(Builder& b, const LayerSpec& spec, int disp, int64_t slots) {
+  const Layout& l = spec.layout;
+  const int64_t E = spec.shape.experts, M = spec.shape.model_dim, e_loc = E / l.ep;
+  const int recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
+                                {l.ep, e_loc, slots, M}, "dispatch alltoall");
+  b.collective(StepKind::kShareDup, Group::kEsp, recv, "", {}, "esp shared input");
+  const int y = b.buffer("expert_out", {l.ep, e_loc, slots, M});
+  b.compute(StepKind::kExperts, recv, y, "experts");
+  b.collective(StepKind::kSumDup, Group::kEsp, y, "", {}, "esp allreduce");
+  return b.collective(StepKind::kAllToAll, Group::kEp, y, "ep_back", {E, slots, M},
+                      "combine alltoall");
+}
+
+Schedule build_s1(const LayerSpec& spec, Kind kind) {
+  const auto& sh = spec.shape;
+  const Layout& l = spec.layout;
+  Builder b(spec, kind);
+  Schedule& s = b.schedule();
+  const int64_t T = sh.tokens, M = sh.model_dim, rows = T / l.mp;
+  s.input = b.buffer("x", {T, M});
+  s.gate_tokens = rows;
+  s.total_tokens = T;
+  s.capacity = capacity(sh.topk, sh.capacity_factor, rows, sh.experts);
+  s.dispatch_slots = s.exchange_slots = s.capacity;
+  s.expert_blocks = l.esp * l.ep;
+  // Runs last in the backward pass: the gate weight is read by every MP rank on its own
+  // tokens, so its gradient is summed over mp.
+  if (l.mp > 1)
+    s.steps.push_back({StepKind::kShareDup, Group::kMp, kGateWeight, kGateWeight, 1, 0,
+                       "gate weight gradient allreduce"});
+  const int xs = b.collective(StepKind::kSlice, Group::kMp, s.input, "x_slice", {rows, M},
+                              "mp slice tokens", 1, rows * M);
+  const int disp = gate_and_dispatch(b, spec, xs, true, s.dispatch_slots);
+  const int back = expert_exchange(b, spec, disp, s.exchange_slots);
+  const int ys = b.buffer("out_slice", {rows, M});
+  b.compute(StepKind::kCombine, back, ys, "combine");
+  s.output = b.collective(StepKind::kGatherDup, Group::kMp, ys, "out", {T, M}, "mp allgather",
+                          1, rows * M);
+  return std::move(s);
+}
+
+Schedule build_s2(const LayerSpec& spec, Kind kind) {
+  const auto& sh = spec.shape;
+  const Layout& l = spec.layout;
+  Builder b(spec, kind);
+  Schedule& s = b.schedule();
+  const int64_t T = sh.tokens, M = sh.model_dim, E = sh.experts;
+  s.input = b.buffer("x", {T, M});
+  s.gate_tokens = T;
+  s.total_tokens = T;
+  s.capacity = capacity(sh.topk, sh.capacity_factor, T, E);
+  const int64_t cs = (s.capacity + l.mp - 1) / l.mp;  // Cs = ceil(C / N_MP); Cp = N_MP * Cs
+  s.dispatch_slots = cs * l.mp;
+  s.exchange_slots = cs;
+  s.expert_blocks = l.esp * l.ep;
+  const int disp = gate_and_dispatch(b, spec, s.input, false, s.dispatch_slots);
+  const int mine = b.collective(StepKind::kSlice, Group::kMp, disp, "dispatch_slice",
+                                {E, cs, M}, "mp slice slots", E, cs * M);
+  const int back = expert_exchange(b, spec, mine, cs);
+  const int full = b.collective(StepKind::kGatherDup, Group::kMp, back, "combine_in",
+                                {E, s.dispatch_slots, M}, "mp allgather", E, cs * M);
+  s.output = b.buffer("out", {T, M});
+  b.compute(StepKind::kCombine, full, s.output, "combine");
+  return std::move(s);
+}
+
+Schedule build_baseline(const LayerSpec& spec) {
+  const Layout& l = spec.layout;
+  // N_MP = 1: MP is never on, so the baseline is S1's list (AllGather/ReduceScatter form).
+  // N_ESP = 1 < N_MP: DeepSpeed-MoE already keeps only its slots: S2 without fusion.
+  if (l.mp == 1) return build_s1(spec, Kind::kBaseline);
+  if (l.esp == 1) return build_s2(spec, Kind::kBaseline);
+  const auto& sh = spec.shape;
+  Builder b(spec, Kind::kBaseline);
+  Schedule& s = b.schedule();
+  const int64_t T = sh.tokens, M = sh.model_dim;
+  s.input = b.buffer("x", {T, M});
+  s.gate_tokens = s.total_tokens = T;
+  s.capacity = s.dispatch_slots = s.exchange_slots =
+      capacity(sh.topk, sh.capacity_factor, T, sh.experts);
+  s.expert_blocks = l.ep;
+  const int disp = gate_and_dispatch(b, spec, s.input, false, s.dispatch_slots);
+  const int back = expert_exchange_duplicated(b, spec, disp, s.exchange_slots);
+  s.output = b.buffer("out", {T, M});
+  b.compute(StepKind::kCombine, back, s.output, "combine");
+  return std::move(s);
+}
+
+}  // namespace
+
+void validate(const LayerSpec& spec, Kind kind) {
+  const auto& sh = spec.shape;
+  const Layout& l = spec.layout;
+  sh.validate();
+  PARM_CONFIG_CHECK(sh.experts % l.ep == 0,
+                    "--experts {} is not divisible by --ep {} (each EP rank owns E/N_EP experts); "
+                    "valid --ep values for E={}: {}",
+                    sh.experts, l.ep, sh.experts, divisors_of(sh.experts));
+  PARM_CONFIG_CHECK(sh.hidden % l.esp == 0,
+                    "--hidden {} is not divisible by --esp {} (each ESP rank holds H/N_ESP "
+                    "columns); valid --esp values for H={}: {}",
+                    sh.hidden, l.esp, sh.hidden, divisors_of(sh.hidden));
+  PARM_CONFIG_CHECK(sh.tokens % l.mp == 0,
+                    "--tokens {} is not divisible by --mp {} (tokens are split over the MP "
+                    "group); use a multiple of {}",
+                    sh.tokens, l.mp, l.mp);
+  if (kind == Kind::kBaseline)
+    PARM_CONFIG_CHECK(l.mp == 1 || l.esp == 1 || l.esp == l.mp,
+                      "the baseline supports N_ESP = N_MP or N_ESP = 1 when N_MP > 1, got "
+                      "--mp {} --esp {}; use --schedule s1 or s2 for this layout",
+                      l.mp, l.esp);
+}
+
+Schedule build(const LayerSpec& spec, Kind kind) {
+  validate(spec, kind);
+  Schedule s = kind == Kind::kS1   ? build_s1(spec, kind)
+               : kind == Kind::kS2 ? build_s2(spec, kind)
+                                   : build_baseline(spec);
+  s.adds_b2 = spec.esp_rank == 0;
+  return s;
+}
+
+}  // namespace parm::schedule

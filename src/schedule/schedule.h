@@ -1,0 +1,93 @@
+// A schedule is data: the buffers of one MoE layer call and the list of steps that move
+// tokens through them. The executor runs the list forward and its adjoint in reverse; the
+// byte counter (and later the cost model) read the same list.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/capacity.h"
+#include "moe/reference_moe.h"
+#include "parm/tensor.h"
+#include "parm/topology.h"
+
+namespace parm::schedule {
+
+enum class Kind { kBaseline, kS1, kS2 };
+const char* kind_name(Kind k);  // "baseline", "s1", "s2"
+Kind parse_kind(const std::string& name);
+
+enum class StepKind {
+  // compute
+  kGate,      // in (rows, M) tokens -> out (2E) l_aux statistics; routing kept in the state
+  kAuxLoss,   // in (2E) statistics -> l_aux (total_tokens = the MP group's T)
+  kDispatch,  // in (rows, M) tokens -> out (E * slots, M)
+  kExperts,   // in (blocks, E_loc, slots, M) -> out, same layout (the local ESP shards)
+  kCombine,   // in (E * slots, M) -> out (rows, M)
+  // communication (forward | backward)
+  kSlice,         // keep my chunk of a duplicated tensor (MP off)  | AllGather over group
+  kGatherDup,     // AllGather into a duplicated tensor (MP on)     | keep my chunk
+  kAllToAll,      // AllToAll                                       | AllToAll, reverse layout
+  kGatherShard,   // AllGather: tokens fan out to the shards        | ReduceScatter
+  kReduceScatter, // ReduceScatter                                  | AllGather
+  kSumDup,        // AllReduce into a duplicated tensor (in place)  | nothing
+  kShareDup,      // nothing: duplicated input read by every rank   | AllReduce of its gradient
+};
+const char* step_kind_name(StepKind k);
+bool is_collective(StepKind k);
+// The collective a step issues in each direction (kNumOps: none).
+CommOp forward_op(StepKind k);
+CommOp backward_op(StepKind k);
+
+struct BufferSpec {
+  std::string name;
+  Shape shape;
+};
+
+// Buffer id of the gate weight's gradient, for kShareDup steps on a parameter (S1's dWg).
+constexpr int kGateWeight = -2;
+
+struct Step {
+  StepKind kind;
+  Group group = Group::kWorld;  // collectives only
+  int in = -1;                  // buffer ids (kGateWeight: the gate weight)
+  int out = -1;
+  // kSlice / kGatherDup: the duplicated tensor is (outer, group size, chunk) elements and a
+  // rank's part is (outer, chunk) — S1 slices tokens (outer 1), S2 slots of every expert.
+  int64_t outer = 1;
+  int64_t chunk = 0;
+  std::string label;  // e.g. "dispatch alltoall"
+};
+
+struct Schedule {
+  Kind kind = Kind::kS1;
+  std::vector<BufferSpec> buffers;
+  std::vector<Step> steps;
+  int input = -1;   // (T, M) on every rank of the MP group
+  int output = -1;  // (T, M) on every rank of the MP group
+
+  // Layer numbers the compute steps use.
+  int64_t gate_tokens = 0;     // rows the gate sees (T or T / N_MP)
+  int64_t total_tokens = 0;    // T of the MP group (for l_aux)
+  int64_t capacity = 0;        // C used for drops (C or C1)
+  int64_t dispatch_slots = 0;  // rows per expert in the dispatch buffer (C, C1 or Cp)
+  int64_t exchange_slots = 0;  // rows per expert that travel (C, C1 or Cs)
+  int64_t expert_blocks = 0;   // blocks of the experts' input layout
+  bool adds_b2 = true;         // this rank adds b2 (ESP rank 0 of its group)
+
+  std::string describe() const;  // one line per step
+};
+
+struct LayerSpec {
+  ref::MoeShape shape;  // T is per MP group
+  Layout layout;
+  int esp_rank = 0;     // this rank's place in its ESP group (who adds b2)
+};
+
+// Checks the layer against the layout and the schedule (E % N_EP, H % N_ESP, T % N_MP; the
+// baseline's supported layouts). Throws InvalidConfig naming the constraint and valid values.
+void validate(const LayerSpec& spec, Kind kind);
+Schedule build(const LayerSpec& spec, Kind kind);
+
+}  // namespace parm::schedule

@@ -1,0 +1,49 @@
+// Helpers for multi-rank tests.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "parm/topology.h"
+
+namespace parm::test {
+
+inline int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// Every valid (mp, ep, esp) for the current world size.
+inline std::vector<TopologyOptions> all_layouts(double timeout_s = 60.0) {
+  std::vector<TopologyOptions> out;
+  const int p = world_size();
+  for (int mp = 1; mp <= p; ++mp)
+    for (int ep = 1; ep <= p; ++ep)
+      for (int esp = 1; esp * ep <= p; ++esp)
+        if (p % mp == 0 && p % (ep * esp) == 0) {
+          TopologyOptions o;
+          o.mp = mp;
+          o.ep = ep;
+          o.esp = esp;
+          o.timeout_s = timeout_s;
+          out.push_back(o);
+        }
+  return out;
+}
+
+// True on every rank when `ok` is true on every rank (so all ranks agree on the outcome).
+inline bool all_ranks(bool ok) {
+  int v = ok ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return v == 1;
+}
+
+}  // namespace parm::test

@@ -1,0 +1,248 @@
+// The equivalence suite: every schedule, for every layout of the sweep, matches the
+// single-process oracle (outputs, dx, l_aux, dWg and every expert-weight gradient); and the
+// bytes the communicator counted match SPEC §3's table.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "moe/layer_check.h"
+#include "moe/moe_layer.h"
+#include "mpi_test_util.h"
+#include "parm/error.h"
+
+namespace parm {
+namespace {
+
+using schedule::Kind;
+
+// fp32 layer against the fp64 oracle: sums of at most a few hundred fp32 products, so errors
+// stay near 1e-6 of the tensor's largest magnitude; 2e-4 leaves room without hiding a
+// factor-of-N_MP or partial-sum bug (those give errors of order 1).
+constexpr double kTolerance = 2e-4;
+
+struct Layout3 {
+  int mp, ep, esp;
+};
+
+std::vector<Layout3> sweep_layouts() {
+  switch (test::world_size()) {
+    case 1: return {{1, 1, 1}};
+    case 2: return {{1, 2, 1}, {2, 1, 2}, {2, 2, 1}, {1, 1, 2}, {1, 1, 1}};
+    case 3: return {{1, 3, 1}, {3, 1, 3}};
+    case 4: return {{2, 2, 2}, {4, 1, 4}, {1, 4, 1}, {2, 2, 1}, {2, 1, 2}, {2, 1, 4}, {1, 2, 2}};
+    case 8: return {{2, 4, 2}, {4, 2, 4}, {2, 2, 2}, {1, 8, 1}, {2, 4, 1}};
+    default: return {};
+  }
+}
+
+struct Case {
+  const char* name;
+  int topk;
+  const char* f;
+  float skew;
+};
+
+// Capacity factors that drop and ones that do not; experts that get no token; one expert
+// that overflows.
+constexpr Case kCases[] = {
+    {"k1 no drops", 1, "8.0", 0.0f},
+    {"k2 drops", 2, "1.0", 0.0f},
+    {"k3 heavy drops", 3, "0.5", 0.0f},
+    {"k1 skewed: expert 0 overflows, others empty", 1, "1.25", 3.0f},
+    {"k2 skewed", 2, "1.5", 3.0f},
+};
+
+bool allowed(Kind kind, const Layout3& l) {
+  return kind != Kind::kBaseline || l.mp == 1 || l.esp == 1 || l.esp == l.mp;
+}
+
+TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
+  int64_t checks = 0, with_drops = 0, without_drops = 0;
+  for (const Layout3& lay : sweep_layouts()) {
+    TopologyOptions topt;
+    topt.mp = lay.mp;
+    topt.ep = lay.ep;
+    topt.esp = lay.esp;
+    topt.timeout_s = 120;
+    auto topo = Topology::create(topt);
+    const int64_t experts = test::world_size() == 3 ? 6 : 8;
+    for (const Case& c : kCases) {
+      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
+        if (!allowed(kind, lay)) continue;
+        LayerCheckOptions o;
+        o.shape.tokens = 24;  // per MP group; divisible by N_MP in {1, 2, 3, 4}
+        o.shape.model_dim = 8;
+        o.shape.hidden = 24;  // divisible by N_ESP in {1, 2, 3, 4, 8}
+        o.shape.experts = experts;
+        o.shape.topk = c.topk;
+        o.shape.capacity_factor = CapacityFactor::parse(c.f);
+        o.kind = kind;
+        o.seed = 11;
+        o.tolerance = kTolerance;
+        o.skew = c.skew;
+        const LayerCheckResult r = check_layer(*topo, o);
+        ++checks;
+        (r.dropped_choices > 0 ? with_drops : without_drops) += 1;
+        std::string detail;
+        for (const auto& e : r.errors)
+          detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
+        EXPECT_TRUE(r.passed) << "mp=" << lay.mp << " ep=" << lay.ep << " esp=" << lay.esp
+                              << " " << schedule::kind_name(kind) << " [" << c.name
+                              << "] routing " << (r.routing_matches ? "ok" : "DIFFERS")
+                              << " dropped " << r.dropped_choices << ":" << detail;
+        // S1 with nothing dropped also equals the whole (not per-slice) layer.
+        if (kind == Kind::kS1 && std::string(c.f) == "8.0") {
+          o.whole_oracle = true;
+          const LayerCheckResult w = check_layer(*topo, o);
+          EXPECT_TRUE(w.passed) << "S1 vs the whole-layer oracle, mp=" << lay.mp;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checks, 0) << "no layouts in the sweep for world size " << test::world_size();
+  EXPECT_GT(with_drops, 0);
+  EXPECT_GT(without_drops, 0);
+}
+
+TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
+  TopologyOptions topt;
+  topt.ep = test::world_size();
+  auto topo = Topology::create(topt);
+  ref::MoeShape s;
+  s.tokens = 16;
+  s.model_dim = 8;
+  s.hidden = 16;
+  s.experts = test::world_size() * 2 + 1;  // not divisible by N_EP (when N_EP > 1)
+  s.topk = 1;
+  s.capacity_factor = CapacityFactor::parse("1.0");
+  if (test::world_size() > 1) {
+    try {
+      MoeLayer layer(*topo, s, Kind::kS1);
+      FAIL() << "E not divisible by N_EP accepted";
+    } catch (const InvalidConfig& e) {
+      EXPECT_NE(std::string(e.what()).find("not divisible by --ep"), std::string::npos)
+          << e.what();
+    }
+  }
+  const Layout l = make_layout(4, 2, 1, 4);
+  ref::MoeShape ok = s;
+  ok.experts = 4;
+  try {
+    schedule::validate({ok, l, 0}, Kind::kBaseline);
+    FAIL() << "baseline with N_ESP not in {1, N_MP} accepted";
+  } catch (const InvalidConfig& e) {
+    EXPECT_NE(std::string(e.what()).find("use --schedule s1 or s2"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(schedule::validate({ok, l, 0}, Kind::kS2));
+}
+
+// ---- bytes: SPEC §3's table, in elements; N = N_MP = N_ESP ------------------------------
+
+using Bytes = std::map<std::string, double>;
+
+struct Volumes {
+  Bytes forward, backward;
+};
+
+Volumes spec_volumes(Kind kind, const ref::MoeShape& s, const Layout& l) {
+  const double E = s.experts, M = s.model_dim, T = s.tokens, N = l.mp, nep = l.ep;
+  const double C = capacity(s.topk, s.capacity_factor, s.tokens, s.experts);
+  const double C1 = capacity(s.topk, s.capacity_factor, s.tokens / l.mp, s.experts);
+  const double Cs = std::ceil(C / N);
+  const double f = 4.0;  // bytes per fp32 element
+  const bool esp_rows = l.esp > 1;
+  Volumes v;
+  auto both = [&](const std::string& k, double elems) {
+    if (elems == 0) return;
+    v.forward[k] += elems * f;
+    v.backward[k] += elems * f;
+  };
+  if (kind == Kind::kBaseline && l.esp == l.mp && l.mp > 1) {
+    both("ep.alltoall", 2 * E * C * M * (nep - 1) / nep);
+    both("esp.allreduce", 2 * (N - 1) / N * E * C * M);
+  } else if (kind == Kind::kS1) {
+    if (N > 1) v.forward["mp.allreduce"] = 2 * (N - 1) / N * 2 * E * f;
+    if (N > 1) v.backward["mp.allreduce"] = 2 * (N - 1) / N * M * E * f;
+    both("ep.alltoall", 2 * E * C1 * M * (nep - 1) / nep);
+    if (esp_rows) both("esp.allgather", (N - 1) * E * C1 * M);
+    if (esp_rows) both("esp.reduce_scatter", (N - 1) * E * C1 * M);
+    both("mp.allgather", (N - 1) * (T / N) * M);
+  } else {  // S2, and the baseline with N_ESP = 1 < N_MP
+    both("ep.alltoall", 2 * E * Cs * M * (nep - 1) / nep);
+    if (esp_rows) both("esp.allgather", (N - 1) * E * Cs * M);
+    if (esp_rows) both("esp.reduce_scatter", (N - 1) * E * Cs * M);
+    both("mp.allgather", (N - 1) * E * Cs * M);
+  }
+  return v;
+}
+
+Bytes counted(Topology& topo) {
+  Bytes b;
+  for (Group g : {Group::kMp, Group::kEp, Group::kEsp, Group::kDp, Group::kEdp, Group::kWorld})
+    for (int op = 0; op < kNumCommOps; ++op) {
+      const OpStats& s = topo.comm(g).stats().op(static_cast<CommOp>(op));
+      if (s.bus_bytes > 0)
+        b[std::string(group_name(g)) + "." + comm_op_name(static_cast<CommOp>(op))] += s.bus_bytes;
+    }
+  return b;
+}
+
+std::string show(const Bytes& b) {
+  std::string s;
+  for (const auto& [k, v] : b) s += fmt::format(" {}={}", k, v);
+  return s;
+}
+
+TEST(Bytes, CountedBytesMatchSpecTable) {
+  std::vector<Layout3> layouts;
+  switch (test::world_size()) {
+    case 2: layouts = {{2, 1, 2}}; break;
+    case 4: layouts = {{2, 2, 2}, {2, 2, 1}, {4, 1, 4}}; break;
+    case 8: layouts = {{2, 4, 2}, {4, 2, 4}}; break;
+    default: GTEST_SKIP() << "byte layouts are defined for 2, 4 and 8 ranks";
+  }
+  for (const Layout3& lay : layouts) {
+    TopologyOptions topt;
+    topt.mp = lay.mp;
+    topt.ep = lay.ep;
+    topt.esp = lay.esp;
+    auto topo = Topology::create(topt);
+    ref::MoeShape s;
+    s.tokens = 40;
+    s.model_dim = 8;
+    s.hidden = 16;
+    s.experts = 8;
+    s.topk = 2;
+    s.capacity_factor = CapacityFactor::parse("1.1");  // C not divisible by N: Cp pads
+    for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
+      if (!allowed(kind, lay)) continue;
+      MoeLayer layer(*topo, s, kind);
+      layer.load_whole(ref::init_params<float>(s, 3));
+      const auto x = check_input(s, 3, 0);
+      const auto dout = check_dout(s, 3, 0);
+      topo->reset_stats();
+      layer.forward(Tensor::view(const_cast<float*>(x.data()), {s.tokens, s.model_dim}));
+      const Bytes fwd = counted(*topo);
+      topo->reset_stats();
+      layer.backward(Tensor::view(const_cast<float*>(dout.data()), {s.tokens, s.model_dim}),
+                     0.5f);
+      const Bytes bwd = counted(*topo);
+      const Volumes want = spec_volumes(kind, s, topo->layout());
+      const std::string where = fmt::format("mp={} ep={} esp={} {}", lay.mp, lay.ep, lay.esp,
+                                            schedule::kind_name(kind));
+      EXPECT_EQ(fwd.size(), want.forward.size())
+          << where << " forward counted:" << show(fwd) << " spec:" << show(want.forward);
+      for (const auto& [k, v] : want.forward)
+        EXPECT_NEAR(fwd.count(k) ? fwd.at(k) : -1, v, 1e-6 * v) << where << " forward " << k;
+      EXPECT_EQ(bwd.size(), want.backward.size())
+          << where << " backward counted:" << show(bwd) << " spec:" << show(want.backward);
+      for (const auto& [k, v] : want.backward)
+        EXPECT_NEAR(bwd.count(k) ? bwd.at(k) : -1, v, 1e-6 * v) << where << " backward " << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace parm

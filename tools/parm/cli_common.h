@@ -1,0 +1,40 @@
+// Options and helpers shared by the `parm` subcommands.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parm/topology.h"
+
+namespace parm::cli {
+
+// --mp --ep --esp --ranks-per-node --timeout
+struct LayoutFlags {
+  int mp = 1, ep = 1, esp = 1;
+  int ranks_per_node = 0;
+  double timeout_s = 300.0;
+
+  void add_to(CLI::App* app);
+  TopologyOptions topology() const;
+};
+
+// A subcommand: its CLI11 app and what runs when it was chosen (returns the exit code).
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Command add_info(CLI::App& root);
+Command add_bench_comm(CLI::App& root);
+
+int world_rank();
+int world_size();
+// Largest value over all ranks of the world (for per-iteration "max over ranks" timings).
+std::vector<double> max_over_ranks(const std::vector<double>& values);
+double median(std::vector<double> values);
+
+}  // namespace parm::cli
