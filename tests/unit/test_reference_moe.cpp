@@ -211,12 +211,12 @@ TEST(ReferenceMoeRouting, GShardPriorityOrder) {
   EXPECT_EQ(r.num_dropped(), 2);
 
   const double w_top = 1.0 / (1.0 + std::exp(-1.0));  // e^3 / (e^3 + e^2)
-  EXPECT_NEAR(r.weight[0], w_top, 1e-15);
+  EXPECT_NEAR(r.weight[0], w_top, 1e-14);
   const std::vector<double> want = flat({{r.weight[0], 0, 0, 0},
                                          {0, r.weight[2], r.weight[3], 0},
                                          {0, 0, 0, r.weight[4]}});
   EXPECT_EQ(f.out, want);
-  EXPECT_NEAR(f.out[4 + 1] + f.out[4 + 2], 1.0, 1e-15);  // t1 kept both: weights sum to 1
+  EXPECT_NEAR(f.out[4 + 1] + f.out[4 + 2], 1.0, 1e-14);  // t1 kept both: weights sum to 1
 }
 
 TEST(ReferenceMoeRouting, ExpertWithoutTokensAndOneThatOverflows) {
@@ -235,11 +235,11 @@ TEST(ReferenceMoeRouting, ExpertWithoutTokensAndOneThatOverflows) {
   // residual path is outside this layer).
   const std::vector<double> x0(x.begin(), x.begin() + 4);
   const std::vector<double> y0 = whole_expert(shape, p, 1, x0);
-  for (int64_t m = 0; m < 4; ++m) EXPECT_NEAR(f.out[m], f.probs[1] * y0[m], 1e-15);
+  for (int64_t m = 0; m < 4; ++m) EXPECT_NEAR(f.out[m], f.probs[1] * y0[m], 1e-14);
   for (int64_t i = 4; i < 16; ++i) EXPECT_EQ(f.out[i], 0.0);
   // l_aux: frac = (0, 1, 0, 0) counted before drops, so l_aux = E * meanp_1.
   const double meanp1 = (f.probs[1] + f.probs[5] + f.probs[9] + f.probs[13]) / 4;
-  EXPECT_NEAR(f.l_aux, 4 * meanp1, 1e-15);
+  EXPECT_NEAR(f.l_aux, 4 * meanp1, 1e-14);
 
   const std::vector<double> dout = uniform_vector(16, 3, 1);
   const MoeGrads<double> g = moe_backward(p, f, dout, 0.0);
@@ -254,7 +254,7 @@ TEST(ReferenceMoeRouting, ExpertWithoutTokensAndOneThatOverflows) {
     for (double v : ge.w2) EXPECT_EQ(v, 0.0);
     for (int64_t m = 0; m < 4; ++m) EXPECT_EQ(g.dparams.b2[e * 4 + m], 0.0);
   }
-  for (int64_t m = 0; m < 4; ++m) EXPECT_NEAR(g.dparams.b2[4 + m], f.probs[1] * dout[m], 1e-15);
+  for (int64_t m = 0; m < 4; ++m) EXPECT_NEAR(g.dparams.b2[4 + m], f.probs[1] * dout[m], 1e-14);
 
   // With dl_aux != 0 the dropped tokens get gradient through the gate (l_aux's meanp).
   const MoeGrads<double> g_aux = moe_backward(p, f, dout, 1.0);
@@ -280,11 +280,11 @@ TEST(ReferenceMoeRouting, TopThreeRenormalisesBeforeTheDrop) {
   const double e1 = std::exp(1.0), e2 = std::exp(2.0), e3 = std::exp(3.0);
   const double z = e3 + e2 + e1;  // the 4th expert's e^0 is not among the top 3
   // The dropped choices stay in t0's denominator: its one kept weight is not 1.
-  EXPECT_NEAR(f.out[0], e3 / z, 1e-15);
+  EXPECT_NEAR(f.out[0], e3 / z, 1e-14);
   EXPECT_EQ(f.out[1], 0.0);
-  EXPECT_NEAR(f.out[4 + 1], e3 / z, 1e-15);
-  EXPECT_NEAR(f.out[4 + 2], e2 / z, 1e-15);
-  EXPECT_NEAR(f.out[4 + 3], e1 / z, 1e-15);
+  EXPECT_NEAR(f.out[4 + 1], e3 / z, 1e-14);
+  EXPECT_NEAR(f.out[4 + 2], e2 / z, 1e-14);
+  EXPECT_NEAR(f.out[4 + 3], e1 / z, 1e-14);
 
   // The dropped choices' probabilities still get gradient, through the normaliser:
   // dp_i = (dw_i - sum_j dw_j w_j) / Z with dw = (g, 0, 0) for t0.
@@ -328,22 +328,22 @@ TEST(ReferenceMoeAux, LossByHand) {
     SCOPED_TRACE(slices);
     const MoeForward<double> f = moe_forward(shape, p, x, slices);
     EXPECT_EQ(f.aux.first_count, (std::vector<double>{3, 1}));
-    EXPECT_NEAR(f.aux.prob_sum[0], 2.5, 1e-15);
-    EXPECT_NEAR(f.aux.prob_sum[1], 1.5, 1e-15);
-    EXPECT_NEAR(f.l_aux, 1.125, 1e-15);
+    EXPECT_NEAR(f.aux.prob_sum[0], 2.5, 1e-14);
+    EXPECT_NEAR(f.aux.prob_sum[1], 1.5, 1e-14);
+    EXPECT_NEAR(f.l_aux, 1.125, 1e-14);
   }
   // d l_aux / d p[t, e] = E * frac_e / T for every token.
   const MoeForward<double> f = moe_forward(shape, p, x);
   std::vector<double> dprobs(8, 0.0);
   aux_loss_backward(f.aux, 4, 1.0, dprobs);
   for (int64_t t = 0; t < 4; ++t) {
-    EXPECT_NEAR(dprobs[t * 2 + 0], 2 * 0.75 / 4, 1e-15);
-    EXPECT_NEAR(dprobs[t * 2 + 1], 2 * 0.25 / 4, 1e-15);
+    EXPECT_NEAR(dprobs[t * 2 + 0], 2 * 0.75 / 4, 1e-14);
+    EXPECT_NEAR(dprobs[t * 2 + 1], 2 * 0.25 / 4, 1e-14);
   }
   // A uniform gate (Wg = 0): all ties go to e0, frac = (1, 0, ...), meanp = 1/E: l_aux = 1.
   const MoeShape s4 = make_shape(6, 4, 2, 4, 2, "1");
   const MoeParams<double> p0 = MoeParams<double>::zeros(s4);
-  EXPECT_NEAR(moe_forward(s4, p0, init_input<double>(s4, 1)).l_aux, 1.0, 1e-15);
+  EXPECT_NEAR(moe_forward(s4, p0, init_input<double>(s4, 1)).l_aux, 1.0, 1e-14);
 }
 
 // ---- Precision, slices, ESP --------------------------------------------------------------

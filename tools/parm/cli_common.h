@@ -30,6 +30,8 @@ struct Command {
 
 Command add_info(CLI::App& root);
 Command add_bench_comm(CLI::App& root);
+Command add_bench_layer(CLI::App& root);
+Command add_check_layer(CLI::App& root);
 
 int world_rank();
 int world_size();

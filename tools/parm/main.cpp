@@ -49,7 +49,9 @@ int main(int argc, char** argv) {
   CLI::App app{"parm: Mixture-of-Experts training under hybrid parallelism"};
   app.require_subcommand(1);
   std::vector<parm::cli::Command> commands = {parm::cli::add_info(app),
-                                              parm::cli::add_bench_comm(app)};
+                                              parm::cli::add_bench_comm(app),
+                                              parm::cli::add_bench_layer(app),
+                                              parm::cli::add_check_layer(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,7 @@
 // GeLU, tanh form (as GPT-2): gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
 // Computed through the identity 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)) =: s, which needs a
-// single exp and no cancellation: gelu(x) = x s, gelu'(x) = s + 2 x s (1 - s) u'(x).
+// single exp and does not cancel where tanh(u) is near -1:
+//   gelu(x) = x s,   gelu'(x) = s + 2 x s (1 - s) u'(x),   1 - s = exp(-2u) s.
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 #include "parm/error.h"
@@ -10,24 +11,24 @@ namespace {
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
-// Clamping -2u to [-80, 80] (exp(80) ~ 5.5e34) keeps exp(-2u), s and 1 - s = exp(-2u) s
-// finite, so gelu' never forms inf * 0; where the clamp acts, s or 1 - s is below 2e-35.
-constexpr float kClamp = 80.0f;
+// Beyond |x| = 9.5, gelu'(x) is 1 to fp32 precision (x > 0) or below 2e-31 (x < 0), and
+// exp(-2u) would leave the fp32 range, making s (1 - s) an inf * 0. The gradient is taken at
+// the clamped x there, which is exact for x > 0 and off by < 2e-31 for x < 0.
+constexpr float kGradClamp = 9.5f;
 
-inline float clamp_minus_2u(float x) {
-  return detail::clamp_f32(-2.0f * kSqrt2OverPi * (x + kCubic * x * x * x), -kClamp, kClamp);
-}
+inline float minus_2u(float x) { return -2.0f * kSqrt2OverPi * (x + kCubic * x * x * x); }
 
-inline float gelu_value(float x) {
-  return x / (1.0f + detail::exp_f32(clamp_minus_2u(x)));
-}
+// exp(-2u) = +inf gives x / inf = -0 and exp(-2u) = 0 gives x: both the limits. NaN stays NaN.
+inline float gelu_value(float x) { return x / (1.0f + detail::exp_f32(minus_2u(x))); }
 
 inline float gelu_grad(float x) {
-  const float e = detail::exp_f32(clamp_minus_2u(x));
+  const float xc = detail::clamp_f32(x, -kGradClamp, kGradClamp);
+  const float e = detail::exp_f32(minus_2u(xc));
   const float s = 1.0f / (1.0f + e);
   const float one_minus_s = e * s;
-  const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-  return s + 2.0f * x * s * one_minus_s * du;
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * xc * xc);
+  const float g = s + 2.0f * xc * s * one_minus_s * du;
+  return g * detail::nan_if_nan(1.0f, x);  // the clamp alone would turn NaN into a number
 }
 
 }  // namespace

@@ -23,6 +23,14 @@ inline float clamp_f32(float x, float lo, float hi) {
   return std::bit_cast<float>(ordered_bits(key));
 }
 
+// y, or a quiet NaN when x is NaN (y must not be negative). For functions that clamp their
+// input, which would otherwise turn a NaN into a number.
+inline float nan_if_nan(float y, float x) {
+  const bool is_nan = (std::bit_cast<int32_t>(x) & 0x7fffffff) > 0x7f800000;
+  const int32_t nan_mask = is_nan ? 0x7fc00000 : 0;
+  return std::bit_cast<float>(std::bit_cast<int32_t>(y) | nan_mask);
+}
+
 // exp(x) for fp32, within about 2 ulp of the correctly rounded result (denormal results to
 // denormal precision); exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN.
 // exp(x) = 2^n * e^r with n = round(x / ln 2), |r| <= ln2 / 2; e^r by its degree-7 Taylor
@@ -56,11 +64,7 @@ inline float exp_f32(float x) {
   const int32_t n2 = ni - n1;
   const float s1 = std::bit_cast<float>((n1 + 127) << 23);
   const float s2 = std::bit_cast<float>((n2 + 127) << 23);
-  const float y = p * s1 * s2;
-  // NaN in, NaN out: OR the quiet-NaN pattern into a (non-negative) result.
-  const bool is_nan = (std::bit_cast<int32_t>(x) & 0x7fffffff) > 0x7f800000;
-  const int32_t nan_mask = is_nan ? 0x7fc00000 : 0;
-  return std::bit_cast<float>(std::bit_cast<int32_t>(y) | nan_mask);
+  return nan_if_nan(p * s1 * s2, x);
 }
 
 // Partial sums and maxima over kLanes independent lanes: the compiler may vectorise a

@@ -1,0 +1,73 @@
+// `parm check-layer`: every schedule against the single-process oracle from the same seed.
+#include <cstdio>
+
+#include "layer_flags.h"
+#include "moe/layer_check.h"
+#include "parm/error.h"
+
+namespace parm::cli {
+namespace {
+
+struct CheckLayerFlags {
+  LayerFlags layer;
+  double tolerance = 2e-4;
+  float dl_aux = 0.5f;
+  std::string dump;
+};
+
+int run_check_layer(const CheckLayerFlags& f) {
+  const ref::MoeShape shape = f.layer.shape();
+  const auto kinds = f.layer.schedules();
+  PARM_CONFIG_CHECK(f.tolerance > 0, "--tolerance {} must be positive", f.tolerance);
+  auto topo = Topology::create(f.layer.layout.topology());
+  for (auto kind : kinds)  // refuse a bad layer before any work
+    schedule::validate({shape, topo->layout(), 0}, kind);
+  const bool root = topo->world_rank() == 0;
+  if (root)
+    std::printf("# parm check-layer: %s on %d ranks (mp=%d ep=%d esp=%d); tolerance %.1e on "
+                "max|error| / max|oracle| against the fp64 oracle\n",
+                shape.str().c_str(), topo->layout().world, topo->layout().mp,
+                topo->layout().ep, topo->layout().esp, f.tolerance);
+  bool all_ok = true;
+  for (auto kind : kinds) {
+    LayerCheckOptions o;
+    o.shape = shape;
+    o.kind = kind;
+    o.seed = f.layer.seed;
+    o.tolerance = f.tolerance;
+    o.dl_aux = f.dl_aux;
+    o.dump_dir = f.dump;
+    const LayerCheckResult r = check_layer(*topo, o);
+    all_ok = all_ok && r.passed;
+    if (!root) continue;
+    std::printf("\n%s: %s (oracle gates %s; %lld choices dropped; routing %s)\n",
+                schedule::kind_name(kind), r.passed ? "PASS" : "FAIL",
+                r.oracle_slices > 1 ? "each MP slice separately" : "all T tokens at once",
+                static_cast<long long>(r.dropped_choices),
+                r.routing_matches ? "identical" : "DIFFERS");
+    std::printf("  %-8s %12s %12s  %s\n", "tensor", "max_abs", "max_rel", "");
+    for (const auto& e : r.errors)
+      std::printf("  %-8s %12.3e %12.3e  %s\n", e.name.c_str(), e.max_abs, e.max_rel,
+                  e.passed ? "ok" : "EXCEEDS TOLERANCE");
+  }
+  if (root && !f.dump.empty()) std::printf("\ndumped to %s (see manifest.json)\n", f.dump.c_str());
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+Command add_check_layer(CLI::App& root) {
+  auto* app = root.add_subcommand("check-layer",
+                                  "compare every schedule with the single-process MoE layer");
+  auto f = std::make_shared<CheckLayerFlags>();
+  f->layer.tokens = 256;
+  f->layer.model_dim = 64;
+  f->layer.hidden = 128;
+  f->layer.add_to(app);
+  app->add_option("--tolerance", f->tolerance, "largest allowed max|error| / max|oracle|");
+  app->add_option("--dl-aux", f->dl_aux, "gradient of the loss with respect to l_aux");
+  app->add_option("--dump", f->dump, "write .npy files and manifest.json into this folder");
+  return {app, [f] { return run_check_layer(*f); }};
+}
+
+}  // namespace parm::cli

@@ -1,0 +1,52 @@
+#include "layer_flags.h"
+
+#include <nlohmann/json.hpp>
+
+#include "parm/error.h"
+
+namespace parm::cli {
+
+void LayerFlags::add_to(CLI::App* app) {
+  layout.add_to(app);
+  app->add_option("--tokens", tokens, "tokens T per MP group (B x L)");
+  app->add_option("--model-dim", model_dim, "model dimension M");
+  app->add_option("--hidden", hidden, "expert hidden dimension H");
+  app->add_option("--experts", experts, "number of experts E");
+  app->add_option("--topk", topk, "experts per token k");
+  app->add_option("--capacity-factor", capacity_factor, "capacity factor f (a decimal)");
+  app->add_option("--schedule", schedule, "baseline, s1, s2 or all");
+  app->add_option("--seed", seed, "seed of the weights and inputs");
+}
+
+ref::MoeShape LayerFlags::shape() const {
+  ref::MoeShape s;
+  s.tokens = tokens;
+  s.model_dim = model_dim;
+  s.hidden = hidden;
+  s.experts = experts;
+  s.topk = topk;
+  s.capacity_factor = CapacityFactor::parse(capacity_factor);
+  s.validate();
+  return s;
+}
+
+std::vector<schedule::Kind> LayerFlags::schedules() const {
+  using schedule::Kind;
+  if (schedule != "all") return {schedule::parse_kind(schedule)};
+  std::vector<Kind> out;
+  // "all" leaves out the baseline where it does not exist (N_MP > 1, N_ESP not in {1, N_MP}).
+  const bool baseline_ok = layout.mp == 1 || layout.esp == 1 || layout.esp == layout.mp;
+  if (baseline_ok) out.push_back(Kind::kBaseline);
+  out.push_back(Kind::kS1);
+  out.push_back(Kind::kS2);
+  return out;
+}
+
+nlohmann::json LayerFlags::config_json() const {
+  return {{"mp", layout.mp}, {"ep", layout.ep}, {"esp", layout.esp},
+          {"tokens", tokens}, {"model_dim", model_dim}, {"hidden", hidden},
+          {"experts", experts}, {"topk", topk}, {"capacity_factor", capacity_factor},
+          {"schedule", schedule}, {"seed", seed}};
+}
+
+}  // namespace parm::cli
