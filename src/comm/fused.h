@@ -1,0 +1,43 @@
+// Fused collectives (SPEC §4): two (or three) collectives computed as one pipelined
+// operation. The data is cut into `chunks` pieces; in step i the inter-node exchange of
+// piece i and the intra-node forwarding of piece i-1 are in flight together, on two
+// communicators, so both kinds of link work at once (chunks + 1 steps). The result is
+// bit-identical to running the parts one after the other, and the byte counters record
+// exactly what the parts would record (one call each, same bus bytes, under the parts'
+// (group, op)).
+//
+// Layouts (elements; `block` = elements one EP rank sends to one EP peer):
+//   dispatch in   (N_EP, block)          block p goes to EP peer p
+//   dispatch out  (N_ESP, N_EP, block)   = esp.allgather(ep.alltoall(in))
+//   combine in    (N_ESP, N_EP, block)   partial sums of the ESP shards
+//   combine out   (N_EP, block)          = ep.alltoall(esp.reduce_scatter(in))
+// A group of size 1 makes its part a no-op (a local copy where needed).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "parm/comm.h"
+
+namespace parm {
+
+// The MP AllGather that S2 fuses into its combine: `out` (combine out, seen as
+// (outer, chunk)) is gathered over `mp` into `full` (outer, N_MP, chunk), interleaved
+// exactly as the unfused S2 step does.
+struct MpGatherPart {
+  Communicator* mp = nullptr;
+  int64_t outer = 1;
+  int64_t chunk = 0;
+  float* full = nullptr;
+};
+
+// esp.allgather(ep.alltoall(in)). `in` and `out` must not overlap.
+void fused_dispatch(Communicator& ep, Communicator& esp, const float* in, float* out,
+                    size_t block, int chunks);
+
+// ep.alltoall(esp.reduce_scatter(in)) [then the MP AllGather of `mp_part`]. The ESP sum is
+// taken in ESP-rank order, as Communicator::reduce_scatter takes it.
+void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* out,
+                   size_t block, int chunks, const MpGatherPart* mp_part = nullptr);
+
+}  // namespace parm
