@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Bad layouts and bad flags are refused before any work, with a message that names what is
+# wrong and what would be valid, and a non-zero exit code; no rank hangs.
+#   bash bad_input.sh <path to parm> <source dir>
+set -uo pipefail
+parm="$1"
+src="$2"
+export PARM_BIN="$parm"
+fails=0
+run=0
+
+# expect <exit code> <text the output must contain> -- <parmrun args...>
+expect() {
+  local want_rc="$1" want_text="$2"
+  shift 3
+  run=$((run + 1))
+  local out rc
+  out="$("$src/scripts/parmrun" --timeout 120 "$@" 2>&1)"
+  rc=$?
+  if [ "$rc" != "$want_rc" ] || ! grep -qF -- "$want_text" <<<"$out"; then
+    echo "FAIL: parmrun $* -> rc $rc (want $want_rc), output must contain: $want_text"
+    echo "$out" | head -20 | sed 's/^/    /'
+    fails=$((fails + 1))
+  else
+    echo "ok:   parmrun $*"
+  fi
+}
+
+expect 2 "world size 4 is not divisible by --mp 3" -- -n 4 -- info --mp 3
+expect 2 "valid --mp values: 1, 2, 4" -- -n 4 -- info --mp 3
+expect 2 "--ep 4 x --esp 2 = 8" -- -n 4 -- info --ep 4 --esp 2
+expect 2 "not a multiple of --ranks-per-node 3" -- -n 4 -- info --ranks-per-node 3
+expect 2 "--experts 6 is not divisible by --ep 4" -- -n 4 -- bench-layer --ep 4 --experts 6 --tokens 64 --model-dim 16 --hidden 32
+expect 2 "--hidden 30 is not divisible by --esp 4" -- -n 4 -- check-layer --esp 4 --mp 4 --hidden 30
+expect 2 "--tokens 30 is not divisible by --mp 4" -- -n 4 -- check-layer --esp 4 --mp 4 --tokens 30
+expect 2 "use --schedule s1 or s2" -- -n 4 -- check-layer --mp 2 --esp 4 --schedule baseline
+expect 2 "capacity factor" -- -n 2 -- check-layer --capacity-factor 1e3
+expect 2 "unknown schedule 'fast'" -- -n 2 -- bench-layer --schedule fast
+expect 2 "--fuse 'maybe' is not valid" -- -n 2 -- bench-layer --fuse maybe
+expect 2 "unknown op 'allscatter'" -- -n 2 -- bench-comm --ops allscatter
+expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp
+expect 2 "--topk" -- -n 1 -- check-layer --topk 9 --experts 8
+expect 2 "The following argument was not expected: --bogus" -- -n 1 -- info --bogus
+expect 2 "-n needs a positive rank count" -- -n 0 -- info
+# A good run passes.
+expect 0 "PASS" -- -n 2 -- check-layer --ep 2 --tokens 32 --model-dim 8 --hidden 16 --experts 4
+
+echo "$((run - fails)) passed, $fails failed"
+[ "$fails" -eq 0 ]
