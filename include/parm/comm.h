@@ -78,6 +78,9 @@ using RequestPtr = std::unique_ptr<Request>;
 // Waits for all; throws the first failure after trying the rest.
 void wait_all(std::vector<RequestPtr>& requests);
 
+// Point-to-point tags at and above this value belong to the fused collectives.
+constexpr int kFusedTagBase = 16384;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -95,7 +98,9 @@ class Communicator {
   // recv (size * count) = concatenation of every rank's send (count), in rank order.
   // send may be recv + rank * count (in place).
   virtual RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype) = 0;
-  // recv (count) = sum over ranks of their send block `rank` (send holds size * count).
+  // recv (count) = sum over ranks of their send block `rank` (send holds size * count),
+  // summed in group-rank order ((b0 + b1) + b2) + ... on every backend, so that results are
+  // deterministic and the fused combine (src/comm/fused.h) matches it bit for bit.
   virtual RequestPtr ireduce_scatter(const void* send, void* recv, size_t count,
                                      DType dtype) = 0;
   // Block p of send (count each) goes to rank p; block p of recv came from rank p.
@@ -105,9 +110,27 @@ class Communicator {
                                 const size_t* send_displs, void* recv,
                                 const size_t* recv_counts, const size_t* recv_displs,
                                 DType dtype) = 0;
+  // Tags >= kFusedTagBase are reserved for the fused collectives (src/comm/fused.cpp).
   virtual RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) = 0;
   virtual RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) = 0;
   virtual RequestPtr ibarrier() = 0;
+
+  // ---- building blocks of composite operations (the fused collectives) ----
+  // isend/irecv with the same watchdog, but counted nowhere: a composite operation made of
+  // them records its own totals with record(), exactly as its constituent collectives would,
+  // so the counters never show send/recv traffic that the unfused path does not have.
+  virtual RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
+                                     int tag) = 0;
+  virtual RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer,
+                                     int tag) = 0;
+  // Adds one call of `op` to this group's counters: `bus_bytes` as parm::bus_bytes defines
+  // them for that op, `time_us` of wall time.
+  void record(CommOp op, double bus_bytes, double time_us) {
+    OpStats& s = stats().op(op);
+    s.calls += 1;
+    s.bus_bytes += bus_bytes;
+    s.time_us += time_us;
+  }
 
   // ---- blocking: the non-blocking call, then wait() ----
   void allreduce(void* buf, size_t count, DType dtype) { iallreduce(buf, count, dtype)->wait(); }

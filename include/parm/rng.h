@@ -28,6 +28,8 @@ class Rng {
   uint64_t key_;
   uint64_t stream_;
   uint64_t position_ = 0;  // in units of 32-bit draws
+  uint64_t cached_counter_ = ~uint64_t{0};
+  std::array<uint32_t, 4> cached_{};
 };
 
 // Fill helpers: element i of the tensor gets draw i of (seed, stream).

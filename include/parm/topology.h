@@ -55,6 +55,9 @@ struct TopologyOptions {
   int mp = 1, ep = 1, esp = 1;
   int ranks_per_node = 0;   // 0: detect with MPI_COMM_TYPE_SHARED
   double timeout_s = 300.0; // watchdog deadline of every operation
+  // Build a one-rank topology over MPI_COMM_SELF (every group of size 1; mp, ep, esp must be
+  // 1): a single-process reference model inside a multi-rank job. Not collective.
+  bool self_only = false;
 };
 
 // The communicators of one rank. Collective: every rank of the world constructs it with the

@@ -3,6 +3,9 @@
 #include <sched.h>
 
 #include <climits>
+#include <cstring>
+#include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -34,9 +37,9 @@ int to_mpi_count(size_t count, const std::string& group, const char* op) {
 class MpiRequest final : public Request {
  public:
   MpiRequest(MPI_Request req, MpiCommunicator* comm, CommOp op, double bytes, double bus,
-             int world_rank)
+             int world_rank, std::function<void()> on_done, bool counted)
       : req_(req), comm_(comm), op_(op), bytes_(bytes), bus_(bus), world_rank_(world_rank),
-        start_us_(now_us()) {}
+        start_us_(now_us()), on_done_(std::move(on_done)), counted_(counted) {}
 
   ~MpiRequest() override {
     if (done_) return;
@@ -73,10 +76,8 @@ class MpiRequest final : public Request {
  private:
   void finish() {
     done_ = true;
-    OpStats& s = comm_->stats().op(op_);
-    s.calls += 1;
-    s.bus_bytes += bus_;
-    s.time_us += now_us() - start_us_;
+    if (on_done_) on_done_();
+    if (counted_) comm_->record(op_, bus_, now_us() - start_us_);
   }
 
   MPI_Request req_;
@@ -86,8 +87,42 @@ class MpiRequest final : public Request {
   double bus_;
   int world_rank_;
   double start_us_;
+  std::function<void()> on_done_;
+  bool counted_;
   bool done_ = false;
 };
+
+// recv[i] = ((blocks[0][i] + blocks[1][i]) + blocks[2][i]) + ... : group-rank order.
+template <typename T>
+void sum_blocks_in_rank_order(const T* blocks, T* recv, size_t count, int n) {
+  if (count == 0) return;
+  std::memcpy(recv, blocks, count * sizeof(T));
+  for (int q = 1; q < n; ++q) {
+    const T* b = blocks + static_cast<size_t>(q) * count;
+    for (size_t i = 0; i < count; ++i) recv[i] += b[i];
+  }
+}
+
+void sum_blocks_in_rank_order(DType dtype, const void* blocks, void* recv, size_t count, int n) {
+  switch (dtype) {
+    case DType::kF32:
+      return sum_blocks_in_rank_order(static_cast<const float*>(blocks), static_cast<float*>(recv),
+                                      count, n);
+    case DType::kF64:
+      return sum_blocks_in_rank_order(static_cast<const double*>(blocks),
+                                      static_cast<double*>(recv), count, n);
+    case DType::kI32:
+      return sum_blocks_in_rank_order(static_cast<const int32_t*>(blocks),
+                                      static_cast<int32_t*>(recv), count, n);
+    case DType::kI64:
+      return sum_blocks_in_rank_order(static_cast<const int64_t*>(blocks),
+                                      static_cast<int64_t*>(recv), count, n);
+    case DType::kU8:  // wraps modulo 256, as MPI_SUM on MPI_UINT8_T does
+      return sum_blocks_in_rank_order(static_cast<const uint8_t*>(blocks),
+                                      static_cast<uint8_t*>(recv), count, n);
+  }
+  throw Error("unknown dtype");
+}
 
 }  // namespace
 
@@ -107,8 +142,10 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 RequestPtr MpiCommunicator::make_request(MPI_Request req, CommOp op, double bytes_moved,
-                                         double bus) {
-  return std::make_unique<MpiRequest>(req, this, op, bytes_moved, bus, world_rank_);
+                                         double bus, std::function<void()> on_done,
+                                         bool counted) {
+  return std::make_unique<MpiRequest>(req, this, op, bytes_moved, bus, world_rank_,
+                                      std::move(on_done), counted);
 }
 
 RequestPtr MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype) {
@@ -131,15 +168,30 @@ RequestPtr MpiCommunicator::iallgather(const void* send, void* recv, size_t coun
                       bus_bytes(CommOp::kAllGather, size_, bytes));
 }
 
+// Not MPI_Ireduce_scatter_block: MPI leaves its summation order unspecified (it depends on
+// the algorithm the library picks for the size), so float results could differ between
+// sizes, runs and the fused combine. Here every block travels to its owner (an alltoall
+// into a scratch buffer the request owns) and the owner sums them in group-rank order
+// 0..n-1 on completion: deterministic, and bit-identical to fused_combine, which sums in the
+// same order. It moves the same bytes as a pairwise reduce_scatter and is counted as one
+// reduce_scatter call (never as an alltoall).
 RequestPtr MpiCommunicator::ireduce_scatter(const void* send, void* recv, size_t count,
                                             DType dtype) {
-  const double bytes = static_cast<double>(count * dtype_size(dtype));
+  const size_t esize = dtype_size(dtype);
+  const double bytes = static_cast<double>(count * esize);
+  const int per_rank = to_mpi_count(count, name_, "reduce_scatter");
+  // (size, count): block q came from group rank q. Uninitialised (it is overwritten); one
+  // spare byte so the pointer is never null.
+  std::shared_ptr<unsigned char[]> scratch(new unsigned char[count * esize * size_ + 1]);
   MPI_Request req;
-  PARM_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv,
-                                           to_mpi_count(count, name_, "reduce_scatter"),
-                                           mpi_type(dtype), MPI_SUM, comm_, &req));
+  PARM_MPI_CHECK(MPI_Ialltoall(send, per_rank, mpi_type(dtype), scratch.get(), per_rank,
+                               mpi_type(dtype), comm_, &req));
+  const int group_size = size_;
+  auto sum = [scratch, recv, count, dtype, group_size] {
+    sum_blocks_in_rank_order(dtype, scratch.get(), recv, count, group_size);
+  };
   return make_request(req, CommOp::kReduceScatter, bytes * size_,
-                      bus_bytes(CommOp::kReduceScatter, size_, bytes));
+                      bus_bytes(CommOp::kReduceScatter, size_, bytes), std::move(sum));
 }
 
 RequestPtr MpiCommunicator::ialltoall(const void* send, void* recv, size_t count, DType dtype) {
@@ -202,6 +254,24 @@ RequestPtr MpiCommunicator::irecv(void* buf, size_t count, DType dtype, int peer
   PARM_MPI_CHECK(MPI_Irecv(buf, to_mpi_count(count, name_, "recv"), mpi_type(dtype), peer, tag,
                            comm_, &req));
   return make_request(req, CommOp::kRecv, bytes, bytes);
+}
+
+RequestPtr MpiCommunicator::isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
+                                            int tag) {
+  MPI_Request req;
+  PARM_MPI_CHECK(MPI_Isend(buf, to_mpi_count(count, name_, "send"), mpi_type(dtype), peer, tag,
+                           comm_, &req));
+  return make_request(req, CommOp::kSend, static_cast<double>(count * dtype_size(dtype)), 0.0,
+                      {}, /*counted=*/false);
+}
+
+RequestPtr MpiCommunicator::irecv_uncounted(void* buf, size_t count, DType dtype, int peer,
+                                            int tag) {
+  const double bytes = static_cast<double>(count * dtype_size(dtype));
+  MPI_Request req;
+  PARM_MPI_CHECK(MPI_Irecv(buf, to_mpi_count(count, name_, "recv"), mpi_type(dtype), peer, tag,
+                           comm_, &req));
+  return make_request(req, CommOp::kRecv, bytes, bytes, {}, /*counted=*/false);
 }
 
 RequestPtr MpiCommunicator::ibarrier() {

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -39,9 +40,15 @@ class MpiCommunicator final : public Communicator {
   RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) override;
   RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) override;
   RequestPtr ibarrier() override;
+  RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
+                             int tag) override;
+  RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;
 
  private:
-  RequestPtr make_request(MPI_Request req, CommOp op, double bytes_moved, double bus);
+  // `on_done` runs once when MPI reports completion, before the stats are recorded (so its
+  // time counts); `counted` false records nothing.
+  RequestPtr make_request(MPI_Request req, CommOp op, double bytes_moved, double bus,
+                          std::function<void()> on_done = {}, bool counted = true);
 
   MPI_Comm comm_;
   std::string name_;

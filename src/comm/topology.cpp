@@ -11,9 +11,11 @@
 namespace parm {
 
 std::unique_ptr<Topology> Topology::create(const TopologyOptions& o) {
+  // The job's world, or this process alone (self_only).
+  MPI_Comm base = o.self_only ? MPI_COMM_SELF : MPI_COMM_WORLD;
   int world = 0, rank = 0;
-  PARM_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-  PARM_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  PARM_MPI_CHECK(MPI_Comm_size(base, &world));
+  PARM_MPI_CHECK(MPI_Comm_rank(base, &rank));
   std::unique_ptr<Topology> t(new Topology());
   t->layout_ = make_layout(world, o.mp, o.ep, o.esp);
   t->world_rank_ = rank;
@@ -24,7 +26,7 @@ std::unique_ptr<Topology> Topology::create(const TopologyOptions& o) {
   PARM_MPI_CHECK(MPI_Get_processor_name(host, &host_len));
   std::vector<char> hosts(static_cast<size_t>(world) * MPI_MAX_PROCESSOR_NAME);
   PARM_MPI_CHECK(MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, hosts.data(),
-                               MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD));
+                               MPI_MAX_PROCESSOR_NAME, MPI_CHAR, base));
 
   if (o.ranks_per_node > 0) {
     t->emulated_ = true;
@@ -33,14 +35,14 @@ std::unique_ptr<Topology> Topology::create(const TopologyOptions& o) {
     // A node = the ranks that share memory; named by its lowest world rank, then renumbered
     // 0, 1, ... in order of that rank.
     MPI_Comm shared;
-    PARM_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank,
+    PARM_MPI_CHECK(MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, rank,
                                        MPI_INFO_NULL, &shared));
     int leader = rank;
     PARM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, shared));
     PARM_MPI_CHECK(MPI_Comm_free(&shared));
     std::vector<int> leaders(static_cast<size_t>(world));
     PARM_MPI_CHECK(
-        MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD));
+        MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, base));
     std::vector<int> sorted = leaders;
     std::sort(sorted.begin(), sorted.end());
     sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
@@ -59,7 +61,7 @@ std::unique_ptr<Topology> Topology::create(const TopologyOptions& o) {
     const Group g = static_cast<Group>(gi);
     const GroupCoord c = group_coord(t->layout_, g, rank);
     MPI_Comm comm;
-    PARM_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c.index, c.rank, &comm));
+    PARM_MPI_CHECK(MPI_Comm_split(base, c.index, c.rank, &comm));
     t->comms_[static_cast<size_t>(gi)] = std::make_unique<MpiCommunicator>(
         comm, group_name(g), group_is_intra_node(t->layout_, g, rank, t->node_of_rank_),
         o.timeout_s);

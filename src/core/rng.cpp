@@ -34,7 +34,11 @@ std::array<uint32_t, 4> Rng::block(uint64_t counter) const {
 
 uint32_t Rng::next_u32() {
   const uint64_t p = position_++;
-  return block(p / 4)[p % 4];
+  if (p / 4 != cached_counter_) {  // one Philox block serves four draws
+    cached_ = block(p / 4);
+    cached_counter_ = p / 4;
+  }
+  return cached_[p % 4];
 }
 
 float Rng::uniform() { return static_cast<float>(next_u32() >> 8) * (1.0f / 16777216.0f); }

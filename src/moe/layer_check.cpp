@@ -106,7 +106,7 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   const int mp_rank = topo.comm(Group::kMp).rank();
   const int64_t T = sh.tokens, M = sh.model_dim;
 
-  MoeLayer layer(topo, sh, o.kind);  // validates the configuration first
+  MoeLayer layer(topo, sh, o.kind, o.fuse, o.chunks);  // validates the configuration first
   auto params = ref::init_params<float>(sh, o.seed);
   auto x = check_input(sh, o.seed, group);
   const auto dout = check_dout(sh, o.seed, group);
@@ -204,7 +204,8 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   if (!o.dump_dir.empty()) {
     // MP group 0's tensors, from world rank 0, plus the whole gradients every rank holds.
     if (topo.world_rank() == 0) {
-      const std::string sname = schedule::kind_name(o.kind);
+      const std::string sname =
+          std::string(schedule::kind_name(o.kind)) + (layer.schedule().fused ? "_fused" : "");
       const std::string oname = result.oracle_slices > 1 ? "oracle_sliced" : "oracle";
       Dumper d(o.dump_dir);
       d.add("input.x.npy", x.data(), {T, M}, "input x of MP group 0 (T, M)");

@@ -22,6 +22,8 @@ namespace parm {
 struct LayerCheckOptions {
   ref::MoeShape shape;  // T per MP group
   schedule::Kind kind = schedule::Kind::kS1;
+  bool fuse = false;  // S1/S2: fused collectives
+  int chunks = 4;
   uint64_t seed = 1;
   float dl_aux = 0.5f;       // gradient of the loss with respect to l_aux (checks its path)
   double tolerance = 2e-4;   // on max |error| / max |oracle| of each tensor

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "comm/fused.h"
 #include "parm/error.h"
 #include "parm/timer.h"
 
@@ -38,12 +39,13 @@ void gather_interleaved(Communicator& c, const Tensor& mine, int64_t outer, int6
 
 }  // namespace
 
-MoeLayer::MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind)
+MoeLayer::MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse,
+                   int chunks)
     : topo_(topo), shape_(shape) {
   const Layout& l = topo.layout();
   esp_rank_ = topo.comm(Group::kEsp).rank();
   esp_size_ = l.esp;
-  schedule_ = schedule::build({shape, l, esp_rank_}, kind);
+  schedule_ = schedule::build({shape, l, esp_rank_, fuse, chunks}, kind);
   const int64_t M = shape.model_dim, E = shape.experts;
   const int64_t e_loc = E / l.ep, hl = shape.hidden / l.esp;
   first_expert_ = static_cast<int>(topo.comm(Group::kEp).rank() * e_loc);
@@ -177,6 +179,18 @@ void MoeLayer::run_forward_step(const Step& s) {
       topo_.comm(s.group).allreduce(buf(s.in).data(), static_cast<size_t>(buf(s.in).numel()));
       break;
     case StepKind::kShareDup: break;
+    case StepKind::kFusedDispatch:
+      fused_dispatch(topo_.comm(s.group), topo_.comm(s.group2), buf(s.in).data(),
+                     buf(s.out).data(), static_cast<size_t>(s.block), schedule_.chunks);
+      break;
+    case StepKind::kFusedCombine: {
+      MpGatherPart mp{s.has_mp_part() ? &topo_.comm(s.group3) : nullptr, s.outer, s.chunk,
+                      buf(s.out).data()};
+      fused_combine(topo_.comm(s.group), topo_.comm(s.group2), buf(s.in).data(),
+                    buf(s.has_mp_part() ? s.mid : s.out).data(), static_cast<size_t>(s.block),
+                    schedule_.chunks, s.has_mp_part() ? &mp : nullptr);
+      break;
+    }
   }
 }
 
@@ -228,6 +242,21 @@ void MoeLayer::run_backward_step(const Step& s, float dl_aux) {
     case StepKind::kShareDup: {
       Tensor& d = s.in == schedule::kGateWeight ? dwg_call_ : dbuf(s.in);
       topo_.comm(s.group).allreduce(d.data(), static_cast<size_t>(d.numel()));
+      break;
+    }
+    case StepKind::kFusedDispatch:  // adjoint: the combine collective
+      fused_combine(topo_.comm(s.group2), topo_.comm(s.group), dbuf(s.out).data(),
+                    dbuf(s.in).data(), static_cast<size_t>(s.block), schedule_.chunks);
+      break;
+    case StepKind::kFusedCombine: {  // adjoint: [keep my chunk,] the dispatch collective
+      int from = s.out;
+      if (s.has_mp_part()) {
+        Communicator& mp = topo_.comm(s.group3);
+        take_chunk(dbuf(s.out), s.outer, mp.size(), mp.rank(), s.chunk, dbuf(s.mid));
+        from = s.mid;
+      }
+      fused_dispatch(topo_.comm(s.group2), topo_.comm(s.group), dbuf(from).data(),
+                     dbuf(s.in).data(), static_cast<size_t>(s.block), schedule_.chunks);
       break;
     }
   }

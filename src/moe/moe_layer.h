@@ -23,7 +23,9 @@ struct MoeLayerParams {
 
 class MoeLayer {
  public:
-  MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind);
+  // fuse: S1/S2 use the fused dispatch and combine collectives, pipelined over `chunks`.
+  MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse = false,
+           int chunks = 4);
 
   const ref::MoeShape& shape() const { return shape_; }
   const schedule::Schedule& schedule() const { return schedule_; }

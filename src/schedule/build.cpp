@@ -58,20 +58,56 @@ int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, bool stats_
   return disp;
 }
 
-// AllToAll(ep), AllGather(esp), experts, ReduceScatter(esp), AllToAll(ep) on (E, slots, M).
-int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots) {
+// AllToAll(ep), AllGather(esp), experts, ReduceScatter(esp), AllToAll(ep) on (E, slots, M);
+// with spec.fuse, the two pairs as the dispatch and combine collectives. S2 passes its MP
+// AllGather (mp_outer > 0) so that it joins the combine collective when fused; the return
+// value is then the gathered (E, N_MP * slots, M) buffer.
+int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
+                    int64_t mp_outer = 0, int64_t mp_chunk = 0) {
   const Layout& l = spec.layout;
   const int64_t E = spec.shape.experts, M = spec.shape.model_dim, e_loc = E / l.ep;
-  const int recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
-                                {l.ep, e_loc, slots, M}, "dispatch alltoall");
-  const int gathered = b.collective(StepKind::kGatherShard, Group::kEsp, recv, "esp_gathered",
-                                    {l.esp, l.ep, e_loc, slots, M}, "esp allgather");
+  const int64_t block = e_loc * slots * M;
+  const bool mp_part = mp_outer > 0 && l.mp > 1;
+  Schedule& s = b.schedule();
+  int gathered;
+  if (spec.fuse && l.ep > 1 && l.esp > 1) {
+    gathered = b.buffer("esp_gathered", {l.esp, l.ep, e_loc, slots, M});
+    Step st{StepKind::kFusedDispatch, Group::kEp, disp, gathered, 1, 0, "fused dispatch (ep alltoall + esp allgather)"};
+    st.group2 = Group::kEsp;
+    st.block = block;
+    s.steps.push_back(st);
+  } else {
+    const int recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
+                                  {l.ep, e_loc, slots, M}, "dispatch alltoall");
+    gathered = b.collective(StepKind::kGatherShard, Group::kEsp, recv, "esp_gathered",
+                            {l.esp, l.ep, e_loc, slots, M}, "esp allgather");
+  }
   const int y = b.buffer("expert_out", {l.esp * l.ep, e_loc, slots, M});
   b.compute(StepKind::kExperts, gathered, y, "experts");
+  const int parts = (l.esp > 1) + (l.ep > 1) + (mp_part ? 1 : 0);
+  if (spec.fuse && parts >= 2) {
+    const int back = b.buffer("ep_back", {E, slots, M});
+    Step st{StepKind::kFusedCombine, Group::kEsp, y, back, 1, 0, "fused combine (esp reduce_scatter + ep alltoall)"};
+    st.group2 = Group::kEp;
+    st.block = block;
+    if (mp_part) {
+      st.label = "fused combine (esp reduce_scatter + ep alltoall + mp allgather)";
+      st.group3 = Group::kMp;
+      st.mid = back;
+      st.outer = mp_outer;
+      st.chunk = mp_chunk;
+      st.out = b.buffer("combine_in", {E, l.mp * slots, M});
+    }
+    s.steps.push_back(st);
+    return st.out;
+  }
   const int reduced = b.collective(StepKind::kReduceScatter, Group::kEsp, y, "esp_reduced",
                                    {l.ep, e_loc, slots, M}, "esp reduce_scatter");
-  return b.collective(StepKind::kAllToAll, Group::kEp, reduced, "ep_back", {E, slots, M},
-                      "combine alltoall");
+  const int back = b.collective(StepKind::kAllToAll, Group::kEp, reduced, "ep_back",
+                                {E, slots, M}, "combine alltoall");
+  if (mp_outer == 0) return back;
+  return b.collective(StepKind::kGatherDup, Group::kMp, back, "combine_in",
+                      {E, l.mp * slots, M}, "mp allgather", mp_outer, mp_chunk);
 }
 
 // The baseline with N_ESP = N_MP > 1: every ESP shard already holds the same tokens.
@@ -133,9 +169,7 @@ Schedule build_s2(const LayerSpec& spec, Kind kind) {
   const int disp = gate_and_dispatch(b, spec, s.input, false, s.dispatch_slots);
   const int mine = b.collective(StepKind::kSlice, Group::kMp, disp, "dispatch_slice",
                                 {E, cs, M}, "mp slice slots", E, cs * M);
-  const int back = expert_exchange(b, spec, mine, cs);
-  const int full = b.collective(StepKind::kGatherDup, Group::kMp, back, "combine_in",
-                                {E, s.dispatch_slots, M}, "mp allgather", E, cs * M);
+  const int full = expert_exchange(b, spec, mine, cs, E, cs * M);
   s.output = b.buffer("out", {T, M});
   b.compute(StepKind::kCombine, full, s.output, "combine");
   return std::move(s);
@@ -190,10 +224,17 @@ void validate(const LayerSpec& spec, Kind kind) {
 
 Schedule build(const LayerSpec& spec, Kind kind) {
   validate(spec, kind);
-  Schedule s = kind == Kind::kS1   ? build_s1(spec, kind)
-               : kind == Kind::kS2 ? build_s2(spec, kind)
-                                   : build_baseline(spec);
+  PARM_CONFIG_CHECK(spec.chunks >= 1, "--chunks {} must be at least 1", spec.chunks);
+  LayerSpec sp = spec;
+  sp.fuse = spec.fuse && kind != Kind::kBaseline;  // the baseline is DeepSpeed-MoE's: unfused
+  Schedule s = kind == Kind::kS1   ? build_s1(sp, kind)
+               : kind == Kind::kS2 ? build_s2(sp, kind)
+                                   : build_baseline(sp);
   s.adds_b2 = spec.esp_rank == 0;
+  s.gate_weight_numel = spec.shape.model_dim * spec.shape.experts;
+  for (const Step& st : s.steps)
+    s.fused = s.fused || st.kind == StepKind::kFusedDispatch || st.kind == StepKind::kFusedCombine;
+  s.chunks = s.fused ? spec.chunks : 1;
   return s;
 }
 

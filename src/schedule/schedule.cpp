@@ -35,34 +35,73 @@ const char* step_kind_name(StepKind k) {
     case StepKind::kReduceScatter: return "reduce_scatter";
     case StepKind::kSumDup: return "sum_dup";
     case StepKind::kShareDup: return "share_dup";
+    case StepKind::kFusedDispatch: return "fused_dispatch";
+    case StepKind::kFusedCombine: return "fused_combine";
   }
   return "?";
 }
 
 bool is_collective(StepKind k) {
-  return forward_op(k) != CommOp::kNumOps || backward_op(k) != CommOp::kNumOps;
-}
-
-CommOp forward_op(StepKind k) {
   switch (k) {
-    case StepKind::kGatherDup:
-    case StepKind::kGatherShard: return CommOp::kAllGather;
-    case StepKind::kAllToAll: return CommOp::kAllToAll;
-    case StepKind::kReduceScatter: return CommOp::kReduceScatter;
-    case StepKind::kSumDup: return CommOp::kAllReduce;
-    default: return CommOp::kNumOps;
+    case StepKind::kGate:
+    case StepKind::kAuxLoss:
+    case StepKind::kDispatch:
+    case StepKind::kExperts:
+    case StepKind::kCombine: return false;
+    default: return true;
   }
 }
 
-CommOp backward_op(StepKind k) {
-  switch (k) {
+std::vector<CollectivePart> collective_parts(const Schedule& sc, const Step& s, const Layout& l,
+                                             bool backward) {
+  constexpr double kF = sizeof(float);
+  auto numel = [&](int id) {
+    return id == kGateWeight ? static_cast<double>(sc.gate_weight_numel)
+                             : static_cast<double>(shape_numel(sc.buffers[id].shape));
+  };
+  std::vector<CollectivePart> parts;
+  auto add = [&](Group g, CommOp op, double bytes) {
+    const int n = l.group_size(g);
+    if (n > 1) parts.push_back({g, op, bus_bytes(op, n, bytes)});
+  };
+  const double nep = l.ep;
+  switch (s.kind) {
     case StepKind::kSlice:
-    case StepKind::kReduceScatter: return CommOp::kAllGather;
-    case StepKind::kAllToAll: return CommOp::kAllToAll;
-    case StepKind::kGatherShard: return CommOp::kReduceScatter;
-    case StepKind::kShareDup: return CommOp::kAllReduce;
-    default: return CommOp::kNumOps;
+      if (backward) add(s.group, CommOp::kAllGather, numel(s.out) * kF);
+      break;
+    case StepKind::kGatherDup:
+      if (!backward) add(s.group, CommOp::kAllGather, numel(s.in) * kF);
+      break;
+    case StepKind::kAllToAll:
+      add(s.group, CommOp::kAllToAll, numel(s.in) * kF / l.group_size(s.group));
+      break;
+    case StepKind::kGatherShard:
+      add(s.group, backward ? CommOp::kReduceScatter : CommOp::kAllGather, numel(s.in) * kF);
+      break;
+    case StepKind::kReduceScatter:
+      add(s.group, backward ? CommOp::kAllGather : CommOp::kReduceScatter, numel(s.out) * kF);
+      break;
+    case StepKind::kSumDup:
+      if (!backward) add(s.group, CommOp::kAllReduce, numel(s.in) * kF);
+      break;
+    case StepKind::kShareDup:
+      if (backward) add(s.group, CommOp::kAllReduce, numel(s.in) * kF);
+      break;
+    case StepKind::kFusedDispatch:  // backward: the combine collective
+      add(Group::kEp, CommOp::kAllToAll, s.block * kF);
+      add(Group::kEsp, backward ? CommOp::kReduceScatter : CommOp::kAllGather,
+          nep * s.block * kF);
+      break;
+    case StepKind::kFusedCombine:  // backward: [keep my chunk,] the dispatch collective
+      add(Group::kEsp, backward ? CommOp::kAllGather : CommOp::kReduceScatter,
+          nep * s.block * kF);
+      add(Group::kEp, CommOp::kAllToAll, s.block * kF);
+      if (s.has_mp_part() && !backward)
+        add(s.group3, CommOp::kAllGather, static_cast<double>(s.outer * s.chunk) * kF);
+      break;
+    default: break;
   }
+  return parts;
 }
 
 std::string Schedule::describe() const {
@@ -73,14 +112,9 @@ std::string Schedule::describe() const {
   auto name = [&](int id) {
     return id == kGateWeight ? std::string("dWg") : id < 0 ? std::string("-") : buffers[id].name;
   };
-  for (const Step& s : steps) {
-    const auto fwd = forward_op(s.kind), bwd = backward_op(s.kind);
-    out += fmt::format("  {:<32} {:<14} {:>5}  {} -> {}  fwd {} / bwd {}\n", s.label,
-                       step_kind_name(s.kind), is_collective(s.kind) ? group_name(s.group) : "",
-                       name(s.in), name(s.out),
-                       fwd == CommOp::kNumOps ? "-" : comm_op_name(fwd),
-                       bwd == CommOp::kNumOps ? "-" : comm_op_name(bwd));
-  }
+  for (const Step& s : steps)
+    out += fmt::format("  {:<34} {:<15} {} -> {}\n", s.label, step_kind_name(s.kind), name(s.in),
+                       name(s.out));
   return out;
 }
 

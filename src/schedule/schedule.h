@@ -33,12 +33,14 @@ enum class StepKind {
   kReduceScatter, // ReduceScatter                                  | AllGather
   kSumDup,        // AllReduce into a duplicated tensor (in place)  | nothing
   kShareDup,      // nothing: duplicated input read by every rank   | AllReduce of its gradient
+  // fused collectives (SPEC §4)
+  kFusedDispatch, // AllToAll(ep) + AllGather(esp)                  | the combine collective
+  kFusedCombine,  // ReduceScatter(esp) + AllToAll(ep) [+ AllGather(mp) into a duplicated
+                  // tensor, S2]                                    | [keep my chunk,] the
+                  //                                                  dispatch collective
 };
 const char* step_kind_name(StepKind k);
 bool is_collective(StepKind k);
-// The collective a step issues in each direction (kNumOps: none).
-CommOp forward_op(StepKind k);
-CommOp backward_op(StepKind k);
 
 struct BufferSpec {
   std::string name;
@@ -58,6 +60,23 @@ struct Step {
   int64_t outer = 1;
   int64_t chunk = 0;
   std::string label;  // e.g. "dispatch alltoall"
+  // Fused steps: the dispatch collective runs on (group = ep, group2 = esp), the combine
+  // collective on (group = esp, group2 = ep) and, for S2, its MP AllGather on group3 = mp
+  // (with outer/chunk as kGatherDup) from the intermediate buffer `mid`. `block` is what one
+  // EP rank sends to one EP peer (elements).
+  Group group2 = Group::kWorld;
+  Group group3 = Group::kWorld;
+  int mid = -1;
+  int64_t block = 0;
+  bool has_mp_part() const { return mid >= 0; }
+};
+
+// One collective a step issues, and the bus bytes it moves on this rank
+// (parm::bus_bytes of its size); a fused step has one part per constituent collective.
+struct CollectivePart {
+  Group group;
+  CommOp op;
+  double bus_bytes;
 };
 
 struct Schedule {
@@ -75,6 +94,9 @@ struct Schedule {
   int64_t exchange_slots = 0;  // rows per expert that travel (C, C1 or Cs)
   int64_t expert_blocks = 0;   // blocks of the experts' input layout
   bool adds_b2 = true;         // this rank adds b2 (ESP rank 0 of its group)
+  int64_t gate_weight_numel = 0;  // M * E
+  bool fused = false;          // uses fused collectives
+  int chunks = 1;              // their pipeline depth
 
   std::string describe() const;  // one line per step
 };
@@ -83,7 +105,13 @@ struct LayerSpec {
   ref::MoeShape shape;  // T is per MP group
   Layout layout;
   int esp_rank = 0;     // this rank's place in its ESP group (who adds b2)
+  bool fuse = false;    // S1/S2: fused dispatch and combine collectives (never the baseline)
+  int chunks = 4;       // pipeline depth of the fused collectives
 };
+
+// The collectives `step` issues in the forward (or backward) pass, with their bus bytes.
+std::vector<CollectivePart> collective_parts(const Schedule& schedule, const Step& step,
+                                             const Layout& layout, bool backward);
 
 // Checks the layer against the layout and the schedule (E % N_EP, H % N_ESP, T % N_MP; the
 // baseline's supported layouts). Throws InvalidConfig naming the constraint and valid values.

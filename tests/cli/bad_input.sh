@@ -35,11 +35,11 @@ expect 2 "--hidden 30 is not divisible by --esp 4" -- -n 4 -- check-layer --esp 
 expect 2 "--tokens 30 is not divisible by --mp 4" -- -n 4 -- check-layer --esp 4 --mp 4 --tokens 30
 expect 2 "use --schedule s1 or s2" -- -n 4 -- check-layer --mp 2 --esp 4 --schedule baseline
 expect 2 "capacity factor" -- -n 2 -- check-layer --capacity-factor 1e3
-expect 2 "unknown schedule 'fast'" -- -n 2 -- bench-layer --schedule fast
+expect 2 "--schedule 'fast' is not valid" -- -n 2 -- bench-layer --schedule fast
 expect 2 "--fuse 'maybe' is not valid" -- -n 2 -- bench-layer --fuse maybe
 expect 2 "unknown op 'allscatter'" -- -n 2 -- bench-comm --ops allscatter
 expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp
-expect 2 "--topk" -- -n 1 -- check-layer --topk 9 --experts 8
+expect 2 "top-k must be in [1, E = 8], got k = 9" -- -n 1 -- check-layer --topk 9 --experts 8
 expect 2 "The following argument was not expected: --bogus" -- -n 1 -- info --bogus
 expect 2 "-n needs a positive rank count" -- -n 0 -- info
 # A good run passes.

@@ -3,6 +3,7 @@
 // bytes the communicator counted match SPEC §3's table.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -68,9 +69,12 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
     auto topo = Topology::create(topt);
     const int64_t experts = test::world_size() == 3 ? 6 : 8;
     for (const Case& c : kCases) {
-      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
-        if (!allowed(kind, lay)) continue;
+      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+      for (bool fuse : {false, true}) {
+        if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
         LayerCheckOptions o;
+        o.fuse = fuse;
+        o.chunks = 3;
         o.shape.tokens = 24;  // per MP group; divisible by N_MP in {1, 2, 3, 4}
         o.shape.model_dim = 8;
         o.shape.hidden = 24;  // divisible by N_ESP in {1, 2, 3, 4, 8}
@@ -88,7 +92,8 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
         for (const auto& e : r.errors)
           detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
         EXPECT_TRUE(r.passed) << "mp=" << lay.mp << " ep=" << lay.ep << " esp=" << lay.esp
-                              << " " << schedule::kind_name(kind) << " [" << c.name
+                              << " " << schedule::kind_name(kind) << (fuse ? " fused" : "")
+                              << " [" << c.name
                               << "] routing " << (r.routing_matches ? "ok" : "DIFFERS")
                               << " dropped " << r.dropped_choices << ":" << detail;
         // S1 with nothing dropped also equals the whole (not per-slice) layer.
@@ -136,6 +141,61 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
         << e.what();
   }
   EXPECT_NO_THROW(schedule::validate({ok, l, 0}, Kind::kS2));
+}
+
+// Fused collectives compute exactly what the unfused pairs compute: bit for bit, outputs and
+// every gradient, over the suite's layouts, for chunk counts 1, 2 and more than rows.
+TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
+  for (const Layout3& lay : sweep_layouts()) {
+    TopologyOptions topt;
+    topt.mp = lay.mp;
+    topt.ep = lay.ep;
+    topt.esp = lay.esp;
+    topt.timeout_s = 120;
+    auto topo = Topology::create(topt);
+    ref::MoeShape s;
+    s.tokens = 24;
+    s.model_dim = 8;
+    s.hidden = 24;
+    s.experts = test::world_size() == 3 ? 6 : 8;
+    s.topk = 2;
+    s.capacity_factor = CapacityFactor::parse("1.1");
+    const auto params = ref::init_params<float>(s, 5);
+    const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
+    auto x = check_input(s, 5, group);
+    auto dout = check_dout(s, 5, group);
+    const Tensor xt = Tensor::view(x.data(), {s.tokens, s.model_dim});
+    const Tensor dt = Tensor::view(dout.data(), {s.tokens, s.model_dim});
+    for (Kind kind : {Kind::kS1, Kind::kS2}) {
+      MoeLayer plain(*topo, s, kind, false);
+      plain.load_whole(params);
+      plain.zero_grad();
+      const Tensor out0 = plain.forward(xt).clone();
+      const Tensor dx0 = plain.backward(dt, 0.5f).clone();
+      for (int chunks : {1, 2, 1000}) {
+        MoeLayer fused(*topo, s, kind, true, chunks);
+        fused.load_whole(params);
+        fused.zero_grad();
+        const Tensor out1 = fused.forward(xt).clone();
+        const Tensor dx1 = fused.backward(dt, 0.5f).clone();
+        const std::string where = fmt::format("mp={} ep={} esp={} {} chunks {} ({})", lay.mp,
+                                              lay.ep, lay.esp, schedule::kind_name(kind), chunks,
+                                              fused.schedule().fused ? "fused" : "nothing to fuse");
+        auto same = [](const Tensor& a, const Tensor& b) {
+          return a.numel() == b.numel() &&
+                 std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())) == 0;
+        };
+        EXPECT_TRUE(same(out0, out1)) << where << " out";
+        EXPECT_TRUE(same(dx0, dx1)) << where << " dx";
+        EXPECT_EQ(plain.l_aux(), fused.l_aux()) << where;
+        EXPECT_TRUE(same(plain.grads().wg, fused.grads().wg)) << where << " dwg";
+        EXPECT_TRUE(same(plain.grads().experts.w1, fused.grads().experts.w1)) << where << " dw1";
+        EXPECT_TRUE(same(plain.grads().experts.b1, fused.grads().experts.b1)) << where << " db1";
+        EXPECT_TRUE(same(plain.grads().experts.w2, fused.grads().experts.w2)) << where << " dw2";
+        EXPECT_TRUE(same(plain.grads().experts.b2, fused.grads().experts.b2)) << where << " db2";
+      }
+    }
+  }
 }
 
 // ---- bytes: SPEC §3's table, in elements; N = N_MP = N_ESP ------------------------------
@@ -216,9 +276,10 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
     s.experts = 8;
     s.topk = 2;
     s.capacity_factor = CapacityFactor::parse("1.1");  // C not divisible by N: Cp pads
-    for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
+    for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+    for (bool fuse : {false, true}) {
       if (!allowed(kind, lay)) continue;
-      MoeLayer layer(*topo, s, kind);
+      MoeLayer layer(*topo, s, kind, fuse, 3);
       layer.load_whole(ref::init_params<float>(s, 3));
       const auto x = check_input(s, 3, 0);
       const auto dout = check_dout(s, 3, 0);
@@ -230,8 +291,19 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
                      0.5f);
       const Bytes bwd = counted(*topo);
       const Volumes want = spec_volumes(kind, s, topo->layout());
-      const std::string where = fmt::format("mp={} ep={} esp={} {}", lay.mp, lay.ep, lay.esp,
-                                            schedule::kind_name(kind));
+      const std::string where = fmt::format("mp={} ep={} esp={} {}{}", lay.mp, lay.ep, lay.esp,
+                                            schedule::kind_name(kind), fuse ? " fused" : "");
+      // The step list itself predicts what the communicator counts.
+      for (bool backward : {false, true}) {
+        Bytes listed;
+        for (const auto& step : layer.schedule().steps)
+          for (const auto& part :
+               schedule::collective_parts(layer.schedule(), step, topo->layout(), backward))
+            listed[std::string(group_name(part.group)) + "." + comm_op_name(part.op)] +=
+                part.bus_bytes;
+        EXPECT_EQ(listed, backward ? bwd : fwd) << where << (backward ? " backward" : " forward")
+                                                << " listed:" << show(listed);
+      }
       EXPECT_EQ(fwd.size(), want.forward.size())
           << where << " forward counted:" << show(fwd) << " spec:" << show(want.forward);
       for (const auto& [k, v] : want.forward)

@@ -32,6 +32,10 @@ Command add_info(CLI::App& root);
 Command add_bench_comm(CLI::App& root);
 Command add_bench_layer(CLI::App& root);
 Command add_check_layer(CLI::App& root);
+Command add_calibrate(CLI::App& root);
+Command add_plan(CLI::App& root);
+Command add_simulate(CLI::App& root);
+Command add_train(CLI::App& root);
 
 int world_rank();
 int world_size();

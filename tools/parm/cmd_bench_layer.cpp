@@ -1,7 +1,13 @@
 // `parm bench-layer`: forward and backward time of the MoE layer under each schedule, and
 // the bus bytes each (group, op) moved, as counted by the communicator.
+//   --schedule auto / --fuse auto: the cost model (--profile) picks; every candidate's
+//     predicted time is printed, then only the chosen one runs.
+//   --sweep G.json --profile P: every schedule over a grid of layers on this machine, against
+//     the model's predictions (selection accuracy, auto / fastest, prediction error).
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -11,6 +17,8 @@
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "parm/timer.h"
+#include "perfmodel/model.h"
+#include "perfmodel/simulate.h"
 
 namespace parm::cli {
 namespace {
@@ -21,6 +29,7 @@ struct BenchLayerFlags {
   int warmup = 2;
   bool breakdown = false;
   std::string json;
+  std::string sweep;
 };
 
 using ByteMap = std::map<std::string, double>;
@@ -56,22 +65,168 @@ Timing summarize(const std::vector<double>& per_iter_max_ms) {
   return t;
 }
 
+// The model's view of this job: its layout and the node of every rank.
+perfmodel::Target target_of(const Topology& topo) {
+  perfmodel::Target t;
+  t.layout = topo.layout();
+  for (int r = 0; r < t.layout.world; ++r) t.node_of_rank.push_back(topo.node_of(r));
+  return t;
+}
+
+perfmodel::Profile load_profile_for_auto(const LayerFlags& f, const char* what) {
+  PARM_CONFIG_CHECK(!f.profile.empty(),
+                    "{} needs a cost profile: run `scripts/parmrun -n 4 -- calibrate --out "
+                    "profile.json` once on this machine, then pass --profile profile.json",
+                    what);
+  return perfmodel::read_profile(f.profile);
+}
+
+// One schedule measured: medians (max over ranks) and per-step times.
+struct Measured {
+  std::string name;
+  Timing fwd, bwd;
+  std::vector<double> step_fwd, step_bwd, step_fwd_max, step_bwd_max;  // ms
+  ByteMap bytes_fwd, bytes_bwd;
+  double total() const { return fwd.median + bwd.median; }
+};
+
+struct LayerInputs {
+  ref::MoeParams<float> params;
+  std::vector<float> x, dout;
+};
+
+LayerInputs make_inputs(const Topology& topo, const ref::MoeShape& shape, uint64_t seed) {
+  const int group = group_coord(topo.layout(), Group::kMp, topo.world_rank()).index;
+  return {ref::init_params<float>(shape, seed), check_input(shape, seed, group),
+          check_dout(shape, seed, group)};
+}
+
+Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse,
+                 int chunks, LayerInputs& in, int iters, int warmup,
+                 const schedule::Schedule** schedule_out = nullptr,
+                 std::unique_ptr<MoeLayer>* keep = nullptr) {
+  Communicator& world = topo.comm(Group::kWorld);
+  auto layer = std::make_unique<MoeLayer>(topo, shape, kind, fuse, chunks);
+  const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim});
+  const Tensor dt = Tensor::view(in.dout.data(), {shape.tokens, shape.model_dim});
+  Measured m;
+  m.name = std::string(schedule::kind_name(kind)) + (layer->schedule().fused ? "+fused" : "");
+  layer->load_whole(in.params);
+  std::vector<double> fwd_ms, bwd_ms;
+  const size_t num_steps = layer->schedule().steps.size();
+  m.step_fwd.assign(num_steps, 0.0);
+  m.step_bwd.assign(num_steps, 0.0);
+  for (int it = 0; it < warmup + iters; ++it) {
+    layer->zero_grad();
+    world.barrier();
+    topo.reset_stats();
+    const double t0 = now_us();
+    layer->forward(xt);
+    const double t1 = now_us();
+    m.bytes_fwd = counted_bytes(topo);
+    world.barrier();
+    topo.reset_stats();
+    const double t2 = now_us();
+    layer->backward(dt, 0.01f);
+    const double t3 = now_us();
+    m.bytes_bwd = counted_bytes(topo);
+    if (it < warmup) continue;
+    fwd_ms.push_back((t1 - t0) / 1e3);
+    bwd_ms.push_back((t3 - t2) / 1e3);
+    for (size_t i = 0; i < num_steps; ++i) {
+      m.step_fwd[i] += layer->forward_step_us()[i] / 1e3 / iters;
+      m.step_bwd[i] += layer->backward_step_us()[i] / 1e3 / iters;
+    }
+  }
+  m.fwd = summarize(max_over_ranks(fwd_ms));
+  m.bwd = summarize(max_over_ranks(bwd_ms));
+  m.step_fwd_max = max_over_ranks(m.step_fwd);
+  m.step_bwd_max = max_over_ranks(m.step_bwd);
+  if (schedule_out != nullptr && keep != nullptr) {
+    *schedule_out = &layer->schedule();
+    *keep = std::move(layer);
+  }
+  return m;
+}
+
+// Every candidate measured with their iterations interleaved (iteration i of each in turn),
+// so that a change in the machine's load during the sweep hits all of them alike. Returns
+// the median forward + backward total (ms, max over ranks per iteration) of each.
+struct Totals {
+  double fwd = 0.0, bwd = 0.0;
+  double total() const { return fwd + bwd; }
+};
+
+std::vector<Totals> measure_interleaved(Topology& topo, const ref::MoeShape& shape,
+                                        const std::vector<perfmodel::Candidate>& cands,
+                                        int chunks, LayerInputs& in, int iters, int warmup) {
+  Communicator& world = topo.comm(Group::kWorld);
+  const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim});
+  const Tensor dt = Tensor::view(in.dout.data(), {shape.tokens, shape.model_dim});
+  std::vector<std::unique_ptr<MoeLayer>> layers;
+  for (const auto& c : cands) {
+    layers.push_back(std::make_unique<MoeLayer>(topo, shape, c.kind, c.fuse, chunks));
+    layers.back()->load_whole(in.params);
+  }
+  std::vector<std::vector<double>> fwd(cands.size()), bwd(cands.size());
+  for (int it = 0; it < warmup + iters; ++it)
+    for (size_t i = 0; i < layers.size(); ++i) {
+      MoeLayer& layer = *layers[i];
+      layer.zero_grad();
+      world.barrier();
+      const double t0 = now_us();
+      layer.forward(xt);
+      const double t1 = now_us();
+      world.barrier();
+      const double t2 = now_us();
+      layer.backward(dt, 0.01f);
+      const double t3 = now_us();
+      if (it < warmup) continue;
+      fwd[i].push_back((t1 - t0) / 1e3);
+      bwd[i].push_back((t3 - t2) / 1e3);
+    }
+  std::vector<Totals> out;
+  for (size_t i = 0; i < layers.size(); ++i)
+    out.push_back({median(max_over_ranks(fwd[i])), median(max_over_ranks(bwd[i]))});
+  return out;
+}
+
+// Prints every candidate's predicted time and returns the chosen one.
+perfmodel::Candidate choose_auto(const BenchLayerFlags& f, const Topology& topo,
+                                 const ref::MoeShape& shape, bool root) {
+  const auto profile = load_profile_for_auto(f.layer, "--schedule auto / --fuse auto");
+  const auto kinds = f.layer.schedules();
+  const auto fuse_modes = f.layer.fuse_modes(true);
+  const auto target = target_of(topo);
+  const auto cands = perfmodel::predict_candidates(profile, shape, target, f.layer.chunks, kinds,
+                                                   fuse_modes);
+  const size_t best = perfmodel::choose(cands);
+  if (root) {
+    std::printf("# auto: predicted by the cost model in %s (schedule %s, fuse %s)\n",
+                f.layer.profile.c_str(), f.layer.schedule.c_str(), f.layer.fuse.c_str());
+    std::printf("  %-14s %10s %10s %10s\n", "candidate", "fwd_ms", "bwd_ms", "total_ms");
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const auto& p = cands[i].pred;
+      std::printf("  %-14s %10.3f %10.3f %10.3f%s\n", p.name().c_str(), p.fwd_us / 1e3,
+                  p.bwd_us / 1e3, p.total_us() / 1e3, i == best ? "  <- chosen" : "");
+    }
+    std::printf("# auto chose %s\n", cands[best].pred.name().c_str());
+  }
+  return cands[best];
+}
+
 int run_bench_layer(const BenchLayerFlags& f) {
   const ref::MoeShape shape = f.layer.shape();
-  const auto kinds = f.layer.schedules();
+  auto kinds = f.layer.schedules();
+  auto fuse_modes = f.layer.fuse_modes(true);
   PARM_CONFIG_CHECK(f.iters >= 1, "--iters {} must be at least 1", f.iters);
   PARM_CONFIG_CHECK(f.warmup >= 0, "--warmup {} must be at least 0", f.warmup);
+  if (f.layer.wants_auto())  // refuse before any work
+    load_profile_for_auto(f.layer, "--schedule auto / --fuse auto");
   auto topo = Topology::create(f.layer.layout.topology());
   for (auto kind : kinds) schedule::validate({shape, topo->layout(), 0}, kind);
   const Layout& l = topo->layout();
   const bool root = topo->world_rank() == 0;
-  Communicator& world = topo->comm(Group::kWorld);
-  const int group = group_coord(l, Group::kMp, topo->world_rank()).index;
-  const auto params = ref::init_params<float>(shape, f.layer.seed);
-  auto x = check_input(shape, f.layer.seed, group);
-  auto dout = check_dout(shape, f.layer.seed, group);
-  const Tensor xt = Tensor::view(x.data(), {shape.tokens, shape.model_dim});
-  const Tensor dt = Tensor::view(dout.data(), {shape.tokens, shape.model_dim});
 
   if (root)
     std::printf("# parm bench-layer: %s on %d ranks (mp=%d ep=%d esp=%d dp=%d edp=%d, %d "
@@ -79,78 +234,63 @@ int run_bench_layer(const BenchLayerFlags& f) {
                 "over ranks\n",
                 shape.str().c_str(), l.world, l.mp, l.ep, l.esp, l.dp, l.edp, topo->num_nodes(),
                 f.iters, f.warmup);
+  nlohmann::json auto_json;
+  if (f.layer.wants_auto()) {
+    const auto chosen = choose_auto(f, *topo, shape, root);
+    kinds = {chosen.kind};
+    fuse_modes = {chosen.fuse};
+    auto_json = {{"choice", chosen.pred.name()},
+                 {"predicted_total_ms", chosen.pred.total_us() / 1e3}};
+  }
+  LayerInputs in = make_inputs(*topo, shape, f.layer.seed);
   nlohmann::json results = nlohmann::json::array();
   double baseline_total = 0.0;
-  for (auto kind : kinds) {
-    MoeLayer layer(*topo, shape, kind);
-    layer.load_whole(params);
-    std::vector<double> fwd_ms, bwd_ms;
-    const size_t num_steps = layer.schedule().steps.size();
-    std::vector<double> step_fwd(num_steps, 0.0), step_bwd(num_steps, 0.0);
-    ByteMap bytes_fwd, bytes_bwd;
-    for (int it = 0; it < f.warmup + f.iters; ++it) {
-      layer.zero_grad();
-      world.barrier();
-      topo->reset_stats();
-      const double t0 = now_us();
-      layer.forward(xt);
-      const double t1 = now_us();
-      bytes_fwd = counted_bytes(*topo);
-      world.barrier();
-      topo->reset_stats();
-      const double t2 = now_us();
-      layer.backward(dt, 0.01f);
-      const double t3 = now_us();
-      bytes_bwd = counted_bytes(*topo);
-      if (it < f.warmup) continue;
-      fwd_ms.push_back((t1 - t0) / 1e3);
-      bwd_ms.push_back((t3 - t2) / 1e3);
-      for (size_t i = 0; i < num_steps; ++i) {
-        step_fwd[i] += layer.forward_step_us()[i] / 1e3 / f.iters;
-        step_bwd[i] += layer.backward_step_us()[i] / 1e3 / f.iters;
-      }
-    }
-    const Timing tf = summarize(max_over_ranks(fwd_ms));
-    const Timing tb = summarize(max_over_ranks(bwd_ms));
-    const auto step_fwd_max = max_over_ranks(step_fwd);
-    const auto step_bwd_max = max_over_ranks(step_bwd);
-    const double total = tf.median + tb.median;
+  for (auto kind : kinds)
+  for (bool fuse : fuse_modes) {
+    if (fuse && kind == schedule::Kind::kBaseline && fuse_modes.size() > 1) continue;
+    const schedule::Schedule* scp = nullptr;
+    std::unique_ptr<MoeLayer> layer;
+    const Measured m =
+        measure(*topo, shape, kind, fuse, f.layer.chunks, in, f.iters, f.warmup, &scp, &layer);
+    const auto& sc = *scp;
+    const double total = m.total();
     if (kind == schedule::Kind::kBaseline) baseline_total = total;
     if (!root) continue;
-    const auto& sc = layer.schedule();
-    std::printf("\n%-8s forward %8.3f ms (%8.3f)  backward %8.3f ms (%8.3f)  total %8.3f ms",
-                schedule::kind_name(kind), tf.median, tf.max, tb.median, tb.max, total);
+    std::printf("\n%-9s forward %8.3f ms (%8.3f)  backward %8.3f ms (%8.3f)  total %8.3f ms",
+                m.name.c_str(), m.fwd.median, m.fwd.max, m.bwd.median, m.bwd.max, total);
     if (baseline_total > 0 && kind != schedule::Kind::kBaseline)
-      std::printf("  baseline/%s = %.3f", schedule::kind_name(kind), baseline_total / total);
+      std::printf("  baseline/%s = %.3f", m.name.c_str(), baseline_total / total);
     std::printf("\n  gate on %lld tokens, C=%lld, slots per expert: %lld dispatched, %lld "
                 "exchanged\n",
                 static_cast<long long>(sc.gate_tokens), static_cast<long long>(sc.capacity),
                 static_cast<long long>(sc.dispatch_slots),
                 static_cast<long long>(sc.exchange_slots));
-    std::printf("  bytes forward (rank 0): %s\n", bytes_line(bytes_fwd).c_str());
-    std::printf("  bytes backward (rank 0):%s\n", bytes_line(bytes_bwd).c_str());
+    std::printf("  bytes forward (rank 0): %s\n", bytes_line(m.bytes_fwd).c_str());
+    std::printf("  bytes backward (rank 0):%s\n", bytes_line(m.bytes_bwd).c_str());
     nlohmann::json row = {
         {"schedule", schedule::kind_name(kind)},
-        {"forward_ms", {{"median", tf.median}, {"max", tf.max}}},
-        {"backward_ms", {{"median", tb.median}, {"max", tb.max}}},
-        {"bytes_forward", bytes_fwd},
-        {"bytes_backward", bytes_bwd},
+        {"fuse", sc.fused},
+        {"chunks", sc.chunks},
+        {"forward_ms", {{"median", m.fwd.median}, {"max", m.fwd.max}}},
+        {"backward_ms", {{"median", m.bwd.median}, {"max", m.bwd.max}}},
+        {"bytes_forward", m.bytes_fwd},
+        {"bytes_backward", m.bytes_bwd},
         {"capacity", sc.capacity},
         {"gate_tokens", sc.gate_tokens}};
     if (f.breakdown) {
       std::printf("  %-34s %12s %12s %12s %12s\n", "step", "fwd rank0", "fwd max", "bwd rank0",
                   "bwd max");
       nlohmann::json steps = nlohmann::json::array();
-      for (size_t i = 0; i < num_steps; ++i) {
+      for (size_t i = 0; i < sc.steps.size(); ++i) {
         const auto& s = sc.steps[i];
-        std::printf("  %-34s %12.3f %12.3f %12.3f %12.3f\n", s.label.c_str(), step_fwd[i],
-                    step_fwd_max[i], step_bwd[i], step_bwd_max[i]);
+        std::printf("  %-34s %12.3f %12.3f %12.3f %12.3f\n", s.label.c_str(), m.step_fwd[i],
+                    m.step_fwd_max[i], m.step_bwd[i], m.step_bwd_max[i]);
         steps.push_back({{"step", s.label},
                          {"kind", schedule::step_kind_name(s.kind)},
-                         {"forward_ms_rank0", step_fwd[i]},
-                         {"forward_ms_max", step_fwd_max[i]},
-                         {"backward_ms_rank0", step_bwd[i]},
-                         {"backward_ms_max", step_bwd_max[i]}});
+                         {"forward_ms_rank0", m.step_fwd[i]},
+                         {"forward_ms_max", m.step_fwd_max[i]},
+                         {"backward_ms_rank0", m.step_bwd[i]},
+                         {"backward_ms_max", m.step_bwd_max[i]}});
       }
       row["breakdown"] = steps;
     }
@@ -161,7 +301,148 @@ int run_bench_layer(const BenchLayerFlags& f) {
     cfg["iters"] = f.iters;
     cfg["warmup"] = f.warmup;
     cfg["world"] = l.world;
-    write_file_atomic(f.json, nlohmann::json{{"config", cfg}, {"results", results}}.dump(2) + "\n");
+    nlohmann::json doc = {{"config", cfg}, {"results", results}};
+    if (!auto_json.is_null()) doc["auto"] = auto_json;
+    write_file_atomic(f.json, doc.dump(2) + "\n");
+  }
+  return 0;
+}
+
+// ---- --sweep -------------------------------------------------------------------------------
+
+double quantile_max(const std::vector<double>& v) {
+  return v.empty() ? NAN : *std::max_element(v.begin(), v.end());
+}
+
+int run_sweep(const BenchLayerFlags& f) {
+  PARM_CONFIG_CHECK(f.iters >= 1, "--iters {} must be at least 1", f.iters);
+  PARM_CONFIG_CHECK(f.warmup >= 0, "--warmup {} must be at least 0", f.warmup);
+  const auto profile = load_profile_for_auto(f.layer, "--sweep");
+  const auto grid = perfmodel::read_grid(f.sweep);
+  const int world = world_size();
+  const bool root = world_rank() == 0;
+  if (root)
+    std::printf("# parm bench-layer --sweep %s: %zu configurations in the grid, %d ranks%s; "
+                "profile %s; %d iters + %d warmup per schedule; ms = median over iterations of "
+                "the max over ranks (forward + backward), the schedules' iterations interleaved\n",
+                f.sweep.c_str(), grid.configs.size(), world,
+                f.layer.layout.ranks_per_node > 0
+                    ? fmt::format(", {} per emulated node", f.layer.layout.ranks_per_node).c_str()
+                    : "",
+                f.layer.profile.c_str(), f.iters, f.warmup);
+  nlohmann::json configs = nlohmann::json::array();
+  std::vector<double> ratios, rel_errors;
+  int64_t measured_configs = 0, correct = 0, within5 = 0, skipped = 0;
+  for (size_t ci = 0; ci < grid.configs.size(); ++ci) {
+    const auto& c = grid.configs[ci];
+    ref::MoeShape shape;
+    shape.tokens = c.tokens();
+    shape.model_dim = c.M;
+    shape.hidden = c.H;
+    shape.experts = c.E;
+    shape.topk = c.k;
+    shape.capacity_factor = CapacityFactor::parse(c.f);
+    const std::string desc = fmt::format("{} mp={} esp={} ep={}", shape.str(), c.mp, c.esp, c.ep);
+    // Configurations that do not fit this job are skipped (the same decision on every rank).
+    std::vector<perfmodel::Candidate> cands;
+    std::unique_ptr<Topology> topo;
+    try {
+      make_layout(world, c.mp, c.ep, c.esp);
+      TopologyOptions o = f.layer.layout.topology();
+      o.mp = c.mp;
+      o.ep = c.ep;
+      o.esp = c.esp;
+      topo = Topology::create(o);
+      cands = perfmodel::predict_candidates(profile, shape, target_of(*topo), grid.chunks,
+                                            {schedule::Kind::kBaseline, schedule::Kind::kS1,
+                                             schedule::Kind::kS2},
+                                            {false, true});
+    } catch (const InvalidConfig& e) {
+      ++skipped;
+      if (root) std::printf("[%zu] %s: skipped (%s)\n", ci, desc.c_str(), e.what());
+      continue;
+    }
+    const size_t chosen = perfmodel::choose(cands);
+    LayerInputs in = make_inputs(*topo, shape, 1);
+    const auto totals = measure_interleaved(*topo, shape, cands, grid.chunks, in, f.iters, f.warmup);
+    std::vector<double> meas;
+    nlohmann::json cj = {{"id", ci}, {"B", c.B}, {"L", c.L}, {"T", c.tokens()}, {"M", c.M},
+                         {"H", c.H}, {"E", c.E}, {"k", c.k}, {"f", c.f}, {"N_MP", c.mp},
+                         {"N_ESP", c.esp}, {"N_EP", c.ep}};
+    nlohmann::json cand_json = nlohmann::json::array();
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const auto& cand = cands[i];
+      const Totals& m = totals[i];
+      meas.push_back(m.total());
+      const double pred = cand.pred.total_us() / 1e3;
+      rel_errors.push_back(std::abs(pred - m.total()) / m.total());
+      cand_json.push_back({{"schedule", cand.pred.name()},
+                           {"predicted_ms", pred},
+                           {"predicted_fwd_ms", cand.pred.fwd_us / 1e3},
+                           {"predicted_bwd_ms", cand.pred.bwd_us / 1e3},
+                           {"measured_ms", m.total()},
+                           {"measured_fwd_ms", m.fwd},
+                           {"measured_bwd_ms", m.bwd}});
+    }
+    const size_t oracle =
+        static_cast<size_t>(std::min_element(meas.begin(), meas.end()) - meas.begin());
+    const double ratio = meas[chosen] / meas[oracle];
+    ++measured_configs;
+    correct += chosen == oracle ? 1 : 0;
+    within5 += ratio <= 1.05 ? 1 : 0;
+    ratios.push_back(ratio);
+    cj["candidates"] = cand_json;
+    cj["auto"] = cands[chosen].pred.name();
+    cj["fastest"] = cands[oracle].pred.name();
+    cj["auto_over_fastest"] = ratio;
+    configs.push_back(cj);
+    if (root) {
+      std::string line;
+      for (size_t i = 0; i < cands.size(); ++i)
+        line += fmt::format("  {} {:.1f}/{:.1f}", cands[i].pred.name(),
+                            cands[i].pred.total_us() / 1e3, meas[i]);
+      std::printf("[%zu] %s | pred/meas ms:%s | auto %s, fastest %s, auto/fastest %.3f\n", ci,
+                  desc.c_str(), line.c_str(), cands[chosen].pred.name().c_str(),
+                  cands[oracle].pred.name().c_str(), ratio);
+      std::fflush(stdout);
+    }
+  }
+  const double accuracy = measured_configs ? static_cast<double>(correct) / measured_configs : 0;
+  nlohmann::json summary = {
+      {"configs_in_grid", grid.configs.size()},
+      {"configs_measured", measured_configs},
+      {"configs_skipped", skipped},
+      {"selection_accuracy", accuracy},
+      {"auto_within_5pct_of_fastest",
+       measured_configs ? static_cast<double>(within5) / measured_configs : 0.0},
+      {"auto_over_fastest", {{"median", median(ratios)}, {"worst", quantile_max(ratios)}}},
+      {"median_abs_relative_error", median(rel_errors)},
+      {"abs_relative_error_max", quantile_max(rel_errors)},
+      {"predictions_compared", rel_errors.size()}};
+  if (root) {
+    std::printf("\n# sweep summary: %lld configurations measured (%lld skipped)\n",
+                static_cast<long long>(measured_configs), static_cast<long long>(skipped));
+    std::printf("selection accuracy (auto = measured fastest): %.1f%% (%lld of %lld); auto "
+                "within 5%% of the fastest: %.1f%%\n",
+                100.0 * accuracy, static_cast<long long>(correct),
+                static_cast<long long>(measured_configs),
+                100.0 * summary["auto_within_5pct_of_fastest"].get<double>());
+    std::printf("auto / fastest (measured): median %.3f, worst %.3f\n", median(ratios),
+                quantile_max(ratios));
+    std::printf("median |predicted - measured| / measured: %.1f%% over %zu (config, schedule) "
+                "pairs (max %.1f%%)\n",
+                100.0 * median(rel_errors), rel_errors.size(), 100.0 * quantile_max(rel_errors));
+    if (!f.json.empty())
+      write_file_atomic(f.json, nlohmann::json{{"grid", f.sweep},
+                                               {"profile", f.layer.profile},
+                                               {"world", world},
+                                               {"ranks_per_node", f.layer.layout.ranks_per_node},
+                                               {"iters", f.iters},
+                                               {"warmup", f.warmup},
+                                               {"chunks", grid.chunks},
+                                               {"summary", summary},
+                                               {"configs", configs}}
+                                        .dump(2) + "\n");
   }
   return 0;
 }
@@ -172,11 +453,16 @@ Command add_bench_layer(CLI::App& root) {
   auto* app = root.add_subcommand("bench-layer", "time the MoE layer under each schedule");
   auto f = std::make_shared<BenchLayerFlags>();
   f->layer.add_to(app);
+  f->layer.add_profile_to(app);
   app->add_option("--iters", f->iters, "timed iterations");
   app->add_option("--warmup", f->warmup, "untimed iterations");
   app->add_flag("--breakdown", f->breakdown, "time of every step, rank 0 and max over ranks");
   app->add_option("--json", f->json, "also write the results to this JSON file");
-  return {app, [f] { return run_bench_layer(*f); }};
+  app->add_option("--sweep", f->sweep,
+                  "grid file (configs/grids/*.json): measure every schedule of every "
+                  "configuration that fits this job and compare with the model (--profile); "
+                  "the grid replaces the layer and layout flags except --ranks-per-node");
+  return {app, [f] { return f->sweep.empty() ? run_bench_layer(*f) : run_sweep(*f); }};
 }
 
 }  // namespace parm::cli

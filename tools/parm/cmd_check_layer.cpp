@@ -18,6 +18,7 @@ struct CheckLayerFlags {
 int run_check_layer(const CheckLayerFlags& f) {
   const ref::MoeShape shape = f.layer.shape();
   const auto kinds = f.layer.schedules();
+  const auto fuse_modes = f.layer.fuse_modes(true);
   PARM_CONFIG_CHECK(f.tolerance > 0, "--tolerance {} must be positive", f.tolerance);
   auto topo = Topology::create(f.layer.layout.topology());
   for (auto kind : kinds)  // refuse a bad layer before any work
@@ -29,8 +30,12 @@ int run_check_layer(const CheckLayerFlags& f) {
                 shape.str().c_str(), topo->layout().world, topo->layout().mp,
                 topo->layout().ep, topo->layout().esp, f.tolerance);
   bool all_ok = true;
-  for (auto kind : kinds) {
+  for (auto kind : kinds)
+  for (bool fuse : fuse_modes) {
+    if (fuse && kind == schedule::Kind::kBaseline && fuse_modes.size() > 1) continue;
     LayerCheckOptions o;
+    o.fuse = fuse;
+    o.chunks = f.layer.chunks;
     o.shape = shape;
     o.kind = kind;
     o.seed = f.layer.seed;
@@ -40,8 +45,9 @@ int run_check_layer(const CheckLayerFlags& f) {
     const LayerCheckResult r = check_layer(*topo, o);
     all_ok = all_ok && r.passed;
     if (!root) continue;
-    std::printf("\n%s: %s (oracle gates %s; %lld choices dropped; routing %s)\n",
-                schedule::kind_name(kind), r.passed ? "PASS" : "FAIL",
+    std::printf("\n%s%s: %s (oracle gates %s; %lld choices dropped; routing %s)\n",
+                schedule::kind_name(kind),
+                fuse && kind != schedule::Kind::kBaseline ? " (fused)" : "", r.passed ? "PASS" : "FAIL",
                 r.oracle_slices > 1 ? "each MP slice separately" : "all T tokens at once",
                 static_cast<long long>(r.dropped_choices),
                 r.routing_matches ? "identical" : "DIFFERS");

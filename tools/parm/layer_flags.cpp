@@ -14,8 +14,19 @@ void LayerFlags::add_to(CLI::App* app) {
   app->add_option("--experts", experts, "number of experts E");
   app->add_option("--topk", topk, "experts per token k");
   app->add_option("--capacity-factor", capacity_factor, "capacity factor f (a decimal)");
-  app->add_option("--schedule", schedule, "baseline, s1, s2 or all");
+  app->add_option("--schedule", schedule,
+                  "baseline, s1, s2, all, or auto (the cost model picks; needs --profile)");
   app->add_option("--seed", seed, "seed of the weights and inputs");
+  app->add_option("--fuse", fuse,
+                  "fused dispatch/combine collectives for s1/s2: on, off, both, or auto (the "
+                  "cost model picks; needs --profile)");
+  app->add_option("--chunks", chunks, "pipeline depth of the fused collectives");
+}
+
+void LayerFlags::add_profile_to(CLI::App* app) {
+  app->add_option("--profile", profile,
+                  "cost profile (JSON from `parm calibrate --out FILE`) for --schedule auto / "
+                  "--fuse auto");
 }
 
 ref::MoeShape LayerFlags::shape() const {
@@ -32,7 +43,14 @@ ref::MoeShape LayerFlags::shape() const {
 
 std::vector<schedule::Kind> LayerFlags::schedules() const {
   using schedule::Kind;
-  if (schedule != "all") return {schedule::parse_kind(schedule)};
+  if (schedule != "all" && schedule != "auto") {
+    try {
+      return {schedule::parse_kind(schedule)};
+    } catch (const InvalidConfig&) {
+      throw InvalidConfig(fmt::format(
+          "--schedule '{}' is not valid; use baseline, s1, s2, all or auto", schedule));
+    }
+  }
   std::vector<Kind> out;
   // "all" leaves out the baseline where it does not exist (N_MP > 1, N_ESP not in {1, N_MP}).
   const bool baseline_ok = layout.mp == 1 || layout.esp == 1 || layout.esp == layout.mp;
@@ -42,11 +60,20 @@ std::vector<schedule::Kind> LayerFlags::schedules() const {
   return out;
 }
 
+std::vector<bool> LayerFlags::fuse_modes(bool allow_both) const {
+  if (fuse == "on") return {true};
+  if (fuse == "off") return {false};
+  if ((fuse == "both" || fuse == "auto") && allow_both) return {false, true};
+  throw InvalidConfig(fmt::format("--fuse '{}' is not valid; use on, off{}", fuse,
+                                  allow_both ? ", both or auto" : ""));
+}
+
 nlohmann::json LayerFlags::config_json() const {
   return {{"mp", layout.mp}, {"ep", layout.ep}, {"esp", layout.esp},
           {"tokens", tokens}, {"model_dim", model_dim}, {"hidden", hidden},
           {"experts", experts}, {"topk", topk}, {"capacity_factor", capacity_factor},
-          {"schedule", schedule}, {"seed", seed}};
+          {"schedule", schedule}, {"seed", seed}, {"fuse", fuse}, {"chunks", chunks},
+          {"profile", profile}};
 }
 
 }  // namespace parm::cli

@@ -21,12 +21,23 @@ struct LayerFlags {
   int64_t experts = 8;
   int topk = 2;
   std::string capacity_factor = "1.2";
-  std::string schedule = "all";
+  std::string schedule = "all";  // baseline | s1 | s2 | all (| auto where a profile is taken)
+  std::string fuse = "on";  // on | off (| both | auto for bench-layer)
+  std::string profile;      // cost profile for auto (parm calibrate --out FILE)
+  int chunks = 4;
   uint64_t seed = 1;
 
   void add_to(CLI::App* app);
+  // --profile: for the commands that can choose by the cost model (bench-layer, plan).
+  void add_profile_to(CLI::App* app);
+  // --schedule auto or --fuse auto: the cost model picks (needs --profile).
+  bool wants_auto() const { return schedule == "auto" || fuse == "auto"; }
   ref::MoeShape shape() const;  // validated
-  std::vector<schedule::Kind> schedules() const;  // "all": those valid for the layout
+  // "all" (and "auto": the candidates): those valid for the layout.
+  std::vector<schedule::Kind> schedules() const;
+  // The fuse settings to run: {true}, {false} or {false, true} ("both" when allowed; "auto":
+  // the candidates, when allowed).
+  std::vector<bool> fuse_modes(bool allow_both) const;
   nlohmann::json config_json() const;
 };
 

@@ -51,7 +51,11 @@ int main(int argc, char** argv) {
   std::vector<parm::cli::Command> commands = {parm::cli::add_info(app),
                                               parm::cli::add_bench_comm(app),
                                               parm::cli::add_bench_layer(app),
-                                              parm::cli::add_check_layer(app)};
+                                              parm::cli::add_check_layer(app),
+                                              parm::cli::add_train(app),
+                                              parm::cli::add_calibrate(app),
+                                              parm::cli::add_plan(app),
+                                              parm::cli::add_simulate(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

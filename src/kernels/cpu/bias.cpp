@@ -1,9 +1,11 @@
 // Bias add over rows and its adjoint (column sums).
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vec_math.h"
 #include "parm/error.h"
 
 namespace parm::cpu {
 
+PARM_SIMD_CLONES
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "add_bias: bad shape ({}, {})", rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -12,6 +14,7 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
   }
 }
 
+PARM_SIMD_CLONES
 void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_backward: bad shape ({}, {})", rows, cols);
   // Row-major walk: each column is its own running sum, so the inner loop vectorises

@@ -2,6 +2,8 @@
 // Computed through the identity 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)) =: s, which needs a
 // single exp and does not cancel where tanh(u) is near -1:
 //   gelu(x) = x s,   gelu'(x) = s + 2 x s (1 - s) u'(x),   1 - s = exp(-2u) s.
+#include <limits>
+
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 #include "parm/error.h"
@@ -18,8 +20,14 @@ constexpr float kGradClamp = 9.5f;
 
 inline float minus_2u(float x) { return -2.0f * kSqrt2OverPi * (x + kCubic * x * x * x); }
 
-// exp(-2u) = +inf gives x / inf = -0 and exp(-2u) = 0 gives x: both the limits. NaN stays NaN.
-inline float gelu_value(float x) { return x / (1.0f + detail::exp_f32(minus_2u(x))); }
+// gelu(x) rounds to -0 for every x below -10.6 (exp(-2u) overflows to inf, x / inf = -0);
+// clamping there keeps -inf from making -inf / inf. exp(-2u) = 0 for large x gives x.
+constexpr float kValueClamp = -20.0f;
+
+inline float gelu_value(float x) {
+  const float xc = detail::clamp_f32(x, kValueClamp, std::numeric_limits<float>::infinity());
+  return detail::nan_if_nan(xc / (1.0f + detail::exp_f32(minus_2u(xc))), x);
+}
 
 inline float gelu_grad(float x) {
   const float xc = detail::clamp_f32(x, -kGradClamp, kGradClamp);
@@ -28,21 +36,24 @@ inline float gelu_grad(float x) {
   const float one_minus_s = e * s;
   const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * xc * xc);
   const float g = s + 2.0f * xc * s * one_minus_s * du;
-  return g * detail::nan_if_nan(1.0f, x);  // the clamp alone would turn NaN into a number
+  return detail::nan_if_nan(g, x);  // the clamp alone would turn NaN into a number
 }
 
 }  // namespace
 
+PARM_SIMD_CLONES
 void gelu_forward(const float* x, float* y, int64_t n) {
   PARM_CHECK(n >= 0, "gelu_forward: n = {}", n);
   for (int64_t i = 0; i < n; ++i) y[i] = gelu_value(x[i]);
 }
 
+PARM_SIMD_CLONES
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
   PARM_CHECK(n >= 0, "gelu_backward: n = {}", n);
   for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i]) * dy[i];
 }
 
+PARM_SIMD_CLONES
 void bias_gelu_forward(float* pre, const float* bias, float* act, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_forward: bad shape ({}, {})", rows, cols);
   for (int64_t r = 0; r < rows; ++r) {

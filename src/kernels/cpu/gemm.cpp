@@ -58,8 +58,8 @@ std::string isa_name(dnnl_cpu_isa_t isa) {
 void set_gemm_path(GemmPath path) { g_path.store(path, std::memory_order_relaxed); }
 GemmPath gemm_path() { return g_path.load(std::memory_order_relaxed); }
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   PARM_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m = {}, n = {}, k = {}", m, n, k);
   // Stored widths: A is (m, k) or (k, m), B is (k, n) or (n, k), C is (m, n).
   const int64_t a_width = trans_a ? m : k;
@@ -77,8 +77,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const flo
       for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
     return;
   }
-  PARM_CHECK(a != nullptr && b != nullptr, "gemm: null operand (m = {}, n = {}, k = {})", m, n,
-             k);
+  PARM_CHECK(a != nullptr && b != nullptr, "gemm: null operand (m = {}, n = {}, k = {})", m, n, k);
 
   const int num_threads = detail::apply_gemm_threads();
   const GemmPath path = gemm_path();
@@ -89,8 +88,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const flo
                           num_threads);
   } else {
     // dnnl_sgemm is row-major (since oneDNN 1.0), like our contract.
-    PARM_DNNL_CHECK(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda,
-                               b, ldb, accumulate ? 1.0f : 0.0f, c, ldc));
+    PARM_DNNL_CHECK(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b,
+                               ldb, accumulate ? 1.0f : 0.0f, c, ldc));
   }
 }
 
@@ -107,8 +106,8 @@ const char* gemm_backend() {
     const char* runtime = v->cpu_runtime == DNNL_RUNTIME_OMP   ? "openmp"
                           : v->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential"
                                                                : "other runtime";
-    return fmt::format("oneDNN {}.{}.{} (cpu, {}, {}; sgemm + cached matmul)", v->major,
-                       v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()), runtime);
+    return fmt::format("oneDNN {}.{}.{} (cpu, {}, {}; sgemm + cached matmul)", v->major, v->minor,
+                       v->patch, isa_name(dnnl_get_effective_cpu_isa()), runtime);
   }();
   return name.c_str();
 }

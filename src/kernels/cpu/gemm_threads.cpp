@@ -1,13 +1,14 @@
 // The GEMM's thread count. Debian's libdnnl uses the OpenMP (libgomp) runtime, which would
 // start one thread per core on the first call. We do not link OpenMP ourselves (it comes in
 // with libdnnl), so its two entry points are looked up in the running process.
+#include "kernels/cpu/gemm_threads.h"
+
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl_config.h>
 
 #include <atomic>
 #include <cstdlib>
 
-#include "kernels/cpu/gemm_threads.h"
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
 

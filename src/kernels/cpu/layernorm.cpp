@@ -7,8 +7,9 @@
 
 namespace parm::cpu {
 
-void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y,
-                       float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
+PARM_SIMD_CLONES
+void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                       float* rstd, int64_t rows, int64_t cols, float eps) {
   PARM_CHECK(rows >= 0 && cols > 0, "layernorm_forward: bad shape ({}, {})", rows, cols);
   constexpr int kL = detail::kLanes;
   const float inv_cols = 1.0f / static_cast<float>(cols);
@@ -37,6 +38,7 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
 
 // With xhat = (x - mean) rstd and g = dy gamma:
 //   dx = rstd (g - mean_c(g) - xhat mean_c(g xhat)),  dgamma += sum_r dy xhat,  dbeta += sum_r dy.
+PARM_SIMD_CLONES
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                         const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
                         int64_t cols) {

@@ -120,8 +120,7 @@ void Entry::run(const float* a, const float* b, float* c, dnnl_stream_t stream) 
   PARM_DNNL_CHECK(dnnl_memory_set_data_handle(a_, const_cast<float*>(a)));
   PARM_DNNL_CHECK(dnnl_memory_set_data_handle(b_, const_cast<float*>(b)));
   PARM_DNNL_CHECK(dnnl_memory_set_data_handle(c_, c));
-  const dnnl_exec_arg_t args[3] = {
-      {DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, c_}};
+  const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, c_}};
   PARM_DNNL_CHECK(dnnl_primitive_execute(prim_, stream, 3, args));
   PARM_DNNL_CHECK(dnnl_stream_wait(stream));
 }
@@ -131,8 +130,7 @@ void Entry::run(const float* a, const float* b, float* c, dnnl_stream_t stream) 
 class ThreadCache {
  public:
   ThreadCache() {
-    PARM_DNNL_CHECK(dnnl_stream_create(&stream_, cpu_engine(),
-                                       dnnl_stream_default_flags));
+    PARM_DNNL_CHECK(dnnl_stream_create(&stream_, cpu_engine(), dnnl_stream_default_flags));
   }
   ~ThreadCache() {
     entries_.clear();
@@ -162,9 +160,9 @@ class ThreadCache {
 
 }  // namespace
 
-void matmul_cached(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                   const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                   int64_t ldc, bool accumulate, int num_threads) {
+void matmul_cached(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                   int num_threads) {
   thread_local ThreadCache cache;
   const Key key{{m, n, k, lda, ldb, ldc},
                 static_cast<uint8_t>((trans_a ? 1 : 0) | (trans_b ? 2 : 0) | (accumulate ? 4 : 0)),

@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vec_math.h"
 #include "parm/error.h"
 
 namespace parm::cpu {
@@ -18,6 +19,7 @@ void gather_rows(const float* src, int64_t cols, const int64_t* idx, int64_t n, 
   }
 }
 
+PARM_SIMD_CLONES
 void scatter_add_rows(const float* src, int64_t cols, const int64_t* idx, const float* scale,
                       int64_t n, float* dst) {
   PARM_CHECK(n >= 0 && cols >= 0, "scatter_add_rows: n = {}, cols = {}", n, cols);

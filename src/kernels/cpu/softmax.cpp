@@ -5,6 +5,7 @@
 
 namespace parm::cpu {
 
+PARM_SIMD_CLONES
 void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "softmax_forward: bad shape ({}, {})", rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -18,6 +19,7 @@ void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols) {
   }
 }
 
+PARM_SIMD_CLONES
 void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "softmax_backward: bad shape ({}, {})", rows, cols);
   constexpr int kL = detail::kLanes;

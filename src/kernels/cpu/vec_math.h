@@ -6,6 +6,20 @@
 #include <cstdint>
 #include <limits>
 
+// The build targets baseline x86-64 (SSE2), where the exp-based loops run 4 lanes wide
+// and emulate every select and min/max. PARM_SIMD_CLONES compiles a function also for
+// x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) and picks one when the program loads (GCC
+// target_clones): GeLU runs about 4x faster on an AVX-512 machine, and the binary still runs
+// everywhere. Every process on the same kind of CPU runs the same clone and gets the same
+// bits; the FMA clones may round differently from the SSE2 one (as oneDNN's GEMM kernels
+// already do between instruction sets).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define PARM_SIMD_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define PARM_SIMD_CLONES
+#endif
+
 namespace parm::cpu::detail {
 
 // Maps a float's bits to an int32 that orders like the float (negative floats have their
@@ -23,8 +37,8 @@ inline float clamp_f32(float x, float lo, float hi) {
   return std::bit_cast<float>(ordered_bits(key));
 }
 
-// y, or a quiet NaN when x is NaN (y must not be negative). For functions that clamp their
-// input, which would otherwise turn a NaN into a number.
+// y, or a NaN when x is NaN (OR-ing in an all-ones exponent and the quiet bit makes a NaN of
+// any y). For functions that clamp their input, which would otherwise turn NaN into a number.
 inline float nan_if_nan(float y, float x) {
   const bool is_nan = (std::bit_cast<int32_t>(x) & 0x7fffffff) > 0x7f800000;
   const int32_t nan_mask = is_nan ? 0x7fc00000 : 0;
@@ -44,8 +58,8 @@ inline float exp_f32(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;  // 9 significant bits: n * kLn2Hi is exact
   constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;   // 1.5 * 2^23: adding it rounds to an integer
-  const float xc = clamp_f32(x, kLo, kHi);  // +NaN lands on kHi, -NaN on kLo: fixed below
+  constexpr float kRound = 12582912.0f;             // 1.5 * 2^23: adding it rounds to an integer
+  const float xc = clamp_f32(x, kLo, kHi);          // +NaN lands on kHi, -NaN on kLo: fixed below
   const float n = (xc * kLog2e + kRound) - kRound;  // in [-150, 128]
   float r = xc - n * kLn2Hi;
   r = r - n * kLn2Lo;

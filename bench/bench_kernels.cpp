@@ -1,0 +1,283 @@
+// Micro-benchmarks of the CPU kernels, each against a ceiling measured on this machine when
+// the binary starts: GEMMs against the best of a few 1024^3 GEMMs on one core (the
+// `of_peak` counter), the memory-bound kernels against a large-array triad/copy (the
+// `of_mem_bw` counter). Working sets below the last-level cache size can exceed 1 there.
+//
+//   OMP_NUM_THREADS=1 build-kernels/parm_kernel_bench [--benchmark_filter=Gemm]
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/kernels.h"
+#include "parm/rng.h"
+#include "parm/timer.h"
+
+namespace {
+
+using parm::cpu::GemmPath;
+
+constexpr uint64_t kSeed = 17;
+
+struct Ceilings {
+  double gemm_flops = 0.0;  // FLOP/s
+  double mem_bytes = 0.0;   // bytes/s
+};
+Ceilings g_ceilings;
+
+std::vector<float> random_vector(int64_t n, uint64_t stream) {
+  parm::Rng rng(kSeed, stream);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = rng.normal();
+  return v;
+}
+
+// Best of a few 1024^3 GEMMs on the default (single-thread) setting.
+double measure_gemm_peak() {
+  const int64_t n = 1024;
+  const std::vector<float> a = random_vector(n * n, 1), b = random_vector(n * n, 2);
+  std::vector<float> c(static_cast<size_t>(n * n));
+  double best_us = 1e300;
+  for (int rep = 0; rep < 6; ++rep) {  // the first also creates oneDNN's kernels
+    parm::Timer t;
+    parm::cpu::gemm(false, false, n, n, n, a.data(), b.data(), c.data(), false);
+    best_us = std::min(best_us, t.elapsed_us());
+  }
+  return 2.0 * n * n * n / (best_us * 1e-6);
+}
+
+// Best of a triad (a = b + s c, 3 x 64 MiB: 3 arrays of traffic) and a 128 MiB memcpy (read
+// + write), both far larger than the last-level cache.
+double measure_memory_bandwidth() {
+  const size_t n = size_t{16} << 20;  // floats per array
+  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+  double best = 0.0;
+  for (int rep = 0; rep < 4; ++rep) {
+    parm::Timer t;
+    float* __restrict pa = a.data();
+    const float* __restrict pb = b.data();
+    const float* __restrict pc = c.data();
+    for (size_t i = 0; i < n; ++i) pa[i] = pb[i] + 0.5f * pc[i];
+    benchmark::DoNotOptimize(a.data());
+    benchmark::ClobberMemory();
+    best = std::max(best, 3.0 * n * sizeof(float) / (t.elapsed_us() * 1e-6));
+  }
+  std::vector<float> big_src(2 * n, 1.0f), big_dst(2 * n, 0.0f);
+  for (int rep = 0; rep < 4; ++rep) {
+    parm::Timer t;
+    std::memcpy(big_dst.data(), big_src.data(), big_src.size() * sizeof(float));
+    benchmark::DoNotOptimize(big_dst.data());
+    benchmark::ClobberMemory();
+    best = std::max(best, 2.0 * big_src.size() * sizeof(float) / (t.elapsed_us() * 1e-6));
+  }
+  return best;
+}
+
+// Counters: FLOP/s and the fraction of the measured GEMM peak. Both are rates, so Google
+// Benchmark divides by the elapsed time; dividing the work by the ceiling first yields the
+// fraction directly.
+void set_flop_counters(benchmark::State& state, double flops_per_iter) {
+  const double flops = flops_per_iter * static_cast<double>(state.iterations());
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
+  state.counters["of_peak"] =
+      benchmark::Counter(flops / g_ceilings.gemm_flops, benchmark::Counter::kIsRate);
+}
+
+void set_byte_counters(benchmark::State& state, double bytes_per_iter) {
+  const double bytes = bytes_per_iter * static_cast<double>(state.iterations());
+  state.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  state.counters["of_mem_bw"] =
+      benchmark::Counter(bytes / g_ceilings.mem_bytes, benchmark::Counter::kIsRate);
+}
+
+// ---- GEMM: args = m, n, k, trans_a, trans_b, accumulate, path ---------------------------
+
+void BM_Gemm(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool ta = state.range(3) != 0, tb = state.range(4) != 0, acc = state.range(5) != 0;
+  const auto path = static_cast<GemmPath>(state.range(6));
+  const std::vector<float> a = random_vector(m * k, 3), b = random_vector(k * n, 4);
+  std::vector<float> c(static_cast<size_t>(m * n), 0.0f);
+  const GemmPath saved = parm::cpu::gemm_path();
+  parm::cpu::set_gemm_path(path);
+  for (auto _ : state) {
+    parm::cpu::gemm(ta, tb, m, n, k, a.data(), b.data(), c.data(), acc);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  parm::cpu::set_gemm_path(saved);
+  set_flop_counters(state, 2.0 * m * n * k);
+}
+
+// Expert FFN of the MoE layer: M = 512, H = 2048, T_e tokens per expert.
+constexpr int64_t kM = 512, kH = 2048;
+
+void gemm_cases(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"m", "n", "k", "ta", "tb", "acc", "path"});
+  const int64_t kAuto = static_cast<int64_t>(GemmPath::kAuto);
+  b->Args({1024, 1024, 1024, 0, 0, 0, kAuto});
+  for (int64_t te : {256, 512})
+    for (int64_t path : {0, 1, 2}) {         // auto, sgemm, matmul: keeps the choice checkable
+      b->Args({te, kH, kM, 0, 0, 0, path});  // h = x W1: (T_e, M) x (M, H)
+      b->Args({kM, kH, te, 1, 0, 1, path});  // dW1 += x^T dh: (M, T_e) x (T_e, H)
+      b->Args({te, kM, kH, 0, 1, 0, path});  // dx = dh W1^T: (T_e, H) x (H, M)
+    }
+}
+BENCHMARK(BM_Gemm)->Apply(gemm_cases)->UseRealTime()->MinTime(0.2);
+
+// ---- Memory-bound kernels --------------------------------------------------------------
+
+void BM_TopK(benchmark::State& state) {
+  const int64_t rows = 2048, cols = 8;
+  const int k = 2;
+  const std::vector<float> x = random_vector(rows * cols, 5);
+  std::vector<int32_t> idx(rows * k);
+  std::vector<float> val(rows * k);
+  for (auto _ : state) {
+    parm::cpu::topk(x.data(), rows, cols, k, idx.data(), val.data());
+    benchmark::DoNotOptimize(idx.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * (rows * cols + 2 * rows * k));
+}
+BENCHMARK(BM_TopK)->UseRealTime()->MinTime(0.2);
+
+void BM_Softmax(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const std::vector<float> x = random_vector(rows * cols, 6);
+  std::vector<float> y(x.size());
+  for (auto _ : state) {
+    parm::cpu::softmax_forward(x.data(), y.data(), rows, cols);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 2 * rows * cols);
+}
+BENCHMARK(BM_Softmax)
+    ->ArgNames({"rows", "cols"})
+    ->Args({2048, 8})
+    ->Args({2048, 2048})
+    ->UseRealTime()
+    ->MinTime(0.2);
+
+void BM_SoftmaxBackward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const std::vector<float> y = random_vector(rows * cols, 7), dy = random_vector(rows * cols, 8);
+  std::vector<float> dx(y.size());
+  for (auto _ : state) {
+    parm::cpu::softmax_backward(y.data(), dy.data(), dx.data(), rows, cols);
+    benchmark::DoNotOptimize(dx.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 3 * rows * cols);
+}
+BENCHMARK(BM_SoftmaxBackward)
+    ->ArgNames({"rows", "cols"})
+    ->Args({2048, 8})
+    ->UseRealTime()
+    ->MinTime(0.2);
+
+// Fused bias + GeLU over the expert hidden activations: reads pre and bias, writes pre and act.
+void BM_BiasGeluForward(benchmark::State& state) {
+  const int64_t rows = 2048, cols = 2048;
+  const std::vector<float> x = random_vector(rows * cols, 9), bias = random_vector(cols, 10);
+  std::vector<float> pre = x, act(x.size());
+  for (auto _ : state) {
+    parm::cpu::bias_gelu_forward(pre.data(), bias.data(), act.data(), rows, cols);
+    benchmark::DoNotOptimize(act.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 3 * rows * cols);
+}
+BENCHMARK(BM_BiasGeluForward)->UseRealTime()->MinTime(0.2);
+
+void BM_GeluBackward(benchmark::State& state) {
+  const int64_t n = 2048 * 2048;
+  const std::vector<float> x = random_vector(n, 11), dy = random_vector(n, 12);
+  std::vector<float> dx(x.size());
+  for (auto _ : state) {
+    parm::cpu::gelu_backward(x.data(), dy.data(), dx.data(), n);
+    benchmark::DoNotOptimize(dx.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 3 * n);
+}
+BENCHMARK(BM_GeluBackward)->UseRealTime()->MinTime(0.2);
+
+void BM_LayerNorm(benchmark::State& state) {
+  const int64_t rows = 2048, cols = 512;
+  const std::vector<float> x = random_vector(rows * cols, 13), gamma = random_vector(cols, 14),
+                           beta = random_vector(cols, 15);
+  std::vector<float> y(x.size()), mean(rows), rstd(rows);
+  for (auto _ : state) {
+    parm::cpu::layernorm_forward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                                 rstd.data(), rows, cols, 1e-5f);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 2 * rows * cols);
+}
+BENCHMARK(BM_LayerNorm)->UseRealTime()->MinTime(0.2);
+
+// Dispatch-like gather: 2048 rows of 512 from a permutation (some slots empty).
+std::vector<int64_t> permuted_rows(int64_t n, uint64_t stream) {
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) idx[i] = i;
+  parm::Rng rng(kSeed, stream);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(idx[i], idx[rng.next_u32() % (i + 1)]);
+  return idx;
+}
+
+void BM_GatherRows(benchmark::State& state) {
+  const int64_t rows = 2048, cols = 512;
+  const std::vector<float> src = random_vector(rows * cols, 16);
+  const std::vector<int64_t> idx = permuted_rows(rows, 17);
+  std::vector<float> dst(src.size());
+  for (auto _ : state) {
+    parm::cpu::gather_rows(src.data(), cols, idx.data(), rows, dst.data());
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 2 * rows * cols);
+}
+BENCHMARK(BM_GatherRows)->UseRealTime()->MinTime(0.2);
+
+// Combine-like scatter-add with weights: reads src, reads and writes dst.
+void BM_ScatterAddRows(benchmark::State& state) {
+  const int64_t rows = 2048, cols = 512;
+  const std::vector<float> src = random_vector(rows * cols, 18), scale = random_vector(rows, 19);
+  const std::vector<int64_t> idx = permuted_rows(rows, 20);
+  std::vector<float> dst(src.size(), 0.0f);
+  for (auto _ : state) {
+    parm::cpu::scatter_add_rows(src.data(), cols, idx.data(), scale.data(), rows, dst.data());
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 3 * rows * cols);
+}
+BENCHMARK(BM_ScatterAddRows)->UseRealTime()->MinTime(0.2);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  g_ceilings.gemm_flops = measure_gemm_peak();
+  g_ceilings.mem_bytes = measure_memory_bandwidth();
+  const std::string peak = fmt::format("{:.1f} GFLOP/s (best 1024^3 GEMM, {} thread(s))",
+                                       g_ceilings.gemm_flops * 1e-9, parm::cpu::gemm_threads());
+  const std::string bw = fmt::format(
+      "{:.1f} GB/s (best of a 3 x 64 MiB triad and a 128 MiB memcpy)", g_ceilings.mem_bytes * 1e-9);
+  fmt::print("GEMM backend: {}\nceiling gemm_peak: {}\nceiling mem_bw:    {}\n",
+             parm::cpu::gemm_backend(), peak, bw);
+  benchmark::AddCustomContext("gemm_backend", parm::cpu::gemm_backend());
+  benchmark::AddCustomContext("ceiling_gemm_peak", peak);
+  benchmark::AddCustomContext("ceiling_mem_bw", bw);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,40 @@
+// Deterministic batches: sequence number g of the run (0, 1, 2, ...) always starts at the
+// same offset of the training text, whatever the layout, so a run can resume at any step
+// and a parallel run sees exactly the sequences a single-process run sees.
+//
+// Optimizer step s consumes global_batch = micro_batch * grad_accum * N_DP sequences:
+// micro-batch j (0 <= j < grad_accum * N_DP) of step s holds sequences
+// s * global_batch + j * micro_batch + [0, micro_batch). DP replica d runs the micro-batches
+// j = a * N_DP + d for a = 0 .. grad_accum - 1; a single process with grad_accum * N_DP
+// micro-batches runs them all, in the same groups.
+#pragma once
+
+#include <cstdint>
+
+#include "data/corpus.h"
+#include "model/model.h"
+
+namespace parm::data {
+
+enum class Objective { kCausal, kMasked };
+
+class BatchSource {
+ public:
+  BatchSource(const Corpus& corpus, Objective objective, int64_t seq_len, uint64_t seed);
+
+  // Training micro-batch of `micro_batch` sequences starting at sequence number `first`.
+  model::Batch train_batch(int64_t first, int64_t micro_batch) const;
+  // Validation batch `index` (fixed sequences of the validation text).
+  model::Batch val_batch(int64_t index, int64_t micro_batch) const;
+
+ private:
+  model::Batch make(const std::vector<uint8_t>& text, uint64_t stream, int64_t first,
+                    int64_t count) const;
+
+  const Corpus& corpus_;
+  Objective objective_;
+  int64_t seq_len_;
+  uint64_t seed_;
+};
+
+}  // namespace parm::data

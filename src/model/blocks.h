@@ -1,0 +1,61 @@
+// The dense building blocks of the transformer, as forward/backward pairs over raw row-major
+// fp32 pointers that the caller owns (llm.c style). Shapes are in the comments as
+// (rows, ..., cols); T = B * L token rows. Each function says whether it overwrites or
+// accumulates (+=) each output. Nothing here communicates: the tensor-parallel all-reduces
+// sit in the model (model/tp.h), between these calls.
+#pragma once
+
+#include <cstdint>
+
+namespace parm::model {
+
+// ---- Linear: y = x W (+ b), W stored (in, out) ----------------------------------------
+
+// y (T, out) = x (T, in) w (in, out) + b (out); b may be null. Overwrites y.
+void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                    int64_t in, int64_t out);
+// dw (in, out) += x^T dy; db (out) += column sums of dy (db may be null);
+// dx (T, in) = dy w^T, overwritten, or accumulated when accumulate_dx (dx may be null: skip).
+void linear_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                     float* db, int64_t rows, int64_t in, int64_t out, bool accumulate_dx);
+
+// ---- Token + position embedding ----------------------------------------------------------
+
+// out (B*L, M): row b*L + l = wte[tokens[b*L + l]] + wpe[l]. wte (V, M), wpe (L, M).
+// Throws parm::Error naming the position for a token outside [0, V). Overwrites out.
+void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out,
+                       int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab);
+// dwte (V, M) += dout rows at their tokens; dwpe (L, M) += dout rows at their positions.
+void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
+                        int64_t batch, int64_t seq_len, int64_t model_dim);
+
+// ---- Multi-head self-attention core (the heads this rank holds) ---------------------------
+
+struct AttentionShape {
+  int64_t batch = 0;     // B
+  int64_t seq_len = 0;   // L
+  int64_t heads = 0;     // heads held here (num_heads / N_MP)
+  int64_t head_dim = 0;  // D = M / num_heads
+  bool causal = false;   // GPT-2: position i attends to j <= i; BERT: to every j
+  int64_t width() const { return heads * head_dim; }  // columns of q, k, v, out
+};
+
+// q, k, v, out (B*L, heads*D): head h is columns [h*D, (h+1)*D).
+// probs (B, heads, L, L): softmax(q k^T / sqrt(D)) with the causal mask (masked entries 0).
+// out = probs v per head. Overwrites probs and out.
+void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v,
+                       float* probs, float* out);
+// dq, dk, dv (B*L, heads*D) from dout (B*L, heads*D); overwrites them. dscores (L, L) scratch.
+void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
+                        const float* probs, const float* dout, float* dq, float* dk, float* dv,
+                        float* dscores);
+
+// ---- Cross-entropy over selected rows ------------------------------------------------------
+
+// logits (n, V), targets (n) all in [0, V). Returns the sum over rows of -log softmax[target]
+// (in double). When dlogits is non-null: dlogits (n, V) = scale * (softmax - onehot(target)),
+// overwritten (may alias logits). Throws parm::Error for a target outside [0, V).
+double cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t n,
+                     int64_t vocab, float scale);
+
+}  // namespace parm::model

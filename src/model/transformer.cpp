@@ -1,0 +1,583 @@
+// GPT-2-style and BERT-style transformers with MoE blocks, Megatron tensor-parallel over `mp`.
+//
+// Pre-LN blocks:  h = x + Attn(LN1(x));  y = h + FFN(LN2(h)),  FFN = dense MLP or MoE.
+// GPT-2: causal attention, final LN, logits = LNf(y) Wte^T (tied).
+// BERT:  bidirectional attention, final LN, MLM head: LN(gelu(z Wd + bd)) Wte^T + b_dec.
+//
+// Where the MP communication sits (T = B*L rows, identical on the MP group between layers):
+//   LN1 -> [f] -> QKV column-parallel (local heads) -> attention -> proj row-parallel -> [g]
+//   LN2 -> [f] -> fc1 column-parallel -> GeLU -> fc2 row-parallel -> [g]
+//   LN2 -> MoE layer (its schedule does its own mp/ep/esp communication)
+// f = identity forward / all-reduce backward, g = all-reduce forward / identity backward
+// (model/tp.h). Everything else (embeddings, LNs, residuals, row-parallel biases, the head)
+// runs duplicated on every MP rank with complete inputs and complete gradients, so the
+// replicated parameters get identical, complete gradients on every MP rank.
+//
+// Activations and gradient scratch are allocated once, in the constructor (llm.c style).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "kernels/cpu/kernels.h"
+#include "model/blocks.h"
+#include "model/init.h"
+#include "model/model.h"
+#include "model/tp.h"
+#include "moe/moe_layer.h"
+#include "parm/error.h"
+#include "parm/timer.h"
+
+namespace parm::model {
+namespace {
+
+constexpr float kLnEps = 1e-5f;
+
+struct Block {
+  bool is_moe = false;
+  // parameters (owned by the model's param list; MoE ones alias the MoeLayer's tensors)
+  Param* ln1_w = nullptr;   // (M)
+  Param* ln1_b = nullptr;   // (M)
+  Param* qkv_w = nullptr;   // local (3, M, Ml) of whole (3, M, M)
+  Param* qkv_b = nullptr;   // local (3, Ml) of whole (3, M)
+  Param* proj_w = nullptr;  // local (Ml, M) of whole (M, M)
+  Param* proj_b = nullptr;  // (M), replicated
+  Param* ln2_w = nullptr;   // (M)
+  Param* ln2_b = nullptr;   // (M)
+  Param* fc1_w = nullptr;   // local (M, Fl) of whole (M, F)
+  Param* fc1_b = nullptr;   // local (Fl) of whole (F)
+  Param* fc2_w = nullptr;   // local (Fl, M) of whole (F, M)
+  Param* fc2_b = nullptr;   // (M), replicated
+  std::unique_ptr<MoeLayer> moe;
+  LayerSchedule sched;
+
+  // activations kept for backward
+  Tensor ln1, ln1_mean, ln1_rstd;  // (T, M), (T), (T)
+  Tensor qkv;                      // (3, T, Ml): q, k, v of the local heads
+  Tensor probs;                    // (B, Hl, L, L)
+  Tensor att;                      // (T, Ml)
+  Tensor res_mid;                  // (T, M) x + attention
+  Tensor ln2, ln2_mean, ln2_rstd;  // (T, M), (T), (T)
+  Tensor fc_pre, fc_act;           // (T, Fl) dense blocks only
+};
+
+class Transformer final : public Model {
+ public:
+  Transformer(Topology& topo, const ModelConfig& c, const std::vector<LayerSchedule>& scheds,
+              int64_t micro_batch);
+
+  std::vector<Param*> params() override {
+    std::vector<Param*> out;
+    for (auto& p : params_) out.push_back(p.get());
+    return out;
+  }
+  LossParts forward_backward(const Batch& batch, double lm_denominator,
+                             float loss_scale) override;
+  LossParts forward(const Batch& batch) override;
+  std::vector<LayerSchedule> schedules() const override {
+    std::vector<LayerSchedule> out;
+    for (const Block& b : blocks_)
+      if (b.is_moe) out.push_back(b.sched);
+    return out;
+  }
+  double last_comm_us() const override { return last_comm_us_; }
+  double last_compute_us() const override { return last_compute_us_; }
+  double flops_per_step(int64_t tokens) const override;
+
+ private:
+  Param* add(const std::string& name, Shape whole, std::vector<Split> splits,
+             std::vector<Group> replicated, Group reduce, bool decay);
+  Param* add_alias(const std::string& name, Shape whole, std::vector<Split> splits,
+                   std::vector<Group> replicated, Group reduce, bool decay, Tensor value,
+                   Tensor grad);
+  void init_weight(Param* p, float stddev) { init_param_normal(*p, c_.seed, 0.0f, stddev); }
+  void init_bias(Param* p) { init_param_normal(*p, c_.seed, 0.0f, c_.init_bias_std); }
+  void init_gain(Param* p) { init_param_normal(*p, c_.seed, 1.0f, c_.init_bias_std); }
+
+  void check_batch(const Batch& batch) const;
+  void forward_body(const Batch& batch);
+  double head_forward(const Batch& batch, float grad_scale, bool with_grad);
+  void head_backward();
+  void block_forward(Block& b, const Tensor& in, Tensor& out);
+  void block_backward(Block& b, float dl_aux);  // dres_: d(out) in, d(in) out
+  double moe_comm_us(bool with_backward) const;
+
+  ModelConfig c_;
+  TensorParallel tp_;
+  int64_t B_, L_, T_, M_, V_, Ml_, Hl_, Fl_, D_;  // Hl_: local heads
+  std::vector<std::unique_ptr<Param>> params_;
+  Param* wte_ = nullptr;  // (V, M)
+  Param* wpe_ = nullptr;  // (L, M)
+  std::vector<Block> blocks_;
+  Param* lnf_w_ = nullptr;
+  Param* lnf_b_ = nullptr;
+  // BERT MLM head (replicated)
+  Param* hd_w_ = nullptr;     // (M, M)
+  Param* hd_b_ = nullptr;     // (M)
+  Param* hln_w_ = nullptr;    // (M)
+  Param* hln_b_ = nullptr;    // (M)
+  Param* dec_b_ = nullptr;    // (V)
+
+  // activations
+  std::vector<Tensor> res_;       // num_layers + 1 of (T, M): the residual stream
+  Tensor lnf_, lnf_mean_, lnf_rstd_;  // (T, M), (T), (T)
+  std::vector<int64_t> sel_;      // (Tc) rows with a target
+  std::vector<int32_t> sel_tgt_;  // (Tc) their targets
+  Tensor hsel_;                   // (T, M) first Tc rows used: LNf output at the counted rows
+  Tensor hd_pre_, hd_act_, hd_ln_, hd_mean_, hd_rstd_;  // BERT head (T, M) / (T)
+  Tensor logits_;                 // (T, V); holds dlogits after the loss
+  // gradient scratch
+  Tensor dres_;     // (T, M) gradient of the residual stream
+  Tensor dtmp_;     // (T, M) row-parallel partial sums (forward) / LN input gradient
+  Tensor dln_;      // (T, M) gradient of an LN output
+  Tensor dqkv_;     // (3, T, Ml)
+  Tensor datt_;     // (T, Ml)
+  Tensor dfc_;      // (T, Fl)
+  Tensor dscores_;  // (L, L)
+  Tensor dh1_, dh2_;  // (T, M) head scratch
+
+  double last_comm_us_ = 0.0, last_compute_us_ = 0.0;
+};
+
+Param* Transformer::add(const std::string& name, Shape whole, std::vector<Split> splits,
+                        std::vector<Group> replicated, Group reduce, bool decay) {
+  const Shape local = local_shape(whole, splits);
+  return add_alias(name, std::move(whole), std::move(splits), std::move(replicated), reduce,
+                   decay, Tensor(local), Tensor(local));
+}
+
+Param* Transformer::add_alias(const std::string& name, Shape whole, std::vector<Split> splits,
+                              std::vector<Group> replicated, Group reduce, bool decay,
+                              Tensor value, Tensor grad) {
+  auto p = std::make_unique<Param>();
+  p->name = name;
+  p->whole_shape = std::move(whole);
+  p->splits = std::move(splits);
+  PARM_CHECK(value.shape() == local_shape(p->whole_shape, p->splits),
+             "param {}: local tensor {} is not the shard {} of {}", name,
+             shape_str(value.shape()), shape_str(local_shape(p->whole_shape, p->splits)),
+             shape_str(p->whole_shape));
+  p->value = std::move(value);
+  p->grad = std::move(grad);
+  p->replicated_over = std::move(replicated);
+  p->grad_reduce = reduce;
+  p->weight_decay = decay;
+  params_.push_back(std::move(p));
+  return params_.back().get();
+}
+
+Transformer::Transformer(Topology& topo, const ModelConfig& c,
+                         const std::vector<LayerSchedule>& scheds, int64_t micro_batch)
+    : c_(c), tp_(topo.comm(Group::kMp)) {
+  const Layout& lay = topo.layout();
+  const int mp = lay.mp, mpr = topo.comm(Group::kMp).rank();
+  B_ = micro_batch;
+  L_ = c.seq_len;
+  T_ = B_ * L_;
+  M_ = c.model_dim;
+  V_ = c.vocab;
+  Ml_ = M_ / mp;
+  Hl_ = c.num_heads / mp;
+  Fl_ = c.ffn_hidden / mp;
+  D_ = M_ / c.num_heads;
+  const std::vector<Group> kRep = {Group::kDp, Group::kMp};  // replicated dense
+  const std::vector<Group> kMpSplit = {Group::kDp};          // split over mp
+  // A residual projection's init is scaled down by the number of residual additions (GPT-2).
+  const float proj_std = c.init_std / std::sqrt(2.0f * static_cast<float>(c.num_layers));
+
+  wte_ = add("wte.weight", {V_, M_}, {}, kRep, Group::kDp, true);
+  wpe_ = add("wpe.weight", {L_, M_}, {}, kRep, Group::kDp, true);
+  init_weight(wte_, c.init_std);
+  init_weight(wpe_, c.init_std);
+
+  const CapacityFactor f = CapacityFactor::parse(c.capacity_factor);
+  int moe_index = 0;
+  blocks_.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    Block& b = blocks_[static_cast<size_t>(i)];
+    const std::string pre = "blocks." + std::to_string(i) + ".";
+    b.is_moe = is_moe_block(c, i);
+    b.ln1_w = add(pre + "ln1.weight", {M_}, {}, kRep, Group::kDp, false);
+    b.ln1_b = add(pre + "ln1.bias", {M_}, {}, kRep, Group::kDp, false);
+    b.qkv_w = add(pre + "attn.qkv.weight", {3, M_, M_}, {{2, mp, mpr}}, kMpSplit, Group::kDp, true);
+    b.qkv_b = add(pre + "attn.qkv.bias", {3, M_}, {{1, mp, mpr}}, kMpSplit, Group::kDp, false);
+    b.proj_w = add(pre + "attn.proj.weight", {M_, M_}, {{0, mp, mpr}}, kMpSplit, Group::kDp, true);
+    b.proj_b = add(pre + "attn.proj.bias", {M_}, {}, kRep, Group::kDp, false);
+    b.ln2_w = add(pre + "ln2.weight", {M_}, {}, kRep, Group::kDp, false);
+    b.ln2_b = add(pre + "ln2.bias", {M_}, {}, kRep, Group::kDp, false);
+    init_gain(b.ln1_w);
+    init_bias(b.ln1_b);
+    init_weight(b.qkv_w, c.init_std);
+    init_bias(b.qkv_b);
+    init_weight(b.proj_w, proj_std);
+    init_bias(b.proj_b);
+    init_gain(b.ln2_w);
+    init_bias(b.ln2_b);
+
+    b.ln1 = Tensor({T_, M_});
+    b.ln1_mean = Tensor({T_});
+    b.ln1_rstd = Tensor({T_});
+    b.qkv = Tensor({3, T_, Ml_});
+    b.probs = Tensor({B_, Hl_, L_, L_});
+    b.att = Tensor({T_, Ml_});
+    b.res_mid = Tensor({T_, M_});
+    b.ln2 = Tensor({T_, M_});
+    b.ln2_mean = Tensor({T_});
+    b.ln2_rstd = Tensor({T_});
+
+    if (!b.is_moe) {
+      const int64_t F = c.ffn_hidden;
+      b.fc1_w = add(pre + "mlp.fc1.weight", {M_, F}, {{1, mp, mpr}}, kMpSplit, Group::kDp, true);
+      b.fc1_b = add(pre + "mlp.fc1.bias", {F}, {{0, mp, mpr}}, kMpSplit, Group::kDp, false);
+      b.fc2_w = add(pre + "mlp.fc2.weight", {F, M_}, {{0, mp, mpr}}, kMpSplit, Group::kDp, true);
+      b.fc2_b = add(pre + "mlp.fc2.bias", {M_}, {}, kRep, Group::kDp, false);
+      init_weight(b.fc1_w, c.init_std);
+      init_bias(b.fc1_b);
+      init_weight(b.fc2_w, proj_std);
+      init_bias(b.fc2_b);
+      b.fc_pre = Tensor({T_, Fl_});
+      b.fc_act = Tensor({T_, Fl_});
+      continue;
+    }
+
+    b.sched = scheds.empty()       ? LayerSchedule{}
+              : scheds.size() == 1 ? scheds[0]
+                                   : scheds[static_cast<size_t>(moe_index)];
+    ++moe_index;
+    ref::MoeShape shape;
+    shape.tokens = T_;
+    shape.model_dim = M_;
+    shape.hidden = c.expert_hidden;
+    shape.experts = c.experts;
+    shape.topk = c.topk;
+    shape.capacity_factor = f;
+    b.moe = std::make_unique<MoeLayer>(topo, shape, b.sched.kind, b.sched.fuse, b.sched.chunks);
+    MoeLayer& m = *b.moe;
+    const int64_t E = c.experts, H = c.expert_hidden;
+    const int ep = lay.ep, esp = lay.esp;
+    const int epr = static_cast<int>(m.first_expert() / (E / ep)), espr = m.esp_rank();
+    auto& mp_ = m.params();
+    auto& mg = m.grads();
+    Param* wg = add_alias(pre + "moe.gate.weight", {M_, E}, {}, kRep, Group::kDp, true, mp_.wg,
+                          mg.wg);
+    const std::vector<Group> kEdp = {Group::kEdp};
+    Param* w1 = add_alias(pre + "moe.experts.w1", {E, M_, H}, {{0, ep, epr}, {2, esp, espr}},
+                          kEdp, Group::kEdp, true, mp_.experts.w1, mg.experts.w1);
+    Param* b1 = add_alias(pre + "moe.experts.b1", {E, H}, {{0, ep, epr}, {1, esp, espr}}, kEdp,
+                          Group::kEdp, false, mp_.experts.b1, mg.experts.b1);
+    Param* w2 = add_alias(pre + "moe.experts.w2", {E, H, M_}, {{0, ep, epr}, {1, esp, espr}},
+                          kEdp, Group::kEdp, true, mp_.experts.w2, mg.experts.w2);
+    Param* b2 = add_alias(pre + "moe.experts.b2", {E, M_}, {{0, ep, epr}},
+                          {Group::kEdp, Group::kEsp}, Group::kEdp, false, mp_.experts.b2,
+                          mg.experts.b2);
+    init_weight(wg, c.init_std);
+    init_weight(w1, c.init_std);
+    init_bias(b1);
+    init_weight(w2, proj_std);
+    init_bias(b2);
+    m.zero_grad();
+  }
+
+  lnf_w_ = add("lnf.weight", {M_}, {}, kRep, Group::kDp, false);
+  lnf_b_ = add("lnf.bias", {M_}, {}, kRep, Group::kDp, false);
+  init_gain(lnf_w_);
+  init_bias(lnf_b_);
+  if (c.arch == Arch::kBert) {
+    hd_w_ = add("mlm.dense.weight", {M_, M_}, {}, kRep, Group::kDp, true);
+    hd_b_ = add("mlm.dense.bias", {M_}, {}, kRep, Group::kDp, false);
+    hln_w_ = add("mlm.ln.weight", {M_}, {}, kRep, Group::kDp, false);
+    hln_b_ = add("mlm.ln.bias", {M_}, {}, kRep, Group::kDp, false);
+    dec_b_ = add("mlm.decoder.bias", {V_}, {}, kRep, Group::kDp, false);
+    init_weight(hd_w_, c.init_std);
+    init_bias(hd_b_);
+    init_gain(hln_w_);
+    init_bias(hln_b_);
+    init_bias(dec_b_);
+    hd_pre_ = Tensor({T_, M_});
+    hd_act_ = Tensor({T_, M_});
+    hd_ln_ = Tensor({T_, M_});
+    hd_mean_ = Tensor({T_});
+    hd_rstd_ = Tensor({T_});
+  }
+  for (auto& p : params_) p->grad.zero();
+
+  for (int64_t i = 0; i <= c.num_layers; ++i) res_.emplace_back(Shape{T_, M_});
+  lnf_ = Tensor({T_, M_});
+  lnf_mean_ = Tensor({T_});
+  lnf_rstd_ = Tensor({T_});
+  sel_.reserve(static_cast<size_t>(T_));
+  sel_tgt_.reserve(static_cast<size_t>(T_));
+  hsel_ = Tensor({T_, M_});
+  logits_ = Tensor({T_, V_});
+  dres_ = Tensor({T_, M_});
+  dtmp_ = Tensor({T_, M_});
+  dln_ = Tensor({T_, M_});
+  dqkv_ = Tensor({3, T_, Ml_});
+  datt_ = Tensor({T_, Ml_});
+  dfc_ = Tensor({T_, std::max<int64_t>(Fl_, 1)});
+  dscores_ = Tensor({L_, L_});
+  dh1_ = Tensor({T_, M_});
+  dh2_ = Tensor({T_, M_});
+}
+
+void Transformer::check_batch(const Batch& batch) const {
+  PARM_CHECK(batch.batch == B_ && batch.seq_len == L_,
+             "batch of {} x {} tokens, but the model was built for micro_batch {} x seq_len {}",
+             batch.batch, batch.seq_len, B_, L_);
+  PARM_CHECK(static_cast<int64_t>(batch.tokens.size()) == T_ &&
+                 static_cast<int64_t>(batch.targets.size()) == T_,
+             "batch holds {} tokens and {} targets, expected {} each", batch.tokens.size(),
+             batch.targets.size(), T_);
+}
+
+// ---- forward ------------------------------------------------------------------------------
+
+void Transformer::block_forward(Block& b, const Tensor& in, Tensor& out) {
+  const int64_t T = T_, M = M_, Ml = Ml_;
+  // attention: LN1 -> [f] -> QKV (column-parallel) -> core -> proj (row-parallel) -> [g]
+  cpu::layernorm_forward(in.data(), b.ln1_w->value.data(), b.ln1_b->value.data(), b.ln1.data(),
+                         b.ln1_mean.data(), b.ln1_rstd.data(), T, M, kLnEps);
+  for (int64_t c = 0; c < 3; ++c)
+    linear_forward(b.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+                   b.qkv_b->value.data() + c * Ml, b.qkv.data() + c * T * Ml, T, M, Ml);
+  const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2};
+  attention_forward(as, b.qkv.data(), b.qkv.data() + T * Ml, b.qkv.data() + 2 * T * Ml,
+                    b.probs.data(), b.att.data());
+  Tensor& partial = dtmp_;  // (T, M)
+  linear_forward(b.att.data(), b.proj_w->value.data(), nullptr, partial.data(), T, Ml, M);
+  tp_.g_forward(partial.data(), T * M);
+  {
+    const float* x = in.data();
+    const float* p = partial.data();
+    const float* bias = b.proj_b->value.data();
+    float* h = b.res_mid.data();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < M; ++j) h[t * M + j] = x[t * M + j] + p[t * M + j] + bias[j];
+  }
+  // FFN: LN2 -> dense MLP (fc1 column-parallel, fc2 row-parallel) or MoE
+  cpu::layernorm_forward(b.res_mid.data(), b.ln2_w->value.data(), b.ln2_b->value.data(),
+                         b.ln2.data(), b.ln2_mean.data(), b.ln2_rstd.data(), T, M, kLnEps);
+  const float* ffn = nullptr;
+  if (b.is_moe) {
+    ffn = b.moe->forward(b.ln2).data();
+  } else {
+    linear_forward(b.ln2.data(), b.fc1_w->value.data(), nullptr, b.fc_pre.data(), T, M, Fl_);
+    cpu::bias_gelu_forward(b.fc_pre.data(), b.fc1_b->value.data(), b.fc_act.data(), T, Fl_);
+    linear_forward(b.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M);
+    tp_.g_forward(partial.data(), T * M);
+    cpu::add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
+    ffn = partial.data();
+  }
+  const float* h = b.res_mid.data();
+  float* y = out.data();
+  for (int64_t i = 0; i < T * M; ++i) y[i] = h[i] + ffn[i];
+}
+
+void Transformer::forward_body(const Batch& batch) {
+  embedding_forward(batch.tokens.data(), wte_->value.data(), wpe_->value.data(), res_[0].data(),
+                    B_, L_, M_, V_);
+  for (size_t i = 0; i < blocks_.size(); ++i) block_forward(blocks_[i], res_[i], res_[i + 1]);
+  cpu::layernorm_forward(res_.back().data(), lnf_w_->value.data(), lnf_b_->value.data(),
+                         lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), T_, M_, kLnEps);
+}
+
+// Runs the LM head on the rows that have a target and returns the sum of their losses; with
+// with_grad, leaves dlogits = grad_scale * (softmax - onehot) in logits_.
+double Transformer::head_forward(const Batch& batch, float grad_scale, bool with_grad) {
+  sel_.clear();
+  sel_tgt_.clear();
+  for (int64_t t = 0; t < T_; ++t)
+    if (batch.targets[static_cast<size_t>(t)] >= 0) {
+      sel_.push_back(t);
+      sel_tgt_.push_back(batch.targets[static_cast<size_t>(t)]);
+    }
+  const int64_t n = static_cast<int64_t>(sel_.size());
+  if (n == 0) return 0.0;
+  cpu::gather_rows(lnf_.data(), M_, sel_.data(), n, hsel_.data());  // (n, M)
+  const float* z = hsel_.data();
+  if (c_.arch == Arch::kBert) {
+    linear_forward(hsel_.data(), hd_w_->value.data(), nullptr, hd_pre_.data(), n, M_, M_);
+    cpu::bias_gelu_forward(hd_pre_.data(), hd_b_->value.data(), hd_act_.data(), n, M_);
+    cpu::layernorm_forward(hd_act_.data(), hln_w_->value.data(), hln_b_->value.data(),
+                           hd_ln_.data(), hd_mean_.data(), hd_rstd_.data(), n, M_, kLnEps);
+    z = hd_ln_.data();
+  }
+  // logits (n, V) = z (n, M) Wte^T (+ b_dec)
+  cpu::gemm(false, true, n, V_, M_, z, wte_->value.data(), logits_.data(), false);
+  if (c_.arch == Arch::kBert) cpu::add_bias(logits_.data(), dec_b_->value.data(), n, V_);
+  return cross_entropy(logits_.data(), sel_tgt_.data(), with_grad ? logits_.data() : nullptr, n,
+                       V_, grad_scale);
+}
+
+// From dlogits (in logits_) to dres_ = d loss / d res_[num_layers]; accumulates head grads.
+void Transformer::head_backward() {
+  const int64_t n = static_cast<int64_t>(sel_.size());
+  Tensor& dsel = dh1_;  // (n, M) gradient at the head's input rows
+  if (n > 0) {
+    const float* z = c_.arch == Arch::kBert ? hd_ln_.data() : hsel_.data();
+    float* dz = c_.arch == Arch::kBert ? dh2_.data() : dsel.data();
+    // dz (n, M) = dlogits Wte; dWte += dlogits^T z
+    cpu::gemm(false, false, n, M_, V_, logits_.data(), wte_->value.data(), dz, false);
+    cpu::gemm(true, false, V_, M_, n, logits_.data(), z, wte_->grad.data(), true);
+    if (c_.arch == Arch::kBert) {
+      cpu::bias_backward(logits_.data(), dec_b_->grad.data(), n, V_);
+      Tensor& dact = dln_;
+      cpu::layernorm_backward(dz, hd_act_.data(), hln_w_->value.data(), hd_mean_.data(),
+                              hd_rstd_.data(), dact.data(), hln_w_->grad.data(),
+                              hln_b_->grad.data(), n, M_);
+      cpu::gelu_backward(hd_pre_.data(), dact.data(), dact.data(), n * M_);
+      linear_backward(dact.data(), hsel_.data(), hd_w_->value.data(), dsel.data(),
+                      hd_w_->grad.data(), hd_b_->grad.data(), n, M_, M_, false);
+    }
+  }
+  Tensor& dlnf = dln_;  // (T, M): zero at rows without a target
+  dlnf.zero();
+  cpu::scatter_add_rows(dsel.data(), M_, sel_.data(), nullptr, n, dlnf.data());
+  cpu::layernorm_backward(dlnf.data(), res_.back().data(), lnf_w_->value.data(),
+                          lnf_mean_.data(), lnf_rstd_.data(), dres_.data(), lnf_w_->grad.data(),
+                          lnf_b_->grad.data(), T_, M_);
+}
+
+// ---- backward -----------------------------------------------------------------------------
+
+void Transformer::block_backward(Block& b, float dl_aux) {
+  const int64_t T = T_, M = M_, Ml = Ml_;
+  const Tensor& in = res_[static_cast<size_t>(&b - blocks_.data())];
+  // FFN. dres_ = d out = d (res_mid + ffn).
+  const float* dffn_in = nullptr;  // (T, M) gradient at LN2's output, complete on the MP group
+  if (b.is_moe) {
+    dffn_in = b.moe->backward(dres_, dl_aux).data();
+  } else {
+    // [g] backward is the identity: dres_ is complete, so is the bias gradient.
+    linear_backward(dres_.data(), b.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
+                    b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false);
+    cpu::gelu_backward(b.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
+    linear_backward(dfc_.data(), b.ln2.data(), b.fc1_w->value.data(), dln_.data(),
+                    b.fc1_w->grad.data(), b.fc1_b->grad.data(), T, M, Fl_, false);
+    tp_.f_backward(dln_.data(), T * M);  // [f] backward: sum the partial input gradients
+    dffn_in = dln_.data();
+  }
+  cpu::layernorm_backward(dffn_in, b.res_mid.data(), b.ln2_w->value.data(), b.ln2_mean.data(),
+                          b.ln2_rstd.data(), dtmp_.data(), b.ln2_w->grad.data(),
+                          b.ln2_b->grad.data(), T, M);
+  {
+    float* d = dres_.data();
+    const float* a = dtmp_.data();
+    for (int64_t i = 0; i < T * M; ++i) d[i] += a[i];
+  }
+  // Attention. dres_ = d res_mid.
+  linear_backward(dres_.data(), b.att.data(), b.proj_w->value.data(), datt_.data(),
+                  b.proj_w->grad.data(), b.proj_b->grad.data(), T, Ml, M, false);
+  const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2};
+  attention_backward(as, b.qkv.data(), b.qkv.data() + T * Ml, b.qkv.data() + 2 * T * Ml,
+                     b.probs.data(), datt_.data(), dqkv_.data(), dqkv_.data() + T * Ml,
+                     dqkv_.data() + 2 * T * Ml, dscores_.data());
+  for (int64_t c = 0; c < 3; ++c)
+    linear_backward(dqkv_.data() + c * T * Ml, b.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+                    dln_.data(), b.qkv_w->grad.data() + c * M * Ml,
+                    b.qkv_b->grad.data() + c * Ml, T, M, Ml, /*accumulate_dx=*/c > 0);
+  tp_.f_backward(dln_.data(), T * M);
+  cpu::layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.ln1_mean.data(),
+                          b.ln1_rstd.data(), dtmp_.data(), b.ln1_w->grad.data(),
+                          b.ln1_b->grad.data(), T, M);
+  {
+    float* d = dres_.data();
+    const float* a = dtmp_.data();
+    for (int64_t i = 0; i < T * M; ++i) d[i] += a[i];
+  }
+}
+
+double Transformer::moe_comm_us(bool with_backward) const {
+  double us = 0.0;
+  for (const Block& b : blocks_) {
+    if (!b.is_moe) continue;
+    const auto& steps = b.moe->schedule().steps;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (!schedule::is_collective(steps[i].kind)) continue;
+      us += b.moe->forward_step_us()[i];
+      if (with_backward) us += b.moe->backward_step_us()[i];
+    }
+  }
+  return us;
+}
+
+LossParts Transformer::forward_backward(const Batch& batch, double lm_denominator,
+                                        float loss_scale) {
+  check_batch(batch);
+  const double t0 = now_us();
+  tp_.comm_us = 0.0;
+  LossParts out;
+  forward_body(batch);
+  for (const Block& b : blocks_)
+    if (b.is_moe) out.aux_loss += static_cast<double>(b.moe->l_aux());
+  const int64_t counted =
+      static_cast<int64_t>(std::count_if(batch.targets.begin(), batch.targets.end(),
+                                         [](int32_t y) { return y >= 0; }));
+  PARM_CHECK(counted == 0 || lm_denominator > 0.0,
+             "lm_denominator {} must be positive when the batch has {} targets", lm_denominator,
+             counted);
+  const float grad_scale =
+      counted == 0 ? 0.0f : static_cast<float>(static_cast<double>(loss_scale) / lm_denominator);
+  out.lm_loss_sum = head_forward(batch, grad_scale, true);
+  out.num_targets = counted;
+  head_backward();
+  // Each MoE layer's l_aux enters the loss as loss_scale * aux_loss_coeff * l_aux; every MP
+  // rank computed the same l_aux and passes the same complete gradient (SPEC §3 contract).
+  const float dl_aux = loss_scale * c_.aux_loss_coeff;
+  for (size_t i = blocks_.size(); i-- > 0;) block_backward(blocks_[i], dl_aux);
+  embedding_backward(batch.tokens.data(), dres_.data(), wte_->grad.data(), wpe_->grad.data(), B_,
+                     L_, M_);
+  const double total = now_us() - t0;
+  last_comm_us_ = tp_.comm_us + moe_comm_us(true);
+  last_compute_us_ = std::max(0.0, total - last_comm_us_);
+  return out;
+}
+
+LossParts Transformer::forward(const Batch& batch) {
+  check_batch(batch);
+  LossParts out;
+  forward_body(batch);
+  for (const Block& b : blocks_)
+    if (b.is_moe) out.aux_loss += static_cast<double>(b.moe->l_aux());
+  out.lm_loss_sum = head_forward(batch, 0.0f, false);
+  out.num_targets = static_cast<int64_t>(sel_.size());
+  return out;
+}
+
+// Model FLOPs of this rank (MFU convention: useful work only, no duplicated or padded work):
+// 3 x the forward GEMM FLOPs of the whole model for `tokens` tokens of the MP group (backward
+// = 2 x forward), divided by the N_MP ranks that share those tokens. Forward per token:
+//   attention   2*M*3M (QKV) + 2*2*L*M (scores and probs*V, full L x L as computed)
+//               + 2*M*M (projection)
+//   dense MLP   2*2*M*F
+//   MoE         2*M*E (gate) + k * 2*2*M*H (the k experts a token is routed to; drops and
+//               capacity padding ignored)
+//   head        2*M*V (GPT-2: every token; BERT: + 2*M*M dense, every token, an upper bound
+//               as only the masked positions run it)
+double Transformer::flops_per_step(int64_t tokens) const {
+  const double M = static_cast<double>(M_), L = static_cast<double>(L_);
+  double per_token = 0.0;
+  for (const Block& b : blocks_) {
+    per_token += 2 * M * 3 * M + 2 * 2 * L * M + 2 * M * M;
+    if (b.is_moe)
+      per_token += 2 * M * static_cast<double>(c_.experts) +
+                   c_.topk * 4 * M * static_cast<double>(c_.expert_hidden);
+    else
+      per_token += 4 * M * static_cast<double>(c_.ffn_hidden);
+  }
+  per_token += 2 * M * static_cast<double>(V_);
+  if (c_.arch == Arch::kBert) per_token += 2 * M * M;
+  return 3.0 * per_token * static_cast<double>(tokens) / static_cast<double>(tp_.size());
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_model(Topology& topo, const ModelConfig& config,
+                                  const std::vector<LayerSchedule>& moe_schedules,
+                                  int64_t micro_batch) {
+  validate_model(config, topo.layout(), moe_schedules, micro_batch);
+  return std::make_unique<Transformer>(topo, config, moe_schedules, micro_batch);
+}
+
+}  // namespace parm::model

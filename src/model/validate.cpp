@@ -1,0 +1,110 @@
+// Configuration checks of the model against the layout: everything make_model refuses is
+// refused here, before any memory is allocated or any collective is issued, with a message
+// that says what is wrong and what would be valid.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "moe/capacity.h"
+#include "parm/error.h"
+
+namespace parm::model {
+namespace {
+
+std::string divisors_of(int64_t n) {
+  std::string s;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
+bool has_dense_block(const ModelConfig& c) {
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    if (!is_moe_block(c, i)) return true;
+  return false;
+}
+
+}  // namespace
+
+int64_t num_moe_blocks(const ModelConfig& c) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i) n += is_moe_block(c, i) ? 1 : 0;
+  return n;
+}
+
+void validate_model(const ModelConfig& c, const Layout& l,
+                    const std::vector<LayerSchedule>& moe_schedules, int64_t micro_batch) {
+  PARM_CONFIG_CHECK(c.arch == Arch::kGpt2 || c.arch == Arch::kBert, "unknown model arch {}",
+                    static_cast<int>(c.arch));
+  PARM_CONFIG_CHECK(c.vocab >= 1, "vocab {} must be at least 1", c.vocab);
+  PARM_CONFIG_CHECK(c.seq_len >= 1, "seq_len {} must be at least 1", c.seq_len);
+  PARM_CONFIG_CHECK(c.model_dim >= 1, "model_dim {} must be at least 1", c.model_dim);
+  PARM_CONFIG_CHECK(c.num_heads >= 1, "num_heads {} must be at least 1", c.num_heads);
+  PARM_CONFIG_CHECK(c.num_layers >= 1, "num_layers {} must be at least 1", c.num_layers);
+  PARM_CONFIG_CHECK(c.moe_every >= 0, "moe_every {} must be >= 0 (0: no MoE blocks)",
+                    c.moe_every);
+  PARM_CONFIG_CHECK(micro_batch >= 1, "micro_batch {} must be at least 1", micro_batch);
+  PARM_CONFIG_CHECK(c.model_dim % c.num_heads == 0,
+                    "model_dim {} is not divisible by num_heads {}; valid num_heads for M={}: {}",
+                    c.model_dim, c.num_heads, c.model_dim, divisors_of(c.model_dim));
+  PARM_CONFIG_CHECK(std::isfinite(c.init_std) && c.init_std > 0.0f,
+                    "init_std {} must be positive", c.init_std);
+  PARM_CONFIG_CHECK(std::isfinite(c.init_bias_std) && c.init_bias_std >= 0.0f,
+                    "init_bias_std {} must be >= 0", c.init_bias_std);
+
+  // Megatron: heads and the dense MLP's hidden columns are split over mp.
+  PARM_CONFIG_CHECK(c.num_heads % l.mp == 0,
+                    "num_heads {} is not divisible by --mp {} (attention heads are split over the "
+                    "MP group); valid --mp values for {} heads: {}",
+                    c.num_heads, l.mp, c.num_heads, divisors_of(c.num_heads));
+  if (has_dense_block(c)) {
+    PARM_CONFIG_CHECK(c.ffn_hidden >= 1, "ffn_hidden {} must be at least 1", c.ffn_hidden);
+    PARM_CONFIG_CHECK(c.ffn_hidden % l.mp == 0,
+                      "ffn_hidden {} is not divisible by --mp {} (the dense MLP's hidden columns "
+                      "are split over the MP group); valid --mp values: {}",
+                      c.ffn_hidden, l.mp, divisors_of(c.ffn_hidden));
+  }
+
+  const int64_t num_moe = num_moe_blocks(c);
+  if (num_moe == 0) return;
+  PARM_CONFIG_CHECK(c.experts >= 1, "experts {} must be at least 1", c.experts);
+  PARM_CONFIG_CHECK(c.expert_hidden >= 1, "expert_hidden {} must be at least 1", c.expert_hidden);
+  PARM_CONFIG_CHECK(c.topk >= 1 && c.topk <= c.experts, "topk {} must be in [1, experts = {}]",
+                    c.topk, c.experts);
+  const CapacityFactor f = CapacityFactor::parse(c.capacity_factor);
+  PARM_CONFIG_CHECK(f.num > 0, "capacity_factor {} must be positive", c.capacity_factor);
+  PARM_CONFIG_CHECK(std::isfinite(c.aux_loss_coeff) && c.aux_loss_coeff >= 0.0f,
+                    "aux_loss_coeff {} must be >= 0", c.aux_loss_coeff);
+  PARM_CONFIG_CHECK(c.experts % l.ep == 0,
+                    "experts {} is not divisible by --ep {} (each EP rank owns E/N_EP experts); "
+                    "valid --ep values for E={}: {}",
+                    c.experts, l.ep, c.experts, divisors_of(c.experts));
+  PARM_CONFIG_CHECK(c.expert_hidden % l.esp == 0,
+                    "expert_hidden {} is not divisible by --esp {} (each ESP rank holds H/N_ESP "
+                    "hidden columns of an expert); valid --esp values for H={}: {}",
+                    c.expert_hidden, l.esp, c.expert_hidden, divisors_of(c.expert_hidden));
+  const int64_t tokens = micro_batch * c.seq_len;
+  PARM_CONFIG_CHECK(tokens % l.mp == 0,
+                    "micro_batch x seq_len = {} x {} = {} tokens is not divisible by --mp {} (the "
+                    "MoE layers split an MP group's tokens over its ranks); use a micro_batch "
+                    "that makes it a multiple of {}",
+                    micro_batch, c.seq_len, tokens, l.mp, l.mp);
+
+  PARM_CONFIG_CHECK(moe_schedules.size() <= 1 ||
+                        static_cast<int64_t>(moe_schedules.size()) == num_moe,
+                    "{} MoE schedules given for {} MoE blocks: give one for all or one per block",
+                    moe_schedules.size(), num_moe);
+  for (size_t i = 0; i < moe_schedules.size(); ++i) {
+    const LayerSchedule& s = moe_schedules[i];
+    PARM_CONFIG_CHECK(s.chunks >= 1, "MoE schedule {}: chunks {} must be at least 1", i,
+                      s.chunks);
+    if (s.kind == schedule::Kind::kBaseline)
+      PARM_CONFIG_CHECK(l.mp == 1 || l.esp == 1 || l.esp == l.mp,
+                        "MoE schedule {}: the baseline supports N_ESP = N_MP or N_ESP = 1 when "
+                        "N_MP > 1, got --mp {} --esp {}; use --schedule s1 or s2 for this layout",
+                        i, l.mp, l.esp);
+  }
+}
+
+}  // namespace parm::model

@@ -1,0 +1,380 @@
+#include "perfmodel/calibrate.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+#include <fstream>
+#include <thread>
+
+#include "comm/fused.h"
+#include "kernels/cpu/kernels.h"
+#include "parm/error.h"
+#include "parm/rng.h"
+#include "parm/timer.h"
+#include "perfmodel/fit.h"
+#include "perfmodel/model.h"
+
+namespace parm::perfmodel {
+
+nlohmann::json describe_machine() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string cpu = "unknown";
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 1);
+      cpu.erase(0, cpu.find_first_not_of(" \t"));
+      break;
+    }
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  MPI_Get_library_version(mpi, &len);
+  std::string mpi_line(mpi, static_cast<size_t>(len));
+  mpi_line = mpi_line.substr(0, mpi_line.find_first_of(",\n"));
+  char date[32] = {};
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return {{"hostname", host},
+          {"cores", static_cast<int>(std::thread::hardware_concurrency())},
+          {"cpu_model", cpu},
+          {"mpi_library", mpi_line},
+          {"onednn", cpu::gemm_backend()},
+          {"gemm_threads_per_rank", cpu::gemm_threads()},
+          {"parm_version", PARM_VERSION},
+          {"created_utc", date}};
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Times `fn` on every rank at once (after a world barrier), warmup + iters times; returns
+// the median over iterations of the slowest rank's time.
+template <typename Fn>
+double time_all_ranks(int warmup, int iters, Fn&& fn) {
+  std::vector<double> t;
+  for (int it = 0; it < warmup + iters; ++it) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = now_us();
+    fn();
+    const double dt = now_us() - t0;
+    if (it >= warmup) t.push_back(dt);
+  }
+  std::vector<double> mx(t.size());
+  MPI_Allreduce(t.data(), mx.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX,
+                MPI_COMM_WORLD);
+  return median(mx);
+}
+
+// True when every instance of group g lies in one node.
+bool intra_everywhere(Topology& topo, Group g) {
+  const Layout& l = topo.layout();
+  std::vector<int> node_of(static_cast<size_t>(l.world));
+  for (int r = 0; r < l.world; ++r) node_of[static_cast<size_t>(r)] = topo.node_of(r);
+  for (int r = 0; r < l.world; ++r)
+    if (group_coord(l, g, r).rank == 0 && !group_is_intra_node(l, g, r, node_of)) return false;
+  return true;
+}
+
+// The first group (in this order) of more than one rank that is (not) intra-node.
+Group find_group(Topology& topo, bool intra, bool& found) {
+  for (Group g : {Group::kEsp, Group::kMp, Group::kEp, Group::kDp, Group::kEdp, Group::kWorld})
+    if (topo.layout().group_size(g) > 1 && intra_everywhere(topo, g) == intra) {
+      found = true;
+      return g;
+    }
+  found = false;
+  return Group::kWorld;
+}
+
+void run_op(Communicator& c, CommOp op, size_t count, std::vector<float>& send,
+            std::vector<float>& recv) {
+  switch (op) {
+    case CommOp::kAllReduce: c.allreduce(recv.data(), count); break;
+    case CommOp::kAllGather: c.allgather(send.data(), recv.data(), count); break;
+    case CommOp::kReduceScatter: c.reduce_scatter(send.data(), recv.data(), count); break;
+    case CommOp::kAllToAll: c.alltoall(send.data(), recv.data(), count); break;
+    default: PARM_CHECK(false, "op {} is not calibrated", comm_op_name(op));
+  }
+}
+
+std::vector<int64_t> sizes(const CalibrateOptions& o) {
+  std::vector<int64_t> s;
+  for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= 2) s.push_back(b);
+  return s;
+}
+
+struct Logger {
+  const std::function<void(const std::string&)>& log;
+  template <typename... Args>
+  void operator()(fmt::format_string<Args...> f, Args&&... args) const {
+    log(fmt::format(f, std::forward<Args>(args)...));
+  }
+};
+
+void calibrate_link(Topology& topo, Group g, Link link, const std::string& source,
+                    const CalibrateOptions& o, Calibration& cal, const Logger& log) {
+  Communicator& c = topo.comm(g);
+  const int n = c.size();
+  for (CommOp op : kModelOps) {
+    std::vector<double> xs, ys;
+    for (int64_t bytes : sizes(o)) {
+      const size_t elems = static_cast<size_t>(bytes) / sizeof(float);
+      const size_t count = op == CommOp::kAllReduce ? elems : elems / static_cast<size_t>(n);
+      if (count == 0) continue;
+      const size_t total = op == CommOp::kAllReduce ? count : count * static_cast<size_t>(n);
+      std::vector<float> send(total, 1.0f), recv(total, 0.0f);
+      const double us = time_all_ranks(o.warmup, o.iters, [&] { run_op(c, op, count, send, recv); });
+      const double real = static_cast<double>(total * sizeof(float));
+      const double bus = bus_bytes(op, n, op == CommOp::kAllReduce ? real : real / n);
+      xs.push_back(bus);
+      ys.push_back(us);
+      cal.samples.push_back({fmt::format("{}.{}", link_name(link), comm_op_name(op)), bus, us});
+    }
+    const LineFit f = fit_line(xs, ys);
+    CommFit& e = cal.profile.collective(link, op);
+    e.alpha_us = f.intercept;
+    e.beta_us_per_byte = f.slope;
+    e.r2 = f.r2;
+    e.samples = f.samples;
+    e.group_size = n;
+    e.source = source;
+    log("  {:<5} {:<14} on {:<4} ({} ranks): alpha {:8.2f} us  beta {:.3e} us/B ({:6.2f} GB/s "
+        "bus)  r2 {:.4f}  [{} sizes]",
+        link_name(link), comm_op_name(op), group_name(g), n, e.alpha_us, e.beta_us_per_byte,
+        e.beta_us_per_byte > 0 ? 1e-3 / e.beta_us_per_byte : 0.0, e.r2, e.samples);
+  }
+}
+
+// Fused dispatch and combine on (ep, esp): fits the overlap the pipeline achieves, between
+// serial pieces (0) and the ideal pipeline (1), against the collective fits just made.
+void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal,
+                     const Logger& log) {
+  Communicator& ep = topo.comm(Group::kEp);
+  Communicator& esp = topo.comm(Group::kEsp);
+  FusedFit& ff = cal.profile.fused;
+  if (ep.size() < 2 || esp.size() < 2) {
+    ff = FusedFit{};
+    ff.source = "assumed (no layout with N_EP > 1 and N_ESP > 1 to measure it on)";
+    log("  fused: not measured (needs --ep > 1 and --esp > 1); overlap assumed 1");
+    return;
+  }
+  const Link ep_link = intra_everywhere(topo, Group::kEp) ? Link::kIntra : Link::kInter;
+  const Link esp_link = intra_everywhere(topo, Group::kEsp) ? Link::kIntra : Link::kInter;
+  const Profile& p = cal.profile;
+  const int n_ep = ep.size(), n_esp = esp.size(), W = o.chunks;
+  std::vector<double> meas, serial, piped;
+  for (int64_t bytes : sizes(o)) {
+    // block: elements one EP rank sends to one EP peer; the dispatch input is (N_EP, block).
+    const size_t block = static_cast<size_t>(bytes) / sizeof(float) / static_cast<size_t>(n_ep);
+    if (block < static_cast<size_t>(W)) continue;
+    const double bb = static_cast<double>(block * sizeof(float));
+    std::vector<float> a(static_cast<size_t>(n_ep) * block, 1.0f);
+    std::vector<float> b(static_cast<size_t>(n_esp * n_ep) * block, 1.0f);
+    for (bool dispatch : {true, false}) {
+      const double us = time_all_ranks(o.warmup, o.iters, [&] {
+        if (dispatch)
+          fused_dispatch(ep, esp, a.data(), b.data(), block, W);
+        else
+          fused_combine(esp, ep, b.data(), a.data(), block, W);
+      });
+      // Parts in pipeline order, as the model prices them.
+      const CommOp esp_op = dispatch ? CommOp::kAllGather : CommOp::kReduceScatter;
+      const double a2a = bus_bytes(CommOp::kAllToAll, n_ep, bb);
+      const double espb = bus_bytes(esp_op, n_esp, n_ep * bb);
+      const CommFit& fa = p.collective(ep_link, CommOp::kAllToAll);
+      const CommFit& fe = p.collective(esp_link, esp_op);
+      std::vector<double> piece = {fa.alpha_us + fa.beta_us_per_byte * a2a / W,
+                                   fe.alpha_us + fe.beta_us_per_byte * espb / W};
+      std::vector<Link> links = {ep_link, esp_link};
+      if (!dispatch) {
+        std::swap(piece[0], piece[1]);
+        std::swap(links[0], links[1]);
+      }
+      meas.push_back(us);
+      serial.push_back(fused_us(piece, links, W, 0.0));
+      piped.push_back(fused_us(piece, links, W, 1.0));
+      cal.samples.push_back({dispatch ? "fused.dispatch" : "fused.combine", a2a + espb, us});
+    }
+  }
+  // meas - serial = overlap * (piped - serial): least squares through the origin.
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < meas.size(); ++i) {
+    const double g = piped[i] - serial[i];
+    num += (meas[i] - serial[i]) * g;
+    den += g * g;
+  }
+  const double raw = den > 0.0 ? num / den : 1.0;
+  // Below 0: the fused collective is slower than its parts one after the other (its
+  // point-to-point messages cost more than the collectives here); the model charges that.
+  ff.overlap = std::clamp(raw, kMinOverlap, 1.0);
+  std::vector<double> pred(meas.size());
+  for (size_t i = 0; i < meas.size(); ++i) pred[i] = serial[i] - ff.overlap * (serial[i] - piped[i]);
+  ff.r2 = r_squared(meas, pred);
+  ff.samples = static_cast<int64_t>(meas.size());
+  ff.source = topo.nodes_emulated() ? "emulated" : "measured";
+  log("  fused dispatch+combine on ep ({}, {}) x esp ({}, {}), {} chunks: overlap {:.3f} "
+      "(unclamped {:.3f})  r2 {:.4f}  [{} samples]",
+      n_ep, link_name(ep_link), n_esp, link_name(esp_link), W, ff.overlap, raw, ff.r2,
+      ff.samples);
+}
+
+void calibrate_gemm(const CalibrateOptions& o, Calibration& cal, const Logger& log) {
+  struct Shape {
+    bool ta, tb;
+    int64_t m, n, k;
+  };
+  std::array<std::vector<Shape>, kNumGemmClasses> shapes;
+  for (int64_t R : o.gemm_rows)
+    for (int64_t M : o.gemm_model_dims)
+      for (int64_t hl : o.gemm_hidden) {
+        // The expert products of moe/experts.cpp.
+        shapes[0].push_back({false, false, R, hl, M});
+        shapes[0].push_back({false, false, R, M, hl});
+        shapes[1].push_back({true, false, hl, M, R});
+        shapes[1].push_back({true, false, M, hl, R});
+        shapes[2].push_back({false, true, R, hl, M});
+        shapes[2].push_back({false, true, R, M, hl});
+      }
+  for (int64_t R : o.gemm_rows)
+    for (int64_t M : o.gemm_model_dims)
+      for (int64_t E : o.gate_experts) {
+        // The gate's products of moe/gate.cpp (R = 4x the expert rows: a gate sees T rows).
+        const int64_t T = 4 * R;
+        shapes[3].push_back({false, false, T, E, M});
+        shapes[3].push_back({true, false, M, E, T});
+        shapes[3].push_back({false, true, T, M, E});
+      }
+  Rng rng(7, 0);
+  for (int c = 0; c < kNumGemmClasses; ++c) {
+    std::vector<double> xs, ys;
+    for (const Shape& s : shapes[static_cast<size_t>(c)]) {
+      std::vector<float> a(static_cast<size_t>(s.m * s.k)), b(static_cast<size_t>(s.k * s.n)),
+          out(static_cast<size_t>(s.m * s.n));
+      for (auto& v : a) v = static_cast<float>(rng.normal());
+      for (auto& v : b) v = static_cast<float>(rng.normal());
+      const bool acc = s.ta;  // the weight gradients accumulate, as in the executor
+      const double us = time_all_ranks(1, o.gemm_iters, [&] {
+        cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, a.data(), b.data(), out.data(), acc);
+      });
+      const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
+      xs.push_back(flops);
+      ys.push_back(us);
+      cal.samples.push_back({fmt::format("gemm.{}", gemm_class_name(static_cast<GemmClass>(c))),
+                             flops, us});
+    }
+    const LineFit f = fit_line(xs, ys);
+    GemmFit& g = cal.profile.gemm_fit(static_cast<GemmClass>(c));
+    g.alpha_us = f.intercept;
+    g.gflops = 1e-3 / f.slope;
+    g.r2 = f.r2;
+    g.samples = f.samples;
+    g.source = "measured";
+    log("  gemm {:<10} alpha {:8.2f} us  rate {:7.2f} GFLOP/s per rank  r2 {:.4f}  [{} shapes]",
+        gemm_class_name(static_cast<GemmClass>(c)), g.alpha_us, g.gflops, g.r2, g.samples);
+  }
+}
+
+void calibrate_memory(const CalibrateOptions& o, Calibration& cal, const Logger& log) {
+  const int64_t cols = 256;
+  for (MemClass mc : {MemClass::kCopy, MemClass::kGelu}) {
+    std::vector<double> xs, ys;
+    for (int64_t rows = 64; rows <= 16384; rows *= 2) {
+      const size_t n = static_cast<size_t>(rows * cols);
+      std::vector<float> src(n, 0.5f), dst(n), act(n), bias(static_cast<size_t>(cols), 0.1f);
+      std::vector<int64_t> idx(static_cast<size_t>(rows));
+      for (int64_t i = 0; i < rows; ++i) idx[static_cast<size_t>(i)] = (i * 7919) % rows;
+      double bytes = 0.0, us = 0.0;
+      if (mc == MemClass::kCopy) {
+        // A gather of rows (dispatch, layout gathers): read + write.
+        bytes = 2.0 * static_cast<double>(n) * sizeof(float);
+        us = time_all_ranks(1, o.iters, [&] {
+          cpu::gather_rows(src.data(), cols, idx.data(), rows, dst.data());
+        });
+      } else {
+        // The experts' bias + GeLU: pre read and written, act written.
+        bytes = 3.0 * static_cast<double>(n) * sizeof(float);
+        us = time_all_ranks(1, o.iters, [&] {
+          cpu::bias_gelu_forward(dst.data(), bias.data(), act.data(), rows, cols);
+        });
+      }
+      xs.push_back(bytes);
+      ys.push_back(us);
+      cal.samples.push_back({fmt::format("memory.{}", mem_class_name(mc)), bytes, us});
+    }
+    const LineFit f = fit_line(xs, ys);
+    MemFit& m = cal.profile.mem_fit(mc);
+    m.alpha_us = f.intercept;
+    m.gbps = 1e-3 / f.slope;
+    m.r2 = f.r2;
+    m.samples = f.samples;
+    m.source = "measured";
+    log("  memory {:<6} alpha {:8.2f} us  {:7.2f} GB/s per rank  r2 {:.4f}  [{} sizes]",
+        mem_class_name(mc), m.alpha_us, m.gbps, m.r2, m.samples);
+  }
+}
+
+}  // namespace
+
+Calibration calibrate(Topology& topo, const CalibrateOptions& o,
+                      const std::function<void(const std::string&)>& log_fn) {
+  PARM_CONFIG_CHECK(o.min_bytes >= 64 && o.max_bytes >= 2 * o.min_bytes,
+                    "calibrate: --min-bytes {} must be >= 64 and --max-bytes {} at least twice "
+                    "it (the fit needs several sizes)",
+                    o.min_bytes, o.max_bytes);
+  PARM_CONFIG_CHECK(o.iters >= 1 && o.warmup >= 0 && o.gemm_iters >= 1,
+                    "calibrate: --iters {} and --gemm-iters {} must be >= 1, --warmup {} >= 0",
+                    o.iters, o.gemm_iters, o.warmup);
+  PARM_CONFIG_CHECK(o.chunks >= 1, "calibrate: --chunks {} must be at least 1", o.chunks);
+  const Layout& l = topo.layout();
+  PARM_CONFIG_CHECK(l.world >= 2,
+                    "calibrate needs at least 2 ranks to measure collectives (run it under "
+                    "`scripts/parmrun -n 4 -- calibrate ...`)");
+  Logger log{log_fn};
+  Calibration cal;
+  cal.profile.machine = describe_machine();
+  cal.profile.machine["ranks"] = l.world;
+  cal.profile.machine["nodes"] = topo.num_nodes();
+  cal.profile.machine["nodes_emulated"] = topo.nodes_emulated();
+  cal.profile.machine["layout"] = {{"mp", l.mp}, {"ep", l.ep}, {"esp", l.esp}};
+  cal.profile.machine["fused_chunks"] = o.chunks;
+
+  bool has_intra = false, has_inter = false;
+  const Group gi = find_group(topo, true, has_intra);
+  const Group go = find_group(topo, false, has_inter);
+  log("collectives ({} to {} bytes per rank, x2 steps; {} iters):", o.min_bytes, o.max_bytes,
+      o.iters);
+  if (has_intra) calibrate_link(topo, gi, Link::kIntra, "measured", o, cal, log);
+  if (has_inter)
+    calibrate_link(topo, go, Link::kInter, topo.nodes_emulated() ? "emulated" : "measured", o,
+                   cal, log);
+  // A machine with only one kind of link: the other is copied and marked "assumed".
+  if (!has_intra || !has_inter) {
+    const Link have = has_intra ? Link::kIntra : Link::kInter;
+    const Link miss = has_intra ? Link::kInter : Link::kIntra;
+    log("  no {}-node group in this layout: the {} entries copy the {} fit (source \"assumed\")",
+        link_name(miss), link_name(miss), link_name(have));
+    for (CommOp op : kModelOps) {
+      CommFit f = cal.profile.collective(have, op);
+      f.source = fmt::format("assumed (copied from {}: no {}-node group measured)",
+                             link_name(have), link_name(miss));
+      cal.profile.collective(miss, op) = f;
+    }
+  }
+  log("fused collectives ({} chunks):", o.chunks);
+  calibrate_fused(topo, o, cal, log);
+  log("GEMM (all ranks at once, as in the layer):");
+  calibrate_gemm(o, cal, log);
+  log("memory-bound kernels:");
+  calibrate_memory(o, cal, log);
+  return cal;
+}
+
+}  // namespace parm::perfmodel

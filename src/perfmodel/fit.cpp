@@ -1,0 +1,68 @@
+#include "perfmodel/fit.h"
+
+#include "parm/error.h"
+
+namespace parm::perfmodel {
+
+double r_squared(const std::vector<double>& measured, const std::vector<double>& predicted) {
+  PARM_CHECK_EQ(measured.size(), predicted.size());
+  if (measured.empty()) return 0.0;
+  double mean = 0.0;
+  for (double v : measured) mean += v;
+  mean /= static_cast<double>(measured.size());
+  double ss_res = 0.0, ss_tot = 0.0;
+  for (size_t i = 0; i < measured.size(); ++i) {
+    ss_res += (measured[i] - predicted[i]) * (measured[i] - predicted[i]);
+    ss_tot += (measured[i] - mean) * (measured[i] - mean);
+  }
+  if (ss_tot == 0.0) return ss_res == 0.0 ? 1.0 : 0.0;
+  return 1.0 - ss_res / ss_tot;
+}
+
+LineFit fit_through_origin(const std::vector<double>& x, const std::vector<double>& y) {
+  PARM_CHECK_EQ(x.size(), y.size());
+  PARM_CHECK(!x.empty(), "a fit needs at least one sample");
+  double sxy = 0.0, sxx = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += x[i] * y[i];
+    sxx += x[i] * x[i];
+  }
+  PARM_CHECK(sxx > 0.0, "a fit through the origin needs some x != 0");
+  LineFit f;
+  f.slope = sxy / sxx;
+  f.samples = static_cast<int64_t>(x.size());
+  std::vector<double> pred(x.size());
+  for (size_t i = 0; i < x.size(); ++i) pred[i] = f.slope * x[i];
+  f.r2 = r_squared(y, pred);
+  return f;
+}
+
+LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
+  PARM_CHECK_EQ(x.size(), y.size());
+  PARM_CHECK(x.size() >= 2, "a line fit needs at least 2 samples, got {}", x.size());
+  const double n = static_cast<double>(x.size());
+  double mx = 0.0, my = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    mx += x[i];
+    my += y[i];
+  }
+  mx /= n;
+  my /= n;
+  double sxy = 0.0, sxx = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (x[i] - mx) * (y[i] - my);
+    sxx += (x[i] - mx) * (x[i] - mx);
+  }
+  PARM_CHECK(sxx > 0.0, "a line fit needs samples at more than one x");
+  LineFit f;
+  f.slope = sxy / sxx;
+  f.intercept = my - f.slope * mx;
+  if (f.intercept < 0.0) return fit_through_origin(x, y);
+  f.samples = static_cast<int64_t>(x.size());
+  std::vector<double> pred(x.size());
+  for (size_t i = 0; i < x.size(); ++i) pred[i] = f.intercept + f.slope * x[i];
+  f.r2 = r_squared(y, pred);
+  return f;
+}
+
+}  // namespace parm::perfmodel

@@ -1,0 +1,267 @@
+#include "perfmodel/model.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "parm/error.h"
+
+namespace parm::perfmodel {
+
+using schedule::Kind;
+using schedule::StepKind;
+
+Target make_target(int world, int mp, int ep, int esp, int devices_per_node) {
+  PARM_CONFIG_CHECK(mp >= 1 && ep >= 1 && esp >= 1,
+                    "--mp {} --ep {} --esp {}: every group size must be at least 1", mp, ep, esp);
+  PARM_CONFIG_CHECK(devices_per_node >= 0, "--devices-per-node {} must be at least 0 (0: one node)",
+                    devices_per_node);
+  PARM_CONFIG_CHECK(world >= 0, "--world {} must be at least 0 (0: the smallest that fits)",
+                    world);
+  if (world == 0) {
+    world = std::lcm(mp, ep * esp);
+    // More than one node's worth of ranks: round up to whole nodes.
+    if (devices_per_node > 0 && world > devices_per_node) world = std::lcm(world, devices_per_node);
+  }
+  Target t;
+  t.layout = make_layout(world, mp, ep, esp);
+  if (devices_per_node == 0 || devices_per_node >= world)
+    t.node_of_rank.assign(static_cast<size_t>(world), 0);
+  else
+    t.node_of_rank = emulated_nodes(world, devices_per_node);
+  return t;
+}
+
+Link group_link(const Target& t, Group g) {
+  for (int r = 0; r < t.layout.world; ++r)
+    if (group_coord(t.layout, g, r).rank == 0 &&
+        !group_is_intra_node(t.layout, g, r, t.node_of_rank))
+      return Link::kInter;
+  return Link::kIntra;
+}
+
+bool baseline_defined(const Layout& l) { return l.mp == 1 || l.esp == 1 || l.esp == l.mp; }
+
+std::string Prediction::name() const {
+  return std::string(schedule::kind_name(kind)) + (fused ? "+fused" : "");
+}
+
+double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& links, int chunks,
+                double overlap) {
+  PARM_CHECK_EQ(piece_us.size(), links.size());
+  PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
+  const int num_stages = static_cast<int>(piece_us.size());
+  double pipelined = 0.0, serial = 0.0;
+  for (int s = 0; s < chunks + num_stages - 1; ++s) {
+    double per_link[kNumLinks] = {0.0, 0.0};
+    double all = 0.0;
+    for (int i = 0; i < num_stages; ++i) {
+      const int piece = s - i;
+      if (piece < 0 || piece >= chunks) continue;
+      per_link[static_cast<int>(links[static_cast<size_t>(i)])] += piece_us[static_cast<size_t>(i)];
+      all += piece_us[static_cast<size_t>(i)];
+    }
+    pipelined += std::max(per_link[0], per_link[1]);
+    serial += all;
+  }
+  return serial - overlap * (serial - pipelined);
+}
+
+namespace {
+
+constexpr double kF = sizeof(float);
+
+struct Pricer {
+  const Profile& prof;
+  const schedule::Schedule& sc;
+  const ref::MoeShape& shape;
+  const Target& target;
+
+  double numel(int id) const {
+    return static_cast<double>(shape_numel(sc.buffers[static_cast<size_t>(id)].shape));
+  }
+  double gemm(GemmClass c, double m, double n, double k) const {
+    const double flops = 2.0 * m * n * k;
+    return flops > 0.0 ? prof.gemm_fit(c).us(flops) : 0.0;
+  }
+  double mem(MemClass c, double bytes) const {
+    return bytes > 0.0 ? prof.mem_fit(c).us(bytes) : 0.0;
+  }
+  double copy(double bytes) const { return mem(MemClass::kCopy, bytes); }
+
+  // Choices that find a slot: every choice when nothing drops, else the slots (a balanced
+  // router; an unbalanced one keeps fewer, so this is an upper bound).
+  double kept() const {
+    return std::min(static_cast<double>(sc.gate_tokens) * shape.topk,
+                    static_cast<double>(shape.experts) * static_cast<double>(sc.capacity));
+  }
+
+  void compute(const schedule::Step& s, StepCost& c) const {
+    const double M = static_cast<double>(shape.model_dim), E = static_cast<double>(shape.experts);
+    const double rows = static_cast<double>(sc.gate_tokens), k = shape.topk;
+    const Layout& l = target.layout;
+    switch (s.kind) {
+      case StepKind::kGate:
+        // logits GEMM; softmax (read + write), top-k (read), routing and statistics.
+        c.fwd_us = gemm(GemmClass::kGate, rows, E, M) + copy(kF * (4 * rows * E + 6 * rows * k));
+        // dWg += x^T dlogits, dx += dlogits Wg^T; dprobs fill and softmax adjoint.
+        c.bwd_us = gemm(GemmClass::kGate, M, E, rows) + gemm(GemmClass::kGate, rows, M, E) +
+                   copy(kF * 4 * rows * E);
+        break;
+      case StepKind::kAuxLoss: break;  // 2E numbers
+      case StepKind::kDispatch:
+        // zero the (E, slots, M) buffer, copy the kept rows in | add them back to dx.
+        c.fwd_us = copy(kF * (numel(s.out) + 2 * kept() * M));
+        c.bwd_us = copy(kF * 3 * kept() * M);
+        break;
+      case StepKind::kCombine:
+        // zero out (rows, M), weighted adds of the kept rows | zero dbuf, scale + dot.
+        c.fwd_us = copy(kF * (rows * M + 3 * kept() * M));
+        c.bwd_us = copy(kF * (numel(s.in) + 4 * kept() * M));
+        break;
+      case StepKind::kExperts: {
+        const double R = static_cast<double>(sc.expert_blocks * sc.exchange_slots);
+        const double e_loc = E / l.ep, hl = static_cast<double>(shape.hidden) / l.esp;
+        // Per expert: gather rows, x W1, bias + GeLU, act W2, [+ b2], scatter rows.
+        c.fwd_us = e_loc * (gemm(GemmClass::kExpertNN, R, hl, M) +
+                            gemm(GemmClass::kExpertNN, R, M, hl)) +
+                   copy(kF * e_loc * (4 * R * M + (sc.adds_b2 ? 2 * R * M : 0.0))) +
+                   mem(MemClass::kGelu, kF * e_loc * 3 * R * hl);
+        // Per expert: gather dy, db2, dW2 += act^T dy, dact = dy W2^T, GeLU adjoint, db1,
+        // dW1 += x^T dact, dx = dact W1^T, scatter.
+        c.bwd_us = e_loc * (gemm(GemmClass::kExpertTN, hl, M, R) +
+                            gemm(GemmClass::kExpertNT, R, hl, M) +
+                            gemm(GemmClass::kExpertTN, M, hl, R) +
+                            gemm(GemmClass::kExpertNT, R, M, hl)) +
+                   copy(kF * (R * M + e_loc * (5 * R * M + R * hl))) +
+                   mem(MemClass::kGelu, kF * e_loc * 3 * R * hl);
+        break;
+      }
+      default: break;
+    }
+  }
+
+  // Local copies the executor does around a collective step (slices, interleaves).
+  void local_copies(const schedule::Step& s, StepCost& c) const {
+    switch (s.kind) {
+      case StepKind::kSlice:
+        c.fwd_us += copy(kF * 2 * numel(s.out));
+        if (s.outer > 1) c.bwd_us += copy(kF * 2 * numel(s.in));
+        break;
+      case StepKind::kGatherDup:
+        if (s.outer > 1) c.fwd_us += copy(kF * 2 * numel(s.out));
+        c.bwd_us += copy(kF * 2 * numel(s.in));
+        break;
+      case StepKind::kFusedCombine:
+        if (s.has_mp_part()) c.bwd_us += copy(kF * 2 * numel(s.mid));
+        break;
+      default: break;
+    }
+  }
+
+  void collectives(const schedule::Step& s, StepCost& c) const {
+    for (bool bwd : {false, true}) {
+      auto parts = schedule::collective_parts(sc, s, target.layout, bwd);
+      const bool fused = s.kind == StepKind::kFusedDispatch || s.kind == StepKind::kFusedCombine;
+      if (fused) {
+        // Pipeline stage order of src/comm/fused.cpp: the dispatch collective runs ep then
+        // esp; the combine collective esp, then ep, then mp.
+        const bool combine = (s.kind == StepKind::kFusedCombine) != bwd;
+        auto stage = [&](Group g) {
+          if (g == Group::kMp) return 2;
+          return (g == Group::kEsp) == combine ? 0 : 1;
+        };
+        std::stable_sort(parts.begin(), parts.end(),
+                         [&](const auto& a, const auto& b) { return stage(a.group) < stage(b.group); });
+      }
+      std::vector<PartCost>& out = bwd ? c.bwd_parts : c.fwd_parts;
+      std::vector<double> piece;
+      std::vector<Link> links;
+      double sum = 0.0;
+      for (const auto& p : parts) {
+        const Link link = group_link(target, p.group);
+        const CommFit& f = prof.collective(link, p.op);
+        out.push_back({p.group, p.op, link, p.bus_bytes, f.us(p.bus_bytes)});
+        sum += out.back().us;
+        piece.push_back(f.alpha_us + f.beta_us_per_byte * p.bus_bytes / sc.chunks);
+        links.push_back(link);
+      }
+      const double t = fused && !parts.empty()
+                           ? fused_us(piece, links, sc.chunks, prof.fused.overlap)
+                           : sum;
+      (bwd ? c.bwd_us : c.fwd_us) += t;
+    }
+    local_copies(s, c);
+  }
+};
+
+}  // namespace
+
+Prediction predict(const Profile& profile, const schedule::Schedule& sc,
+                   const ref::MoeShape& shape, const Target& target) {
+  Pricer pr{profile, sc, shape, target};
+  Prediction p;
+  p.kind = sc.kind;
+  p.fused = sc.fused;
+  p.chunks = sc.chunks;
+  for (const auto& s : sc.steps) {
+    StepCost c;
+    c.label = s.label;
+    c.kind = s.kind;
+    if (schedule::is_collective(s.kind))
+      pr.collectives(s, c);
+    else
+      pr.compute(s, c);
+    p.steps.push_back(std::move(c));
+  }
+  // The executor itself: copies x in | zeroes every gradient buffer, copies dout in and
+  // adds the call's dWg to the gradient.
+  StepCost ex;
+  ex.label = "(executor: input copy, gradient zeroing)";
+  ex.kind = StepKind::kAuxLoss;
+  double all = 0.0;
+  for (size_t i = 0; i < sc.buffers.size(); ++i) all += pr.numel(static_cast<int>(i));
+  const double TM = static_cast<double>(shape.tokens * shape.model_dim);
+  ex.fwd_us = pr.copy(kF * 2 * TM);
+  ex.bwd_us = pr.copy(kF * (all + 2 * TM + 3.0 * static_cast<double>(sc.gate_weight_numel)));
+  p.steps.push_back(std::move(ex));
+  for (const auto& c : p.steps) {
+    p.fwd_us += c.fwd_us;
+    p.bwd_us += c.bwd_us;
+  }
+  return p;
+}
+
+std::vector<Candidate> predict_candidates(const Profile& profile, const ref::MoeShape& shape,
+                                          const Target& target, int chunks,
+                                          const std::vector<Kind>& kinds,
+                                          const std::vector<bool>& fuse_modes) {
+  const bool has_unfused =
+      std::find(fuse_modes.begin(), fuse_modes.end(), false) != fuse_modes.end();
+  std::vector<Candidate> out;
+  for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
+    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) continue;
+    if (kind == Kind::kBaseline) {
+      if (!baseline_defined(target.layout)) continue;
+      const auto sc = schedule::build({shape, target.layout, 0, false, chunks}, kind);
+      out.push_back({kind, false, predict(profile, sc, shape, target)});
+      continue;
+    }
+    for (bool fuse : {false, true}) {
+      if (std::find(fuse_modes.begin(), fuse_modes.end(), fuse) == fuse_modes.end()) continue;
+      const auto sc = schedule::build({shape, target.layout, 0, fuse, chunks}, kind);
+      if (fuse && !sc.fused && has_unfused) continue;  // same list as the unfused one
+      out.push_back({kind, fuse, predict(profile, sc, shape, target)});
+    }
+  }
+  return out;
+}
+
+size_t choose(const std::vector<Candidate>& c) {
+  PARM_CHECK(!c.empty(), "no candidate schedule to choose from");
+  size_t best = 0;
+  for (size_t i = 1; i < c.size(); ++i)
+    if (c[i].pred.total_us() < c[best].pred.total_us()) best = i;
+  return best;
+}
+
+}  // namespace parm::perfmodel

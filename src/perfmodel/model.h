@@ -1,0 +1,95 @@
+// The cost model (SPEC §5): prices every step of a schedule's step list — the same list the
+// executor (MoeLayer) runs — for the forward and the backward pass, and picks the fastest
+// schedule. Pure: no MPI, so any layout (a 32-GPU cluster, say) can be priced on one process.
+//
+// Collective part (group g on link L, op o, bus bytes b from schedule::collective_parts):
+//     t = alpha[L][o] + beta[L][o] * b
+// Fused step with parts p_1..p_K in pipeline order (collective_parts order; the fused
+// collectives run W = chunks pieces through K stages in W + K - 1 lock-step steps, see
+// src/comm/fused.cpp). A part's per-piece time is c_i = alpha_i + beta_i * b_i / W. In step
+// s the stages i with 0 <= s - i < W are active; the step takes
+//     pipelined:  max over link classes L of  sum_{active i on L} c_i
+//     serial:     sum_{active i} c_i
+// and the fused step costs  t = serial_total - overlap * (serial_total - pipelined_total),
+// overlap from the profile (1 on real hardware with independent links; calibrated here).
+// For two parts on different links this is  W * max(c_a, c_b) + min(c_a, c_b): the max of
+// the parts plus one piece of the cheaper part (the pipeline fill); on the same link class
+// it is the sum of the parts, with W alphas each (fusion can only lose there).
+// GEMM (m, n, k): alpha_c + 2 m n k / rate_c. Memory-bound work: alpha + bytes / bandwidth.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "moe/reference_moe.h"
+#include "parm/topology.h"
+#include "perfmodel/profile.h"
+#include "schedule/schedule.h"
+
+namespace parm::perfmodel {
+
+// The machine a layer runs on: its layout and the node of every world rank.
+struct Target {
+  Layout layout;
+  std::vector<int> node_of_rank;  // size layout.world
+};
+// world = 0: the smallest world that fits the layout (lcm(mp, ep * esp)). devices_per_node
+// = 0: all ranks on one node. Throws InvalidConfig for an invalid layout or node size.
+Target make_target(int world, int mp, int ep, int esp, int devices_per_node);
+// Intra-node when every instance of the group lies within one node; inter otherwise (the
+// slowest instance sets the pace). Groups of one rank are intra.
+Link group_link(const Target& target, Group g);
+
+struct PartCost {
+  Group group;
+  CommOp op;
+  Link link;
+  double bus_bytes;
+  double us;  // this part alone, unfused
+};
+
+struct StepCost {
+  std::string label;
+  schedule::StepKind kind;
+  double fwd_us = 0.0, bwd_us = 0.0;
+  std::vector<PartCost> fwd_parts, bwd_parts;  // collectives only
+};
+
+struct Prediction {
+  schedule::Kind kind = schedule::Kind::kS1;
+  bool fused = false;  // the schedule really uses a fused collective
+  int chunks = 1;
+  std::vector<StepCost> steps;  // one per schedule step, then the executor's own work
+  double fwd_us = 0.0, bwd_us = 0.0;
+  double total_us() const { return fwd_us + bwd_us; }
+  std::string name() const;  // "s2+fused", "baseline", ...
+};
+
+// Fused step time for parts with per-piece times (see the header comment). Exposed for tests.
+double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& links, int chunks,
+                double overlap);
+
+// Prices `sc` (built for `shape` on target.layout) step by step.
+Prediction predict(const Profile& profile, const schedule::Schedule& sc,
+                   const ref::MoeShape& shape, const Target& target);
+
+struct Candidate {
+  schedule::Kind kind;
+  bool fuse;
+  Prediction pred;
+};
+
+// Every candidate in `kinds` x `fuse_modes` that the layout supports (the baseline only
+// where it exists; fused only where the schedule has something to fuse, so "s1+fused" is
+// not listed when it would equal "s1"), in the order baseline, s1, s1+fused, s2, s2+fused.
+std::vector<Candidate> predict_candidates(const Profile& profile, const ref::MoeShape& shape,
+                                          const Target& target, int chunks,
+                                          const std::vector<schedule::Kind>& kinds,
+                                          const std::vector<bool>& fuse_modes);
+// Index of the fastest predicted candidate (first on ties). Throws for an empty list.
+size_t choose(const std::vector<Candidate>& candidates);
+
+// True when the baseline (DeepSpeed-MoE) is defined for the layout (SPEC §3).
+bool baseline_defined(const Layout& layout);
+
+}  // namespace parm::perfmodel

@@ -1,0 +1,146 @@
+#include "perfmodel/profile.h"
+
+#include <cmath>
+
+#include "parm/error.h"
+#include "parm/fileio.h"
+#include "perfmodel/json_reader.h"
+
+namespace parm::perfmodel {
+
+const char* link_name(Link link) { return link == Link::kIntra ? "intra" : "inter"; }
+
+int model_op_index(CommOp op) {
+  for (size_t i = 0; i < kModelOps.size(); ++i)
+    if (kModelOps[i] == op) return static_cast<int>(i);
+  throw Error(fmt::format("the cost model does not price '{}'", comm_op_name(op)));
+}
+
+const char* gemm_class_name(GemmClass c) {
+  switch (c) {
+    case GemmClass::kExpertNN: return "expert_nn";
+    case GemmClass::kExpertTN: return "expert_tn";
+    case GemmClass::kExpertNT: return "expert_nt";
+    case GemmClass::kGate: return "gate";
+  }
+  return "?";
+}
+
+const char* mem_class_name(MemClass c) { return c == MemClass::kCopy ? "copy" : "gelu"; }
+
+nlohmann::json profile_to_json(const Profile& p) {
+  nlohmann::json j;
+  j["version"] = Profile::kVersion;
+  j["machine"] = p.machine;
+  for (int l = 0; l < kNumLinks; ++l)
+    for (size_t o = 0; o < kModelOps.size(); ++o) {
+      const CommFit& f = p.comm[static_cast<size_t>(l)][o];
+      j["collectives"][link_name(static_cast<Link>(l))][comm_op_name(kModelOps[o])] = {
+          {"alpha_us", f.alpha_us}, {"beta_us_per_byte", f.beta_us_per_byte},
+          {"r2", f.r2},             {"samples", f.samples},
+          {"group_size", f.group_size}, {"source", f.source}};
+    }
+  j["fused"] = {{"overlap", p.fused.overlap}, {"r2", p.fused.r2},
+                {"samples", p.fused.samples}, {"source", p.fused.source}};
+  for (int c = 0; c < kNumGemmClasses; ++c) {
+    const GemmFit& f = p.gemm[static_cast<size_t>(c)];
+    j["gemm"][gemm_class_name(static_cast<GemmClass>(c))] = {
+        {"alpha_us", f.alpha_us}, {"gflops", f.gflops}, {"r2", f.r2},
+        {"samples", f.samples},   {"source", f.source}};
+  }
+  for (int c = 0; c < kNumMemClasses; ++c) {
+    const MemFit& f = p.mem[static_cast<size_t>(c)];
+    j["memory"][mem_class_name(static_cast<MemClass>(c))] = {
+        {"alpha_us", f.alpha_us}, {"gbps", f.gbps}, {"r2", f.r2},
+        {"samples", f.samples},   {"source", f.source}};
+  }
+  return j;
+}
+
+Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
+  JsonReader r("cost profile", origin);
+  if (!j.is_object()) r.fail("the top level must be a JSON object");
+  if (!j.contains("version"))
+    r.fail("missing entry 'version' (this parm reads profile version {}; write one with "
+           "`parm calibrate --out FILE`)",
+           Profile::kVersion);
+  const auto& v = j.at("version");
+  if (!v.is_number_integer() || v.get<int64_t>() != Profile::kVersion)
+    r.fail("'version' is {}, but this parm reads profile version {} only; re-run `parm "
+           "calibrate --out FILE`",
+           v.dump(), Profile::kVersion);
+  Profile p;
+  if (j.contains("machine")) p.machine = r.object(j, "", "machine");
+  const auto& coll = r.object(j, "", "collectives");
+  for (int l = 0; l < kNumLinks; ++l) {
+    const std::string lname = link_name(static_cast<Link>(l));
+    const auto& link = r.object(coll, "collectives", lname);
+    for (size_t o = 0; o < kModelOps.size(); ++o) {
+      const std::string oname = comm_op_name(kModelOps[o]);
+      const std::string path = "collectives." + lname;
+      const auto& e = r.object(link, path, oname);
+      const std::string epath = path + "." + oname;
+      CommFit& f = p.comm[static_cast<size_t>(l)][o];
+      f.alpha_us = r.number(e, epath, "alpha_us", 0.0, true);
+      f.beta_us_per_byte = r.number(e, epath, "beta_us_per_byte", 0.0, true);
+      f.r2 = r.number(e, epath, "r2", -INFINITY, true, 1.0);
+      f.samples = r.integer(e, epath, "samples", 0);
+      f.group_size = static_cast<int>(r.integer(e, epath, "group_size", 0));
+      f.source = r.text(e, epath, "source");
+    }
+  }
+  const auto& fu = r.object(j, "", "fused");
+  p.fused.overlap = r.number(fu, "fused", "overlap", kMinOverlap, true, 1.0);
+  p.fused.r2 = r.number(fu, "fused", "r2", -INFINITY, true, 1.0);
+  p.fused.samples = r.integer(fu, "fused", "samples", 0);
+  p.fused.source = r.text(fu, "fused", "source");
+  const auto& gemm = r.object(j, "", "gemm");
+  for (int c = 0; c < kNumGemmClasses; ++c) {
+    const std::string cname = gemm_class_name(static_cast<GemmClass>(c));
+    const auto& e = r.object(gemm, "gemm", cname);
+    const std::string path = "gemm." + cname;
+    GemmFit& f = p.gemm[static_cast<size_t>(c)];
+    f.alpha_us = r.number(e, path, "alpha_us", 0.0, true);
+    f.gflops = r.number(e, path, "gflops", 0.0, false);
+    f.r2 = r.number(e, path, "r2", -INFINITY, true, 1.0);
+    f.samples = r.integer(e, path, "samples", 0);
+    f.source = r.text(e, path, "source");
+  }
+  const auto& mem = r.object(j, "", "memory");
+  for (int c = 0; c < kNumMemClasses; ++c) {
+    const std::string cname = mem_class_name(static_cast<MemClass>(c));
+    const auto& e = r.object(mem, "memory", cname);
+    const std::string path = "memory." + cname;
+    MemFit& f = p.mem[static_cast<size_t>(c)];
+    f.alpha_us = r.number(e, path, "alpha_us", 0.0, true);
+    f.gbps = r.number(e, path, "gbps", 0.0, false);
+    f.r2 = r.number(e, path, "r2", -INFINITY, true, 1.0);
+    f.samples = r.integer(e, path, "samples", 0);
+    f.source = r.text(e, path, "source");
+  }
+  return p;
+}
+
+Profile read_profile(const std::string& path) {
+  return profile_from_json(read_json_file("cost profile", path), path);
+}
+
+nlohmann::json read_json_file(const std::string& what, const std::string& path) {
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error& e) {
+    throw InvalidConfig(fmt::format("{} {} cannot be read: {}", what, path, e.what()));
+  }
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InvalidConfig(fmt::format("{} {} is not valid JSON: {}", what, path, e.what()));
+  }
+}
+
+void write_profile(const Profile& p, const std::string& path) {
+  write_file_atomic(path, profile_to_json(p).dump(2) + "\n");
+}
+
+}  // namespace parm::perfmodel

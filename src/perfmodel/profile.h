@@ -1,0 +1,125 @@
+// The cost profile: the fitted parameters of the alpha-beta model (SPEC §5) and a
+// description of the machine they were measured on, stored as versioned JSON so that a run
+// can reuse a calibration (`parm calibrate --out profile.json`).
+//
+// Units: times in microseconds, sizes in bytes, rates in GB/s and GFLOP/s (1e9).
+//
+//   collective on link L, op o:  t_us = alpha_us + beta_us_per_byte * bus_bytes(o, n, size)
+//                                (bus bytes carry the (n-1)/n volume factors; comm.h)
+//   GEMM of class c (m, n, k):   t_us = alpha_us + 2 m n k / (gflops * 1e3)
+//   memory-bound kernel class c: t_us = alpha_us + bytes / (gbps * 1e3)
+//   fused collective:            see model.h (overlap in [0, 1])
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "parm/comm.h"
+
+namespace parm::perfmodel {
+
+// Link classes: a group is intra-node when all its ranks share a node.
+enum class Link { kIntra, kInter };
+constexpr int kNumLinks = 2;
+const char* link_name(Link link);  // "intra", "inter"
+
+// The collectives the schedules issue, in profile order.
+constexpr std::array<CommOp, 4> kModelOps = {CommOp::kAllReduce, CommOp::kAllGather,
+                                             CommOp::kReduceScatter, CommOp::kAllToAll};
+int model_op_index(CommOp op);  // throws parm::Error for an op the model does not price
+
+// GEMM shape classes: the expert products by transpose pattern (forward nn, weight
+// gradient tn, input gradient nt) and the gate's skinny products (one side = E).
+enum class GemmClass { kExpertNN, kExpertTN, kExpertNT, kGate };
+constexpr int kNumGemmClasses = 4;
+const char* gemm_class_name(GemmClass c);  // "expert_nn", "expert_tn", "expert_nt", "gate"
+
+// Memory-bound kernels: row copies, zero fills, scatter-adds (dispatch, combine, layout
+// gathers) and the GeLU (tanh form: heavier per byte than a copy on a CPU).
+enum class MemClass { kCopy, kGelu };
+constexpr int kNumMemClasses = 2;
+const char* mem_class_name(MemClass c);  // "copy", "gelu"
+
+// Where an entry came from: "measured", "emulated" (measured over shared memory on groups
+// that --ranks-per-node labels inter-node), "assumed" (copied or taken from a datasheet).
+struct CommFit {
+  double alpha_us = 0.0;
+  double beta_us_per_byte = 0.0;
+  double r2 = 1.0;
+  int64_t samples = 0;
+  int group_size = 0;  // ranks of the group it was measured on (0: not measured)
+  std::string source = "assumed";
+  double us(double bus_bytes) const { return alpha_us + beta_us_per_byte * bus_bytes; }
+};
+
+struct GemmFit {
+  double alpha_us = 0.0;
+  double gflops = 1.0;
+  double r2 = 1.0;
+  int64_t samples = 0;
+  std::string source = "assumed";
+  double us(double flops) const { return alpha_us + flops / (gflops * 1e3); }
+};
+
+struct MemFit {
+  double alpha_us = 0.0;
+  double gbps = 1.0;
+  double r2 = 1.0;
+  int64_t samples = 0;
+  std::string source = "assumed";
+  double us(double bytes) const { return alpha_us + bytes / (gbps * 1e3); }
+};
+
+// How much of the ideal pipeline overlap of a fused collective this machine achieves:
+// 1 = the links of different classes work fully in parallel, 0 = not at all (the pieces run
+// one after the other), below 0 = slower than that (e.g. point-to-point pieces dearer than
+// the collectives they replace, on oversubscribed cores). Range [kMinOverlap, 1].
+constexpr double kMinOverlap = -5.0;
+struct FusedFit {
+  double overlap = 1.0;
+  double r2 = 1.0;
+  int64_t samples = 0;
+  std::string source = "assumed";
+};
+
+struct Profile {
+  static constexpr int kVersion = 1;
+  nlohmann::json machine = nlohmann::json::object();  // hostname, cores, cpu, mpi, onednn...
+  std::array<std::array<CommFit, kModelOps.size()>, kNumLinks> comm{};
+  FusedFit fused;
+  std::array<GemmFit, kNumGemmClasses> gemm{};
+  std::array<MemFit, kNumMemClasses> mem{};
+
+  const CommFit& collective(Link link, CommOp op) const {
+    return comm[static_cast<size_t>(link)][static_cast<size_t>(model_op_index(op))];
+  }
+  CommFit& collective(Link link, CommOp op) {
+    return comm[static_cast<size_t>(link)][static_cast<size_t>(model_op_index(op))];
+  }
+  const GemmFit& gemm_fit(GemmClass c) const { return gemm[static_cast<size_t>(c)]; }
+  GemmFit& gemm_fit(GemmClass c) { return gemm[static_cast<size_t>(c)]; }
+  const MemFit& mem_fit(MemClass c) const { return mem[static_cast<size_t>(c)]; }
+  MemFit& mem_fit(MemClass c) { return mem[static_cast<size_t>(c)]; }
+};
+
+// JSON form (see docs/perfmodel.md):
+// {"version": 1, "machine": {...},
+//  "collectives": {"intra": {"allreduce": {"alpha_us", "beta_us_per_byte", "r2", "samples",
+//                  "group_size", "source"}, "allgather", "reduce_scatter", "alltoall"},
+//                  "inter": {...}},
+//  "fused": {"overlap", "r2", "samples", "source"},
+//  "gemm": {"expert_nn": {"alpha_us", "gflops", "r2", "samples", "source"}, "expert_tn",
+//           "expert_nt", "gate"},
+//  "memory": {"copy": {"alpha_us", "gbps", "r2", "samples", "source"}, "gelu"}}
+nlohmann::json profile_to_json(const Profile& p);
+// Refuses (parm::InvalidConfig naming `origin` and the key path) a wrong or missing version,
+// a missing entry, a value that is not a number, or a value out of range (negative times,
+// non-positive rates, overlap outside [0, 1]).
+Profile profile_from_json(const nlohmann::json& j, const std::string& origin);
+Profile read_profile(const std::string& path);  // also refuses unreadable / non-JSON files
+void write_profile(const Profile& p, const std::string& path);
+
+}  // namespace parm::perfmodel

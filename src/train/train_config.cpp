@@ -1,0 +1,209 @@
+#include "train/train_config.h"
+
+#include <set>
+
+#include "moe/capacity.h"
+#include "parm/error.h"
+#include "parm/fileio.h"
+
+namespace parm::train {
+namespace {
+
+// Reads the keys of one section into fields, refusing unknown keys and wrong types.
+class Section {
+ public:
+  Section(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {
+    PARM_CONFIG_CHECK(j_.is_object(), "{} must be a JSON object", where_);
+  }
+  template <typename T>
+  void get(const char* key, T& field) {
+    known_.insert(key);
+    if (!j_.contains(key)) return;
+    try {
+      field = j_.at(key).get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw InvalidConfig(fmt::format("{}.{} has the wrong type: {} (expected {})", where_, key,
+                                      j_.at(key).dump(), type_name<T>()));
+    }
+  }
+  void finish() const {
+    for (const auto& [k, v] : j_.items())
+      if (!known_.count(k)) {
+        std::string valid;
+        for (const auto& n : known_) valid += (valid.empty() ? "" : ", ") + n;
+        throw InvalidConfig(fmt::format("unknown key {}.{}; valid keys: {}", where_, k, valid));
+      }
+  }
+
+ private:
+  template <typename T>
+  static const char* type_name() {
+    if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else return "an integer";
+  }
+  const nlohmann::json& j_;
+  std::string where_;
+  std::set<std::string> known_;
+};
+
+}  // namespace
+
+nlohmann::json model_config_json(const model::ModelConfig& m) {
+  return {{"arch", m.arch == model::Arch::kGpt2 ? "gpt2" : "bert"},
+          {"vocab", m.vocab},
+          {"seq_len", m.seq_len},
+          {"model_dim", m.model_dim},
+          {"num_heads", m.num_heads},
+          {"num_layers", m.num_layers},
+          {"ffn_hidden", m.ffn_hidden},
+          {"moe_every", m.moe_every},
+          {"experts", m.experts},
+          {"expert_hidden", m.expert_hidden},
+          {"topk", m.topk},
+          {"capacity_factor", m.capacity_factor},
+          {"aux_loss_coeff", m.aux_loss_coeff},
+          {"init_std", m.init_std},
+          {"seed", m.seed}};
+}
+
+TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origin) {
+  TrainConfig c;
+  Section top(j, origin);
+  top.get("name", c.name);
+  nlohmann::json empty = nlohmann::json::object();
+  auto section = [&](const char* key) -> const nlohmann::json& {
+    return j.contains(key) ? j.at(key) : empty;
+  };
+  for (const char* key : {"model", "optim", "data", "train", "parallel"}) {
+    nlohmann::json dummy;
+    top.get(key, dummy);
+  }
+  top.finish();
+
+  Section m(section("model"), origin + ": model");
+  std::string arch = "gpt2";
+  m.get("arch", arch);
+  PARM_CONFIG_CHECK(arch == "gpt2" || arch == "bert",
+                    "{}: model.arch '{}' is not valid; use \"gpt2\" or \"bert\"", origin, arch);
+  c.model.arch = arch == "gpt2" ? model::Arch::kGpt2 : model::Arch::kBert;
+  c.model.vocab = c.model.arch == model::Arch::kGpt2 ? 256 : 257;
+  m.get("vocab", c.model.vocab);
+  m.get("seq_len", c.model.seq_len);
+  m.get("model_dim", c.model.model_dim);
+  m.get("num_heads", c.model.num_heads);
+  m.get("num_layers", c.model.num_layers);
+  m.get("ffn_hidden", c.model.ffn_hidden);
+  m.get("moe_every", c.model.moe_every);
+  m.get("experts", c.model.experts);
+  m.get("expert_hidden", c.model.expert_hidden);
+  m.get("topk", c.model.topk);
+  m.get("capacity_factor", c.model.capacity_factor);
+  m.get("aux_loss_coeff", c.model.aux_loss_coeff);
+  m.get("init_std", c.model.init_std);
+  m.get("seed", c.model.seed);
+  m.finish();
+
+  Section o(section("optim"), origin + ": optim");
+  o.get("lr", c.optim.lr);
+  o.get("min_lr", c.optim.min_lr);
+  o.get("warmup_steps", c.optim.warmup_steps);
+  o.get("beta1", c.optim.beta1);
+  o.get("beta2", c.optim.beta2);
+  o.get("eps", c.optim.eps);
+  o.get("weight_decay", c.optim.weight_decay);
+  o.get("grad_clip", c.optim.grad_clip);
+  o.finish();
+
+  Section d(section("data"), origin + ": data");
+  d.get("corpus", c.data.corpus);
+  d.get("val_fraction", c.data.val_fraction);
+  d.finish();
+
+  Section t(section("train"), origin + ": train");
+  t.get("steps", c.loop.steps);
+  t.get("micro_batch", c.loop.micro_batch);
+  t.get("grad_accum", c.loop.grad_accum);
+  t.get("eval_every", c.loop.eval_every);
+  t.get("eval_batches", c.loop.eval_batches);
+  t.get("log_every", c.loop.log_every);
+  t.get("save_every", c.loop.save_every);
+  t.get("save_dir", c.loop.save_dir);
+  t.get("metrics", c.loop.metrics);
+  t.finish();
+
+  Section p(section("parallel"), origin + ": parallel");
+  p.get("mp", c.parallel.mp);
+  p.get("ep", c.parallel.ep);
+  p.get("esp", c.parallel.esp);
+  p.get("schedule", c.parallel.schedule);
+  p.get("fuse", c.parallel.fuse);
+  p.get("chunks", c.parallel.chunks);
+  p.finish();
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& path) {
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error& e) {
+    throw InvalidConfig(fmt::format("config {}: {}", path, e.what()));
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidConfig(fmt::format("config {} is not valid JSON: {}", path, e.what()));
+  }
+  return parse_train_config(j, path);
+}
+
+void validate(const TrainConfig& c) {
+  const auto& m = c.model;
+  auto positive = [](const char* key, int64_t v) {
+    PARM_CONFIG_CHECK(v >= 1, "{} is {}; it must be at least 1", key, v);
+  };
+  positive("model.seq_len", m.seq_len);
+  positive("model.model_dim", m.model_dim);
+  positive("model.num_heads", m.num_heads);
+  positive("model.num_layers", m.num_layers);
+  positive("model.ffn_hidden", m.ffn_hidden);
+  positive("model.moe_every", m.moe_every);
+  positive("model.experts", m.experts);
+  positive("model.expert_hidden", m.expert_hidden);
+  PARM_CONFIG_CHECK(m.topk >= 1 && m.topk <= m.experts,
+                    "model.topk {} must be between 1 and model.experts {}", m.topk, m.experts);
+  PARM_CONFIG_CHECK(m.model_dim % m.num_heads == 0,
+                    "model.model_dim {} is not divisible by model.num_heads {}", m.model_dim,
+                    m.num_heads);
+  const int64_t min_vocab = m.arch == model::Arch::kGpt2 ? 256 : 257;
+  PARM_CONFIG_CHECK(m.vocab >= min_vocab,
+                    "model.vocab {} is too small for the byte tokenizer: at least {}", m.vocab,
+                    min_vocab);
+  CapacityFactor::parse(m.capacity_factor);
+  positive("train.steps", c.loop.steps);
+  positive("train.micro_batch", c.loop.micro_batch);
+  positive("train.grad_accum", c.loop.grad_accum);
+  positive("train.log_every", c.loop.log_every);
+  PARM_CONFIG_CHECK(c.loop.eval_every >= 0 && c.loop.save_every >= 0 && c.loop.eval_batches >= 1,
+                    "train.eval_every and train.save_every must be >= 0 and train.eval_batches "
+                    ">= 1");
+  PARM_CONFIG_CHECK(c.optim.lr > 0 && c.optim.min_lr >= 0 && c.optim.min_lr <= c.optim.lr,
+                    "optim.lr {} must be positive and optim.min_lr {} in [0, lr]", c.optim.lr,
+                    c.optim.min_lr);
+  PARM_CONFIG_CHECK(c.optim.beta1 >= 0 && c.optim.beta1 < 1 && c.optim.beta2 >= 0 &&
+                        c.optim.beta2 < 1,
+                    "optim.beta1 {} and optim.beta2 {} must be in [0, 1)", c.optim.beta1,
+                    c.optim.beta2);
+  const auto& p = c.parallel;
+  PARM_CONFIG_CHECK(p.schedule == "baseline" || p.schedule == "s1" || p.schedule == "s2" ||
+                        p.schedule == "auto",
+                    "parallel.schedule '{}' is not valid; use baseline, s1, s2 or auto",
+                    p.schedule);
+  PARM_CONFIG_CHECK(p.fuse == "on" || p.fuse == "off" || p.fuse == "auto",
+                    "parallel.fuse '{}' is not valid; use on, off or auto", p.fuse);
+  PARM_CONFIG_CHECK(p.chunks >= 1, "parallel.chunks {} must be at least 1", p.chunks);
+}
+
+}  // namespace parm::train

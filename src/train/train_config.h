@@ -1,0 +1,62 @@
+// The training configuration: a JSON file (configs/NAME.json) with sections "model",
+// "optim", "data", "train" and "parallel". Unknown keys, wrong types and out-of-range values
+// are refused with a message naming the key and what is valid.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "train/optimizer.h"
+
+namespace parm::train {
+
+struct DataConfig {
+  std::string corpus = "kjv";  // "kjv" or "file:PATH"
+  double val_fraction = 0.05;
+};
+
+struct LoopConfig {
+  int64_t steps = 100;
+  int64_t micro_batch = 8;   // sequences per micro-batch per DP replica
+  int64_t grad_accum = 1;    // micro-batches per optimizer step per DP replica
+  int64_t eval_every = 50;   // 0: only at the end
+  int64_t eval_batches = 4;  // validation micro-batches per DP replica
+  int64_t log_every = 1;
+  int64_t save_every = 0;    // 0: only at the end when save_dir is set
+  std::string save_dir;
+  std::string resume;        // checkpoint folder or save dir ("" = start fresh)
+  std::string metrics;       // JSON-lines file ("" = none)
+  std::string chart;         // SVG loss curve ("" = <metrics>.svg when metrics is set)
+  std::string profile;       // cost-model profile for --schedule auto
+};
+
+struct ParallelConfig {
+  int mp = 1, ep = 1, esp = 1;
+  std::string schedule = "s1";  // baseline | s1 | s2 | auto
+  std::string fuse = "on";      // on | off | auto
+  int chunks = 4;
+  int ranks_per_node = 0;
+  double timeout_s = 300.0;
+};
+
+struct TrainConfig {
+  std::string name;
+  model::ModelConfig model;
+  OptimConfig optim;
+  DataConfig data;
+  LoopConfig loop;
+  ParallelConfig parallel;
+};
+
+// Parses and validates; `origin` names the file in messages.
+TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origin);
+TrainConfig load_train_config(const std::string& path);
+// The model section as JSON (what checkpoints compare).
+nlohmann::json model_config_json(const model::ModelConfig& m);
+// Checks the values (also after command-line overrides).
+void validate(const TrainConfig& c);
+
+}  // namespace parm::train

@@ -1,0 +1,261 @@
+#include "train/trainer.h"
+
+#include <mpi.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include <fmt/ranges.h>
+
+#include "data/batches.h"
+#include "kernels/cpu/kernels.h"
+#include "parm/error.h"
+#include "parm/fileio.h"
+#include "parm/timer.h"
+#include "train/checkpoint.h"
+#include "train/loss_chart.h"
+
+namespace parm::train {
+namespace {
+
+// GEMM rate of this rank (GFLOP/s) on a square product of the model's size class, for MFU.
+double measure_gemm_gflops() {
+  const int64_t n = 384;
+  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a), c(a);
+  cpu::gemm(false, false, n, n, n, a.data(), b.data(), c.data(), false);  // warm up
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const double t0 = now_us();
+    cpu::gemm(false, false, n, n, n, a.data(), b.data(), c.data(), false);
+    best = std::min(best, now_us() - t0);
+  }
+  return 2.0 * n * n * n / (best * 1e3);
+}
+
+std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, std::string& note) {
+  model::LayerSchedule s;
+  s.chunks = c.parallel.chunks;
+  s.fuse = c.parallel.fuse != "off";
+  if (c.parallel.schedule == "auto" || c.parallel.fuse == "auto")
+    throw InvalidConfig(
+        "--schedule auto / --fuse auto need the cost model, which is not built into this "
+        "version; use --schedule baseline, s1 or s2");
+  s.kind = schedule::parse_kind(c.parallel.schedule);
+  note = c.parallel.schedule;
+  return {s};
+}
+
+std::string schedule_name(const model::LayerSchedule& s) {
+  return std::string(schedule::kind_name(s.kind)) +
+         (s.fuse && s.kind != schedule::Kind::kBaseline ? "+fused" : "");
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInjection& faults) {
+  validate(cfg);
+  TopologyOptions topt;
+  topt.mp = cfg.parallel.mp;
+  topt.ep = cfg.parallel.ep;
+  topt.esp = cfg.parallel.esp;
+  topt.ranks_per_node = cfg.parallel.ranks_per_node;
+  topt.timeout_s = cfg.parallel.timeout_s;
+  auto topo = Topology::create(topt);
+  const Layout& lay = topo->layout();
+  const bool root = topo->world_rank() == 0;
+  const int dp = lay.dp, dp_rank = topo->comm(Group::kDp).rank();
+  Communicator& world = topo->comm(Group::kWorld);
+
+  std::string sched_note;
+  const auto schedules = choose_schedules(cfg, sched_note);
+  const data::Corpus corpus =
+      data::load_corpus(cfg.data.corpus, cfg.data.val_fraction, cfg.model.seq_len);
+  const data::BatchSource source(corpus,
+                                 cfg.model.arch == model::Arch::kGpt2 ? data::Objective::kCausal
+                                                                      : data::Objective::kMasked,
+                                 cfg.model.seq_len, cfg.model.seed);
+  auto model = model::make_model(*topo, cfg.model, schedules, cfg.loop.micro_batch);
+  const auto params = model->params();
+  AdamW opt(params);
+  const nlohmann::json model_json = model_config_json(cfg.model);
+
+  TrainResult result;
+  for (const auto& s : model->schedules()) result.schedules.push_back(schedule_name(s));
+  result.gemm_gflops = measure_gemm_gflops();
+  world.allreduce(&result.gemm_gflops, 1);
+  result.gemm_gflops /= lay.world;
+
+  int64_t step = 0, data_position = 0;
+  if (!cfg.loop.resume.empty()) {
+    const CheckpointState st = load_checkpoint(*topo, cfg.loop.resume, params, opt, model_json);
+    step = st.step;
+    data_position = st.data_position;
+    if (root && verbose)
+      std::printf("resumed from %s at step %lld (%lld sequences consumed)\n",
+                  cfg.loop.resume.c_str(), static_cast<long long>(step),
+                  static_cast<long long>(data_position));
+  }
+  OptimConfig optim = cfg.optim;
+  optim.total_steps = cfg.loop.steps;
+  const int64_t accum = cfg.loop.grad_accum, micro = cfg.loop.micro_batch;
+  const int64_t global_batch = micro * accum * dp;
+  const int64_t tokens_per_step = global_batch * cfg.model.seq_len;
+
+  std::FILE* metrics = nullptr;
+  if (root && !cfg.loop.metrics.empty()) {
+    metrics = std::fopen(cfg.loop.metrics.c_str(), cfg.loop.resume.empty() ? "w" : "a");
+    PARM_CHECK(metrics != nullptr, "cannot open metrics file {}", cfg.loop.metrics);
+  }
+  if (root && verbose) {
+    std::printf("parm train %s: %s, %lld layers (MoE every %d: %s), M=%lld, E=%lld k=%d f=%s\n",
+                cfg.name.c_str(), cfg.model.arch == model::Arch::kGpt2 ? "GPT-2" : "BERT",
+                static_cast<long long>(cfg.model.num_layers), cfg.model.moe_every,
+                fmt::format("{}", fmt::join(result.schedules, ",")).c_str(),
+                static_cast<long long>(cfg.model.model_dim),
+                static_cast<long long>(cfg.model.experts), cfg.model.topk,
+                cfg.model.capacity_factor.c_str());
+    std::printf("layout: %d ranks, dp=%d mp=%d | edp=%d ep=%d esp=%d; global batch %lld x %lld "
+                "tokens; corpus %s (%zu train / %zu val bytes); GEMM %.1f GFLOP/s per rank\n",
+                lay.world, lay.dp, lay.mp, lay.edp, lay.ep, lay.esp,
+                static_cast<long long>(global_batch), static_cast<long long>(cfg.model.seq_len),
+                corpus.name.c_str(), corpus.train.size(), corpus.val.size(), result.gemm_gflops);
+  }
+
+  auto evaluate = [&]() {
+    double sums[2] = {0.0, 0.0};
+    for (int64_t i = 0; i < cfg.loop.eval_batches; ++i) {
+      const auto parts = model->forward(source.val_batch(i * dp + dp_rank, micro));
+      sums[0] += parts.lm_loss_sum;
+      sums[1] += static_cast<double>(parts.num_targets);
+    }
+    topo->comm(Group::kDp).allreduce(sums, 2);
+    return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  };
+
+  const double run_t0 = now_us();
+  for (; step < cfg.loop.steps; ++step) {
+    if (faults.kill_rank == topo->world_rank() && faults.kill_at_step == step) {
+      std::fprintf(stderr, "parm train: rank %d dies at step %lld (fault injection)\n",
+                   topo->world_rank(), static_cast<long long>(step));
+      std::fflush(stderr);
+      ::raise(SIGKILL);
+    }
+    const double t0 = now_us();
+    for (auto* p : params) p->grad.zero();
+    std::vector<model::Batch> batches;
+    double counts[1] = {0.0};
+    for (int64_t a = 0; a < accum; ++a) {
+      const int64_t j = a * dp + dp_rank;
+      batches.push_back(source.train_batch(data_position + j * micro, micro));
+      for (int32_t t : batches.back().targets) counts[0] += t >= 0 ? 1.0 : 0.0;
+    }
+    topo->comm(Group::kDp).allreduce(counts, 1);
+    double sums[2] = {0.0, 0.0};  // lm loss sum, aux loss sum
+    double comm_us = 0.0, compute_us = 0.0;
+    for (const auto& b : batches) {
+      const auto parts = model->forward_backward(b, std::max(1.0, counts[0]), 1.0f);
+      sums[0] += parts.lm_loss_sum;
+      sums[1] += parts.aux_loss;
+      comm_us += model->last_comm_us();
+      compute_us += model->last_compute_us();
+    }
+    const double t_sync = now_us();
+    reduce_gradients(*topo, params);
+    const double norm = global_grad_norm(*topo, params);
+    const double clip =
+        optim.grad_clip > 0 && norm > optim.grad_clip ? optim.grad_clip / (norm + 1e-6) : 1.0;
+    const double lr = lr_at(optim, step);
+    opt.step(optim, lr, clip);
+    comm_us += now_us() - t_sync;
+    data_position += global_batch;
+    topo->comm(Group::kDp).allreduce(sums, 2);
+    const double step_us = now_us() - t0;
+
+    StepMetrics m;
+    m.step = step + 1;
+    m.loss = sums[0] / std::max(1.0, counts[0]);
+    m.aux_loss = sums[1] / static_cast<double>(accum * dp);
+    m.lr = lr;
+    m.grad_norm = norm;
+    double times[3] = {step_us, comm_us, compute_us};
+    MPI_Allreduce(MPI_IN_PLACE, times, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    m.step_ms = times[0] / 1e3;
+    m.comm_ms = times[1] / 1e3;
+    m.compute_ms = times[2] / 1e3;
+    m.tokens_per_s = static_cast<double>(tokens_per_step) / (times[0] / 1e6);
+    const double flops =
+        model->flops_per_step(micro * cfg.model.seq_len) * static_cast<double>(accum);
+    double total_flops = flops;
+    world.allreduce(&total_flops, 1);
+    m.mfu = total_flops / (times[0] / 1e6) / (result.gemm_gflops * 1e9 * lay.world);
+    const bool last = step + 1 == cfg.loop.steps;
+    if ((cfg.loop.eval_every > 0 && (step + 1) % cfg.loop.eval_every == 0) || last)
+      m.val_loss = evaluate();
+    if (last) result.final_val_loss = m.val_loss;
+
+    if (root) {
+      result.history.push_back(m);
+      if (verbose && ((step + 1) % cfg.loop.log_every == 0 || last || m.val_loss >= 0)) {
+        std::string val = m.val_loss >= 0 ? fmt::format(" val {:.4f}", m.val_loss) : "";
+        std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f  lr %.2e  |g| %.3f  %7.0f tok/s  "
+                    "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%\n",
+                    static_cast<long long>(m.step), static_cast<long long>(cfg.loop.steps),
+                    m.loss, val.c_str(), m.aux_loss, m.lr, m.grad_norm, m.tokens_per_s,
+                    m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu);
+        std::fflush(stdout);
+      }
+      if (metrics != nullptr) {
+        nlohmann::json line = {{"step", m.step},       {"loss", m.loss},
+                               {"aux_loss", m.aux_loss}, {"lr", m.lr},
+                               {"grad_norm", m.grad_norm}, {"step_ms", m.step_ms},
+                               {"comm_ms", m.comm_ms}, {"compute_ms", m.compute_ms},
+                               {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}};
+        if (m.val_loss >= 0) line["val_loss"] = m.val_loss;
+        const std::string text = line.dump() + "\n";
+        std::fwrite(text.data(), 1, text.size(), metrics);  // one write per line
+        std::fflush(metrics);
+      }
+    }
+    const bool save_now = !cfg.loop.save_dir.empty() &&
+                          ((cfg.loop.save_every > 0 && (step + 1) % cfg.loop.save_every == 0) ||
+                           last);
+    if (save_now) {
+      set_checkpoint_crash_after_files(faults.crash_save_after_files);
+      const std::string where = save_checkpoint(*topo, cfg.loop.save_dir, params, opt,
+                                                {step + 1, data_position, model_json});
+      if (root && verbose) std::printf("saved %s\n", where.c_str());
+    }
+  }
+  if (metrics != nullptr) std::fclose(metrics);
+  if (root && verbose) {
+    const double secs = (now_us() - run_t0) / 1e6;
+    std::printf("\n%-28s %s\n", "summary", cfg.name.c_str());
+    if (!result.history.empty()) {
+      const auto& f = result.history.front();
+      const auto& l = result.history.back();
+      double tps = 0.0;
+      for (const auto& h : result.history) tps += h.tokens_per_s;
+      std::printf("%-28s %.4f -> %.4f\n", "train loss (first -> last)", f.loss, l.loss);
+      std::printf("%-28s %.4f\n", "validation loss (final)", result.final_val_loss);
+      std::printf("%-28s %.0f\n", "tokens/s (mean)", tps / static_cast<double>(result.history.size()));
+      std::printf("%-28s %.1f (comm %.1f)\n", "ms per step (last)", l.step_ms, l.comm_ms);
+      std::printf("%-28s %.1f%%\n", "MFU (last)", 100.0 * l.mfu);
+    }
+    std::printf("%-28s %s\n", "MoE schedules", fmt::format("{}", fmt::join(result.schedules, ",")).c_str());
+    std::printf("%-28s %.1f s\n", "wall time", secs);
+  }
+  if (root && !result.history.empty()) {
+    std::string chart = cfg.loop.chart;
+    if (chart.empty() && !cfg.loop.metrics.empty()) chart = cfg.loop.metrics + ".svg";
+    if (!chart.empty()) {
+      write_file_atomic(chart, loss_chart_svg(result.history, cfg.name));
+      if (verbose) std::printf("%-28s %s\n", "loss chart", chart.c_str());
+    }
+  }
+  return result;
+}
+
+}  // namespace parm::train

@@ -1,0 +1,45 @@
+// The training loop: data-parallel micro-batches, gradient reduction over dp/edp, global-norm
+// clipping, AdamW with warmup + cosine, validation, metrics, checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/train_config.h"
+
+namespace parm::train {
+
+struct StepMetrics {
+  int64_t step = 0;        // 1-based: optimizer steps done
+  double loss = 0.0;       // mean cross-entropy over the global batch (nats per target)
+  double aux_loss = 0.0;   // mean over micro-batches of the summed l_aux of the MoE layers
+  double val_loss = -1.0;  // < 0: not evaluated at this step
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double step_ms = 0.0;
+  double comm_ms = 0.0;    // max over ranks of the time in collectives
+  double compute_ms = 0.0;
+  double tokens_per_s = 0.0;
+  double mfu = 0.0;        // model FLOPs / (step time x ranks x measured GEMM rate)
+};
+
+struct TrainResult {
+  std::vector<StepMetrics> history;  // on world rank 0
+  double final_val_loss = -1.0;
+  double gemm_gflops = 0.0;          // per rank, used for MFU
+  std::vector<std::string> schedules;  // per MoE layer, e.g. "s1+fused"
+};
+
+// Test hooks (hidden CLI flags): a rank that dies, a save that crashes.
+struct FaultInjection {
+  int kill_rank = -1;
+  int64_t kill_at_step = -1;
+  int crash_save_after_files = -1;
+};
+
+// Collective over the world. Prints progress on rank 0 when `verbose`.
+TrainResult run_training(const TrainConfig& config, bool verbose,
+                         const FaultInjection& faults = {});
+
+}  // namespace parm::train

@@ -1,0 +1,424 @@
+// The models under hybrid parallelism: for every layout of a sweep and every schedule, one
+// forward_backward of a tiny GPT-2-MoE and a tiny BERT-MoE gives the loss, l_aux and every
+// gradient shard of the single-process model (built on a one-rank topology over
+// MPI_COMM_SELF, processing the N_DP replicas' micro-batches one after another with gradient
+// accumulation). Capacity factor E: no token is ever dropped, so S1's per-slice gating equals
+// the full gate. Plus a finite-difference check of the single-process model's gradient.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "model/model.h"
+#include "mpi_test_util.h"
+#include "parm/error.h"
+#include "parm/rng.h"
+#include "parm/timer.h"
+
+namespace parm::model {
+namespace {
+
+using schedule::Kind;
+
+struct Lay {
+  int mp, ep, esp;
+};
+
+std::vector<Lay> sweep_layouts() {
+  switch (test::world_size()) {
+    case 1: return {{1, 1, 1}};
+    case 2: return {{2, 1, 2}, {1, 2, 1}, {2, 2, 1}, {1, 1, 2}};
+    case 3: return {{3, 1, 3}, {1, 3, 1}};
+    case 4: return {{2, 2, 2}, {1, 4, 1}, {2, 2, 1}, {4, 1, 4}, {2, 1, 2}, {1, 2, 2}};
+    case 8: return {{2, 4, 2}, {4, 2, 4}, {1, 8, 1}, {2, 2, 2}};
+    default: return {};
+  }
+}
+
+constexpr int64_t kMicroBatch = 3;  // B; T = B * L = 24 divides by N_MP in {1, 2, 3, 4, 8}
+
+ModelConfig tiny_config(Arch arch) {
+  const bool three = test::world_size() == 3;
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab = arch == Arch::kBert ? kBertVocab : 256;
+  c.seq_len = 8;
+  c.num_heads = three ? 6 : 8;
+  c.model_dim = 4 * c.num_heads;  // head dim 4
+  c.num_layers = 4;
+  c.moe_every = 2;  // blocks 1 and 3 are MoE, 0 and 2 dense
+  c.ffn_hidden = three ? 48 : 64;
+  c.experts = three ? 6 : 8;
+  c.expert_hidden = three ? 24 : 32;
+  c.topk = 2;
+  c.capacity_factor = three ? "6.0" : "8.0";  // f = E: C >= T, nothing drops
+  c.aux_loss_coeff = 0.1f;
+  c.init_std = 0.2f;       // large enough that every nonlinearity matters
+  c.init_bias_std = 0.1f;  // nonzero biases and LN shifts: a bias added twice shows
+  c.seed = 42;
+  return c;
+}
+
+// Micro-batch d of the global batch: random bytes; GPT-2 targets are the next byte, BERT
+// masks about a quarter of the positions (input [MASK], target the original byte).
+Batch make_batch(Arch arch, int d) {
+  Batch b;
+  b.batch = kMicroBatch;
+  b.seq_len = 8;
+  const int64_t T = b.batch * b.seq_len;
+  Rng rng(1234, 100 + static_cast<uint64_t>(d));
+  for (int64_t s = 0; s < b.batch; ++s) {
+    std::vector<int32_t> seq(static_cast<size_t>(b.seq_len + 1));
+    for (auto& t : seq) t = static_cast<int32_t>(rng.next_u32() % 256);
+    for (int64_t l = 0; l < b.seq_len; ++l) {
+      if (arch == Arch::kGpt2) {
+        b.tokens.push_back(seq[static_cast<size_t>(l)]);
+        b.targets.push_back(seq[static_cast<size_t>(l + 1)]);
+      } else {
+        const bool masked = rng.uniform() < 0.25f;
+        b.tokens.push_back(masked ? kBertMaskToken : seq[static_cast<size_t>(l)]);
+        b.targets.push_back(masked ? seq[static_cast<size_t>(l)] : -1);
+      }
+    }
+  }
+  PARM_CHECK_EQ(static_cast<int64_t>(b.tokens.size()), T);
+  return b;
+}
+
+int64_t count_targets(const Batch& b) {
+  return static_cast<int64_t>(
+      std::count_if(b.targets.begin(), b.targets.end(), [](int32_t y) { return y >= 0; }));
+}
+
+Topology& self_topology() {
+  static std::unique_ptr<Topology> topo = [] {
+    TopologyOptions o;
+    o.self_only = true;
+    return Topology::create(o);
+  }();
+  return *topo;
+}
+
+// The single-process model over n_dp micro-batches with gradient accumulation.
+struct Reference {
+  double lm_loss_sum = 0.0;
+  double aux_sum = 0.0;
+  std::map<std::string, Tensor> value, grad;  // whole tensors by name
+};
+
+const Reference& reference(Arch arch, int n_dp) {
+  static std::map<std::pair<int, int>, Reference> cache;
+  const auto key = std::make_pair(static_cast<int>(arch), n_dp);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  Reference r;
+  auto model = make_model(self_topology(), tiny_config(arch), {}, kMicroBatch);
+  int64_t denom = 0;
+  for (int d = 0; d < n_dp; ++d) denom += count_targets(make_batch(arch, d));
+  for (int d = 0; d < n_dp; ++d) {
+    const LossParts lp =
+        model->forward_backward(make_batch(arch, d), static_cast<double>(denom), 1.0f);
+    r.lm_loss_sum += lp.lm_loss_sum;
+    r.aux_sum += lp.aux_loss;
+  }
+  for (Param* p : model->params()) {
+    r.value[p->name] = p->value.clone();
+    r.grad[p->name] = p->grad.clone();
+  }
+  return cache.emplace(key, std::move(r)).first->second;
+}
+
+struct SchedCase {
+  std::string name;
+  std::vector<LayerSchedule> scheds;
+};
+
+std::vector<SchedCase> schedule_cases(const Lay& l) {
+  std::vector<SchedCase> out;
+  if (l.mp == 1 || l.esp == 1 || l.esp == l.mp)
+    out.push_back({"baseline", {{Kind::kBaseline, false, 1}}});
+  out.push_back({"s1", {{Kind::kS1, false, 1}}});
+  out.push_back({"s2", {{Kind::kS2, false, 1}}});
+  out.push_back({"s1 fused", {{Kind::kS1, true, 3}}});
+  out.push_back({"s2 fused", {{Kind::kS2, true, 2}}});
+  out.push_back({"s1 fused + s2 (per layer)", {{Kind::kS1, true, 2}, {Kind::kS2, false, 1}}});
+  return out;
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0.0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(t[i])));
+  return m;
+}
+
+// fp32 sums in a different order (partial sums over mp, grads summed over dp/edp instead of
+// accumulated, all-reduce trees): errors are a few ulps of the tensor's largest entries; a
+// missing or doubled contribution is of order 1 relative.
+constexpr double kGradTol = 1e-4;
+constexpr double kLossTol = 1e-5;
+
+TEST(ModelEquivalence, EveryLayoutEveryScheduleMatchesSingleProcess) {
+  int64_t num_checked = 0;
+  double worst = 0.0;  // largest relative gradient error seen (printed: the margin)
+  for (const Lay& lay : sweep_layouts()) {
+    TopologyOptions o;
+    o.mp = lay.mp;
+    o.ep = lay.ep;
+    o.esp = lay.esp;
+    o.timeout_s = 120;
+    auto topo = Topology::create(o);
+    const int n_dp = topo->layout().dp;
+    const int d = topo->comm(Group::kDp).rank();
+    for (Arch arch : {Arch::kGpt2, Arch::kBert}) {
+      const Reference& ref = reference(arch, n_dp);
+      int64_t denom = 0;
+      for (int i = 0; i < n_dp; ++i) denom += count_targets(make_batch(arch, i));
+      const Batch batch = make_batch(arch, d);
+      for (const SchedCase& sc : schedule_cases(lay)) {
+        const std::string what = fmt::format("{} mp={} ep={} esp={} {} rank {}",
+                                             arch == Arch::kGpt2 ? "gpt2" : "bert", lay.mp,
+                                             lay.ep, lay.esp, sc.name, test::world_rank());
+        auto model = make_model(*topo, tiny_config(arch), sc.scheds, kMicroBatch);
+        const LossParts lp = model->forward_backward(batch, static_cast<double>(denom), 1.0f);
+        // Loss: summed over the DP replicas.
+        double sums[2] = {lp.lm_loss_sum, lp.aux_loss};
+        topo->comm(Group::kDp).allreduce(sums, 2);
+        EXPECT_NEAR(sums[0], ref.lm_loss_sum, kLossTol * std::fabs(ref.lm_loss_sum)) << what;
+        EXPECT_NEAR(sums[1], ref.aux_sum, kLossTol * std::fabs(ref.aux_sum) + 1e-7) << what;
+        EXPECT_EQ(lp.num_targets, count_targets(batch)) << what;
+        EXPECT_GE(model->last_comm_us(), 0.0);
+        EXPECT_GT(model->last_compute_us(), 0.0);
+        EXPECT_GT(model->flops_per_step(kMicroBatch * 8), 0.0);
+        ASSERT_EQ(static_cast<int64_t>(model->schedules().size()), 2) << what;
+
+        for (Param* p : model->params()) {
+          auto vit = ref.value.find(p->name);
+          ASSERT_NE(vit, ref.value.end()) << "no parameter " << p->name << " in the reference";
+          ASSERT_EQ(p->whole_shape, vit->second.shape()) << p->name;
+          // Initial values: this rank's shard of the single-process tensor, bit for bit.
+          Tensor expect(p->value.shape());
+          copy_shard_from_whole(vit->second, p->splits, expect);
+          int64_t bad = 0;
+          for (int64_t i = 0; i < expect.numel(); ++i) bad += p->value[i] != expect[i];
+          EXPECT_EQ(bad, 0) << what << ": initial value of " << p->name;
+          // Gradient: reduce over the group that sees different data, then compare every
+          // rank's shard (so every replica, not just the owner, is checked).
+          Tensor g = p->grad.clone();
+          topo->comm(p->grad_reduce).allreduce(g.data(), static_cast<size_t>(g.numel()));
+          const Tensor& gref_whole = ref.grad.at(p->name);
+          Tensor gref(p->grad.shape());
+          copy_shard_from_whole(gref_whole, p->splits, gref);
+          double err = 0.0;
+          for (int64_t i = 0; i < g.numel(); ++i)
+            err = std::max(err, std::fabs(static_cast<double>(g[i]) - gref[i]));
+          const double scale = std::max(max_abs(gref_whole), 1e-6);
+          worst = std::max(worst, err / scale);
+          EXPECT_LE(err / scale, kGradTol)
+              << what << ": gradient of " << p->name << " max error " << err
+              << " vs largest entry " << scale;
+          ++num_checked;
+        }
+        // The owner logic: the owners' shards assemble every whole tensor exactly once.
+        for (Param* p : model->params()) {
+          Tensor whole(p->whole_shape);
+          if (owns_copy(*p, *topo)) copy_shard_to_whole(p->value, p->splits, whole);
+          topo->comm(Group::kWorld).allreduce(whole.data(), static_cast<size_t>(whole.numel()));
+          const Tensor& vref = ref.value.at(p->name);
+          int64_t bad = 0;
+          for (int64_t i = 0; i < whole.numel(); ++i) bad += whole[i] != vref[i];
+          EXPECT_EQ(bad, 0) << what << ": owners' shards of " << p->name;
+        }
+      }
+    }
+  }
+  EXPECT_GT(num_checked, 0);
+  double w = worst;
+  MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (test::world_rank() == 0)
+    std::printf("model equivalence: %ld gradient shards checked per rank, largest relative "
+                "error %.2e (tolerance %.0e)\n",
+                static_cast<long>(num_checked), w, kGradTol);
+}
+
+// The loss of forward() is the loss forward_backward() reports; a second forward_backward
+// accumulates (doubles) the gradients.
+TEST(ModelSingle, ForwardMatchesForwardBackwardAndGradsAccumulate) {
+  for (Arch arch : {Arch::kGpt2, Arch::kBert}) {
+    auto model = make_model(self_topology(), tiny_config(arch), {}, kMicroBatch);
+    const Batch b = make_batch(arch, 0);
+    const double denom = static_cast<double>(count_targets(b));
+    const LossParts f = model->forward(b);
+    const LossParts fb = model->forward_backward(b, denom, 1.0f);
+    EXPECT_EQ(f.lm_loss_sum, fb.lm_loss_sum);
+    EXPECT_EQ(f.aux_loss, fb.aux_loss);
+    EXPECT_EQ(f.num_targets, fb.num_targets);
+    // Byte-level model near initialisation: the mean loss is near log(V).
+    EXPECT_NEAR(fb.lm_loss_sum / denom, std::log(static_cast<double>(tiny_config(arch).vocab)),
+                2.0);
+    std::map<std::string, Tensor> once;
+    for (Param* p : model->params()) once[p->name] = p->grad.clone();
+    model->forward_backward(b, denom, 1.0f);
+    for (Param* p : model->params()) {
+      const Tensor& g1 = once[p->name];
+      double err = 0.0;
+      for (int64_t i = 0; i < g1.numel(); ++i)
+        err = std::max(err, std::fabs(static_cast<double>(p->grad[i]) - 2.0 * g1[i]));
+      EXPECT_LE(err, 1e-5 * std::max(max_abs(g1), 1e-6)) << p->name;
+    }
+  }
+}
+
+// Directional finite differences of the single-process model, per parameter, in fp32 (the
+// loss sums in double): central differences along a random N(0, 1) direction agree with
+// <grad, v> to about 1% relative plus the fp32 rounding of the loss over the step; a wrong
+// gradient term is off by far more. Dense-only and MoE variants.
+TEST(ModelSingle, GradientMatchesFiniteDifferences) {
+  for (int moe_every : {0, 2})
+  for (Arch arch : {Arch::kGpt2, Arch::kBert}) {
+    ModelConfig cfg = tiny_config(arch);
+    cfg.moe_every = moe_every;
+    // Top-k routing is piecewise constant: a step that changes a token's expert set breaks
+    // the difference quotient. With k = E every token goes to every expert (no drops at
+    // f = E), so the MoE output is smooth. l_aux's first-choice counts are piecewise
+    // constant as well, but the steps here are too small to flip a token's first choice on
+    // this data (deterministic), and a large coefficient makes the l_aux term count.
+    cfg.topk = static_cast<int>(cfg.experts);
+    cfg.aux_loss_coeff = 1.0f;
+    auto model = make_model(self_topology(), cfg, {}, kMicroBatch);
+    const Batch b = make_batch(arch, 0);
+    const double denom = static_cast<double>(count_targets(b));
+    const double coeff = cfg.aux_loss_coeff;
+    auto loss = [&] {
+      const LossParts lp = model->forward(b);
+      return lp.lm_loss_sum / denom + coeff * lp.aux_loss;
+    };
+    model->forward_backward(b, denom, 1.0f);
+    int64_t stream = 0;
+    for (Param* p : model->params()) {
+      Tensor v(p->value.shape());
+      fill_normal(v, 99, static_cast<uint64_t>(++stream), 0.0f, 1.0f);
+      double analytic = 0.0;
+      for (int64_t i = 0; i < v.numel(); ++i) analytic += static_cast<double>(p->grad[i]) * v[i];
+      const Tensor saved = p->value.clone();
+      // A step of norm about 1e-2 whatever the size: small against curvature, large
+      // against fp32 rounding of the loss (about 1e-7, hence the second tolerance term).
+      const double eps = 1e-2 / std::sqrt(static_cast<double>(v.numel()));
+      auto shifted = [&](double s) {
+        for (int64_t i = 0; i < v.numel(); ++i)
+          p->value[i] = saved[i] + static_cast<float>(s * eps * v[i]);
+        return loss();
+      };
+      const double numeric = (shifted(1.0) - shifted(-1.0)) / (2.0 * eps);
+      p->value.copy_from(saved);
+      const double tol = 2e-2 * std::fabs(analytic) + 3e-7 / eps;
+      EXPECT_NEAR(numeric, analytic, tol) << (arch == Arch::kGpt2 ? "gpt2 " : "bert ") << "moe_every " << moe_every << " " << p->name;
+    }
+  }
+}
+
+TEST(ModelSingle, BadConfigsAreRefusedBeforeAnyWork) {
+  ModelConfig c = tiny_config(Arch::kGpt2);
+  c.topk = static_cast<int>(c.experts) + 1;
+  try {
+    make_model(self_topology(), c, {}, kMicroBatch);
+    ADD_FAILURE() << "topk > experts accepted";
+  } catch (const InvalidConfig& e) {
+    EXPECT_NE(std::string(e.what()).find("topk"), std::string::npos) << e.what();
+  }
+  auto model = make_model(self_topology(), tiny_config(Arch::kGpt2), {}, kMicroBatch);
+  Batch wrong = make_batch(Arch::kGpt2, 0);
+  wrong.batch = 2;
+  EXPECT_THROW(model->forward(wrong), Error);
+  Batch bad_token = make_batch(Arch::kGpt2, 0);
+  bad_token.tokens[5] = 300;
+  EXPECT_THROW(model->forward(bad_token), Error);
+}
+
+// Layout constraints refused on a real multi-rank topology, identically on every rank.
+TEST(ModelLayout, IndivisibleShapesAreRefusedOnEveryRank) {
+  const int p = test::world_size();
+  if (p < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  TopologyOptions o;
+  o.mp = p;
+  o.esp = p;
+  o.timeout_s = 60;
+  auto topo = Topology::create(o);
+  ModelConfig c = tiny_config(Arch::kGpt2);
+  c.num_heads = p + 1;  // not divisible by N_MP
+  c.model_dim = 4 * c.num_heads;
+  bool refused = false;
+  try {
+    make_model(*topo, c, {}, kMicroBatch);
+  } catch (const InvalidConfig& e) {
+    refused = std::string(e.what()).find("--mp") != std::string::npos;
+  }
+  EXPECT_TRUE(test::all_ranks(refused));
+}
+
+// Step time of a tiny GPT-2-MoE forward_backward (a measurement, not a check: run it with
+// --gtest_also_run_disabled_tests --gtest_filter='*ModelTiming*').
+TEST(DISABLED_ModelTiming, TinyGpt2StepTime) {
+  const int p = test::world_size();
+  ModelConfig c;
+  c.vocab = 256;
+  c.seq_len = 64;
+  c.model_dim = 128;
+  c.num_heads = 4;
+  c.num_layers = 4;
+  c.ffn_hidden = 512;
+  c.moe_every = 2;
+  c.experts = 4 * ((p + 3) / 4);
+  c.expert_hidden = 512;
+  c.topk = 2;
+  c.capacity_factor = "1.25";
+  struct L3 {
+    int mp, ep, esp;
+  };
+  std::vector<L3> lays = {{1, p, 1}};
+  if (p % 2 == 0) lays.push_back({2, p / 2, 2});
+  for (const L3& l : lays) {
+    TopologyOptions o;
+    o.mp = l.mp;
+    o.ep = l.ep;
+    o.esp = l.esp;
+    auto topo = Topology::create(o);
+    for (Kind k : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
+      const int64_t B = 8;
+      auto model = make_model(*topo, c, {{k, k != Kind::kBaseline, 4}}, B);
+      Batch b;
+      b.batch = B;
+      b.seq_len = c.seq_len;
+      Rng rng(5, static_cast<uint64_t>(topo->comm(Group::kDp).rank()));
+      for (int64_t i = 0; i < B * c.seq_len; ++i) {
+        b.tokens.push_back(static_cast<int32_t>(rng.next_u32() % 256));
+        b.targets.push_back(static_cast<int32_t>(rng.next_u32() % 256));
+      }
+      const double denom = static_cast<double>(B * c.seq_len * topo->layout().dp);
+      model->forward_backward(b, denom, 1.0f);  // warm-up
+      const int steps = 5;
+      double total = 0, comm = 0;
+      for (int s = 0; s < steps; ++s) {
+        topo->comm(Group::kWorld).barrier();
+        const double t0 = now_us();
+        model->forward_backward(b, denom, 1.0f);
+        total += now_us() - t0;
+        comm += model->last_comm_us();
+      }
+      if (test::world_rank() == 0)
+        std::printf("tiny gpt2-moe B=%ld L=%ld M=%ld layers=%ld E=%ld  mp=%d ep=%d esp=%d %-8s "
+                    "step %.1f ms (comm %.1f ms), %.0f tokens/s per MP group, %.2f GFLOP/s/rank\n",
+                    static_cast<long>(B), static_cast<long>(c.seq_len),
+                    static_cast<long>(c.model_dim), static_cast<long>(c.num_layers),
+                    static_cast<long>(c.experts), l.mp, l.ep, l.esp, schedule::kind_name(k),
+                    total / steps / 1e3, comm / steps / 1e3,
+                    B * c.seq_len / (total / steps / 1e6),
+                    model->flops_per_step(B * c.seq_len) / (total / steps / 1e6) / 1e9);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace parm::model

@@ -1,0 +1,506 @@
+// The cost model (SPEC §5): volume factors and fused costs against hand-computed cases, the
+// profile file (round trip, refusals), the simulator's CSV, and the automatic choice.
+// Pure computation: no timing decides a result here.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "parm/error.h"
+#include "parm/fileio.h"
+#include "perfmodel/fit.h"
+#include "perfmodel/model.h"
+#include "perfmodel/profile.h"
+#include "perfmodel/simulate.h"
+
+namespace parm::perfmodel {
+namespace {
+
+using schedule::Kind;
+using schedule::StepKind;
+
+// Compute is free (enormous rates, no alpha): only the collectives cost.
+Profile comm_only_profile(double a_intra, double b_intra, double a_inter, double b_inter,
+                          double overlap = 1.0) {
+  Profile p;
+  for (auto& f : p.comm[0]) f = CommFit{a_intra, b_intra, 1.0, 0, 2, "test"};
+  for (auto& f : p.comm[1]) f = CommFit{a_inter, b_inter, 1.0, 0, 2, "test"};
+  for (auto& g : p.gemm) g = GemmFit{0.0, 1e15, 1.0, 0, "test"};
+  for (auto& m : p.mem) m = MemFit{0.0, 1e15, 1.0, 0, "test"};
+  p.fused.overlap = overlap;
+  return p;
+}
+
+ref::MoeShape shape_of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const char* f) {
+  ref::MoeShape s;
+  s.tokens = T;
+  s.model_dim = M;
+  s.hidden = H;
+  s.experts = E;
+  s.topk = k;
+  s.capacity_factor = CapacityFactor::parse(f);
+  return s;
+}
+
+const StepCost& step_named(const Prediction& p, const std::string& label) {
+  for (const auto& s : p.steps)
+    if (s.label == label) return s;
+  throw Error("no step " + label + " in " + p.name());
+}
+
+Prediction predict_kind(const Profile& prof, const ref::MoeShape& shape, const Target& t,
+                        Kind kind, bool fuse, int chunks = 4) {
+  return predict(prof, schedule::build({shape, t.layout, 0, fuse, chunks}, kind), shape, t);
+}
+
+TEST(PerfModel, TargetLinks) {
+  const Target t = make_target(0, 2, 2, 2, 2);  // 4 devices, 2 per node
+  EXPECT_EQ(t.layout.world, 4);
+  EXPECT_EQ(group_link(t, Group::kMp), Link::kIntra);
+  EXPECT_EQ(group_link(t, Group::kEsp), Link::kIntra);
+  EXPECT_EQ(group_link(t, Group::kEp), Link::kInter);
+  const Target one = make_target(0, 2, 2, 2, 0);  // one node
+  EXPECT_EQ(group_link(one, Group::kEp), Link::kIntra);
+  // 32 devices, 4 per node: ESP = 4 inside a node, EP = 2 across nodes.
+  const Target c = make_target(32, 4, 2, 4, 4);
+  EXPECT_EQ(group_link(c, Group::kEsp), Link::kIntra);
+  EXPECT_EQ(group_link(c, Group::kEp), Link::kInter);
+  // ESP = 2, EP = 2 fit inside a node of 4.
+  EXPECT_EQ(group_link(make_target(32, 2, 2, 2, 4), Group::kEp), Link::kIntra);
+  EXPECT_THROW(make_target(6, 4, 1, 1, 2), InvalidConfig);
+}
+
+// T=8 M=4 E=4 k=2 f=1.0 on mp=esp=ep=2, 2 devices per node. S1: C1 = ceil(2*4/4) = 2.
+TEST(PerfModel, CollectiveStepsUseBusBytes) {
+  const Profile prof = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const Prediction s1 = predict_kind(prof, shape, t, Kind::kS1, false);
+  // dispatch (E=4, C1=2, M=4) = 128 bytes; alltoall on 2 ranks: (n-1)/n of it = 64 bus bytes,
+  // over the inter-node ep link.
+  const auto& a2a = step_named(s1, "dispatch alltoall");
+  ASSERT_EQ(a2a.fwd_parts.size(), 1u);
+  EXPECT_DOUBLE_EQ(a2a.fwd_parts[0].bus_bytes, 64.0);
+  EXPECT_EQ(a2a.fwd_parts[0].link, Link::kInter);
+  EXPECT_DOUBLE_EQ(a2a.fwd_us, 100.0 + 1e-2 * 64.0);
+  EXPECT_DOUBLE_EQ(a2a.bwd_us, 100.0 + 1e-2 * 64.0);
+  // esp allgather of the received (2, 2, 2, 4) = 128 bytes per rank: (n-1) * 128, intra; its
+  // adjoint is a reduce_scatter of the same bus bytes.
+  const auto& ag = step_named(s1, "esp allgather");
+  EXPECT_DOUBLE_EQ(ag.fwd_parts[0].bus_bytes, 128.0);
+  EXPECT_EQ(ag.fwd_parts[0].op, CommOp::kAllGather);
+  EXPECT_EQ(ag.bwd_parts[0].op, CommOp::kReduceScatter);
+  EXPECT_NEAR(ag.fwd_us, 10.0 + 1e-3 * 128.0, 1e-9);
+  // The MP allgather of the (T/N, M) output: (N-1) * 16 floats; no backward communication.
+  const auto& mp = step_named(s1, "mp allgather");
+  EXPECT_DOUBLE_EQ(mp.fwd_parts[0].bus_bytes, 64.0);
+  EXPECT_TRUE(mp.bwd_parts.empty());
+  // dWg allreduce in the backward pass only: 2 (n-1)/n * M*E*4 = 64 bus bytes.
+  const auto& dwg = step_named(s1, "gate weight gradient allreduce");
+  EXPECT_TRUE(dwg.fwd_parts.empty());
+  EXPECT_DOUBLE_EQ(dwg.bwd_parts[0].bus_bytes, 64.0);
+  EXPECT_DOUBLE_EQ(dwg.bwd_us, 10.0 + 1e-3 * 64.0);
+
+  // Baseline: C = ceil(2*8/4) = 4; the ESP allreduce of (2, 2, 4, 4) = 256 bytes moves
+  // 2 (n-1)/n * 256 = 256 bus bytes.
+  const Prediction base = predict_kind(prof, shape, t, Kind::kBaseline, false);
+  const auto& ar = step_named(base, "esp allreduce");
+  EXPECT_DOUBLE_EQ(ar.fwd_parts[0].bus_bytes, 256.0);
+  EXPECT_EQ(ar.fwd_parts[0].op, CommOp::kAllReduce);
+  EXPECT_DOUBLE_EQ(ar.bwd_us, 0.0);
+  EXPECT_DOUBLE_EQ(step_named(base, "esp shared input").bwd_parts[0].bus_bytes, 2.0 * 0.5 * 256);
+  // One cost per schedule step, plus the executor's own row.
+  EXPECT_EQ(base.steps.size(), schedule::build({shape, t.layout, 0, false, 4}, Kind::kBaseline)
+                                       .steps.size() + 1);
+}
+
+// SPEC §3's table: S2's MP AllGather moves (N-1) * E * Cs * M elements per rank.
+TEST(PerfModel, S2GatherVolumeMatchesSpecTable) {
+  const Profile prof = comm_only_profile(5.0, 2e-3, 50.0, 4e-3);
+  const auto shape = shape_of(64, 8, 16, 4, 2, "1.2");
+  const Target t = make_target(8, 4, 2, 4, 4);  // N = 4 in a node, EP across two nodes
+  const Prediction s2 = predict_kind(prof, shape, t, Kind::kS2, false);
+  const int64_t C = capacity(2, CapacityFactor::parse("1.2"), 64, 4);  // ceil(38.4) = 39
+  const int64_t Cs = (C + 3) / 4;                                      // 10
+  const double bus = 3.0 * 4 * Cs * 8 * 4;
+  const auto& mp = step_named(s2, "mp allgather");
+  EXPECT_DOUBLE_EQ(mp.fwd_parts[0].bus_bytes, bus);
+  EXPECT_DOUBLE_EQ(mp.fwd_parts[0].us, 5.0 + 2e-3 * bus);
+  // Its forward also pays the interleaving copy, which is free here.
+  EXPECT_NEAR(mp.fwd_us, 5.0 + 2e-3 * bus, 1e-6);
+}
+
+TEST(PerfModel, FusedCostHandComputed) {
+  // Two stages on different links, W = 4: max of the parts plus one piece of the cheaper.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, 1.0), 4 * 5.0 + 3.0);
+  // No overlap: every piece one after the other.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, 0.0), 4 * 8.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, 0.5), 27.5);
+  // Overlap below 0: slower than serial.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, -1.0), 41.0);
+  // Same link class: nothing overlaps.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kIntra}, 4, 1.0), 32.0);
+  // Three stages (S2's combine), W = 2: steps [2], [2 | 6], [6 | 1], [1] -> 2 + 6 + 6 + 1.
+  EXPECT_DOUBLE_EQ(
+      fused_us({2.0, 6.0, 1.0}, {Link::kIntra, Link::kInter, Link::kIntra}, 2, 1.0), 15.0);
+  EXPECT_DOUBLE_EQ(
+      fused_us({2.0, 6.0, 1.0}, {Link::kIntra, Link::kInter, Link::kIntra}, 2, 0.0), 18.0);
+  // One chunk: the parts in sequence whatever the overlap.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 1, 1.0), 8.0);
+}
+
+TEST(PerfModel, FusedStepPricedFromItsParts) {
+  const double ai = 10.0, bi = 1e-3, ae = 100.0, be = 1e-2;
+  const Profile prof = comm_only_profile(ai, bi, ae, be, 1.0);
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const Prediction s1f = predict_kind(prof, shape, t, Kind::kS1, true, 4);
+  ASSERT_TRUE(s1f.fused);
+  // The dispatch collective: ep alltoall (64 bus bytes, inter), then esp allgather (128,
+  // intra), in 4 pieces.
+  const auto& d = step_named(s1f, "fused dispatch (ep alltoall + esp allgather)");
+  const double ca = ae + be * 64.0 / 4, cb = ai + bi * 128.0 / 4;
+  EXPECT_NEAR(d.fwd_us, 4 * std::max(ca, cb) + std::min(ca, cb), 1e-9);
+  // Backward: the combine collective (esp reduce_scatter, then ep alltoall), same volumes.
+  EXPECT_NEAR(d.bwd_us, 4 * std::max(ca, cb) + std::min(ca, cb), 1e-9);
+  // Unfused, the same parts cost their sum.
+  const Prediction s1 = predict_kind(prof, shape, t, Kind::kS1, false);
+  EXPECT_NEAR(step_named(s1, "dispatch alltoall").fwd_us + step_named(s1, "esp allgather").fwd_us,
+              (ae + be * 64) + (ai + bi * 128), 1e-9);
+}
+
+TEST(PerfModel, CandidatesAndBaselineRule) {
+  const Profile prof = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
+  const auto shape = shape_of(16, 4, 8, 4, 2, "1.0");
+  const std::vector<Kind> all = {Kind::kBaseline, Kind::kS1, Kind::kS2};
+  // mp=2, esp=2, ep=2: baseline, s1, s1+fused, s2, s2+fused.
+  auto c = predict_candidates(prof, shape, make_target(0, 2, 2, 2, 2), 4, all, {false, true});
+  ASSERT_EQ(c.size(), 5u);
+  EXPECT_EQ(c[0].pred.name(), "baseline");
+  EXPECT_EQ(c[2].pred.name(), "s1+fused");
+  // mp=2, esp=1, ep=2: S1 has nothing to fuse (ep only); S2 fuses ep alltoall + mp gather.
+  c = predict_candidates(prof, shape, make_target(0, 2, 2, 1, 2), 4, all, {false, true});
+  std::vector<std::string> names;
+  for (const auto& x : c) names.push_back(x.pred.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"baseline", "s1", "s2", "s2+fused"}));
+  // mp=4, esp=2: no baseline.
+  c = predict_candidates(prof, shape, make_target(8, 4, 2, 2, 4), 4, all, {false, true});
+  EXPECT_EQ(c.front().pred.name(), "s1");
+}
+
+// The same layer (T=64 M=8 E=4 k=2 f=1.2; mp=esp=ep=2, EP across nodes) under two
+// profiles. Inter-node bytes are dear in both, so the baseline, whose EP alltoalls carry
+// N_MP copies (C = 39 slots against 20 for S1 and S2), loses either way.
+TEST(PerfModel, AutoPicksS1WhenMpBytesDominate) {
+  // Intra-node bytes are dear too: S1's MP traffic ((N-1) T/N M) is about k f times smaller
+  // than S2's ((N-1) E Cs M).
+  const Profile prof = comm_only_profile(1.0, 1.0, 1.0, 10.0, 1.0);
+  const auto shape = shape_of(64, 8, 16, 4, 2, "1.2");
+  const auto c = predict_candidates(prof, shape, make_target(0, 2, 2, 2, 2), 4,
+                                    {Kind::kBaseline, Kind::kS1, Kind::kS2}, {false, true});
+  EXPECT_EQ(c[choose(c)].kind, Kind::kS1) << c[choose(c)].pred.name();
+}
+
+TEST(PerfModel, AutoPicksS2WhenIntraLatencyDominates) {
+  // Every intra-node collective call costs 1 ms and intra bytes are almost free: S1 issues
+  // eight intra-node calls per step pair (mp: statistics, output gather, token-slice adjoint,
+  // dWg; esp: four), S2 six. Fused pieces would pay the 1 ms per piece.
+  const Profile prof = comm_only_profile(1000.0, 1e-6, 1.0, 10.0, 1.0);
+  const auto shape = shape_of(64, 8, 16, 4, 2, "1.2");
+  const auto c = predict_candidates(prof, shape, make_target(0, 2, 2, 2, 2), 4,
+                                    {Kind::kBaseline, Kind::kS1, Kind::kS2}, {false, true});
+  EXPECT_EQ(c[choose(c)].kind, Kind::kS2) << c[choose(c)].pred.name();
+  EXPECT_FALSE(c[choose(c)].pred.fused);
+}
+
+TEST(PerfModel, AutoPicksFusedOnlyWhenItPays) {
+  const auto shape = shape_of(64, 8, 16, 4, 2, "1.2");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const std::vector<Kind> s1 = {Kind::kS1};
+  // Both links busy with bytes and ideal overlap: fused wins.
+  auto c = predict_candidates(comm_only_profile(0.1, 1e-2, 0.1, 1e-2, 1.0), shape, t, 4, s1,
+                              {false, true});
+  EXPECT_TRUE(c[choose(c)].pred.fused);
+  // No overlap and a per-piece alpha: the pieces only add latency.
+  c = predict_candidates(comm_only_profile(50.0, 1e-2, 50.0, 1e-2, 0.0), shape, t, 4, s1,
+                         {false, true});
+  EXPECT_FALSE(c[choose(c)].pred.fused);
+}
+
+TEST(PerfModel, ComputeStepsUseRatesAndShapes) {
+  Profile p = comm_only_profile(0.0, 0.0, 0.0, 0.0);
+  p.gemm_fit(GemmClass::kExpertNN) = GemmFit{2.0, 1.0, 1.0, 0, "t"};  // 1 GFLOP/s = 1e3 flop/us
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const auto sc = schedule::build({shape, t.layout, 0, false, 4}, Kind::kS1);
+  const Prediction s1 = predict(p, sc, shape, t);
+  // R = blocks (4) x C1 (2) = 8 rows; E_loc = 2; Hl = 4: per expert two (8 x 4 x 4) GEMMs.
+  const double gemm = 2.0 + 2.0 * 8 * 4 * 4 / 1e3;
+  EXPECT_NEAR(step_named(s1, "experts").fwd_us, 2 * 2 * gemm, 1e-6);
+}
+
+// ---- profile file ----
+
+std::string temp_path(const std::string& name) {
+  return fmt::format("/tmp/parm_test_perfmodel_{}_{}", getpid(), name);
+}
+
+Profile sample_profile() {
+  Profile p;
+  p.machine = {{"hostname", "test-host"}, {"cores", 2}};
+  double v = 1.0;
+  for (auto& link : p.comm)
+    for (auto& f : link) {
+      f = CommFit{v, v * 1e-4, 0.99, 12, 2, "measured"};
+      v += 1.0;
+    }
+  p.fused = FusedFit{0.75, 0.9, 24, "emulated"};
+  for (auto& g : p.gemm) {
+    g = GemmFit{v, 10.0 * v, 0.95, 54, "measured"};
+    v += 1.0;
+  }
+  for (auto& m : p.mem) {
+    m = MemFit{v, 3.0 * v, 0.9, 9, "measured"};
+    v += 1.0;
+  }
+  return p;
+}
+
+TEST(Profile, WriteReadRoundTrip) {
+  const Profile p = sample_profile();
+  const std::string path = temp_path("roundtrip.json");
+  write_profile(p, path);
+  const Profile q = read_profile(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(q.machine, p.machine);
+  for (size_t l = 0; l < p.comm.size(); ++l)
+    for (size_t o = 0; o < p.comm[l].size(); ++o) {
+      EXPECT_DOUBLE_EQ(q.comm[l][o].alpha_us, p.comm[l][o].alpha_us);
+      EXPECT_DOUBLE_EQ(q.comm[l][o].beta_us_per_byte, p.comm[l][o].beta_us_per_byte);
+      EXPECT_DOUBLE_EQ(q.comm[l][o].r2, p.comm[l][o].r2);
+      EXPECT_EQ(q.comm[l][o].samples, p.comm[l][o].samples);
+      EXPECT_EQ(q.comm[l][o].group_size, p.comm[l][o].group_size);
+      EXPECT_EQ(q.comm[l][o].source, p.comm[l][o].source);
+    }
+  EXPECT_DOUBLE_EQ(q.fused.overlap, 0.75);
+  EXPECT_EQ(q.fused.source, "emulated");
+  for (size_t c = 0; c < p.gemm.size(); ++c) {
+    EXPECT_DOUBLE_EQ(q.gemm[c].gflops, p.gemm[c].gflops);
+    EXPECT_DOUBLE_EQ(q.gemm[c].alpha_us, p.gemm[c].alpha_us);
+  }
+  for (size_t c = 0; c < p.mem.size(); ++c) EXPECT_DOUBLE_EQ(q.mem[c].gbps, p.mem[c].gbps);
+  // The JSON names its entries by link and op.
+  const auto j = profile_to_json(p);
+  EXPECT_EQ(j.at("version"), 1);
+  EXPECT_DOUBLE_EQ(j.at("collectives").at("inter").at("alltoall").at("alpha_us").get<double>(),
+                   p.collective(Link::kInter, CommOp::kAllToAll).alpha_us);
+}
+
+// The refusal message of `j` read as `origin`.
+std::string refusal(const nlohmann::json& j, const std::string& origin = "p.json") {
+  try {
+    profile_from_json(j, origin);
+  } catch (const InvalidConfig& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(Profile, RefusesWrongVersion) {
+  auto j = profile_to_json(sample_profile());
+  j["version"] = 2;
+  const std::string m = refusal(j, "prof.json");
+  EXPECT_TRUE(has(m, "prof.json")) << m;
+  EXPECT_TRUE(has(m, "'version' is 2")) << m;
+  EXPECT_TRUE(has(m, "version 1")) << m;
+  j.erase("version");
+  EXPECT_TRUE(has(refusal(j), "missing entry 'version'")) << refusal(j);
+  j["version"] = "1";
+  EXPECT_TRUE(has(refusal(j), "'version' is \"1\"")) << refusal(j);
+}
+
+TEST(Profile, RefusesMissingEntries) {
+  auto j = profile_to_json(sample_profile());
+  j["collectives"]["inter"].erase("alltoall");
+  std::string m = refusal(j, "prof.json");
+  EXPECT_TRUE(has(m, "prof.json")) << m;
+  EXPECT_TRUE(has(m, "missing entry 'collectives.inter.alltoall'")) << m;
+  j = profile_to_json(sample_profile());
+  j["gemm"]["expert_tn"].erase("gflops");
+  EXPECT_TRUE(has(refusal(j), "missing entry 'gemm.expert_tn.gflops'")) << refusal(j);
+  j = profile_to_json(sample_profile());
+  j.erase("memory");
+  EXPECT_TRUE(has(refusal(j), "missing entry 'memory'")) << refusal(j);
+  j = profile_to_json(sample_profile());
+  j.erase("fused");
+  EXPECT_TRUE(has(refusal(j), "missing entry 'fused'")) << refusal(j);
+}
+
+TEST(Profile, RefusesNonNumbersAndBadRanges) {
+  auto j = profile_to_json(sample_profile());
+  j["collectives"]["intra"]["allreduce"]["alpha_us"] = "fast";
+  std::string m = refusal(j, "prof.json");
+  EXPECT_TRUE(has(m, "prof.json")) << m;
+  EXPECT_TRUE(has(m, "'collectives.intra.allreduce.alpha_us' must be a number, got \"fast\""))
+      << m;
+  j = profile_to_json(sample_profile());
+  j["gemm"]["gate"]["gflops"] = nullptr;
+  EXPECT_TRUE(has(refusal(j), "'gemm.gate.gflops' must be a number, got null")) << refusal(j);
+  j = profile_to_json(sample_profile());
+  j["gemm"]["gate"]["gflops"] = 0;
+  EXPECT_TRUE(has(refusal(j), "'gemm.gate.gflops' = 0 is out of range")) << refusal(j);
+  j = profile_to_json(sample_profile());
+  j["collectives"]["inter"]["allgather"]["beta_us_per_byte"] = -1e-3;
+  EXPECT_TRUE(has(refusal(j), "collectives.inter.allgather.beta_us_per_byte")) << refusal(j);
+  j = profile_to_json(sample_profile());
+  j["fused"]["overlap"] = 1.5;
+  EXPECT_TRUE(has(refusal(j), "'fused.overlap' = 1.5 is out of range")) << refusal(j);
+  j = profile_to_json(sample_profile());
+  j["memory"]["copy"]["samples"] = 2.5;
+  EXPECT_TRUE(has(refusal(j), "'memory.copy.samples' must be a whole number")) << refusal(j);
+}
+
+TEST(Profile, RefusesUnreadableAndNonJsonFiles) {
+  const std::string path = temp_path("broken.json");
+  write_file_atomic(path, "{\"version\": 1, \"collectives\": ");
+  try {
+    read_profile(path);
+    ADD_FAILURE() << "accepted broken JSON";
+  } catch (const InvalidConfig& e) {
+    EXPECT_TRUE(has(e.what(), path)) << e.what();
+    EXPECT_TRUE(has(e.what(), "not valid JSON")) << e.what();
+  }
+  std::remove(path.c_str());
+  EXPECT_THROW(read_profile(temp_path("does_not_exist.json")), InvalidConfig);
+}
+
+// ---- simulator ----
+
+// Splits one CSV line (fields may be quoted, with commas inside).
+std::vector<std::string> csv_fields(const std::string& line) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (char c : line) {
+    if (c == '"') quoted = !quoted;
+    else if (c == ',' && !quoted) out.emplace_back();
+    else out.back() += c;
+  }
+  return out;
+}
+
+std::vector<std::string> csv_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] == '\n') {
+      lines.push_back(text.substr(start, i - start));
+      start = i + 1;
+    }
+  return lines;
+}
+
+nlohmann::json small_cluster() {
+  // 2 nodes x 2 devices; compute is free so that times are the collectives alone.
+  return {{"name", "tiny"},
+          {"nodes", 2},
+          {"devices_per_node", 2},
+          {"intra", {{"alpha_us", 10.0}, {"beta_us_per_byte", 0.01}}},
+          {"inter", {{"alpha_us", 100.0}, {"beta_us_per_byte", 0.1}}},
+          {"gemm", {{"tflops", 1e9}, {"alpha_us", 0.0}}},
+          {"memory", {{"gbps", 1e15}, {"alpha_us", 0.0}}},
+          {"fused_overlap", 1.0}};
+}
+
+nlohmann::json small_grid() {
+  return {{"name", "small"}, {"B", {2}},    {"L", {4}},        {"M", {4}},
+          {"H", {8}},        {"E", {4}},    {"k", {1, 2}},     {"f", {"1.0"}},
+          {"N_MP", {2}},     {"N_ESP", {1, 2}}, {"N_EP", {2, 4}}};
+}
+
+TEST(Simulator, CsvOfSmallGrid) {
+  const auto cluster = cluster_from_json(small_cluster(), "tiny.json");
+  const auto grid = grid_from_json(small_grid(), "small.json");
+  ASSERT_EQ(grid.configs.size(), 8u);  // k (2) x N_ESP (2) x N_EP (2)
+  const auto rows = simulate(cluster, grid);
+  const auto lines = csv_lines(sim_csv(rows));
+  ASSERT_EQ(lines.size(), 9u);  // header + every configuration
+  const auto header = csv_fields(lines[0]);
+  ASSERT_EQ(header.size(), 26u);
+  EXPECT_EQ(header[15], "baseline_ms");
+  EXPECT_EQ(header[24], "speedup_auto_vs_baseline");
+  for (size_t i = 1; i < lines.size(); ++i) EXPECT_EQ(csv_fields(lines[i]).size(), 26u) << lines[i];
+  // Row order: N_EP fastest, then N_ESP, then k. Row 4 = k 1, N_ESP 2, N_EP 2... index:
+  // (k=1: esp1 ep2, esp1 ep4, esp2 ep2, esp2 ep4), (k=2: ...).
+  const auto r = csv_fields(lines[1 + 2]);  // k=1, N_ESP=2, N_EP=2
+  EXPECT_EQ(r[7], "1");
+  EXPECT_EQ(r[10], "2");
+  EXPECT_EQ(r[11], "2");
+  EXPECT_EQ(r[12], "intra");  // mp
+  EXPECT_EQ(r[14], "inter");  // ep: ranks {0, 2} on two nodes
+  // By hand: T = 8, C = ceil(8 / 4) = 2. The baseline moves, each way, two ep alltoalls of
+  // the (4, 2, 4) dispatch buffer (128 bytes -> 64 bus bytes, inter) and one esp allreduce
+  // of (2, 2, 2, 4) = 128 bytes (-> 128 bus bytes, intra):
+  //   per pass 2 (100 + 0.1 * 64) + (10 + 0.01 * 128) = 224.08 us; twice = 0.44816 ms.
+  EXPECT_NEAR(std::stod(r[15]), 0.44816, 1e-4);
+  // N_ESP = 2 with N_EP = 4 needs 8 devices: skipped, with empty times and a reason.
+  const auto skipped = csv_fields(lines[1 + 3]);
+  EXPECT_EQ(skipped[15], "");
+  EXPECT_EQ(skipped[22], "");
+  EXPECT_TRUE(has(skipped[25], "skipped")) << skipped[25];
+  const auto s = summarize(rows);
+  EXPECT_EQ(s.configs, 8);
+  EXPECT_EQ(s.skipped, 2);
+  EXPECT_EQ(s.evaluated, 6);
+  EXPECT_EQ(s.with_baseline, 6);
+  EXPECT_EQ(s.choose_s1 + s.choose_s2 + s.choose_baseline, 6);
+  EXPECT_EQ(s.choose_fused + s.choose_unfused, 6);
+  EXPECT_GE(s.speedup_min, 1.0 - 1e-12);  // auto never predicts slower than the baseline
+  const std::string svg = speedup_svg(rows, s, "tiny <test>");
+  EXPECT_TRUE(has(svg, "<svg")) << svg;
+  EXPECT_TRUE(has(svg, "tiny &lt;test&gt;")) << svg;
+}
+
+TEST(Simulator, RefusesBadFiles) {
+  auto c = small_cluster();
+  c["intra"]["beta_us_per_byte"] = "slow";
+  try {
+    cluster_from_json(c, "c.json");
+    ADD_FAILURE();
+  } catch (const InvalidConfig& e) {
+    EXPECT_TRUE(has(e.what(), "c.json")) << e.what();
+    EXPECT_TRUE(has(e.what(), "intra.beta_us_per_byte")) << e.what();
+  }
+  auto g = small_grid();
+  g.erase("N_EP");
+  EXPECT_THROW(grid_from_json(g, "g.json"), InvalidConfig);
+  g = small_grid();
+  g["f"] = {"1.x"};
+  EXPECT_THROW(grid_from_json(g, "g.json"), InvalidConfig);
+  g = small_grid();
+  g["k"] = {0};
+  EXPECT_THROW(grid_from_json(g, "g.json"), InvalidConfig);
+}
+
+TEST(Fit, LineAndOrigin) {
+  const auto f = fit_line({1, 2, 3, 4}, {12, 14, 16, 18});
+  EXPECT_NEAR(f.intercept, 10.0, 1e-12);
+  EXPECT_NEAR(f.slope, 2.0, 1e-12);
+  EXPECT_NEAR(f.r2, 1.0, 1e-12);
+  EXPECT_EQ(f.samples, 4);
+  // A negative free intercept is refitted through the origin.
+  const auto g = fit_line({1, 2, 3}, {0.0, 2.0, 4.0});
+  EXPECT_EQ(g.intercept, 0.0);
+  EXPECT_NEAR(g.slope, (0 + 4 + 12) / 14.0, 1e-12);
+  EXPECT_THROW(fit_line({1}, {1}), Error);
+}
+
+}  // namespace
+}  // namespace parm::perfmodel

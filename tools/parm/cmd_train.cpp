@@ -1,0 +1,113 @@
+// `parm train`: train a GPT-2- or BERT-style MoE model from a config, with command-line
+// overrides.
+#include <filesystem>
+
+#include "cli_common.h"
+#include "parm/error.h"
+#include "train/trainer.h"
+
+namespace parm::cli {
+
+extern const char* const kDefaultTrainConfig;
+
+namespace {
+
+struct TrainFlags {
+  std::string config;
+  int64_t steps = -1, micro_batch = -1, grad_accum = -1, eval_every = -1, save_every = -1;
+  int mp = -1, ep = -1, esp = -1, chunks = -1, ranks_per_node = -1;
+  double lr = -1, timeout_s = -1;
+  std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
+  std::string resume;
+  CLI::Option* resume_opt = nullptr;
+  train::FaultInjection faults;
+};
+
+train::TrainConfig resolve_config(const std::string& name) {
+  if (name.empty())
+    return train::parse_train_config(nlohmann::json::parse(kDefaultTrainConfig),
+                                     "the built-in gpt2-moe-tiny config");
+  namespace fs = std::filesystem;
+  // A path, or a name under configs/ (here or in the source tree this binary was built from).
+  for (const fs::path& p : {fs::path(name), fs::path("configs") / (name + ".json"),
+                            fs::path(PARM_SOURCE_DIR) / "configs" / (name + ".json")})
+    if (fs::is_regular_file(p)) return train::load_train_config(p.string());
+  throw InvalidConfig(fmt::format(
+      "config '{}' not found: give a JSON file path or a name in configs/ (gpt2-moe-tiny, "
+      "bert-moe-tiny, gpt2-small-moe, bert-base-moe)",
+      name));
+}
+
+int run_train(TrainFlags& f) {
+  train::TrainConfig c = resolve_config(f.config);
+  auto& l = c.loop;
+  auto& p = c.parallel;
+  if (f.steps >= 0) l.steps = f.steps;
+  if (f.micro_batch >= 0) l.micro_batch = f.micro_batch;
+  if (f.grad_accum >= 0) l.grad_accum = f.grad_accum;
+  if (f.eval_every >= 0) l.eval_every = f.eval_every;
+  if (f.save_every >= 0) l.save_every = f.save_every;
+  if (f.mp > 0) p.mp = f.mp;
+  if (f.ep > 0) p.ep = f.ep;
+  if (f.esp > 0) p.esp = f.esp;
+  if (f.chunks > 0) p.chunks = f.chunks;
+  if (f.ranks_per_node >= 0) p.ranks_per_node = f.ranks_per_node;
+  if (f.timeout_s > 0) p.timeout_s = f.timeout_s;
+  if (f.lr > 0) c.optim.lr = f.lr;
+  if (!f.schedule.empty()) p.schedule = f.schedule;
+  if (!f.fuse.empty()) p.fuse = f.fuse;
+  if (!f.save_dir.empty()) l.save_dir = f.save_dir;
+  if (!f.metrics.empty()) l.metrics = f.metrics;
+  if (!f.chart.empty()) l.chart = f.chart;
+  if (!f.profile.empty()) l.profile = f.profile;
+  if (!f.corpus.empty()) c.data.corpus = f.corpus;
+  if (!f.capacity_factor.empty()) c.model.capacity_factor = f.capacity_factor;
+  if (f.resume_opt->count() > 0) {
+    l.resume = f.resume.empty() ? l.save_dir : f.resume;
+    PARM_CONFIG_CHECK(!l.resume.empty(),
+                      "--resume without a folder needs --save-dir (or train.save_dir) to resume "
+                      "from its latest checkpoint");
+  }
+  train::run_training(c, true, f.faults);
+  return 0;
+}
+
+}  // namespace
+
+Command add_train(CLI::App& root) {
+  auto* app = root.add_subcommand("train", "train a GPT-2- or BERT-style MoE model");
+  auto f = std::make_shared<TrainFlags>();
+  app->add_option("--config", f->config,
+                  "config file or name in configs/ (default: the built-in gpt2-moe-tiny)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app->add_option("--steps", f->steps, "optimizer steps");
+  app->add_option("--micro-batch", f->micro_batch, "sequences per micro-batch per DP replica");
+  app->add_option("--grad-accum", f->grad_accum, "micro-batches per step per DP replica");
+  app->add_option("--eval-every", f->eval_every, "validation every N steps (0: at the end)");
+  app->add_option("--lr", f->lr, "peak learning rate");
+  app->add_option("--mp", f->mp, "model (tensor) parallel size");
+  app->add_option("--ep", f->ep, "expert parallel size");
+  app->add_option("--esp", f->esp, "expert sharding size");
+  app->add_option("--schedule", f->schedule, "MoE schedule: baseline, s1, s2 or auto");
+  app->add_option("--fuse", f->fuse, "fused collectives: on, off or auto");
+  app->add_option("--chunks", f->chunks, "pipeline depth of the fused collectives");
+  app->add_option("--capacity-factor", f->capacity_factor, "MoE capacity factor");
+  app->add_option("--corpus", f->corpus, "kjv or file:PATH");
+  app->add_option("--ranks-per-node", f->ranks_per_node, "emulate nodes of this many ranks");
+  app->add_option("--timeout", f->timeout_s, "watchdog seconds per communication");
+  app->add_option("--save-dir", f->save_dir, "checkpoint folder");
+  app->add_option("--save-every", f->save_every, "checkpoint every N steps (0: at the end)");
+  f->resume_opt = app->add_option("--resume", f->resume,
+                                  "resume from this checkpoint (default: the latest in --save-dir)")
+                      ->expected(0, 1);
+  app->add_option("--metrics", f->metrics, "write one JSON line per step to this file");
+  app->add_option("--chart", f->chart, "loss-curve SVG (default: <metrics>.svg)");
+  app->add_option("--profile", f->profile, "cost-model profile for --schedule auto");
+  // Fault injection for the tests.
+  app->add_option("--fail-rank", f->faults.kill_rank)->group("");
+  app->add_option("--fail-at-step", f->faults.kill_at_step)->group("");
+  app->add_option("--crash-save-after-files", f->faults.crash_save_after_files)->group("");
+  return {app, [f] { return run_train(*f); }};
+}
+
+}  // namespace parm::cli
