@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -31,6 +32,9 @@ class Timeout : public Error {
  public:
   explicit Timeout(const std::string& msg) : Error(msg) {}
 };
+
+// "1, 2, 3, 6": the valid values of a size that must divide n, for configuration messages.
+std::string divisors_of(int64_t n);
 
 namespace detail {
 [[noreturn]] void throw_check_failure(const char* file, int line, const char* cond,

@@ -7,16 +7,6 @@
 #include "parm/topology.h"
 
 namespace parm {
-namespace {
-
-std::string divisors_of(int n) {
-  std::vector<int> d;
-  for (int i = 1; i <= n; ++i)
-    if (n % i == 0) d.push_back(i);
-  return fmt::format("{}", fmt::join(d, ", "));
-}
-
-}  // namespace
 
 const char* group_name(Group g) {
   switch (g) {

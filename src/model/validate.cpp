@@ -12,13 +12,6 @@
 namespace parm::model {
 namespace {
 
-std::string divisors_of(int64_t n) {
-  std::string s;
-  for (int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
-  return s;
-}
-
 bool has_dense_block(const ModelConfig& c) {
   for (int64_t i = 0; i < c.num_layers; ++i)
     if (!is_moe_block(c, i)) return true;

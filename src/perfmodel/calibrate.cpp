@@ -153,8 +153,13 @@ void calibrate_link(Topology& topo, Group g, Link link, const std::string& sourc
   }
 }
 
-// Fused dispatch and combine on (ep, esp): fits the overlap the pipeline achieves, between
-// serial pieces (0) and the ideal pipeline (1), against the collective fits just made.
+// Fused dispatch and combine on (ep, esp), each against its two parts run one after the
+// other, all interleaved in one loop (so that load changes hit them alike). The parts'
+// measured times t_i give the model's per-piece times c_i = alpha_i + (t_i - alpha_i) / W
+// (alpha_i from the collective fits), hence its serial and pipelined totals (model.h); the
+// fused time is then fitted as
+//     t_fused - serial = overlap * (pipelined - serial) + (W - 1) * per_piece_us
+// by least squares (per_piece_us >= 0: a line in (pipelined - serial) with that intercept).
 void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal,
                      const Logger& log) {
   Communicator& ep = topo.comm(Group::kEp);
@@ -168,62 +173,105 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
   }
   const Link ep_link = intra_everywhere(topo, Group::kEp) ? Link::kIntra : Link::kInter;
   const Link esp_link = intra_everywhere(topo, Group::kEsp) ? Link::kIntra : Link::kInter;
-  const Profile& p = cal.profile;
+  const Profile& prof = cal.profile;
   const int n_ep = ep.size(), n_esp = esp.size(), W = o.chunks;
   std::vector<double> meas, serial, piped;
   for (int64_t bytes : sizes(o)) {
     // block: elements one EP rank sends to one EP peer; the dispatch input is (N_EP, block).
     const size_t block = static_cast<size_t>(bytes) / sizeof(float) / static_cast<size_t>(n_ep);
     if (block < static_cast<size_t>(W)) continue;
-    const double bb = static_cast<double>(block * sizeof(float));
-    std::vector<float> a(static_cast<size_t>(n_ep) * block, 1.0f);
-    std::vector<float> b(static_cast<size_t>(n_esp * n_ep) * block, 1.0f);
+    const size_t row = static_cast<size_t>(n_ep) * block;
+    std::vector<float> a(row, 1.0f), mid(row, 0.0f);
+    std::vector<float> b(static_cast<size_t>(n_esp) * row, 1.0f);
     for (bool dispatch : {true, false}) {
-      const double us = time_all_ranks(o.warmup, o.iters, [&] {
-        if (dispatch)
-          fused_dispatch(ep, esp, a.data(), b.data(), block, W);
-        else
-          fused_combine(esp, ep, b.data(), a.data(), block, W);
-      });
-      // Parts in pipeline order, as the model prices them.
-      const CommOp esp_op = dispatch ? CommOp::kAllGather : CommOp::kReduceScatter;
-      const double a2a = bus_bytes(CommOp::kAllToAll, n_ep, bb);
-      const double espb = bus_bytes(esp_op, n_esp, n_ep * bb);
-      const CommFit& fa = p.collective(ep_link, CommOp::kAllToAll);
-      const CommFit& fe = p.collective(esp_link, esp_op);
-      std::vector<double> piece = {fa.alpha_us + fa.beta_us_per_byte * a2a / W,
-                                   fe.alpha_us + fe.beta_us_per_byte * espb / W};
-      std::vector<Link> links = {ep_link, esp_link};
-      if (!dispatch) {
-        std::swap(piece[0], piece[1]);
-        std::swap(links[0], links[1]);
+      std::vector<double> tf, t1, t2;
+      for (int it = 0; it < o.warmup + o.iters; ++it) {
+        double t[3];
+        for (int op = 0; op < 3; ++op) {
+          MPI_Barrier(MPI_COMM_WORLD);
+          const double t0 = now_us();
+          if (dispatch) {
+            if (op == 0) fused_dispatch(ep, esp, a.data(), b.data(), block, W);
+            if (op == 1) ep.alltoall(a.data(), mid.data(), block);
+            if (op == 2) esp.allgather(mid.data(), b.data(), row);
+          } else {
+            if (op == 0) fused_combine(esp, ep, b.data(), a.data(), block, W);
+            if (op == 1) esp.reduce_scatter(b.data(), mid.data(), row);
+            if (op == 2) ep.alltoall(mid.data(), a.data(), block);
+          }
+          t[op] = now_us() - t0;
+        }
+        if (it < o.warmup) continue;
+        tf.push_back(t[0]);
+        t1.push_back(t[1]);
+        t2.push_back(t[2]);
       }
-      meas.push_back(us);
-      serial.push_back(fused_us(piece, links, W, 0.0));
-      piped.push_back(fused_us(piece, links, W, 1.0));
-      cal.samples.push_back({dispatch ? "fused.dispatch" : "fused.combine", a2a + espb, us});
+      auto slowest_median = [](std::vector<double> v) {
+        std::vector<double> mx(v.size());
+        MPI_Allreduce(v.data(), mx.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX,
+                      MPI_COMM_WORLD);
+        return median(mx);
+      };
+      const double f = slowest_median(tf), p1 = slowest_median(t1), p2 = slowest_median(t2);
+      // Stages in pipeline order: dispatch = ep alltoall, esp allgather; combine = esp
+      // reduce_scatter, ep alltoall.
+      const CommFit& fa = prof.collective(dispatch ? ep_link : esp_link,
+                                          dispatch ? CommOp::kAllToAll : CommOp::kReduceScatter);
+      const CommFit& fb = prof.collective(dispatch ? esp_link : ep_link,
+                                          dispatch ? CommOp::kAllGather : CommOp::kAllToAll);
+      auto piece = [&](double t, double alpha) {
+        return alpha + std::max(0.0, t - alpha) / W;
+      };
+      const std::vector<double> c = {piece(p1, fa.alpha_us), piece(p2, fb.alpha_us)};
+      const std::vector<Link> links = dispatch ? std::vector<Link>{ep_link, esp_link}
+                                               : std::vector<Link>{esp_link, ep_link};
+      meas.push_back(f);
+      serial.push_back(fused_us(c, links, W, 0.0));
+      piped.push_back(fused_us(c, links, W, 1.0));
+      const double bb = static_cast<double>(block * sizeof(float));
+      cal.samples.push_back({dispatch ? "fused.dispatch" : "fused.combine",
+                             bus_bytes(CommOp::kAllToAll, n_ep, bb) +
+                                 bus_bytes(dispatch ? CommOp::kAllGather : CommOp::kReduceScatter,
+                                           n_esp, n_ep * bb),
+                             f});
+      cal.samples.push_back({dispatch ? "fused.dispatch_parts" : "fused.combine_parts", 0.0,
+                             p1 + p2});
     }
   }
-  // meas - serial = overlap * (piped - serial): least squares through the origin.
-  double num = 0.0, den = 0.0;
+  std::vector<double> gain(meas.size()), extra(meas.size());
+  double ratio_sum = 0.0;
+  bool spread = false;
   for (size_t i = 0; i < meas.size(); ++i) {
-    const double g = piped[i] - serial[i];
-    num += (meas[i] - serial[i]) * g;
-    den += g * g;
+    gain[i] = piped[i] - serial[i];
+    extra[i] = meas[i] - serial[i];
+    ratio_sum += meas[i] / serial[i];
+    spread = spread || std::abs(gain[i] - gain[0]) > 1e-9;
   }
-  const double raw = den > 0.0 ? num / den : 1.0;
-  // Below 0: the fused collective is slower than its parts one after the other (its
-  // point-to-point messages cost more than the collectives here); the model charges that.
+  double raw = 1.0;
+  if (spread) {
+    const LineFit f = fit_line(gain, extra);  // intercept clamped at >= 0
+    raw = f.slope;
+    ff.per_piece_us = f.intercept / std::max(1, W - 1);
+  } else {
+    // Both parts on one link class: nothing can overlap; only the per-piece cost is seen.
+    double sum = 0.0;
+    for (double e : extra) sum += e;
+    ff.per_piece_us = std::max(0.0, sum / static_cast<double>(extra.size()) / std::max(1, W - 1));
+  }
+  // Below 0: the fused collective is slower than its parts one after the other; the model
+  // charges that.
   ff.overlap = std::clamp(raw, kMinOverlap, 1.0);
   std::vector<double> pred(meas.size());
-  for (size_t i = 0; i < meas.size(); ++i) pred[i] = serial[i] - ff.overlap * (serial[i] - piped[i]);
+  for (size_t i = 0; i < meas.size(); ++i)
+    pred[i] = serial[i] - ff.overlap * (serial[i] - piped[i]) + (W - 1) * ff.per_piece_us;
   ff.r2 = r_squared(meas, pred);
   ff.samples = static_cast<int64_t>(meas.size());
   ff.source = topo.nodes_emulated() ? "emulated" : "measured";
-  log("  fused dispatch+combine on ep ({}, {}) x esp ({}, {}), {} chunks: overlap {:.3f} "
-      "(unclamped {:.3f})  r2 {:.4f}  [{} samples]",
-      n_ep, link_name(ep_link), n_esp, link_name(esp_link), W, ff.overlap, raw, ff.r2,
-      ff.samples);
+  log("  fused dispatch+combine on ep ({} ranks, {}) x esp ({} ranks, {}), {} chunks: overlap "
+      "{:.3f} (unclamped {:.3f}), per piece {:.2f} us, r2 {:.4f}  [{} samples]; fused / parts "
+      "in sequence: {:.3f} on average",
+      n_ep, link_name(ep_link), n_esp, link_name(esp_link), W, ff.overlap, raw, ff.per_piece_us,
+      ff.r2, ff.samples, meas.empty() ? 0.0 : ratio_sum / static_cast<double>(meas.size()));
 }
 
 void calibrate_gemm(const CalibrateOptions& o, Calibration& cal, const Logger& log) {

@@ -46,7 +46,7 @@ std::string Prediction::name() const {
 }
 
 double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& links, int chunks,
-                double overlap) {
+                double overlap, double per_piece_us) {
   PARM_CHECK_EQ(piece_us.size(), links.size());
   PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
   const int num_stages = static_cast<int>(piece_us.size());
@@ -63,7 +63,7 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& li
     pipelined += std::max(per_link[0], per_link[1]);
     serial += all;
   }
-  return serial - overlap * (serial - pipelined);
+  return serial - overlap * (serial - pipelined) + (chunks - 1) * per_piece_us;
 }
 
 namespace {
@@ -186,7 +186,8 @@ struct Pricer {
         links.push_back(link);
       }
       const double t = fused && !parts.empty()
-                           ? fused_us(piece, links, sc.chunks, prof.fused.overlap)
+                           ? fused_us(piece, links, sc.chunks, prof.fused.overlap,
+                                      prof.fused.per_piece_us)
                            : sum;
       (bwd ? c.bwd_us : c.fwd_us) += t;
     }

@@ -10,8 +10,10 @@
 // s the stages i with 0 <= s - i < W are active; the step takes
 //     pipelined:  max over link classes L of  sum_{active i on L} c_i
 //     serial:     sum_{active i} c_i
-// and the fused step costs  t = serial_total - overlap * (serial_total - pipelined_total),
-// overlap from the profile (1 on real hardware with independent links; calibrated here).
+// and the fused step costs
+//     t = serial_total - overlap * (serial_total - pipelined_total) + (W - 1) * per_piece_us,
+// overlap and per_piece_us from the profile (ideal hardware with independent links: 1 and 0;
+// `parm calibrate` fits both on the fused collectives against their parts).
 // For two parts on different links this is  W * max(c_a, c_b) + min(c_a, c_b): the max of
 // the parts plus one piece of the cheaper part (the pipeline fill); on the same link class
 // it is the sum of the parts, with W alphas each (fusion can only lose there).
@@ -67,7 +69,7 @@ struct Prediction {
 
 // Fused step time for parts with per-piece times (see the header comment). Exposed for tests.
 double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& links, int chunks,
-                double overlap);
+                double overlap, double per_piece_us = 0.0);
 
 // Prices `sc` (built for `shape` on target.layout) step by step.
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,

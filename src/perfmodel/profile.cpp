@@ -40,7 +40,8 @@ nlohmann::json profile_to_json(const Profile& p) {
           {"r2", f.r2},             {"samples", f.samples},
           {"group_size", f.group_size}, {"source", f.source}};
     }
-  j["fused"] = {{"overlap", p.fused.overlap}, {"r2", p.fused.r2},
+  j["fused"] = {{"overlap", p.fused.overlap}, {"per_piece_us", p.fused.per_piece_us},
+                {"r2", p.fused.r2},
                 {"samples", p.fused.samples}, {"source", p.fused.source}};
   for (int c = 0; c < kNumGemmClasses; ++c) {
     const GemmFit& f = p.gemm[static_cast<size_t>(c)];
@@ -91,6 +92,7 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
   }
   const auto& fu = r.object(j, "", "fused");
   p.fused.overlap = r.number(fu, "fused", "overlap", kMinOverlap, true, 1.0);
+  p.fused.per_piece_us = r.number(fu, "fused", "per_piece_us", 0.0, true);
   p.fused.r2 = r.number(fu, "fused", "r2", -INFINITY, true, 1.0);
   p.fused.samples = r.integer(fu, "fused", "samples", 0);
   p.fused.source = r.text(fu, "fused", "source");

@@ -80,6 +80,9 @@ struct MemFit {
 constexpr double kMinOverlap = -5.0;
 struct FusedFit {
   double overlap = 1.0;
+  // Extra latency of each piece beyond the first, per fused collective (us): the cost of
+  // cutting one collective into W point-to-point rounds that the parts' alphas do not cover.
+  double per_piece_us = 0.0;
   double r2 = 1.0;
   int64_t samples = 0;
   std::string source = "assumed";
@@ -110,7 +113,7 @@ struct Profile {
 //  "collectives": {"intra": {"allreduce": {"alpha_us", "beta_us_per_byte", "r2", "samples",
 //                  "group_size", "source"}, "allgather", "reduce_scatter", "alltoall"},
 //                  "inter": {...}},
-//  "fused": {"overlap", "r2", "samples", "source"},
+//  "fused": {"overlap", "per_piece_us", "r2", "samples", "source"},
 //  "gemm": {"expert_nn": {"alpha_us", "gflops", "r2", "samples", "source"}, "expert_tn",
 //           "expert_nt", "gate"},
 //  "memory": {"copy": {"alpha_us", "gbps", "r2", "samples", "source"}, "gelu"}}

@@ -60,6 +60,8 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
   mf.alpha_us = r.number(m, "memory", "alpha_us", 0.0, true);
   p.mem.fill(mf);
   p.fused.overlap = r.number(j, "", "fused_overlap", kMinOverlap, true, 1.0);
+  if (j.contains("fused_per_piece_us"))
+    p.fused.per_piece_us = r.number(j, "", "fused_per_piece_us", 0.0, true);
   return c;
 }
 

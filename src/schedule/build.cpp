@@ -7,13 +7,6 @@
 namespace parm::schedule {
 namespace {
 
-std::string divisors_of(int64_t n) {
-  std::string s;
-  for (int64_t i = 1; i <= n; ++i)
-    if (n % i == 0) s += (s.empty() ? "" : ", ") + std::to_string(i);
-  return s;
-}
-
 class Builder {
  public:
   Builder(const LayerSpec& spec, Kind kind) : spec_(spec) { s_.kind = kind; }

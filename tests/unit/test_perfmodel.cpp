@@ -149,8 +149,10 @@ TEST(PerfModel, FusedCostHandComputed) {
       fused_us({2.0, 6.0, 1.0}, {Link::kIntra, Link::kInter, Link::kIntra}, 2, 1.0), 15.0);
   EXPECT_DOUBLE_EQ(
       fused_us({2.0, 6.0, 1.0}, {Link::kIntra, Link::kInter, Link::kIntra}, 2, 0.0), 18.0);
+  // A per-piece cost is paid for every piece beyond the first.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, 1.0, 2.0), 23.0 + 6.0);
   // One chunk: the parts in sequence whatever the overlap.
-  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 1, 1.0), 8.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 1, 1.0, 2.0), 8.0);
 }
 
 TEST(PerfModel, FusedStepPricedFromItsParts) {
@@ -258,7 +260,7 @@ Profile sample_profile() {
       f = CommFit{v, v * 1e-4, 0.99, 12, 2, "measured"};
       v += 1.0;
     }
-  p.fused = FusedFit{0.75, 0.9, 24, "emulated"};
+  p.fused = FusedFit{0.75, 3.5, 0.9, 24, "emulated"};
   for (auto& g : p.gemm) {
     g = GemmFit{v, 10.0 * v, 0.95, 54, "measured"};
     v += 1.0;
@@ -287,6 +289,7 @@ TEST(Profile, WriteReadRoundTrip) {
       EXPECT_EQ(q.comm[l][o].source, p.comm[l][o].source);
     }
   EXPECT_DOUBLE_EQ(q.fused.overlap, 0.75);
+  EXPECT_DOUBLE_EQ(q.fused.per_piece_us, 3.5);
   EXPECT_EQ(q.fused.source, "emulated");
   for (size_t c = 0; c < p.gemm.size(); ++c) {
     EXPECT_DOUBLE_EQ(q.gemm[c].gflops, p.gemm[c].gflops);

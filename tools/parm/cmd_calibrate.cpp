@@ -34,9 +34,9 @@ void print_table(const perfmodel::Profile& p) {
                   f.beta_us_per_byte, f.beta_us_per_byte > 0 ? 1e-3 / f.beta_us_per_byte : 0.0,
                   f.r2, static_cast<long long>(f.samples), f.source.c_str());
     }
-  std::printf("%-26s %10s %14s %9.3f ovl  %8.4f %7lld  %s\n", "fused.overlap", "-", "-",
-              p.fused.overlap, p.fused.r2, static_cast<long long>(p.fused.samples),
-              p.fused.source.c_str());
+  std::printf("%-26s %10.2f %14s %9.3f ovl  %8.4f %7lld  %s\n", "fused (per piece, overlap)",
+              p.fused.per_piece_us, "-", p.fused.overlap, p.fused.r2,
+              static_cast<long long>(p.fused.samples), p.fused.source.c_str());
   for (int c = 0; c < kNumGemmClasses; ++c) {
     const GemmFit& f = p.gemm[static_cast<size_t>(c)];
     std::printf("%-26s %10.2f %14s %6.2f GFLOP/s %8.4f %7lld  %s\n",
