@@ -20,13 +20,13 @@ std::atomic<GemmPath> g_path{GemmPath::kAuto};
 
 // Which path is faster depends on the shape, and neither wins everywhere. Measured on one
 // core of the development machine (AMD EPYC Zen 4, oneDNN 2.6.3, avx512_core), GFLOP/s
-// sgemm vs matmul, best of 5:
-//   NN: sgemm wins from n = 512 up by 1-7% (expert forward 2048x2048x512: 111 vs 105);
-//       matmul wins at small n (n = 16: 53 vs 77, n = 64: 68 vs 76; n = 256 +1-2%).
-//   NT (dX = dH W^T): matmul wins for n <= 512 (m = 128..2048, n = 512, k = 2048: +2-22%),
-//       sgemm for n >= 1024 (+4-9%).
+// sgemm vs matmul, best of 5 (differences under ~3% are within the noise):
+//   NN: sgemm wins from n = 512 up by 1-7% (expert forward 2048x2048x512: 111 vs 104);
+//       matmul at small n (MoE gate 2048x8x512: 38 vs 57; n = 64: 68 vs 76; n = 256: +1-2%).
+//   NT (dX = dH W^T): matmul wins for n <= 512 (m = 128..2048, n = 512, k = 2048: +1.5-22%),
+//       sgemm for n >= 1024 (+2-9%, though matmul still wins at m <= 256).
 //   TN (dW = X^T dY): matmul wins when k < m and n <= 512 (m = 2048, n = 512, k = 128..512:
-//       +4-8%; n <= 128: +16-30%), sgemm otherwise (m = 512, n = 2048: +2-8%).
+//       +4-8%; n <= 128: +16-30%), sgemm otherwise (m = 512, n = 2048: +2-13%).
 //   TT: matmul (512^3: 111 vs 97).
 // The rule is a pure function of the shape, so all ranks take the same path for the same
 // GEMM and produce the same bits.
