@@ -138,7 +138,8 @@ void calibrate_link(Topology& topo, Group g, Link link, const std::string& sourc
       ys.push_back(us);
       cal.samples.push_back({fmt::format("{}.{}", link_name(link), comm_op_name(op)), bus, us});
     }
-    const LineFit f = fit_line(xs, ys);
+    // The sizes span decades: the smallest fixes the latency, the large ones the bandwidth.
+    const LineFit f = fit_anchored(xs, ys);
     CommFit& e = cal.profile.collective(link, op);
     e.alpha_us = f.intercept;
     e.beta_us_per_byte = f.slope;
@@ -249,7 +250,8 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
   }
   double raw = 1.0;
   if (spread) {
-    const LineFit f = fit_line(gain, extra);  // intercept clamped at >= 0
+    // Intercept >= 0, slope free; absolute errors (the differences may be negative).
+    const LineFit f = fit_line(gain, extra, /*nonneg_slope=*/false);
     raw = f.slope;
     ff.per_piece_us = f.intercept / std::max(1, W - 1);
   } else {
@@ -318,7 +320,15 @@ void calibrate_gemm(const CalibrateOptions& o, Calibration& cal, const Logger& l
       cal.samples.push_back({fmt::format("gemm.{}", gemm_class_name(static_cast<GemmClass>(c))),
                              flops, us});
     }
-    const LineFit f = fit_line(xs, ys);
+    LineFit f = fit_line(xs, ys);
+    if (f.slope <= 0.0) {
+      // Times that do not grow with the flops (noise over too small shapes): a rate through
+      // the origin is still a rate.
+      log("  warning: the {} GEMM times do not grow with their flops; fitting a rate through "
+          "the origin (pass larger --gemm-rows for a better fit)",
+          gemm_class_name(static_cast<GemmClass>(c)));
+      f = fit_through_origin(xs, ys);
+    }
     GemmFit& g = cal.profile.gemm_fit(static_cast<GemmClass>(c));
     g.alpha_us = f.intercept;
     g.gflops = 1e-3 / f.slope;
@@ -357,7 +367,8 @@ void calibrate_memory(const CalibrateOptions& o, Calibration& cal, const Logger&
       ys.push_back(us);
       cal.samples.push_back({fmt::format("memory.{}", mem_class_name(mc)), bytes, us});
     }
-    const LineFit f = fit_line(xs, ys);
+    LineFit f = fit_line(xs, ys);
+    if (f.slope <= 0.0) f = fit_through_origin(xs, ys);  // as for the GEMMs
     MemFit& m = cal.profile.mem_fit(mc);
     m.alpha_us = f.intercept;
     m.gbps = 1e-3 / f.slope;

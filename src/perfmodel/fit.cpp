@@ -1,8 +1,20 @@
 #include "perfmodel/fit.h"
 
+#include <algorithm>
+
 #include "parm/error.h"
 
 namespace parm::perfmodel {
+namespace {
+
+void finish(LineFit& f, const std::vector<double>& x, const std::vector<double>& y) {
+  f.samples = static_cast<int64_t>(x.size());
+  std::vector<double> pred(x.size());
+  for (size_t i = 0; i < x.size(); ++i) pred[i] = f.intercept + f.slope * x[i];
+  f.r2 = r_squared(y, pred);
+}
+
+}  // namespace
 
 double r_squared(const std::vector<double>& measured, const std::vector<double>& predicted) {
   PARM_CHECK_EQ(measured.size(), predicted.size());
@@ -30,14 +42,11 @@ LineFit fit_through_origin(const std::vector<double>& x, const std::vector<doubl
   PARM_CHECK(sxx > 0.0, "a fit through the origin needs some x != 0");
   LineFit f;
   f.slope = sxy / sxx;
-  f.samples = static_cast<int64_t>(x.size());
-  std::vector<double> pred(x.size());
-  for (size_t i = 0; i < x.size(); ++i) pred[i] = f.slope * x[i];
-  f.r2 = r_squared(y, pred);
+  finish(f, x, y);
   return f;
 }
 
-LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
+LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y, bool nonneg_slope) {
   PARM_CHECK_EQ(x.size(), y.size());
   PARM_CHECK(x.size() >= 2, "a line fit needs at least 2 samples, got {}", x.size());
   const double n = static_cast<double>(x.size());
@@ -57,11 +66,35 @@ LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
   LineFit f;
   f.slope = sxy / sxx;
   f.intercept = my - f.slope * mx;
-  if (f.intercept < 0.0) return fit_through_origin(x, y);
-  f.samples = static_cast<int64_t>(x.size());
-  std::vector<double> pred(x.size());
-  for (size_t i = 0; i < x.size(); ++i) pred[i] = f.intercept + f.slope * x[i];
-  f.r2 = r_squared(y, pred);
+  if (nonneg_slope && f.slope < 0.0) {
+    f.slope = 0.0;
+    f.intercept = std::max(0.0, my);
+  } else if (f.intercept < 0.0) {
+    f = fit_through_origin(x, y);
+    if (nonneg_slope && f.slope < 0.0) f.slope = 0.0;
+    f.intercept = 0.0;
+  }
+  finish(f, x, y);
+  return f;
+}
+
+LineFit fit_anchored(const std::vector<double>& x, const std::vector<double>& y) {
+  PARM_CHECK_EQ(x.size(), y.size());
+  PARM_CHECK(x.size() >= 2, "a line fit needs at least 2 samples, got {}", x.size());
+  const size_t first =
+      static_cast<size_t>(std::min_element(x.begin(), x.end()) - x.begin());
+  // Through (x_first, y_first): y = y_first + b (x - x_first).
+  double sxy = 0.0, sxx = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double dx = x[i] - x[first];
+    sxy += dx * (y[i] - y[first]);
+    sxx += dx * dx;
+  }
+  PARM_CHECK(sxx > 0.0, "a line fit needs samples at more than one x");
+  LineFit f;
+  f.slope = std::max(0.0, sxy / sxx);
+  f.intercept = std::max(0.0, y[first] - f.slope * x[first]);
+  finish(f, x, y);
   return f;
 }
 

@@ -90,7 +90,7 @@ class JsonReader {
   std::string what_, origin_;
 };
 
-// Parses `text` as JSON; refuses unreadable files and syntax errors naming the path.
+// The JSON in the file at `path`; refuses an unreadable file or bad JSON, naming the path.
 nlohmann::json read_json_file(const std::string& what, const std::string& path);
 
 }  // namespace parm::perfmodel

@@ -218,7 +218,7 @@ Prediction predict(const Profile& profile, const schedule::Schedule& sc,
   // adds the call's dWg to the gradient.
   StepCost ex;
   ex.label = "(executor: input copy, gradient zeroing)";
-  ex.kind = StepKind::kAuxLoss;
+  ex.executor = true;
   double all = 0.0;
   for (size_t i = 0; i < sc.buffers.size(); ++i) all += pr.numel(static_cast<int>(i));
   const double TM = static_cast<double>(shape.tokens * shape.model_dim);

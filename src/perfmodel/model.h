@@ -52,7 +52,8 @@ struct PartCost {
 
 struct StepCost {
   std::string label;
-  schedule::StepKind kind;
+  schedule::StepKind kind = schedule::StepKind::kGate;  // meaningless when executor
+  bool executor = false;  // the executor's own work, not a schedule step
   double fwd_us = 0.0, bwd_us = 0.0;
   std::vector<PartCost> fwd_parts, bwd_parts;  // collectives only
 };

@@ -127,20 +127,6 @@ Profile read_profile(const std::string& path) {
   return profile_from_json(read_json_file("cost profile", path), path);
 }
 
-nlohmann::json read_json_file(const std::string& what, const std::string& path) {
-  std::string text;
-  try {
-    text = read_file(path);
-  } catch (const Error& e) {
-    throw InvalidConfig(fmt::format("{} {} cannot be read: {}", what, path, e.what()));
-  }
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InvalidConfig(fmt::format("{} {} is not valid JSON: {}", what, path, e.what()));
-  }
-}
-
 void write_profile(const Profile& p, const std::string& path) {
   write_file_atomic(path, profile_to_json(p).dump(2) + "\n");
 }

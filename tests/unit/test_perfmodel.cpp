@@ -503,6 +503,22 @@ TEST(Fit, LineAndOrigin) {
   EXPECT_EQ(g.intercept, 0.0);
   EXPECT_NEAR(g.slope, (0 + 4 + 12) / 14.0, 1e-12);
   EXPECT_THROW(fit_line({1}, {1}), Error);
+  // Anchored at the smallest sample: the latency survives a large sample above the line,
+  // which pulls a free least-squares intercept below 0 (refitted through the origin).
+  const std::vector<double> xs = {1e3, 1e4, 1e5, 1e6}, ys = {11, 20, 110, 1300};
+  EXPECT_EQ(fit_line(xs, ys).intercept, 0.0);
+  const auto a = fit_anchored(xs, ys);
+  EXPECT_NEAR(a.intercept + a.slope * 1e3, 11.0, 1e-9);  // through the smallest sample
+  EXPECT_GT(a.intercept, 9.0);
+  EXPECT_NEAR(fit_anchored({1, 2, 3}, {12, 14, 16}).slope, 2.0, 1e-12);  // exact line kept
+  // A falling cost is not a cost: the slope is clamped at 0 (a constant, the mean), unless
+  // asked for a free slope.
+  const auto h = fit_line({1, 2, 3}, {5.0, 4.0, 3.0});
+  EXPECT_EQ(h.slope, 0.0);
+  EXPECT_NEAR(h.intercept, 4.0, 1e-12);
+  const auto free_slope = fit_line({1, 2, 3}, {5.0, 4.0, 3.0}, /*nonneg_slope=*/false);
+  EXPECT_NEAR(free_slope.slope, -1.0, 1e-12);
+  EXPECT_NEAR(free_slope.intercept, 6.0, 1e-12);
 }
 
 }  // namespace

@@ -310,7 +310,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
 
 // ---- --sweep -------------------------------------------------------------------------------
 
-double quantile_max(const std::vector<double>& v) {
+double max_of(const std::vector<double>& v) {
   return v.empty() ? NAN : *std::max_element(v.begin(), v.end());
 }
 
@@ -415,9 +415,9 @@ int run_sweep(const BenchLayerFlags& f) {
       {"selection_accuracy", accuracy},
       {"auto_within_5pct_of_fastest",
        measured_configs ? static_cast<double>(within5) / measured_configs : 0.0},
-      {"auto_over_fastest", {{"median", median(ratios)}, {"worst", quantile_max(ratios)}}},
+      {"auto_over_fastest", {{"median", median(ratios)}, {"worst", max_of(ratios)}}},
       {"median_abs_relative_error", median(rel_errors)},
-      {"abs_relative_error_max", quantile_max(rel_errors)},
+      {"abs_relative_error_max", max_of(rel_errors)},
       {"predictions_compared", rel_errors.size()}};
   if (root) {
     std::printf("\n# sweep summary: %lld configurations measured (%lld skipped)\n",
@@ -428,10 +428,10 @@ int run_sweep(const BenchLayerFlags& f) {
                 static_cast<long long>(measured_configs),
                 100.0 * summary["auto_within_5pct_of_fastest"].get<double>());
     std::printf("auto / fastest (measured): median %.3f, worst %.3f\n", median(ratios),
-                quantile_max(ratios));
+                max_of(ratios));
     std::printf("median |predicted - measured| / measured: %.1f%% over %zu (config, schedule) "
                 "pairs (max %.1f%%)\n",
-                100.0 * median(rel_errors), rel_errors.size(), 100.0 * quantile_max(rel_errors));
+                100.0 * median(rel_errors), rel_errors.size(), 100.0 * max_of(rel_errors));
     if (!f.json.empty())
       write_file_atomic(f.json, nlohmann::json{{"grid", f.sweep},
                                                {"profile", f.layer.profile},

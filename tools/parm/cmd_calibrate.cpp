@@ -67,11 +67,13 @@ int run_calibrate(CalibrateFlags f) {
     }
   };
   TopologyOptions o = f.layout.topology();
+  int detected_nodes = 1;
   if (o.ranks_per_node == 0) {
+    auto probe = Topology::create({1, 1, 1, 0, o.timeout_s});
+    detected_nodes = probe->num_nodes();
     // One machine has no inter-node group: emulate two nodes so that the inter-node entries
     // are measured (over shared memory) on groups the layout calls inter-node.
-    auto probe = Topology::create({1, 1, 1, 0, o.timeout_s});
-    if (probe->num_nodes() == 1 && world % 2 == 0) {
+    if (detected_nodes == 1 && world % 2 == 0) {
       o.ranks_per_node = world / 2;
       say(fmt::format(
           "# one node detected (all {} ranks share memory): there is no real inter-node group "
@@ -79,14 +81,17 @@ int run_calibrate(CalibrateFlags f) {
           "measured over shared memory and marked \"emulated\". On a real cluster run this "
           "across nodes.",
           world, o.ranks_per_node, o.ranks_per_node));
-    } else if (probe->num_nodes() == 1) {
+    } else if (detected_nodes == 1) {
       say("# one node detected and an odd world size: the inter entries copy the intra ones "
           "(source \"assumed\")");
     }
   }
   if (o.mp == 1 && o.ep == 1 && o.esp == 1) {
     // Default layout: ESP (= MP) inside a node, EP across nodes: the paper's layout.
-    const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : world;
+    const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node
+                         : detected_nodes > 1 && world % detected_nodes == 0
+                             ? world / detected_nodes
+                             : world;
     o.esp = o.mp = per_node;
     o.ep = world / per_node;
   }

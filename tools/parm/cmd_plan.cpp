@@ -89,7 +89,7 @@ int run_plan(PlanFlags f) {
       std::string coll;
       if (!s.fwd_parts.empty() || !s.bwd_parts.empty())
         coll = parts_text(s.fwd_parts) + " | " + parts_text(s.bwd_parts);
-      const bool executor = s.label.rfind("(executor", 0) == 0;
+      const bool executor = s.executor;
       std::printf("  %-64s %-15s %9.3f %9.3f  %s\n", s.label.c_str(),
                   executor ? "-" : schedule::step_kind_name(s.kind), s.fwd_us / 1e3,
                   s.bwd_us / 1e3, coll.c_str());

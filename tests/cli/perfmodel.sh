@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The cost model's commands end to end: refusals without a profile, a quick calibration (with
+# its single-machine fallbacks), plan, bench-layer --schedule auto and --sweep, and the
+# simulator on the shipped cluster and grid files. Checks outputs, never timings.
+#   bash perfmodel.sh <path to parm> <source dir>
+set -uo pipefail
+parm="$1"
+src="$2"
+export PARM_BIN="$parm"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+run=0
+
+check() {  # check <name> <want rc> <got rc> <text the output must contain> <output>
+  run=$((run + 1))
+  if [ "$3" != "$2" ] || ! grep -qF -- "$4" <<<"$5"; then
+    echo "FAIL: $1 -> rc $3 (want $2), output must contain: $4"
+    echo "$5" | tail -20 | sed 's/^/    /'
+    fails=$((fails + 1))
+  else
+    echo "ok:   $1"
+  fi
+}
+prun() { "$src/scripts/parmrun" --timeout 300 "$@" 2>&1; }
+
+layer="--tokens 64 --model-dim 16 --hidden 32 --experts 4 --topk 2 --capacity-factor 1.2"
+
+out="$(prun -n 1 -- plan $layer --mp 2 --ep 2 --esp 2)"; rc=$?
+check "plan without --profile is refused" 2 $rc "plan needs a cost profile" "$out"
+out="$(prun -n 2 -- bench-layer $layer --ep 2 --schedule auto)"; rc=$?
+check "bench-layer --schedule auto without --profile is refused" 2 $rc "calibrate --out" "$out"
+out="$(prun -n 2 -- bench-layer $layer --ep 2 --fuse auto --profile "$tmp/none.json")"; rc=$?
+check "a missing profile file is refused" 2 $rc "none.json cannot be read" "$out"
+
+# A quick calibration on 2 ranks: one machine, so nodes are emulated (1 rank each): no
+# intra-node group with more than one rank, no ESP group for the fused collectives.
+out="$(prun -n 2 -- calibrate --out "$tmp/p.json" --max-bytes 65536 --iters 2 --warmup 1 \
+        --gemm-rows 64,512 --gemm-model-dims 64 --gemm-hidden 128 --gemm-iters 1)"; rc=$?
+check "calibrate writes a profile" 0 $rc "wrote $tmp/p.json" "$out"
+check "calibrate emulates nodes on one machine" 0 $rc "Emulating 2 nodes" "$out"
+check "calibrate copies the missing link class" 0 $rc "assumed (copied from inter" "$out"
+check "calibrate prints r2 per entry" 0 $rc "gemm.expert_nn" "$out"
+
+out="$(prun -n 1 -- plan $layer --mp 2 --ep 2 --esp 2 --devices-per-node 2 --profile "$tmp/p.json")"; rc=$?
+check "plan prints every candidate" 0 $rc "== s2+fused" "$out"
+check "plan names the links" 0 $rc "links: mp intra, ep inter, esp intra" "$out"
+check "plan makes a choice" 0 $rc "choice: " "$out"
+
+sed 's/"version": 1/"version": 7/' "$tmp/p.json" >"$tmp/v7.json"
+out="$(prun -n 1 -- plan $layer --profile "$tmp/v7.json")"; rc=$?
+check "a profile of another version is refused" 2 $rc "'version' is 7" "$out"
+
+out="$(prun -n 4 -- bench-layer $layer --mp 2 --ep 2 --esp 2 --ranks-per-node 2 \
+        --schedule auto --fuse auto --profile "$tmp/p.json" --iters 1 --warmup 0)"; rc=$?
+check "bench-layer auto prints the candidates and runs the choice" 0 $rc "# auto chose" "$out"
+
+cat >"$tmp/grid.json" <<'GRID'
+{"name": "cli", "B": [2], "L": [16], "M": [16], "H": [32], "E": [4], "k": [1, 2], "f": ["1.2"],
+ "N_MP": [2], "N_ESP": [2], "N_EP": [2, 4], "chunks": 2}
+GRID
+out="$(prun -n 4 -- bench-layer --sweep "$tmp/grid.json" --profile "$tmp/p.json" \
+        --ranks-per-node 2 --iters 1 --warmup 0 --json "$tmp/sweep.json")"; rc=$?
+check "bench-layer --sweep measures what fits" 0 $rc "2 configurations measured (2 skipped)" "$out"
+check "bench-layer --sweep reports selection accuracy" 0 $rc "selection accuracy" "$out"
+grep -q '"median_abs_relative_error"' "$tmp/sweep.json" 2>/dev/null
+check "bench-layer --sweep writes JSON" 0 $? "" ""
+
+for c in pcie-8gpu cluster-32gpu; do
+  out="$(prun -n 1 -- simulate --cluster "$src/configs/clusters/$c.json" \
+          --grid "$src/configs/grids/paper-1296.json" --out "$tmp/$c")"; rc=$?
+  check "simulate $c" 0 $rc "1296 in the grid" "$out"
+  lines=$(wc -l <"$tmp/$c/results.csv" 2>/dev/null || echo 0)
+  check "simulate $c writes 1296 CSV rows" 1297 "$lines" "" ""
+  [ -s "$tmp/$c/summary.json" ] && grep -q "<svg" "$tmp/$c/speedup.svg"
+  check "simulate $c writes summary.json and speedup.svg" 0 $? "" ""
+done
+
+echo "$((run - fails)) passed, $fails failed"
+[ "$fails" -eq 0 ]
