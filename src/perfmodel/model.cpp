@@ -31,6 +31,13 @@ Target make_target(int world, int mp, int ep, int esp, int devices_per_node) {
   return t;
 }
 
+Target target_of(const Topology& topo) {
+  Target t;
+  t.layout = topo.layout();
+  for (int r = 0; r < t.layout.world; ++r) t.node_of_rank.push_back(topo.node_of(r));
+  return t;
+}
+
 Link group_link(const Target& t, Group g) {
   for (int r = 0; r < t.layout.world; ++r)
     if (group_coord(t.layout, g, r).rank == 0 &&

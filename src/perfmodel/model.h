@@ -38,6 +38,8 @@ struct Target {
 // world = 0: the smallest world that fits the layout (lcm(mp, ep * esp)). devices_per_node
 // = 0: all ranks on one node. Throws InvalidConfig for an invalid layout or node size.
 Target make_target(int world, int mp, int ep, int esp, int devices_per_node);
+// The machine this job runs on.
+Target target_of(const Topology& topo);
 // Intra-node when every instance of the group lies within one node; inter otherwise (the
 // slowest instance sets the pace). Groups of one rank are intra.
 Link group_link(const Target& target, Group g);

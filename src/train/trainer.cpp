@@ -16,36 +16,87 @@
 #include "parm/fileio.h"
 #include "parm/timer.h"
 #include "train/checkpoint.h"
+#include "perfmodel/model.h"
 #include "train/loss_chart.h"
 
 namespace parm::train {
 namespace {
 
-// GEMM rate of this rank (GFLOP/s) on a square product of the model's size class, for MFU.
-double measure_gemm_gflops() {
+// GEMM rate per rank (GFLOP/s) for MFU: the calibrated expert-GEMM rate of the profile
+// (measured with every rank of the machine busy), else measured now, all ranks at once for
+// about 50 ms so that ranks sharing cores see it.
+double gemm_gflops_for_mfu(const std::string& profile, Communicator& world, std::string& source) {
+  if (!profile.empty()) {
+    source = "calibrated, " + profile;
+    return perfmodel::read_profile(profile).gemm_fit(perfmodel::GemmClass::kExpertNN).gflops;
+  }
+  source = "measured at start";
   const int64_t n = 384;
   std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a), c(a);
   cpu::gemm(false, false, n, n, n, a.data(), b.data(), c.data(), false);  // warm up
-  double best = 1e30;
-  for (int i = 0; i < 5; ++i) {
-    const double t0 = now_us();
+  world.barrier();
+  const double t0 = now_us();
+  int reps = 0;
+  for (; reps < 1000 && now_us() - t0 < 5e4; ++reps)
     cpu::gemm(false, false, n, n, n, a.data(), b.data(), c.data(), false);
-    best = std::min(best, now_us() - t0);
-  }
-  return 2.0 * n * n * n / (best * 1e3);
+  double rate = 2.0 * n * n * n * reps / ((now_us() - t0) * 1e3);
+  world.allreduce(&rate, 1);
+  return rate / world.size();
 }
 
-std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, std::string& note) {
-  model::LayerSchedule s;
-  s.chunks = c.parallel.chunks;
-  s.fuse = c.parallel.fuse != "off";
-  if (c.parallel.schedule == "auto" || c.parallel.fuse == "auto")
-    throw InvalidConfig(
-        "--schedule auto / --fuse auto need the cost model, which is not built into this "
-        "version; use --schedule baseline, s1 or s2");
-  s.kind = schedule::parse_kind(c.parallel.schedule);
-  note = c.parallel.schedule;
-  return {s};
+std::string schedule_name(const model::LayerSchedule& s);
+
+// One schedule per MoE layer: the configured one, or with "auto" the cost model's fastest
+// candidate (SPEC §5) for that layer's shape on this job's layout and nodes.
+std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topology& topo,
+                                                   bool verbose) {
+  const auto& p = c.parallel;
+  const bool auto_kind = p.schedule == "auto", auto_fuse = p.fuse == "auto";
+  model::LayerSchedule fixed;
+  fixed.chunks = p.chunks;
+  fixed.fuse = p.fuse == "on";
+  if (!auto_kind) fixed.kind = schedule::parse_kind(p.schedule);
+  if (!auto_kind && !auto_fuse) return {fixed};
+  PARM_CONFIG_CHECK(!c.loop.profile.empty(),
+                    "--schedule auto / --fuse auto need a cost profile: run `scripts/parmrun -n 4 "
+                    "-- calibrate --out profile.json` once on this machine, then pass --profile "
+                    "profile.json");
+  const perfmodel::Profile profile = perfmodel::read_profile(c.loop.profile);
+  ref::MoeShape shape;
+  shape.tokens = c.loop.micro_batch * c.model.seq_len;  // T per MP group
+  shape.model_dim = c.model.model_dim;
+  shape.hidden = c.model.expert_hidden;
+  shape.experts = c.model.experts;
+  shape.topk = c.model.topk;
+  shape.capacity_factor = CapacityFactor::parse(c.model.capacity_factor);
+  const std::vector<schedule::Kind> kinds =
+      auto_kind ? std::vector<schedule::Kind>{schedule::Kind::kBaseline, schedule::Kind::kS1,
+                                              schedule::Kind::kS2}
+                : std::vector<schedule::Kind>{fixed.kind};
+  const std::vector<bool> fuse_modes =
+      auto_fuse ? std::vector<bool>{false, true} : std::vector<bool>{fixed.fuse};
+  const perfmodel::Target target = perfmodel::target_of(topo);
+  std::vector<model::LayerSchedule> out;
+  for (int64_t layer = 0; layer < model::num_moe_blocks(c.model); ++layer) {
+    // Every MoE layer of these models has the same shape; a model with layers of different
+    // shapes gets a different choice per layer from the same call.
+    const auto cands =
+        perfmodel::predict_candidates(profile, shape, target, p.chunks, kinds, fuse_modes);
+    const size_t best = perfmodel::choose(cands);
+    model::LayerSchedule s = fixed;
+    s.kind = cands[best].kind;
+    s.fuse = cands[best].fuse;
+    out.push_back(s);
+    if (verbose && topo.world_rank() == 0) {
+      std::printf("MoE layer %lld (%s): predicted fwd+bwd ms by %s:", static_cast<long long>(layer),
+                  shape.str().c_str(), c.loop.profile.c_str());
+      for (size_t i = 0; i < cands.size(); ++i)
+        std::printf("  %s %.3f%s", cands[i].pred.name().c_str(), cands[i].pred.total_us() / 1e3,
+                    i == best ? " (chosen)" : "");
+      std::printf("\n");
+    }
+  }
+  return out;
 }
 
 std::string schedule_name(const model::LayerSchedule& s) {
@@ -69,8 +120,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
   const int dp = lay.dp, dp_rank = topo->comm(Group::kDp).rank();
   Communicator& world = topo->comm(Group::kWorld);
 
-  std::string sched_note;
-  const auto schedules = choose_schedules(cfg, sched_note);
+  const auto schedules = choose_schedules(cfg, *topo, verbose);
   const data::Corpus corpus =
       data::load_corpus(cfg.data.corpus, cfg.data.val_fraction, cfg.model.seq_len);
   const data::BatchSource source(corpus,
@@ -84,9 +134,8 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
 
   TrainResult result;
   for (const auto& s : model->schedules()) result.schedules.push_back(schedule_name(s));
-  result.gemm_gflops = measure_gemm_gflops();
-  world.allreduce(&result.gemm_gflops, 1);
-  result.gemm_gflops /= lay.world;
+  std::string gemm_source;
+  result.gemm_gflops = gemm_gflops_for_mfu(cfg.loop.profile, world, gemm_source);
 
   int64_t step = 0, data_position = 0;
   if (!cfg.loop.resume.empty()) {
@@ -118,10 +167,11 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
                 static_cast<long long>(cfg.model.experts), cfg.model.topk,
                 cfg.model.capacity_factor.c_str());
     std::printf("layout: %d ranks, dp=%d mp=%d | edp=%d ep=%d esp=%d; global batch %lld x %lld "
-                "tokens; corpus %s (%zu train / %zu val bytes); GEMM %.1f GFLOP/s per rank\n",
+                "tokens; corpus %s (%zu train / %zu val bytes); MFU against %.1f GFLOP/s per rank (%s)\n",
                 lay.world, lay.dp, lay.mp, lay.edp, lay.ep, lay.esp,
                 static_cast<long long>(global_batch), static_cast<long long>(cfg.model.seq_len),
-                corpus.name.c_str(), corpus.train.size(), corpus.val.size(), result.gemm_gflops);
+                corpus.name.c_str(), corpus.train.size(), corpus.val.size(), result.gemm_gflops,
+                gemm_source.c_str());
   }
 
   auto evaluate = [&]() {

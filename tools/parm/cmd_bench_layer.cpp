@@ -66,13 +66,6 @@ Timing summarize(const std::vector<double>& per_iter_max_ms) {
 }
 
 // The model's view of this job: its layout and the node of every rank.
-perfmodel::Target target_of(const Topology& topo) {
-  perfmodel::Target t;
-  t.layout = topo.layout();
-  for (int r = 0; r < t.layout.world; ++r) t.node_of_rank.push_back(topo.node_of(r));
-  return t;
-}
-
 perfmodel::Profile load_profile_for_auto(const LayerFlags& f, const char* what) {
   PARM_CONFIG_CHECK(!f.profile.empty(),
                     "{} needs a cost profile: run `scripts/parmrun -n 4 -- calibrate --out "
@@ -197,7 +190,7 @@ perfmodel::Candidate choose_auto(const BenchLayerFlags& f, const Topology& topo,
   const auto profile = load_profile_for_auto(f.layer, "--schedule auto / --fuse auto");
   const auto kinds = f.layer.schedules();
   const auto fuse_modes = f.layer.fuse_modes(true);
-  const auto target = target_of(topo);
+  const auto target = perfmodel::target_of(topo);
   const auto cands = perfmodel::predict_candidates(profile, shape, target, f.layer.chunks, kinds,
                                                    fuse_modes);
   const size_t best = perfmodel::choose(cands);
@@ -353,7 +346,7 @@ int run_sweep(const BenchLayerFlags& f) {
       o.ep = c.ep;
       o.esp = c.esp;
       topo = Topology::create(o);
-      cands = perfmodel::predict_candidates(profile, shape, target_of(*topo), grid.chunks,
+      cands = perfmodel::predict_candidates(profile, shape, perfmodel::target_of(*topo), grid.chunks,
                                             {schedule::Kind::kBaseline, schedule::Kind::kS1,
                                              schedule::Kind::kS2},
                                             {false, true});
