@@ -69,34 +69,25 @@ void validate_model(const ModelConfig& c, const Layout& l,
   PARM_CONFIG_CHECK(f.num > 0, "capacity_factor {} must be positive", c.capacity_factor);
   PARM_CONFIG_CHECK(std::isfinite(c.aux_loss_coeff) && c.aux_loss_coeff >= 0.0f,
                     "aux_loss_coeff {} must be >= 0", c.aux_loss_coeff);
-  PARM_CONFIG_CHECK(c.experts % l.ep == 0,
-                    "experts {} is not divisible by --ep {} (each EP rank owns E/N_EP experts); "
-                    "valid --ep values for E={}: {}",
-                    c.experts, l.ep, c.experts, divisors_of(c.experts));
-  PARM_CONFIG_CHECK(c.expert_hidden % l.esp == 0,
-                    "expert_hidden {} is not divisible by --esp {} (each ESP rank holds H/N_ESP "
-                    "hidden columns of an expert); valid --esp values for H={}: {}",
-                    c.expert_hidden, l.esp, c.expert_hidden, divisors_of(c.expert_hidden));
-  const int64_t tokens = micro_batch * c.seq_len;
-  PARM_CONFIG_CHECK(tokens % l.mp == 0,
-                    "micro_batch x seq_len = {} x {} = {} tokens is not divisible by --mp {} (the "
-                    "MoE layers split an MP group's tokens over its ranks); use a micro_batch "
-                    "that makes it a multiple of {}",
-                    micro_batch, c.seq_len, tokens, l.mp, l.mp);
-
   PARM_CONFIG_CHECK(moe_schedules.size() <= 1 ||
                         static_cast<int64_t>(moe_schedules.size()) == num_moe,
                     "{} MoE schedules given for {} MoE blocks: give one for all or one per block",
                     moe_schedules.size(), num_moe);
+  // The MoE layer's own checks (E % N_EP, H % N_ESP, T % N_MP, the baseline's layouts).
+  ref::MoeShape shape;
+  shape.tokens = micro_batch * c.seq_len;
+  shape.model_dim = c.model_dim;
+  shape.hidden = c.expert_hidden;
+  shape.experts = c.experts;
+  shape.topk = c.topk;
+  shape.capacity_factor = f;
+  const schedule::SizeNames names{"experts", "expert_hidden", "micro_batch x seq_len"};
+  if (moe_schedules.empty()) schedule::validate({shape, l}, schedule::Kind::kS1, names);
   for (size_t i = 0; i < moe_schedules.size(); ++i) {
     const LayerSchedule& s = moe_schedules[i];
     PARM_CONFIG_CHECK(s.chunks >= 1, "MoE schedule {}: chunks {} must be at least 1", i,
                       s.chunks);
-    if (s.kind == schedule::Kind::kBaseline)
-      PARM_CONFIG_CHECK(l.mp == 1 || l.esp == 1 || l.esp == l.mp,
-                        "MoE schedule {}: the baseline supports N_ESP = N_MP or N_ESP = 1 when "
-                        "N_MP > 1, got --mp {} --esp {}; use --schedule s1 or s2 for this layout",
-                        i, l.mp, l.esp);
+    schedule::validate({shape, l}, s.kind, names);
   }
 }
 

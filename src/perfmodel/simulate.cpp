@@ -122,6 +122,17 @@ Grid read_grid(const std::string& path) {
   return grid_from_json(read_json_file("grid file", path), path);
 }
 
+ref::MoeShape GridConfig::shape() const {
+  ref::MoeShape s;
+  s.tokens = tokens();
+  s.model_dim = M;
+  s.hidden = H;
+  s.experts = E;
+  s.topk = k;
+  s.capacity_factor = CapacityFactor::parse(f);
+  return s;
+}
+
 std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid) {
   using schedule::Kind;
   std::vector<SimRow> rows;
@@ -133,13 +144,7 @@ std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid) {
     row.speedup = kNaN;
     try {
       const Target t = make_target(world, c.mp, c.ep, c.esp, cluster.devices_per_node);
-      ref::MoeShape shape;
-      shape.tokens = c.tokens();
-      shape.model_dim = c.M;
-      shape.hidden = c.H;
-      shape.experts = c.E;
-      shape.topk = c.k;
-      shape.capacity_factor = CapacityFactor::parse(c.f);
+      const ref::MoeShape shape = c.shape();
       const auto cands = predict_candidates(cluster.profile, shape, t, grid.chunks,
                                             {Kind::kBaseline, Kind::kS1, Kind::kS2},
                                             {false, true});

@@ -192,22 +192,22 @@ Schedule build_baseline(const LayerSpec& spec) {
 
 }  // namespace
 
-void validate(const LayerSpec& spec, Kind kind) {
+void validate(const LayerSpec& spec, Kind kind, const SizeNames& names) {
   const auto& sh = spec.shape;
   const Layout& l = spec.layout;
   sh.validate();
   PARM_CONFIG_CHECK(sh.experts % l.ep == 0,
-                    "--experts {} is not divisible by --ep {} (each EP rank owns E/N_EP experts); "
+                    "{} {} is not divisible by --ep {} (each EP rank owns E/N_EP experts); "
                     "valid --ep values for E={}: {}",
-                    sh.experts, l.ep, sh.experts, divisors_of(sh.experts));
+                    names.experts, sh.experts, l.ep, sh.experts, divisors_of(sh.experts));
   PARM_CONFIG_CHECK(sh.hidden % l.esp == 0,
-                    "--hidden {} is not divisible by --esp {} (each ESP rank holds H/N_ESP "
-                    "columns); valid --esp values for H={}: {}",
-                    sh.hidden, l.esp, sh.hidden, divisors_of(sh.hidden));
+                    "{} {} is not divisible by --esp {} (each ESP rank holds H/N_ESP hidden "
+                    "columns of an expert); valid --esp values for H={}: {}",
+                    names.hidden, sh.hidden, l.esp, sh.hidden, divisors_of(sh.hidden));
   PARM_CONFIG_CHECK(sh.tokens % l.mp == 0,
-                    "--tokens {} is not divisible by --mp {} (tokens are split over the MP "
-                    "group); use a multiple of {}",
-                    sh.tokens, l.mp, l.mp);
+                    "{} = {} tokens is not divisible by --mp {} (the MoE layer splits an MP "
+                    "group's tokens over its ranks); use a multiple of {}",
+                    names.tokens, sh.tokens, l.mp, l.mp);
   if (kind == Kind::kBaseline)
     PARM_CONFIG_CHECK(l.mp == 1 || l.esp == 1 || l.esp == l.mp,
                       "the baseline supports N_ESP = N_MP or N_ESP = 1 when N_MP > 1, got "

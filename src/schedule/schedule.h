@@ -113,9 +113,17 @@ struct LayerSpec {
 std::vector<CollectivePart> collective_parts(const Schedule& schedule, const Step& step,
                                              const Layout& layout, bool backward);
 
+// How the caller's user spells the layer's sizes, for messages (the CLI's flags by default;
+// a training config passes its keys).
+struct SizeNames {
+  const char* experts = "--experts";
+  const char* hidden = "--hidden";
+  const char* tokens = "--tokens";
+};
+
 // Checks the layer against the layout and the schedule (E % N_EP, H % N_ESP, T % N_MP; the
 // baseline's supported layouts). Throws InvalidConfig naming the constraint and valid values.
-void validate(const LayerSpec& spec, Kind kind);
+void validate(const LayerSpec& spec, Kind kind, const SizeNames& names = {});
 Schedule build(const LayerSpec& spec, Kind kind);
 
 }  // namespace parm::schedule

@@ -32,7 +32,7 @@ expect 2 "--ep 4 x --esp 2 = 8" -- -n 4 -- info --ep 4 --esp 2
 expect 2 "not a multiple of --ranks-per-node 3" -- -n 4 -- info --ranks-per-node 3
 expect 2 "--experts 6 is not divisible by --ep 4" -- -n 4 -- bench-layer --ep 4 --experts 6 --tokens 64 --model-dim 16 --hidden 32
 expect 2 "--hidden 30 is not divisible by --esp 4" -- -n 4 -- check-layer --esp 4 --mp 4 --hidden 30
-expect 2 "--tokens 30 is not divisible by --mp 4" -- -n 4 -- check-layer --esp 4 --mp 4 --tokens 30
+expect 2 "--tokens = 30 tokens is not divisible by --mp 4" -- -n 4 -- check-layer --esp 4 --mp 4 --tokens 30
 expect 2 "use --schedule s1 or s2" -- -n 4 -- check-layer --mp 2 --esp 4 --schedule baseline
 expect 2 "capacity factor" -- -n 2 -- check-layer --capacity-factor 1e3
 expect 2 "--schedule 'fast' is not valid" -- -n 2 -- bench-layer --schedule fast

@@ -328,13 +328,7 @@ int run_sweep(const BenchLayerFlags& f) {
   int64_t measured_configs = 0, correct = 0, within5 = 0, skipped = 0;
   for (size_t ci = 0; ci < grid.configs.size(); ++ci) {
     const auto& c = grid.configs[ci];
-    ref::MoeShape shape;
-    shape.tokens = c.tokens();
-    shape.model_dim = c.M;
-    shape.hidden = c.H;
-    shape.experts = c.E;
-    shape.topk = c.k;
-    shape.capacity_factor = CapacityFactor::parse(c.f);
+    const ref::MoeShape shape = c.shape();
     const std::string desc = fmt::format("{} mp={} esp={} ep={}", shape.str(), c.mp, c.esp, c.ep);
     // Configurations that do not fit this job are skipped (the same decision on every rank).
     std::vector<perfmodel::Candidate> cands;
