@@ -26,6 +26,9 @@ template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
 
+// Reductions of allreduce.
+enum class ReduceOp { kSum, kMax, kMin };
+
 enum class CommOp {
   kAllReduce,
   kAllGather,
@@ -78,6 +81,12 @@ using RequestPtr = std::unique_ptr<Request>;
 // Waits for all; throws the first failure after trying the rest.
 void wait_all(std::vector<RequestPtr>& requests);
 
+// Timing helpers over every rank of the job (MPI_COMM_WORLD), outside any group's counters:
+// a barrier before a timed region, and the element-wise max of per-rank times (the slowest
+// rank sets the pace of a collective step).
+void barrier_world();
+std::vector<double> max_over_world(std::vector<double> values);
+
 // Point-to-point tags at and above this value belong to the fused collectives.
 constexpr int kFusedTagBase = 16384;
 
@@ -94,7 +103,8 @@ class Communicator {
 
   // ---- non-blocking ----
   // In place sum over the group.
-  virtual RequestPtr iallreduce(void* buf, size_t count, DType dtype) = 0;
+  virtual RequestPtr iallreduce(void* buf, size_t count, DType dtype,
+                                ReduceOp op = ReduceOp::kSum) = 0;
   // recv (size * count) = concatenation of every rank's send (count), in rank order.
   // send may be recv + rank * count (in place).
   virtual RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype) = 0;
@@ -133,7 +143,9 @@ class Communicator {
   }
 
   // ---- blocking: the non-blocking call, then wait() ----
-  void allreduce(void* buf, size_t count, DType dtype) { iallreduce(buf, count, dtype)->wait(); }
+  void allreduce(void* buf, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum) {
+    iallreduce(buf, count, dtype, op)->wait();
+  }
   void allgather(const void* send, void* recv, size_t count, DType dtype) {
     iallgather(send, recv, count, dtype)->wait();
   }
@@ -156,8 +168,8 @@ class Communicator {
   void barrier() { ibarrier()->wait(); }
 
   // Typed conveniences.
-  template <typename T> void allreduce(T* buf, size_t count) {
-    allreduce(buf, count, dtype_of<T>());
+  template <typename T> void allreduce(T* buf, size_t count, ReduceOp op = ReduceOp::kSum) {
+    allreduce(buf, count, dtype_of<T>(), op);
   }
   template <typename T> void allgather(const T* send, T* recv, size_t count) {
     allgather(send, recv, count, dtype_of<T>());

@@ -148,11 +148,12 @@ RequestPtr MpiCommunicator::make_request(MPI_Request req, CommOp op, double byte
                                       std::move(on_done), counted);
 }
 
-RequestPtr MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype) {
+RequestPtr MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   const double bytes = static_cast<double>(count * dtype_size(dtype));
+  const MPI_Op mpi_op = op == ReduceOp::kMax ? MPI_MAX : op == ReduceOp::kMin ? MPI_MIN : MPI_SUM;
   MPI_Request req;
   PARM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, to_mpi_count(count, name_, "allreduce"),
-                                mpi_type(dtype), MPI_SUM, comm_, &req));
+                                mpi_type(dtype), mpi_op, comm_, &req));
   return make_request(req, CommOp::kAllReduce, bytes, bus_bytes(CommOp::kAllReduce, size_, bytes));
 }
 

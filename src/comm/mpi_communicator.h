@@ -30,7 +30,7 @@ class MpiCommunicator final : public Communicator {
   void set_timeout_s(double s) { timeout_s_ = s; }
   MPI_Comm mpi_comm() const { return comm_; }
 
-  RequestPtr iallreduce(void* buf, size_t count, DType dtype) override;
+  RequestPtr iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype) override;
   RequestPtr ireduce_scatter(const void* send, void* recv, size_t count, DType dtype) override;
   RequestPtr ialltoall(const void* send, void* recv, size_t count, DType dtype) override;

@@ -1,6 +1,5 @@
 #include "moe/layer_check.h"
 
-#include <mpi.h>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
@@ -38,10 +37,6 @@ std::vector<std::pair<std::string, const std::vector<S>*>> named(const ref::MoeP
   return {{"wg", &p.wg}, {"w1", &p.w1}, {"b1", &p.b1}, {"w2", &p.w2}, {"b2", &p.b2}};
 }
 
-void allreduce_sum(std::vector<double>& v) {
-  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM,
-                MPI_COMM_WORLD);
-}
 
 Shape param_shape(const ref::MoeShape& s, const std::string& name) {
   if (name == "wg") return {s.model_dim, s.experts};
@@ -105,6 +100,7 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   const int group = group_coord(l, Group::kMp, topo.world_rank()).index;
   const int mp_rank = topo.comm(Group::kMp).rank();
   const int64_t T = sh.tokens, M = sh.model_dim;
+  Communicator& world = topo.comm(Group::kWorld);
 
   MoeLayer layer(topo, sh, o.kind, o.fuse, o.chunks);  // validates the configuration first
   auto params = ref::init_params<float>(sh, o.seed);
@@ -172,8 +168,8 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
     layer_whole.push_back(to_double(*mine_named[i].second));
     oracle_whole.push_back(mp_rank == 0 ? *oracle_named[i].second
                                         : std::vector<double>(oracle_named[i].second->size()));
-    allreduce_sum(layer_whole.back());
-    allreduce_sum(oracle_whole.back());
+    world.allreduce(layer_whole.back().data(), layer_whole.back().size());
+    world.allreduce(oracle_whole.back().data(), oracle_whole.back().size());
     errs.push_back(compare("d" + mine_named[i].first, layer_whole.back().data(),
                            oracle_whole.back().data(), layer_whole.back().size()));
   }
@@ -184,12 +180,11 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
     v.push_back(e.max_abs);
     v.push_back(e.max_rel);
   }
-  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX,
-                MPI_COMM_WORLD);
-  int ok_routing = same ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &ok_routing, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  world.allreduce(v.data(), v.size(), ReduceOp::kMax);
+  int32_t ok_routing = same ? 1 : 0;
+  world.allreduce(&ok_routing, 1, ReduceOp::kMin);
   int64_t dropped = mp_rank == 0 ? fwd.routing.num_dropped() : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  world.allreduce(&dropped, 1);
   result.routing_matches = ok_routing == 1;
   result.dropped_choices = dropped;
   result.passed = result.routing_matches;
@@ -236,7 +231,7 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
                 {"capacity_factor", sh.capacity_factor.str()}, {"mp", l.mp}, {"ep", l.ep},
                 {"esp", l.esp}, {"world", l.world}, {"seed", o.seed}, {"dl_aux", o.dl_aux}});
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    world.barrier();
   }
   return result;
 }

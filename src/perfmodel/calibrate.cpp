@@ -11,6 +11,7 @@
 #include "comm/fused.h"
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
+#include "parm/stats.h"
 #include "parm/rng.h"
 #include "parm/timer.h"
 #include "perfmodel/fit.h"
@@ -49,28 +50,19 @@ nlohmann::json describe_machine() {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Times `fn` on every rank at once (after a world barrier), warmup + iters times; returns
 // the median over iterations of the slowest rank's time.
 template <typename Fn>
 double time_all_ranks(int warmup, int iters, Fn&& fn) {
   std::vector<double> t;
   for (int it = 0; it < warmup + iters; ++it) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    barrier_world();
     const double t0 = now_us();
     fn();
     const double dt = now_us() - t0;
     if (it >= warmup) t.push_back(dt);
   }
-  std::vector<double> mx(t.size());
-  MPI_Allreduce(t.data(), mx.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX,
-                MPI_COMM_WORLD);
-  return median(mx);
+  return median(max_over_world(t));
 }
 
 // True when every instance of group g lies in one node.
@@ -189,7 +181,7 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
       for (int it = 0; it < o.warmup + o.iters; ++it) {
         double t[3];
         for (int op = 0; op < 3; ++op) {
-          MPI_Barrier(MPI_COMM_WORLD);
+          barrier_world();
           const double t0 = now_us();
           if (dispatch) {
             if (op == 0) fused_dispatch(ep, esp, a.data(), b.data(), block, W);
@@ -207,12 +199,7 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
         t1.push_back(t[1]);
         t2.push_back(t[2]);
       }
-      auto slowest_median = [](std::vector<double> v) {
-        std::vector<double> mx(v.size());
-        MPI_Allreduce(v.data(), mx.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX,
-                      MPI_COMM_WORLD);
-        return median(mx);
-      };
+      auto slowest_median = [](std::vector<double> v) { return median(max_over_world(v)); };
       const double f = slowest_median(tf), p1 = slowest_median(t1), p2 = slowest_median(t2);
       // Stages in pipeline order: dispatch = ep alltoall, esp allgather; combine = esp
       // reduce_scatter, ep alltoall.

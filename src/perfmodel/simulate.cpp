@@ -6,6 +6,7 @@
 
 #include "moe/capacity.h"
 #include "parm/error.h"
+#include "parm/stats.h"
 #include "perfmodel/json_reader.h"
 
 namespace parm::perfmodel {
@@ -175,14 +176,6 @@ std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid) {
   return rows;
 }
 
-namespace {
-double median_of(std::vector<double> v) {
-  if (v.empty()) return kNaN;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-}  // namespace
 
 SimSummary summarize(const std::vector<SimRow>& rows) {
   SimSummary s;
@@ -205,7 +198,7 @@ SimSummary summarize(const std::vector<SimRow>& rows) {
   if (!sp.empty()) {
     s.speedup_min = *std::min_element(sp.begin(), sp.end());
     s.speedup_max = *std::max_element(sp.begin(), sp.end());
-    s.speedup_median = median_of(sp);
+    s.speedup_median = median(sp);
     double lg = 0.0;
     for (double v : sp) lg += std::log(v);
     s.speedup_geomean = std::exp(lg / static_cast<double>(sp.size()));

@@ -1,6 +1,5 @@
 #include "train/trainer.h"
 
-#include <mpi.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -231,7 +230,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
     m.lr = lr;
     m.grad_norm = norm;
     double times[3] = {step_us, comm_us, compute_us};
-    MPI_Allreduce(MPI_IN_PLACE, times, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    world.allreduce(times, 3, ReduceOp::kMax);
     m.step_ms = times[0] / 1e3;
     m.comm_ms = times[1] / 1e3;
     m.compute_ms = times[2] / 1e3;

@@ -40,18 +40,4 @@ int world_size() {
   return n;
 }
 
-std::vector<double> max_over_ranks(const std::vector<double>& values) {
-  std::vector<double> out(values.size());
-  MPI_Allreduce(values.data(), out.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_MAX,
-                MPI_COMM_WORLD);
-  return out;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 }  // namespace parm::cli

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "parm/stats.h"
 #include "parm/topology.h"
 
 namespace parm::cli {
@@ -39,8 +40,5 @@ Command add_train(CLI::App& root);
 
 int world_rank();
 int world_size();
-// Largest value over all ranks of the world (for per-iteration "max over ranks" timings).
-std::vector<double> max_over_ranks(const std::vector<double>& values);
-double median(std::vector<double> values);
 
 }  // namespace parm::cli

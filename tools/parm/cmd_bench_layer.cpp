@@ -131,10 +131,10 @@ Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind
       m.step_bwd[i] += layer->backward_step_us()[i] / 1e3 / iters;
     }
   }
-  m.fwd = summarize(max_over_ranks(fwd_ms));
-  m.bwd = summarize(max_over_ranks(bwd_ms));
-  m.step_fwd_max = max_over_ranks(m.step_fwd);
-  m.step_bwd_max = max_over_ranks(m.step_bwd);
+  m.fwd = summarize(max_over_world(fwd_ms));
+  m.bwd = summarize(max_over_world(bwd_ms));
+  m.step_fwd_max = max_over_world(m.step_fwd);
+  m.step_bwd_max = max_over_world(m.step_bwd);
   if (schedule_out != nullptr && keep != nullptr) {
     *schedule_out = &layer->schedule();
     *keep = std::move(layer);
@@ -180,7 +180,7 @@ std::vector<Totals> measure_interleaved(Topology& topo, const ref::MoeShape& sha
     }
   std::vector<Totals> out;
   for (size_t i = 0; i < layers.size(); ++i)
-    out.push_back({median(max_over_ranks(fwd[i])), median(max_over_ranks(bwd[i]))});
+    out.push_back({median(max_over_world(fwd[i])), median(max_over_world(bwd[i]))});
   return out;
 }
 
