@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/param.h"
+#include "moe/reference_moe.h"
 #include "parm/topology.h"
 #include "schedule/schedule.h"
 
@@ -47,6 +48,9 @@ inline bool is_moe_block(const ModelConfig& c, int64_t i) {
   return c.moe_every > 0 && i % c.moe_every == c.moe_every - 1;
 }
 int64_t num_moe_blocks(const ModelConfig& c);
+// The shape of the model's MoE layers for micro-batches of `micro_batch` sequences
+// (T = micro_batch x seq_len tokens per MP group).
+ref::MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch);
 
 // One micro-batch for this rank's MP group: B sequences of L tokens (identical on every rank
 // of the MP group). targets[i] < 0: no loss at that position (BERT: unmasked positions).

@@ -191,7 +191,6 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
   init_weight(wte_, c.init_std);
   init_weight(wpe_, c.init_std);
 
-  const CapacityFactor f = CapacityFactor::parse(c.capacity_factor);
   int moe_index = 0;
   blocks_.resize(static_cast<size_t>(c.num_layers));
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -245,14 +244,8 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
               : scheds.size() == 1 ? scheds[0]
                                    : scheds[static_cast<size_t>(moe_index)];
     ++moe_index;
-    ref::MoeShape shape;
-    shape.tokens = T_;
-    shape.model_dim = M_;
-    shape.hidden = c.expert_hidden;
-    shape.experts = c.experts;
-    shape.topk = c.topk;
-    shape.capacity_factor = f;
-    b.moe = std::make_unique<MoeLayer>(topo, shape, b.sched.kind, b.sched.fuse, b.sched.chunks);
+    b.moe = std::make_unique<MoeLayer>(topo, moe_shape(c, micro_batch), b.sched.kind,
+                                       b.sched.fuse, b.sched.chunks);
     MoeLayer& m = *b.moe;
     const int64_t E = c.experts, H = c.expert_hidden;
     const int ep = lay.ep, esp = lay.esp;

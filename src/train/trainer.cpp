@@ -43,8 +43,6 @@ double gemm_gflops_for_mfu(const std::string& profile, Communicator& world, std:
   return rate / world.size();
 }
 
-std::string schedule_name(const model::LayerSchedule& s);
-
 // One schedule per MoE layer: the configured one, or with "auto" the cost model's fastest
 // candidate (SPEC §5) for that layer's shape on this job's layout and nodes.
 std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topology& topo,
@@ -61,13 +59,7 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
                     "-- calibrate --out profile.json` once on this machine, then pass --profile "
                     "profile.json");
   const perfmodel::Profile profile = perfmodel::read_profile(c.loop.profile);
-  ref::MoeShape shape;
-  shape.tokens = c.loop.micro_batch * c.model.seq_len;  // T per MP group
-  shape.model_dim = c.model.model_dim;
-  shape.hidden = c.model.expert_hidden;
-  shape.experts = c.model.experts;
-  shape.topk = c.model.topk;
-  shape.capacity_factor = CapacityFactor::parse(c.model.capacity_factor);
+  const ref::MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
   const std::vector<schedule::Kind> kinds =
       auto_kind ? std::vector<schedule::Kind>{schedule::Kind::kBaseline, schedule::Kind::kS1,
                                               schedule::Kind::kS2}
@@ -98,9 +90,13 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
   return out;
 }
 
-std::string schedule_name(const model::LayerSchedule& s) {
-  return std::string(schedule::kind_name(s.kind)) +
-         (s.fuse && s.kind != schedule::Kind::kBaseline ? "+fused" : "");
+// "s2+fused" when the layer really runs a fused collective (not when the layout leaves
+// nothing to fuse).
+std::string schedule_name(const model::LayerSchedule& s, const TrainConfig& c,
+                          const Layout& layout) {
+  const ref::MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
+  const bool fused = schedule::build({shape, layout, 0, s.fuse, s.chunks}, s.kind).fused;
+  return std::string(schedule::kind_name(s.kind)) + (fused ? "+fused" : "");
 }
 
 }  // namespace
@@ -132,7 +128,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
   const nlohmann::json model_json = model_config_json(cfg.model);
 
   TrainResult result;
-  for (const auto& s : model->schedules()) result.schedules.push_back(schedule_name(s));
+  for (const auto& s : model->schedules()) result.schedules.push_back(schedule_name(s, cfg, lay));
   std::string gemm_source;
   result.gemm_gflops = gemm_gflops_for_mfu(cfg.loop.profile, world, gemm_source);
 
@@ -184,6 +180,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
 
+  const std::string schedules_line = fmt::format("{}", fmt::join(result.schedules, ","));
   const double run_t0 = now_us();
   for (; step < cfg.loop.steps; ++step) {
     if (faults.kill_rank == topo->world_rank() && faults.kill_at_step == step) {
@@ -250,10 +247,10 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
       if (verbose && ((step + 1) % cfg.loop.log_every == 0 || last || m.val_loss >= 0)) {
         std::string val = m.val_loss >= 0 ? fmt::format(" val {:.4f}", m.val_loss) : "";
         std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f  lr %.2e  |g| %.3f  %7.0f tok/s  "
-                    "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%\n",
+                    "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%  moe %s\n",
                     static_cast<long long>(m.step), static_cast<long long>(cfg.loop.steps),
                     m.loss, val.c_str(), m.aux_loss, m.lr, m.grad_norm, m.tokens_per_s,
-                    m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu);
+                    m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, schedules_line.c_str());
         std::fflush(stdout);
       }
       if (metrics != nullptr) {
