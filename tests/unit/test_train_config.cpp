@@ -1,0 +1,71 @@
+// Training configs: the shipped ones load and validate; bad ones are refused with messages
+// that name the key; the learning-rate schedule.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "parm/error.h"
+#include "train/optimizer.h"
+#include "train/train_config.h"
+
+namespace parm::train {
+namespace {
+
+void expect_refused(const char* json, const std::string& needle) {
+  try {
+    validate(parse_train_config(nlohmann::json::parse(json), "test.json"));
+    FAIL() << "accepted: " << json;
+  } catch (const InvalidConfig& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainConfig, ShippedConfigsLoadAndValidate) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(PARM_SOURCE_DIR "/configs")) {
+    if (entry.path().extension() != ".json") continue;
+    const TrainConfig c = load_train_config(entry.path().string());
+    EXPECT_NO_THROW(validate(c)) << entry.path();
+    EXPECT_EQ(c.name, entry.path().stem().string());
+    ++n;
+  }
+  EXPECT_EQ(n, 4);  // gpt2-moe-tiny, bert-moe-tiny, gpt2-small-moe, bert-base-moe
+}
+
+TEST(TrainConfig, DefaultsAndSections) {
+  const TrainConfig c = parse_train_config(nlohmann::json::parse(R"({"model": {"arch": "bert"}})"),
+                                           "t");
+  EXPECT_EQ(c.model.arch, model::Arch::kBert);
+  EXPECT_EQ(c.model.vocab, 257);  // bytes + [MASK]
+  EXPECT_EQ(c.parallel.schedule, "s1");
+}
+
+TEST(TrainConfig, RefusesBadInputNamingTheKey) {
+  expect_refused(R"({"model": {"layers": 3}})", "unknown key test.json: model.layers");
+  expect_refused(R"({"optimizer": {}})", "unknown key test.json.optimizer");
+  expect_refused(R"({"train": {"steps": "ten"}})", "train.steps has the wrong type");
+  expect_refused(R"({"model": {"arch": "t5"}})", "model.arch 't5' is not valid");
+  expect_refused(R"({"train": {"micro_batch": 0}})", "train.micro_batch is 0");
+  expect_refused(R"({"model": {"model_dim": 100, "num_heads": 3}})", "not divisible by model.num_heads");
+  expect_refused(R"({"parallel": {"schedule": "fast"}})", "parallel.schedule 'fast' is not valid");
+  expect_refused(R"({"model": {"capacity_factor": "1e3"}})", "1e3");
+  expect_refused(R"({"optim": {"lr": 0.001, "min_lr": 0.01}})", "optim.min_lr");
+}
+
+TEST(LearningRate, WarmupThenCosineToMinimum) {
+  OptimConfig c;
+  c.lr = 1.0;
+  c.min_lr = 0.1;
+  c.warmup_steps = 4;
+  c.total_steps = 14;
+  EXPECT_DOUBLE_EQ(lr_at(c, 0), 0.25);
+  EXPECT_DOUBLE_EQ(lr_at(c, 3), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(c, 4), 1.0);                  // start of the decay
+  EXPECT_NEAR(lr_at(c, 9), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-12);
+  EXPECT_DOUBLE_EQ(lr_at(c, 14), 0.1);
+  EXPECT_DOUBLE_EQ(lr_at(c, 20), 0.1);                 // past the end: stays at min_lr
+}
+
+}  // namespace
+}  // namespace parm::train
