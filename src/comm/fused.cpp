@@ -75,8 +75,24 @@ void post_pair(Communicator& c, int peer, const float* send, float* recv, size_t
   reqs.push_back(c.isend_uncounted(send, len, DType::kF32, peer, tag));
 }
 
+// The EP AllToAll of one piece: block p of `send` goes to EP peer p's block of `recv` (a
+// local copy for this rank's own block). Both fused collectives run it.
+void post_ep_piece(Communicator& ep, size_t block, const Piece& pc, const float* send,
+                   float* recv, int tag, Requests& reqs);
+
 void copy(float* dst, const float* src, size_t len) {
   if (len > 0) std::memcpy(dst, src, len * sizeof(float));
+}
+
+void post_ep_piece(Communicator& ep, size_t block, const Piece& pc, const float* send,
+                   float* recv, int tag, Requests& reqs) {
+  for (int p = 0; p < ep.size(); ++p) {
+    const size_t off = static_cast<size_t>(p) * block + pc.lo;
+    if (p == ep.rank())
+      copy(recv + off, send + off, pc.len);
+    else
+      post_pair(ep, p, send + off, recv + off, pc.len, tag, reqs);
+  }
 }
 
 bool overlap(const float* a, size_t a_len, const float* b, size_t b_len) {
@@ -120,7 +136,7 @@ void check_chunks(int chunks, const char* op, size_t block) {
 void fused_dispatch(Communicator& ep, Communicator& esp, const float* in, float* out,
                     size_t block, int chunks) {
   check_chunks(chunks, "fused_dispatch", block);
-  const int n_ep = ep.size(), me_ep = ep.rank();
+  const int n_ep = ep.size();
   const int n_esp = esp.size(), me_esp = esp.rank();
   const size_t row = static_cast<size_t>(n_ep) * block;  // one ESP rank's (N_EP, block)
   PARM_CHECK(!overlap(in, row, out, static_cast<size_t>(n_esp) * row),
@@ -132,13 +148,7 @@ void fused_dispatch(Communicator& ep, Communicator& esp, const float* in, float*
   stages.push_back({[&](int c, Requests& reqs) {
     const Piece pc = piece_of(block, chunks, c);
     if (pc.len == 0) return;
-    for (int p = 0; p < n_ep; ++p) {
-      const size_t off = static_cast<size_t>(p) * block + pc.lo;
-      if (p == me_ep)
-        copy(mine + off, in + off, pc.len);
-      else
-        post_pair(ep, p, in + off, mine + off, pc.len, tag_of(c, kEpPart), reqs);
-    }
+    post_ep_piece(ep, block, pc, in, mine, tag_of(c, kEpPart), reqs);
   }});
   if (n_esp > 1) {
     stages.push_back({[&](int c, Requests& reqs) {
@@ -168,7 +178,7 @@ void fused_dispatch(Communicator& ep, Communicator& esp, const float* in, float*
 void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* out,
                    size_t block, int chunks, const MpGatherPart* mp_part) {
   check_chunks(chunks, "fused_combine", block);
-  const int n_ep = ep.size(), me_ep = ep.rank();
+  const int n_ep = ep.size();
   const int n_esp = esp.size(), me_esp = esp.rank();
   const size_t row = static_cast<size_t>(n_ep) * block;  // (N_EP, block)
   PARM_CHECK(!overlap(in, static_cast<size_t>(n_esp) * row, out, row),
@@ -243,13 +253,7 @@ void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* 
         }
       }
     }
-    for (int p = 0; p < n_ep; ++p) {
-      const size_t off = static_cast<size_t>(p) * block + pc.lo;
-      if (p == me_ep)
-        copy(out + off, a2a_send + off, pc.len);
-      else
-        post_pair(ep, p, a2a_send + off, out + off, pc.len, tag_of(c, kEpPart), reqs);
-    }
+    post_ep_piece(ep, block, pc, a2a_send, out, tag_of(c, kEpPart), reqs);
   }});
   const bool mp_active = mp != nullptr && n_mp > 1;
   if (mp_active) {

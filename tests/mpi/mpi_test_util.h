@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <memory>
 #include <vector>
 
 #include "parm/topology.h"
@@ -37,6 +38,16 @@ inline std::vector<TopologyOptions> all_layouts(double timeout_s = 60.0) {
           out.push_back(o);
         }
   return out;
+}
+
+// The topology of one layout, with a test-sized watchdog.
+inline std::unique_ptr<Topology> make_topology(int mp, int ep, int esp, double timeout_s = 120.0) {
+  TopologyOptions o;
+  o.mp = mp;
+  o.ep = ep;
+  o.esp = esp;
+  o.timeout_s = timeout_s;
+  return Topology::create(o);
 }
 
 // True on every rank when `ok` is true on every rank (so all ranks agree on the outcome).

@@ -164,12 +164,7 @@ TEST(ModelEquivalence, EveryLayoutEveryScheduleMatchesSingleProcess) {
   int64_t num_checked = 0;
   double worst = 0.0;  // largest relative gradient error seen (printed: the margin)
   for (const Lay& lay : sweep_layouts()) {
-    TopologyOptions o;
-    o.mp = lay.mp;
-    o.ep = lay.ep;
-    o.esp = lay.esp;
-    o.timeout_s = 120;
-    auto topo = Topology::create(o);
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
     const int n_dp = topo->layout().dp;
     const int d = topo->comm(Group::kDp).rank();
     for (Arch arch : {Arch::kGpt2, Arch::kBert}) {
@@ -341,11 +336,7 @@ TEST(ModelSingle, BadConfigsAreRefusedBeforeAnyWork) {
 TEST(ModelLayout, IndivisibleShapesAreRefusedOnEveryRank) {
   const int p = test::world_size();
   if (p < 2) GTEST_SKIP() << "needs 2 or more ranks";
-  TopologyOptions o;
-  o.mp = p;
-  o.esp = p;
-  o.timeout_s = 60;
-  auto topo = Topology::create(o);
+  auto topo = test::make_topology(p, 1, p, 60);
   ModelConfig c = tiny_config(Arch::kGpt2);
   c.num_heads = p + 1;  // not divisible by N_MP
   c.model_dim = 4 * c.num_heads;
@@ -380,11 +371,7 @@ TEST(DISABLED_ModelTiming, TinyGpt2StepTime) {
   std::vector<L3> lays = {{1, p, 1}};
   if (p % 2 == 0) lays.push_back({2, p / 2, 2});
   for (const L3& l : lays) {
-    TopologyOptions o;
-    o.mp = l.mp;
-    o.ep = l.ep;
-    o.esp = l.esp;
-    auto topo = Topology::create(o);
+    auto topo = test::make_topology(l.mp, l.ep, l.esp);
     for (Kind k : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
       const int64_t B = 8;
       auto model = make_model(*topo, c, {{k, k != Kind::kBaseline, 4}}, B);

@@ -61,12 +61,7 @@ bool allowed(Kind kind, const Layout3& l) {
 TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
   int64_t checks = 0, with_drops = 0, without_drops = 0;
   for (const Layout3& lay : sweep_layouts()) {
-    TopologyOptions topt;
-    topt.mp = lay.mp;
-    topt.ep = lay.ep;
-    topt.esp = lay.esp;
-    topt.timeout_s = 120;
-    auto topo = Topology::create(topt);
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
     const int64_t experts = test::world_size() == 3 ? 6 : 8;
     for (const Case& c : kCases) {
       for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
@@ -147,12 +142,7 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
 // every gradient, over the suite's layouts, for chunk counts 1, 2 and more than rows.
 TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
   for (const Layout3& lay : sweep_layouts()) {
-    TopologyOptions topt;
-    topt.mp = lay.mp;
-    topt.ep = lay.ep;
-    topt.esp = lay.esp;
-    topt.timeout_s = 120;
-    auto topo = Topology::create(topt);
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
     ref::MoeShape s;
     s.tokens = 24;
     s.model_dim = 8;
@@ -264,11 +254,7 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
     default: GTEST_SKIP() << "byte layouts are defined for 2, 4 and 8 ranks";
   }
   for (const Layout3& lay : layouts) {
-    TopologyOptions topt;
-    topt.mp = lay.mp;
-    topt.ep = lay.ep;
-    topt.esp = lay.esp;
-    auto topo = Topology::create(topt);
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
     ref::MoeShape s;
     s.tokens = 40;
     s.model_dim = 8;
