@@ -64,8 +64,9 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
   const int64_t e_loc = w.w1.dim(0), M = w.w1.dim(1), hl = w.w1.dim(2);
   const int64_t R = blocks * slots;
   ensure(ws.d_act, {R, hl});
-  Tensor dy({R, M});
+  ensure(ws.d_out, {R, M});
   ensure(ws.out_rows, {R, M});
+  Tensor& dy = ws.d_out;
   for (int64_t e = 0; e < e_loc; ++e) {
     const Tensor& x = ws.in[static_cast<size_t>(e)];
     const Tensor& pre = ws.pre[static_cast<size_t>(e)];

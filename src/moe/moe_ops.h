@@ -72,6 +72,7 @@ struct ExpertWorkspace {
   std::vector<Tensor> pre;  // (R, Hl) x W1 + b1
   std::vector<Tensor> act;  // (R, Hl) gelu(pre)
   Tensor out_rows;          // (R, M) scratch
+  Tensor d_out;             // (R, M) scratch: an expert's output gradient rows
   Tensor d_act;             // (R, Hl) scratch
 };
 
