@@ -28,6 +28,41 @@ const char* gemm_class_name(GemmClass c) {
 
 const char* mem_class_name(MemClass c) { return c == MemClass::kCopy ? "copy" : "gelu"; }
 
+namespace {
+
+// GEMM and memory fits share one JSON shape: {"alpha_us", <rate key>, "r2", "samples",
+// "source"} per class; `rate` names the field that holds the rate (GFLOP/s or GB/s).
+template <typename Fit, size_t N, typename Class>
+void write_rate_fits(const std::array<Fit, N>& fits, const char* rate_key, double Fit::*rate,
+                     const char* (*class_name)(Class), nlohmann::json& out) {
+  for (size_t c = 0; c < N; ++c) {
+    const Fit& f = fits[c];
+    out[class_name(static_cast<Class>(c))] = {{"alpha_us", f.alpha_us}, {rate_key, f.*rate},
+                                              {"r2", f.r2}, {"samples", f.samples},
+                                              {"source", f.source}};
+  }
+}
+
+template <typename Fit, size_t N, typename Class>
+void read_rate_fits(JsonReader& r, const nlohmann::json& j, const char* section,
+                    const char* rate_key, double Fit::*rate, const char* (*class_name)(Class),
+                    std::array<Fit, N>& fits) {
+  const auto& sec = r.object(j, "", section);
+  for (size_t c = 0; c < N; ++c) {
+    const std::string cname = class_name(static_cast<Class>(c));
+    const auto& e = r.object(sec, section, cname);
+    const std::string path = std::string(section) + "." + cname;
+    Fit& f = fits[c];
+    f.alpha_us = r.number(e, path, "alpha_us", 0.0, true);
+    f.*rate = r.number(e, path, rate_key, 0.0, false);
+    f.r2 = r.number(e, path, "r2", -INFINITY, true, 1.0);
+    f.samples = r.integer(e, path, "samples", 0);
+    f.source = r.text(e, path, "source");
+  }
+}
+
+}  // namespace
+
 nlohmann::json profile_to_json(const Profile& p) {
   nlohmann::json j;
   j["version"] = Profile::kVersion;
@@ -43,18 +78,8 @@ nlohmann::json profile_to_json(const Profile& p) {
   j["fused"] = {{"overlap", p.fused.overlap}, {"per_piece_us", p.fused.per_piece_us},
                 {"r2", p.fused.r2},
                 {"samples", p.fused.samples}, {"source", p.fused.source}};
-  for (int c = 0; c < kNumGemmClasses; ++c) {
-    const GemmFit& f = p.gemm[static_cast<size_t>(c)];
-    j["gemm"][gemm_class_name(static_cast<GemmClass>(c))] = {
-        {"alpha_us", f.alpha_us}, {"gflops", f.gflops}, {"r2", f.r2},
-        {"samples", f.samples},   {"source", f.source}};
-  }
-  for (int c = 0; c < kNumMemClasses; ++c) {
-    const MemFit& f = p.mem[static_cast<size_t>(c)];
-    j["memory"][mem_class_name(static_cast<MemClass>(c))] = {
-        {"alpha_us", f.alpha_us}, {"gbps", f.gbps}, {"r2", f.r2},
-        {"samples", f.samples},   {"source", f.source}};
-  }
+  write_rate_fits(p.gemm, "gflops", &GemmFit::gflops, gemm_class_name, j["gemm"]);
+  write_rate_fits(p.mem, "gbps", &MemFit::gbps, mem_class_name, j["memory"]);
   return j;
 }
 
@@ -96,30 +121,8 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
   p.fused.r2 = r.number(fu, "fused", "r2", -INFINITY, true, 1.0);
   p.fused.samples = r.integer(fu, "fused", "samples", 0);
   p.fused.source = r.text(fu, "fused", "source");
-  const auto& gemm = r.object(j, "", "gemm");
-  for (int c = 0; c < kNumGemmClasses; ++c) {
-    const std::string cname = gemm_class_name(static_cast<GemmClass>(c));
-    const auto& e = r.object(gemm, "gemm", cname);
-    const std::string path = "gemm." + cname;
-    GemmFit& f = p.gemm[static_cast<size_t>(c)];
-    f.alpha_us = r.number(e, path, "alpha_us", 0.0, true);
-    f.gflops = r.number(e, path, "gflops", 0.0, false);
-    f.r2 = r.number(e, path, "r2", -INFINITY, true, 1.0);
-    f.samples = r.integer(e, path, "samples", 0);
-    f.source = r.text(e, path, "source");
-  }
-  const auto& mem = r.object(j, "", "memory");
-  for (int c = 0; c < kNumMemClasses; ++c) {
-    const std::string cname = mem_class_name(static_cast<MemClass>(c));
-    const auto& e = r.object(mem, "memory", cname);
-    const std::string path = "memory." + cname;
-    MemFit& f = p.mem[static_cast<size_t>(c)];
-    f.alpha_us = r.number(e, path, "alpha_us", 0.0, true);
-    f.gbps = r.number(e, path, "gbps", 0.0, false);
-    f.r2 = r.number(e, path, "r2", -INFINITY, true, 1.0);
-    f.samples = r.integer(e, path, "samples", 0);
-    f.source = r.text(e, path, "source");
-  }
+  read_rate_fits(r, j, "gemm", "gflops", &GemmFit::gflops, gemm_class_name, p.gemm);
+  read_rate_fits(r, j, "memory", "gbps", &MemFit::gbps, mem_class_name, p.mem);
   return p;
 }
 
