@@ -2,19 +2,26 @@
 // the binary starts: GEMMs against the best of a few 1024^3 GEMMs on one core (the
 // `of_peak` counter), the memory-bound kernels against a large-array triad/copy (the
 // `of_mem_bw` counter). Working sets below the last-level cache size can exceed 1 there.
+// Besides the kernels of kernels.h: the six expert products (ExpertGemm) and the MoE
+// dispatch/combine forward and backward (moe_ops.h) at the reference MoE configuration.
 //
 //   OMP_NUM_THREADS=1 build-kernels/parm_kernel_bench [--benchmark_filter=Gemm]
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "moe/capacity.h"
+#include "moe/moe_ops.h"
 #include "parm/rng.h"
+#include "parm/tensor.h"
 #include "parm/timer.h"
 
 namespace {
@@ -129,11 +136,78 @@ void gemm_cases(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Gemm)->Apply(gemm_cases)->UseRealTime()->MinTime(0.2);
 
+// ---- Expert products: the six GEMMs of one expert, as experts_forward/backward call them ----
+// Shapes of the reference MoE configuration for one expert holding R = 512 filled rows,
+// M = 512, H the hidden size per shard (2048 whole, 1024 for a 2-way expert shard). Operands
+// are contiguous; gemm's path is the layer's default (kAuto). FLOPs = 2 m n k per call.
+constexpr int64_t kR = 512;
+
+enum class ExpertProduct { kPre, kOut, kDW2, kDAct, kDW1, kDX };
+
+struct GemmCall {
+  bool trans_a = false, trans_b = false, accumulate = false;
+  int64_t m = 0, n = 0, k = 0;
+};
+
+GemmCall expert_gemm(ExpertProduct p, int64_t r, int64_t m, int64_t h) {
+  switch (p) {
+    case ExpertProduct::kPre:  // pre (R, H) = x (R, M) W1 (M, H)
+      return {false, false, false, r, h, m};
+    case ExpertProduct::kOut:  // y (R, M) = act (R, H) W2 (H, M)
+      return {false, false, false, r, m, h};
+    case ExpertProduct::kDW2:  // dW2 (H, M) += act^T (H, R) dy (R, M)
+      return {true, false, true, h, m, r};
+    case ExpertProduct::kDAct:  // dact (R, H) = dy (R, M) W2^T (M, H)
+      return {false, true, false, r, h, m};
+    case ExpertProduct::kDW1:  // dW1 (M, H) += x^T (M, R) dact (R, H)
+      return {true, false, true, m, h, r};
+    case ExpertProduct::kDX:  // dx (R, M) = dact (R, H) W1^T (H, M)
+      return {false, true, false, r, m, h};
+  }
+  return {};
+}
+
+// arg: H.
+void BM_ExpertGemm(benchmark::State& state, ExpertProduct product) {
+  const GemmCall g = expert_gemm(product, kR, kM, state.range(0));
+  // A is stored (m, k) or (k, m), B (k, n) or (n, k): the element counts do not depend on
+  // the transposition.
+  const std::vector<float> a = random_vector(g.m * g.k, 21), b = random_vector(g.k * g.n, 22);
+  std::vector<float> c(static_cast<size_t>(g.m * g.n), 0.0f);
+  const GemmPath saved = parm::cpu::gemm_path();
+  parm::cpu::set_gemm_path(GemmPath::kAuto);
+  for (auto _ : state) {
+    parm::cpu::gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, a.data(), b.data(), c.data(),
+                    g.accumulate);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  parm::cpu::set_gemm_path(saved);
+  set_flop_counters(state, 2.0 * g.m * g.n * g.k);
+  state.SetLabel(fmt::format("m={} n={} k={}{}{}{}", g.m, g.n, g.k, g.trans_a ? " ta" : "",
+                             g.trans_b ? " tb" : "", g.accumulate ? " acc" : ""));
+}
+#define PARM_EXPERT_GEMM(row_name, product)           \
+  BENCHMARK_CAPTURE(BM_ExpertGemm, row_name, product) \
+      ->ArgName("H")                                  \
+      ->Arg(kH)                                       \
+      ->Arg(kH / 2)                                   \
+      ->UseRealTime()                                 \
+      ->MinTime(0.2)
+PARM_EXPERT_GEMM(fwd_pre_x_W1, ExpertProduct::kPre);
+PARM_EXPERT_GEMM(fwd_y_act_W2, ExpertProduct::kOut);
+PARM_EXPERT_GEMM(bwd_dW2_actT_dy, ExpertProduct::kDW2);
+PARM_EXPERT_GEMM(bwd_dact_dy_W2T, ExpertProduct::kDAct);
+PARM_EXPERT_GEMM(bwd_dW1_xT_dact, ExpertProduct::kDW1);
+PARM_EXPERT_GEMM(bwd_dx_dact_W1T, ExpertProduct::kDX);
+#undef PARM_EXPERT_GEMM
+
 // ---- Memory-bound kernels --------------------------------------------------------------
 
+// Reads x (rows, cols); writes idx (int32) and val (fp32), both (rows, k).
 void BM_TopK(benchmark::State& state) {
-  const int64_t rows = 2048, cols = 8;
-  const int k = 2;
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const int k = static_cast<int>(state.range(2));
   const std::vector<float> x = random_vector(rows * cols, 5);
   std::vector<int32_t> idx(rows * k);
   std::vector<float> val(rows * k);
@@ -144,7 +218,12 @@ void BM_TopK(benchmark::State& state) {
   }
   set_byte_counters(state, 4.0 * (rows * cols + 2 * rows * k));
 }
-BENCHMARK(BM_TopK)->UseRealTime()->MinTime(0.2);
+BENCHMARK(BM_TopK)
+    ->ArgNames({"rows", "cols", "k"})
+    ->Args({1024, 8, 2})  // the gate at the reference MoE configuration: T = 1024, E = 8, k = 2
+    ->Args({2048, 8, 2})
+    ->UseRealTime()
+    ->MinTime(0.2);
 
 void BM_Softmax(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
@@ -159,6 +238,7 @@ void BM_Softmax(benchmark::State& state) {
 }
 BENCHMARK(BM_Softmax)
     ->ArgNames({"rows", "cols"})
+    ->Args({1024, 8})  // the gate at the reference MoE configuration: T = 1024, E = 8
     ->Args({2048, 8})
     ->Args({2048, 2048})
     ->UseRealTime()
@@ -177,6 +257,7 @@ void BM_SoftmaxBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_SoftmaxBackward)
     ->ArgNames({"rows", "cols"})
+    ->Args({1024, 8})
     ->Args({2048, 8})
     ->UseRealTime()
     ->MinTime(0.2);
@@ -260,6 +341,130 @@ void BM_ScatterAddRows(benchmark::State& state) {
   set_byte_counters(state, 4.0 * 3 * rows * cols);
 }
 BENCHMARK(BM_ScatterAddRows)->UseRealTime()->MinTime(0.2);
+
+// ---- Dispatch and combine (moe_ops.h) at the reference MoE configuration ----------------
+// T = 1024 tokens, M = 512, E = 8, k = 2, C = ceil(k * 1.2 * T / E) = 308 slots per expert
+// (slots = C). The routing comes from gate_forward on random tokens and a random gate weight,
+// so the drops and the fill per expert are those of a real gate call.
+//
+// Bytes counted, from the routing and the functions' contracts (moe_ops.h), not from how they
+// are implemented today (which may zero a buffer and then overwrite part of it, or touch a
+// row once per choice). With K the kept choices (row >= 0), Tk the tokens with at least one
+// kept choice, B = E * slots the buffer rows, T the tokens, and 4 M bytes per row:
+//   - every row an output contract defines is written once (a kept copy or a zero row alike);
+//   - an accumulated (+=) row is read and written once;
+//   - a source row is read once however many kept choices use it;
+//   - the per-choice scalars (row index, weight, dweight: 12-16 bytes against 2 KiB rows,
+//     under 1%) are left out.
+// So dispatch_forward = Tk + B rows, dispatch_backward = K + 2 Tk, combine_forward = K + T,
+// combine_backward = Tk + K + B. The working sets (2-5 MiB per tensor) may sit in the
+// last-level cache, so of_mem_bw can exceed 1.
+constexpr int64_t kT = 1024, kE = 8;
+constexpr int kTopK = 2;
+
+struct RoutedBatch {
+  parm::Tensor x;  // (T, M)
+  parm::moe::GateRouting routing;
+  int64_t kept_choices = 0;  // K
+  int64_t kept_tokens = 0;   // Tk
+  int64_t buffer_rows = 0;   // B = E * slots
+};
+
+parm::Tensor random_tensor(parm::Shape shape, uint64_t stream, float scale = 1.0f) {
+  parm::Tensor t(std::move(shape));
+  parm::Rng rng(kSeed, stream);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = scale * rng.normal();
+  return t;
+}
+
+RoutedBatch make_routed_batch() {
+  RoutedBatch b;
+  b.x = random_tensor({kT, kM}, 30);
+  // Scaled so that the logits have unit variance: a spread of gate probabilities, not one-hot.
+  const parm::Tensor wg = random_tensor({kM, kE}, 31, 1.0f / std::sqrt(static_cast<float>(kM)));
+  const int64_t c = parm::capacity(kTopK, parm::CapacityFactor{12, 10}, kT, kE);
+  parm::Tensor probs({kT, kE});
+  std::vector<float> stats(2 * kE);
+  parm::moe::gate_forward(b.x, wg, kTopK, c, c, probs, b.routing, stats.data());
+  const parm::moe::GateRouting& r = b.routing;
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    int kept = 0;
+    for (int j = 0; j < r.topk; ++j) kept += r.row[static_cast<size_t>(t * r.topk + j)] >= 0;
+    b.kept_choices += kept;
+    b.kept_tokens += kept > 0;
+  }
+  b.buffer_rows = r.experts * r.slots;
+  return b;
+}
+
+// Sets bytes/s from `rows_counted` rows of M floats per call, and a label with the routing
+// they were counted from.
+void set_routing_counters(benchmark::State& state, const RoutedBatch& b, int64_t rows_counted) {
+  set_byte_counters(state, 4.0 * kM * static_cast<double>(rows_counted));
+  const parm::moe::GateRouting& r = b.routing;
+  state.SetLabel(fmt::format("T={} M={} E={} k={} C={}: kept {}/{} choices, {}/{} tokens; {} rows",
+                             r.tokens, kM, r.experts, r.topk, r.capacity, b.kept_choices,
+                             r.tokens * r.topk, b.kept_tokens, r.tokens, rows_counted));
+}
+
+// buf (B, M) = x rows at kept rows, zero elsewhere: reads Tk rows, writes B rows.
+void BM_DispatchForward(benchmark::State& state) {
+  const RoutedBatch b = make_routed_batch();
+  parm::Tensor buf({b.buffer_rows, kM});
+  for (auto _ : state) {
+    parm::moe::dispatch_forward(b.x, b.routing, buf);
+    benchmark::DoNotOptimize(buf.data());
+    benchmark::ClobberMemory();
+  }
+  set_routing_counters(state, b, b.kept_tokens + b.buffer_rows);
+}
+BENCHMARK(BM_DispatchForward)->UseRealTime()->MinTime(0.2);
+
+// dx (T, M) += dbuf kept rows: reads K rows, reads and writes Tk rows.
+void BM_DispatchBackward(benchmark::State& state) {
+  const RoutedBatch b = make_routed_batch();
+  const parm::Tensor dbuf = random_tensor({b.buffer_rows, kM}, 32);
+  parm::Tensor dx({kT, kM});
+  for (auto _ : state) {
+    parm::moe::dispatch_backward(dbuf, b.routing, dx);
+    benchmark::DoNotOptimize(dx.data());
+    benchmark::ClobberMemory();
+  }
+  set_routing_counters(state, b, b.kept_choices + 2 * b.kept_tokens);
+}
+BENCHMARK(BM_DispatchBackward)->UseRealTime()->MinTime(0.2);
+
+// out (T, M) = weighted sum of kept buf rows: reads K rows, writes T rows.
+void BM_CombineForward(benchmark::State& state) {
+  const RoutedBatch b = make_routed_batch();
+  const parm::Tensor buf = random_tensor({b.buffer_rows, kM}, 33);
+  parm::Tensor out({kT, kM});
+  for (auto _ : state) {
+    parm::moe::combine_forward(buf, b.routing, out);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  set_routing_counters(state, b, b.kept_choices + kT);
+}
+BENCHMARK(BM_CombineForward)->UseRealTime()->MinTime(0.2);
+
+// dbuf (B, M) = weight * dout at kept rows, zero elsewhere; dweight = <dout, buf row>: reads
+// Tk dout rows and K buf rows, writes B rows.
+void BM_CombineBackward(benchmark::State& state) {
+  const RoutedBatch b = make_routed_batch();
+  const parm::Tensor buf = random_tensor({b.buffer_rows, kM}, 34);
+  const parm::Tensor dout = random_tensor({kT, kM}, 35);
+  parm::Tensor dbuf({b.buffer_rows, kM});
+  std::vector<float> dweight;
+  for (auto _ : state) {
+    parm::moe::combine_backward(buf, dout, b.routing, dbuf, dweight);
+    benchmark::DoNotOptimize(dbuf.data());
+    benchmark::DoNotOptimize(dweight.data());
+    benchmark::ClobberMemory();
+  }
+  set_routing_counters(state, b, b.kept_tokens + b.kept_choices + b.buffer_rows);
+}
+BENCHMARK(BM_CombineBackward)->UseRealTime()->MinTime(0.2);
 
 }  // namespace
 

@@ -38,10 +38,15 @@ enum class CommOp {
   kSend,
   kRecv,
   kBarrier,
+  // Small integer side messages that travel with a collective and are counted apart from it
+  // (the MoE dispatch's per-expert fill counts), so that the collectives' own counts stay
+  // exactly the data they move.
+  kMetadata,
   kNumOps
 };
 constexpr int kNumCommOps = static_cast<int>(CommOp::kNumOps);
-// "allreduce", "allgather", "reduce_scatter", "alltoall", "alltoallv", "send", "recv", "barrier"
+// "allreduce", "allgather", "reduce_scatter", "alltoall", "alltoallv", "send", "recv", "barrier",
+// "metadata"
 const char* comm_op_name(CommOp op);
 
 // Bus bytes a rank receives in one call on a group of n ranks (nccl-tests busbw convention):
@@ -49,7 +54,8 @@ const char* comm_op_name(CommOp op);
 //   allgather, B bytes per rank:          (n-1) * B
 //   reduce_scatter, B bytes per rank out: (n-1) * B
 //   alltoall, B bytes per peer:           (n-1) * B   (= (n-1)/n of the whole buffer)
-//   send: 0; recv of B bytes: B; barrier: 0. alltoallv: what it received from others.
+//   send: 0; recv of B bytes: B; barrier: 0. alltoallv, metadata: what it received from
+//   others (B).
 double bus_bytes(CommOp op, int n, double bytes);
 
 struct OpStats {

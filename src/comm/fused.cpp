@@ -34,9 +34,15 @@
 // records the wall time of the steps in which it had a piece in flight (including its local
 // copies and sums). With chunks = 1 these partition the fused op's wall time; with more
 // chunks they overlap, which is the point, so their sum exceeds the wall time.
+//
+// Steady state: nothing here allocates once a call with the same sizes has run on this
+// thread. The request list and the combine's staging buffers live in a per-thread workspace
+// kept between calls, and the stages are std::functions over std::cref of the caller's
+// lambdas (a reference is stored in place, never on the heap).
 #include "comm/fused.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -55,7 +61,7 @@ static_assert(kFusedTagBase + 4 * (kTagPieces - 1) + kMpPart <= 32767,
 
 int tag_of(int piece, Part part) { return kFusedTagBase + 4 * (piece % kTagPieces) + part; }
 
-using Requests = std::vector<RequestPtr>;
+using Requests = std::vector<RequestPtr>;  // one step's requests
 
 struct Piece {
   size_t lo = 0;
@@ -100,27 +106,83 @@ bool overlap(const float* a, size_t a_len, const float* b, size_t b_len) {
   return a < b + b_len && b < a + a_len;
 }
 
+// A buffer that only grows: get(n) reuses the storage once it has held n elements.
+class GrowOnlyBuffer {
+ public:
+  float* get(size_t n) {
+    if (n > capacity_) {
+      data_ = std::make_unique_for_overwrite<float[]>(n);
+      capacity_ = n;
+    }
+    return data_.get();
+  }
+  // Forgets the storage without freeing it (messages may still be arriving in it).
+  void abandon() {
+    (void)data_.release();
+    capacity_ = 0;
+  }
+
+ private:
+  std::unique_ptr<float[]> data_;
+  size_t capacity_ = 0;
+};
+
+// What the fused collectives keep between calls on one thread.
+struct Workspace {
+  Requests reqs;  // one step's requests; cleared by wait_all, capacity kept
+  GrowOnlyBuffer theirs, reduced;  // fused_combine's staging
+};
+
+Workspace& workspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+
 struct Stage {
-  std::function<void(int piece, Requests& reqs)> post;
+  std::function<void(int piece, Requests& reqs)> post;  // std::cref of the caller's lambda
   double busy_us = 0.0;
 };
 
+// At most three stages (combine with the MP part); a fixed array, so building one is free.
+struct Pipeline {
+  std::array<Stage, 3> stages;
+  int num_stages = 0;
+
+  // Appends a stage running `post`, which must outlive the pipeline; returns its index.
+  template <typename Post> int add(const Post& post) {
+    PARM_CHECK(num_stages < static_cast<int>(stages.size()), "fused pipeline: too many stages");
+    stages[static_cast<size_t>(num_stages)].post = std::cref(post);
+    return num_stages++;
+  }
+  template <typename Post> int add(const Post&& post) = delete;  // would dangle
+  double busy_us(int stage) const { return stages[static_cast<size_t>(stage)].busy_us; }
+};
+
 // Step s posts piece s - j of stage j, then waits for the whole step.
-void run_pipeline(std::vector<Stage>& stages, int chunks) {
-  const int num_stages = static_cast<int>(stages.size());
-  Requests reqs;
-  for (int s = 0; s < chunks + num_stages - 1; ++s) {
-    const double t0 = now_us();
-    for (int j = 0; j < num_stages; ++j) {
-      const int c = s - j;
-      if (c >= 0 && c < chunks) stages[static_cast<size_t>(j)].post(c, reqs);
+void run_pipeline(Pipeline& p, int chunks) {
+  Workspace& ws = workspace();
+  try {
+    for (int s = 0; s < chunks + p.num_stages - 1; ++s) {
+      const double t0 = now_us();
+      for (int j = 0; j < p.num_stages; ++j) {
+        const int c = s - j;
+        if (c >= 0 && c < chunks) p.stages[static_cast<size_t>(j)].post(c, ws.reqs);
+      }
+      wait_all(ws.reqs);
+      const double dt = now_us() - t0;
+      for (int j = 0; j < p.num_stages; ++j) {
+        const int c = s - j;
+        if (c >= 0 && c < chunks) p.stages[static_cast<size_t>(j)].busy_us += dt;
+      }
     }
-    wait_all(reqs);
-    const double dt = now_us() - t0;
-    for (int j = 0; j < num_stages; ++j) {
-      const int c = s - j;
-      if (c >= 0 && c < chunks) stages[static_cast<size_t>(j)].busy_us += dt;
-    }
+  } catch (...) {
+    // A step failed (a Timeout, an MPI error): drop what it posted (each request waits, up
+    // to its deadline) and never hand the staging buffers out again, since messages that
+    // did not complete may still land in them. The job aborts after this anyway.
+    ws.reqs.clear();
+    ws.theirs.abandon();
+    ws.reduced.abandon();
+    throw;
   }
 }
 
@@ -144,35 +206,35 @@ void fused_dispatch(Communicator& ep, Communicator& esp, const float* in, float*
   // (N_EP, block): where the alltoall delivers, this rank's slot of the allgather output.
   float* mine = out + static_cast<size_t>(me_esp) * row;
 
-  std::vector<Stage> stages;
-  stages.push_back({[&](int c, Requests& reqs) {
+  const auto post_alltoall = [&](int c, Requests& reqs) {
     const Piece pc = piece_of(block, chunks, c);
     if (pc.len == 0) return;
     post_ep_piece(ep, block, pc, in, mine, tag_of(c, kEpPart), reqs);
-  }});
-  if (n_esp > 1) {
-    stages.push_back({[&](int c, Requests& reqs) {
-      const Piece pc = piece_of(block, chunks, c);
-      if (pc.len == 0) return;
-      for (int q = 0; q < n_esp; ++q) {
-        if (q == me_esp) continue;
-        float* theirs = out + static_cast<size_t>(q) * row;
-        for (int p = 0; p < n_ep; ++p) {
-          const size_t off = static_cast<size_t>(p) * block + pc.lo;
-          post_pair(esp, q, mine + off, theirs + off, pc.len, tag_of(c, kEspPart), reqs);
-        }
+  };
+  const auto post_allgather = [&](int c, Requests& reqs) {
+    const Piece pc = piece_of(block, chunks, c);
+    if (pc.len == 0) return;
+    for (int q = 0; q < n_esp; ++q) {
+      if (q == me_esp) continue;
+      float* theirs = out + static_cast<size_t>(q) * row;
+      for (int p = 0; p < n_ep; ++p) {
+        const size_t off = static_cast<size_t>(p) * block + pc.lo;
+        post_pair(esp, q, mine + off, theirs + off, pc.len, tag_of(c, kEspPart), reqs);
       }
-    }});
-  }
-  run_pipeline(stages, chunks);
+    }
+  };
+  Pipeline pipeline;
+  const int a2a_stage = pipeline.add(post_alltoall);
+  const int gather_stage = n_esp > 1 ? pipeline.add(post_allgather) : -1;
+  run_pipeline(pipeline, chunks);
 
   const double block_bytes = static_cast<double>(block * sizeof(float));
   if (n_ep > 1)
     ep.record(CommOp::kAllToAll, bus_bytes(CommOp::kAllToAll, n_ep, block_bytes),
-              stages[0].busy_us);
+              pipeline.busy_us(a2a_stage));
   if (n_esp > 1)
     esp.record(CommOp::kAllGather, bus_bytes(CommOp::kAllGather, n_esp, n_ep * block_bytes),
-               stages[1].busy_us);
+               pipeline.busy_us(gather_stage));
 }
 
 void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* out,
@@ -211,40 +273,38 @@ void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* 
   // The reduce_scatter: peers' partial sums of my block arrive in `theirs` (N_ESP, N_EP,
   // block; my own slot unused) and are summed into `reduced` (N_EP, block). On one ESP rank
   // the sum of a single block is the block itself, so the alltoall sends `in` directly.
-  std::unique_ptr<float[]> theirs, reduced;
+  // Both live in this thread's workspace, reused from call to call.
+  float* theirs = nullptr;
+  float* reduced = nullptr;
   const float* a2a_send = in;
   if (n_esp > 1) {
-    theirs = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n_esp) * row);
-    reduced = std::make_unique_for_overwrite<float[]>(row);
-    a2a_send = reduced.get();
+    theirs = workspace().theirs.get(static_cast<size_t>(n_esp) * row);
+    reduced = workspace().reduced.get(row);
+    a2a_send = reduced;
   }
   auto block_of = [&](int q, int p) -> size_t {  // offset of block (q, p) of (N_ESP, N_EP, block)
     return (static_cast<size_t>(q) * static_cast<size_t>(n_ep) + static_cast<size_t>(p)) * block;
   };
 
-  std::vector<Stage> stages;
-  if (n_esp > 1) {
-    stages.push_back({[&](int c, Requests& reqs) {
-      const Piece pc = piece_of(block, chunks, c);
-      if (pc.len == 0) return;
-      for (int q = 0; q < n_esp; ++q) {
-        if (q == me_esp) continue;
-        for (int p = 0; p < n_ep; ++p)
-          post_pair(esp, q, in + block_of(q, p) + pc.lo, theirs.get() + block_of(q, p) + pc.lo,
-                    pc.len, tag_of(c, kEspPart), reqs);
-      }
-    }});
-  }
-  const size_t a2a_stage = stages.size();
-  stages.push_back({[&](int c, Requests& reqs) {
+  const auto post_exchange = [&](int c, Requests& reqs) {
+    const Piece pc = piece_of(block, chunks, c);
+    if (pc.len == 0) return;
+    for (int q = 0; q < n_esp; ++q) {
+      if (q == me_esp) continue;
+      for (int p = 0; p < n_ep; ++p)
+        post_pair(esp, q, in + block_of(q, p) + pc.lo, theirs + block_of(q, p) + pc.lo, pc.len,
+                  tag_of(c, kEspPart), reqs);
+    }
+  };
+  const auto post_sum_alltoall = [&](int c, Requests& reqs) {
     const Piece pc = piece_of(block, chunks, c);
     if (pc.len == 0) return;
     if (n_esp > 1) {
       // ((b0 + b1) + b2) + ...: ESP-rank order, exactly as MpiCommunicator::ireduce_scatter.
       for (int p = 0; p < n_ep; ++p) {
-        float* dst = reduced.get() + static_cast<size_t>(p) * block + pc.lo;
+        float* dst = reduced + static_cast<size_t>(p) * block + pc.lo;
         for (int q = 0; q < n_esp; ++q) {
-          const float* src = (q == me_esp ? in : theirs.get()) + block_of(q, p) + pc.lo;
+          const float* src = (q == me_esp ? in : theirs) + block_of(q, p) + pc.lo;
           if (q == 0) {
             copy(dst, src, pc.len);
           } else {
@@ -254,47 +314,50 @@ void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* 
       }
     }
     post_ep_piece(ep, block, pc, a2a_send, out, tag_of(c, kEpPart), reqs);
-  }});
-  const bool mp_active = mp != nullptr && n_mp > 1;
-  if (mp_active) {
-    // out seen as (outer, chunk) goes to full (outer, N_MP, chunk): element f of MP rank q's
-    // out lands at full[f / chunk][q][f % chunk], as the unfused S2 gather interleaves it.
-    // A piece's range of each EP block is cut where it crosses a row of `chunk`.
-    stages.push_back({[&](int c, Requests& reqs) {
-      const Piece pc = piece_of(block, chunks, c);
-      if (pc.len == 0) return;
-      for (int p = 0; p < n_ep; ++p) {
-        const size_t end = static_cast<size_t>(p) * block + pc.lo + pc.len;
-        for (size_t x = static_cast<size_t>(p) * block + pc.lo; x < end;) {
-          const size_t o = x / mp_chunk;
-          const size_t y = std::min(end, (o + 1) * mp_chunk);
-          for (int q = 0; q < n_mp; ++q) {
-            float* dst = full + (o * static_cast<size_t>(n_mp) + static_cast<size_t>(q)) *
-                                    mp_chunk + (x - o * mp_chunk);
-            if (q == me_mp)
-              copy(dst, out + x, y - x);
-            else
-              post_pair(*mp, q, out + x, dst, y - x, tag_of(c, kMpPart), reqs);
-          }
-          x = y;
+  };
+  // out seen as (outer, chunk) goes to full (outer, N_MP, chunk): element f of MP rank q's
+  // out lands at full[f / chunk][q][f % chunk], as the unfused S2 gather interleaves it.
+  // A piece's range of each EP block is cut where it crosses a row of `chunk`.
+  const auto post_mp_gather = [&](int c, Requests& reqs) {
+    const Piece pc = piece_of(block, chunks, c);
+    if (pc.len == 0) return;
+    for (int p = 0; p < n_ep; ++p) {
+      const size_t end = static_cast<size_t>(p) * block + pc.lo + pc.len;
+      for (size_t x = static_cast<size_t>(p) * block + pc.lo; x < end;) {
+        const size_t o = x / mp_chunk;
+        const size_t y = std::min(end, (o + 1) * mp_chunk);
+        for (int q = 0; q < n_mp; ++q) {
+          float* dst = full + (o * static_cast<size_t>(n_mp) + static_cast<size_t>(q)) *
+                                  mp_chunk + (x - o * mp_chunk);
+          if (q == me_mp)
+            copy(dst, out + x, y - x);
+          else
+            post_pair(*mp, q, out + x, dst, y - x, tag_of(c, kMpPart), reqs);
         }
+        x = y;
       }
-    }});
-  }
-  run_pipeline(stages, chunks);
+    }
+  };
+  const bool mp_active = mp != nullptr && n_mp > 1;
+  Pipeline pipeline;
+  const int exchange_stage = n_esp > 1 ? pipeline.add(post_exchange) : -1;
+  const int a2a_stage = pipeline.add(post_sum_alltoall);
+  const int gather_stage = mp_active ? pipeline.add(post_mp_gather) : -1;
+  run_pipeline(pipeline, chunks);
   // An MP group of one: full (outer, 1, chunk) is out itself.
   if (mp != nullptr && n_mp == 1 && full != out) copy(full, out, row);
 
   const double block_bytes = static_cast<double>(block * sizeof(float));
   if (n_esp > 1)
     esp.record(CommOp::kReduceScatter,
-               bus_bytes(CommOp::kReduceScatter, n_esp, n_ep * block_bytes), stages[0].busy_us);
+               bus_bytes(CommOp::kReduceScatter, n_esp, n_ep * block_bytes),
+               pipeline.busy_us(exchange_stage));
   if (n_ep > 1)
     ep.record(CommOp::kAllToAll, bus_bytes(CommOp::kAllToAll, n_ep, block_bytes),
-              stages[a2a_stage].busy_us);
+              pipeline.busy_us(a2a_stage));
   if (mp_active)
     mp->record(CommOp::kAllGather, bus_bytes(CommOp::kAllGather, n_mp, row * sizeof(float)),
-               stages.back().busy_us);
+               pipeline.busy_us(gather_stage));
 }
 
 }  // namespace parm

@@ -4,7 +4,6 @@
 
 #include <climits>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -33,64 +32,6 @@ int to_mpi_count(size_t count, const std::string& group, const char* op) {
                                 count, INT_MAX));
   return static_cast<int>(count);
 }
-
-class MpiRequest final : public Request {
- public:
-  MpiRequest(MPI_Request req, MpiCommunicator* comm, CommOp op, double bytes, double bus,
-             int world_rank, std::function<void()> on_done, bool counted)
-      : req_(req), comm_(comm), op_(op), bytes_(bytes), bus_(bus), world_rank_(world_rank),
-        start_us_(now_us()), on_done_(std::move(on_done)), counted_(counted) {}
-
-  ~MpiRequest() override {
-    if (done_) return;
-    try {
-      wait();
-    } catch (...) {
-      // Unwinding already: main reports the first error and aborts the job.
-    }
-  }
-
-  bool test() override {
-    if (done_) return true;
-    int flag = 0;
-    PARM_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
-    if (flag) finish();
-    return done_;
-  }
-
-  void wait() override {
-    const double deadline_us = start_us_ + comm_->timeout_s() * 1e6;
-    for (int spins = 0; !test(); ++spins) {
-      if (spins > 64) sched_yield();  // ranks may outnumber cores
-      if ((spins & 255) == 0 && now_us() > deadline_us) {
-        done_ = true;  // do not wait again from the destructor
-        throw Timeout(fmt::format(
-            "rank {} (group {} rank {} of {}): {} of {} bytes did not complete within {} s; "
-            "a peer is stuck or dead",
-            world_rank_, comm_->name(), comm_->rank(), comm_->size(), comm_op_name(op_),
-            static_cast<int64_t>(bytes_), comm_->timeout_s()));
-      }
-    }
-  }
-
- private:
-  void finish() {
-    done_ = true;
-    if (on_done_) on_done_();
-    if (counted_) comm_->record(op_, bus_, now_us() - start_us_);
-  }
-
-  MPI_Request req_;
-  MpiCommunicator* comm_;
-  CommOp op_;
-  double bytes_;
-  double bus_;
-  int world_rank_;
-  double start_us_;
-  std::function<void()> on_done_;
-  bool counted_;
-  bool done_ = false;
-};
 
 // recv[i] = ((blocks[0][i] + blocks[1][i]) + blocks[2][i]) + ... : group-rank order.
 template <typename T>
@@ -124,6 +65,99 @@ void sum_blocks_in_rank_order(DType dtype, const void* blocks, void* recv, size_
   throw Error("unknown dtype");
 }
 
+// Storage of deleted requests, reused by the next ones, so that issuing an operation
+// allocates nothing once this thread has had as many requests alive at once as it will
+// have again. Per thread, so no lock. A plain pointer with no destructor, so that a request
+// deleted late in the thread's (or program's) exit still finds a valid list; the blocks on
+// it when the thread exits are not returned to the system (at most its peak of live
+// requests).
+struct FreeBlock {
+  FreeBlock* next;
+};
+thread_local FreeBlock* t_free_requests = nullptr;
+
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MPI_Request req, MpiCommunicator* comm, CommOp op, double bytes, double bus,
+             int world_rank, bool counted, MpiCommunicator::BlockSum sum)
+      : req_(req), comm_(comm), op_(op), bytes_(bytes), bus_(bus), world_rank_(world_rank),
+        start_us_(now_us()), counted_(counted), sum_(std::move(sum)) {}
+
+  ~MpiRequest() override {
+    if (!done_) {
+      try {
+        wait();
+      } catch (...) {
+        // Unwinding already: main reports the first error and aborts the job.
+      }
+    }
+    // Still holding its scratch buffer means MPI never reported completion (a Timeout or an
+    // MPI error) and may yet write into it: leak it rather than free it.
+    (void)sum_.scratch.data.release();
+  }
+
+  // MpiRequest is final, so every block has the size of one MpiRequest.
+  static void* operator new(size_t bytes) {
+    if (FreeBlock* block = t_free_requests) {
+      t_free_requests = block->next;
+      return block;
+    }
+    return ::operator new(bytes);
+  }
+  static void operator delete(void* p) {
+    if (p == nullptr) return;
+    auto* block = static_cast<FreeBlock*>(p);
+    block->next = t_free_requests;
+    t_free_requests = block;
+  }
+
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    PARM_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    if (flag) finish();
+    return done_;
+  }
+
+  void wait() override {
+    const double deadline_us = start_us_ + comm_->timeout_s() * 1e6;
+    for (int spins = 0; !test(); ++spins) {
+      if (spins > 64) sched_yield();  // ranks may outnumber cores
+      if ((spins & 255) == 0 && now_us() > deadline_us) {
+        done_ = true;  // do not wait again from the destructor
+        throw Timeout(fmt::format(
+            "rank {} (group {} rank {} of {}): {} of {} bytes did not complete within {} s; "
+            "a peer is stuck or dead",
+            world_rank_, comm_->name(), comm_->rank(), comm_->size(), comm_op_name(op_),
+            static_cast<int64_t>(bytes_), comm_->timeout_s()));
+      }
+    }
+  }
+
+ private:
+  void finish() {
+    done_ = true;
+    if (sum_.pool != nullptr) {
+      sum_blocks_in_rank_order(sum_.dtype, sum_.scratch.data.get(), sum_.recv, sum_.count,
+                               sum_.num_blocks);
+      sum_.pool->give_back(std::move(sum_.scratch));
+    }
+    if (counted_) comm_->record(op_, bus_, now_us() - start_us_);
+  }
+
+  MPI_Request req_;
+  MpiCommunicator* comm_;
+  CommOp op_;
+  double bytes_;
+  double bus_;
+  int world_rank_;
+  double start_us_;
+  bool counted_;
+  bool done_ = false;
+  MpiCommunicator::BlockSum sum_;
+};
+static_assert(sizeof(MpiRequest) >= sizeof(FreeBlock));
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool intra_node,
@@ -141,11 +175,40 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+MpiCommunicator::ScratchPool::Buffer MpiCommunicator::ScratchPool::take(size_t bytes) {
+  const size_t none = free_.size();
+  size_t fit = none, largest = none;
+  for (size_t i = 0; i < free_.size(); ++i) {
+    const size_t b = free_[i].bytes;
+    if (b >= bytes && (fit == none || b < free_[fit].bytes)) fit = i;
+    if (largest == none || b > free_[largest].bytes) largest = i;
+  }
+  Buffer out;
+  if (const size_t pick = fit != none ? fit : largest; pick != none) {
+    std::swap(free_[pick], free_.back());
+    out = std::move(free_.back());
+    free_.pop_back();
+  }
+  if (out.bytes < bytes) {
+    out.data = std::make_unique_for_overwrite<unsigned char[]>(bytes);
+    out.bytes = bytes;
+  }
+  return out;
+}
+
+void MpiCommunicator::ScratchPool::give_back(Buffer buffer) {
+  free_.push_back(std::move(buffer));  // capacity grows to the peak in flight, then stays
+}
+
 RequestPtr MpiCommunicator::make_request(MPI_Request req, CommOp op, double bytes_moved,
-                                         double bus, std::function<void()> on_done,
-                                         bool counted) {
-  return std::make_unique<MpiRequest>(req, this, op, bytes_moved, bus, world_rank_,
-                                      std::move(on_done), counted);
+                                         double bus, bool counted, BlockSum sum) {
+  return std::make_unique<MpiRequest>(req, this, op, bytes_moved, bus, world_rank_, counted,
+                                      std::move(sum));
+}
+
+RequestPtr MpiCommunicator::make_request(MPI_Request req, CommOp op, double bytes_moved,
+                                         double bus, bool counted) {
+  return make_request(req, op, bytes_moved, bus, counted, BlockSum{});
 }
 
 RequestPtr MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
@@ -175,24 +238,28 @@ RequestPtr MpiCommunicator::iallgather(const void* send, void* recv, size_t coun
 // into a scratch buffer the request owns) and the owner sums them in group-rank order
 // 0..n-1 on completion: deterministic, and bit-identical to fused_combine, which sums in the
 // same order. It moves the same bytes as a pairwise reduce_scatter and is counted as one
-// reduce_scatter call (never as an alltoall).
+// reduce_scatter call (never as an alltoall). The scratch buffer comes from the
+// communicator's pool and goes back to it on completion.
 RequestPtr MpiCommunicator::ireduce_scatter(const void* send, void* recv, size_t count,
                                             DType dtype) {
   const size_t esize = dtype_size(dtype);
   const double bytes = static_cast<double>(count * esize);
   const int per_rank = to_mpi_count(count, name_, "reduce_scatter");
+  BlockSum sum;
+  sum.pool = &scratch_pool_;
   // (size, count): block q came from group rank q. Uninitialised (it is overwritten); one
   // spare byte so the pointer is never null.
-  std::shared_ptr<unsigned char[]> scratch(new unsigned char[count * esize * size_ + 1]);
+  sum.scratch = scratch_pool_.take(count * esize * size_ + 1);
+  sum.recv = recv;
+  sum.count = count;
+  sum.dtype = dtype;
+  sum.num_blocks = size_;
   MPI_Request req;
-  PARM_MPI_CHECK(MPI_Ialltoall(send, per_rank, mpi_type(dtype), scratch.get(), per_rank,
-                               mpi_type(dtype), comm_, &req));
-  const int group_size = size_;
-  auto sum = [scratch, recv, count, dtype, group_size] {
-    sum_blocks_in_rank_order(dtype, scratch.get(), recv, count, group_size);
-  };
+  PARM_MPI_CHECK(MPI_Ialltoall(send, per_rank, mpi_type(dtype), sum.scratch.data.get(),
+                               per_rank, mpi_type(dtype), comm_, &req));
   return make_request(req, CommOp::kReduceScatter, bytes * size_,
-                      bus_bytes(CommOp::kReduceScatter, size_, bytes), std::move(sum));
+                      bus_bytes(CommOp::kReduceScatter, size_, bytes), /*counted=*/true,
+                      std::move(sum));
 }
 
 RequestPtr MpiCommunicator::ialltoall(const void* send, void* recv, size_t count, DType dtype) {
@@ -210,6 +277,8 @@ RequestPtr MpiCommunicator::ialltoallv(const void* send, const size_t* send_coun
                                        const size_t* recv_counts, const size_t* recv_displs,
                                        DType dtype) {
   // MPI keeps pointers to the count arrays until completion: they live in the request.
+  // Allocates on every call (the arrays and a holder request), unlike every other operation:
+  // the MoE layer does not use alltoallv.
   struct Arrays {
     std::vector<int> sc, sd, rc, rd;
   };
@@ -263,7 +332,7 @@ RequestPtr MpiCommunicator::isend_uncounted(const void* buf, size_t count, DType
   PARM_MPI_CHECK(MPI_Isend(buf, to_mpi_count(count, name_, "send"), mpi_type(dtype), peer, tag,
                            comm_, &req));
   return make_request(req, CommOp::kSend, static_cast<double>(count * dtype_size(dtype)), 0.0,
-                      {}, /*counted=*/false);
+                      /*counted=*/false);
 }
 
 RequestPtr MpiCommunicator::irecv_uncounted(void* buf, size_t count, DType dtype, int peer,
@@ -272,7 +341,7 @@ RequestPtr MpiCommunicator::irecv_uncounted(void* buf, size_t count, DType dtype
   MPI_Request req;
   PARM_MPI_CHECK(MPI_Irecv(buf, to_mpi_count(count, name_, "recv"), mpi_type(dtype), peer, tag,
                            comm_, &req));
-  return make_request(req, CommOp::kRecv, bytes, bytes, {}, /*counted=*/false);
+  return make_request(req, CommOp::kRecv, bytes, bytes, /*counted=*/false);
 }
 
 RequestPtr MpiCommunicator::ibarrier() {

@@ -1,13 +1,18 @@
 // The MPI backend of parm::Communicator. Every operation is issued non-blocking and
 // completed by polling with a deadline (the watchdog): a collective that does not finish in
 // time throws parm::Timeout naming the rank, group, op and bytes.
+//
+// Steady state: after a warm-up call, the same operation with the same sizes makes no C++
+// heap allocation (alltoallv excepted): request objects are recycled through a per-thread
+// free list, and reduce_scatter's scratch buffers through a per-communicator pool.
 #pragma once
 
 #include <mpi.h>
 
-#include <functional>
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parm/comm.h"
 
@@ -44,11 +49,48 @@ class MpiCommunicator final : public Communicator {
                              int tag) override;
   RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;
 
+  // ---- internals, public only for the request class of mpi_communicator.cpp ----
+
+  // Grow-only pool of scratch buffers (reduce_scatter's receive blocks). A request takes one
+  // when it is issued and gives it back when MPI reports completion, so several
+  // reduce_scatters can be in flight at once and, after a warm-up with the same sizes, none
+  // allocates. A request that never completes (a Timeout) never gives its buffer back: MPI
+  // may still write into it, so it is leaked rather than handed out again.
+  class ScratchPool {
+   public:
+    struct Buffer {
+      std::unique_ptr<unsigned char[]> data;
+      size_t bytes = 0;
+    };
+    // The smallest free buffer of at least `bytes`; when none fits, the largest free one is
+    // replaced by a new one of `bytes` (so the pool never holds more buffers than were ever
+    // in flight at once).
+    Buffer take(size_t bytes);
+    void give_back(Buffer buffer);
+
+   private:
+    std::vector<Buffer> free_;
+  };
+
+  // What a reduce_scatter does when MPI reports completion: sums the (num_blocks, count)
+  // blocks that arrived in `scratch` into `recv` in group-rank order, then returns
+  // `scratch` to `pool`.
+  struct BlockSum {
+    ScratchPool* pool = nullptr;  // null: nothing to do
+    ScratchPool::Buffer scratch;
+    void* recv = nullptr;
+    size_t count = 0;
+    DType dtype = DType::kF32;
+    int num_blocks = 0;
+  };
+
  private:
-  // `on_done` runs once when MPI reports completion, before the stats are recorded (so its
-  // time counts); `counted` false records nothing.
+  // `sum` runs once when MPI reports completion, before the stats are recorded (so its time
+  // counts); `counted` false records nothing.
   RequestPtr make_request(MPI_Request req, CommOp op, double bytes_moved, double bus,
-                          std::function<void()> on_done = {}, bool counted = true);
+                          bool counted, BlockSum sum);
+  RequestPtr make_request(MPI_Request req, CommOp op, double bytes_moved, double bus,
+                          bool counted = true);
 
   MPI_Comm comm_;
   std::string name_;
@@ -58,6 +100,7 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   int world_rank_ = 0;
   CommStats stats_;
+  ScratchPool scratch_pool_;
 };
 
 }  // namespace parm

@@ -5,12 +5,39 @@
 #include "parm/error.h"
 
 namespace parm::moe {
+namespace {
+
+// Zeroes the rows of `buf` (E * slots, M) that no kept choice fills: expert e's slots
+// [fill_e, slots) (GShard fills an expert's slots in order from 0).
+void zero_unfilled(const GateRouting& r, int64_t M, Tensor& buf) {
+  for (int64_t e = 0; e < r.experts; ++e) {
+    const int64_t f = r.fill[static_cast<size_t>(e)];
+    std::memset(buf.data() + (e * r.slots + f) * M, 0,
+                static_cast<size_t>((r.slots - f) * M) * sizeof(float));
+  }
+}
+
+// <a, b> over n floats in 16 independent lanes summed at the end: a fixed order (the same
+// bits on every rank and run) that the compiler can vectorise, unlike one serial sum.
+float dot_lanes(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+  float sum = 0.0f;
+  for (float v : acc) sum += v;
+  return sum;
+}
+
+}  // namespace
 
 void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& buf) {
   const int64_t M = x.cols();
   PARM_CHECK(buf.numel() == r.experts * r.slots * M, "dispatch buffer {} for E={} slots={} M={}",
              shape_str(buf.shape()), r.experts, r.slots, M);
-  buf.zero();
+  zero_unfilled(r, M, buf);
   for (int64_t t = 0; t < r.tokens; ++t)
     for (int j = 0; j < r.topk; ++j) {
       const int64_t row = r.row[static_cast<size_t>(t * r.topk + j)];
@@ -49,7 +76,7 @@ void combine_forward(const Tensor& buf, const GateRouting& r, Tensor& out) {
 void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& r, Tensor& dbuf,
                       std::vector<float>& dweight) {
   const int64_t M = dout.cols();
-  dbuf.zero();
+  zero_unfilled(r, M, dbuf);
   dweight.assign(static_cast<size_t>(r.tokens * r.topk), 0.0f);
   for (int64_t t = 0; t < r.tokens; ++t) {
     const float* g = dout.row(t);
@@ -59,12 +86,8 @@ void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& 
       const float w = r.weight[i];
       const float* y = buf.data() + r.row[i] * M;
       float* d = dbuf.data() + r.row[i] * M;
-      float dot = 0.0f;
-      for (int64_t m = 0; m < M; ++m) {
-        d[m] = w * g[m];
-        dot += g[m] * y[m];
-      }
-      dweight[i] = dot;
+      for (int64_t m = 0; m < M; ++m) d[m] = w * g[m];
+      dweight[i] = dot_lanes(g, y, M);
     }
   }
 }

@@ -1,86 +1,133 @@
-// The local experts (ESP shards) over the exchange layout (blocks, E_loc, slots, M).
+// The local experts (ESP shards) over the exchange layout (blocks, E_loc, slots, M), computed
+// on the filled rows only: expert e's rows in block b are the first fills[b * E_loc + e]
+// slots of segment [b, e] (GShard fills slots in order), so empty slots cost nothing.
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
+#include "moe/expert_products.h"
 #include "moe/moe_ops.h"
 #include "parm/error.h"
 
 namespace parm::moe {
 namespace {
 
-// Copies expert e's rows between the exchange layout and a contiguous (blocks*slots, M).
-void gather_expert(const Tensor& layout, int64_t blocks, int64_t e_loc, int64_t slots, int64_t e,
-                   Tensor& rows) {
-  const int64_t M = rows.cols();
-  const size_t n = static_cast<size_t>(slots * M) * sizeof(float);
-  for (int64_t b = 0; b < blocks; ++b)
-    std::memcpy(rows.data() + b * slots * M, layout.data() + ((b * e_loc + e) * slots) * M, n);
+// Rows of segment [b, e] of the exchange layout.
+inline float* segment(float* layout, int64_t b, int64_t e_loc, int64_t e, int64_t slots,
+                      int64_t M) {
+  return layout + ((b * e_loc + e) * slots) * M;
 }
 
-void scatter_expert(const Tensor& rows, int64_t blocks, int64_t e_loc, int64_t slots, int64_t e,
-                    Tensor& layout) {
-  const int64_t M = rows.cols();
-  const size_t n = static_cast<size_t>(slots * M) * sizeof(float);
-  for (int64_t b = 0; b < blocks; ++b)
-    std::memcpy(layout.data() + ((b * e_loc + e) * slots) * M, rows.data() + b * slots * M, n);
+// Copies expert e's filled rows out of the layout into `rows` (n, M), n = their total.
+int64_t gather_filled(const Tensor& layout, int64_t blocks, int64_t e_loc, int64_t slots,
+                      int64_t e, const int32_t* fills, int64_t M, float* rows) {
+  int64_t n = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t f = fills[b * e_loc + e];
+    std::memcpy(rows + n * M, segment(const_cast<float*>(layout.data()), b, e_loc, e, slots, M),
+                static_cast<size_t>(f * M) * sizeof(float));
+    n += f;
+  }
+  return n;
 }
 
-void ensure(Tensor& t, Shape shape) {
-  if (t.shape() != shape) t = Tensor(std::move(shape));
+// The reverse: filled rows back into the layout; the empty slots after them are zeroed.
+void scatter_filled(const float* rows, int64_t blocks, int64_t e_loc, int64_t slots, int64_t e,
+                    const int32_t* fills, int64_t M, Tensor& layout) {
+  int64_t n = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t f = fills[b * e_loc + e];
+    float* seg = segment(layout.data(), b, e_loc, e, slots, M);
+    std::memcpy(seg, rows + n * M, static_cast<size_t>(f * M) * sizeof(float));
+    std::memset(seg + f * M, 0, static_cast<size_t>((slots - f) * M) * sizeof(float));
+    n += f;
+  }
+}
+
+void check_fills(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t slots) {
+  for (int64_t i = 0; i < blocks * e_loc; ++i)
+    PARM_CHECK(fills[i] >= 0 && fills[i] <= slots,
+               "expert segment {} has fill count {}, outside [0, {}] (corrupt routing counts)",
+               i, fills[i], slots);
 }
 
 }  // namespace
 
+void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl) {
+  rows.assign(static_cast<size_t>(experts), 0);
+  in.clear();
+  pre.clear();
+  act.clear();
+  for (int64_t e = 0; e < experts; ++e) {
+    in.emplace_back(Shape{max_rows, M});
+    pre.emplace_back(Shape{max_rows, hl});
+    act.emplace_back(Shape{max_rows, hl});
+  }
+  out_rows = Tensor({max_rows, M});
+  d_out = Tensor({max_rows, M});
+  d_act = Tensor({max_rows, hl});
+}
+
 void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
-                     bool add_b2, ExpertWorkspace& ws, Tensor& out) {
+                     const int32_t* fills, bool add_b2, ExpertWorkspace& ws, Tensor& out,
+                     PhaseTimes* times) {
   const int64_t e_loc = w.w1.dim(0), M = w.w1.dim(1), hl = w.w1.dim(2);
-  const int64_t R = blocks * slots;
   PARM_CHECK(in.numel() == blocks * e_loc * slots * M && out.numel() == in.numel(),
              "expert buffers {} / {} for blocks={} E_loc={} slots={} M={}",
              shape_str(in.shape()), shape_str(out.shape()), blocks, e_loc, slots, M);
-  ws.in.resize(static_cast<size_t>(e_loc));
-  ws.pre.resize(static_cast<size_t>(e_loc));
-  ws.act.resize(static_cast<size_t>(e_loc));
-  ensure(ws.out_rows, {R, M});
+  PARM_CHECK(static_cast<int64_t>(ws.in.size()) == e_loc && ws.out_rows.rows() >= blocks * slots,
+             "expert workspace reserved for {} experts x {} rows, needs {} x {}", ws.in.size(),
+             ws.out_rows.rows(), e_loc, blocks * slots);
+  check_fills(fills, blocks, e_loc, slots);
+  PhaseClock clock(times);
   for (int64_t e = 0; e < e_loc; ++e) {
-    Tensor& x = ws.in[static_cast<size_t>(e)];
-    Tensor& pre = ws.pre[static_cast<size_t>(e)];
-    Tensor& act = ws.act[static_cast<size_t>(e)];
-    ensure(x, {R, M});
-    ensure(pre, {R, hl});
-    ensure(act, {R, hl});
-    gather_expert(in, blocks, e_loc, slots, e, x);
-    cpu::gemm(false, false, R, hl, M, x.data(), w.w1.data() + e * M * hl, pre.data(), false);
-    cpu::bias_gelu_forward(pre.data(), w.b1.data() + e * hl, act.data(), R, hl);
-    cpu::gemm(false, false, R, M, hl, act.data(), w.w2.data() + e * hl * M, ws.out_rows.data(),
-              false);
-    if (add_b2) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, R, M);
-    scatter_expert(ws.out_rows, blocks, e_loc, slots, e, out);
+    float* x = ws.in[static_cast<size_t>(e)].data();
+    float* pre = ws.pre[static_cast<size_t>(e)].data();
+    float* act = ws.act[static_cast<size_t>(e)].data();
+    const int64_t n = gather_filled(in, blocks, e_loc, slots, e, fills, M, x);
+    ws.rows[static_cast<size_t>(e)] = n;
+    clock.lap("rows in/out");
+    fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
+    clock.lap("expert products");
+    cpu::bias_gelu_forward(pre, w.b1.data() + e * hl, act, n, hl);
+    clock.lap("bias + GeLU");
+    fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
+    clock.lap("expert products");
+    if (add_b2) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, n, M);
+    clock.lap("bias + GeLU");
+    scatter_filled(ws.out_rows.data(), blocks, e_loc, slots, e, fills, M, out);
+    clock.lap("rows in/out");
   }
 }
 
 void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
-                      ExpertWorkspace& ws, ExpertShards& dw, Tensor& din) {
+                      const int32_t* fills, ExpertWorkspace& ws, ExpertShards& dw, Tensor& din,
+                      PhaseTimes* times) {
   const int64_t e_loc = w.w1.dim(0), M = w.w1.dim(1), hl = w.w1.dim(2);
-  const int64_t R = blocks * slots;
-  ensure(ws.d_act, {R, hl});
-  ensure(ws.d_out, {R, M});
-  ensure(ws.out_rows, {R, M});
-  Tensor& dy = ws.d_out;
+  PARM_CHECK(dout.numel() == blocks * e_loc * slots * M && din.numel() == dout.numel(),
+             "expert gradient buffers {} / {} for blocks={} E_loc={} slots={} M={}",
+             shape_str(dout.shape()), shape_str(din.shape()), blocks, e_loc, slots, M);
+  PhaseClock clock(times);
+  float* dy = ws.d_out.data();
+  float* dact = ws.d_act.data();
   for (int64_t e = 0; e < e_loc; ++e) {
-    const Tensor& x = ws.in[static_cast<size_t>(e)];
-    const Tensor& pre = ws.pre[static_cast<size_t>(e)];
-    const Tensor& act = ws.act[static_cast<size_t>(e)];
-    gather_expert(dout, blocks, e_loc, slots, e, dy);
-    cpu::bias_backward(dy.data(), dw.b2.data() + e * M, R, M);
-    cpu::gemm(true, false, hl, M, R, act.data(), dy.data(), dw.w2.data() + e * hl * M, true);
-    cpu::gemm(false, true, R, hl, M, dy.data(), w.w2.data() + e * hl * M, ws.d_act.data(), false);
-    cpu::gelu_backward(pre.data(), ws.d_act.data(), ws.d_act.data(), R * hl);
-    cpu::bias_backward(ws.d_act.data(), dw.b1.data() + e * hl, R, hl);
-    cpu::gemm(true, false, M, hl, R, x.data(), ws.d_act.data(), dw.w1.data() + e * M * hl, true);
-    cpu::gemm(false, true, R, M, hl, ws.d_act.data(), w.w1.data() + e * M * hl,
-              ws.out_rows.data(), false);
-    scatter_expert(ws.out_rows, blocks, e_loc, slots, e, din);
+    const float* x = ws.in[static_cast<size_t>(e)].data();
+    const float* pre = ws.pre[static_cast<size_t>(e)].data();
+    const float* act = ws.act[static_cast<size_t>(e)].data();
+    const int64_t n = gather_filled(dout, blocks, e_loc, slots, e, fills, M, dy);
+    PARM_CHECK_EQ(n, ws.rows[static_cast<size_t>(e)]);
+    clock.lap("rows in/out");
+    cpu::bias_backward(dy, dw.b2.data() + e * M, n, M);
+    clock.lap("GeLU + bias backward");
+    fc2_backward(n, M, hl, act, dy, w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
+    clock.lap("expert products");
+    cpu::gelu_backward(pre, dact, dact, n * hl);
+    cpu::bias_backward(dact, dw.b1.data() + e * hl, n, hl);
+    clock.lap("GeLU + bias backward");
+    fc1_backward(n, M, hl, x, dact, w.w1.data() + e * M * hl, dw.w1.data() + e * M * hl,
+                 ws.out_rows.data());
+    clock.lap("expert products");
+    scatter_filled(ws.out_rows.data(), blocks, e_loc, slots, e, fills, M, din);
+    clock.lap("rows in/out");
   }
 }
 

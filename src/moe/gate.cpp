@@ -3,21 +3,25 @@
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
+#include "moe/expert_products.h"
 #include "moe/moe_ops.h"
 #include "parm/error.h"
 
 namespace parm::moe {
 
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
-                  Tensor& probs, GateRouting& r, float* stats) {
+                  Tensor& probs, GateRouting& r, float* stats, PhaseTimes* times) {
+  PhaseClock clock(times);
   const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
   PARM_CHECK_EQ(wg.rows(), M);
   PARM_CHECK(probs.rows() == rows && probs.cols() == E, "probs {} for {} rows x {} experts",
              shape_str(probs.shape()), rows, E);
   PARM_CHECK(topk >= 1 && topk <= E, "top-k {} with {} experts", topk, E);
   PARM_CHECK(slots >= capacity, "dispatch slots {} below capacity {}", slots, capacity);
-  cpu::gemm(false, false, rows, E, M, x.data(), wg.data(), probs.data(), false);
+  cpu::gemm(false, false, rows, E, M, x.data(), wg.data(), probs.data(), false, kLayerGemm);
+  clock.lap("gate products");
   cpu::softmax_forward(probs.data(), probs.data(), rows, E);
+  clock.lap("softmax");
 
   r.tokens = rows;
   r.experts = E;
@@ -31,6 +35,7 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   r.row.resize(n);
   r.fill.assign(static_cast<size_t>(E), 0);
   cpu::topk(probs.data(), rows, E, topk, r.expert.data(), r.prob.data());
+  clock.lap("top-k");
   for (int64_t t = 0; t < rows; ++t) {
     const float* p = &r.prob[static_cast<size_t>(t * topk)];
     float* w = &r.weight[static_cast<size_t>(t * topk)];
@@ -58,11 +63,13 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
     const float* p = probs.row(t);
     for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
   }
+  clock.lap("slots + statistics");
 }
 
 void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const GateRouting& r,
                    const std::vector<float>& dweight, const float* dstats, Tensor& dprobs,
-                   Tensor& dwg, Tensor& dx) {
+                   Tensor& dwg, Tensor& dx, PhaseTimes* times) {
+  PhaseClock clock(times);
   const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
   const int k = r.topk;
   const float* dpsum = dstats + E;
@@ -82,9 +89,12 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const
     }
     for (int j = 0; j < k; ++j) dp[r.expert[base + j]] += dweight[base + j] / s - gp / (s * s);
   }
+  clock.lap("top-k + weights backward");
   cpu::softmax_backward(probs.data(), dprobs.data(), dprobs.data(), rows, E);
-  cpu::gemm(true, false, M, E, rows, x.data(), dprobs.data(), dwg.data(), true);
-  cpu::gemm(false, true, rows, M, E, dprobs.data(), wg.data(), dx.data(), true);
+  clock.lap("softmax backward");
+  cpu::gemm(true, false, M, E, rows, x.data(), dprobs.data(), dwg.data(), true, kLayerGemm);
+  cpu::gemm(false, true, rows, M, E, dprobs.data(), wg.data(), dx.data(), true, kLayerGemm);
+  clock.lap("gate products");
 }
 
 float aux_loss(const float* stats, int64_t E, int64_t total) {

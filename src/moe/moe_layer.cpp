@@ -1,6 +1,7 @@
 // The executor: runs a schedule's step list forward, and its adjoint in reverse order.
 #include "moe/moe_layer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "comm/fused.h"
@@ -63,8 +64,41 @@ MoeLayer::MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind ki
   }
   probs_ = Tensor({schedule_.gate_tokens, E});
   dprobs_ = Tensor({schedule_.gate_tokens, E});
-  fwd_us_.assign(schedule_.steps.size(), 0.0);
-  bwd_us_.assign(schedule_.steps.size(), 0.0);
+  const size_t num_steps = schedule_.steps.size();
+  fwd_us_.assign(num_steps, 0.0);
+  bwd_us_.assign(num_steps, 0.0);
+  fwd_phases_.assign(num_steps, {});
+  bwd_phases_.assign(num_steps, {});
+  accumulated_.assign(schedule_.buffers.size(), false);
+  for (const Step& st : schedule_.steps)  // their backward adds into the token gradient
+    if (st.kind == StepKind::kGate || st.kind == StepKind::kDispatch)
+      accumulated_[static_cast<size_t>(st.in)] = true;
+  fills_.assign(schedule_.buffers.size(), {});
+  ws_.reserve(e_loc, schedule_.expert_blocks * schedule_.exchange_slots, M, hl);
+}
+
+int64_t MoeLayer::held_bytes() const {
+  int64_t b = 0;
+  for (const MoeLayerParams* p : {&params_, &grads_})
+    b += p->wg.bytes() + p->experts.w1.bytes() + p->experts.b1.bytes() +
+         p->experts.w2.bytes() + p->experts.b2.bytes();
+  for (const auto* list : {&bufs_, &dbufs_, &ws_.in, &ws_.pre, &ws_.act})
+    for (const Tensor& t : *list) b += t.bytes();
+  b += dwg_call_.bytes() + probs_.bytes() + dprobs_.bytes() + gather_scratch_.bytes() +
+       ws_.out_rows.bytes() + ws_.d_out.bytes() + ws_.d_act.bytes();
+  return b;
+}
+
+void MoeLayer::slice_fills(const Step& s) {
+  // S2's "keep my slots": MP rank j keeps slots [j*cs, (j+1)*cs) of every expert, so its
+  // fill is the part of the expert's filled prefix that falls there.
+  const auto& in = fills_[static_cast<size_t>(s.in)];
+  auto& out = fills_[static_cast<size_t>(s.out)];
+  const int64_t cs = s.chunk / shape_.model_dim;
+  const int64_t lo = topo_.comm(s.group).rank() * cs;
+  out.resize(in.size());
+  for (size_t i = 0; i < in.size(); ++i)
+    out[i] = static_cast<int32_t>(std::clamp<int64_t>(in[i] - lo, 0, cs));
 }
 
 void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
@@ -113,6 +147,7 @@ const Tensor& MoeLayer::forward(const Tensor& x) {
   PARM_CHECK(x.numel() == in.numel(), "MoE layer input {} but the layer takes {}",
              shape_str(x.shape()), shape_str(in.shape()));
   in.copy_from(x);
+  for (auto& p : fwd_phases_) p.clear();
   for (size_t i = 0; i < schedule_.steps.size(); ++i) {
     const double t0 = now_us();
     run_forward_step(schedule_.steps[i]);
@@ -122,8 +157,10 @@ const Tensor& MoeLayer::forward(const Tensor& x) {
 }
 
 const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux) {
-  for (auto& d : dbufs_) d.zero();
+  for (size_t i = 0; i < dbufs_.size(); ++i)
+    if (accumulated_[i]) dbufs_[i].zero();
   dwg_call_.zero();
+  for (auto& p : bwd_phases_) p.clear();
   dbufs_[static_cast<size_t>(schedule_.output)].copy_from(dout);
   for (size_t i = schedule_.steps.size(); i-- > 0;) {
     const double t0 = now_us();
@@ -137,40 +174,67 @@ const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux) {
 
 void MoeLayer::run_forward_step(const Step& s) {
   const auto& sc = schedule_;
+  moe::PhaseTimes* phases = &fwd_phases_[static_cast<size_t>(&s - sc.steps.data())];
   auto buf = [&](int id) -> Tensor& { return bufs_[static_cast<size_t>(id)]; };
   switch (s.kind) {
     case StepKind::kGate:
       moe::gate_forward(buf(s.in), params_.wg, shape_.topk, sc.capacity, sc.dispatch_slots,
-                        probs_, routing_, buf(s.out).data());
+                        probs_, routing_, buf(s.out).data(), phases);
       break;
     case StepKind::kAuxLoss:
       l_aux_ = moe::aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
       break;
-    case StepKind::kDispatch: moe::dispatch_forward(buf(s.in), routing_, buf(s.out)); break;
-    case StepKind::kExperts:
-      moe::experts_forward(buf(s.in), params_.experts, sc.expert_blocks, sc.exchange_slots,
-                           sc.adds_b2, ws_, buf(s.out));
+    case StepKind::kDispatch: {
+      moe::dispatch_forward(buf(s.in), routing_, buf(s.out));
+      auto& f = fills_[static_cast<size_t>(s.out)];
+      f.assign(routing_.fill.begin(), routing_.fill.end());
       break;
+    }
+    case StepKind::kExperts: {
+      const int64_t segments = sc.expert_blocks * params_.experts.w1.dim(0);
+      PARM_CHECK(static_cast<int64_t>(fills_[static_cast<size_t>(s.in)].size()) == segments,
+                 "experts' input has {} fill counts, expected {}",
+                 fills_[static_cast<size_t>(s.in)].size(), segments);
+      moe::experts_forward(buf(s.in), params_.experts, sc.expert_blocks, sc.exchange_slots,
+                           fills(s.in), sc.adds_b2, ws_, buf(s.out), phases);
+      break;
+    }
     case StepKind::kCombine: moe::combine_forward(buf(s.in), routing_, buf(s.out)); break;
     case StepKind::kSlice: {
       Communicator& c = topo_.comm(s.group);
       take_chunk(buf(s.in), s.outer, c.size(), c.rank(), s.chunk, buf(s.out));
+      if (has_fills(s.in)) slice_fills(s);
       break;
     }
     case StepKind::kGatherDup:
       gather_interleaved(topo_.comm(s.group), buf(s.in), s.outer, s.chunk, gather_scratch_,
                          buf(s.out));
       break;
-    case StepKind::kAllToAll: {
+    case StepKind::kAllToAll: {  // on the dispatch path, the fill counts travel alongside
       Communicator& c = topo_.comm(s.group);
+      if (s.carries_fills) {
+        const size_t n = fills_[static_cast<size_t>(s.in)].size();
+        PARM_CHECK(n > 0, "{}: input without fill counts", s.label);
+        fills_[static_cast<size_t>(s.out)].resize(n);
+        meta_.post_alltoall(c, fills(s.in), fills(s.out), n / static_cast<size_t>(c.size()));
+      }
       c.alltoall(buf(s.in).data(), buf(s.out).data(),
                  static_cast<size_t>(buf(s.in).numel() / c.size()));
+      meta_.wait();
       break;
     }
-    case StepKind::kGatherShard:
-      topo_.comm(s.group).allgather(buf(s.in).data(), buf(s.out).data(),
-                                    static_cast<size_t>(buf(s.in).numel()));
+    case StepKind::kGatherShard: {
+      Communicator& c = topo_.comm(s.group);
+      if (s.carries_fills) {
+        const size_t n = fills_[static_cast<size_t>(s.in)].size();
+        PARM_CHECK(n > 0, "{}: input without fill counts", s.label);
+        fills_[static_cast<size_t>(s.out)].resize(n * static_cast<size_t>(c.size()));
+        meta_.post_allgather(c, fills(s.in), fills(s.out), n);
+      }
+      c.allgather(buf(s.in).data(), buf(s.out).data(), static_cast<size_t>(buf(s.in).numel()));
+      meta_.wait();
       break;
+    }
     case StepKind::kReduceScatter:
       topo_.comm(s.group).reduce_scatter(buf(s.in).data(), buf(s.out).data(),
                                          static_cast<size_t>(buf(s.out).numel()));
@@ -179,10 +243,23 @@ void MoeLayer::run_forward_step(const Step& s) {
       topo_.comm(s.group).allreduce(buf(s.in).data(), static_cast<size_t>(buf(s.in).numel()));
       break;
     case StepKind::kShareDup: break;
-    case StepKind::kFusedDispatch:
-      fused_dispatch(topo_.comm(s.group), topo_.comm(s.group2), buf(s.in).data(),
-                     buf(s.out).data(), static_cast<size_t>(s.block), schedule_.chunks);
+    case StepKind::kFusedDispatch: {
+      // The counts take the data's two hops: the EP exchange runs beside the pipeline, the
+      // (intra-node, tiny) ESP gather of its result after it.
+      Communicator& ep = topo_.comm(s.group);
+      Communicator& esp = topo_.comm(s.group2);
+      const size_t n = fills_[static_cast<size_t>(s.in)].size();
+      PARM_CHECK(s.carries_fills && n > 0, "{}: input without fill counts", s.label);
+      fills_stage_.resize(n);
+      fills_[static_cast<size_t>(s.out)].resize(n * static_cast<size_t>(esp.size()));
+      meta_.post_alltoall(ep, fills(s.in), fills_stage_.data(), n / static_cast<size_t>(ep.size()));
+      fused_dispatch(ep, esp, buf(s.in).data(), buf(s.out).data(), static_cast<size_t>(s.block),
+                     schedule_.chunks);
+      meta_.wait();
+      meta_.post_allgather(esp, fills_stage_.data(), fills(s.out), n);
+      meta_.wait();
       break;
+    }
     case StepKind::kFusedCombine: {
       MpGatherPart mp{s.has_mp_part() ? &topo_.comm(s.group3) : nullptr, s.outer, s.chunk,
                       buf(s.out).data()};
@@ -196,12 +273,13 @@ void MoeLayer::run_forward_step(const Step& s) {
 
 void MoeLayer::run_backward_step(const Step& s, float dl_aux) {
   const auto& sc = schedule_;
+  moe::PhaseTimes* phases = &bwd_phases_[static_cast<size_t>(&s - sc.steps.data())];
   auto buf = [&](int id) -> Tensor& { return bufs_[static_cast<size_t>(id)]; };
   auto dbuf = [&](int id) -> Tensor& { return dbufs_[static_cast<size_t>(id)]; };
   switch (s.kind) {
     case StepKind::kGate:
       moe::gate_backward(buf(s.in), params_.wg, probs_, routing_, dweight_, dbuf(s.out).data(),
-                         dprobs_, dwg_call_, dbuf(s.in));
+                         dprobs_, dwg_call_, dbuf(s.in), phases);
       break;
     case StepKind::kAuxLoss:
       moe::aux_loss_backward(buf(s.in).data(), shape_.experts, sc.total_tokens, dl_aux,
@@ -210,7 +288,7 @@ void MoeLayer::run_backward_step(const Step& s, float dl_aux) {
     case StepKind::kDispatch: moe::dispatch_backward(dbuf(s.out), routing_, dbuf(s.in)); break;
     case StepKind::kExperts:
       moe::experts_backward(dbuf(s.out), params_.experts, sc.expert_blocks, sc.exchange_slots,
-                            ws_, grads_.experts, dbuf(s.in));
+                            fills(s.in), ws_, grads_.experts, dbuf(s.in), phases);
       break;
     case StepKind::kCombine:
       moe::combine_backward(buf(s.in), dbuf(s.out), routing_, dbuf(s.in), dweight_);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/metadata.h"
 #include "moe/moe_ops.h"
 #include "moe/reference_moe.h"
 #include "parm/topology.h"
@@ -47,15 +48,29 @@ class MoeLayer {
   const Tensor& backward(const Tensor& dout, float dl_aux);
   void zero_grad();
 
-  // Wall time of each step in the last forward / backward pass (microseconds).
+  // Wall time of each step in the last forward / backward pass (microseconds), and of the
+  // named phases inside the compute steps (gate, experts).
   const std::vector<double>& forward_step_us() const { return fwd_us_; }
   const std::vector<double>& backward_step_us() const { return bwd_us_; }
+  const std::vector<moe::PhaseTimes>& forward_phases() const { return fwd_phases_; }
+  const std::vector<moe::PhaseTimes>& backward_phases() const { return bwd_phases_; }
+  // Filled rows of each local expert in the last forward pass (what the expert products
+  // really computed), and the expert shard's hidden width H / N_ESP.
+  const std::vector<int64_t>& expert_rows() const { return ws_.rows; }
+  int64_t shard_hidden() const { return params_.experts.w1.dim(2); }
+  // Bytes this layer holds: parameters, gradients, step buffers and their gradients, the
+  // expert workspace (all allocated at construction).
+  int64_t held_bytes() const;
   // The routing of the last forward pass (gate rows: T, or T / N_MP under S1).
   const moe::GateRouting& routing() const { return routing_; }
 
  private:
   void run_forward_step(const schedule::Step& s);
   void run_backward_step(const schedule::Step& s, float dl_aux);
+  // Moves the fill counts of buffer `in` along a dispatch-path step to buffer `out`.
+  void slice_fills(const schedule::Step& s);
+  int32_t* fills(int id) { return fills_[static_cast<size_t>(id)].data(); }
+  bool has_fills(int id) const { return !fills_[static_cast<size_t>(id)].empty(); }
 
   Topology& topo_;
   ref::MoeShape shape_;
@@ -69,6 +84,14 @@ class MoeLayer {
 
   std::vector<Tensor> bufs_;   // by buffer id (aliased ids share one tensor)
   std::vector<Tensor> dbufs_;  // their gradients
+  std::vector<bool> accumulated_;  // by buffer id: its gradient is accumulated (+=), zeroed
+                                   // before each backward pass
+  // By buffer id, for the dispatch path's (E * slots)-row buffers: the filled rows of each
+  // expert segment (segments of `slots` rows; empty: not a dispatch-path buffer). They follow
+  // the tokens from the dispatch to the experts, so the experts compute filled rows only.
+  std::vector<std::vector<int32_t>> fills_;
+  std::vector<int32_t> fills_stage_;  // the fused dispatch's EP-exchanged counts
+  MetadataExchange meta_;
   Tensor probs_, dprobs_;      // (gate rows, E)
   Tensor gather_scratch_;      // permutation scratch of interleaved allgathers
   moe::GateRouting routing_;
@@ -76,6 +99,7 @@ class MoeLayer {
   moe::ExpertWorkspace ws_;
   float l_aux_ = 0.0f;
   std::vector<double> fwd_us_, bwd_us_;
+  std::vector<moe::PhaseTimes> fwd_phases_, bwd_phases_;
 };
 
 }  // namespace parm

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "moe/phase_times.h"
 #include "parm/tensor.h"
 
 namespace parm::moe {
@@ -28,16 +29,19 @@ struct GateRouting {
 
 // logits/probs (rows, E) = softmax(x (rows, M) wg (M, E)); top-k; combine weights; slots
 // in GShard order with `capacity`; stats (2E) = [1st-choice counts, probability sums] of
-// these rows. Overwrites probs, routing and stats.
+// these rows. Overwrites probs, routing and stats. `times` (may be null) gets the phases
+// "gate products", "softmax", "top-k", "slots + statistics".
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
-                  Tensor& probs, GateRouting& routing, float* stats);
+                  Tensor& probs, GateRouting& routing, float* stats, PhaseTimes* times = nullptr);
 
 // Adjoint of the gate: dweight (rows, k) from the combine, dstats (2E) from l_aux.
 // dprobs is scratch (rows, E). Accumulates dwg (M, E) += x^T dlogits and
-// dx (rows, M) += dlogits wg^T.
+// dx (rows, M) += dlogits wg^T. `times` (may be null): "top-k + weights backward",
+// "softmax backward", "gate products".
 void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs,
                    const GateRouting& routing, const std::vector<float>& dweight,
-                   const float* dstats, Tensor& dprobs, Tensor& dwg, Tensor& dx);
+                   const float* dstats, Tensor& dprobs, Tensor& dwg, Tensor& dx,
+                   PhaseTimes* times = nullptr);
 
 // l_aux = E * sum_e (count_e / T) (psum_e / T); stats = [count (E), psum (E)].
 float aux_loss(const float* stats, int64_t experts, int64_t total_tokens);
@@ -46,6 +50,8 @@ void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens
                        float* dstats);
 
 // buf (E * slots, M): kept choices' rows hold their token's x row, the rest zero. Overwrites.
+// Expert e's kept rows are its first routing.fill[e] slots (GShard order), so only the rows
+// after them are zeroed.
 void dispatch_forward(const Tensor& x, const GateRouting& routing, Tensor& buf);
 // dx (rows, M) += dbuf rows of the kept choices. Accumulates.
 void dispatch_backward(const Tensor& dbuf, const GateRouting& routing, Tensor& dx);
@@ -53,7 +59,8 @@ void dispatch_backward(const Tensor& dbuf, const GateRouting& routing, Tensor& d
 // out (rows, M) = sum over kept choices of weight * buf row. Overwrites.
 void combine_forward(const Tensor& buf, const GateRouting& routing, Tensor& out);
 // dbuf (E * slots, M) = weight * dout at kept rows, zero elsewhere; dweight (rows, k) =
-// <dout_t, buf row> for kept choices, 0 for dropped. Overwrites both.
+// <dout_t, buf row> for kept choices, 0 for dropped. Overwrites both (unfilled rows of dbuf
+// are zeroed, filled ones written).
 void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& routing,
                       Tensor& dbuf, std::vector<float>& dweight);
 
@@ -66,26 +73,36 @@ struct ExpertShards {
   Tensor b2;  // (E_loc, M)
 };
 
-// Activations kept for the backward pass, one set per local expert, allocated once.
+// Per expert: its rows gathered out of the exchange layout, and the activations kept for
+// the backward pass. Sized once for the most rows an expert can get (reserve); the layer's
+// steady state then allocates nothing.
 struct ExpertWorkspace {
-  std::vector<Tensor> in;   // (R, M) the expert's rows gathered from the exchange layout
-  std::vector<Tensor> pre;  // (R, Hl) x W1 + b1
-  std::vector<Tensor> act;  // (R, Hl) gelu(pre)
-  Tensor out_rows;          // (R, M) scratch
-  Tensor d_out;             // (R, M) scratch: an expert's output gradient rows
-  Tensor d_act;             // (R, Hl) scratch
+  void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
+  std::vector<int64_t> rows;  // (E_loc) filled rows of each expert in the last forward
+  std::vector<Tensor> in;     // (max_rows, M) the expert's filled rows, first rows[e] used
+  std::vector<Tensor> pre;    // (max_rows, Hl) x W1 + b1
+  std::vector<Tensor> act;    // (max_rows, Hl) gelu(pre)
+  Tensor out_rows;            // (max_rows, M) scratch
+  Tensor d_out;               // (max_rows, M) scratch: an expert's output gradient rows
+  Tensor d_act;               // (max_rows, Hl) scratch
 };
 
-// The exchange layout: in/out are (blocks, E_loc, slots, M); expert e's rows are the
-// `slots` rows of block b at [b, e]. out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly
-// one shard of an ESP group adds it, so that the sum over the group holds it once).
-// Overwrites out.
+// The exchange layout: in/out are (blocks, E_loc, slots, M); expert e's rows in block b are
+// the first fills[b * E_loc + e] of the `slots` rows at [b, e] (the rest are empty slots and
+// are not computed). out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly one shard of an
+// ESP group adds it, so that the sum over the group holds it once) at filled rows, zero at
+// empty ones. Overwrites out. `times` (may be null): "rows in/out", "expert products",
+// "bias + GeLU".
 void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
-                     bool add_b2, ExpertWorkspace& ws, Tensor& out);
-// dout: gradient of the summed expert output, same layout. Accumulates dw (dW1, db1, dW2
-// from this shard; db2 whole, from dout: every ESP rank holds the complete dout of its rows).
-// Overwrites din (this shard's part of the input gradient).
+                     const int32_t* fills, bool add_b2, ExpertWorkspace& ws, Tensor& out,
+                     PhaseTimes* times = nullptr);
+// dout: gradient of the summed expert output, same layout; `fills` as in the forward pass
+// (rows of empty slots carry no gradient). Accumulates dw (dW1, db1, dW2 from this shard;
+// db2 whole, from dout: every ESP rank holds the complete dout of its rows). Overwrites din
+// (this shard's part of the input gradient; zero at empty slots). `times`: "rows in/out",
+// "expert products", "GeLU + bias backward".
 void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
-                      ExpertWorkspace& ws, ExpertShards& dw, Tensor& din);
+                      const int32_t* fills, ExpertWorkspace& ws, ExpertShards& dw, Tensor& din,
+                      PhaseTimes* times = nullptr);
 
 }  // namespace parm::moe

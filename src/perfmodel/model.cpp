@@ -116,22 +116,32 @@ struct Pricer {
         break;
       case StepKind::kAuxLoss: break;  // 2E numbers
       case StepKind::kDispatch:
-        // zero the (E, slots, M) buffer, copy the kept rows in | add them back to dx.
-        c.fwd_us = copy(kF * (numel(s.out) + 2 * kept() * M));
+        // zero the unfilled rows of (E, slots, M), copy the kept rows in | add them back to dx.
+        c.fwd_us = copy(kF * (numel(s.out) - kept() * M + 2 * kept() * M));
         c.bwd_us = copy(kF * 3 * kept() * M);
         break;
       case StepKind::kCombine:
-        // zero out (rows, M), weighted adds of the kept rows | zero dbuf, scale + dot.
+        // zero out (rows, M), weighted adds of the kept rows | zero dbuf's unfilled rows,
+        // scale + dot.
         c.fwd_us = copy(kF * (rows * M + 3 * kept() * M));
-        c.bwd_us = copy(kF * (numel(s.in) + 4 * kept() * M));
+        c.bwd_us = copy(kF * (numel(s.in) - kept() * M + 4 * kept() * M));
         break;
       case StepKind::kExperts: {
-        const double R = static_cast<double>(sc.expert_blocks * sc.exchange_slots);
+        // The experts compute filled rows only: per (source block, expert) segment, the
+        // source's kept choices for that expert (balanced), of which S2's MP slice keeps
+        // 1 / N_MP (dispatch_slots / exchange_slots).
+        const double slots = static_cast<double>(sc.exchange_slots);
+        const double per_segment = std::min(
+            slots, kept() / E / static_cast<double>(sc.dispatch_slots / sc.exchange_slots));
+        const double R = static_cast<double>(sc.expert_blocks) * per_segment;
+        const double R_pad = static_cast<double>(sc.expert_blocks) * slots;
         const double e_loc = E / l.ep, hl = static_cast<double>(shape.hidden) / l.esp;
-        // Per expert: gather rows, x W1, bias + GeLU, act W2, [+ b2], scatter rows.
+        // Per expert: gather rows, x W1, bias + GeLU, act W2, [+ b2], scatter rows and zero
+        // the empty slots.
         c.fwd_us = e_loc * (gemm(GemmClass::kExpertNN, R, hl, M) +
                             gemm(GemmClass::kExpertNN, R, M, hl)) +
-                   copy(kF * e_loc * (4 * R * M + (sc.adds_b2 ? 2 * R * M : 0.0))) +
+                   copy(kF * e_loc * (4 * R * M + (R_pad - R) * M +
+                                      (sc.adds_b2 ? 2 * R * M : 0.0))) +
                    mem(MemClass::kGelu, kF * e_loc * 3 * R * hl);
         // Per expert: gather dy, db2, dW2 += act^T dy, dact = dy W2^T, GeLU adjoint, db1,
         // dW1 += x^T dact, dx = dact W1^T, scatter.
@@ -139,7 +149,7 @@ struct Pricer {
                             gemm(GemmClass::kExpertNT, R, hl, M) +
                             gemm(GemmClass::kExpertTN, M, hl, R) +
                             gemm(GemmClass::kExpertNT, R, M, hl)) +
-                   copy(kF * (R * M + e_loc * (5 * R * M + R * hl))) +
+                   copy(kF * e_loc * (5 * R * M + (R_pad - R) * M + R * hl)) +
                    mem(MemClass::kGelu, kF * e_loc * 3 * R * hl);
         break;
       }
@@ -185,6 +195,9 @@ struct Pricer {
       std::vector<Link> links;
       double sum = 0.0;
       for (const auto& p : parts) {
+        // The fill counts (a few int32 per expert) are posted beside the data collective;
+        // their latency hides behind it, so they are not priced.
+        if (p.op == CommOp::kMetadata) continue;
         const Link link = group_link(target, p.group);
         const CommFit& f = prof.collective(link, p.op);
         out.push_back({p.group, p.op, link, p.bus_bytes, f.us(p.bus_bytes)});

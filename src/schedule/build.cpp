@@ -30,6 +30,10 @@ class Builder {
     return out;
   }
   Schedule& schedule() { return s_; }
+  // Marks the last step, if it produced `out`, as a dispatch-path step (fill counts).
+  void carries_fills(int out) {
+    if (!s_.steps.empty() && s_.steps.back().out == out) s_.steps.back().carries_fills = true;
+  }
 
  private:
   const LayerSpec& spec_;
@@ -68,12 +72,15 @@ int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
     Step st{StepKind::kFusedDispatch, Group::kEp, disp, gathered, 1, 0, "fused dispatch (ep alltoall + esp allgather)"};
     st.group2 = Group::kEsp;
     st.block = block;
+    st.carries_fills = true;
     s.steps.push_back(st);
   } else {
     const int recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
                                   {l.ep, e_loc, slots, M}, "dispatch alltoall");
+    b.carries_fills(recv);
     gathered = b.collective(StepKind::kGatherShard, Group::kEsp, recv, "esp_gathered",
                             {l.esp, l.ep, e_loc, slots, M}, "esp allgather");
+    b.carries_fills(gathered);
   }
   const int y = b.buffer("expert_out", {l.esp * l.ep, e_loc, slots, M});
   b.compute(StepKind::kExperts, gathered, y, "experts");
@@ -109,6 +116,7 @@ int expert_exchange_duplicated(Builder& b, const LayerSpec& spec, int disp, int6
   const int64_t E = spec.shape.experts, M = spec.shape.model_dim, e_loc = E / l.ep;
   const int recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
                                 {l.ep, e_loc, slots, M}, "dispatch alltoall");
+  b.carries_fills(recv);
   b.collective(StepKind::kShareDup, Group::kEsp, recv, "", {}, "esp shared input");
   const int y = b.buffer("expert_out", {l.ep, e_loc, slots, M});
   b.compute(StepKind::kExperts, recv, y, "experts");

@@ -65,6 +65,18 @@ std::vector<CollectivePart> collective_parts(const Schedule& sc, const Step& s, 
     if (n > 1) parts.push_back({g, op, bus_bytes(op, n, bytes)});
   };
   const double nep = l.ep;
+  // Fill counts: one int32 per expert segment of the input ((..., slots, M) rows each).
+  if (s.carries_fills && !backward) {
+    const Shape& in = sc.buffers[static_cast<size_t>(s.in)].shape;
+    const double segments = numel(s.in) / static_cast<double>(in[in.size() - 1] * in[in.size() - 2]);
+    constexpr double kI = sizeof(int32_t);
+    if (s.kind == StepKind::kAllToAll || s.kind == StepKind::kFusedDispatch) {
+      const int n = l.group_size(Group::kEp);
+      add(Group::kEp, CommOp::kMetadata, (n - 1) * segments / n * kI);
+    }
+    if (s.kind == StepKind::kGatherShard || s.kind == StepKind::kFusedDispatch)
+      add(Group::kEsp, CommOp::kMetadata, (l.group_size(Group::kEsp) - 1) * segments * kI);
+  }
   switch (s.kind) {
     case StepKind::kSlice:
       if (backward) add(s.group, CommOp::kAllGather, numel(s.out) * kF);

@@ -68,11 +68,15 @@ struct Step {
   Group group3 = Group::kWorld;
   int mid = -1;
   int64_t block = 0;
+  // A dispatch-path collective (forward): the per-expert fill counts of its input travel
+  // with the tokens (CommOp::kMetadata), so that the experts compute filled rows only.
+  bool carries_fills = false;
   bool has_mp_part() const { return mid >= 0; }
 };
 
 // One collective a step issues, and the bus bytes it moves on this rank
-// (parm::bus_bytes of its size); a fused step has one part per constituent collective.
+// (parm::bus_bytes of its size); a fused step has one part per constituent collective, and
+// a step that carries fill counts one kMetadata part per group they cross.
 struct CollectivePart {
   Group group;
   CommOp op;

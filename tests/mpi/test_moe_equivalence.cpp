@@ -209,7 +209,12 @@ Volumes spec_volumes(Kind kind, const ref::MoeShape& s, const Layout& l) {
     v.forward[k] += elems * f;
     v.backward[k] += elems * f;
   };
-  if (kind == Kind::kBaseline && l.esp == l.mp && l.mp > 1) {
+  // Not in SPEC's table: the fill counts that travel with the dispatch (one int32 per expert
+  // segment, forward only), counted apart as "metadata" so the table's rows stay exact.
+  const bool shared_esp_input = kind == Kind::kBaseline && l.esp == l.mp && l.mp > 1;
+  if (nep > 1) v.forward["ep.metadata"] = (nep - 1) * (E / nep) * 4.0;
+  if (esp_rows && !shared_esp_input) v.forward["esp.metadata"] = (l.esp - 1) * E * 4.0;
+  if (shared_esp_input) {
     both("ep.alltoall", 2 * E * C * M * (nep - 1) / nep);
     both("esp.allreduce", 2 * (N - 1) / N * E * C * M);
   } else if (kind == Kind::kS1) {

@@ -12,10 +12,12 @@
 #include <map>
 
 #include "layer_flags.h"
+#include "moe/expert_products.h"
 #include "moe/layer_check.h"
 #include "moe/moe_layer.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
+#include "parm/memory.h"
 #include "parm/timer.h"
 #include "perfmodel/model.h"
 #include "perfmodel/simulate.h"
@@ -74,14 +76,108 @@ perfmodel::Profile load_profile_for_auto(const LayerFlags& f, const char* what) 
   return perfmodel::read_profile(f.profile);
 }
 
-// One schedule measured: medians (max over ranks) and per-step times.
+// One row of the breakdown: a step, or a named phase inside a compute step.
+struct BreakdownRow {
+  std::string step, kind, phase;  // phase empty: the whole step
+  double fwd = 0, bwd = 0, fwd_max = 0, bwd_max = 0;  // ms, mean over iterations
+};
+
+// The floor of one forward + backward pass: the expert products over the filled rows alone.
+struct Floor {
+  double ms = 0;         // max over ranks of each rank's products timed alone
+  double ms_rank0 = 0;
+  double gflops = 0;     // the GEMM rate reached on those shapes (rank of the max)
+  int64_t rows = 0;      // filled expert rows on the rank of the max
+};
+
+// Peak resident memory of the process (MiB): rank 0 and the max over ranks; and the bytes the
+// layer itself holds (max over ranks).
+struct Memory {
+  double peak_rss_mib_rank0 = 0, peak_rss_mib_max = 0, layer_mib_max = 0;
+};
+
+// One schedule measured: medians (max over ranks), per-step and per-phase times, the floor.
 struct Measured {
   std::string name;
   Timing fwd, bwd;
-  std::vector<double> step_fwd, step_bwd, step_fwd_max, step_bwd_max;  // ms
+  std::vector<BreakdownRow> breakdown;
+  Floor floor;
+  Memory memory;
   ByteMap bytes_fwd, bytes_bwd;
   double total() const { return fwd.median + bwd.median; }
 };
+
+// Per step, the step's time then its kMax phase slots (zero where unused): the same length
+// on every rank, so they can be maxed over ranks element-wise.
+constexpr size_t kSlotsPerStep = 1 + moe::PhaseTimes::kMax;
+
+void add_step_times(const std::vector<double>& step_us, const std::vector<moe::PhaseTimes>& ph,
+                    double scale, std::vector<double>& acc) {
+  for (size_t i = 0; i < step_us.size(); ++i) {
+    acc[i * kSlotsPerStep] += step_us[i] * scale;
+    for (int j = 0; j < ph[i].num; ++j)
+      acc[i * kSlotsPerStep + 1 + static_cast<size_t>(j)] += ph[i].us[j] * scale;
+  }
+}
+
+std::vector<BreakdownRow> breakdown_rows(const MoeLayer& layer, const std::vector<double>& fwd,
+                                         const std::vector<double>& bwd) {
+  const auto fwd_max = max_over_world(fwd), bwd_max = max_over_world(bwd);
+  std::vector<BreakdownRow> rows;
+  const auto& steps = layer.schedule().steps;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const size_t k = i * kSlotsPerStep;
+    const char* kind = schedule::step_kind_name(steps[i].kind);
+    rows.push_back({steps[i].label, kind, "", fwd[k], bwd[k], fwd_max[k], bwd_max[k]});
+    // Forward and backward phases of a step are listed by name (their sets differ).
+    for (const auto* ph : {&layer.forward_phases()[i], &layer.backward_phases()[i]}) {
+      const bool is_fwd = ph == &layer.forward_phases()[i];
+      for (int j = 0; j < ph->num; ++j) {
+        const size_t kj = k + 1 + static_cast<size_t>(j);
+        BreakdownRow r{steps[i].label, kind, ph->names[j]};
+        auto it = std::find_if(rows.begin(), rows.end(), [&](const BreakdownRow& o) {
+          return o.step == r.step && o.phase == r.phase;
+        });
+        BreakdownRow& dst = it != rows.end() ? *it : rows.emplace_back(r);
+        (is_fwd ? dst.fwd : dst.bwd) = (is_fwd ? fwd : bwd)[kj];
+        (is_fwd ? dst.fwd_max : dst.bwd_max) = (is_fwd ? fwd_max : bwd_max)[kj];
+      }
+    }
+  }
+  return rows;
+}
+
+// Every rank times its own expert products (the shapes of the last forward pass) alone, at
+// the same time as the others, as they ran inside the layer.
+Floor measure_floor(const MoeLayer& layer) {
+  const auto& rows = layer.expert_rows();
+  const int64_t M = layer.shape().model_dim, hl = layer.shard_hidden();
+  barrier_world();
+  const double us = moe::time_expert_products_us(rows, M, hl, 5);
+  double flops = 0;
+  int64_t total_rows = 0;
+  for (int64_t r : rows) {
+    flops += moe::expert_product_flops(r, M, hl);
+    total_rows += r;
+  }
+  const double ms = us / 1e3;
+  const bool root = world_rank() == 0;
+  const auto slowest = max_over_world({ms, root ? ms : 0.0});
+  // The slowest rank sets the floor; report its rate and rows (ties: the larger values).
+  const bool is_max = ms == slowest[0];
+  const auto at_max = max_over_world(
+      {is_max ? flops / us * 1e-3 : 0.0, is_max ? static_cast<double>(total_rows) : 0.0});
+  return {slowest[0], slowest[1], at_max[0], static_cast<int64_t>(at_max[1])};
+}
+
+
+Memory measure_memory(const MoeLayer& layer) {
+  const double mib = 1024.0 * 1024.0;
+  const double rss = static_cast<double>(peak_rss_bytes()) / mib;
+  const auto v = max_over_world(
+      {rss, world_rank() == 0 ? rss : 0.0, static_cast<double>(layer.held_bytes()) / mib});
+  return {v[1], v[0], v[2]};
+}
 
 struct LayerInputs {
   ref::MoeParams<float> params;
@@ -107,8 +203,7 @@ Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind
   layer->load_whole(in.params);
   std::vector<double> fwd_ms, bwd_ms;
   const size_t num_steps = layer->schedule().steps.size();
-  m.step_fwd.assign(num_steps, 0.0);
-  m.step_bwd.assign(num_steps, 0.0);
+  std::vector<double> step_fwd(num_steps * kSlotsPerStep, 0.0), step_bwd = step_fwd;
   for (int it = 0; it < warmup + iters; ++it) {
     layer->zero_grad();
     world.barrier();
@@ -126,15 +221,14 @@ Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind
     if (it < warmup) continue;
     fwd_ms.push_back((t1 - t0) / 1e3);
     bwd_ms.push_back((t3 - t2) / 1e3);
-    for (size_t i = 0; i < num_steps; ++i) {
-      m.step_fwd[i] += layer->forward_step_us()[i] / 1e3 / iters;
-      m.step_bwd[i] += layer->backward_step_us()[i] / 1e3 / iters;
-    }
+    add_step_times(layer->forward_step_us(), layer->forward_phases(), 1e-3 / iters, step_fwd);
+    add_step_times(layer->backward_step_us(), layer->backward_phases(), 1e-3 / iters, step_bwd);
   }
   m.fwd = summarize(max_over_world(fwd_ms));
   m.bwd = summarize(max_over_world(bwd_ms));
-  m.step_fwd_max = max_over_world(m.step_fwd);
-  m.step_bwd_max = max_over_world(m.step_bwd);
+  m.breakdown = breakdown_rows(*layer, step_fwd, step_bwd);
+  m.floor = measure_floor(*layer);
+  m.memory = measure_memory(*layer);
   if (schedule_out != nullptr && keep != nullptr) {
     *schedule_out = &layer->schedule();
     *keep = std::move(layer);
@@ -270,20 +364,38 @@ int run_bench_layer(const BenchLayerFlags& f) {
         {"bytes_backward", m.bytes_bwd},
         {"capacity", sc.capacity},
         {"gate_tokens", sc.gate_tokens}};
+    const double ratio = total / m.floor.ms;
+    std::printf("  floor %.3f ms (expert products over %lld filled rows alone: %.1f GFLOP/s; "
+                "rank 0 %.3f ms)  time / floor = %.3f\n",
+                m.floor.ms, static_cast<long long>(m.floor.rows), m.floor.gflops,
+                m.floor.ms_rank0, ratio);
+    row["floor_ms"] = m.floor.ms;
+    row["floor_ms_rank0"] = m.floor.ms_rank0;
+    row["floor_gflops"] = m.floor.gflops;
+    row["floor_rows"] = m.floor.rows;
+    row["time_over_floor"] = ratio;
+    std::printf("  memory: peak resident %.1f MiB (rank 0 %.1f MiB); the layer holds %.1f MiB "
+                "per rank\n",
+                m.memory.peak_rss_mib_max, m.memory.peak_rss_mib_rank0, m.memory.layer_mib_max);
+    row["peak_rss_mib"] = {{"rank0", m.memory.peak_rss_mib_rank0},
+                           {"max", m.memory.peak_rss_mib_max}};
+    row["layer_mib"] = m.memory.layer_mib_max;
     if (f.breakdown) {
-      std::printf("  %-34s %12s %12s %12s %12s\n", "step", "fwd rank0", "fwd max", "bwd rank0",
+      std::printf("  %-44s %10s %10s %10s %10s\n", "step", "fwd rank0", "fwd max", "bwd rank0",
                   "bwd max");
       nlohmann::json steps = nlohmann::json::array();
-      for (size_t i = 0; i < sc.steps.size(); ++i) {
-        const auto& s = sc.steps[i];
-        std::printf("  %-34s %12.3f %12.3f %12.3f %12.3f\n", s.label.c_str(), m.step_fwd[i],
-                    m.step_fwd_max[i], m.step_bwd[i], m.step_bwd_max[i]);
-        steps.push_back({{"step", s.label},
-                         {"kind", schedule::step_kind_name(s.kind)},
-                         {"forward_ms_rank0", m.step_fwd[i]},
-                         {"forward_ms_max", m.step_fwd_max[i]},
-                         {"backward_ms_rank0", m.step_bwd[i]},
-                         {"backward_ms_max", m.step_bwd_max[i]}});
+      for (const auto& r : m.breakdown) {
+        const std::string name = r.phase.empty() ? r.step : "  " + r.step + ": " + r.phase;
+        std::printf("  %-44s %10.3f %10.3f %10.3f %10.3f\n", name.c_str(), r.fwd, r.fwd_max,
+                    r.bwd, r.bwd_max);
+        nlohmann::json j = {{"step", r.step},
+                            {"kind", r.kind},
+                            {"forward_ms_rank0", r.fwd},
+                            {"forward_ms_max", r.fwd_max},
+                            {"backward_ms_rank0", r.bwd},
+                            {"backward_ms_max", r.bwd_max}};
+        if (!r.phase.empty()) j["phase"] = r.phase;
+        steps.push_back(j);
       }
       row["breakdown"] = steps;
     }

@@ -58,8 +58,11 @@ std::string isa_name(dnnl_cpu_isa_t isa) {
 void set_gemm_path(GemmPath path) { g_path.store(path, std::memory_order_relaxed); }
 GemmPath gemm_path() { return g_path.load(std::memory_order_relaxed); }
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+namespace {
+
+void gemm_impl(GemmPath prefer, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+               bool accumulate) {
   PARM_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m = {}, n = {}, k = {}", m, n, k);
   // Stored widths: A is (m, k) or (k, m), B is (k, n) or (n, k), C is (m, n).
   const int64_t a_width = trans_a ? m : k;
@@ -80,7 +83,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const flo
   PARM_CHECK(a != nullptr && b != nullptr, "gemm: null operand (m = {}, n = {}, k = {})", m, n, k);
 
   const int num_threads = detail::apply_gemm_threads();
-  const GemmPath path = gemm_path();
+  const GemmPath forced = gemm_path();
+  const GemmPath path = forced != GemmPath::kAuto ? forced : prefer;
   const bool use_matmul = path == GemmPath::kMatmul ||
                           (path == GemmPath::kAuto && prefer_matmul(trans_a, trans_b, m, n, k));
   if (use_matmul) {
@@ -93,11 +97,23 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const flo
   }
 }
 
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  gemm_impl(GemmPath::kAuto, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+          const float* b, float* c, bool accumulate, GemmPath prefer) {
+  const auto ld = [](int64_t width) { return std::max<int64_t>(1, width); };
+  gemm_impl(prefer, trans_a, trans_b, m, n, k, a, ld(trans_a ? m : k), b, ld(trans_b ? k : n), c,
+            ld(n), accumulate);
+}
+
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
           const float* b, float* c, bool accumulate) {
-  const auto ld = [](int64_t width) { return std::max<int64_t>(1, width); };
-  gemm(trans_a, trans_b, m, n, k, a, ld(trans_a ? m : k), b, ld(trans_b ? k : n), c, ld(n),
-       accumulate);
+  gemm(trans_a, trans_b, m, n, k, a, b, c, accumulate, GemmPath::kAuto);
 }
 
 const char* gemm_backend() {

@@ -18,11 +18,20 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const flo
 // Contiguous convenience form (lda/ldb/ldc implied by the shapes).
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
           const float* b, float* c, bool accumulate);
+// Which oneDNN entry point gemm() calls: kAuto picks one per shape (a fixed rule, the same
+// on every rank; see gemm.cpp), the others force one.
+enum class GemmPath { kAuto, kSgemm, kMatmul };
+// As the contiguous gemm(), with `prefer` taking the place of the per-shape rule (a path
+// forced process-wide by set_gemm_path still wins). The MoE layer prefers kSgemm: it
+// allocates nothing per call and needs no per-shape primitive, where a matmul primitive's
+// execute allocates its argument map inside oneDNN and a new row count (the experts' filled
+// rows change every step) would need a new primitive; on those shapes it is as fast.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+          const float* b, float* c, bool accumulate, GemmPath prefer);
 // Name of the GEMM backend, e.g. "oneDNN 2.6.3 (cpu, avx2)".
 const char* gemm_backend();
-// Which oneDNN entry point gemm() calls: kAuto picks one per shape (a fixed rule, the same
-// on every rank; see gemm.cpp), the others force one (benchmarks, tests). Process-wide.
-enum class GemmPath { kAuto, kSgemm, kMatmul };
+// Forces one path for every gemm() call (benchmarks, tests); kAuto restores the defaults.
+// Process-wide.
 void set_gemm_path(GemmPath path);
 GemmPath gemm_path();
 // Threads gemm() may use when called from the calling thread. Default: 1, unless the

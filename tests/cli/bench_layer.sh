@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# bench-layer's report end to end: --breakdown per step and per phase, the floor and
+# time / floor, peak memory, and the same numbers in --json. Checks outputs, never timings.
+#   bash bench_layer.sh <path to parm> <source dir>
+set -uo pipefail
+parm="$1"
+src="$2"
+export PARM_BIN="$parm"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+run=0
+
+check() {  # check <name> <want rc> <got rc> <text the output must contain> <output>
+  run=$((run + 1))
+  if [ "$3" != "$2" ] || ! grep -qF -- "$4" <<<"$5"; then
+    echo "FAIL: $1 -> rc $3 (want $2), output must contain: $4"
+    echo "$5" | tail -20 | sed 's/^/    /'
+    fails=$((fails + 1))
+  else
+    echo "ok:   $1"
+  fi
+}
+prun() { "$src/scripts/parmrun" --timeout 300 "$@" 2>&1; }
+
+layer="--tokens 64 --model-dim 16 --hidden 32 --experts 4 --topk 2 --capacity-factor 1.2"
+out="$(prun -n 4 -- bench-layer $layer --mp 2 --ep 2 --esp 2 --schedule all --fuse both \
+        --iters 2 --warmup 1 --breakdown --json "$tmp/b.json")"; rc=$?
+check "bench-layer --breakdown runs every schedule" 0 $rc "s2+fused" "$out"
+check "the floor and time / floor are printed" 0 $rc "time / floor =" "$out"
+check "peak resident memory is printed" 0 $rc "peak resident" "$out"
+check "the expert products are a phase of the experts step" 0 $rc "experts: expert products" "$out"
+check "the gate's top-k is a phase of the gate step" 0 $rc "gate: top-k" "$out"
+check "the fill counts are counted apart" 0 $rc "ep.metadata=" "$out"
+json="$(cat "$tmp/b.json" 2>/dev/null)"
+for key in '"breakdown"' '"floor_ms"' '"time_over_floor"' '"floor_gflops"' '"peak_rss_mib"' \
+           '"layer_mib"' '"phase": "expert products"' '"step": "fused dispatch'; do
+  check "the JSON holds $key" 0 0 "$key" "$json"
+done
+
+echo "$((run - fails)) passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,94 @@
+// The layer's steady state: after warm-up, a forward + backward pass makes no C++ heap
+// allocation (counted through the replaced operator new of alloc_counter.cpp), and repeating
+// it gives bit-identical outputs and gradients (nothing stale survives between passes).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "alloc_counter.h"
+#include "moe/layer_check.h"
+#include "moe/moe_layer.h"
+#include "mpi_test_util.h"
+
+namespace parm {
+namespace {
+
+using schedule::Kind;
+
+struct Snapshot {
+  std::vector<float> out, dx, dwg, dw1, db1, dw2, db2;
+  float l_aux = 0;
+};
+
+std::vector<float> copy_of(const Tensor& t) { return {t.data(), t.data() + t.numel()}; }
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(LayerSteadyState, NoHeapAllocationAndRepeatableResults) {
+  int64_t checked = 0;
+  for (const TopologyOptions& opts : test::all_layouts()) {
+    auto topo = Topology::create(opts);
+    ref::MoeShape s;
+    s.tokens = 48;  // divisible by every N_MP up to 8 that divides the world
+    s.model_dim = 16;
+    s.hidden = 48;
+    s.experts = 24;  // divisible by every N_EP in {1, 2, 3, 4, 8}
+    s.topk = 2;
+    s.capacity_factor = CapacityFactor::parse("1.1");  // some choices drop
+    if (s.tokens % opts.mp != 0 || s.experts % opts.ep != 0 || s.hidden % opts.esp != 0) continue;
+    const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
+    const auto params = ref::init_params<float>(s, 5);
+    auto x = check_input(s, 5, group);
+    auto dout = check_dout(s, 5, group);
+    const Tensor xt = Tensor::view(x.data(), {s.tokens, s.model_dim});
+    const Tensor dt = Tensor::view(dout.data(), {s.tokens, s.model_dim});
+    for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+    for (bool fuse : {false, true}) {
+      const Layout& l = topo->layout();
+      if (kind == Kind::kBaseline && (fuse || !(l.mp == 1 || l.esp == 1 || l.esp == l.mp)))
+        continue;
+      const std::string where = fmt::format("mp={} ep={} esp={} {}{}", l.mp, l.ep, l.esp,
+                                            schedule::kind_name(kind), fuse ? " fused" : "");
+      MoeLayer layer(*topo, s, kind, fuse, 3);
+      layer.load_whole(params);
+      Snapshot first;
+      for (int it = 0; it < 3; ++it) {
+        layer.zero_grad();
+        const int64_t before = test::heap_allocations();
+        const Tensor& out = layer.forward(xt);
+        const Tensor& dx = layer.backward(dt, 0.25f);
+        const int64_t made = test::heap_allocations() - before;
+        if (it >= 1) EXPECT_EQ(made, 0) << where << ": iteration " << it << " allocated";
+        Snapshot now{copy_of(out),
+                     copy_of(dx),
+                     copy_of(layer.grads().wg),
+                     copy_of(layer.grads().experts.w1),
+                     copy_of(layer.grads().experts.b1),
+                     copy_of(layer.grads().experts.w2),
+                     copy_of(layer.grads().experts.b2),
+                     layer.l_aux()};
+        if (it == 0) {
+          first = std::move(now);
+          continue;
+        }
+        EXPECT_TRUE(same_bits(first.out, now.out)) << where << " out, iteration " << it;
+        EXPECT_TRUE(same_bits(first.dx, now.dx)) << where << " dx, iteration " << it;
+        EXPECT_TRUE(same_bits(first.dwg, now.dwg)) << where << " dWg, iteration " << it;
+        EXPECT_TRUE(same_bits(first.dw1, now.dw1)) << where << " dW1, iteration " << it;
+        EXPECT_TRUE(same_bits(first.db1, now.db1)) << where << " db1, iteration " << it;
+        EXPECT_TRUE(same_bits(first.dw2, now.dw2)) << where << " dW2, iteration " << it;
+        EXPECT_TRUE(same_bits(first.db2, now.db2)) << where << " db2, iteration " << it;
+        EXPECT_EQ(first.l_aux, now.l_aux) << where;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+}  // namespace
+}  // namespace parm
