@@ -29,6 +29,9 @@ class MetadataExchange {
   void wait();
 
  private:
+  void post(Communicator& c, const int32_t* send, size_t send_stride, int32_t* recv,
+            size_t count);
+
   Communicator* comm_ = nullptr;
   std::vector<RequestPtr> requests_;
   double received_bytes_ = 0.0;

@@ -8,20 +8,7 @@ src="$2"
 export PARM_BIN="$parm"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-fails=0
-run=0
-
-check() {  # check <name> <want rc> <got rc> <text the output must contain> <output>
-  run=$((run + 1))
-  if [ "$3" != "$2" ] || ! grep -qF -- "$4" <<<"$5"; then
-    echo "FAIL: $1 -> rc $3 (want $2), output must contain: $4"
-    echo "$5" | tail -20 | sed 's/^/    /'
-    fails=$((fails + 1))
-  else
-    echo "ok:   $1"
-  fi
-}
-prun() { "$src/scripts/parmrun" --timeout 300 "$@" 2>&1; }
+source "$src/tests/cli/lib/checks.bash"
 
 layer="--tokens 64 --model-dim 16 --hidden 32 --experts 4 --topk 2 --capacity-factor 1.2"
 out="$(prun -n 4 -- bench-layer $layer --mp 2 --ep 2 --esp 2 --schedule all --fuse both \
@@ -38,5 +25,4 @@ for key in '"breakdown"' '"floor_ms"' '"time_over_floor"' '"floor_gflops"' '"pea
   check "the JSON holds $key" 0 0 "$key" "$json"
 done
 
-echo "$((run - fails)) passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

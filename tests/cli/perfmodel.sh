@@ -9,20 +9,7 @@ src="$2"
 export PARM_BIN="$parm"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-fails=0
-run=0
-
-check() {  # check <name> <want rc> <got rc> <text the output must contain> <output>
-  run=$((run + 1))
-  if [ "$3" != "$2" ] || ! grep -qF -- "$4" <<<"$5"; then
-    echo "FAIL: $1 -> rc $3 (want $2), output must contain: $4"
-    echo "$5" | tail -20 | sed 's/^/    /'
-    fails=$((fails + 1))
-  else
-    echo "ok:   $1"
-  fi
-}
-prun() { "$src/scripts/parmrun" --timeout 300 "$@" 2>&1; }
+source "$src/tests/cli/lib/checks.bash"
 
 layer="--tokens 64 --model-dim 16 --hidden 32 --experts 4 --topk 2 --capacity-factor 1.2"
 
@@ -76,5 +63,4 @@ for c in pcie-8gpu cluster-32gpu; do
   check "simulate $c writes summary.json and speedup.svg" 0 $? "" ""
 done
 
-echo "$((run - fails)) passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -381,13 +381,18 @@ int run_bench_layer(const BenchLayerFlags& f) {
                            {"max", m.memory.peak_rss_mib_max}};
     row["layer_mib"] = m.memory.layer_mib_max;
     if (f.breakdown) {
-      std::printf("  %-44s %10s %10s %10s %10s\n", "step", "fwd rank0", "fwd max", "bwd rank0",
-                  "bwd max");
+      auto name_of = [](const BreakdownRow& r) {
+        return r.phase.empty() ? r.step : "  " + r.step + ": " + r.phase;
+      };
+      int width = 4;
+      for (const auto& r : m.breakdown)
+        width = std::max(width, static_cast<int>(name_of(r).size()));
+      std::printf("  %-*s %10s %10s %10s %10s\n", width, "step", "fwd rank0", "fwd max",
+                  "bwd rank0", "bwd max");
       nlohmann::json steps = nlohmann::json::array();
       for (const auto& r : m.breakdown) {
-        const std::string name = r.phase.empty() ? r.step : "  " + r.step + ": " + r.phase;
-        std::printf("  %-44s %10.3f %10.3f %10.3f %10.3f\n", name.c_str(), r.fwd, r.fwd_max,
-                    r.bwd, r.bwd_max);
+        std::printf("  %-*s %10.3f %10.3f %10.3f %10.3f\n", width, name_of(r).c_str(), r.fwd,
+                    r.fwd_max, r.bwd, r.bwd_max);
         nlohmann::json j = {{"step", r.step},
                             {"kind", r.kind},
                             {"forward_ms_rank0", r.fwd},

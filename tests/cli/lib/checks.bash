@@ -1,0 +1,24 @@
+# Shared by the CLI test scripts: `source` it after setting $src (the source dir).
+#   check <name> <want rc> <got rc> <text the output must contain> <output>
+#   prun <parmrun args>        scripts/parmrun with a time limit, stderr into stdout
+#   finish                     prints the tally; the script's exit status is its result
+fails=0
+run=0
+
+check() {
+  run=$((run + 1))
+  if [ "$3" != "$2" ] || ! grep -qF -- "$4" <<<"$5"; then
+    echo "FAIL: $1 -> rc $3 (want $2), output must contain: $4"
+    echo "$5" | tail -20 | sed 's/^/    /'
+    fails=$((fails + 1))
+  else
+    echo "ok:   $1"
+  fi
+}
+
+prun() { "$src/scripts/parmrun" --timeout 300 "$@" 2>&1; }
+
+finish() {
+  echo "$((run - fails)) passed, $fails failed"
+  [ "$fails" -eq 0 ]
+}
