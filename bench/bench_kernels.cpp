@@ -5,7 +5,7 @@
 // Besides the kernels of kernels.h: the six expert products (ExpertGemm) and the MoE
 // dispatch/combine forward and backward (moe_ops.h) at the reference MoE configuration.
 //
-//   OMP_NUM_THREADS=1 build-kernels/parm_kernel_bench [--benchmark_filter=Gemm]
+//   OMP_NUM_THREADS=1 build/parm_kernel_bench [--benchmark_filter=Gemm]
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "moe/capacity.h"
+#include "moe/expert_products.h"
 #include "moe/moe_ops.h"
 #include "parm/rng.h"
 #include "parm/tensor.h"
@@ -177,8 +178,9 @@ void BM_ExpertGemm(benchmark::State& state, ExpertProduct product) {
   const GemmPath saved = parm::cpu::gemm_path();
   parm::cpu::set_gemm_path(GemmPath::kAuto);
   for (auto _ : state) {
+    // The path the layer takes for its products.
     parm::cpu::gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, a.data(), b.data(), c.data(),
-                    g.accumulate);
+                    g.accumulate, parm::moe::kLayerGemm);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }

@@ -69,10 +69,7 @@ MoeLayer::MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind ki
   bwd_us_.assign(num_steps, 0.0);
   fwd_phases_.assign(num_steps, {});
   bwd_phases_.assign(num_steps, {});
-  accumulated_.assign(schedule_.buffers.size(), false);
-  for (const Step& st : schedule_.steps)  // their backward adds into the token gradient
-    if (st.kind == StepKind::kGate || st.kind == StepKind::kDispatch)
-      accumulated_[static_cast<size_t>(st.in)] = true;
+  accumulated_ = schedule::accumulated_gradients(schedule_);
   fills_.assign(schedule_.buffers.size(), {});
   ws_.reserve(e_loc, schedule_.expert_blocks * schedule_.exchange_slots, M, hl);
 }

@@ -234,13 +234,16 @@ Prediction predict(const Profile& profile, const schedule::Schedule& sc,
       pr.compute(s, c);
     p.steps.push_back(std::move(c));
   }
-  // The executor itself: copies x in | zeroes every gradient buffer, copies dout in and
-  // adds the call's dWg to the gradient.
+  // The executor itself: copies x in | zeroes the gradients that are accumulated (the token
+  // buffer the gate and the dispatch read), copies dout in and adds the call's dWg to the
+  // gradient.
   StepCost ex;
   ex.label = "(executor: input copy, gradient zeroing)";
   ex.executor = true;
+  const std::vector<bool> accumulated = schedule::accumulated_gradients(sc);
   double all = 0.0;
-  for (size_t i = 0; i < sc.buffers.size(); ++i) all += pr.numel(static_cast<int>(i));
+  for (size_t i = 0; i < sc.buffers.size(); ++i)
+    if (accumulated[i]) all += pr.numel(static_cast<int>(i));
   const double TM = static_cast<double>(shape.tokens * shape.model_dim);
   ex.fwd_us = pr.copy(kF * 2 * TM);
   ex.bwd_us = pr.copy(kF * (all + 2 * TM + 3.0 * static_cast<double>(sc.gate_weight_numel)));

@@ -116,6 +116,14 @@ std::vector<CollectivePart> collective_parts(const Schedule& sc, const Step& s, 
   return parts;
 }
 
+std::vector<bool> accumulated_gradients(const Schedule& sc) {
+  std::vector<bool> acc(sc.buffers.size(), false);
+  for (const Step& s : sc.steps)
+    if (s.kind == StepKind::kGate || s.kind == StepKind::kDispatch)
+      acc[static_cast<size_t>(s.in)] = true;
+  return acc;
+}
+
 std::string Schedule::describe() const {
   std::string out = fmt::format("schedule {}: gate on {} tokens, C={}, slots {} dispatched / {} "
                                 "exchanged per expert\n",

@@ -117,6 +117,11 @@ struct LayerSpec {
 std::vector<CollectivePart> collective_parts(const Schedule& schedule, const Step& step,
                                              const Layout& layout, bool backward);
 
+// By buffer id: whether the backward pass accumulates (+=) into its gradient, which must
+// then be zeroed first (the token buffer the gate and the dispatch both read); every other
+// gradient is overwritten by the step that produces it.
+std::vector<bool> accumulated_gradients(const Schedule& schedule);
+
 // How the caller's user spells the layer's sizes, for messages (the CLI's flags by default;
 // a training config passes its keys).
 struct SizeNames {
