@@ -1,6 +1,9 @@
-// The layer's steady state: after warm-up, a forward + backward pass makes no C++ heap
-// allocation (counted through the replaced operator new of alloc_counter.cpp), and repeating
-// it gives bit-identical outputs and gradients (nothing stale survives between passes).
+// What the layer does beyond its results (which the equivalence suite checks): after warm-up
+// a forward + backward pass makes no C++ heap allocation (counted through the replaced
+// operator new of alloc_counter.cpp) and repeating it gives bit-identical outputs and
+// gradients (nothing stale survives between passes); and the experts compute exactly the
+// rows that kept choices fill, not the padded capacity (computing empty slots would leave
+// every result the same, so only a count can catch it).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -84,6 +87,56 @@ TEST(LayerSteadyState, NoHeapAllocationAndRepeatableResults) {
         EXPECT_TRUE(same_bits(first.db2, now.db2)) << where << " db2, iteration " << it;
         EXPECT_EQ(first.l_aux, now.l_aux) << where;
       }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+int64_t sum_over_world(int64_t v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return v;
+}
+
+TEST(LayerWork, ExpertsComputeTheFilledRowsOnly) {
+  int64_t checked = 0;
+  for (const TopologyOptions& opts : test::all_layouts()) {
+    auto topo = Topology::create(opts);
+    const Layout& l = topo->layout();
+    ref::MoeShape s;
+    s.tokens = 48;
+    s.model_dim = 8;
+    s.hidden = 48;
+    s.experts = 24;
+    s.topk = 2;
+    if (s.tokens % l.mp != 0 || s.experts % l.ep != 0 || s.hidden % l.esp != 0) continue;
+    const int group = group_coord(l, Group::kMp, topo->world_rank()).index;
+    auto x = check_input(s, 9, group);
+    const Tensor xt = Tensor::view(x.data(), {s.tokens, s.model_dim});
+    // f = 8: nothing drops and most slots stay empty; f = 0.5: most experts fill up.
+    for (const char* f : {"8.0", "0.5"})
+    for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+    for (bool fuse : {false, true}) {
+      if (kind == Kind::kBaseline && (fuse || !(l.mp == 1 || l.esp == 1 || l.esp == l.mp)))
+        continue;
+      s.capacity_factor = CapacityFactor::parse(f);
+      MoeLayer layer(*topo, s, kind, fuse, 2);
+      layer.load_whole(ref::init_params<float>(s, 9));
+      layer.forward(xt);
+      int64_t kept = 0, rows = 0;
+      for (int64_t r : layer.routing().row) kept += r >= 0 ? 1 : 0;
+      for (int64_t r : layer.expert_rows()) rows += r;
+      const auto& sc = layer.schedule();
+      const int64_t padded = static_cast<int64_t>(layer.expert_rows().size()) * sc.expert_blocks *
+               sc.exchange_slots;
+      // Every kept choice is computed once per ESP shard; a gate on the MP group's whole T
+      // (baseline, S2) is duplicated on its N_MP ranks, S1's gate runs on disjoint slices.
+      const int64_t gate_copies = kind == Kind::kS1 || l.mp == 1 ? 1 : l.mp;
+      const std::string where = fmt::format("mp={} ep={} esp={} f={} {}{}", l.mp, l.ep, l.esp,
+                                            f, schedule::kind_name(kind), fuse ? " fused" : "");
+      EXPECT_EQ(sum_over_world(rows) * gate_copies, sum_over_world(kept) * l.esp) << where;
+      if (std::string(f) == "8.0")  // most slots empty
+        EXPECT_LT(2 * sum_over_world(rows), sum_over_world(padded)) << where;
       ++checked;
     }
   }
