@@ -71,6 +71,17 @@ void check_shard(const MoeShape& shape, int64_t e, int shard, int num_shards) {
 
 // ---- Shape and parameters ----------------------------------------------------------------
 
+MoeShape MoeShape::of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const std::string& f) {
+  MoeShape s;
+  s.tokens = T;
+  s.model_dim = M;
+  s.hidden = H;
+  s.experts = E;
+  s.topk = k;
+  s.capacity_factor = CapacityFactor::parse(f);
+  return s;
+}
+
 void MoeShape::validate(int num_slices) const {
   PARM_CONFIG_CHECK(tokens >= 1 && model_dim >= 1 && hidden >= 1 && experts >= 1,
                     "MoE shape {}: T, M, H and E must all be >= 1", str());

@@ -32,6 +32,9 @@ struct MoeShape {
   int topk = 1;           // k
   CapacityFactor capacity_factor{1, 1};  // f
 
+  // The shape from its sizes; f is a decimal ("1.2"), parsed exactly (CapacityFactor::parse).
+  static MoeShape of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const std::string& f);
+
   // Throws parm::InvalidConfig unless T, M, H, E >= 1, 1 <= k <= E, f > 0,
   // num_slices >= 1 and T % num_slices == 0.
   void validate(int num_slices = 1) const;

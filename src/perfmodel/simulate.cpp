@@ -123,16 +123,7 @@ Grid read_grid(const std::string& path) {
   return grid_from_json(read_json_file("grid file", path), path);
 }
 
-ref::MoeShape GridConfig::shape() const {
-  ref::MoeShape s;
-  s.tokens = tokens();
-  s.model_dim = M;
-  s.hidden = H;
-  s.experts = E;
-  s.topk = k;
-  s.capacity_factor = CapacityFactor::parse(f);
-  return s;
-}
+ref::MoeShape GridConfig::shape() const { return ref::MoeShape::of(tokens(), M, H, E, k, f); }
 
 std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid) {
   using schedule::Kind;

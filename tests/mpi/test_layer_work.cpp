@@ -35,13 +35,9 @@ TEST(LayerSteadyState, NoHeapAllocationAndRepeatableResults) {
   int64_t checked = 0;
   for (const TopologyOptions& opts : test::all_layouts()) {
     auto topo = Topology::create(opts);
-    ref::MoeShape s;
-    s.tokens = 48;  // divisible by every N_MP up to 8 that divides the world
-    s.model_dim = 16;
-    s.hidden = 48;
-    s.experts = 24;  // divisible by every N_EP in {1, 2, 3, 4, 8}
-    s.topk = 2;
-    s.capacity_factor = CapacityFactor::parse("1.1");  // some choices drop
+    // T, H, E divisible by every N_MP, N_ESP, N_EP up to 8 that divides the world; with
+    // f = 1.1 some choices drop.
+    const auto s = ref::MoeShape::of(48, 16, 48, 24, 2, "1.1");
     if (s.tokens % opts.mp != 0 || s.experts % opts.ep != 0 || s.hidden % opts.esp != 0) continue;
     const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
     const auto params = ref::init_params<float>(s, 5);
@@ -103,12 +99,7 @@ TEST(LayerWork, ExpertsComputeTheFilledRowsOnly) {
   for (const TopologyOptions& opts : test::all_layouts()) {
     auto topo = Topology::create(opts);
     const Layout& l = topo->layout();
-    ref::MoeShape s;
-    s.tokens = 48;
-    s.model_dim = 8;
-    s.hidden = 48;
-    s.experts = 24;
-    s.topk = 2;
+    auto s = ref::MoeShape::of(48, 8, 48, 24, 2, "1.0");
     if (s.tokens % l.mp != 0 || s.experts % l.ep != 0 || s.hidden % l.esp != 0) continue;
     const int group = group_coord(l, Group::kMp, topo->world_rank()).index;
     auto x = check_input(s, 9, group);

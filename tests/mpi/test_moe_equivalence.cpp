@@ -109,13 +109,8 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
   TopologyOptions topt;
   topt.ep = test::world_size();
   auto topo = Topology::create(topt);
-  ref::MoeShape s;
-  s.tokens = 16;
-  s.model_dim = 8;
-  s.hidden = 16;
-  s.experts = test::world_size() * 2 + 1;  // not divisible by N_EP (when N_EP > 1)
-  s.topk = 1;
-  s.capacity_factor = CapacityFactor::parse("1.0");
+  // E not divisible by N_EP (when N_EP > 1).
+  const auto s = ref::MoeShape::of(16, 8, 16, test::world_size() * 2 + 1, 1, "1.0");
   if (test::world_size() > 1) {
     try {
       MoeLayer layer(*topo, s, Kind::kS1);
@@ -143,13 +138,7 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
 TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
   for (const Layout3& lay : sweep_layouts()) {
     auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
-    ref::MoeShape s;
-    s.tokens = 24;
-    s.model_dim = 8;
-    s.hidden = 24;
-    s.experts = test::world_size() == 3 ? 6 : 8;
-    s.topk = 2;
-    s.capacity_factor = CapacityFactor::parse("1.1");
+    const auto s = ref::MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, 2, "1.1");
     const auto params = ref::init_params<float>(s, 5);
     const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
     auto x = check_input(s, 5, group);
@@ -260,13 +249,7 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
   }
   for (const Layout3& lay : layouts) {
     auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
-    ref::MoeShape s;
-    s.tokens = 40;
-    s.model_dim = 8;
-    s.hidden = 16;
-    s.experts = 8;
-    s.topk = 2;
-    s.capacity_factor = CapacityFactor::parse("1.1");  // C not divisible by N: Cp pads
+    const auto s = ref::MoeShape::of(40, 8, 16, 8, 2, "1.1");  // C not divisible by N: Cp pads
     for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
     for (bool fuse : {false, true}) {
       if (!allowed(kind, lay)) continue;

@@ -36,14 +36,7 @@ Profile comm_only_profile(double a_intra, double b_intra, double a_inter, double
 }
 
 ref::MoeShape shape_of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const char* f) {
-  ref::MoeShape s;
-  s.tokens = T;
-  s.model_dim = M;
-  s.hidden = H;
-  s.experts = E;
-  s.topk = k;
-  s.capacity_factor = CapacityFactor::parse(f);
-  return s;
+  return ref::MoeShape::of(T, M, H, E, k, f);
 }
 
 const StepCost& step_named(const Prediction& p, const std::string& label) {

@@ -18,14 +18,7 @@ namespace parm::ref {
 namespace {
 
 MoeShape make_shape(int64_t T, int64_t M, int64_t H, int64_t E, int k, const char* f) {
-  MoeShape s;
-  s.tokens = T;
-  s.model_dim = M;
-  s.hidden = H;
-  s.experts = E;
-  s.topk = k;
-  s.capacity_factor = CapacityFactor::parse(f);
-  return s;
+  return MoeShape::of(T, M, H, E, k, f);
 }
 
 template <typename S>

@@ -30,13 +30,7 @@ void LayerFlags::add_profile_to(CLI::App* app) {
 }
 
 ref::MoeShape LayerFlags::shape() const {
-  ref::MoeShape s;
-  s.tokens = tokens;
-  s.model_dim = model_dim;
-  s.hidden = hidden;
-  s.experts = experts;
-  s.topk = topk;
-  s.capacity_factor = CapacityFactor::parse(capacity_factor);
+  const auto s = ref::MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
   s.validate();
   return s;
 }
