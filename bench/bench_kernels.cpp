@@ -291,6 +291,40 @@ void BM_GeluBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_GeluBackward)->UseRealTime()->MinTime(0.2);
 
+// The experts' activation: act = gelu(x + b1) with x kept, and its one-pass adjoint that
+// reads x and dact, writes dx and accumulates db1 (cols).
+void BM_BiasGelu(benchmark::State& state) {
+  const int64_t rows = 2048, cols = 2048, n = rows * cols;
+  const std::vector<float> x = random_vector(n, 13), bias = random_vector(cols, 15);
+  std::vector<float> act(x.size());
+  for (auto _ : state) {
+    parm::cpu::bias_gelu(x.data(), bias.data(), act.data(), rows, cols);
+    benchmark::DoNotOptimize(act.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 2 * n);
+}
+BENCHMARK(BM_BiasGelu)->UseRealTime()->MinTime(0.2);
+
+void BM_BiasGeluBackward(benchmark::State& state) {
+  const int64_t rows = 2048, cols = 2048, n = rows * cols;
+  const std::vector<float> x = random_vector(n, 13), dact = random_vector(n, 14);
+  const std::vector<float> bias = random_vector(cols, 15);
+  std::vector<float> dx(x.size()), dbias(static_cast<size_t>(cols), 0.0f);
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::copy(dact.begin(), dact.end(), dx.begin());
+    state.ResumeTiming();
+    // In place, as the layer calls it.
+    parm::cpu::bias_gelu_backward(x.data(), bias.data(), dx.data(), dx.data(), dbias.data(),
+                                  rows, cols);
+    benchmark::DoNotOptimize(dx.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 3 * n);
+}
+BENCHMARK(BM_BiasGeluBackward)->UseRealTime()->MinTime(0.2);
+
 void BM_LayerNorm(benchmark::State& state) {
   const int64_t rows = 2048, cols = 512;
   const std::vector<float> x = random_vector(rows * cols, 13), gamma = random_vector(cols, 14),

@@ -88,7 +88,7 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     clock.lap("rows in/out");
     fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
     clock.lap("expert products");
-    cpu::bias_gelu_forward(pre, w.b1.data() + e * hl, act, n, hl);
+    cpu::bias_gelu(pre, w.b1.data() + e * hl, act, n, hl);
     clock.lap("bias + GeLU");
     fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
     clock.lap("expert products");
@@ -120,8 +120,8 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
     clock.lap("GeLU + bias backward");
     fc2_backward(n, M, hl, act, dy, w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
     clock.lap("expert products");
-    cpu::gelu_backward(pre, dact, dact, n * hl);
-    cpu::bias_backward(dact, dw.b1.data() + e * hl, n, hl);
+    cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
+                            hl);
     clock.lap("GeLU + bias backward");
     fc1_backward(n, M, hl, x, dact, w.w1.data() + e * M * hl, dw.w1.data() + e * M * hl,
                  ws.out_rows.data());

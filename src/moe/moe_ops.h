@@ -80,7 +80,7 @@ struct ExpertWorkspace {
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
   std::vector<int64_t> rows;  // (E_loc) filled rows of each expert in the last forward
   std::vector<Tensor> in;     // (max_rows, M) the expert's filled rows, first rows[e] used
-  std::vector<Tensor> pre;    // (max_rows, Hl) x W1 + b1
+  std::vector<Tensor> pre;    // (max_rows, Hl) x W1 (b1 is added on the fly)
   std::vector<Tensor> act;    // (max_rows, Hl) gelu(pre)
   Tensor out_rows;            // (max_rows, M) scratch
   Tensor d_out;               // (max_rows, M) scratch: an expert's output gradient rows

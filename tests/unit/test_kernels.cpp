@@ -530,6 +530,30 @@ TEST(Gelu, BiasGeluIsBiasAddThenGelu) {
   EXPECT_EQ(act, expect_act);
 }
 
+TEST(Gelu, BiasGeluAndItsAdjointAreGeluAtXPlusBias) {
+  const int64_t rows = 7, cols = 37;
+  const std::vector<float> x = normal(rows * cols, 44, 3.0f), bias = normal(cols, 46);
+  const std::vector<float> dact = normal(rows * cols, 45);
+  std::vector<float> xb(x.size());
+  for (int64_t i = 0; i < rows * cols; ++i) xb[i] = x[i] + bias[i % cols];
+  std::vector<float> act(x.size()), expect_act(x.size());
+  bias_gelu(x.data(), bias.data(), act.data(), rows, cols);
+  gelu_forward(xb.data(), expect_act.data(), rows * cols);
+  EXPECT_EQ(act, expect_act);
+  std::vector<float> dx(x.size()), dbias(cols, 0.5f);  // accumulates into dbias
+  bias_gelu_backward(x.data(), bias.data(), dact.data(), dx.data(), dbias.data(), rows, cols);
+  std::vector<float> expect_dx(x.size()), expect_dbias(cols, 0.5f);
+  gelu_backward(xb.data(), dact.data(), expect_dx.data(), rows * cols);
+  bias_backward(expect_dx.data(), expect_dbias.data(), rows, cols);
+  EXPECT_EQ(dx, expect_dx);
+  EXPECT_EQ(dbias, expect_dbias);
+  std::vector<float> in_place = dact, dbias2(cols, 0.5f);  // dx may alias dact
+  bias_gelu_backward(x.data(), bias.data(), in_place.data(), in_place.data(), dbias2.data(), rows,
+                     cols);
+  EXPECT_EQ(in_place, expect_dx);
+  EXPECT_EQ(dbias2, expect_dbias);
+}
+
 // ---- bias ------------------------------------------------------------------------------
 
 TEST(Bias, AddAndColumnSumsAreExactOnQuarterIntegers) {

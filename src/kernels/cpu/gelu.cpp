@@ -67,4 +67,35 @@ void bias_gelu_forward(float* pre, const float* bias, float* act, int64_t rows, 
   }
 }
 
+PARM_SIMD_CLONES
+void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int64_t cols) {
+  PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu: bad shape ({}, {})", rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* ar = act + r * cols;
+#pragma GCC ivdep
+    for (int64_t c = 0; c < cols; ++c) ar[c] = gelu_value(xr[c] + bias[c]);
+  }
+}
+
+PARM_SIMD_CLONES
+void bias_gelu_backward(const float* x, const float* bias, const float* dact, float* dx,
+                        float* dbias, int64_t rows, int64_t cols) {
+  PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_backward: bad shape ({}, {})", rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    const float* ar = dact + r * cols;
+    float* dr = dx + r * cols;
+    // dx is dact or apart from it, dbias apart from both: no element is read after another
+    // iteration wrote it, which GCC cannot see without being told (and would then run the
+    // in-place call unvectorised).
+#pragma GCC ivdep
+    for (int64_t c = 0; c < cols; ++c) {
+      const float d = gelu_grad(xr[c] + bias[c]) * ar[c];
+      dr[c] = d;
+      dbias[c] += d;
+    }
+  }
+}
+
 }  // namespace parm::cpu

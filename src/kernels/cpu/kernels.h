@@ -59,6 +59,14 @@ void gelu_forward(const float* x, float* y, int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
 // Fused: pre (rows, cols) = x + bias (cols) in place, then act = gelu(pre); overwrites act.
 void bias_gelu_forward(float* pre, const float* bias, float* act, int64_t rows, int64_t cols);
+// act (rows, cols) = gelu(x + bias (cols)), x left as it is: the backward pass recomputes
+// x + bias (cheaper than writing it back). Overwrites act.
+void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int64_t cols);
+// Its adjoint, one pass: dx (rows, cols) = gelu'(x + bias) * dact (overwrites; may alias
+// dact) and dbias (cols) += the column sums of dx, summed row by row (the same bits as
+// gelu_backward at x + bias followed by bias_backward).
+void bias_gelu_backward(const float* x, const float* bias, const float* dact, float* dx,
+                        float* dbias, int64_t rows, int64_t cols);
 
 // ---- Bias ------------------------------------------------------------------------------
 // y (rows, cols) += bias (cols) for every row.
