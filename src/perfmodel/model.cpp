@@ -136,20 +136,20 @@ struct Pricer {
         const double R = static_cast<double>(sc.expert_blocks) * per_segment;
         const double R_pad = static_cast<double>(sc.expert_blocks) * slots;
         const double e_loc = E / l.ep, hl = static_cast<double>(shape.hidden) / l.esp;
-        // Per expert: gather rows, x W1, bias + GeLU, act W2, [+ b2], scatter rows and zero
-        // the empty slots.
+        // Per expert: gather rows, x W1, bias + GeLU (reads x W1, writes act), act W2, [+ b2],
+        // scatter rows and zero the empty slots.
         c.fwd_us = e_loc * (gemm(GemmClass::kExpertNN, R, hl, M) +
                             gemm(GemmClass::kExpertNN, R, M, hl)) +
                    copy(kF * e_loc * (4 * R * M + (R_pad - R) * M +
                                       (sc.adds_b2 ? 2 * R * M : 0.0))) +
-                   mem(MemClass::kGelu, kF * e_loc * 3 * R * hl);
-        // Per expert: gather dy, db2, dW2 += act^T dy, dact = dy W2^T, GeLU adjoint, db1,
-        // dW1 += x^T dact, dx = dact W1^T, scatter.
+                   mem(MemClass::kGelu, kF * e_loc * 2 * R * hl);
+        // Per expert: gather dy, db2, dW2 += act^T dy, dact = dy W2^T, GeLU adjoint + db1 in
+        // one pass (reads x W1 and dact, writes dpre), dW1 += x^T dpre, dx = dpre W1^T, scatter.
         c.bwd_us = e_loc * (gemm(GemmClass::kExpertTN, hl, M, R) +
                             gemm(GemmClass::kExpertNT, R, hl, M) +
                             gemm(GemmClass::kExpertTN, M, hl, R) +
                             gemm(GemmClass::kExpertNT, R, M, hl)) +
-                   copy(kF * e_loc * (5 * R * M + (R_pad - R) * M + R * hl)) +
+                   copy(kF * e_loc * (5 * R * M + (R_pad - R) * M)) +
                    mem(MemClass::kGelu, kF * e_loc * 3 * R * hl);
         break;
       }
