@@ -93,7 +93,8 @@ void wait_all(std::vector<RequestPtr>& requests);
 void barrier_world();
 std::vector<double> max_over_world(std::vector<double> values);
 
-// Point-to-point tags at and above this value belong to the fused collectives.
+// Point-to-point tags at and above this value belong to the fused collectives; the one just
+// below it to the metadata exchange (src/comm/metadata.h).
 constexpr int kFusedTagBase = 16384;
 
 class Communicator {
@@ -126,7 +127,8 @@ class Communicator {
                                 const size_t* send_displs, void* recv,
                                 const size_t* recv_counts, const size_t* recv_displs,
                                 DType dtype) = 0;
-  // Tags >= kFusedTagBase are reserved for the fused collectives (src/comm/fused.cpp).
+  // Tags >= kFusedTagBase - 1 are reserved: the fused collectives (src/comm/fused.cpp) and
+  // the metadata exchange (src/comm/metadata.h, kMetadataTag = kFusedTagBase - 1).
   virtual RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) = 0;
   virtual RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) = 0;
   virtual RequestPtr ibarrier() = 0;
