@@ -334,7 +334,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
   double baseline_total = 0.0;
   for (auto kind : kinds)
   for (bool fuse : fuse_modes) {
-    if (fuse && kind == schedule::Kind::kBaseline && fuse_modes.size() > 1) continue;
+    if (f.layer.fused_run_repeats(kind, fuse, fuse_modes, l)) continue;
     const schedule::Schedule* scp = nullptr;
     std::unique_ptr<MoeLayer> layer;
     const Measured m =

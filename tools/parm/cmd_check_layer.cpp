@@ -32,7 +32,7 @@ int run_check_layer(const CheckLayerFlags& f) {
   bool all_ok = true;
   for (auto kind : kinds)
   for (bool fuse : fuse_modes) {
-    if (fuse && kind == schedule::Kind::kBaseline && fuse_modes.size() > 1) continue;
+    if (f.layer.fused_run_repeats(kind, fuse, fuse_modes, topo->layout())) continue;
     LayerCheckOptions o;
     o.fuse = fuse;
     o.chunks = f.layer.chunks;

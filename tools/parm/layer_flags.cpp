@@ -62,6 +62,12 @@ std::vector<bool> LayerFlags::fuse_modes(bool allow_both) const {
                                   allow_both ? ", both or auto" : ""));
 }
 
+bool LayerFlags::fused_run_repeats(schedule::Kind kind, bool fuse,
+                                   const std::vector<bool>& modes, const Layout& layout) const {
+  if (!fuse || modes.size() < 2) return false;
+  return !schedule::build({shape(), layout, 0, true, chunks}, kind).fused;
+}
+
 nlohmann::json LayerFlags::config_json() const {
   return {{"mp", layout.mp}, {"ep", layout.ep}, {"esp", layout.esp},
           {"tokens", tokens}, {"model_dim", model_dim}, {"hidden", hidden},

@@ -38,6 +38,10 @@ struct LayerFlags {
   // The fuse settings to run: {true}, {false} or {false, true} ("both" when allowed; "auto":
   // the candidates, when allowed).
   std::vector<bool> fuse_modes(bool allow_both) const;
+  // With both fuse modes, the fused run of `kind` would repeat the unfused one (the baseline
+  // is never fused; a layout without a pair to fuse gets the unfused list): skip it.
+  bool fused_run_repeats(schedule::Kind kind, bool fuse, const std::vector<bool>& modes,
+                         const Layout& layout) const;
   nlohmann::json config_json() const;
 };
 
