@@ -139,53 +139,29 @@ BENCHMARK(BM_Gemm)->Apply(gemm_cases)->UseRealTime()->MinTime(0.2);
 
 // ---- Expert products: the six GEMMs of one expert, as experts_forward/backward call them ----
 // Shapes of the reference MoE configuration for one expert holding R = 512 filled rows,
-// M = 512, H the hidden size per shard (2048 whole, 1024 for a 2-way expert shard). Operands
-// are contiguous; gemm's path is the layer's default (kAuto). FLOPs = 2 m n k per call.
+// M = 512, H the hidden size per shard (2048 whole, 1024 for a 2-way expert shard), from
+// moe::expert_gemm; operands contiguous, the layer's GEMM path. FLOPs = 2 m n k per call.
 constexpr int64_t kR = 512;
 
-enum class ExpertProduct { kPre, kOut, kDW2, kDAct, kDW1, kDX };
-
-struct GemmCall {
-  bool trans_a = false, trans_b = false, accumulate = false;
-  int64_t m = 0, n = 0, k = 0;
-};
-
-GemmCall expert_gemm(ExpertProduct p, int64_t r, int64_t m, int64_t h) {
-  switch (p) {
-    case ExpertProduct::kPre:  // pre (R, H) = x (R, M) W1 (M, H)
-      return {false, false, false, r, h, m};
-    case ExpertProduct::kOut:  // y (R, M) = act (R, H) W2 (H, M)
-      return {false, false, false, r, m, h};
-    case ExpertProduct::kDW2:  // dW2 (H, M) += act^T (H, R) dy (R, M)
-      return {true, false, true, h, m, r};
-    case ExpertProduct::kDAct:  // dact (R, H) = dy (R, M) W2^T (M, H)
-      return {false, true, false, r, h, m};
-    case ExpertProduct::kDW1:  // dW1 (M, H) += x^T (M, R) dact (R, H)
-      return {true, false, true, m, h, r};
-    case ExpertProduct::kDX:  // dx (R, M) = dact (R, H) W1^T (H, M)
-      return {false, true, false, r, m, h};
-  }
-  return {};
-}
+using parm::moe::ExpertProduct;
 
 // arg: H.
 void BM_ExpertGemm(benchmark::State& state, ExpertProduct product) {
-  const GemmCall g = expert_gemm(product, kR, kM, state.range(0));
+  const int64_t h = state.range(0);
+  const parm::moe::GemmCall g = parm::moe::expert_gemm(product, kR, kM, h);
   // A is stored (m, k) or (k, m), B (k, n) or (n, k): the element counts do not depend on
   // the transposition.
   const std::vector<float> a = random_vector(g.m * g.k, 21), b = random_vector(g.k * g.n, 22);
   std::vector<float> c(static_cast<size_t>(g.m * g.n), 0.0f);
   const GemmPath saved = parm::cpu::gemm_path();
-  parm::cpu::set_gemm_path(GemmPath::kAuto);
+  parm::cpu::set_gemm_path(GemmPath::kAuto);  // no forced path: the layer's own
   for (auto _ : state) {
-    // The path the layer takes for its products.
-    parm::cpu::gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, a.data(), b.data(), c.data(),
-                    g.accumulate, parm::moe::kLayerGemm);
+    parm::moe::run_expert_gemm(product, kR, kM, h, a.data(), b.data(), c.data());
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
   parm::cpu::set_gemm_path(saved);
-  set_flop_counters(state, 2.0 * g.m * g.n * g.k);
+  set_flop_counters(state, g.flops());
   state.SetLabel(fmt::format("m={} n={} k={}{}{}{}", g.m, g.n, g.k, g.trans_a ? " ta" : "",
                              g.trans_b ? " tb" : "", g.accumulate ? " acc" : ""));
 }

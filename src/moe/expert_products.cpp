@@ -9,31 +9,50 @@
 
 namespace parm::moe {
 
+GemmCall expert_gemm(ExpertProduct p, int64_t r, int64_t M, int64_t hl) {
+  switch (p) {
+    case ExpertProduct::kPre: return {false, false, false, r, hl, M};
+    case ExpertProduct::kOut: return {false, false, false, r, M, hl};
+    case ExpertProduct::kDW2: return {true, false, true, hl, M, r};
+    case ExpertProduct::kDAct: return {false, true, false, r, hl, M};
+    case ExpertProduct::kDW1: return {true, false, true, M, hl, r};
+    case ExpertProduct::kDX: return {false, true, false, r, M, hl};
+  }
+  return {};
+}
+
+void run_expert_gemm(ExpertProduct p, int64_t r, int64_t M, int64_t hl, const float* a,
+                     const float* b, float* c) {
+  const GemmCall g = expert_gemm(p, r, M, hl);
+  cpu::gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, a, b, c, g.accumulate, kLayerGemm);
+}
+
 void fc1_forward(int64_t rows, int64_t M, int64_t hl, const float* x, const float* w1,
                  float* pre) {
-  cpu::gemm(false, false, rows, hl, M, x, w1, pre, false, kLayerGemm);
+  run_expert_gemm(ExpertProduct::kPre, rows, M, hl, x, w1, pre);
 }
 
 void fc2_forward(int64_t rows, int64_t M, int64_t hl, const float* act, const float* w2,
                  float* out) {
-  cpu::gemm(false, false, rows, M, hl, act, w2, out, false, kLayerGemm);
+  run_expert_gemm(ExpertProduct::kOut, rows, M, hl, act, w2, out);
 }
 
 void fc2_backward(int64_t rows, int64_t M, int64_t hl, const float* act, const float* dy,
                   const float* w2, float* dw2, float* dact) {
-  cpu::gemm(true, false, hl, M, rows, act, dy, dw2, true, kLayerGemm);
-  cpu::gemm(false, true, rows, hl, M, dy, w2, dact, false, kLayerGemm);
+  run_expert_gemm(ExpertProduct::kDW2, rows, M, hl, act, dy, dw2);
+  run_expert_gemm(ExpertProduct::kDAct, rows, M, hl, dy, w2, dact);
 }
 
 void fc1_backward(int64_t rows, int64_t M, int64_t hl, const float* x, const float* dpre,
                   const float* w1, float* dw1, float* dx) {
-  cpu::gemm(true, false, M, hl, rows, x, dpre, dw1, true, kLayerGemm);
-  cpu::gemm(false, true, rows, M, hl, dpre, w1, dx, false, kLayerGemm);
+  run_expert_gemm(ExpertProduct::kDW1, rows, M, hl, x, dpre, dw1);
+  run_expert_gemm(ExpertProduct::kDX, rows, M, hl, dpre, w1, dx);
 }
 
 double expert_product_flops(int64_t rows, int64_t M, int64_t hl) {
-  return 6.0 * 2.0 * static_cast<double>(rows) * static_cast<double>(M) *
-         static_cast<double>(hl);
+  double flops = 0.0;
+  for (ExpertProduct p : kExpertProducts) flops += expert_gemm(p, rows, M, hl).flops();
+  return flops;
 }
 
 double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int64_t hl,

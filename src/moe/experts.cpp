@@ -11,10 +11,9 @@
 namespace parm::moe {
 namespace {
 
-// Rows of segment [b, e] of the exchange layout.
-inline float* segment(float* layout, int64_t b, int64_t e_loc, int64_t e, int64_t slots,
-                      int64_t M) {
-  return layout + ((b * e_loc + e) * slots) * M;
+// Offset of segment [b, e]'s first row in the exchange layout (elements).
+inline int64_t segment(int64_t b, int64_t e_loc, int64_t e, int64_t slots, int64_t M) {
+  return ((b * e_loc + e) * slots) * M;
 }
 
 // Copies expert e's filled rows out of the layout into `rows` (n, M), n = their total.
@@ -23,7 +22,7 @@ int64_t gather_filled(const Tensor& layout, int64_t blocks, int64_t e_loc, int64
   int64_t n = 0;
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t f = fills[b * e_loc + e];
-    std::memcpy(rows + n * M, segment(const_cast<float*>(layout.data()), b, e_loc, e, slots, M),
+    std::memcpy(rows + n * M, layout.data() + segment(b, e_loc, e, slots, M),
                 static_cast<size_t>(f * M) * sizeof(float));
     n += f;
   }
@@ -36,7 +35,7 @@ void scatter_filled(const float* rows, int64_t blocks, int64_t e_loc, int64_t sl
   int64_t n = 0;
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t f = fills[b * e_loc + e];
-    float* seg = segment(layout.data(), b, e_loc, e, slots, M);
+    float* seg = layout.data() + segment(b, e_loc, e, slots, M);
     std::memcpy(seg, rows + n * M, static_cast<size_t>(f * M) * sizeof(float));
     std::memset(seg + f * M, 0, static_cast<size_t>((slots - f) * M) * sizeof(float));
     n += f;

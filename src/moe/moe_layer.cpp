@@ -89,13 +89,26 @@ int64_t MoeLayer::held_bytes() const {
 void MoeLayer::slice_fills(const Step& s) {
   // S2's "keep my slots": MP rank j keeps slots [j*cs, (j+1)*cs) of every expert, so its
   // fill is the part of the expert's filled prefix that falls there.
-  const auto& in = fills_[static_cast<size_t>(s.in)];
-  auto& out = fills_[static_cast<size_t>(s.out)];
+  const auto& in = fills(s.in);
+  auto& out = fills(s.out);
   const int64_t cs = s.chunk / shape_.model_dim;
   const int64_t lo = topo_.comm(s.group).rank() * cs;
   out.resize(in.size());
   for (size_t i = 0; i < in.size(); ++i)
     out[i] = static_cast<int32_t>(std::clamp<int64_t>(in[i] - lo, 0, cs));
+}
+
+void MoeLayer::post_fills(Communicator& c, bool gather, const std::vector<int32_t>& in,
+                          std::vector<int32_t>& out) {
+  const size_t n = in.size(), size = static_cast<size_t>(c.size());
+  PARM_CHECK(n > 0, "fill counts to exchange over {} are missing", c.name());
+  if (gather) {
+    out.resize(n * size);
+    meta_.post_allgather(c, in.data(), out.data(), n);
+  } else {
+    out.resize(n);
+    meta_.post_alltoall(c, in.data(), out.data(), n / size);
+  }
 }
 
 void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
@@ -183,24 +196,22 @@ void MoeLayer::run_forward_step(const Step& s) {
       break;
     case StepKind::kDispatch: {
       moe::dispatch_forward(buf(s.in), routing_, buf(s.out));
-      auto& f = fills_[static_cast<size_t>(s.out)];
-      f.assign(routing_.fill.begin(), routing_.fill.end());
+      fills(s.out).assign(routing_.fill.begin(), routing_.fill.end());
       break;
     }
     case StepKind::kExperts: {
       const int64_t segments = sc.expert_blocks * params_.experts.w1.dim(0);
-      PARM_CHECK(static_cast<int64_t>(fills_[static_cast<size_t>(s.in)].size()) == segments,
-                 "experts' input has {} fill counts, expected {}",
-                 fills_[static_cast<size_t>(s.in)].size(), segments);
+      PARM_CHECK(static_cast<int64_t>(fills(s.in).size()) == segments,
+                 "experts' input has {} fill counts, expected {}", fills(s.in).size(), segments);
       moe::experts_forward(buf(s.in), params_.experts, sc.expert_blocks, sc.exchange_slots,
-                           fills(s.in), sc.adds_b2, ws_, buf(s.out), phases);
+                           fills(s.in).data(), sc.adds_b2, ws_, buf(s.out), phases);
       break;
     }
     case StepKind::kCombine: moe::combine_forward(buf(s.in), routing_, buf(s.out)); break;
     case StepKind::kSlice: {
       Communicator& c = topo_.comm(s.group);
       take_chunk(buf(s.in), s.outer, c.size(), c.rank(), s.chunk, buf(s.out));
-      if (has_fills(s.in)) slice_fills(s);
+      if (!fills(s.in).empty()) slice_fills(s);
       break;
     }
     case StepKind::kGatherDup:
@@ -209,12 +220,7 @@ void MoeLayer::run_forward_step(const Step& s) {
       break;
     case StepKind::kAllToAll: {  // on the dispatch path, the fill counts travel alongside
       Communicator& c = topo_.comm(s.group);
-      if (s.carries_fills) {
-        const size_t n = fills_[static_cast<size_t>(s.in)].size();
-        PARM_CHECK(n > 0, "{}: input without fill counts", s.label);
-        fills_[static_cast<size_t>(s.out)].resize(n);
-        meta_.post_alltoall(c, fills(s.in), fills(s.out), n / static_cast<size_t>(c.size()));
-      }
+      if (s.carries_fills) post_fills(c, false, fills(s.in), fills(s.out));
       c.alltoall(buf(s.in).data(), buf(s.out).data(),
                  static_cast<size_t>(buf(s.in).numel() / c.size()));
       meta_.wait();
@@ -222,12 +228,7 @@ void MoeLayer::run_forward_step(const Step& s) {
     }
     case StepKind::kGatherShard: {
       Communicator& c = topo_.comm(s.group);
-      if (s.carries_fills) {
-        const size_t n = fills_[static_cast<size_t>(s.in)].size();
-        PARM_CHECK(n > 0, "{}: input without fill counts", s.label);
-        fills_[static_cast<size_t>(s.out)].resize(n * static_cast<size_t>(c.size()));
-        meta_.post_allgather(c, fills(s.in), fills(s.out), n);
-      }
+      if (s.carries_fills) post_fills(c, true, fills(s.in), fills(s.out));
       c.allgather(buf(s.in).data(), buf(s.out).data(), static_cast<size_t>(buf(s.in).numel()));
       meta_.wait();
       break;
@@ -245,15 +246,11 @@ void MoeLayer::run_forward_step(const Step& s) {
       // (intra-node, tiny) ESP gather of its result after it.
       Communicator& ep = topo_.comm(s.group);
       Communicator& esp = topo_.comm(s.group2);
-      const size_t n = fills_[static_cast<size_t>(s.in)].size();
-      PARM_CHECK(s.carries_fills && n > 0, "{}: input without fill counts", s.label);
-      fills_stage_.resize(n);
-      fills_[static_cast<size_t>(s.out)].resize(n * static_cast<size_t>(esp.size()));
-      meta_.post_alltoall(ep, fills(s.in), fills_stage_.data(), n / static_cast<size_t>(ep.size()));
+      post_fills(ep, false, fills(s.in), fills_stage_);
       fused_dispatch(ep, esp, buf(s.in).data(), buf(s.out).data(), static_cast<size_t>(s.block),
                      schedule_.chunks);
       meta_.wait();
-      meta_.post_allgather(esp, fills_stage_.data(), fills(s.out), n);
+      post_fills(esp, true, fills_stage_, fills(s.out));
       meta_.wait();
       break;
     }
@@ -285,7 +282,7 @@ void MoeLayer::run_backward_step(const Step& s, float dl_aux) {
     case StepKind::kDispatch: moe::dispatch_backward(dbuf(s.out), routing_, dbuf(s.in)); break;
     case StepKind::kExperts:
       moe::experts_backward(dbuf(s.out), params_.experts, sc.expert_blocks, sc.exchange_slots,
-                            fills(s.in), ws_, grads_.experts, dbuf(s.in), phases);
+                            fills(s.in).data(), ws_, grads_.experts, dbuf(s.in), phases);
       break;
     case StepKind::kCombine:
       moe::combine_backward(buf(s.in), dbuf(s.out), routing_, dbuf(s.in), dweight_);

@@ -69,8 +69,11 @@ class MoeLayer {
   void run_backward_step(const schedule::Step& s, float dl_aux);
   // Moves the fill counts of buffer `in` along a dispatch-path step to buffer `out`.
   void slice_fills(const schedule::Step& s);
-  int32_t* fills(int id) { return fills_[static_cast<size_t>(id)].data(); }
-  bool has_fills(int id) const { return !fills_[static_cast<size_t>(id)].empty(); }
+  // Posts the exchange of the fill counts `in` over `c` (an alltoall, or an allgather when
+  // `gather`) into `out`, sized for what arrives; meta_.wait() completes it.
+  void post_fills(Communicator& c, bool gather, const std::vector<int32_t>& in,
+                  std::vector<int32_t>& out);
+  std::vector<int32_t>& fills(int id) { return fills_[static_cast<size_t>(id)]; }
 
   Topology& topo_;
   ref::MoeShape shape_;

@@ -336,16 +336,15 @@ void calibrate_memory(const CalibrateOptions& o, Calibration& cal, const Logger&
       std::vector<float> src(n, 0.5f), dst(n), act(n), bias(static_cast<size_t>(cols), 0.1f);
       std::vector<int64_t> idx(static_cast<size_t>(rows));
       for (int64_t i = 0; i < rows; ++i) idx[static_cast<size_t>(i)] = (i * 7919) % rows;
-      double bytes = 0.0, us = 0.0;
+      // Both read n floats and write n: a gather of rows (dispatch, layout gathers), and the
+      // experts' bias + GeLU (x W1 read, act written).
+      const double bytes = 2.0 * static_cast<double>(n) * sizeof(float);
+      double us = 0.0;
       if (mc == MemClass::kCopy) {
-        // A gather of rows (dispatch, layout gathers): read + write.
-        bytes = 2.0 * static_cast<double>(n) * sizeof(float);
         us = time_all_ranks(1, o.iters, [&] {
           cpu::gather_rows(src.data(), cols, idx.data(), rows, dst.data());
         });
       } else {
-        // The experts' bias + GeLU: x W1 read, act written.
-        bytes = 2.0 * static_cast<double>(n) * sizeof(float);
         us = time_all_ranks(1, o.iters, [&] {
           cpu::bias_gelu(src.data(), bias.data(), act.data(), rows, cols);
         });

@@ -2,13 +2,7 @@
 # bench-layer's report end to end: --breakdown per step and per phase, the floor and
 # time / floor, peak memory, and the same numbers in --json. Checks outputs, never timings.
 #   bash bench_layer.sh <path to parm> <source dir>
-set -uo pipefail
-parm="$1"
-src="$2"
-export PARM_BIN="$parm"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-source "$src/tests/cli/lib/checks.bash"
+source "$(dirname "$0")/lib/checks.bash" "$@"
 
 layer="--tokens 64 --model-dim 16 --hidden 32 --experts 4 --topk 2 --capacity-factor 1.2"
 out="$(prun -n 4 -- bench-layer $layer --mp 2 --ep 2 --esp 2 --schedule all --fuse both \

@@ -3,13 +3,7 @@
 # its single-machine fallbacks), plan, bench-layer --schedule auto and --sweep, and the
 # simulator on the shipped cluster and grid files. Checks outputs, never timings.
 #   bash perfmodel.sh <path to parm> <source dir>
-set -uo pipefail
-parm="$1"
-src="$2"
-export PARM_BIN="$parm"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-source "$src/tests/cli/lib/checks.bash"
+source "$(dirname "$0")/lib/checks.bash" "$@"
 
 layer="--tokens 64 --model-dim 16 --hidden 32 --experts 4 --topk 2 --capacity-factor 1.2"
 

@@ -129,20 +129,26 @@ std::vector<BreakdownRow> breakdown_rows(const MoeLayer& layer, const std::vecto
     const size_t k = i * kSlotsPerStep;
     const char* kind = schedule::step_kind_name(steps[i].kind);
     rows.push_back({steps[i].label, kind, "", fwd[k], bwd[k], fwd_max[k], bwd_max[k]});
-    // Forward and backward phases of a step are listed by name (their sets differ).
-    for (const auto* ph : {&layer.forward_phases()[i], &layer.backward_phases()[i]}) {
-      const bool is_fwd = ph == &layer.forward_phases()[i];
-      for (int j = 0; j < ph->num; ++j) {
+    // Forward and backward phases of a step are listed by name (their sets differ): a
+    // phase's row is made by the first pass that names it.
+    auto add_phases = [&](const moe::PhaseTimes& ph, const std::vector<double>& mean,
+                          const std::vector<double>& max, double BreakdownRow::*at,
+                          double BreakdownRow::*at_max) {
+      for (int j = 0; j < ph.num; ++j) {
         const size_t kj = k + 1 + static_cast<size_t>(j);
-        BreakdownRow r{steps[i].label, kind, ph->names[j]};
         auto it = std::find_if(rows.begin(), rows.end(), [&](const BreakdownRow& o) {
-          return o.step == r.step && o.phase == r.phase;
+          return o.step == steps[i].label && o.phase == ph.names[j];
         });
-        BreakdownRow& dst = it != rows.end() ? *it : rows.emplace_back(r);
-        (is_fwd ? dst.fwd : dst.bwd) = (is_fwd ? fwd : bwd)[kj];
-        (is_fwd ? dst.fwd_max : dst.bwd_max) = (is_fwd ? fwd_max : bwd_max)[kj];
+        BreakdownRow& row =
+            it != rows.end() ? *it : rows.emplace_back(BreakdownRow{steps[i].label, kind, ph.names[j]});
+        row.*at = mean[kj];
+        row.*at_max = max[kj];
       }
-    }
+    };
+    add_phases(layer.forward_phases()[i], fwd, fwd_max, &BreakdownRow::fwd,
+               &BreakdownRow::fwd_max);
+    add_phases(layer.backward_phases()[i], bwd, bwd_max, &BreakdownRow::bwd,
+               &BreakdownRow::bwd_max);
   }
   return rows;
 }
@@ -169,7 +175,6 @@ Floor measure_floor(const MoeLayer& layer) {
       {is_max ? flops / us * 1e-3 : 0.0, is_max ? static_cast<double>(total_rows) : 0.0});
   return {slowest[0], slowest[1], at_max[0], static_cast<int64_t>(at_max[1])};
 }
-
 
 Memory measure_memory(const MoeLayer& layer) {
   const double mib = 1024.0 * 1024.0;
