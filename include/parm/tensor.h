@@ -1,6 +1,11 @@
 // A small dense fp32 tensor: contiguous rows, row-major, owned (shared storage, 64-byte
 // aligned) or a view of memory someone else owns. Copying a Tensor shares its storage, as
 // a view does; `clone()` makes an independent copy.
+//
+// A tensor lives on the CPU (default) or on the GPU (Device::kCuda, CUDA builds). The host
+// never dereferences device data: data() is then a device pointer for kernels and
+// communicators; element access, fill with a non-zero value and compare() are host-only;
+// zero(), copy_from() (any direction), clone() and to() work on both.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +13,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "parm/device.h"
 
 namespace parm {
 
@@ -22,9 +29,11 @@ class Tensor {
   // Owned, zero-filled.
   explicit Tensor(Shape shape);
   Tensor(std::initializer_list<int64_t> shape) : Tensor(Shape(shape)) {}
+  // Owned, zero-filled, on `device`.
+  Tensor(Shape shape, Device device);
 
   // A view of `data` (not owned; the caller keeps it alive).
-  static Tensor view(float* data, Shape shape);
+  static Tensor view(float* data, Shape shape, Device device = Device::kCpu);
 
   const Shape& shape() const { return shape_; }
   int ndim() const { return static_cast<int>(shape_.size()); }
@@ -36,6 +45,8 @@ class Tensor {
   int64_t cols() const;
   bool empty() const { return numel_ == 0; }
   bool owns() const { return storage_ != nullptr; }
+  Device device() const { return device_; }
+  bool on_host() const { return device_ == Device::kCpu; }
 
   float* data() { return data_; }
   const float* data() const { return data_; }
@@ -51,19 +62,23 @@ class Tensor {
   // Same storage, new shape of the same numel.
   Tensor reshaped(Shape shape) const;
   Tensor clone() const;
+  // An independent copy on `device` (a clone when it is already there).
+  Tensor to(Device device) const;
 
-  void fill(float value);
-  void zero() { fill(0.0f); }
-  void copy_from(const Tensor& src);  // same numel; overwrites
+  void fill(float value);  // host only (zero() works anywhere)
+  void zero();
+  void copy_from(const Tensor& src);  // same numel, any devices; overwrites
 
  private:
   Shape shape_;
   int64_t numel_ = 0;
   std::shared_ptr<float> storage_;  // null for views
   float* data_ = nullptr;
+  Device device_ = Device::kCpu;
 };
 
-// Largest |a-b| and largest |a-b| / max(|b|, floor) over all elements; same numel required.
+// Largest |a-b| and largest |a-b| / max(|b|, floor) over all elements; same numel required
+// (host tensors).
 struct ErrorStats {
   double max_abs = 0.0;
   double max_rel = 0.0;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "parm/comm.h"
+#include "parm/device.h"
 
 namespace parm {
 
@@ -51,6 +52,13 @@ std::vector<int> emulated_nodes(int world, int ranks_per_node);
 bool group_is_intra_node(const Layout& layout, Group g, int world_rank,
                          const std::vector<int>& node_of_rank);
 
+// What moves device buffers (device = cuda): NCCL directly between GPUs, or MPI through
+// host memory (several ranks sharing one GPU, which NCCL refuses). kAuto: NCCL when every
+// node has at least as many GPUs as ranks, else MPI.
+enum class CommBackend { kAuto, kMpi, kNccl };
+const char* comm_backend_name(CommBackend b);  // "auto", "mpi", "nccl"
+CommBackend parse_comm_backend(const std::string& name);
+
 struct TopologyOptions {
   int mp = 1, ep = 1, esp = 1;
   int ranks_per_node = 0;   // 0: detect with MPI_COMM_TYPE_SHARED
@@ -58,6 +66,12 @@ struct TopologyOptions {
   // Build a one-rank topology over MPI_COMM_SELF (every group of size 1; mp, ep, esp must be
   // 1): a single-process reference model inside a multi-rank job. Not collective.
   bool self_only = false;
+  // Where the buffers of comm(g) live; host_comm(g) always moves host memory over MPI.
+  Device device = Device::kCpu;
+  CommBackend comm = CommBackend::kAuto;  // device = cuda only
+  // Tests: on the CPU, comm(g) stages host buffers through host copies (StagedCommunicator
+  // with memcpy), so the multi-rank GPU path's staging runs, and is checked, without a GPU.
+  bool stage_host_buffers = false;
 };
 
 // The communicators of one rank. Collective: every rank of the world constructs it with the
@@ -69,7 +83,14 @@ class Topology {
 
   const Layout& layout() const { return layout_; }
   int world_rank() const { return world_rank_; }
+  // Group g's communicator for buffers on device(); host_comm(g) is its MPI communicator
+  // over host memory (the same one when device() is the CPU). Both share one set of
+  // counters.
   Communicator& comm(Group g) { return *comms_[static_cast<int>(g)]; }
+  Communicator& host_comm(Group g) { return *host_comms_[static_cast<int>(g)]; }
+  Device device() const { return device_; }
+  // "mpi" (host buffers, or device buffers staged through host memory) or "nccl".
+  const char* comm_backend() const { return nccl_ ? "nccl" : "mpi"; }
   int node_of(int world_rank) const { return node_of_rank_[world_rank]; }
   int num_nodes() const;
   bool nodes_emulated() const { return emulated_; }
@@ -84,7 +105,11 @@ class Topology {
   bool emulated_ = false;
   std::vector<int> node_of_rank_;
   std::vector<std::string> node_names_;  // per node: host name of its first rank
-  std::array<std::unique_ptr<Communicator>, kNumGroups> comms_;
+  Device device_ = Device::kCpu;
+  bool nccl_ = false;
+  std::array<std::unique_ptr<Communicator>, kNumGroups> host_comms_;  // MPI
+  std::array<std::unique_ptr<Communicator>, kNumGroups> device_comms_;  // device = cuda
+  std::array<Communicator*, kNumGroups> comms_{};  // what comm(g) returns
 };
 
 }  // namespace parm

@@ -2,15 +2,60 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "comm/mpi_check.h"
 #include "comm/mpi_communicator.h"
+#include "comm/staged_communicator.h"
+#include "parm/error.h"
 #include "parm/topology.h"
+
+#ifdef PARM_HAVE_CUDA
+#include "comm/cuda/nccl_communicator.h"
+#endif
 
 namespace parm {
 
+const char* comm_backend_name(CommBackend b) {
+  switch (b) {
+    case CommBackend::kMpi: return "mpi";
+    case CommBackend::kNccl: return "nccl";
+    default: return "auto";
+  }
+}
+
+CommBackend parse_comm_backend(const std::string& name) {
+  if (name == "auto") return CommBackend::kAuto;
+  if (name == "mpi") return CommBackend::kMpi;
+  if (name == "nccl") return CommBackend::kNccl;
+  throw InvalidConfig(
+      fmt::format("unknown communicator '{}': valid values are auto, mpi, nccl", name));
+}
+
+namespace {
+
+// Collective: true on every rank when NCCL can move this job's device buffers (each rank
+// of a node has a GPU of its own).
+bool gpus_for_every_rank(MPI_Comm base, int rank) {
+  MPI_Comm shared;
+  PARM_MPI_CHECK(MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+  int on_node = 1;
+  PARM_MPI_CHECK(MPI_Comm_size(shared, &on_node));
+  PARM_MPI_CHECK(MPI_Comm_free(&shared));
+  int ok = on_node <= cuda_device_count() ? 1 : 0;
+  PARM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, base));
+  return ok == 1;
+}
+
+}  // namespace
+
 std::unique_ptr<Topology> Topology::create(const TopologyOptions& o) {
+  PARM_CONFIG_CHECK(o.device == Device::kCuda || o.comm == CommBackend::kAuto ||
+                        o.comm == CommBackend::kMpi,
+                    "--comm {} moves device buffers and needs --device cuda",
+                    comm_backend_name(o.comm));
+  if (o.device == Device::kCuda) check_device(o.device);
   // The job's world, or this process alone (self_only).
   MPI_Comm base = o.self_only ? MPI_COMM_SELF : MPI_COMM_WORLD;
   int world = 0, rank = 0;
@@ -62,14 +107,47 @@ std::unique_ptr<Topology> Topology::create(const TopologyOptions& o) {
     const GroupCoord c = group_coord(t->layout_, g, rank);
     MPI_Comm comm;
     PARM_MPI_CHECK(MPI_Comm_split(base, c.index, c.rank, &comm));
-    t->comms_[static_cast<size_t>(gi)] = std::make_unique<MpiCommunicator>(
+    t->host_comms_[static_cast<size_t>(gi)] = std::make_unique<MpiCommunicator>(
         comm, group_name(g), group_is_intra_node(t->layout_, g, rank, t->node_of_rank_),
         o.timeout_s);
+    t->comms_[static_cast<size_t>(gi)] = t->host_comms_[static_cast<size_t>(gi)].get();
+  }
+  t->device_ = o.device;
+  if (o.device != Device::kCuda) {
+    if (o.stage_host_buffers)
+      for (int gi = 0; gi < kNumGroups; ++gi) {
+        t->device_comms_[static_cast<size_t>(gi)] = std::make_unique<StagedCommunicator>(
+            *t->host_comms_[static_cast<size_t>(gi)],
+            [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); });
+        t->comms_[static_cast<size_t>(gi)] = t->device_comms_[static_cast<size_t>(gi)].get();
+      }
+    return t;
+  }
+
+  const bool nccl_fits = gpus_for_every_rank(base, rank);
+  PARM_CONFIG_CHECK(o.comm != CommBackend::kNccl || nccl_fits,
+                    "--comm nccl needs a GPU of its own for every rank (NCCL refuses two ranks "
+                    "on one GPU): this node has {} GPU(s) for its ranks; use --comm mpi (device "
+                    "buffers staged through host memory) or fewer ranks per node",
+                    cuda_device_count());
+  t->nccl_ = o.comm == CommBackend::kNccl || (o.comm == CommBackend::kAuto && nccl_fits);
+  for (int gi = 0; gi < kNumGroups; ++gi) {
+    auto& host = *t->host_comms_[static_cast<size_t>(gi)];
+#ifdef PARM_HAVE_CUDA
+    if (t->nccl_)
+      t->device_comms_[static_cast<size_t>(gi)] =
+          make_nccl_communicator(static_cast<MpiCommunicator&>(host));
+    else
+#endif
+      t->device_comms_[static_cast<size_t>(gi)] = std::make_unique<StagedCommunicator>(host);
+    t->comms_[static_cast<size_t>(gi)] = t->device_comms_[static_cast<size_t>(gi)].get();
   }
   return t;
 }
 
-Topology::~Topology() = default;
+Topology::~Topology() {
+  for (auto& c : device_comms_) c.reset();  // before the host communicators they use
+}
 
 int Topology::num_nodes() const {
   return node_of_rank_.empty()
@@ -78,11 +156,11 @@ int Topology::num_nodes() const {
 }
 
 void Topology::set_timeout_s(double s) {
-  for (auto& c : comms_) static_cast<MpiCommunicator&>(*c).set_timeout_s(s);
+  for (auto& c : host_comms_) static_cast<MpiCommunicator&>(*c).set_timeout_s(s);
 }
 
 void Topology::reset_stats() {
-  for (auto& c : comms_) c->stats().reset();
+  for (auto& c : host_comms_) c->stats().reset();
 }
 
 }  // namespace parm

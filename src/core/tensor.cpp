@@ -34,8 +34,22 @@ Tensor::Tensor(Shape shape) : shape_(std::move(shape)), numel_(shape_numel(shape
   data_ = p;
 }
 
-Tensor Tensor::view(float* data, Shape shape) {
+Tensor::Tensor(Shape shape, Device device) {
+  if (device == Device::kCpu) {
+    *this = Tensor(std::move(shape));
+    return;
+  }
+  shape_ = std::move(shape);
+  numel_ = shape_numel(shape_);
+  device_ = device;
+  auto* p = static_cast<float*>(device_alloc(static_cast<size_t>(bytes())));
+  storage_ = std::shared_ptr<float>(p, [](float* q) { device_free(q); });
+  data_ = p;
+}
+
+Tensor Tensor::view(float* data, Shape shape, Device device) {
   Tensor t;
+  t.device_ = device;
   t.shape_ = std::move(shape);
   t.numel_ = shape_numel(t.shape_);
   PARM_CHECK(data != nullptr || t.numel_ == 0, "view of null data with shape {}",
@@ -75,24 +89,45 @@ Tensor Tensor::reshaped(Shape shape) const {
   return t;
 }
 
-Tensor Tensor::clone() const {
-  Tensor t(shape_);
-  if (numel_ > 0) std::memcpy(t.data_, data_, static_cast<size_t>(bytes()));
+Tensor Tensor::clone() const { return to(device_); }
+
+Tensor Tensor::to(Device device) const {
+  Tensor t(shape_, device);
+  t.copy_from(*this);
   return t;
 }
 
-void Tensor::fill(float value) { std::fill(data_, data_ + numel_, value); }
+void Tensor::fill(float value) {
+  if (value == 0.0f) {
+    zero();
+    return;
+  }
+  PARM_CHECK(on_host(), "fill({}) of a {} tensor {} (host only; zero() works anywhere)", value,
+             device_name(device_), shape_str(shape_));
+  std::fill(data_, data_ + numel_, value);
+}
+
+void Tensor::zero() {
+  if (on_host())
+    std::fill(data_, data_ + numel_, 0.0f);
+  else
+    device_zero(data_, static_cast<size_t>(bytes()));
+}
 
 void Tensor::copy_from(const Tensor& src) {
   PARM_CHECK(src.numel_ == numel_, "copy_from {} into {}", shape_str(src.shape_),
              shape_str(shape_));
-  if (numel_ > 0 && src.data_ != data_)
+  if (numel_ == 0 || src.data_ == data_) return;
+  if (on_host() && src.on_host())
     std::memmove(data_, src.data_, static_cast<size_t>(bytes()));
+  else
+    device_copy(data_, src.data_, static_cast<size_t>(bytes()));
 }
 
 ErrorStats compare(const Tensor& a, const Tensor& b, double rel_floor) {
   PARM_CHECK(a.numel() == b.numel(), "compare {} with {}", shape_str(a.shape()),
              shape_str(b.shape()));
+  PARM_CHECK(a.on_host() && b.on_host(), "compare() of device tensors: copy them to the host");
   ErrorStats s;
   for (int64_t i = 0; i < a.numel(); ++i) {
     const double d = std::fabs(static_cast<double>(a[i]) - b[i]);

@@ -109,8 +109,10 @@ class Model {
 void validate_model(const ModelConfig& config, const Layout& layout,
                     const std::vector<LayerSchedule>& moe_schedules, int64_t micro_batch);
 
+// The MoE layers compute on topo.device() with expert products at `precision`; the dense
+// part, the optimizer and checkpoints stay on the host.
 std::unique_ptr<Model> make_model(Topology& topo, const ModelConfig& config,
                                   const std::vector<LayerSchedule>& moe_schedules,
-                                  int64_t micro_batch);
+                                  int64_t micro_batch, Precision precision = Precision::kFp32);
 
 }  // namespace parm::model

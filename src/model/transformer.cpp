@@ -34,6 +34,34 @@ namespace {
 
 constexpr float kLnEps = 1e-5f;
 
+// Host tensors shaped like a (device) MoE layer's parameters, with their values.
+MoeLayerParams host_copy_of(const MoeLayerParams& p) {
+  return {p.wg.to(Device::kCpu),
+          {p.experts.w1.to(Device::kCpu), p.experts.b1.to(Device::kCpu),
+           p.experts.w2.to(Device::kCpu), p.experts.b2.to(Device::kCpu)}};
+}
+
+void copy_moe_params(const MoeLayerParams& from, MoeLayerParams& to) {
+  to.wg.copy_from(from.wg);
+  to.experts.w1.copy_from(from.experts.w1);
+  to.experts.b1.copy_from(from.experts.b1);
+  to.experts.w2.copy_from(from.experts.w2);
+  to.experts.b2.copy_from(from.experts.b2);
+}
+
+// host += the device tensors' values.
+void add_moe_grads(const MoeLayerParams& device, MoeLayerParams& host) {
+  auto add = [](const Tensor& d, Tensor& h) {
+    const Tensor t = d.to(Device::kCpu);
+    for (int64_t i = 0; i < h.numel(); ++i) h[i] += t[i];
+  };
+  add(device.wg, host.wg);
+  add(device.experts.w1, host.experts.w1);
+  add(device.experts.b1, host.experts.b1);
+  add(device.experts.w2, host.experts.w2);
+  add(device.experts.b2, host.experts.b2);
+}
+
 struct Block {
   bool is_moe = false;
   // parameters (owned by the model's param list; MoE ones alias the MoeLayer's tensors)
@@ -51,6 +79,12 @@ struct Block {
   Param* fc2_b = nullptr;   // (M), replicated
   std::unique_ptr<MoeLayer> moe;
   LayerSchedule sched;
+  // MoE layer on a device (train --device cuda): the model's parameters, optimizer and
+  // checkpoints stay on the host; these host tensors are what the MoE Params alias. Each
+  // forward copies them to the layer; each backward adds the layer's gradients to them. The
+  // layer's output and input gradient come back to the host in moe_out / moe_dx.
+  MoeLayerParams host_params, host_grads;
+  Tensor moe_out, moe_dx;  // (T, M)
 
   // activations kept for backward
   Tensor ln1, ln1_mean, ln1_rstd;  // (T, M), (T), (T)
@@ -65,7 +99,7 @@ struct Block {
 class Transformer final : public Model {
  public:
   Transformer(Topology& topo, const ModelConfig& c, const std::vector<LayerSchedule>& scheds,
-              int64_t micro_batch);
+              int64_t micro_batch, Precision precision);
 
   std::vector<Param*> params() override {
     std::vector<Param*> out;
@@ -168,10 +202,11 @@ Param* Transformer::add_alias(const std::string& name, Shape whole, std::vector<
 }
 
 Transformer::Transformer(Topology& topo, const ModelConfig& c,
-                         const std::vector<LayerSchedule>& scheds, int64_t micro_batch)
-    : c_(c), tp_(topo.comm(Group::kMp)) {
+                         const std::vector<LayerSchedule>& scheds, int64_t micro_batch,
+                         Precision precision)
+    : c_(c), tp_(topo.host_comm(Group::kMp)) {
   const Layout& lay = topo.layout();
-  const int mp = lay.mp, mpr = topo.comm(Group::kMp).rank();
+  const int mp = lay.mp, mpr = topo.host_comm(Group::kMp).rank();
   B_ = micro_batch;
   L_ = c.seq_len;
   T_ = B_ * L_;
@@ -245,13 +280,23 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
                                    : scheds[static_cast<size_t>(moe_index)];
     ++moe_index;
     b.moe = std::make_unique<MoeLayer>(topo, moe_shape(c, micro_batch), b.sched.kind,
-                                       b.sched.fuse, b.sched.chunks);
+                                       b.sched.fuse, b.sched.chunks, precision);
     MoeLayer& m = *b.moe;
+    MoeLayerParams* values = &m.params();
+    MoeLayerParams* grads = &m.grads();
+    if (m.device() != Device::kCpu) {
+      b.host_params = host_copy_of(m.params());
+      b.host_grads = host_copy_of(m.grads());
+      b.moe_out = Tensor({T_, M_});
+      b.moe_dx = Tensor({T_, M_});
+      values = &b.host_params;
+      grads = &b.host_grads;
+    }
     const int64_t E = c.experts, H = c.expert_hidden;
     const int ep = lay.ep, esp = lay.esp;
     const int epr = static_cast<int>(m.first_expert() / (E / ep)), espr = m.esp_rank();
-    auto& mp_ = m.params();
-    auto& mg = m.grads();
+    auto& mp_ = *values;
+    auto& mg = *grads;
     Param* wg = add_alias(pre + "moe.gate.weight", {M_, E}, {}, kRep, Group::kDp, true, mp_.wg,
                           mg.wg);
     const std::vector<Group> kEdp = {Group::kEdp};
@@ -353,7 +398,13 @@ void Transformer::block_forward(Block& b, const Tensor& in, Tensor& out) {
                          b.ln2.data(), b.ln2_mean.data(), b.ln2_rstd.data(), T, M, kLnEps);
   const float* ffn = nullptr;
   if (b.is_moe) {
-    ffn = b.moe->forward(b.ln2).data();
+    if (b.moe_out.empty()) {
+      ffn = b.moe->forward(b.ln2).data();
+    } else {
+      copy_moe_params(b.host_params, b.moe->params());
+      b.moe_out.copy_from(b.moe->forward(b.ln2));
+      ffn = b.moe_out.data();
+    }
   } else {
     linear_forward(b.ln2.data(), b.fc1_w->value.data(), nullptr, b.fc_pre.data(), T, M, Fl_);
     cpu::bias_gelu_forward(b.fc_pre.data(), b.fc1_b->value.data(), b.fc_act.data(), T, Fl_);
@@ -440,7 +491,14 @@ void Transformer::block_backward(Block& b, float dl_aux) {
   // FFN. dres_ = d out = d (res_mid + ffn).
   const float* dffn_in = nullptr;  // (T, M) gradient at LN2's output, complete on the MP group
   if (b.is_moe) {
-    dffn_in = b.moe->backward(dres_, dl_aux).data();
+    if (b.moe_dx.empty()) {
+      dffn_in = b.moe->backward(dres_, dl_aux).data();
+    } else {
+      b.moe->zero_grad();  // the layer's gradients are this call's alone, added to the host's
+      b.moe_dx.copy_from(b.moe->backward(dres_, dl_aux));
+      add_moe_grads(b.moe->grads(), b.host_grads);
+      dffn_in = b.moe_dx.data();
+    }
   } else {
     // [g] backward is the identity: dres_ is complete, so is the bias gradient.
     linear_backward(dres_.data(), b.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
@@ -568,9 +626,9 @@ double Transformer::flops_per_step(int64_t tokens) const {
 
 std::unique_ptr<Model> make_model(Topology& topo, const ModelConfig& config,
                                   const std::vector<LayerSchedule>& moe_schedules,
-                                  int64_t micro_batch) {
+                                  int64_t micro_batch, Precision precision) {
   validate_model(config, topo.layout(), moe_schedules, micro_batch);
-  return std::make_unique<Transformer>(topo, config, moe_schedules, micro_batch);
+  return std::make_unique<Transformer>(topo, config, moe_schedules, micro_batch, precision);
 }
 
 }  // namespace parm::model

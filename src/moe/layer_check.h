@@ -35,7 +35,17 @@ struct LayerCheckOptions {
   // S1 only: compare with the whole-layer oracle instead of the per-slice one (equal when
   // neither drops anything).
   bool whole_oracle = false;
+  // Of the expert products (the layer computes on topo.device()).
+  Precision precision = Precision::kFp32;
 };
+
+// The default tolerance of a check at `precision`: fp32 2e-4; bf16 2e-2 (bf16 operands keep
+// 8 significant bits, a relative rounding of up to 2^-9 = 2e-3 per operand; the fp32
+// accumulation over K terms of random sign grows the error like the result, so a product
+// is within a few 2^-9 of max |result|, and the two chained expert products and their
+// adjoints stay well inside 2e-2; the gate and every reduction are fp32, so the routing is
+// identical).
+double default_tolerance(Precision precision);
 
 struct TensorError {
   std::string name;

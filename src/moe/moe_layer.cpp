@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "comm/fused.h"
+#include "comm/fused_any.h"
 #include "parm/error.h"
 #include "parm/timer.h"
 
@@ -15,55 +15,54 @@ using schedule::StepKind;
 
 namespace {
 
-// (outer, n, chunk) -> my (outer, chunk): "keep my slice" (MP off).
-void take_chunk(const Tensor& full, int64_t outer, int n, int j, int64_t chunk, Tensor& mine) {
-  for (int64_t o = 0; o < outer; ++o)
-    std::memcpy(mine.data() + o * chunk, full.data() + (o * n + j) * chunk,
-                static_cast<size_t>(chunk) * sizeof(float));
+MoeLayerParams make_params(const ref::MoeShape& shape, int64_t e_loc, int64_t hl, Device d) {
+  const int64_t M = shape.model_dim, E = shape.experts;
+  MoeLayerParams p;
+  p.wg = Tensor({M, E}, d);
+  p.experts.w1 = Tensor({e_loc, M, hl}, d);
+  p.experts.b1 = Tensor({e_loc, hl}, d);
+  p.experts.w2 = Tensor({e_loc, hl, M}, d);
+  p.experts.b2 = Tensor({e_loc, M}, d);
+  return p;
 }
 
-// AllGather of (outer, chunk) parts into (outer, n, chunk) on every rank.
-void gather_interleaved(Communicator& c, const Tensor& mine, int64_t outer, int64_t chunk,
-                        Tensor& scratch, Tensor& full) {
-  const int n = c.size();
-  if (outer == 1) {
-    c.allgather(mine.data(), full.data(), static_cast<size_t>(chunk));
-    return;
-  }
-  if (scratch.numel() < full.numel()) scratch = Tensor({full.numel()});
-  c.allgather(mine.data(), scratch.data(), static_cast<size_t>(outer * chunk));  // (n, outer, chunk)
-  for (int p = 0; p < n; ++p)
-    for (int64_t o = 0; o < outer; ++o)
-      std::memcpy(full.data() + (o * n + p) * chunk, scratch.data() + (p * outer + o) * chunk,
-                  static_cast<size_t>(chunk) * sizeof(float));
+void copy_params(const MoeLayerParams& from, MoeLayerParams& to) {
+  to.wg.copy_from(from.wg);
+  to.experts.w1.copy_from(from.experts.w1);
+  to.experts.b1.copy_from(from.experts.b1);
+  to.experts.w2.copy_from(from.experts.w2);
+  to.experts.b2.copy_from(from.experts.b2);
 }
 
 }  // namespace
 
 MoeLayer::MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse,
-                   int chunks)
+                   int chunks, Precision precision)
     : topo_(topo), shape_(shape) {
   const Layout& l = topo.layout();
+  const Device device = topo.device();
   esp_rank_ = topo.comm(Group::kEsp).rank();
   esp_size_ = l.esp;
   schedule_ = schedule::build({shape, l, esp_rank_, fuse, chunks}, kind);
   const int64_t M = shape.model_dim, E = shape.experts;
   const int64_t e_loc = E / l.ep, hl = shape.hidden / l.esp;
   first_expert_ = static_cast<int>(topo.comm(Group::kEp).rank() * e_loc);
-  for (MoeLayerParams* p : {&params_, &grads_}) {
-    p->wg = Tensor({M, E});
-    p->experts.w1 = Tensor({e_loc, M, hl});
-    p->experts.b1 = Tensor({e_loc, hl});
-    p->experts.w2 = Tensor({e_loc, hl, M});
-    p->experts.b2 = Tensor({e_loc, M});
-  }
-  dwg_call_ = Tensor({M, E});
+  moe::BackendSizes sizes;
+  sizes.gate_rows = schedule_.gate_tokens;
+  sizes.experts = E;
+  sizes.topk = shape.topk;
+  sizes.model_dim = M;
+  sizes.local_experts = e_loc;
+  sizes.hidden_shard = hl;
+  sizes.max_expert_rows = schedule_.expert_blocks * schedule_.exchange_slots;
+  backend_ = moe::make_backend(device, precision, sizes);
+  params_ = make_params(shape, e_loc, hl, device);
+  grads_ = make_params(shape, e_loc, hl, device);
+  dwg_call_ = Tensor({M, E}, device);
   for (const auto& b : schedule_.buffers) {
-    bufs_.emplace_back(b.shape);
-    dbufs_.emplace_back(b.shape);
+    bufs_.emplace_back(b.shape, device);
+    dbufs_.emplace_back(b.shape, device);
   }
-  probs_ = Tensor({schedule_.gate_tokens, E});
-  dprobs_ = Tensor({schedule_.gate_tokens, E});
   const size_t num_steps = schedule_.steps.size();
   fwd_us_.assign(num_steps, 0.0);
   bwd_us_.assign(num_steps, 0.0);
@@ -71,7 +70,6 @@ MoeLayer::MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind ki
   bwd_phases_.assign(num_steps, {});
   accumulated_ = schedule::accumulated_gradients(schedule_);
   fills_.assign(schedule_.buffers.size(), {});
-  ws_.reserve(e_loc, schedule_.expert_blocks * schedule_.exchange_slots, M, hl);
 }
 
 int64_t MoeLayer::held_bytes() const {
@@ -79,11 +77,9 @@ int64_t MoeLayer::held_bytes() const {
   for (const MoeLayerParams* p : {&params_, &grads_})
     b += p->wg.bytes() + p->experts.w1.bytes() + p->experts.b1.bytes() +
          p->experts.w2.bytes() + p->experts.b2.bytes();
-  for (const auto* list : {&bufs_, &dbufs_, &ws_.in, &ws_.pre, &ws_.act})
+  for (const auto* list : {&bufs_, &dbufs_})
     for (const Tensor& t : *list) b += t.bytes();
-  b += dwg_call_.bytes() + probs_.bytes() + dprobs_.bytes() + gather_scratch_.bytes() +
-       ws_.out_rows.bytes() + ws_.d_out.bytes() + ws_.d_act.bytes();
-  return b;
+  return b + dwg_call_.bytes() + gather_scratch_.bytes() + backend_->held_bytes();
 }
 
 void MoeLayer::slice_fills(const Step& s) {
@@ -98,8 +94,9 @@ void MoeLayer::slice_fills(const Step& s) {
     out[i] = static_cast<int32_t>(std::clamp<int64_t>(in[i] - lo, 0, cs));
 }
 
-void MoeLayer::post_fills(Communicator& c, bool gather, const std::vector<int32_t>& in,
+void MoeLayer::post_fills(Group g, bool gather, const std::vector<int32_t>& in,
                           std::vector<int32_t>& out) {
+  Communicator& c = topo_.host_comm(g);  // the counts are host memory on every device
   const size_t n = in.size(), size = static_cast<size_t>(c.size());
   PARM_CHECK(n > 0, "fill counts to exchange over {} are missing", c.name());
   if (gather) {
@@ -111,10 +108,24 @@ void MoeLayer::post_fills(Communicator& c, bool gather, const std::vector<int32_
   }
 }
 
+void MoeLayer::gather_interleaved(Communicator& c, const Tensor& mine, int64_t outer,
+                                  int64_t chunk, Tensor& full) {
+  if (outer == 1) {
+    c.allgather(mine.data(), full.data(), static_cast<size_t>(chunk));
+    return;
+  }
+  if (gather_scratch_.numel() < full.numel()) gather_scratch_ = Tensor({full.numel()}, device());
+  // (n, outer, chunk) blocks, then interleaved into (outer, n, chunk).
+  c.allgather(mine.data(), gather_scratch_.data(), static_cast<size_t>(outer * chunk));
+  backend_->interleave(gather_scratch_.data(), outer, c.size(), chunk, full.data());
+}
+
 void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
   whole.check(shape_);
-  std::memcpy(params_.wg.data(), whole.wg.data(), static_cast<size_t>(params_.wg.bytes()));
-  auto& x = params_.experts;
+  const int64_t hl_shard = params_.experts.w1.dim(2);
+  MoeLayerParams host = make_params(shape_, params_.experts.w1.dim(0), hl_shard, Device::kCpu);
+  std::memcpy(host.wg.data(), whole.wg.data(), static_cast<size_t>(host.wg.bytes()));
+  auto& x = host.experts;
   const int64_t e_loc = x.w1.dim(0), M = shape_.model_dim, hl = x.w1.dim(2);
   for (int64_t e = 0; e < e_loc; ++e) {
     const auto part = ref::slice_expert(shape_, whole, first_expert_ + e, esp_rank_, esp_size_);
@@ -124,12 +135,16 @@ void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
     std::memcpy(x.b2.data() + e * M, whole.b2.data() + (first_expert_ + e) * M,
                 static_cast<size_t>(M) * sizeof(float));
   }
+  copy_params(host, params_);
 }
 
 void MoeLayer::store_whole_grads(ref::MoeParams<float>& whole) const {
   whole.check(shape_);
-  std::memcpy(whole.wg.data(), grads_.wg.data(), static_cast<size_t>(grads_.wg.bytes()));
-  const auto& g = grads_.experts;
+  MoeLayerParams host =
+      make_params(shape_, grads_.experts.w1.dim(0), grads_.experts.w1.dim(2), Device::kCpu);
+  copy_params(grads_, host);
+  std::memcpy(whole.wg.data(), host.wg.data(), static_cast<size_t>(host.wg.bytes()));
+  const auto& g = host.experts;
   const int64_t e_loc = g.w1.dim(0), M = shape_.model_dim, hl = g.w1.dim(2);
   for (int64_t e = 0; e < e_loc; ++e) {
     ref::ExpertWeights<float> part;
@@ -158,9 +173,11 @@ const Tensor& MoeLayer::forward(const Tensor& x) {
              shape_str(x.shape()), shape_str(in.shape()));
   in.copy_from(x);
   for (auto& p : fwd_phases_) p.clear();
+  backend_->sync();
   for (size_t i = 0; i < schedule_.steps.size(); ++i) {
     const double t0 = now_us();
     run_forward_step(schedule_.steps[i]);
+    backend_->sync();  // a step's time includes the device work it queued
     fwd_us_[i] = now_us() - t0;
   }
   return bufs_[static_cast<size_t>(schedule_.output)];
@@ -172,13 +189,15 @@ const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux) {
   dwg_call_.zero();
   for (auto& p : bwd_phases_) p.clear();
   dbufs_[static_cast<size_t>(schedule_.output)].copy_from(dout);
+  backend_->sync();
   for (size_t i = schedule_.steps.size(); i-- > 0;) {
     const double t0 = now_us();
     run_backward_step(schedule_.steps[i], dl_aux);
+    backend_->sync();
     bwd_us_[i] = now_us() - t0;
   }
-  float* g = grads_.wg.data();
-  for (int64_t i = 0; i < grads_.wg.numel(); ++i) g[i] += dwg_call_[i];
+  backend_->add(grads_.wg.data(), dwg_call_.data(), grads_.wg.numel());
+  backend_->sync();
   return dbufs_[static_cast<size_t>(schedule_.input)];
 }
 
@@ -188,39 +207,41 @@ void MoeLayer::run_forward_step(const Step& s) {
   auto buf = [&](int id) -> Tensor& { return bufs_[static_cast<size_t>(id)]; };
   switch (s.kind) {
     case StepKind::kGate:
-      moe::gate_forward(buf(s.in), params_.wg, shape_.topk, sc.capacity, sc.dispatch_slots,
-                        probs_, routing_, buf(s.out).data(), phases);
+      backend_->gate_forward(buf(s.in), params_.wg, shape_.topk, sc.capacity,
+                             sc.dispatch_slots, buf(s.out).data(), phases);
       break;
     case StepKind::kAuxLoss:
-      l_aux_ = moe::aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
+      l_aux_ = backend_->aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
       break;
     case StepKind::kDispatch: {
-      moe::dispatch_forward(buf(s.in), routing_, buf(s.out));
-      fills(s.out).assign(routing_.fill.begin(), routing_.fill.end());
+      backend_->dispatch_forward(buf(s.in), buf(s.out));
+      const auto& fill = backend_->fill();
+      fills(s.out).assign(fill.begin(), fill.end());
       break;
     }
     case StepKind::kExperts: {
       const int64_t segments = sc.expert_blocks * params_.experts.w1.dim(0);
       PARM_CHECK(static_cast<int64_t>(fills(s.in).size()) == segments,
                  "experts' input has {} fill counts, expected {}", fills(s.in).size(), segments);
-      moe::experts_forward(buf(s.in), params_.experts, sc.expert_blocks, sc.exchange_slots,
-                           fills(s.in).data(), sc.adds_b2, ws_, buf(s.out), phases);
+      backend_->experts_forward(buf(s.in), params_.experts, sc.expert_blocks,
+                                sc.exchange_slots, fills(s.in).data(), sc.adds_b2, buf(s.out),
+                                phases);
       break;
     }
-    case StepKind::kCombine: moe::combine_forward(buf(s.in), routing_, buf(s.out)); break;
+    case StepKind::kCombine: backend_->combine_forward(buf(s.in), buf(s.out)); break;
     case StepKind::kSlice: {
       Communicator& c = topo_.comm(s.group);
-      take_chunk(buf(s.in), s.outer, c.size(), c.rank(), s.chunk, buf(s.out));
+      backend_->take_chunk(buf(s.in).data(), s.outer, c.size(), c.rank(), s.chunk,
+                           buf(s.out).data());
       if (!fills(s.in).empty()) slice_fills(s);
       break;
     }
     case StepKind::kGatherDup:
-      gather_interleaved(topo_.comm(s.group), buf(s.in), s.outer, s.chunk, gather_scratch_,
-                         buf(s.out));
+      gather_interleaved(topo_.comm(s.group), buf(s.in), s.outer, s.chunk, buf(s.out));
       break;
     case StepKind::kAllToAll: {  // on the dispatch path, the fill counts travel alongside
       Communicator& c = topo_.comm(s.group);
-      if (s.carries_fills) post_fills(c, false, fills(s.in), fills(s.out));
+      if (s.carries_fills) post_fills(s.group, false, fills(s.in), fills(s.out));
       c.alltoall(buf(s.in).data(), buf(s.out).data(),
                  static_cast<size_t>(buf(s.in).numel() / c.size()));
       meta_.wait();
@@ -228,7 +249,7 @@ void MoeLayer::run_forward_step(const Step& s) {
     }
     case StepKind::kGatherShard: {
       Communicator& c = topo_.comm(s.group);
-      if (s.carries_fills) post_fills(c, true, fills(s.in), fills(s.out));
+      if (s.carries_fills) post_fills(s.group, true, fills(s.in), fills(s.out));
       c.allgather(buf(s.in).data(), buf(s.out).data(), static_cast<size_t>(buf(s.in).numel()));
       meta_.wait();
       break;
@@ -246,20 +267,21 @@ void MoeLayer::run_forward_step(const Step& s) {
       // (intra-node, tiny) ESP gather of its result after it.
       Communicator& ep = topo_.comm(s.group);
       Communicator& esp = topo_.comm(s.group2);
-      post_fills(ep, false, fills(s.in), fills_stage_);
-      fused_dispatch(ep, esp, buf(s.in).data(), buf(s.out).data(), static_cast<size_t>(s.block),
-                     schedule_.chunks);
+      post_fills(s.group, false, fills(s.in), fills_stage_);
+      fused_dispatch_any(ep, esp, buf(s.in).data(), buf(s.out).data(),
+                         static_cast<size_t>(s.block), schedule_.chunks);
       meta_.wait();
-      post_fills(esp, true, fills_stage_, fills(s.out));
+      post_fills(s.group2, true, fills_stage_, fills(s.out));
       meta_.wait();
       break;
     }
     case StepKind::kFusedCombine: {
       MpGatherPart mp{s.has_mp_part() ? &topo_.comm(s.group3) : nullptr, s.outer, s.chunk,
                       buf(s.out).data()};
-      fused_combine(topo_.comm(s.group), topo_.comm(s.group2), buf(s.in).data(),
-                    buf(s.has_mp_part() ? s.mid : s.out).data(), static_cast<size_t>(s.block),
-                    schedule_.chunks, s.has_mp_part() ? &mp : nullptr);
+      fused_combine_any(topo_.comm(s.group), topo_.comm(s.group2), buf(s.in).data(),
+                        buf(s.has_mp_part() ? s.mid : s.out).data(),
+                        static_cast<size_t>(s.block), schedule_.chunks,
+                        s.has_mp_part() ? &mp : nullptr);
       break;
     }
   }
@@ -272,28 +294,29 @@ void MoeLayer::run_backward_step(const Step& s, float dl_aux) {
   auto dbuf = [&](int id) -> Tensor& { return dbufs_[static_cast<size_t>(id)]; };
   switch (s.kind) {
     case StepKind::kGate:
-      moe::gate_backward(buf(s.in), params_.wg, probs_, routing_, dweight_, dbuf(s.out).data(),
-                         dprobs_, dwg_call_, dbuf(s.in), phases);
+      backend_->gate_backward(buf(s.in), params_.wg, dbuf(s.out).data(), dwg_call_, dbuf(s.in),
+                              phases);
       break;
     case StepKind::kAuxLoss:
-      moe::aux_loss_backward(buf(s.in).data(), shape_.experts, sc.total_tokens, dl_aux,
-                             dbuf(s.in).data());
+      backend_->aux_loss_backward(buf(s.in).data(), shape_.experts, sc.total_tokens, dl_aux,
+                                  dbuf(s.in).data());
       break;
-    case StepKind::kDispatch: moe::dispatch_backward(dbuf(s.out), routing_, dbuf(s.in)); break;
+    case StepKind::kDispatch: backend_->dispatch_backward(dbuf(s.out), dbuf(s.in)); break;
     case StepKind::kExperts:
-      moe::experts_backward(dbuf(s.out), params_.experts, sc.expert_blocks, sc.exchange_slots,
-                            fills(s.in).data(), ws_, grads_.experts, dbuf(s.in), phases);
+      backend_->experts_backward(dbuf(s.out), params_.experts, sc.expert_blocks,
+                                 sc.exchange_slots, fills(s.in).data(), grads_.experts,
+                                 dbuf(s.in), phases);
       break;
     case StepKind::kCombine:
-      moe::combine_backward(buf(s.in), dbuf(s.out), routing_, dbuf(s.in), dweight_);
+      backend_->combine_backward(buf(s.in), dbuf(s.out), dbuf(s.in));
       break;
     case StepKind::kSlice:  // adjoint of "keep my slice": AllGather
-      gather_interleaved(topo_.comm(s.group), dbuf(s.out), s.outer, s.chunk, gather_scratch_,
-                         dbuf(s.in));
+      gather_interleaved(topo_.comm(s.group), dbuf(s.out), s.outer, s.chunk, dbuf(s.in));
       break;
     case StepKind::kGatherDup: {  // adjoint of the MP-restoring AllGather: keep my slice
       Communicator& c = topo_.comm(s.group);
-      take_chunk(dbuf(s.out), s.outer, c.size(), c.rank(), s.chunk, dbuf(s.in));
+      backend_->take_chunk(dbuf(s.out).data(), s.outer, c.size(), c.rank(), s.chunk,
+                           dbuf(s.in).data());
       break;
     }
     case StepKind::kAllToAll: {
@@ -317,18 +340,19 @@ void MoeLayer::run_backward_step(const Step& s, float dl_aux) {
       break;
     }
     case StepKind::kFusedDispatch:  // adjoint: the combine collective
-      fused_combine(topo_.comm(s.group2), topo_.comm(s.group), dbuf(s.out).data(),
-                    dbuf(s.in).data(), static_cast<size_t>(s.block), schedule_.chunks);
+      fused_combine_any(topo_.comm(s.group2), topo_.comm(s.group), dbuf(s.out).data(),
+                        dbuf(s.in).data(), static_cast<size_t>(s.block), schedule_.chunks);
       break;
     case StepKind::kFusedCombine: {  // adjoint: [keep my chunk,] the dispatch collective
       int from = s.out;
       if (s.has_mp_part()) {
         Communicator& mp = topo_.comm(s.group3);
-        take_chunk(dbuf(s.out), s.outer, mp.size(), mp.rank(), s.chunk, dbuf(s.mid));
+        backend_->take_chunk(dbuf(s.out).data(), s.outer, mp.size(), mp.rank(), s.chunk,
+                             dbuf(s.mid).data());
         from = s.mid;
       }
-      fused_dispatch(topo_.comm(s.group2), topo_.comm(s.group), dbuf(from).data(),
-                     dbuf(s.in).data(), static_cast<size_t>(s.block), schedule_.chunks);
+      fused_dispatch_any(topo_.comm(s.group2), topo_.comm(s.group), dbuf(from).data(),
+                         dbuf(s.in).data(), static_cast<size_t>(s.block), schedule_.chunks);
       break;
     }
   }

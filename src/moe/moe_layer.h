@@ -4,12 +4,19 @@
 // the backward pass dout arrives identical on the MP group and dx leaves identical on it.
 // The rank holds the whole gate weight and the shards of its E/N_EP experts (ESP rank j of
 // N_ESP: columns [j*H/N_ESP, (j+1)*H/N_ESP) of W1/b1, the same rows of W2, and all of b2).
+//
+// The layer computes on the topology's device (topo.device()): its parameters, gradients and
+// step buffers live there, the compute steps run on its backend (moe/backend.h) and the
+// collectives on the topology's communicators for that device (device buffers: NCCL, or MPI
+// staged through host memory). `precision`: of the expert products (bf16: CUDA only).
+// forward()/backward() take x / dout on any device and return tensors on the layer's.
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "comm/metadata.h"
+#include "moe/backend.h"
 #include "moe/moe_ops.h"
 #include "moe/reference_moe.h"
 #include "parm/topology.h"
@@ -26,10 +33,13 @@ class MoeLayer {
  public:
   // fuse: S1/S2 use the fused dispatch and combine collectives, pipelined over `chunks`.
   MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse = false,
-           int chunks = 4);
+           int chunks = 4, Precision precision = Precision::kFp32);
 
   const ref::MoeShape& shape() const { return shape_; }
   const schedule::Schedule& schedule() const { return schedule_; }
+  Device device() const { return backend_->device(); }
+  Precision precision() const { return backend_->precision(); }
+  moe::LayerBackend& backend() { return *backend_; }
   int first_expert() const { return first_expert_; }  // global index of local expert 0
   int esp_rank() const { return esp_rank_; }
   int esp_size() const { return esp_size_; }
@@ -56,24 +66,28 @@ class MoeLayer {
   const std::vector<moe::PhaseTimes>& backward_phases() const { return bwd_phases_; }
   // Filled rows of each local expert in the last forward pass (what the expert products
   // really computed), and the expert shard's hidden width H / N_ESP.
-  const std::vector<int64_t>& expert_rows() const { return ws_.rows; }
+  const std::vector<int64_t>& expert_rows() const { return backend_->expert_rows(); }
   int64_t shard_hidden() const { return params_.experts.w1.dim(2); }
   // Bytes this layer holds: parameters, gradients, step buffers and their gradients, the
   // expert workspace (all allocated at construction).
   int64_t held_bytes() const;
-  // The routing of the last forward pass (gate rows: T, or T / N_MP under S1).
-  const moe::GateRouting& routing() const { return routing_; }
+  // The routing of the last forward pass (gate rows: T, or T / N_MP under S1), on the host.
+  const moe::GateRouting& routing() { return backend_->routing(); }
 
  private:
   void run_forward_step(const schedule::Step& s);
   void run_backward_step(const schedule::Step& s, float dl_aux);
   // Moves the fill counts of buffer `in` along a dispatch-path step to buffer `out`.
   void slice_fills(const schedule::Step& s);
-  // Posts the exchange of the fill counts `in` over `c` (an alltoall, or an allgather when
-  // `gather`) into `out`, sized for what arrives; meta_.wait() completes it.
-  void post_fills(Communicator& c, bool gather, const std::vector<int32_t>& in,
+  // Posts the exchange of the fill counts `in` over group g's host communicator (an
+  // alltoall, or an allgather when `gather`) into `out`, sized for what arrives;
+  // meta_.wait() completes it.
+  void post_fills(Group g, bool gather, const std::vector<int32_t>& in,
                   std::vector<int32_t>& out);
   std::vector<int32_t>& fills(int id) { return fills_[static_cast<size_t>(id)]; }
+  // AllGather of (outer, chunk) parts into (outer, n, chunk) on every rank of c.
+  void gather_interleaved(Communicator& c, const Tensor& mine, int64_t outer, int64_t chunk,
+                          Tensor& full);
 
   Topology& topo_;
   ref::MoeShape shape_;
@@ -81,6 +95,7 @@ class MoeLayer {
   int first_expert_ = 0;
   int esp_rank_ = 0;
   int esp_size_ = 1;
+  std::unique_ptr<moe::LayerBackend> backend_;
   MoeLayerParams params_;
   MoeLayerParams grads_;
   Tensor dwg_call_;  // this call's gate-weight gradient, before the S1 mp sum
@@ -95,11 +110,7 @@ class MoeLayer {
   std::vector<std::vector<int32_t>> fills_;
   std::vector<int32_t> fills_stage_;  // the fused dispatch's EP-exchanged counts
   MetadataExchange meta_;
-  Tensor probs_, dprobs_;      // (gate rows, E)
   Tensor gather_scratch_;      // permutation scratch of interleaved allgathers
-  moe::GateRouting routing_;
-  std::vector<float> dweight_;
-  moe::ExpertWorkspace ws_;
   float l_aux_ = 0.0f;
   std::vector<double> fwd_us_, bwd_us_;
   std::vector<moe::PhaseTimes> fwd_phases_, bwd_phases_;

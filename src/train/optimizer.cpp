@@ -52,7 +52,7 @@ double global_grad_norm(Topology& topo, const std::vector<model::Param*>& params
     const float* g = p->grad.data();
     for (int64_t i = 0; i < p->grad.numel(); ++i) sum += static_cast<double>(g[i]) * g[i];
   }
-  topo.comm(Group::kWorld).allreduce(&sum, 1);
+  topo.host_comm(Group::kWorld).allreduce(&sum, 1);
   return std::sqrt(sum);
 }
 

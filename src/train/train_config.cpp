@@ -3,8 +3,10 @@
 #include <set>
 
 #include "moe/capacity.h"
+#include "parm/device.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
+#include "parm/topology.h"
 
 namespace parm::train {
 namespace {
@@ -139,6 +141,9 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
   p.get("schedule", c.parallel.schedule);
   p.get("fuse", c.parallel.fuse);
   p.get("chunks", c.parallel.chunks);
+  p.get("device", c.parallel.device);
+  p.get("precision", c.parallel.precision);
+  p.get("comm", c.parallel.comm);
   p.finish();
   return c;
 }
@@ -204,6 +209,11 @@ void validate(const TrainConfig& c) {
   PARM_CONFIG_CHECK(p.fuse == "on" || p.fuse == "off" || p.fuse == "auto",
                     "parallel.fuse '{}' is not valid; use on, off or auto", p.fuse);
   PARM_CONFIG_CHECK(p.chunks >= 1, "parallel.chunks {} must be at least 1", p.chunks);
+  // Names first (their messages list the valid ones), then whether they can run here.
+  const Device device = parse_device(p.device);
+  const Precision precision = parse_precision(p.precision);
+  parse_comm_backend(p.comm);
+  check_device(device, precision);
 }
 
 }  // namespace parm::train

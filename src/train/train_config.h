@@ -40,6 +40,9 @@ struct ParallelConfig {
   int chunks = 4;
   int ranks_per_node = 0;
   double timeout_s = 300.0;
+  std::string device = "cpu";      // where the MoE layers compute: cpu | cuda
+  std::string precision = "fp32";  // expert products: fp32 | bf16 (cuda)
+  std::string comm = "auto";       // what moves device buffers: auto | mpi | nccl
 };
 
 struct TrainConfig {

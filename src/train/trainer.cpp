@@ -109,11 +109,13 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
   topt.esp = cfg.parallel.esp;
   topt.ranks_per_node = cfg.parallel.ranks_per_node;
   topt.timeout_s = cfg.parallel.timeout_s;
+  topt.device = parse_device(cfg.parallel.device);
+  topt.comm = parse_comm_backend(cfg.parallel.comm);
   auto topo = Topology::create(topt);
   const Layout& lay = topo->layout();
   const bool root = topo->world_rank() == 0;
-  const int dp = lay.dp, dp_rank = topo->comm(Group::kDp).rank();
-  Communicator& world = topo->comm(Group::kWorld);
+  const int dp = lay.dp, dp_rank = topo->host_comm(Group::kDp).rank();
+  Communicator& world = topo->host_comm(Group::kWorld);
 
   const auto schedules = choose_schedules(cfg, *topo, verbose);
   const data::Corpus corpus =
@@ -122,7 +124,8 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
                                  cfg.model.arch == model::Arch::kGpt2 ? data::Objective::kCausal
                                                                       : data::Objective::kMasked,
                                  cfg.model.seq_len, cfg.model.seed);
-  auto model = model::make_model(*topo, cfg.model, schedules, cfg.loop.micro_batch);
+  auto model = model::make_model(*topo, cfg.model, schedules, cfg.loop.micro_batch,
+                                 parse_precision(cfg.parallel.precision));
   const auto params = model->params();
   AdamW opt(params);
   const nlohmann::json model_json = model_config_json(cfg.model);
@@ -176,7 +179,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
       sums[0] += parts.lm_loss_sum;
       sums[1] += static_cast<double>(parts.num_targets);
     }
-    topo->comm(Group::kDp).allreduce(sums, 2);
+    topo->host_comm(Group::kDp).allreduce(sums, 2);
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
 
@@ -198,7 +201,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
       batches.push_back(source.train_batch(data_position + j * micro, micro));
       for (int32_t t : batches.back().targets) counts[0] += t >= 0 ? 1.0 : 0.0;
     }
-    topo->comm(Group::kDp).allreduce(counts, 1);
+    topo->host_comm(Group::kDp).allreduce(counts, 1);
     double sums[2] = {0.0, 0.0};  // lm loss sum, aux loss sum
     double comm_us = 0.0, compute_us = 0.0;
     for (const auto& b : batches) {
@@ -217,7 +220,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
     opt.step(optim, lr, clip);
     comm_us += now_us() - t_sync;
     data_position += global_batch;
-    topo->comm(Group::kDp).allreduce(sums, 2);
+    topo->host_comm(Group::kDp).allreduce(sums, 2);
     const double step_us = now_us() - t0;
 
     StepMetrics m;

@@ -38,6 +38,17 @@ expect 2 "capacity factor" -- -n 2 -- check-layer --capacity-factor 1e3
 expect 2 "--schedule 'fast' is not valid" -- -n 2 -- bench-layer --schedule fast
 expect 2 "--fuse 'maybe' is not valid" -- -n 2 -- bench-layer --fuse maybe
 expect 2 "unknown op 'allscatter'" -- -n 2 -- bench-comm --ops allscatter
+# Devices, precisions and communicators.
+expect 2 "unknown device 'tpu': valid devices are cpu, cuda" -- -n 1 -- bench-layer --device tpu
+expect 2 "unknown precision 'fp16': valid precisions are fp32, bf16" -- -n 1 -- check-layer --precision fp16
+expect 2 "--precision bf16 needs --device cuda" -- -n 1 -- check-layer --precision bf16
+expect 2 "--precision bf16 needs --device cuda" -- -n 1 -- train --precision bf16 --steps 1
+expect 2 "unknown communicator 'gloo': valid values are auto, mpi, nccl" -- -n 1 -- bench-layer --comm gloo
+expect 2 "--comm nccl moves device buffers and needs --device cuda" -- -n 1 -- check-layer --comm nccl
+if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: cuda is refused before any work
+  expect 2 "use --device cpu" -- -n 2 -- check-layer --device cuda
+  expect 2 "use --device cpu" -- -n 1 -- train --device cuda --steps 1
+fi
 expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp
 expect 2 "top-k must be in [1, E = 8], got k = 9" -- -n 1 -- check-layer --topk 9 --experts 8
 expect 2 "The following argument was not expected: --bogus" -- -n 1 -- info --bogus

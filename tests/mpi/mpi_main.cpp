@@ -10,6 +10,7 @@
 #include <string>
 
 #include "mpi_test_util.h"
+#include "parm/device.h"
 
 namespace {
 
@@ -44,6 +45,15 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   }
+#ifdef PARM_TESTS_NEED_GPU
+  // The GPU test binary on a machine without a GPU: skipped (ctest's SKIP_RETURN_CODE), not
+  // passed.
+  if (parm::cuda_device_count() == 0) {
+    if (rank == 0) std::printf("parm_gpu_tests: no CUDA GPU visible: skipped\n");
+    MPI_Finalize();
+    return 77;
+  }
+#endif
   auto& listeners = testing::UnitTest::GetInstance()->listeners();
   if (rank != 0) {
     delete listeners.Release(listeners.default_result_printer());

@@ -41,7 +41,7 @@ ByteMap counted_bytes(Topology& topo) {
   for (int gi = 0; gi < kNumGroups; ++gi) {
     const Group g = static_cast<Group>(gi);
     for (int op = 0; op < kNumCommOps; ++op) {
-      const OpStats& s = topo.comm(g).stats().op(static_cast<CommOp>(op));
+      const OpStats& s = topo.host_comm(g).stats().op(static_cast<CommOp>(op));
       if (s.calls > 0 && s.bus_bytes > 0)
         b[std::string(group_name(g)) + "." + comm_op_name(static_cast<CommOp>(op))] +=
             s.bus_bytes;
@@ -155,11 +155,11 @@ std::vector<BreakdownRow> breakdown_rows(const MoeLayer& layer, const std::vecto
 
 // Every rank times its own expert products (the shapes of the last forward pass) alone, at
 // the same time as the others, as they ran inside the layer.
-Floor measure_floor(const MoeLayer& layer) {
+Floor measure_floor(MoeLayer& layer) {
   const auto& rows = layer.expert_rows();
   const int64_t M = layer.shape().model_dim, hl = layer.shard_hidden();
   barrier_world();
-  const double us = moe::time_expert_products_us(rows, M, hl, 5);
+  const double us = layer.backend().time_expert_products_us(rows, M, hl, 5);
   double flops = 0;
   int64_t total_rows = 0;
   for (int64_t r : rows) {
@@ -196,11 +196,11 @@ LayerInputs make_inputs(const Topology& topo, const ref::MoeShape& shape, uint64
 }
 
 Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse,
-                 int chunks, LayerInputs& in, int iters, int warmup,
+                 int chunks, Precision precision, LayerInputs& in, int iters, int warmup,
                  const schedule::Schedule** schedule_out = nullptr,
                  std::unique_ptr<MoeLayer>* keep = nullptr) {
-  Communicator& world = topo.comm(Group::kWorld);
-  auto layer = std::make_unique<MoeLayer>(topo, shape, kind, fuse, chunks);
+  Communicator& world = topo.host_comm(Group::kWorld);
+  auto layer = std::make_unique<MoeLayer>(topo, shape, kind, fuse, chunks, precision);
   const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim});
   const Tensor dt = Tensor::view(in.dout.data(), {shape.tokens, shape.model_dim});
   Measured m;
@@ -251,13 +251,14 @@ struct Totals {
 
 std::vector<Totals> measure_interleaved(Topology& topo, const ref::MoeShape& shape,
                                         const std::vector<perfmodel::Candidate>& cands,
-                                        int chunks, LayerInputs& in, int iters, int warmup) {
-  Communicator& world = topo.comm(Group::kWorld);
+                                        int chunks, Precision precision, LayerInputs& in,
+                                        int iters, int warmup) {
+  Communicator& world = topo.host_comm(Group::kWorld);
   const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim});
   const Tensor dt = Tensor::view(in.dout.data(), {shape.tokens, shape.model_dim});
   std::vector<std::unique_ptr<MoeLayer>> layers;
   for (const auto& c : cands) {
-    layers.push_back(std::make_unique<MoeLayer>(topo, shape, c.kind, c.fuse, chunks));
+    layers.push_back(std::make_unique<MoeLayer>(topo, shape, c.kind, c.fuse, chunks, precision));
     layers.back()->load_whole(in.params);
   }
   std::vector<std::vector<double>> fwd(cands.size()), bwd(cands.size());
@@ -315,16 +316,18 @@ int run_bench_layer(const BenchLayerFlags& f) {
   PARM_CONFIG_CHECK(f.warmup >= 0, "--warmup {} must be at least 0", f.warmup);
   if (f.layer.wants_auto())  // refuse before any work
     load_profile_for_auto(f.layer, "--schedule auto / --fuse auto");
-  auto topo = Topology::create(f.layer.layout.topology());
+  auto topo = Topology::create(f.layer.topology());
   for (auto kind : kinds) schedule::validate({shape, topo->layout(), 0}, kind);
+  const Precision precision = f.layer.precision_kind();
   const Layout& l = topo->layout();
   const bool root = topo->world_rank() == 0;
 
   if (root)
     std::printf("# parm bench-layer: %s on %d ranks (mp=%d ep=%d esp=%d dp=%d edp=%d, %d "
-                "node(s)); %d iters + %d warmup; ms = median (max) over iterations of the max "
-                "over ranks\n",
+                "node(s)); device %s, %s, communicator %s; %d iters + %d warmup; ms = median "
+                "(max) over iterations of the max over ranks\n",
                 shape.str().c_str(), l.world, l.mp, l.ep, l.esp, l.dp, l.edp, topo->num_nodes(),
+                device_name(topo->device()), precision_name(precision), topo->comm_backend(),
                 f.iters, f.warmup);
   nlohmann::json auto_json;
   if (f.layer.wants_auto()) {
@@ -343,7 +346,8 @@ int run_bench_layer(const BenchLayerFlags& f) {
     const schedule::Schedule* scp = nullptr;
     std::unique_ptr<MoeLayer> layer;
     const Measured m =
-        measure(*topo, shape, kind, fuse, f.layer.chunks, in, f.iters, f.warmup, &scp, &layer);
+        measure(*topo, shape, kind, fuse, f.layer.chunks, precision, in, f.iters, f.warmup, &scp,
+                &layer);
     const auto& sc = *scp;
     const double total = m.total();
     if (kind == schedule::Kind::kBaseline) baseline_total = total;
@@ -416,6 +420,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
     cfg["iters"] = f.iters;
     cfg["warmup"] = f.warmup;
     cfg["world"] = l.world;
+    cfg["comm_backend"] = topo->comm_backend();
     nlohmann::json doc = {{"config", cfg}, {"results", results}};
     if (!auto_json.is_null()) doc["auto"] = auto_json;
     write_file_atomic(f.json, doc.dump(2) + "\n");
@@ -457,7 +462,7 @@ int run_sweep(const BenchLayerFlags& f) {
     std::unique_ptr<Topology> topo;
     try {
       make_layout(world, c.mp, c.ep, c.esp);
-      TopologyOptions o = f.layer.layout.topology();
+      TopologyOptions o = f.layer.topology();
       o.mp = c.mp;
       o.ep = c.ep;
       o.esp = c.esp;
@@ -473,7 +478,8 @@ int run_sweep(const BenchLayerFlags& f) {
     }
     const size_t chosen = perfmodel::choose(cands);
     LayerInputs in = make_inputs(*topo, shape, 1);
-    const auto totals = measure_interleaved(*topo, shape, cands, grid.chunks, in, f.iters, f.warmup);
+    const auto totals = measure_interleaved(*topo, shape, cands, grid.chunks,
+                                            f.layer.precision_kind(), in, f.iters, f.warmup);
     std::vector<double> meas;
     nlohmann::json cj = {{"id", ci}, {"B", c.B}, {"L", c.L}, {"T", c.tokens()}, {"M", c.M},
                          {"H", c.H}, {"E", c.E}, {"k", c.k}, {"f", c.f}, {"N_MP", c.mp},

@@ -10,7 +10,7 @@ namespace {
 
 struct CheckLayerFlags {
   LayerFlags layer;
-  double tolerance = 2e-4;
+  double tolerance = 0;  // 0: the default of the precision
   float dl_aux = 0.5f;
   std::string dump;
 };
@@ -19,16 +19,20 @@ int run_check_layer(const CheckLayerFlags& f) {
   const ref::MoeShape shape = f.layer.shape();
   const auto kinds = f.layer.schedules();
   const auto fuse_modes = f.layer.fuse_modes(true);
-  PARM_CONFIG_CHECK(f.tolerance > 0, "--tolerance {} must be positive", f.tolerance);
-  auto topo = Topology::create(f.layer.layout.topology());
+  PARM_CONFIG_CHECK(f.tolerance >= 0, "--tolerance {} must be positive", f.tolerance);
+  const Precision precision = f.layer.precision_kind();
+  const double tolerance = f.tolerance > 0 ? f.tolerance : default_tolerance(precision);
+  auto topo = Topology::create(f.layer.topology());
   for (auto kind : kinds)  // refuse a bad layer before any work
     schedule::validate({shape, topo->layout(), 0}, kind);
   const bool root = topo->world_rank() == 0;
   if (root)
-    std::printf("# parm check-layer: %s on %d ranks (mp=%d ep=%d esp=%d); tolerance %.1e on "
-                "max|error| / max|oracle| against the fp64 oracle\n",
+    std::printf("# parm check-layer: %s on %d ranks (mp=%d ep=%d esp=%d); device %s, %s "
+                "products, communicator %s; tolerance %.1e on max|error| / max|oracle| against "
+                "the fp64 oracle\n",
                 shape.str().c_str(), topo->layout().world, topo->layout().mp,
-                topo->layout().ep, topo->layout().esp, f.tolerance);
+                topo->layout().ep, topo->layout().esp, device_name(topo->device()),
+                precision_name(precision), topo->comm_backend(), tolerance);
   bool all_ok = true;
   for (auto kind : kinds)
   for (bool fuse : fuse_modes) {
@@ -39,7 +43,8 @@ int run_check_layer(const CheckLayerFlags& f) {
     o.shape = shape;
     o.kind = kind;
     o.seed = f.layer.seed;
-    o.tolerance = f.tolerance;
+    o.tolerance = tolerance;
+    o.precision = precision;
     o.dl_aux = f.dl_aux;
     o.dump_dir = f.dump;
     const LayerCheckResult r = check_layer(*topo, o);
@@ -70,7 +75,9 @@ Command add_check_layer(CLI::App& root) {
   f->layer.model_dim = 64;
   f->layer.hidden = 128;
   f->layer.add_to(app);
-  app->add_option("--tolerance", f->tolerance, "largest allowed max|error| / max|oracle|");
+  app->add_option("--tolerance", f->tolerance,
+                  "largest allowed max|error| / max|oracle| (default 2e-4 at fp32, 2e-2 at "
+                  "bf16)");
   app->add_option("--dl-aux", f->dl_aux, "gradient of the loss with respect to l_aux");
   app->add_option("--dump", f->dump, "write .npy files and manifest.json into this folder");
   return {app, [f] { return run_check_layer(*f); }};

@@ -27,6 +27,11 @@ int run_info(const LayoutFlags& flags) {
   std::printf("parm %s (%s build, C++%ld)\n", PARM_VERSION, PARM_BUILD_TYPE, __cplusplus / 100 - 2000);
   std::printf("gemm:   %s\n", cpu::gemm_backend());
   std::printf("mpi:    %s\n", mpi_line.c_str());
+  std::printf("cuda:   %s\n",
+              !cuda_built() ? "not built (configure with -DPARM_CUDA=ON where the CUDA toolkit, "
+                              "cuBLAS and NCCL are installed)"
+                            : fmt::format("built; {} GPU(s) visible to rank 0",
+                                          cuda_device_count()).c_str());
   std::printf("world:  %d ranks on %d node%s (%s)\n", l.world, topo->num_nodes(),
               topo->num_nodes() == 1 ? "" : "s",
               topo->nodes_emulated() ? "emulated by --ranks-per-node" : "detected by shared memory");

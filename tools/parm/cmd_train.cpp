@@ -18,6 +18,7 @@ struct TrainFlags {
   int mp = -1, ep = -1, esp = -1, chunks = -1, ranks_per_node = -1;
   double lr = -1, timeout_s = -1;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
+  std::string device, precision, comm;
   std::string resume;
   CLI::Option* resume_opt = nullptr;
   train::FaultInjection faults;
@@ -56,6 +57,9 @@ int run_train(TrainFlags& f) {
   if (f.lr > 0) c.optim.lr = f.lr;
   if (!f.schedule.empty()) p.schedule = f.schedule;
   if (!f.fuse.empty()) p.fuse = f.fuse;
+  if (!f.device.empty()) p.device = f.device;
+  if (!f.precision.empty()) p.precision = f.precision;
+  if (!f.comm.empty()) p.comm = f.comm;
   if (!f.save_dir.empty()) l.save_dir = f.save_dir;
   if (!f.metrics.empty()) l.metrics = f.metrics;
   if (!f.chart.empty()) l.chart = f.chart;
@@ -91,6 +95,15 @@ Command add_train(CLI::App& root) {
   app->add_option("--schedule", f->schedule, "MoE schedule: baseline, s1, s2 or auto");
   app->add_option("--fuse", f->fuse, "fused collectives: on, off or auto");
   app->add_option("--chunks", f->chunks, "pipeline depth of the fused collectives");
+  app->add_option("--device", f->device,
+                  "where the MoE layers compute: cpu or cuda (the dense layers, optimizer and "
+                  "checkpoints stay on the host)");
+  app->add_option("--precision", f->precision,
+                  "MoE expert products: fp32, or bf16 (cuda; fp32 master weights and "
+                  "reductions)");
+  app->add_option("--comm", f->comm,
+                  "what moves the MoE layers' device buffers: auto, nccl, or mpi (staged "
+                  "through host memory)");
   app->add_option("--capacity-factor", f->capacity_factor, "MoE capacity factor");
   app->add_option("--corpus", f->corpus, "kjv or file:PATH");
   app->add_option("--ranks-per-node", f->ranks_per_node, "emulate nodes of this many ranks");

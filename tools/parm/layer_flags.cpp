@@ -21,6 +21,21 @@ void LayerFlags::add_to(CLI::App* app) {
                   "fused dispatch/combine collectives for s1/s2: on, off, both, or auto (the "
                   "cost model picks; needs --profile)");
   app->add_option("--chunks", chunks, "pipeline depth of the fused collectives");
+  app->add_option("--device", device, "where the layer computes: cpu or cuda");
+  app->add_option("--precision", precision,
+                  "expert products: fp32, or bf16 (cuda; fp32 accumulation, fp32 master "
+                  "weights and reductions)");
+  app->add_option("--comm", comm,
+                  "what moves device buffers (--device cuda): nccl, mpi (staged through host "
+                  "memory; several ranks per GPU), or auto (nccl when every rank has a GPU)");
+}
+
+TopologyOptions LayerFlags::topology() const {
+  TopologyOptions o = layout.topology();
+  o.device = parse_device(device);
+  o.comm = parse_comm_backend(comm);
+  check_device(o.device, precision_kind());
+  return o;
 }
 
 void LayerFlags::add_profile_to(CLI::App* app) {
@@ -73,7 +88,8 @@ nlohmann::json LayerFlags::config_json() const {
           {"tokens", tokens}, {"model_dim", model_dim}, {"hidden", hidden},
           {"experts", experts}, {"topk", topk}, {"capacity_factor", capacity_factor},
           {"schedule", schedule}, {"seed", seed}, {"fuse", fuse}, {"chunks", chunks},
-          {"profile", profile}};
+          {"profile", profile}, {"device", device}, {"precision", precision},
+          {"comm", comm}};
 }
 
 }  // namespace parm::cli

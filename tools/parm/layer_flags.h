@@ -26,6 +26,9 @@ struct LayerFlags {
   std::string profile;      // cost profile for auto (parm calibrate --out FILE)
   int chunks = 4;
   uint64_t seed = 1;
+  std::string device = "cpu";     // cpu | cuda
+  std::string precision = "fp32"; // fp32 | bf16 (cuda)
+  std::string comm = "auto";      // auto | mpi | nccl: what moves device buffers
 
   void add_to(CLI::App* app);
   // --profile: for the commands that can choose by the cost model (bench-layer, plan).
@@ -33,6 +36,10 @@ struct LayerFlags {
   // --schedule auto or --fuse auto: the cost model picks (needs --profile).
   bool wants_auto() const { return schedule == "auto" || fuse == "auto"; }
   ref::MoeShape shape() const;  // validated
+  // The layout, device and communicator choice; refuses a device / precision / comm that
+  // cannot run here.
+  TopologyOptions topology() const;
+  Precision precision_kind() const { return parse_precision(precision); }
   // "all" (and "auto": the candidates): those valid for the layout.
   std::vector<schedule::Kind> schedules() const;
   // The fuse settings to run: {true}, {false} or {false, true} ("both" when allowed; "auto":

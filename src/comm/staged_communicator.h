@@ -1,0 +1,74 @@
+// A communicator over device buffers that moves them through host memory with a host
+// communicator (MPI): each operation copies its device input to a host staging buffer,
+// runs the host operation there, and copies the result back to the device when it
+// completes. It is how several ranks share one GPU (NCCL refuses two ranks on one device)
+// and how a machine without NCCL runs the CUDA backend; on a real multi-GPU node the NCCL
+// communicator moves device buffers directly.
+//
+// Counters: the host communicator's (one set per group, whatever moved the bytes); times
+// count the host operation, not the staging copies. Staging buffers are recycled, so a
+// steady state of same-sized operations allocates no host memory.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "parm/comm.h"
+
+namespace parm {
+
+class StagedCommunicator final : public Communicator {
+ public:
+  // Copies between device and host memory (both directions; returns when done).
+  using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
+
+  // `host` must outlive this object. `copy` defaults to parm::device_copy; tests pass a
+  // plain memcpy to check the staging over host memory.
+  explicit StagedCommunicator(Communicator& host, CopyFn copy = nullptr);
+  ~StagedCommunicator() override;
+
+  Communicator& host() { return host_; }
+  CopyFn copy_fn() const { return copy_; }
+
+  const std::string& name() const override { return host_.name(); }
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  bool intra_node() const override { return host_.intra_node(); }
+  CommStats& stats() override { return host_.stats(); }
+  double timeout_s() const override { return host_.timeout_s(); }
+
+  RequestPtr iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype) override;
+  RequestPtr ireduce_scatter(const void* send, void* recv, size_t count, DType dtype) override;
+  RequestPtr ialltoall(const void* send, void* recv, size_t count, DType dtype) override;
+  RequestPtr ialltoallv(const void* send, const size_t* send_counts, const size_t* send_displs,
+                        void* recv, const size_t* recv_counts, const size_t* recv_displs,
+                        DType dtype) override;
+  RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) override;
+  RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) override;
+  RequestPtr ibarrier() override { return host_.ibarrier(); }
+  RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
+                             int tag) override;
+  RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;
+
+  // A host staging buffer of at least `bytes` (recycled: give it back when done).
+  struct Buffer {
+    std::unique_ptr<unsigned char[]> data;
+    size_t bytes = 0;
+  };
+  Buffer take(size_t bytes);
+  void give_back(Buffer b);
+
+ private:
+  // The request of a staged operation: completes the host request, then copies `result`
+  // bytes of host staging back to `device_dst` and returns the buffers.
+  RequestPtr finish(RequestPtr host_req, void* device_dst, const void* host_src,
+                    size_t result_bytes, Buffer a, Buffer b);
+
+  Communicator& host_;
+  CopyFn copy_;
+  std::vector<Buffer> free_;
+};
+
+}  // namespace parm

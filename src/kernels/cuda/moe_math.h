@@ -1,0 +1,315 @@
+// The per-row and per-element maths of the MoE gate, dispatch and combine, written once for
+// both the CUDA kernels (moe_kernels.cu) and a CPU test that drives them with a serial loop
+// (tests/unit/test_cuda_moe_math.cpp) against the CPU functions of moe/moe_ops.h.
+//
+// Every function reproduces the CPU kernels' operation order, so that a GPU result is the
+// CPU result bit for bit where the CPU's own rounding is fixed:
+// - the CPU softmax is compiled in target clones (vec_math.h); its x86-64-v3/v4 clones,
+//   which every AVX2 machine runs, contract a * b + c into FMAs. softmax_row spells out
+//   those FMAs (fma_f32) and matches those clones bit for bit; on an older CPU (the SSE2
+//   clone, no FMA) the CPU rounds differently by an ulp or so. The softmax backward is not
+//   bit-identical: whether the clone fuses the products of its dot product's tail depends
+//   on how GCC vectorised that loop (a few ulp of the dot; the test bounds it).
+// - the rest of the CPU gate and the dispatch/combine code is built for baseline x86-64,
+//   which has no FMA: mul_nc() keeps the device compiler from fusing a product into the sum
+//   that follows it (nvcc contracts by default).
+//
+// Plain C++ with no CUDA include: under nvcc the functions are __host__ __device__.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifdef __CUDACC__
+#define PARM_HD __host__ __device__
+#else
+#define PARM_HD
+#endif
+
+namespace parm::cuda::math {
+
+// ---- scalar helpers -----------------------------------------------------------------------
+
+PARM_HD inline int32_t float_bits(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_int(x);
+#else
+  int32_t i;
+  std::memcpy(&i, &x, sizeof i);
+  return i;
+#endif
+}
+
+PARM_HD inline float bits_float(int32_t i) {
+#ifdef __CUDA_ARCH__
+  return __int_as_float(i);
+#else
+  float x;
+  std::memcpy(&x, &i, sizeof x);
+  return x;
+#endif
+}
+
+// a * b + c rounded once.
+PARM_HD inline float fma_f32(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// a * b rounded on its own: never fused into a following add (baseline x86-64 has no FMA).
+PARM_HD inline float mul_nc(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+PARM_HD inline bool is_nan(float x) { return x != x; }
+
+// ---- exp (cpu::detail::exp_f32, as its FMA clones compute it) -----------------------------
+
+PARM_HD inline int32_t ordered_bits(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
+
+PARM_HD inline float clamp_f32(float x, float lo, float hi) {
+  int32_t key = ordered_bits(float_bits(x));
+  const int32_t lo_key = ordered_bits(float_bits(lo));
+  const int32_t hi_key = ordered_bits(float_bits(hi));
+  key = key < lo_key ? lo_key : key;
+  key = key > hi_key ? hi_key : key;
+  return bits_float(ordered_bits(key));
+}
+
+PARM_HD inline float nan_if_nan(float y, float x) {
+  const bool nan = (float_bits(x) & 0x7fffffff) > 0x7f800000;
+  return bits_float(float_bits(y) | (nan ? 0x7fc00000 : 0));
+}
+
+// exp(x) within about 2 ulp; exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN. The same
+// range reduction and degree-7 polynomial as cpu::detail::exp_f32, every a * b + c fused.
+PARM_HD inline float exp_f32(float x) {
+  constexpr float kLo = -104.0f;
+  constexpr float kHi = 89.0f;
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kRound = 12582912.0f;
+  const float xc = clamp_f32(x, kLo, kHi);
+  const float n = fma_f32(xc, kLog2e, kRound) - kRound;
+  float r = fma_f32(-n, kLn2Hi, xc);
+  r = fma_f32(-n, kLn2Lo, r);
+  float p = fma_f32(r, 1.0f / 40320.0f, 1.0f / 5040.0f);
+  p = fma_f32(r, p, 1.0f / 720.0f);
+  p = fma_f32(r, p, 1.0f / 120.0f);
+  p = fma_f32(r, p, 1.0f / 24.0f);
+  p = fma_f32(r, p, 1.0f / 6.0f);
+  p = fma_f32(r, p, 0.5f);
+  p = fma_f32(r, p, 1.0f);
+  p = fma_f32(r, p, 1.0f);
+  const int32_t ni = static_cast<int32_t>(n);
+  const int32_t n1 = ni >> 1;
+  const int32_t n2 = ni - n1;
+  const float s1 = bits_float((n1 + 127) << 23);
+  const float s2 = bits_float((n2 + 127) << 23);
+  return nan_if_nan(mul_nc(mul_nc(p, s1), s2), x);
+}
+
+// The CPU kernels reduce in 16 independent lanes (element i goes to lane i % 16 for every
+// full group of 16) and then add the lanes in order.
+constexpr int kLanes = 16;
+
+// ---- softmax of one row (cpu::softmax_forward / softmax_backward) -------------------------
+
+// y (cols) = softmax(x); y may alias x. The max ignores NaN, as the CPU's does.
+PARM_HD inline void softmax_row(const float* x, float* y, int64_t cols) {
+  const float neg_inf = -INFINITY;
+  float acc[kLanes];
+  for (int j = 0; j < kLanes; ++j) acc[j] = neg_inf;
+  int64_t i = 0;
+  for (; i + kLanes <= cols; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+  float mx = neg_inf;
+  for (int j = 0; j < kLanes; ++j) mx = acc[j] > mx ? acc[j] : mx;
+  for (; i < cols; ++i) mx = x[i] > mx ? x[i] : mx;
+
+  for (int64_t c = 0; c < cols; ++c) y[c] = exp_f32(x[c] - mx);
+
+  for (int j = 0; j < kLanes; ++j) acc[j] = 0.0f;
+  i = 0;
+  for (; i + kLanes <= cols; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += y[i + j];
+  float sum = 0.0f;
+  for (int j = 0; j < kLanes; ++j) sum += acc[j];
+  for (; i < cols; ++i) sum += y[i];
+  const float inv = 1.0f / sum;
+  for (int64_t c = 0; c < cols; ++c) y[c] = mul_nc(y[c], inv);
+}
+
+// dx (cols) = y * (dy - <y, dy>); dx may alias dy.
+PARM_HD inline void softmax_backward_row(const float* y, const float* dy, float* dx,
+                                         int64_t cols) {
+  float acc[kLanes];
+  for (int j = 0; j < kLanes; ++j) acc[j] = 0.0f;
+  int64_t c = 0;
+  for (; c + kLanes <= cols; c += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] = fma_f32(y[c + j], dy[c + j], acc[j]);
+  float dot = 0.0f;
+  for (int j = 0; j < kLanes; ++j) dot += acc[j];
+  for (; c < cols; ++c) dot = fma_f32(y[c], dy[c], dot);
+  for (c = 0; c < cols; ++c) dx[c] = mul_nc(y[c], dy[c] - dot);
+}
+
+// ---- top-k and combine weights of one token (cpu::topk, moe::gate_forward) ----------------
+
+// Strict total order on (value, column): larger first, NaN above every number, ties to the
+// lower column.
+PARM_HD inline bool ranks_before(float va, int32_t ia, float vb, int32_t ib) {
+  const bool na = is_nan(va);
+  const bool nb = is_nan(vb);
+  if (na || nb) return na && (!nb || ia < ib);
+  if (va != vb) return va > vb;
+  return ia < ib;
+}
+
+// idx (k), val (k): the k first of x (cols) in that order. k selection passes, each picking
+// the best element ranked strictly after the previous pick: the same result as the CPU's
+// selection (k <= 8) and partial sort (k > 8), the order being total. 1 <= k <= cols.
+PARM_HD inline void topk_row(const float* x, int64_t cols, int k, int32_t* idx, float* val) {
+  const auto n = static_cast<int32_t>(cols);
+  int32_t prev_i = -1;
+  float prev_v = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    int32_t best = -1;
+    float best_v = 0.0f;
+    for (int32_t c = 0; c < n; ++c) {
+      const float v = x[c];
+      if (j > 0 && !ranks_before(prev_v, prev_i, v, c)) continue;
+      if (best < 0 || ranks_before(v, c, best_v, best)) {
+        best = c;
+        best_v = v;
+      }
+    }
+    idx[j] = best;
+    val[j] = best_v;
+    prev_i = best;
+    prev_v = best_v;
+  }
+}
+
+// w (k) = p (k) when k == 1, else p / sum(p) (summed in order, before any drop).
+PARM_HD inline void combine_weights(const float* p, int k, float* w) {
+  if (k == 1) {
+    w[0] = p[0];
+    return;
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) sum += p[j];
+  for (int j = 0; j < k; ++j) w[j] = p[j] / sum;
+}
+
+// ---- GShard slots -------------------------------------------------------------------------
+
+// Priority position i in [0, k * tokens) (all 1st choices in token order, then all 2nd
+// choices, ...) -> the choice index t * k + j of the routing arrays.
+PARM_HD inline int64_t priority_choice(int64_t i, int64_t tokens, int k) {
+  const int64_t j = i / tokens;
+  const int64_t t = i - j * tokens;
+  return t * k + j;
+}
+
+// Dispatch-buffer row of the choice that takes expert e's `pos`-th place in priority order:
+// e * slots + pos while pos < capacity, else -1 (dropped).
+PARM_HD inline int32_t slot_row(int64_t e, int64_t pos, int64_t capacity, int64_t slots) {
+  return pos < capacity ? static_cast<int32_t>(e * slots + pos) : -1;
+}
+
+// The slot scan (one block of kSlotThreads threads per expert) walks the priority order in
+// chunks of kSlotThreads * kSlotItems positions; thread i of a chunk owns its positions
+// [i * kSlotItems, (i + 1) * kSlotItems).
+constexpr int kSlotThreads = 512;
+constexpr int kSlotItems = 8;
+constexpr int kSlotChunk = kSlotThreads * kSlotItems;
+
+// One thread's items of the slot scan of expert e: flag[u] says whether priority position
+// i0 + u chose e; `pos` is the number of choices of e before i0 (an exclusive scan). Writes
+// row (and source, for kept ones) of each flagged choice, counts its 1st choices into
+// *first, returns pos past them.
+PARM_HD inline int64_t assign_slots(const unsigned char* flag, int items, int64_t i0,
+                                    int64_t tokens, int k, int64_t e, int64_t pos,
+                                    int64_t capacity, int64_t slots, int32_t* row,
+                                    int32_t* source, int* first) {
+  for (int u = 0; u < items; ++u) {
+    if (!flag[u]) continue;
+    const int64_t i = i0 + u;
+    const int64_t c = priority_choice(i, tokens, k);
+    if (i < tokens) ++*first;
+    row[c] = slot_row(e, pos, capacity, slots);
+    if (pos < capacity) source[e * tokens + pos] = static_cast<int32_t>(c);
+    ++pos;
+  }
+  return pos;
+}
+
+// ---- gate backward of one token (moe::gate_backward) --------------------------------------
+
+// dp (E) = dpsum (E), then += the adjoint of the combine weights w.r.t. the chosen
+// probabilities: k == 1: dp[e_0] += g_0; k > 1 (w_j = p_j / S): dp[e_j] += g_j / S -
+// sum_i g_i p_i / S^2. Overwrites dp.
+PARM_HD inline void weights_backward_row(const int32_t* expert, const float* prob,
+                                         const float* dweight, int k, const float* dpsum,
+                                         int64_t experts, float* dp) {
+  for (int64_t e = 0; e < experts; ++e) dp[e] = dpsum[e];
+  if (k == 1) {
+    dp[expert[0]] += dweight[0];
+    return;
+  }
+  float s = 0.0f, gp = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    s += prob[j];
+    gp += mul_nc(dweight[j], prob[j]);
+  }
+  const float s2 = mul_nc(s, s);
+  for (int j = 0; j < k; ++j) dp[expert[j]] += dweight[j] / s - gp / s2;
+}
+
+// ---- dispatch / combine of one element (moe dispatch_combine.cpp) -------------------------
+
+// out[t, m] = sum over kept choices j of weight_j * buf[row_j, m], from 0 in choice order.
+// row / weight: the token's k entries.
+PARM_HD inline float combine_element(const int32_t* row, const float* weight, int k,
+                                     const float* buf, int64_t model_dim, int64_t m) {
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j)
+    if (row[j] >= 0) acc += mul_nc(weight[j], buf[static_cast<int64_t>(row[j]) * model_dim + m]);
+  return acc;
+}
+
+// dx[t, m] + sum over kept choices of dbuf[row_j, m], added in choice order.
+PARM_HD inline float dispatch_backward_element(float dx, const int32_t* row, int k,
+                                               const float* dbuf, int64_t model_dim,
+                                               int64_t m) {
+  for (int j = 0; j < k; ++j)
+    if (row[j] >= 0) dx += dbuf[static_cast<int64_t>(row[j]) * model_dim + m];
+  return dx;
+}
+
+// Lane `lane` (< kLanes) of <a, b> over n floats: the elements i = lane (mod kLanes) in
+// increasing order. sum_lanes() then adds the kLanes partials in order: together exactly the
+// CPU combine's dot product (dispatch_combine.cpp dot_lanes).
+PARM_HD inline float dot_lane(const float* a, const float* b, int64_t n, int lane) {
+  float acc = 0.0f;
+  for (int64_t i = lane; i < n; i += kLanes) acc += mul_nc(a[i], b[i]);
+  return acc;
+}
+
+PARM_HD inline float sum_lanes(const float* partial) {
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; ++j) s += partial[j];
+  return s;
+}
+
+}  // namespace parm::cuda::math

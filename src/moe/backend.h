@@ -1,0 +1,100 @@
+// The compute of the MoE layer on one device. The executor (moe_layer.cpp) runs a schedule's
+// steps: the communicators move the data, a LayerBackend computes the compute steps (gate,
+// dispatch, experts, combine and their adjoints) and the local data movement around the
+// collectives. The CPU backend (cpu_backend.cpp, over moe_ops.h) is the oracle's twin; the
+// CUDA backend (src/moe/cuda/) computes the same maths on the GPU.
+//
+// One backend per layer: it owns the routing of the last forward pass, the gate's saved
+// probabilities, the combine-weight gradients and the experts' workspace, all sized once at
+// construction (the steady state allocates nothing). Every Tensor / float* passed in lives
+// on device() unless marked "host". Work may be queued asynchronously; sync() waits for it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "moe/moe_ops.h"
+#include "moe/phase_times.h"
+#include "parm/device.h"
+#include "parm/tensor.h"
+
+namespace parm::moe {
+
+// The sizes a backend reserves for.
+struct BackendSizes {
+  int64_t gate_rows = 0;         // rows of one gate call (T, or T / N_MP under S1)
+  int64_t experts = 0;           // E
+  int topk = 1;                  // k
+  int64_t model_dim = 0;         // M
+  int64_t local_experts = 0;     // E_loc
+  int64_t hidden_shard = 0;      // H / N_ESP
+  int64_t max_expert_rows = 0;   // rows of one local expert across all blocks of the layout
+};
+
+class LayerBackend {
+ public:
+  virtual ~LayerBackend() = default;
+  virtual Device device() const = 0;
+  virtual Precision precision() const = 0;
+
+  // ---- gate (moe_ops.h gate_forward / gate_backward, same phases) ----
+  // x (rows, M), wg (M, E); stats (2E) = [first-choice counts, probability sums]. Keeps the
+  // routing for the calls below.
+  virtual void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
+                            int64_t slots, float* stats, PhaseTimes* times) = 0;
+  // Slots taken per expert by the last gate call (host).
+  virtual const std::vector<int64_t>& fill() const = 0;
+  // The last gate call's routing on the host (a copy on a device backend; for checks).
+  virtual const GateRouting& routing() = 0;
+  // dstats (2E) from l_aux; the combine-weight gradients come from the last
+  // combine_backward. Accumulates dwg (M, E) and dx (rows, M).
+  virtual void gate_backward(const Tensor& x, const Tensor& wg, const float* dstats,
+                             Tensor& dwg, Tensor& dx, PhaseTimes* times) = 0;
+  // l_aux from stats (2E); its adjoint overwrites dstats (2E).
+  virtual float aux_loss(const float* stats, int64_t experts, int64_t total_tokens) = 0;
+  virtual void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens,
+                                 float dl_aux, float* dstats) = 0;
+
+  // ---- dispatch / combine over the last routing (moe_ops.h) ----
+  virtual void dispatch_forward(const Tensor& x, Tensor& buf) = 0;    // overwrites buf
+  virtual void dispatch_backward(const Tensor& dbuf, Tensor& dx) = 0; // accumulates dx
+  virtual void combine_forward(const Tensor& buf, Tensor& out) = 0;   // overwrites out
+  // Overwrites dbuf; keeps the combine-weight gradients for gate_backward.
+  virtual void combine_backward(const Tensor& buf, const Tensor& dout, Tensor& dbuf) = 0;
+
+  // ---- experts (moe_ops.h experts_forward / experts_backward; fills on the host) ----
+  virtual void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks,
+                               int64_t slots, const int32_t* fills, bool add_b2, Tensor& out,
+                               PhaseTimes* times) = 0;
+  virtual void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
+                                int64_t slots, const int32_t* fills, ExpertShards& dw,
+                                Tensor& din, PhaseTimes* times) = 0;
+  // Filled rows of each local expert in the last forward pass.
+  virtual const std::vector<int64_t>& expert_rows() const = 0;
+  // The floor: the six expert products of every expert (rows[e] each) run alone, `reps`
+  // times on scratch memory of this device; median total (us).
+  virtual double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
+                                         int64_t hidden_shard, int reps) = 0;
+
+  // ---- local data movement ----
+  // mine (outer, chunk) = full (outer, n, chunk)[:, j, :] ("keep my slice").
+  virtual void take_chunk(const float* full, int64_t outer, int n, int j, int64_t chunk,
+                          float* mine) = 0;
+  // full (outer, n, chunk)[:, p, :] = parts (n, outer, chunk)[p] (an allgather's blocks
+  // interleaved).
+  virtual void interleave(const float* parts, int64_t outer, int n, int64_t chunk,
+                          float* full) = 0;
+  virtual void add(float* dst, const float* src, int64_t n) = 0;  // dst += src
+
+  // Waits for the work queued so far (no-op on the CPU).
+  virtual void sync() = 0;
+  // Bytes of the backend's own buffers (routing, saved tensors, expert workspace).
+  virtual int64_t held_bytes() const = 0;
+};
+
+// Throws InvalidConfig when `device` / `precision` cannot run in this build or machine.
+std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
+                                           const BackendSizes& sizes);
+
+}  // namespace parm::moe

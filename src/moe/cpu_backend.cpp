@@ -1,0 +1,119 @@
+// The CPU backend of the MoE layer: moe_ops.h's functions over host tensors.
+#include <cstring>
+
+#include "moe/backend.h"
+#include "moe/expert_products.h"
+#include "parm/error.h"
+
+#ifdef PARM_HAVE_CUDA
+#include "moe/cuda/cuda_backend.h"
+#endif
+
+namespace parm::moe {
+namespace {
+
+class CpuBackend final : public LayerBackend {
+ public:
+  explicit CpuBackend(const BackendSizes& s)
+      : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}) {
+    ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard);
+  }
+
+  Device device() const override { return Device::kCpu; }
+  Precision precision() const override { return Precision::kFp32; }
+
+  void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
+                    int64_t slots, float* stats, PhaseTimes* times) override {
+    moe::gate_forward(x, wg, topk, capacity, slots, probs_, routing_, stats, times);
+  }
+  const std::vector<int64_t>& fill() const override { return routing_.fill; }
+  const GateRouting& routing() override { return routing_; }
+  void gate_backward(const Tensor& x, const Tensor& wg, const float* dstats, Tensor& dwg,
+                     Tensor& dx, PhaseTimes* times) override {
+    moe::gate_backward(x, wg, probs_, routing_, dweight_, dstats, dprobs_, dwg, dx, times);
+  }
+  float aux_loss(const float* stats, int64_t experts, int64_t total) override {
+    return moe::aux_loss(stats, experts, total);
+  }
+  void aux_loss_backward(const float* stats, int64_t experts, int64_t total, float dl_aux,
+                         float* dstats) override {
+    moe::aux_loss_backward(stats, experts, total, dl_aux, dstats);
+  }
+
+  void dispatch_forward(const Tensor& x, Tensor& buf) override {
+    moe::dispatch_forward(x, routing_, buf);
+  }
+  void dispatch_backward(const Tensor& dbuf, Tensor& dx) override {
+    moe::dispatch_backward(dbuf, routing_, dx);
+  }
+  void combine_forward(const Tensor& buf, Tensor& out) override {
+    moe::combine_forward(buf, routing_, out);
+  }
+  void combine_backward(const Tensor& buf, const Tensor& dout, Tensor& dbuf) override {
+    moe::combine_backward(buf, dout, routing_, dbuf, dweight_);
+  }
+
+  void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
+                       const int32_t* fills, bool add_b2, Tensor& out,
+                       PhaseTimes* times) override {
+    moe::experts_forward(in, w, blocks, slots, fills, add_b2, ws_, out, times);
+  }
+  void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
+                        int64_t slots, const int32_t* fills, ExpertShards& dw, Tensor& din,
+                        PhaseTimes* times) override {
+    moe::experts_backward(dout, w, blocks, slots, fills, ws_, dw, din, times);
+  }
+  const std::vector<int64_t>& expert_rows() const override { return ws_.rows; }
+  double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
+                                 int64_t hidden_shard, int reps) override {
+    return moe::time_expert_products_us(rows, model_dim, hidden_shard, reps);
+  }
+
+  void take_chunk(const float* full, int64_t outer, int n, int j, int64_t chunk,
+                  float* mine) override {
+    for (int64_t o = 0; o < outer; ++o)
+      std::memcpy(mine + o * chunk, full + (o * n + j) * chunk,
+                  static_cast<size_t>(chunk) * sizeof(float));
+  }
+  void interleave(const float* parts, int64_t outer, int n, int64_t chunk,
+                  float* full) override {
+    for (int p = 0; p < n; ++p)
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(full + (o * n + p) * chunk, parts + (p * outer + o) * chunk,
+                    static_cast<size_t>(chunk) * sizeof(float));
+  }
+  void add(float* dst, const float* src, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+
+  void sync() override {}
+  int64_t held_bytes() const override {
+    int64_t b = probs_.bytes() + dprobs_.bytes() + ws_.out_rows.bytes() + ws_.d_out.bytes() +
+                ws_.d_act.bytes();
+    for (const auto* list : {&ws_.in, &ws_.pre, &ws_.act})
+      for (const Tensor& t : *list) b += t.bytes();
+    return b;
+  }
+
+ private:
+  Tensor probs_, dprobs_;  // (gate rows, E)
+  GateRouting routing_;
+  std::vector<float> dweight_;
+  ExpertWorkspace ws_;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
+                                           const BackendSizes& sizes) {
+  check_device(device, precision);
+  if (device == Device::kCpu) return std::make_unique<CpuBackend>(sizes);
+#ifdef PARM_HAVE_CUDA
+  return make_cuda_backend(precision, sizes);
+#else
+  PARM_CHECK(false, "unreachable: check_device accepted cuda in a build without CUDA");
+  return nullptr;
+#endif
+}
+
+}  // namespace parm::moe

@@ -1,0 +1,95 @@
+// The local experts (ESP shards) on the GPU: the contract of moe::experts_forward /
+// experts_backward (moe_ops.h) over device tensors, with the six products on cuBLAS
+// (kernels/cuda/gemm.h), the activation and bias kernels of kernels/cuda/expert_kernels.h,
+// and the row gather / scatter as segment copies (expert_rows.h). CUDA builds only.
+//
+// Everything is queued on cuda::stream() and nothing waits for the GPU, except that with a
+// non-null `times` the stream is synchronised before every phase lap so the phase times are
+// the GPU's (the phases are the CPU path's names).
+//
+// Precision::kBf16: the GEMM operands are bf16 (the gathered rows, act, dy, dpre, and bf16
+// copies of W1 and W2 made once per forward call and reused by the backward call); every
+// GEMM accumulates and writes fp32 (weight gradients accumulate into the fp32 dW). Master
+// weights, gradients, biases, the activations kept for the backward pass (pre, act) and all
+// column sums stay fp32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/cuda/gemm.h"
+#include "moe/moe_ops.h"
+#include "parm/device.h"
+#include "parm/tensor.h"
+
+namespace parm::moe::cuda {
+
+struct ProductOperands;  // device_experts.cpp: where each product's operands are
+
+class DeviceExperts {
+ public:
+  // Allocates the whole workspace once, for e_loc experts of at most max_rows filled rows
+  // each (blocks * slots of any call must not exceed it), model dim M and hidden shard Hl.
+  DeviceExperts(int64_t e_loc, int64_t max_rows, int64_t model_dim, int64_t hidden_shard,
+                Precision p);
+
+  // Same contract as moe::experts_forward: in/out (blocks, E_loc, slots, M) on the GPU, the
+  // weights w on the GPU (fp32), fills on the HOST (int32, blocks * E_loc). Overwrites out
+  // (zero at empty slots). Keeps the rows and activations for backward().
+  void forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
+               const int32_t* fills, bool add_b2, Tensor& out, PhaseTimes* times = nullptr);
+  // Same contract as moe::experts_backward, after forward() with the same fills and weights:
+  // accumulates dw (dW1, db1, dW2 of this shard, db2 whole), overwrites din (zero at empty
+  // slots).
+  void backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
+                const int32_t* fills, ExpertShards& dw, Tensor& din, PhaseTimes* times = nullptr);
+
+  // Filled rows per expert in the last forward().
+  const std::vector<int64_t>& rows() const { return rows_; }
+  // Device memory held by the workspace (bytes).
+  int64_t held_bytes() const { return held_bytes_; }
+  Precision precision() const { return precision_; }
+  // The grouped-GEMM helper (tests force its loop mode to compare the two paths).
+  parm::cuda::GroupedGemm& grouped_gemm() { return gemm_; }
+
+ private:
+  // A zero-filled device buffer of bf16 values.
+  struct Bf16Buffer {
+    std::shared_ptr<void> mem;
+    uint16_t* data() const { return static_cast<uint16_t*>(mem.get()); }
+  };
+  Bf16Buffer bf16_buffer(int64_t elements);
+  void check_call(const ExpertShards& w, const Tensor& a, const Tensor& b, int64_t blocks,
+                  int64_t slots, const int32_t* fills, const char* what) const;
+  // The operands of the six products in this workspace (dw may be null in the forward pass).
+  ProductOperands operands(const ExpertShards& w, ExpertShards* dw);
+
+  int64_t e_loc_, max_rows_, model_dim_, hidden_;
+  Precision precision_;
+  int64_t held_bytes_ = 0;
+  std::vector<int64_t> rows_;  // (E_loc) filled rows of the last forward
+  bool have_forward_ = false;
+  // Per expert e, rows at e * max_rows * cols (fp32, on the GPU):
+  Tensor in_;           // (E_loc, max_rows, M) the gathered rows
+  Tensor pre_;          // (E_loc, max_rows, Hl) x W1 (b1 added on the fly)
+  Tensor act_;          // (E_loc, max_rows, Hl) gelu(pre + b1)
+  Tensor out_rows_;     // (E_loc, max_rows, M) forward outputs; dx in the backward pass
+  Tensor d_out_;        // (E_loc, max_rows, M) gathered output gradient
+  Tensor d_act_;        // (E_loc, max_rows, Hl) dact, then dpre in place
+  Tensor col_scratch_;  // column-sum partials
+  // bf16 GEMM operands (Precision::kBf16 only; empty otherwise):
+  Bf16Buffer in_bf16_, act_bf16_, d_out_bf16_, d_pre_bf16_;  // as the fp32 buffers above
+  Bf16Buffer w1_bf16_, w2_bf16_;                             // (E_loc, M, Hl), (E_loc, Hl, M)
+  parm::cuda::GroupedGemm gemm_;
+  std::vector<parm::cuda::GemmProblem> problems_;  // (E_loc) reserved
+};
+
+// The cuBLAS floor: the six products of every expert (rows[e] rows each, each expert on its
+// own scratch operands, through the same grouped path as DeviceExperts) alone on scratch
+// device memory, `reps` times after one untimed round, timed with CUDA events; returns the
+// median total in microseconds.
+double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim, int64_t hidden,
+                               int reps, Precision p);
+
+}  // namespace parm::moe::cuda

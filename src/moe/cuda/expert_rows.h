@@ -1,0 +1,88 @@
+// The row bookkeeping of the device experts, header-only and free of CUDA so that the CPU
+// unit tests check it: the fill counts of the exchange layout (blocks, E_loc, slots, M), and
+// the contiguous copies that gather each expert's filled rows out of it and scatter them
+// back (moe_ops.h: expert e's rows in block b are the first fills[b * E_loc + e] slots of
+// segment [b, e]; the rest are empty slots).
+//
+// Packed rows: expert e's filled rows, blocks in order, start at packed + e * packed_stride
+// (elements); they are what the expert's GEMMs read and write.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/expert_kernels.h"
+#include "parm/error.h"
+
+namespace parm::moe::cuda {
+
+// Throws unless every fill count is in [0, slots].
+inline void check_fills(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t slots) {
+  for (int64_t i = 0; i < blocks * e_loc; ++i)
+    PARM_CHECK(fills[i] >= 0 && fills[i] <= slots,
+               "expert segment {} has fill count {}, outside [0, {}] (corrupt routing counts)", i,
+               fills[i], slots);
+}
+
+// rows[e] = sum over blocks of fills[b * e_loc + e]. Overwrites rows (resized to e_loc).
+inline void count_rows(const int32_t* fills, int64_t blocks, int64_t e_loc,
+                       std::vector<int64_t>& rows) {
+  rows.assign(static_cast<size_t>(e_loc), 0);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t e = 0; e < e_loc; ++e) rows[static_cast<size_t>(e)] += fills[b * e_loc + e];
+}
+
+// Offset (elements) of segment [b, e]'s first row in the layout.
+inline int64_t segment_offset(int64_t b, int64_t e, int64_t e_loc, int64_t slots, int64_t M) {
+  return ((b * e_loc + e) * slots) * M;
+}
+
+// The gather: emit(SegmentCopy) for every non-empty segment, copying its filled rows from
+// `layout` to expert e's packed rows (and their bf16 copy when packed_bf16 is not null;
+// same offsets).
+template <class Emit>
+void plan_gather(const float* layout, int64_t blocks, int64_t e_loc, int64_t slots, int64_t M,
+                 const int32_t* fills, float* packed, uint16_t* packed_bf16, int64_t packed_stride,
+                 Emit&& emit) {
+  for (int64_t e = 0; e < e_loc; ++e) {
+    int64_t n = 0;  // rows of expert e so far
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t f = fills[b * e_loc + e];
+      if (f > 0) {
+        const int64_t dst = e * packed_stride + n * M;
+        parm::cuda::SegmentCopy s;
+        s.src = layout + segment_offset(b, e, e_loc, slots, M);
+        s.dst = packed + dst;
+        s.dst_bf16 = packed_bf16 != nullptr ? packed_bf16 + dst : nullptr;
+        s.copy = f * M;
+        s.zero = 0;
+        emit(s);
+      }
+      n += f;
+    }
+  }
+}
+
+// The scatter: emit(SegmentCopy) for every segment, copying expert e's packed rows into its
+// filled slots and zeroing the empty ones, so the whole layout is written.
+template <class Emit>
+void plan_scatter(const float* packed, int64_t packed_stride, int64_t blocks, int64_t e_loc,
+                  int64_t slots, int64_t M, const int32_t* fills, float* layout, Emit&& emit) {
+  if (slots * M == 0) return;
+  for (int64_t e = 0; e < e_loc; ++e) {
+    int64_t n = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t f = fills[b * e_loc + e];
+      parm::cuda::SegmentCopy s;
+      s.src = packed + e * packed_stride + n * M;
+      s.dst = layout + segment_offset(b, e, e_loc, slots, M);
+      s.dst_bf16 = nullptr;
+      s.copy = f * M;
+      s.zero = (slots - f) * M;
+      emit(s);
+      n += f;
+    }
+  }
+}
+
+}  // namespace parm::moe::cuda

@@ -1,0 +1,134 @@
+// The MoE layer on the GPU against the fp64 oracle (moe/layer_check.h): every schedule,
+// fused and not, over every layout of this world size; fp32 at the CPU's tolerance, bf16
+// at its stated one (layer_check.h: default_tolerance). One rank: the NCCL communicator;
+// several ranks on the one GPU: MPI staging device buffers through host memory. The bytes
+// each (group, op) counts must equal the CPU run's (the same step lists move the same data).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "moe/layer_check.h"
+#include "moe/moe_layer.h"
+#include "mpi_test_util.h"
+#include "parm/error.h"
+
+namespace parm {
+namespace {
+
+using schedule::Kind;
+
+std::map<std::string, double> counted(Topology& topo) {
+  std::map<std::string, double> b;
+  for (int gi = 0; gi < kNumGroups; ++gi)
+    for (int op = 0; op < kNumCommOps; ++op) {
+      const OpStats& s =
+          topo.host_comm(static_cast<Group>(gi)).stats().op(static_cast<CommOp>(op));
+      if (s.calls > 0)
+        b[std::string(group_name(static_cast<Group>(gi))) + "." +
+          comm_op_name(static_cast<CommOp>(op))] += s.bus_bytes;
+    }
+  return b;
+}
+
+struct Case {
+  TopologyOptions layout;
+  Kind kind;
+  bool fuse;
+  std::string where;
+};
+
+std::vector<Case> cases(const ref::MoeShape& s) {
+  std::vector<Case> out;
+  for (const TopologyOptions& o : test::all_layouts(120.0)) {
+    if (s.experts % o.ep != 0 || s.hidden % o.esp != 0 || s.tokens % o.mp != 0) continue;
+    for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+      for (bool fuse : {false, true}) {
+        try {
+          schedule::validate({s, make_layout(test::world_size(), o.mp, o.ep, o.esp), 0}, kind);
+        } catch (const InvalidConfig&) {
+          continue;
+        }
+        out.push_back({o, kind, fuse,
+                       fmt::format("mp={} ep={} esp={} {}{}", o.mp, o.ep, o.esp,
+                                   schedule::kind_name(kind), fuse ? " fused" : "")});
+      }
+  }
+  return out;
+}
+
+TEST(GpuLayer, EveryScheduleAndLayoutMatchesTheOracle) {
+  // Capacity 1.1 drops choices; an uneven T / E exercises partial segments.
+  const auto s = ref::MoeShape::of(48, 32, 64, 8, 2, "1.1");
+  int checked = 0;
+  for (const Case& c : cases(s))
+    for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+      TopologyOptions o = c.layout;
+      o.device = Device::kCuda;
+      auto topo = Topology::create(o);
+      LayerCheckOptions lc;
+      lc.shape = s;
+      lc.kind = c.kind;
+      lc.fuse = c.fuse;
+      lc.chunks = 3;
+      lc.seed = 11;
+      lc.precision = p;
+      lc.tolerance = default_tolerance(p);
+      const LayerCheckResult r = check_layer(*topo, lc);
+      std::string errs;
+      for (const auto& e : r.errors) errs += fmt::format(" {}={:.2e}", e.name, e.max_rel);
+      EXPECT_TRUE(r.routing_matches) << c.where << " " << precision_name(p);
+      EXPECT_TRUE(r.passed) << c.where << " " << precision_name(p) << " on "
+                            << topo->comm_backend() << ":" << errs;
+      ++checked;
+    }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(GpuLayer, CountsTheSameBytesAsTheCpu) {
+  const auto s = ref::MoeShape::of(40, 16, 32, 8, 2, "1.1");
+  for (const Case& c : cases(s)) {
+    std::map<std::string, double> bytes[2];
+    for (int d = 0; d < 2; ++d) {
+      TopologyOptions o = c.layout;
+      o.device = d == 0 ? Device::kCpu : Device::kCuda;
+      auto topo = Topology::create(o);
+      MoeLayer layer(*topo, s, c.kind, c.fuse, 3);
+      layer.load_whole(ref::init_params<float>(s, 3));
+      auto x = check_input(s, 3, 0);
+      auto dout = check_dout(s, 3, 0);
+      topo->reset_stats();
+      layer.forward(Tensor::view(x.data(), {s.tokens, s.model_dim}));
+      layer.backward(Tensor::view(dout.data(), {s.tokens, s.model_dim}), 0.5f);
+      bytes[d] = counted(*topo);
+    }
+    EXPECT_EQ(bytes[0], bytes[1]) << c.where;
+  }
+}
+
+TEST(GpuLayer, ExpertsComputeTheFilledRowsOnly) {
+  // f = 8: most slots are empty; the GPU experts must compute exactly the kept choices.
+  const auto s = ref::MoeShape::of(32, 16, 32, 4, 2, "8");
+  for (const Case& c : cases(s)) {
+    TopologyOptions o = c.layout;
+    o.device = Device::kCuda;
+    auto topo = Topology::create(o);
+    MoeLayer layer(*topo, s, c.kind, c.fuse, 2);
+    layer.load_whole(ref::init_params<float>(s, 4));
+    auto x = check_input(s, 4, group_coord(topo->layout(), Group::kMp, topo->world_rank()).index);
+    layer.forward(Tensor::view(x.data(), {s.tokens, s.model_dim}));
+    int64_t rows = 0;
+    for (int64_t r : layer.expert_rows()) rows += r;
+    int64_t kept = 0;
+    for (int64_t r : layer.routing().row) kept += r >= 0 ? 1 : 0;
+    // Every kept choice is computed once per ESP shard; a gate on the MP group's whole T
+    // (baseline, S2) is duplicated on its N_MP ranks, S1's gate runs on disjoint slices.
+    const int64_t gate_copies = c.kind == Kind::kS1 || o.mp == 1 ? 1 : o.mp;
+    int64_t v[2] = {rows * gate_copies, kept * o.esp};
+    MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(v[0], v[1]) << c.where;
+  }
+}
+
+}  // namespace
+}  // namespace parm
