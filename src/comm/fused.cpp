@@ -101,11 +101,6 @@ void post_ep_piece(Communicator& ep, size_t block, const Piece& pc, const float*
   }
 }
 
-bool overlap(const float* a, size_t a_len, const float* b, size_t b_len) {
-  if (a_len == 0 || b_len == 0) return false;
-  return a < b + b_len && b < a + a_len;
-}
-
 // A buffer that only grows: get(n) reuses the storage once it has held n elements.
 class GrowOnlyBuffer {
  public:
@@ -201,7 +196,7 @@ void fused_dispatch(Communicator& ep, Communicator& esp, const float* in, float*
   const int n_ep = ep.size();
   const int n_esp = esp.size(), me_esp = esp.rank();
   const size_t row = static_cast<size_t>(n_ep) * block;  // one ESP rank's (N_EP, block)
-  PARM_CHECK(!overlap(in, row, out, static_cast<size_t>(n_esp) * row),
+  PARM_CHECK(!fused_detail::overlap(in, row, out, static_cast<size_t>(n_esp) * row),
              "fused_dispatch: in and out overlap (block {})", block);
   // (N_EP, block): where the alltoall delivers, this rank's slot of the allgather output.
   float* mine = out + static_cast<size_t>(me_esp) * row;
@@ -243,32 +238,15 @@ void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* 
   const int n_ep = ep.size();
   const int n_esp = esp.size(), me_esp = esp.rank();
   const size_t row = static_cast<size_t>(n_ep) * block;  // (N_EP, block)
-  PARM_CHECK(!overlap(in, static_cast<size_t>(n_esp) * row, out, row),
+  PARM_CHECK(!fused_detail::overlap(in, static_cast<size_t>(n_esp) * row, out, row),
              "fused_combine: in and out overlap (block {})", block);
 
-  Communicator* mp = nullptr;
-  int n_mp = 1, me_mp = 0;
-  size_t mp_chunk = 0;
-  float* full = nullptr;  // (outer, N_MP, chunk)
-  if (mp_part != nullptr) {
-    PARM_CHECK(mp_part->mp != nullptr, "fused_combine: MpGatherPart without a communicator");
-    mp = mp_part->mp;
-    n_mp = mp->size();
-    me_mp = mp->rank();
-    PARM_CHECK(mp_part->outer >= 1 && mp_part->chunk >= 0,
-               "fused_combine: MP gather outer {} must be >= 1 and chunk {} >= 0",
-               mp_part->outer, mp_part->chunk);
-    PARM_CHECK_EQ(static_cast<size_t>(mp_part->outer * mp_part->chunk), row);
-    mp_chunk = static_cast<size_t>(mp_part->chunk);
-    full = mp_part->full;
-    PARM_CHECK(row == 0 || full != nullptr, "fused_combine: MP gather output is null");
-    // (On one MP rank `full` may be `out` itself.)
-    PARM_CHECK((n_mp == 1 && full == out) ||
-                   (!overlap(full, static_cast<size_t>(n_mp) * row, out, row) &&
-                    !overlap(full, static_cast<size_t>(n_mp) * row, in,
-                             static_cast<size_t>(n_esp) * row)),
-               "fused_combine: the MP gather output overlaps in or out (block {})", block);
-  }
+  const fused_detail::MpGather g =
+      fused_detail::check_mp_part(mp_part, in, n_esp, out, row, block);
+  Communicator* mp = g.mp;
+  const int n_mp = g.n, me_mp = g.me;
+  const size_t mp_chunk = g.chunk;
+  float* full = g.full;  // (outer, N_MP, chunk)
 
   // The reduce_scatter: peers' partial sums of my block arrive in `theirs` (N_ESP, N_EP,
   // block; my own slot unused) and are summed into `reduced` (N_EP, block). On one ESP rank
@@ -360,4 +338,36 @@ void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* 
                pipeline.busy_us(gather_stage));
 }
 
+namespace fused_detail {
+
+bool overlap(const float* a, size_t a_len, const float* b, size_t b_len) {
+  if (a_len == 0 || b_len == 0) return false;
+  return a < b + b_len && b < a + a_len;
+}
+
+MpGather check_mp_part(const MpGatherPart* part, const float* in, int n_esp, const float* out,
+                       size_t row, size_t block) {
+  MpGather g;
+  if (part == nullptr) return g;
+  PARM_CHECK(part->mp != nullptr, "fused_combine: MpGatherPart without a communicator");
+  g.mp = part->mp;
+  g.n = part->mp->size();
+  g.me = part->mp->rank();
+  PARM_CHECK(part->outer >= 1 && part->chunk >= 0,
+             "fused_combine: MP gather outer {} must be >= 1 and chunk {} >= 0", part->outer,
+             part->chunk);
+  PARM_CHECK_EQ(static_cast<size_t>(part->outer * part->chunk), row);
+  g.chunk = static_cast<size_t>(part->chunk);
+  g.full = part->full;
+  PARM_CHECK(row == 0 || g.full != nullptr, "fused_combine: MP gather output is null");
+  // (On one MP rank `full` may be `out` itself.)
+  const size_t full_len = static_cast<size_t>(g.n) * row;
+  PARM_CHECK((g.n == 1 && g.full == out) ||
+                 (!overlap(g.full, full_len, out, row) &&
+                  !overlap(g.full, full_len, in, static_cast<size_t>(n_esp) * row)),
+             "fused_combine: the MP gather output overlaps in or out (block {})", block);
+  return g;
+}
+
+}  // namespace fused_detail
 }  // namespace parm

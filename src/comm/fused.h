@@ -40,4 +40,23 @@ void fused_dispatch(Communicator& ep, Communicator& esp, const float* in, float*
 void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* out,
                    size_t block, int chunks, const MpGatherPart* mp_part = nullptr);
 
+// ---- shared by the implementations of the fused collectives (fused.cpp, the NCCL one) ----
+namespace fused_detail {
+
+// True when [a, a + a_len) and [b, b + b_len) share an element (empty ranges share none).
+bool overlap(const float* a, size_t a_len, const float* b, size_t b_len);
+
+// A fused combine's MP part after its checks: the group (null when there is no part), its
+// size and my rank (1 and 0 without one), the chunk and the gathered output.
+struct MpGather {
+  Communicator* mp = nullptr;
+  int n = 1, me = 0;
+  size_t chunk = 0;
+  float* full = nullptr;  // (outer, N_MP, chunk)
+};
+// Checks `part` against the combine's in (N_ESP rows of `row` elements) and out (`row`).
+MpGather check_mp_part(const MpGatherPart* part, const float* in, int n_esp, const float* out,
+                       size_t row, size_t block);
+
+}  // namespace fused_detail
 }  // namespace parm

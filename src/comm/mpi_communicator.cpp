@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/mpi_check.h"
+#include "comm/recycled.h"
 #include "parm/timer.h"
 
 namespace parm {
@@ -65,18 +66,7 @@ void sum_blocks_in_rank_order(DType dtype, const void* blocks, void* recv, size_
   throw Error("unknown dtype");
 }
 
-// Storage of deleted requests, reused by the next ones, so that issuing an operation
-// allocates nothing once this thread has had as many requests alive at once as it will
-// have again. Per thread, so no lock. A plain pointer with no destructor, so that a request
-// deleted late in the thread's (or program's) exit still finds a valid list; the blocks on
-// it when the thread exits are not returned to the system (at most its peak of live
-// requests).
-struct FreeBlock {
-  FreeBlock* next;
-};
-thread_local FreeBlock* t_free_requests = nullptr;
-
-class MpiRequest final : public Request {
+class MpiRequest final : public Request, public Recycled<MpiRequest> {
  public:
   MpiRequest(MPI_Request req, MpiCommunicator* comm, CommOp op, double bytes, double bus,
              int world_rank, bool counted, MpiCommunicator::BlockSum sum)
@@ -94,21 +84,6 @@ class MpiRequest final : public Request {
     // Still holding its scratch buffer means MPI never reported completion (a Timeout or an
     // MPI error) and may yet write into it: leak it rather than free it.
     (void)sum_.scratch.data.release();
-  }
-
-  // MpiRequest is final, so every block has the size of one MpiRequest.
-  static void* operator new(size_t bytes) {
-    if (FreeBlock* block = t_free_requests) {
-      t_free_requests = block->next;
-      return block;
-    }
-    return ::operator new(bytes);
-  }
-  static void operator delete(void* p) {
-    if (p == nullptr) return;
-    auto* block = static_cast<FreeBlock*>(p);
-    block->next = t_free_requests;
-    t_free_requests = block;
   }
 
   bool test() override {
@@ -156,7 +131,6 @@ class MpiRequest final : public Request {
   bool done_ = false;
   MpiCommunicator::BlockSum sum_;
 };
-static_assert(sizeof(MpiRequest) >= sizeof(FreeBlock));
 
 }  // namespace
 

@@ -34,32 +34,17 @@ namespace {
 
 constexpr float kLnEps = 1e-5f;
 
-// Host tensors shaped like a (device) MoE layer's parameters, with their values.
-MoeLayerParams host_copy_of(const MoeLayerParams& p) {
-  return {p.wg.to(Device::kCpu),
-          {p.experts.w1.to(Device::kCpu), p.experts.b1.to(Device::kCpu),
-           p.experts.w2.to(Device::kCpu), p.experts.b2.to(Device::kCpu)}};
-}
-
-void copy_moe_params(const MoeLayerParams& from, MoeLayerParams& to) {
-  to.wg.copy_from(from.wg);
-  to.experts.w1.copy_from(from.experts.w1);
-  to.experts.b1.copy_from(from.experts.b1);
-  to.experts.w2.copy_from(from.experts.w2);
-  to.experts.b2.copy_from(from.experts.b2);
-}
-
 // host += the device tensors' values.
 void add_moe_grads(const MoeLayerParams& device, MoeLayerParams& host) {
-  auto add = [](const Tensor& d, Tensor& h) {
-    const Tensor t = d.to(Device::kCpu);
-    for (int64_t i = 0; i < h.numel(); ++i) h[i] += t[i];
+  const MoeLayerParams d = params_on(device, Device::kCpu);
+  auto add = [](const Tensor& from, Tensor& to) {
+    for (int64_t i = 0; i < to.numel(); ++i) to[i] += from[i];
   };
-  add(device.wg, host.wg);
-  add(device.experts.w1, host.experts.w1);
-  add(device.experts.b1, host.experts.b1);
-  add(device.experts.w2, host.experts.w2);
-  add(device.experts.b2, host.experts.b2);
+  add(d.wg, host.wg);
+  add(d.experts.w1, host.experts.w1);
+  add(d.experts.b1, host.experts.b1);
+  add(d.experts.w2, host.experts.w2);
+  add(d.experts.b2, host.experts.b2);
 }
 
 struct Block {
@@ -285,8 +270,8 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     MoeLayerParams* values = &m.params();
     MoeLayerParams* grads = &m.grads();
     if (m.device() != Device::kCpu) {
-      b.host_params = host_copy_of(m.params());
-      b.host_grads = host_copy_of(m.grads());
+      b.host_params = params_on(m.params(), Device::kCpu);
+      b.host_grads = params_on(m.grads(), Device::kCpu);
       b.moe_out = Tensor({T_, M_});
       b.moe_dx = Tensor({T_, M_});
       values = &b.host_params;
@@ -401,7 +386,7 @@ void Transformer::block_forward(Block& b, const Tensor& in, Tensor& out) {
     if (b.moe_out.empty()) {
       ffn = b.moe->forward(b.ln2).data();
     } else {
-      copy_moe_params(b.host_params, b.moe->params());
+      copy_params(b.host_params, b.moe->params());
       b.moe_out.copy_from(b.moe->forward(b.ln2));
       ffn = b.moe_out.data();
     }

@@ -28,6 +28,10 @@ struct MoeLayerParams {
   Tensor wg;                 // (M, E) whole, on every rank
   moe::ExpertShards experts; // this rank's shards
 };
+// to = from, tensor by tensor (same shapes, any devices).
+void copy_params(const MoeLayerParams& from, MoeLayerParams& to);
+// An independent copy of p on `device`.
+MoeLayerParams params_on(const MoeLayerParams& p, Device device);
 
 class MoeLayer {
  public:
@@ -58,6 +62,10 @@ class MoeLayer {
   const Tensor& backward(const Tensor& dout, float dl_aux);
   void zero_grad();
 
+  // Per-step timing (default on). On a device it waits for the GPU after every step; off,
+  // the device work of consecutive steps overlaps their host work and the step times below
+  // stay zero (the pass as a whole still ends with a wait).
+  void set_step_timing(bool on) { step_timing_ = on; }
   // Wall time of each step in the last forward / backward pass (microseconds), and of the
   // named phases inside the compute steps (gate, experts).
   const std::vector<double>& forward_step_us() const { return fwd_us_; }
@@ -112,6 +120,7 @@ class MoeLayer {
   MetadataExchange meta_;
   Tensor gather_scratch_;      // permutation scratch of interleaved allgathers
   float l_aux_ = 0.0f;
+  bool step_timing_ = true;
   std::vector<double> fwd_us_, bwd_us_;
   std::vector<moe::PhaseTimes> fwd_phases_, bwd_phases_;
 };

@@ -31,37 +31,11 @@ std::map<std::string, double> counted(Topology& topo) {
   return b;
 }
 
-struct Case {
-  TopologyOptions layout;
-  Kind kind;
-  bool fuse;
-  std::string where;
-};
-
-std::vector<Case> cases(const ref::MoeShape& s) {
-  std::vector<Case> out;
-  for (const TopologyOptions& o : test::all_layouts(120.0)) {
-    if (s.experts % o.ep != 0 || s.hidden % o.esp != 0 || s.tokens % o.mp != 0) continue;
-    for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
-      for (bool fuse : {false, true}) {
-        try {
-          schedule::validate({s, make_layout(test::world_size(), o.mp, o.ep, o.esp), 0}, kind);
-        } catch (const InvalidConfig&) {
-          continue;
-        }
-        out.push_back({o, kind, fuse,
-                       fmt::format("mp={} ep={} esp={} {}{}", o.mp, o.ep, o.esp,
-                                   schedule::kind_name(kind), fuse ? " fused" : "")});
-      }
-  }
-  return out;
-}
-
 TEST(GpuLayer, EveryScheduleAndLayoutMatchesTheOracle) {
   // Capacity 1.1 drops choices; an uneven T / E exercises partial segments.
   const auto s = ref::MoeShape::of(48, 32, 64, 8, 2, "1.1");
   int checked = 0;
-  for (const Case& c : cases(s))
+  for (const test::LayerCase& c : test::layer_cases(s))
     for (Precision p : {Precision::kFp32, Precision::kBf16}) {
       TopologyOptions o = c.layout;
       o.device = Device::kCuda;
@@ -87,7 +61,7 @@ TEST(GpuLayer, EveryScheduleAndLayoutMatchesTheOracle) {
 
 TEST(GpuLayer, CountsTheSameBytesAsTheCpu) {
   const auto s = ref::MoeShape::of(40, 16, 32, 8, 2, "1.1");
-  for (const Case& c : cases(s)) {
+  for (const test::LayerCase& c : test::layer_cases(s)) {
     std::map<std::string, double> bytes[2];
     for (int d = 0; d < 2; ++d) {
       TopologyOptions o = c.layout;
@@ -109,7 +83,7 @@ TEST(GpuLayer, CountsTheSameBytesAsTheCpu) {
 TEST(GpuLayer, ExpertsComputeTheFilledRowsOnly) {
   // f = 8: most slots are empty; the GPU experts must compute exactly the kept choices.
   const auto s = ref::MoeShape::of(32, 16, 32, 4, 2, "8");
-  for (const Case& c : cases(s)) {
+  for (const test::LayerCase& c : test::layer_cases(s)) {
     TopologyOptions o = c.layout;
     o.device = Device::kCuda;
     auto topo = Topology::create(o);

@@ -3,10 +3,16 @@
 
 #include <mpi.h>
 
+#include <fmt/format.h>
+
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "moe/reference_moe.h"
+#include "parm/error.h"
 #include "parm/topology.h"
+#include "schedule/schedule.h"
 
 namespace parm::test {
 
@@ -37,6 +43,35 @@ inline std::vector<TopologyOptions> all_layouts(double timeout_s = 60.0) {
           o.timeout_s = timeout_s;
           out.push_back(o);
         }
+  return out;
+}
+
+// One layer configuration of a sweep: a layout of this world size, a schedule, fused or not.
+struct LayerCase {
+  TopologyOptions layout;
+  schedule::Kind kind = schedule::Kind::kS1;
+  bool fuse = false;
+  std::string where;  // "mp=2 ep=1 esp=2 s1 fused", for messages
+};
+
+// Every (layout, schedule, fuse) of this world size that can run `s`.
+inline std::vector<LayerCase> layer_cases(const ref::MoeShape& s, double timeout_s = 120.0) {
+  using schedule::Kind;
+  std::vector<LayerCase> out;
+  for (const TopologyOptions& o : all_layouts(timeout_s)) {
+    if (s.experts % o.ep != 0 || s.hidden % o.esp != 0 || s.tokens % o.mp != 0) continue;
+    for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+      for (bool fuse : {false, true}) {
+        try {
+          schedule::validate({s, make_layout(world_size(), o.mp, o.ep, o.esp), 0}, kind);
+        } catch (const InvalidConfig&) {
+          continue;
+        }
+        out.push_back({o, kind, fuse,
+                       fmt::format("mp={} ep={} esp={} {}{}", o.mp, o.ep, o.esp,
+                                   schedule::kind_name(kind), fuse ? " fused" : "")});
+      }
+  }
   return out;
 }
 

@@ -196,13 +196,17 @@ LayerInputs make_inputs(const Topology& topo, const ref::MoeShape& shape, uint64
 }
 
 Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse,
-                 int chunks, Precision precision, LayerInputs& in, int iters, int warmup,
+                 int chunks, Precision precision, bool step_timing, LayerInputs& in, int iters,
+                 int warmup,
                  const schedule::Schedule** schedule_out = nullptr,
                  std::unique_ptr<MoeLayer>* keep = nullptr) {
   Communicator& world = topo.host_comm(Group::kWorld);
   auto layer = std::make_unique<MoeLayer>(topo, shape, kind, fuse, chunks, precision);
-  const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim});
-  const Tensor dt = Tensor::view(in.dout.data(), {shape.tokens, shape.model_dim});
+  layer->set_step_timing(step_timing);
+  // Inputs on the layer's device, so that the timed passes move no host data.
+  const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim}).to(topo.device());
+  const Tensor dt =
+      Tensor::view(in.dout.data(), {shape.tokens, shape.model_dim}).to(topo.device());
   Measured m;
   m.name = std::string(schedule::kind_name(kind)) + (layer->schedule().fused ? "+fused" : "");
   layer->load_whole(in.params);
@@ -254,11 +258,13 @@ std::vector<Totals> measure_interleaved(Topology& topo, const ref::MoeShape& sha
                                         int chunks, Precision precision, LayerInputs& in,
                                         int iters, int warmup) {
   Communicator& world = topo.host_comm(Group::kWorld);
-  const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim});
-  const Tensor dt = Tensor::view(in.dout.data(), {shape.tokens, shape.model_dim});
+  const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim}).to(topo.device());
+  const Tensor dt =
+      Tensor::view(in.dout.data(), {shape.tokens, shape.model_dim}).to(topo.device());
   std::vector<std::unique_ptr<MoeLayer>> layers;
   for (const auto& c : cands) {
     layers.push_back(std::make_unique<MoeLayer>(topo, shape, c.kind, c.fuse, chunks, precision));
+    layers.back()->set_step_timing(false);  // totals only
     layers.back()->load_whole(in.params);
   }
   std::vector<std::vector<double>> fwd(cands.size()), bwd(cands.size());
@@ -346,8 +352,8 @@ int run_bench_layer(const BenchLayerFlags& f) {
     const schedule::Schedule* scp = nullptr;
     std::unique_ptr<MoeLayer> layer;
     const Measured m =
-        measure(*topo, shape, kind, fuse, f.layer.chunks, precision, in, f.iters, f.warmup, &scp,
-                &layer);
+        measure(*topo, shape, kind, fuse, f.layer.chunks, precision, f.breakdown, in, f.iters,
+                f.warmup, &scp, &layer);
     const auto& sc = *scp;
     const double total = m.total();
     if (kind == schedule::Kind::kBaseline) baseline_total = total;

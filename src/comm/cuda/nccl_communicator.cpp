@@ -14,6 +14,7 @@
 
 #include "comm/cuda/nccl_kernels.h"
 #include "comm/mpi_check.h"
+#include "comm/recycled.h"
 #include "kernels/cuda/runtime.h"
 #include "parm/error.h"
 #include "parm/timer.h"
@@ -79,14 +80,7 @@ GroupState& group_state() {
   return state;
 }
 
-// Storage of deleted requests, reused by the next ones (as MpiCommunicator's requests do):
-// per thread, never returned to the system, at most this thread's peak of live requests.
-struct FreeBlock {
-  FreeBlock* next;
-};
-thread_local FreeBlock* t_free_requests = nullptr;
-
-class NcclRequest final : public Request {
+class NcclRequest final : public Request, public Recycled<NcclRequest> {
  public:
   NcclRequest(NcclCommunicator* comm, CommOp op, double bytes, double bus, bool counted,
               NcclCommunicator::DeviceBuffer scratch)
@@ -111,21 +105,6 @@ class NcclRequest final : public Request {
     }
     // A request that never completed (a Timeout, an NCCL error) keeps its event and its
     // scratch buffer: the GPU may still write into the buffer, so neither is reused.
-  }
-
-  // NcclRequest is final, so every block has the size of one NcclRequest.
-  static void* operator new(size_t bytes) {
-    if (FreeBlock* block = t_free_requests) {
-      t_free_requests = block->next;
-      return block;
-    }
-    return ::operator new(bytes);
-  }
-  static void operator delete(void* p) {
-    if (p == nullptr) return;
-    auto* block = static_cast<FreeBlock*>(p);
-    block->next = t_free_requests;
-    t_free_requests = block;
   }
 
   // After the operation (and, in a group, after the group's ncclGroupEnd).
@@ -214,7 +193,6 @@ class NcclRequest final : public Request {
   bool failed_ = false;
   NcclCommunicator::DeviceBuffer scratch_;
 };
-static_assert(sizeof(NcclRequest) >= sizeof(FreeBlock));
 
 }  // namespace
 

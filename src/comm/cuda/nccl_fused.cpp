@@ -62,11 +62,6 @@ Piece piece_of(size_t block, int chunks, int c) {
   return {base * i + std::min(i, extra), base + (i < extra ? 1 : 0)};
 }
 
-bool overlap(const float* a, size_t a_len, const float* b, size_t b_len) {
-  if (a_len == 0 || b_len == 0) return false;
-  return a < b + b_len && b < a + a_len;
-}
-
 // Device floats that only grow (allocated in stream order on the compute stream).
 class GrowOnlyDeviceBuffer {
  public:
@@ -272,7 +267,7 @@ void nccl_fused_dispatch(NcclCommunicator& ep, NcclCommunicator& esp, const floa
   const int n_ep = ep.size();
   const int n_esp = esp.size(), me_esp = esp.rank();
   const size_t row = static_cast<size_t>(n_ep) * block;  // one ESP rank's (N_EP, block)
-  PARM_CHECK(!overlap(in, row, out, static_cast<size_t>(n_esp) * row),
+  PARM_CHECK(!fused_detail::overlap(in, row, out, static_cast<size_t>(n_esp) * row),
              "fused_dispatch: in and out overlap (block {})", block);
   // (N_EP, block): where the alltoall delivers, this rank's slot of the allgather output.
   float* mine = out + static_cast<size_t>(me_esp) * row;
@@ -318,37 +313,21 @@ void nccl_fused_combine(NcclCommunicator& esp, NcclCommunicator& ep, const float
   const int n_ep = ep.size();
   const int n_esp = esp.size(), me_esp = esp.rank();
   const size_t row = static_cast<size_t>(n_ep) * block;  // (N_EP, block)
-  PARM_CHECK(!overlap(in, static_cast<size_t>(n_esp) * row, out, row),
+  PARM_CHECK(!fused_detail::overlap(in, static_cast<size_t>(n_esp) * row, out, row),
              "fused_combine: in and out overlap (block {})", block);
 
+  const fused_detail::MpGather g =
+      fused_detail::check_mp_part(mp_part, in, n_esp, out, row, block);
   NcclCommunicator* mp = nullptr;  // set when the MP part moves data (N_MP > 1)
-  int n_mp = 1, me_mp = 0;
-  size_t mp_chunk = 0;
-  float* full = nullptr;  // (outer, N_MP, chunk)
-  if (mp_part != nullptr) {
-    PARM_CHECK(mp_part->mp != nullptr, "fused_combine: MpGatherPart without a communicator");
-    n_mp = mp_part->mp->size();
-    me_mp = mp_part->mp->rank();
-    PARM_CHECK(mp_part->outer >= 1 && mp_part->chunk >= 0,
-               "fused_combine: MP gather outer {} must be >= 1 and chunk {} >= 0",
-               mp_part->outer, mp_part->chunk);
-    PARM_CHECK_EQ(static_cast<size_t>(mp_part->outer * mp_part->chunk), row);
-    mp_chunk = static_cast<size_t>(mp_part->chunk);
-    full = mp_part->full;
-    PARM_CHECK(row == 0 || full != nullptr, "fused_combine: MP gather output is null");
-    // (On one MP rank `full` may be `out` itself.)
-    PARM_CHECK((n_mp == 1 && full == out) ||
-                   (!overlap(full, static_cast<size_t>(n_mp) * row, out, row) &&
-                    !overlap(full, static_cast<size_t>(n_mp) * row, in,
-                             static_cast<size_t>(n_esp) * row)),
-               "fused_combine: the MP gather output overlaps in or out (block {})", block);
-    if (n_mp > 1) {
-      mp = dynamic_cast<NcclCommunicator*>(mp_part->mp);
-      PARM_CHECK(mp != nullptr,
-                 "fused_combine over NCCL: the MP group {} must be an NCCL communicator too",
-                 mp_part->mp->name());
-      mp->check_usable("fused_combine");
-    }
+  const int n_mp = g.n, me_mp = g.me;
+  const size_t mp_chunk = g.chunk;
+  float* full = g.full;  // (outer, N_MP, chunk)
+  if (n_mp > 1) {
+    mp = dynamic_cast<NcclCommunicator*>(g.mp);
+    PARM_CHECK(mp != nullptr,
+               "fused_combine over NCCL: the MP group {} must be an NCCL communicator too",
+               g.mp->name());
+    mp->check_usable("fused_combine");
   }
 
   Workspace& ws = workspace();

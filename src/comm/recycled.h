@@ -1,0 +1,40 @@
+// Storage recycling for the request objects of a communicator backend: `class R final :
+// public Request, public Recycled<R>` makes `new R` take a block that a deleted R left on
+// this thread's free list (so the steady state of same-shaped operations allocates
+// nothing). Per thread, so no lock; a plain pointer with no destructor, so a request deleted
+// late in the thread's (or program's) exit still finds a valid list. Blocks are never
+// returned to the system: at most the thread's peak of live requests. R must be final (every
+// block has the size of one R).
+#pragma once
+
+#include <cstddef>
+#include <new>
+
+namespace parm {
+
+template <typename R>
+class Recycled {
+ public:
+  static void* operator new(size_t bytes) {
+    static_assert(sizeof(R) >= sizeof(FreeBlock), "a recycled block must hold the list link");
+    if (FreeBlock* block = free_) {
+      free_ = block->next;
+      return block;
+    }
+    return ::operator new(bytes);
+  }
+  static void operator delete(void* p) {
+    if (p == nullptr) return;
+    auto* block = static_cast<FreeBlock*>(p);
+    block->next = free_;
+    free_ = block;
+  }
+
+ private:
+  struct FreeBlock {
+    FreeBlock* next;
+  };
+  static inline thread_local FreeBlock* free_ = nullptr;
+};
+
+}  // namespace parm
