@@ -5,10 +5,6 @@
 #include "moe/expert_products.h"
 #include "parm/error.h"
 
-#ifdef PARM_HAVE_CUDA
-#include "moe/cuda/cuda_backend.h"
-#endif
-
 namespace parm::moe {
 namespace {
 
@@ -104,16 +100,8 @@ class CpuBackend final : public LayerBackend {
 
 }  // namespace
 
-std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
-                                           const BackendSizes& sizes) {
-  check_device(device, precision);
-  if (device == Device::kCpu) return std::make_unique<CpuBackend>(sizes);
-#ifdef PARM_HAVE_CUDA
-  return make_cuda_backend(precision, sizes);
-#else
-  PARM_CHECK(false, "unreachable: check_device accepted cuda in a build without CUDA");
-  return nullptr;
-#endif
+std::unique_ptr<LayerBackend> make_cpu_backend(const BackendSizes& sizes) {
+  return std::make_unique<CpuBackend>(sizes);
 }
 
 }  // namespace parm::moe
