@@ -63,16 +63,8 @@ int tag_of(int piece, Part part) { return kFusedTagBase + 4 * (piece % kTagPiece
 
 using Requests = std::vector<RequestPtr>;  // one step's requests
 
-struct Piece {
-  size_t lo = 0;
-  size_t len = 0;
-};
-
-Piece piece_of(size_t block, int chunks, int c) {
-  const size_t w = static_cast<size_t>(chunks), i = static_cast<size_t>(c);
-  const size_t base = block / w, extra = block % w;
-  return {base * i + std::min(i, extra), base + (i < extra ? 1 : 0)};
-}
+using fused_detail::Piece;
+using fused_detail::piece_of;
 
 // Posts the exchange of one contiguous range with one peer.
 void post_pair(Communicator& c, int peer, const float* send, float* recv, size_t len, int tag,
@@ -339,6 +331,12 @@ void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* 
 }
 
 namespace fused_detail {
+
+Piece piece_of(size_t block, int chunks, int c) {
+  const size_t w = static_cast<size_t>(chunks), i = static_cast<size_t>(c);
+  const size_t base = block / w, extra = block % w;
+  return {base * i + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
 
 bool overlap(const float* a, size_t a_len, const float* b, size_t b_len) {
   if (a_len == 0 || b_len == 0) return false;

@@ -43,6 +43,14 @@ void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* 
 // ---- shared by the implementations of the fused collectives (fused.cpp, the NCCL one) ----
 namespace fused_detail {
 
+// Piece c of `chunks` of a block of `block` elements: [lo, lo + len); the first
+// block % chunks pieces are one element longer (pieces may be empty).
+struct Piece {
+  size_t lo = 0;
+  size_t len = 0;
+};
+Piece piece_of(size_t block, int chunks, int c);
+
 // True when [a, a + a_len) and [b, b + b_len) share an element (empty ranges share none).
 bool overlap(const float* a, size_t a_len, const float* b, size_t b_len);
 

@@ -51,16 +51,8 @@ namespace {
 
 constexpr int kMaxStages = 3;
 
-struct Piece {
-  size_t lo = 0;
-  size_t len = 0;
-};
-
-Piece piece_of(size_t block, int chunks, int c) {
-  const size_t w = static_cast<size_t>(chunks), i = static_cast<size_t>(c);
-  const size_t base = block / w, extra = block % w;
-  return {base * i + std::min(i, extra), base + (i < extra ? 1 : 0)};
-}
+using fused_detail::Piece;
+using fused_detail::piece_of;
 
 // Device floats that only grow (allocated in stream order on the compute stream).
 class GrowOnlyDeviceBuffer {

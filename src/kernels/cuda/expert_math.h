@@ -10,15 +10,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
-#ifndef PARM_HD
-#ifdef __CUDACC__
-#define PARM_HD __host__ __device__
-#else
-#define PARM_HD
-#endif
-#endif
+#include "kernels/cuda/host_device.h"
 
 namespace parm::cuda::expert_math {
 
@@ -30,25 +23,8 @@ constexpr float kValueClamp = -20.0f;
 // leave the fp32 range (s (1 - s) = inf * 0); the gradient is taken at the clamped x.
 constexpr float kGradClamp = 9.5f;
 
-PARM_HD inline uint32_t float_bits(float x) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(x);
-#else
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return u;
-#endif
-}
-
-PARM_HD inline float bits_float(uint32_t u) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(u);
-#else
-  float x;
-  std::memcpy(&x, &u, sizeof(x));
-  return x;
-#endif
-}
+PARM_HD inline uint32_t float_bits(float x) { return float_to_bits(x); }
+PARM_HD inline float bits_float(uint32_t u) { return bits_to_float(u); }
 
 PARM_HD inline bool is_nan(float x) { return (float_bits(x) & 0x7fffffffu) > 0x7f800000u; }
 

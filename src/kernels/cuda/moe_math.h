@@ -19,37 +19,15 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
-#ifdef __CUDACC__
-#define PARM_HD __host__ __device__
-#else
-#define PARM_HD
-#endif
+#include "kernels/cuda/host_device.h"
 
 namespace parm::cuda::math {
 
 // ---- scalar helpers -----------------------------------------------------------------------
 
-PARM_HD inline int32_t float_bits(float x) {
-#ifdef __CUDA_ARCH__
-  return __float_as_int(x);
-#else
-  int32_t i;
-  std::memcpy(&i, &x, sizeof i);
-  return i;
-#endif
-}
-
-PARM_HD inline float bits_float(int32_t i) {
-#ifdef __CUDA_ARCH__
-  return __int_as_float(i);
-#else
-  float x;
-  std::memcpy(&x, &i, sizeof x);
-  return x;
-#endif
-}
+PARM_HD inline int32_t float_bits(float x) { return static_cast<int32_t>(float_to_bits(x)); }
+PARM_HD inline float bits_float(int32_t i) { return bits_to_float(static_cast<uint32_t>(i)); }
 
 // a * b + c rounded once.
 PARM_HD inline float fma_f32(float a, float b, float c) {
