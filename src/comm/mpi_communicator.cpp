@@ -149,31 +149,6 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-MpiCommunicator::ScratchPool::Buffer MpiCommunicator::ScratchPool::take(size_t bytes) {
-  const size_t none = free_.size();
-  size_t fit = none, largest = none;
-  for (size_t i = 0; i < free_.size(); ++i) {
-    const size_t b = free_[i].bytes;
-    if (b >= bytes && (fit == none || b < free_[fit].bytes)) fit = i;
-    if (largest == none || b > free_[largest].bytes) largest = i;
-  }
-  Buffer out;
-  if (const size_t pick = fit != none ? fit : largest; pick != none) {
-    std::swap(free_[pick], free_.back());
-    out = std::move(free_.back());
-    free_.pop_back();
-  }
-  if (out.bytes < bytes) {
-    out.data = std::make_unique_for_overwrite<unsigned char[]>(bytes);
-    out.bytes = bytes;
-  }
-  return out;
-}
-
-void MpiCommunicator::ScratchPool::give_back(Buffer buffer) {
-  free_.push_back(std::move(buffer));  // capacity grows to the peak in flight, then stays
-}
-
 RequestPtr MpiCommunicator::make_request(MPI_Request req, CommOp op, double bytes_moved,
                                          double bus, bool counted, BlockSum sum) {
   return std::make_unique<MpiRequest>(req, this, op, bytes_moved, bus, world_rank_, counted,

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/scratch_pool.h"
 #include "parm/comm.h"
 
 namespace parm {
@@ -51,26 +52,8 @@ class MpiCommunicator final : public Communicator {
 
   // ---- internals, public only for the request class of mpi_communicator.cpp ----
 
-  // Grow-only pool of scratch buffers (reduce_scatter's receive blocks). A request takes one
-  // when it is issued and gives it back when MPI reports completion, so several
-  // reduce_scatters can be in flight at once and, after a warm-up with the same sizes, none
-  // allocates. A request that never completes (a Timeout) never gives its buffer back: MPI
-  // may still write into it, so it is leaked rather than handed out again.
-  class ScratchPool {
-   public:
-    struct Buffer {
-      std::unique_ptr<unsigned char[]> data;
-      size_t bytes = 0;
-    };
-    // The smallest free buffer of at least `bytes`; when none fits, the largest free one is
-    // replaced by a new one of `bytes` (so the pool never holds more buffers than were ever
-    // in flight at once).
-    Buffer take(size_t bytes);
-    void give_back(Buffer buffer);
-
-   private:
-    std::vector<Buffer> free_;
-  };
+  // reduce_scatter's receive blocks come from a scratch pool (comm/scratch_pool.h).
+  using ScratchPool = parm::ScratchPool;
 
   // What a reduce_scatter does when MPI reports completion: sums the (num_blocks, count)
   // blocks that arrived in `scratch` into `recv` in group-rank order, then returns

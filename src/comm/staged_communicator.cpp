@@ -58,24 +58,6 @@ StagedCommunicator::StagedCommunicator(Communicator& host, CopyFn copy)
 
 StagedCommunicator::~StagedCommunicator() = default;
 
-StagedCommunicator::Buffer StagedCommunicator::take(size_t bytes) {
-  auto fits = std::find_if(free_.begin(), free_.end(),
-                           [&](const Buffer& b) { return b.bytes >= bytes; });
-  if (fits != free_.end()) {
-    Buffer b = std::move(*fits);
-    free_.erase(fits);
-    return b;
-  }
-  Buffer b;
-  b.bytes = std::max<size_t>(bytes, 64);
-  b.data = std::make_unique<unsigned char[]>(b.bytes);
-  return b;
-}
-
-void StagedCommunicator::give_back(Buffer b) {
-  if (b.data != nullptr) free_.push_back(std::move(b));
-}
-
 RequestPtr StagedCommunicator::finish(RequestPtr host_req, void* device_dst,
                                       const void* host_src, size_t result_bytes, Buffer a,
                                       Buffer b) {

@@ -12,8 +12,10 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "comm/scratch_pool.h"
 #include "parm/comm.h"
 
 namespace parm {
@@ -52,13 +54,10 @@ class StagedCommunicator final : public Communicator {
                              int tag) override;
   RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;
 
-  // A host staging buffer of at least `bytes` (recycled: give it back when done).
-  struct Buffer {
-    std::unique_ptr<unsigned char[]> data;
-    size_t bytes = 0;
-  };
-  Buffer take(size_t bytes);
-  void give_back(Buffer b);
+  // Host staging buffers, recycled.
+  using Buffer = ScratchPool::Buffer;
+  Buffer take(size_t bytes) { return pool_.take(bytes); }
+  void give_back(Buffer b) { pool_.give_back(std::move(b)); }
 
  private:
   // The request of a staged operation: completes the host request, then copies `result`
@@ -68,7 +67,7 @@ class StagedCommunicator final : public Communicator {
 
   Communicator& host_;
   CopyFn copy_;
-  std::vector<Buffer> free_;
+  ScratchPool pool_;
 };
 
 }  // namespace parm

@@ -34,17 +34,17 @@ namespace {
 
 constexpr float kLnEps = 1e-5f;
 
-// host += the device tensors' values.
-void add_moe_grads(const MoeLayerParams& device, MoeLayerParams& host) {
-  const MoeLayerParams d = params_on(device, Device::kCpu);
+// host += the device tensors' values (through `stage`, host tensors of the same shapes).
+void add_moe_grads(const MoeLayerParams& device, MoeLayerParams& stage, MoeLayerParams& host) {
+  copy_params(device, stage);
   auto add = [](const Tensor& from, Tensor& to) {
     for (int64_t i = 0; i < to.numel(); ++i) to[i] += from[i];
   };
-  add(d.wg, host.wg);
-  add(d.experts.w1, host.experts.w1);
-  add(d.experts.b1, host.experts.b1);
-  add(d.experts.w2, host.experts.w2);
-  add(d.experts.b2, host.experts.b2);
+  add(stage.wg, host.wg);
+  add(stage.experts.w1, host.experts.w1);
+  add(stage.experts.b1, host.experts.b1);
+  add(stage.experts.w2, host.experts.w2);
+  add(stage.experts.b2, host.experts.b2);
 }
 
 struct Block {
@@ -69,7 +69,8 @@ struct Block {
   // forward copies them to the layer; each backward adds the layer's gradients to them. The
   // layer's output and input gradient come back to the host in moe_out / moe_dx.
   MoeLayerParams host_params, host_grads;
-  Tensor moe_out, moe_dx;  // (T, M)
+  MoeLayerParams grad_stage;  // the layer's gradients copied to the host, before the add
+  Tensor moe_out, moe_dx;     // (T, M)
 
   // activations kept for backward
   Tensor ln1, ln1_mean, ln1_rstd;  // (T, M), (T), (T)
@@ -272,6 +273,7 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     if (m.device() != Device::kCpu) {
       b.host_params = params_on(m.params(), Device::kCpu);
       b.host_grads = params_on(m.grads(), Device::kCpu);
+      b.grad_stage = params_on(m.grads(), Device::kCpu);
       b.moe_out = Tensor({T_, M_});
       b.moe_dx = Tensor({T_, M_});
       values = &b.host_params;
@@ -481,7 +483,7 @@ void Transformer::block_backward(Block& b, float dl_aux) {
     } else {
       b.moe->zero_grad();  // the layer's gradients are this call's alone, added to the host's
       b.moe_dx.copy_from(b.moe->backward(dres_, dl_aux));
-      add_moe_grads(b.moe->grads(), b.host_grads);
+      add_moe_grads(b.moe->grads(), b.grad_stage, b.host_grads);
       dffn_in = b.moe_dx.data();
     }
   } else {

@@ -3,7 +3,6 @@
 
 #include "moe/backend.h"
 #include "moe/expert_products.h"
-#include "parm/error.h"
 
 namespace parm::moe {
 namespace {

@@ -15,6 +15,7 @@
 #include "comm/cuda/nccl_kernels.h"
 #include "comm/mpi_check.h"
 #include "comm/recycled.h"
+#include "comm/scratch_pool.h"
 #include "kernels/cuda/runtime.h"
 #include "parm/error.h"
 #include "parm/timer.h"
@@ -65,6 +66,21 @@ bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 const char* at(const void* p, size_t bytes) { return static_cast<const char*>(p) + bytes; }
 char* at(void* p, size_t bytes) { return static_cast<char*>(p) + bytes; }
+
+// Block p of send (count elements of `type`, block_bytes) to group rank p and block p of
+// recv from it, for every peer p but me, as one NCCL group (my own blocks are left alone).
+void exchange_blocks(ncclComm_t comm, const void* send, void* recv, size_t count,
+                     size_t block_bytes, ncclDataType_t type, int n, int me,
+                     cudaStream_t stream) {
+  NcclGroup group;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    const size_t off = static_cast<size_t>(p) * block_bytes;
+    PARM_NCCL_CHECK(ncclSend(at(send, off), count, type, p, comm, stream));
+    PARM_NCCL_CHECK(ncclRecv(at(recv, off), count, type, p, comm, stream));
+  }
+  group.end();
+}
 
 class NcclRequest;
 
@@ -336,15 +352,8 @@ void NcclCommunicator::give_back_event(cudaEvent_t e) {
 }
 
 NcclCommunicator::DeviceBuffer NcclCommunicator::take_scratch(size_t bytes) {
-  const size_t none = free_scratch_.size();
-  size_t fit = none, largest = none;
-  for (size_t i = 0; i < free_scratch_.size(); ++i) {
-    const size_t b = free_scratch_[i].bytes;
-    if (b >= bytes && (fit == none || b < free_scratch_[fit].bytes)) fit = i;
-    if (largest == none || b > free_scratch_[largest].bytes) largest = i;
-  }
   DeviceBuffer out;
-  if (const size_t pick = fit != none ? fit : largest; pick != none) {
+  if (const size_t pick = pick_scratch(free_scratch_, bytes); pick != free_scratch_.size()) {
     out = free_scratch_[pick];
     free_scratch_[pick] = free_scratch_.back();
     free_scratch_.pop_back();
@@ -428,15 +437,8 @@ RequestPtr NcclCommunicator::ireduce_scatter(const void* send, void* recv, size_
     if (n > 1) {
       // (n, count): block q came from group rank q; this rank's own slot stays unused.
       scratch = take_scratch(block_bytes * static_cast<size_t>(n));
-      const ncclDataType_t type = nccl_type(dtype);
-      NcclGroup group;
-      for (int p = 0; p < n; ++p) {
-        if (p == me) continue;
-        const size_t off = static_cast<size_t>(p) * block_bytes;
-        PARM_NCCL_CHECK(ncclSend(at(send, off), count, type, p, comm_, stream));
-        PARM_NCCL_CHECK(ncclRecv(at(scratch.data, off), count, type, p, comm_, stream));
-      }
-      group.end();
+      exchange_blocks(comm_, send, scratch.data, count, block_bytes, nccl_type(dtype), n, me,
+                      stream);
     }
     cuda::ordered_block_sum(dtype, scratch.data, count, own, me, n, /*rows=*/1,
                             /*row_stride=*/0, count, recv, /*dst_row_stride=*/0, stream);
@@ -460,17 +462,8 @@ RequestPtr NcclCommunicator::ialltoall(const void* send, void* recv, size_t coun
     const size_t own = static_cast<size_t>(me) * block_bytes;
     PARM_CUDA_CHECK(cudaMemcpyAsync(at(recv, own), at(send, own), block_bytes,
                                     cudaMemcpyDeviceToDevice, stream));
-    if (n > 1) {
-      const ncclDataType_t type = nccl_type(dtype);
-      NcclGroup group;
-      for (int p = 0; p < n; ++p) {
-        if (p == me) continue;
-        const size_t off = static_cast<size_t>(p) * block_bytes;
-        PARM_NCCL_CHECK(ncclSend(at(send, off), count, type, p, comm_, stream));
-        PARM_NCCL_CHECK(ncclRecv(at(recv, off), count, type, p, comm_, stream));
-      }
-      group.end();
-    }
+    if (n > 1)
+      exchange_blocks(comm_, send, recv, count, block_bytes, nccl_type(dtype), n, me, stream);
   }
   return make_request(CommOp::kAllToAll, bytes * n, bus_bytes(CommOp::kAllToAll, n, bytes),
                       /*counted=*/true);

@@ -123,7 +123,7 @@ class NcclCommunicator final : public Communicator {
   void give_back_event(cudaEvent_t e);
 
   // Grow-only pool of device scratch buffers (reduce_scatter's received blocks), as
-  // MpiCommunicator::ScratchPool over device memory allocated in stream order
+  // the host ScratchPool (comm/scratch_pool.h) over device memory allocated in stream order
   // (cudaMallocAsync on the compute stream). A buffer whose operation never completed (a
   // Timeout) is never handed out again.
   struct DeviceBuffer {
