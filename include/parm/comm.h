@@ -38,6 +38,7 @@ enum class CommOp {
   kSend,
   kRecv,
   kBarrier,
+  kBroadcast,
   // Small integer side messages that travel with a collective and are counted apart from it
   // (the MoE dispatch's per-expert fill counts), so that the collectives' own counts stay
   // exactly the data they move.
@@ -46,7 +47,7 @@ enum class CommOp {
 };
 constexpr int kNumCommOps = static_cast<int>(CommOp::kNumOps);
 // "allreduce", "allgather", "reduce_scatter", "alltoall", "alltoallv", "send", "recv", "barrier",
-// "metadata"
+// "broadcast", "metadata"
 const char* comm_op_name(CommOp op);
 
 // Bus bytes a rank receives in one call on a group of n ranks (nccl-tests busbw convention):
@@ -54,6 +55,8 @@ const char* comm_op_name(CommOp op);
 //   allgather, B bytes per rank:          (n-1) * B
 //   reduce_scatter, B bytes per rank out: (n-1) * B
 //   alltoall, B bytes per peer:           (n-1) * B   (= (n-1)/n of the whole buffer)
+//   broadcast of B bytes:                 B (the root receives nothing but is counted as
+//                                         nccl-tests counts it: busbw = algbw)
 //   send: 0; recv of B bytes: B; barrier: 0. alltoallv, metadata: what it received from
 //   others (B).
 double bus_bytes(CommOp op, int n, double bytes);
@@ -132,6 +135,8 @@ class Communicator {
   virtual RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) = 0;
   virtual RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) = 0;
   virtual RequestPtr ibarrier() = 0;
+  // buf (count) of group rank `root` is copied into buf on every rank.
+  virtual RequestPtr ibroadcast(void* buf, size_t count, DType dtype, int root) = 0;
 
   // ---- building blocks of composite operations (the fused collectives) ----
   // isend/irecv with the same watchdog, but counted nowhere: a composite operation made of
@@ -174,6 +179,9 @@ class Communicator {
     irecv(buf, count, dtype, peer, tag)->wait();
   }
   void barrier() { ibarrier()->wait(); }
+  void broadcast(void* buf, size_t count, DType dtype, int root) {
+    ibroadcast(buf, count, dtype, root)->wait();
+  }
 
   // Typed conveniences.
   template <typename T> void allreduce(T* buf, size_t count, ReduceOp op = ReduceOp::kSum) {

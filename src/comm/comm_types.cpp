@@ -40,6 +40,7 @@ const char* comm_op_name(CommOp op) {
     case CommOp::kSend: return "send";
     case CommOp::kRecv: return "recv";
     case CommOp::kBarrier: return "barrier";
+    case CommOp::kBroadcast: return "broadcast";
     case CommOp::kMetadata: return "metadata";
     case CommOp::kNumOps: break;
   }
@@ -53,6 +54,7 @@ double bus_bytes(CommOp op, int n, double bytes) {
     case CommOp::kReduceScatter:
     case CommOp::kAllToAll: return (n - 1) * bytes;
     case CommOp::kRecv:
+    case CommOp::kBroadcast:
     case CommOp::kAllToAllv:
     case CommOp::kMetadata: return bytes;
     case CommOp::kSend:

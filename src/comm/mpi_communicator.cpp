@@ -293,6 +293,16 @@ RequestPtr MpiCommunicator::irecv_uncounted(void* buf, size_t count, DType dtype
   return make_request(req, CommOp::kRecv, bytes, bytes, /*counted=*/false);
 }
 
+RequestPtr MpiCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root) {
+  PARM_CHECK(root >= 0 && root < size_, "broadcast on group {}: root {} is not a rank of 0..{}",
+             name_, root, size_ - 1);
+  const double bytes = static_cast<double>(count * dtype_size(dtype));
+  MPI_Request req;
+  PARM_MPI_CHECK(MPI_Ibcast(buf, to_mpi_count(count, name_, "broadcast"), mpi_type(dtype), root,
+                            comm_, &req));
+  return make_request(req, CommOp::kBroadcast, bytes, bus_bytes(CommOp::kBroadcast, size_, bytes));
+}
+
 RequestPtr MpiCommunicator::ibarrier() {
   MPI_Request req;
   PARM_MPI_CHECK(MPI_Ibarrier(comm_, &req));

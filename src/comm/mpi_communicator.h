@@ -46,6 +46,7 @@ class MpiCommunicator final : public Communicator {
   RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) override;
   RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) override;
   RequestPtr ibarrier() override;
+  RequestPtr ibroadcast(void* buf, size_t count, DType dtype, int root) override;
   RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
                              int tag) override;
   RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;

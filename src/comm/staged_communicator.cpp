@@ -131,6 +131,15 @@ RequestPtr StagedCommunicator::ialltoallv(const void* send, const size_t* send_c
                 recv, hrp, recv_end * es, std::move(hs), std::move(hr));
 }
 
+RequestPtr StagedCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root) {
+  const size_t bytes = count * dtype_size(dtype);
+  Buffer h = take(bytes);
+  if (rank() == root) copy_(h.data.get(), buf, bytes);
+  void* hp = h.data.get();
+  RequestPtr r = host_.ibroadcast(hp, count, dtype, root);
+  return finish(std::move(r), buf, hp, bytes, std::move(h), {});
+}
+
 RequestPtr StagedCommunicator::isend(const void* buf, size_t count, DType dtype, int peer,
                                      int tag) {
   const size_t bytes = count * dtype_size(dtype);

@@ -50,6 +50,7 @@ class StagedCommunicator final : public Communicator {
   RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) override;
   RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) override;
   RequestPtr ibarrier() override { return host_.ibarrier(); }
+  RequestPtr ibroadcast(void* buf, size_t count, DType dtype, int root) override;
   RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
                              int tag) override;
   RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;

@@ -173,6 +173,15 @@ TEST(Collectives, EveryOpEveryGroupEverySize) {
           for (size_t i = 0; i < rc[p]; ++i)
             ASSERT_EQ(vr[rd[p] + i], val(members[p], me, i)) << "alltoallv from " << p;
 
+        // broadcast from the group's last rank: every rank ends with the root's payload
+        const int root = n - 1;
+        for (size_t i = 0; i < count; ++i) recv[i] = val(me, 0, i);
+        before = c.stats().op(CommOp::kBroadcast);
+        c.broadcast(recv.data(), count, DType::kF32, root);
+        expect_counted(c, CommOp::kBroadcast, before, bytes);
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(recv[i], val(members[root], 0, i)) << "broadcast element " << i;
+
         // send/recv around the ring, non-blocking both ways
         const int next = (r + 1) % n, prev = (r + n - 1) % n;
         for (size_t i = 0; i < count; ++i) send[i] = val(me, members[next], i);

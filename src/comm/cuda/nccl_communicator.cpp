@@ -552,6 +552,18 @@ RequestPtr NcclCommunicator::irecv_uncounted(void* buf, size_t count, DType dtyp
   return post_p2p(false, buf, count, dtype, peer, tag, /*counted=*/false);
 }
 
+RequestPtr NcclCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root) {
+  check_usable("broadcast");
+  PARM_CHECK(root >= 0 && root < size(), "{}: broadcast root {} is not a rank of 0..{}", where(),
+             root, size() - 1);
+  const double bytes = static_cast<double>(count * dtype_size(dtype));
+  if (count > 0)
+    PARM_NCCL_CHECK(
+        ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, cuda::stream()));
+  return make_request(CommOp::kBroadcast, bytes, bus_bytes(CommOp::kBroadcast, size(), bytes),
+                      /*counted=*/true);
+}
+
 RequestPtr NcclCommunicator::ibarrier() {
   check_usable("barrier");
   PARM_NCCL_CHECK(

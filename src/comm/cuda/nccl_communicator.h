@@ -103,6 +103,7 @@ class NcclCommunicator final : public Communicator {
   RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) override;
   // An allreduce of one int32 on a small device buffer of this communicator.
   RequestPtr ibarrier() override;
+  RequestPtr ibroadcast(void* buf, size_t count, DType dtype, int root) override;
   RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
                              int tag) override;
   RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;
