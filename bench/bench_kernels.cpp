@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
-#include "moe/capacity.h"
+#include "layer/shape.h"
 #include "moe/expert_products.h"
 #include "moe/moe_ops.h"
 #include "parm/rng.h"

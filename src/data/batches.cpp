@@ -19,9 +19,9 @@ BatchSource::BatchSource(const Corpus& corpus, Objective objective, int64_t seq_
                          uint64_t seed)
     : corpus_(corpus), objective_(objective), seq_len_(seq_len), seed_(seed) {}
 
-model::Batch BatchSource::make(const std::vector<uint8_t>& text, uint64_t stream, int64_t first,
+Batch BatchSource::make(const std::vector<uint8_t>& text, uint64_t stream, int64_t first,
                                int64_t count) const {
-  model::Batch b;
+  Batch b;
   b.batch = count;
   b.seq_len = seq_len_;
   b.tokens.resize(static_cast<size_t>(count * seq_len_));
@@ -48,7 +48,7 @@ model::Batch BatchSource::make(const std::vector<uint8_t>& text, uint64_t stream
       if (r[0] % 1000 < kMaskPerMille) {
         tgt[t] = byte;
         const uint32_t kind = r[1] % 10;
-        if (kind < 8) tok[t] = model::kBertMaskToken;
+        if (kind < 8) tok[t] = kBertMaskToken;
         else if (kind == 8) tok[t] = static_cast<int32_t>(r[2] % kByteVocab);
       }
     }
@@ -56,11 +56,11 @@ model::Batch BatchSource::make(const std::vector<uint8_t>& text, uint64_t stream
   return b;
 }
 
-model::Batch BatchSource::train_batch(int64_t first, int64_t micro_batch) const {
+Batch BatchSource::train_batch(int64_t first, int64_t micro_batch) const {
   return make(corpus_.train, kStreamTrainOffsets, first, micro_batch);
 }
 
-model::Batch BatchSource::val_batch(int64_t index, int64_t micro_batch) const {
+Batch BatchSource::val_batch(int64_t index, int64_t micro_batch) const {
   return make(corpus_.val, kStreamValOffsets, index * micro_batch, micro_batch);
 }
 

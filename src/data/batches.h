@@ -11,8 +11,8 @@
 
 #include <cstdint>
 
+#include "data/batch.h"
 #include "data/corpus.h"
-#include "model/model.h"
 
 namespace parm::data {
 
@@ -23,12 +23,12 @@ class BatchSource {
   BatchSource(const Corpus& corpus, Objective objective, int64_t seq_len, uint64_t seed);
 
   // Training micro-batch of `micro_batch` sequences starting at sequence number `first`.
-  model::Batch train_batch(int64_t first, int64_t micro_batch) const;
+  Batch train_batch(int64_t first, int64_t micro_batch) const;
   // Validation batch `index` (fixed sequences of the validation text).
-  model::Batch val_batch(int64_t index, int64_t micro_batch) const;
+  Batch val_batch(int64_t index, int64_t micro_batch) const;
 
  private:
-  model::Batch make(const std::vector<uint8_t>& text, uint64_t stream, int64_t first,
+  Batch make(const std::vector<uint8_t>& text, uint64_t stream, int64_t first,
                     int64_t count) const;
 
   const Corpus& corpus_;

@@ -1,4 +1,4 @@
-// Training text and its byte-level tokens.
+// Training text (its byte-level token ids: data/batch.h).
 //
 // Sources: "kjv" — the King James Bible from Debian's bible-kjv package (public domain; the
 // `bible` command prints it, verse references stripped here), or "file:PATH" — any UTF-8 or
@@ -11,9 +11,6 @@
 #include <vector>
 
 namespace parm::data {
-
-// Byte-level tokenizer: token = byte value (0..255); BERT adds model::kBertMaskToken.
-constexpr int32_t kByteVocab = 256;
 
 struct Corpus {
   std::string name;

@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "data/batch.h"
+#include "layer/shape.h"
 #include "model/param.h"
-#include "moe/reference_moe.h"
 #include "parm/topology.h"
 #include "schedule/schedule.h"
 
@@ -16,10 +17,10 @@ namespace parm::model {
 
 enum class Arch { kGpt2, kBert };
 
-// Token ids: bytes are 0..255. BERT's [MASK] is 256, so a BERT model over bytes has
-// vocab = kBertVocab; GPT-2 uses the 256 bytes only.
-constexpr int32_t kBertMaskToken = 256;
-constexpr int64_t kBertVocab = 257;
+// The model reads the batches and the token ids of src/data.
+using data::Batch;
+using data::kBertMaskToken;
+using data::kBertVocab;
 
 struct ModelConfig {
   Arch arch = Arch::kGpt2;
@@ -50,16 +51,7 @@ inline bool is_moe_block(const ModelConfig& c, int64_t i) {
 int64_t num_moe_blocks(const ModelConfig& c);
 // The shape of the model's MoE layers for micro-batches of `micro_batch` sequences
 // (T = micro_batch x seq_len tokens per MP group).
-ref::MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch);
-
-// One micro-batch for this rank's MP group: B sequences of L tokens (identical on every rank
-// of the MP group). targets[i] < 0: no loss at that position (BERT: unmasked positions).
-struct Batch {
-  int64_t batch = 0;             // B
-  int64_t seq_len = 0;           // L
-  std::vector<int32_t> tokens;   // (B, L) inputs
-  std::vector<int32_t> targets;  // (B, L) next token (GPT-2) or original token (BERT), -1 = none
-};
+MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch);
 
 struct LossParts {
   double lm_loss_sum = 0.0;   // sum over this batch's counted positions of -log p(target)

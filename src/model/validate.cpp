@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "layer/shape.h"
 #include "model/model.h"
-#include "moe/capacity.h"
 #include "parm/error.h"
 
 namespace parm::model {
@@ -26,8 +26,8 @@ int64_t num_moe_blocks(const ModelConfig& c) {
   return n;
 }
 
-ref::MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch) {
-  ref::MoeShape shape;
+MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch) {
+  MoeShape shape;
   shape.tokens = micro_batch * c.seq_len;
   shape.model_dim = c.model_dim;
   shape.hidden = c.expert_hidden;
@@ -85,7 +85,7 @@ void validate_model(const ModelConfig& c, const Layout& l,
                     "{} MoE schedules given for {} MoE blocks: give one for all or one per block",
                     moe_schedules.size(), num_moe);
   // The MoE layer's own checks (E % N_EP, H % N_ESP, T % N_MP, the baseline's layouts).
-  const ref::MoeShape shape = moe_shape(c, micro_batch);
+  const MoeShape shape = moe_shape(c, micro_batch);
   const schedule::SizeNames names{"experts", "expert_hidden", "micro_batch x seq_len"};
   if (moe_schedules.empty()) schedule::validate({shape, l}, schedule::Kind::kS1, names);
   for (size_t i = 0; i < moe_schedules.size(); ++i) {

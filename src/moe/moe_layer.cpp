@@ -10,12 +10,13 @@
 
 namespace parm {
 
+using schedule::Move;
 using schedule::Step;
 using schedule::StepKind;
 
 namespace {
 
-MoeLayerParams make_params(const ref::MoeShape& shape, int64_t e_loc, int64_t hl, Device d) {
+MoeLayerParams make_params(const MoeShape& shape, int64_t e_loc, int64_t hl, Device d) {
   const int64_t M = shape.model_dim, E = shape.experts;
   MoeLayerParams p;
   p.wg = Tensor({M, E}, d);
@@ -42,7 +43,7 @@ MoeLayerParams params_on(const MoeLayerParams& p, Device device) {
            p.experts.b2.to(device)}};
 }
 
-MoeLayer::MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse,
+MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
                    int chunks, Precision precision)
     : topo_(topo), shape_(shape) {
   const Layout& l = topo.layout();
@@ -76,6 +77,13 @@ MoeLayer::MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind ki
   bwd_phases_.assign(num_steps, {});
   accumulated_ = schedule::accumulated_gradients(schedule_);
   fills_.assign(schedule_.buffers.size(), {});
+  // The interleaving allgathers' scratch: the largest destination of one.
+  int64_t scratch = 0;
+  for (const Step& s : schedule_.steps)
+    for (bool backward : {false, true})
+      if (schedule::step_move(s.kind, backward) == Move::kAllGather && s.outer > 1)
+        scratch = std::max(scratch, bufs_[static_cast<size_t>(backward ? s.in : s.out)].numel());
+  if (scratch > 0) gather_scratch_ = Tensor({scratch}, device);
 }
 
 int64_t MoeLayer::held_bytes() const {
@@ -120,10 +128,17 @@ void MoeLayer::gather_interleaved(Communicator& c, const Tensor& mine, int64_t o
     c.allgather(mine.data(), full.data(), static_cast<size_t>(chunk));
     return;
   }
-  if (gather_scratch_.numel() < full.numel()) gather_scratch_ = Tensor({full.numel()}, device());
+  PARM_CHECK(gather_scratch_.numel() >= full.numel(),
+             "interleaved allgather into {} elements, scratch sized {} at construction",
+             full.numel(), gather_scratch_.numel());
   // (n, outer, chunk) blocks, then interleaved into (outer, n, chunk).
   c.allgather(mine.data(), gather_scratch_.data(), static_cast<size_t>(outer * chunk));
   backend_->interleave(gather_scratch_.data(), outer, c.size(), chunk, full.data());
+}
+
+void MoeLayer::keep_chunk(Communicator& c, int64_t outer, const Tensor& full, Tensor& mine) {
+  backend_->take_chunk(full.data(), outer, c.size(), c.rank(), mine.numel() / outer,
+                       mine.data());
 }
 
 void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
@@ -183,7 +198,7 @@ const Tensor& MoeLayer::forward(const Tensor& x) {
   if (timed) backend_->sync();
   for (size_t i = 0; i < schedule_.steps.size(); ++i) {
     const double t0 = timed ? now_us() : 0.0;
-    run_forward_step(schedule_.steps[i]);
+    run_step(schedule_.steps[i], false, 0.0f);
     if (!timed) continue;
     backend_->sync();  // a step's time includes the device work it queued
     fwd_us_[i] = now_us() - t0;
@@ -202,7 +217,7 @@ const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux) {
   if (timed) backend_->sync();
   for (size_t i = schedule_.steps.size(); i-- > 0;) {
     const double t0 = timed ? now_us() : 0.0;
-    run_backward_step(schedule_.steps[i], dl_aux);
+    run_step(schedule_.steps[i], true, dl_aux);
     if (!timed) continue;
     backend_->sync();
     bwd_us_[i] = now_us() - t0;
@@ -212,9 +227,83 @@ const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux) {
   return dbufs_[static_cast<size_t>(schedule_.input)];
 }
 
-void MoeLayer::run_forward_step(const Step& s) {
+void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {
+  const auto i = static_cast<size_t>(&s - schedule_.steps.data());
+  const Move move = schedule::step_move(s.kind, backward);
+  if (move == Move::kCompute) {
+    if (backward)
+      compute_backward(s, dl_aux, &bwd_phases_[i]);
+    else
+      compute_forward(s, &fwd_phases_[i]);
+    return;
+  }
+  if (move == Move::kNone) return;
+  // The pass moves its source to its destination: forward in -> out, backward d out -> d in.
+  auto tensor = [&](int id) -> Tensor& {
+    if (!backward) return bufs_[static_cast<size_t>(id)];
+    return id == schedule::kGateWeight ? dwg_call_ : dbufs_[static_cast<size_t>(id)];
+  };
+  Tensor& src = tensor(backward ? s.out : s.in);
+  Tensor& dst = tensor(backward ? s.in : s.out);
+  // The fill counts travel with the tokens of the forward pass (see fills_).
+  const bool with_fills = !backward && s.carries_fills;
+  Communicator& c = topo_.comm(s.group);
+  // The fused moves' two groups: (group, group2) forward, (group2, group) backward.
+  const Group g1 = backward ? s.group2 : s.group, g2 = backward ? s.group : s.group2;
+  switch (move) {
+    case Move::kNone:
+    case Move::kCompute: break;  // handled above
+    case Move::kKeepChunk:
+      keep_chunk(c, s.outer, src, dst);
+      if (!backward && !fills(s.in).empty()) slice_fills(s);
+      break;
+    case Move::kAllGather:
+      if (with_fills) post_fills(s.group, true, fills(s.in), fills(s.out));
+      gather_interleaved(c, src, s.outer, src.numel() / s.outer, dst);
+      meta_.wait();
+      break;
+    case Move::kAllToAll:
+      if (with_fills) post_fills(s.group, false, fills(s.in), fills(s.out));
+      c.alltoall(src.data(), dst.data(), static_cast<size_t>(src.numel() / c.size()));
+      meta_.wait();
+      break;
+    case Move::kReduceScatter:
+      c.reduce_scatter(src.data(), dst.data(), static_cast<size_t>(dst.numel()));
+      break;
+    case Move::kAllReduce: c.allreduce(src.data(), static_cast<size_t>(src.numel())); break;
+    case Move::kFusedDispatch: {
+      const Tensor* from = &src;
+      if (s.has_mp_part()) {  // the adjoint of the MP gather: keep my chunk first
+        keep_chunk(topo_.comm(s.group3), s.outer, src, tensor(s.mid));
+        from = &tensor(s.mid);
+      }
+      // The counts take the data's two hops: the EP exchange runs beside the pipeline, the
+      // (intra-node, tiny) ESP gather of its result after it.
+      if (with_fills) post_fills(g1, false, fills(s.in), fills_stage_);
+      fused_dispatch_any(topo_.comm(g1), topo_.comm(g2), from->data(), dst.data(),
+                         static_cast<size_t>(s.block), schedule_.chunks);
+      meta_.wait();
+      if (with_fills) {
+        post_fills(g2, true, fills_stage_, fills(s.out));
+        meta_.wait();
+      }
+      break;
+    }
+    case Move::kFusedCombine: {
+      // With an MP part the combine lands in mid and its last stage gathers into dst.
+      MpGatherPart mp{s.has_mp_part() ? &topo_.comm(s.group3) : nullptr, s.outer, s.chunk,
+                      dst.data()};
+      Tensor& to = s.has_mp_part() ? tensor(s.mid) : dst;
+      fused_combine_any(topo_.comm(g1), topo_.comm(g2), src.data(), to.data(),
+                        static_cast<size_t>(s.block), schedule_.chunks,
+                        s.has_mp_part() ? &mp : nullptr);
+      break;
+    }
+  }
+}
+
+void MoeLayer::compute_forward(const Step& s, moe::PhaseTimes* phases) {
   const auto& sc = schedule_;
-  moe::PhaseTimes* phases = &fwd_phases_[static_cast<size_t>(&s - sc.steps.data())];
   auto buf = [&](int id) -> Tensor& { return bufs_[static_cast<size_t>(id)]; };
   switch (s.kind) {
     case StepKind::kGate:
@@ -240,67 +329,12 @@ void MoeLayer::run_forward_step(const Step& s) {
       break;
     }
     case StepKind::kCombine: backend_->combine_forward(buf(s.in), buf(s.out)); break;
-    case StepKind::kSlice: {
-      Communicator& c = topo_.comm(s.group);
-      backend_->take_chunk(buf(s.in).data(), s.outer, c.size(), c.rank(), s.chunk,
-                           buf(s.out).data());
-      if (!fills(s.in).empty()) slice_fills(s);
-      break;
-    }
-    case StepKind::kGatherDup:
-      gather_interleaved(topo_.comm(s.group), buf(s.in), s.outer, s.chunk, buf(s.out));
-      break;
-    case StepKind::kAllToAll: {  // on the dispatch path, the fill counts travel alongside
-      Communicator& c = topo_.comm(s.group);
-      if (s.carries_fills) post_fills(s.group, false, fills(s.in), fills(s.out));
-      c.alltoall(buf(s.in).data(), buf(s.out).data(),
-                 static_cast<size_t>(buf(s.in).numel() / c.size()));
-      meta_.wait();
-      break;
-    }
-    case StepKind::kGatherShard: {
-      Communicator& c = topo_.comm(s.group);
-      if (s.carries_fills) post_fills(s.group, true, fills(s.in), fills(s.out));
-      c.allgather(buf(s.in).data(), buf(s.out).data(), static_cast<size_t>(buf(s.in).numel()));
-      meta_.wait();
-      break;
-    }
-    case StepKind::kReduceScatter:
-      topo_.comm(s.group).reduce_scatter(buf(s.in).data(), buf(s.out).data(),
-                                         static_cast<size_t>(buf(s.out).numel()));
-      break;
-    case StepKind::kSumDup:
-      topo_.comm(s.group).allreduce(buf(s.in).data(), static_cast<size_t>(buf(s.in).numel()));
-      break;
-    case StepKind::kShareDup: break;
-    case StepKind::kFusedDispatch: {
-      // The counts take the data's two hops: the EP exchange runs beside the pipeline, the
-      // (intra-node, tiny) ESP gather of its result after it.
-      Communicator& ep = topo_.comm(s.group);
-      Communicator& esp = topo_.comm(s.group2);
-      post_fills(s.group, false, fills(s.in), fills_stage_);
-      fused_dispatch_any(ep, esp, buf(s.in).data(), buf(s.out).data(),
-                         static_cast<size_t>(s.block), schedule_.chunks);
-      meta_.wait();
-      post_fills(s.group2, true, fills_stage_, fills(s.out));
-      meta_.wait();
-      break;
-    }
-    case StepKind::kFusedCombine: {
-      MpGatherPart mp{s.has_mp_part() ? &topo_.comm(s.group3) : nullptr, s.outer, s.chunk,
-                      buf(s.out).data()};
-      fused_combine_any(topo_.comm(s.group), topo_.comm(s.group2), buf(s.in).data(),
-                        buf(s.has_mp_part() ? s.mid : s.out).data(),
-                        static_cast<size_t>(s.block), schedule_.chunks,
-                        s.has_mp_part() ? &mp : nullptr);
-      break;
-    }
+    default: PARM_CHECK(false, "step '{}' is not a computation", s.label);
   }
 }
 
-void MoeLayer::run_backward_step(const Step& s, float dl_aux) {
+void MoeLayer::compute_backward(const Step& s, float dl_aux, moe::PhaseTimes* phases) {
   const auto& sc = schedule_;
-  moe::PhaseTimes* phases = &bwd_phases_[static_cast<size_t>(&s - sc.steps.data())];
   auto buf = [&](int id) -> Tensor& { return bufs_[static_cast<size_t>(id)]; };
   auto dbuf = [&](int id) -> Tensor& { return dbufs_[static_cast<size_t>(id)]; };
   switch (s.kind) {
@@ -321,51 +355,7 @@ void MoeLayer::run_backward_step(const Step& s, float dl_aux) {
     case StepKind::kCombine:
       backend_->combine_backward(buf(s.in), dbuf(s.out), dbuf(s.in));
       break;
-    case StepKind::kSlice:  // adjoint of "keep my slice": AllGather
-      gather_interleaved(topo_.comm(s.group), dbuf(s.out), s.outer, s.chunk, dbuf(s.in));
-      break;
-    case StepKind::kGatherDup: {  // adjoint of the MP-restoring AllGather: keep my slice
-      Communicator& c = topo_.comm(s.group);
-      backend_->take_chunk(dbuf(s.out).data(), s.outer, c.size(), c.rank(), s.chunk,
-                           dbuf(s.in).data());
-      break;
-    }
-    case StepKind::kAllToAll: {
-      Communicator& c = topo_.comm(s.group);
-      c.alltoall(dbuf(s.out).data(), dbuf(s.in).data(),
-                 static_cast<size_t>(dbuf(s.out).numel() / c.size()));
-      break;
-    }
-    case StepKind::kGatherShard:
-      topo_.comm(s.group).reduce_scatter(dbuf(s.out).data(), dbuf(s.in).data(),
-                                         static_cast<size_t>(dbuf(s.in).numel()));
-      break;
-    case StepKind::kReduceScatter:
-      topo_.comm(s.group).allgather(dbuf(s.out).data(), dbuf(s.in).data(),
-                                    static_cast<size_t>(dbuf(s.out).numel()));
-      break;
-    case StepKind::kSumDup: break;  // the gradient of a duplicated sum is already complete
-    case StepKind::kShareDup: {
-      Tensor& d = s.in == schedule::kGateWeight ? dwg_call_ : dbuf(s.in);
-      topo_.comm(s.group).allreduce(d.data(), static_cast<size_t>(d.numel()));
-      break;
-    }
-    case StepKind::kFusedDispatch:  // adjoint: the combine collective
-      fused_combine_any(topo_.comm(s.group2), topo_.comm(s.group), dbuf(s.out).data(),
-                        dbuf(s.in).data(), static_cast<size_t>(s.block), schedule_.chunks);
-      break;
-    case StepKind::kFusedCombine: {  // adjoint: [keep my chunk,] the dispatch collective
-      int from = s.out;
-      if (s.has_mp_part()) {
-        Communicator& mp = topo_.comm(s.group3);
-        backend_->take_chunk(dbuf(s.out).data(), s.outer, mp.size(), mp.rank(), s.chunk,
-                             dbuf(s.mid).data());
-        from = s.mid;
-      }
-      fused_dispatch_any(topo_.comm(s.group2), topo_.comm(s.group), dbuf(from).data(),
-                         dbuf(s.in).data(), static_cast<size_t>(s.block), schedule_.chunks);
-      break;
-    }
+    default: PARM_CHECK(false, "step '{}' is not a computation", s.label);
   }
 }
 

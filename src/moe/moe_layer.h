@@ -36,10 +36,10 @@ MoeLayerParams params_on(const MoeLayerParams& p, Device device);
 class MoeLayer {
  public:
   // fuse: S1/S2 use the fused dispatch and combine collectives, pipelined over `chunks`.
-  MoeLayer(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse = false,
+  MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse = false,
            int chunks = 4, Precision precision = Precision::kFp32);
 
-  const ref::MoeShape& shape() const { return shape_; }
+  const MoeShape& shape() const { return shape_; }
   const schedule::Schedule& schedule() const { return schedule_; }
   Device device() const { return backend_->device(); }
   Precision precision() const { return backend_->precision(); }
@@ -77,14 +77,19 @@ class MoeLayer {
   const std::vector<int64_t>& expert_rows() const { return backend_->expert_rows(); }
   int64_t shard_hidden() const { return params_.experts.w1.dim(2); }
   // Bytes this layer holds: parameters, gradients, step buffers and their gradients, the
-  // expert workspace (all allocated at construction).
+  // interleaving scratch and the backend's buffers (routing, saved tensors, expert
+  // workspace), all allocated at construction. Not counted: the host fill-count vectors (a
+  // few int32 per expert), sized on the first forward pass.
   int64_t held_bytes() const;
   // The routing of the last forward pass (gate rows: T, or T / N_MP under S1), on the host.
   const moe::GateRouting& routing() { return backend_->routing(); }
 
  private:
-  void run_forward_step(const schedule::Step& s);
-  void run_backward_step(const schedule::Step& s, float dl_aux);
+  // Step s's forward (or backward) pass: its computation, or the move schedule::step_info
+  // names for it.
+  void run_step(const schedule::Step& s, bool backward, float dl_aux);
+  void compute_forward(const schedule::Step& s, moe::PhaseTimes* phases);
+  void compute_backward(const schedule::Step& s, float dl_aux, moe::PhaseTimes* phases);
   // Moves the fill counts of buffer `in` along a dispatch-path step to buffer `out`.
   void slice_fills(const schedule::Step& s);
   // Posts the exchange of the fill counts `in` over group g's host communicator (an
@@ -93,12 +98,14 @@ class MoeLayer {
   void post_fills(Group g, bool gather, const std::vector<int32_t>& in,
                   std::vector<int32_t>& out);
   std::vector<int32_t>& fills(int id) { return fills_[static_cast<size_t>(id)]; }
+  // mine (outer, chunk) = this rank's part of full (outer, c.size(), chunk).
+  void keep_chunk(Communicator& c, int64_t outer, const Tensor& full, Tensor& mine);
   // AllGather of (outer, chunk) parts into (outer, n, chunk) on every rank of c.
   void gather_interleaved(Communicator& c, const Tensor& mine, int64_t outer, int64_t chunk,
                           Tensor& full);
 
   Topology& topo_;
-  ref::MoeShape shape_;
+  MoeShape shape_;
   schedule::Schedule schedule_;
   int first_expert_ = 0;
   int esp_rank_ = 0;
@@ -118,7 +125,7 @@ class MoeLayer {
   std::vector<std::vector<int32_t>> fills_;
   std::vector<int32_t> fills_stage_;  // the fused dispatch's EP-exchanged counts
   MetadataExchange meta_;
-  Tensor gather_scratch_;      // permutation scratch of interleaved allgathers
+  Tensor gather_scratch_;      // permutation scratch of interleaved allgathers (the largest)
   float l_aux_ = 0.0f;
   bool step_timing_ = true;
   std::vector<double> fwd_us_, bwd_us_;

@@ -19,27 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "moe/capacity.h"
+#include "layer/shape.h"
 #include "parm/tensor.h"
 
 namespace parm::ref {
 
-struct MoeShape {
-  int64_t tokens = 0;     // T: rows of x, in row order
-  int64_t model_dim = 0;  // M
-  int64_t hidden = 0;     // H: an expert's FFN hidden dim
-  int64_t experts = 0;    // E
-  int topk = 1;           // k
-  CapacityFactor capacity_factor{1, 1};  // f
-
-  // The shape from its sizes; f is a decimal ("1.2"), parsed exactly (CapacityFactor::parse).
-  static MoeShape of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const std::string& f);
-
-  // Throws parm::InvalidConfig unless T, M, H, E >= 1, 1 <= k <= E, f > 0,
-  // num_slices >= 1 and T % num_slices == 0.
-  void validate(int num_slices = 1) const;
-  std::string str() const;  // "T=8 M=4 H=6 E=4 k=2 f=1.25"
-};
+// The oracle takes the layer's shape (layer/shape.h).
+using parm::MoeShape;
 
 // ---- Parameters ------------------------------------------------------------------------
 

@@ -46,8 +46,6 @@ Link group_link(const Target& t, Group g) {
   return Link::kIntra;
 }
 
-bool baseline_defined(const Layout& l) { return l.mp == 1 || l.esp == 1 || l.esp == l.mp; }
-
 std::string Prediction::name() const {
   return std::string(schedule::kind_name(kind)) + (fused ? "+fused" : "");
 }
@@ -80,7 +78,7 @@ constexpr double kF = sizeof(float);
 struct Pricer {
   const Profile& prof;
   const schedule::Schedule& sc;
-  const ref::MoeShape& shape;
+  const MoeShape& shape;
   const Target& target;
 
   double numel(int id) const {
@@ -159,20 +157,8 @@ struct Pricer {
 
   // Local copies the executor does around a collective step (slices, interleaves).
   void local_copies(const schedule::Step& s, StepCost& c) const {
-    switch (s.kind) {
-      case StepKind::kSlice:
-        c.fwd_us += copy(kF * 2 * numel(s.out));
-        if (s.outer > 1) c.bwd_us += copy(kF * 2 * numel(s.in));
-        break;
-      case StepKind::kGatherDup:
-        if (s.outer > 1) c.fwd_us += copy(kF * 2 * numel(s.out));
-        c.bwd_us += copy(kF * 2 * numel(s.in));
-        break;
-      case StepKind::kFusedCombine:
-        if (s.has_mp_part()) c.bwd_us += copy(kF * 2 * numel(s.mid));
-        break;
-      default: break;
-    }
+    c.fwd_us += copy(schedule::local_copy_bytes(sc, s, false));
+    c.bwd_us += copy(schedule::local_copy_bytes(sc, s, true));
   }
 
   void collectives(const schedule::Step& s, StepCost& c) const {
@@ -218,7 +204,7 @@ struct Pricer {
 }  // namespace
 
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,
-                   const ref::MoeShape& shape, const Target& target) {
+                   const MoeShape& shape, const Target& target) {
   Pricer pr{profile, sc, shape, target};
   Prediction p;
   p.kind = sc.kind;
@@ -255,7 +241,7 @@ Prediction predict(const Profile& profile, const schedule::Schedule& sc,
   return p;
 }
 
-std::vector<Candidate> predict_candidates(const Profile& profile, const ref::MoeShape& shape,
+std::vector<Candidate> predict_candidates(const Profile& profile, const MoeShape& shape,
                                           const Target& target, int chunks,
                                           const std::vector<Kind>& kinds,
                                           const std::vector<bool>& fuse_modes) {
@@ -264,8 +250,8 @@ std::vector<Candidate> predict_candidates(const Profile& profile, const ref::Moe
   std::vector<Candidate> out;
   for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
     if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) continue;
+    if (!schedule::supports(kind, target.layout)) continue;
     if (kind == Kind::kBaseline) {
-      if (!baseline_defined(target.layout)) continue;
       const auto sc = schedule::build({shape, target.layout, 0, false, chunks}, kind);
       out.push_back({kind, false, predict(profile, sc, shape, target)});
       continue;

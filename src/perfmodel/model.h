@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "moe/reference_moe.h"
+#include "layer/shape.h"
 #include "parm/topology.h"
 #include "perfmodel/profile.h"
 #include "schedule/schedule.h"
@@ -76,7 +76,7 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& li
 
 // Prices `sc` (built for `shape` on target.layout) step by step.
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,
-                   const ref::MoeShape& shape, const Target& target);
+                   const MoeShape& shape, const Target& target);
 
 struct Candidate {
   schedule::Kind kind;
@@ -84,17 +84,15 @@ struct Candidate {
   Prediction pred;
 };
 
-// Every candidate in `kinds` x `fuse_modes` that the layout supports (the baseline only
-// where it exists; fused only where the schedule has something to fuse, so "s1+fused" is
-// not listed when it would equal "s1"), in the order baseline, s1, s1+fused, s2, s2+fused.
-std::vector<Candidate> predict_candidates(const Profile& profile, const ref::MoeShape& shape,
+// Every candidate in `kinds` x `fuse_modes` that the layout supports (schedule::supports;
+// the baseline is never fused; fused only where the schedule has something to fuse, so
+// "s1+fused" is not listed when it would equal "s1"), in the order baseline, s1, s1+fused,
+// s2, s2+fused.
+std::vector<Candidate> predict_candidates(const Profile& profile, const MoeShape& shape,
                                           const Target& target, int chunks,
                                           const std::vector<schedule::Kind>& kinds,
                                           const std::vector<bool>& fuse_modes);
 // Index of the fastest predicted candidate (first on ties). Throws for an empty list.
 size_t choose(const std::vector<Candidate>& candidates);
-
-// True when the baseline (DeepSpeed-MoE) is defined for the layout (SPEC §3).
-bool baseline_defined(const Layout& layout);
 
 }  // namespace parm::perfmodel

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "moe/capacity.h"
+#include "layer/shape.h"
 #include "parm/error.h"
 #include "parm/stats.h"
 #include "perfmodel/json_reader.h"
@@ -123,7 +123,7 @@ Grid read_grid(const std::string& path) {
   return grid_from_json(read_json_file("grid file", path), path);
 }
 
-ref::MoeShape GridConfig::shape() const { return ref::MoeShape::of(tokens(), M, H, E, k, f); }
+MoeShape GridConfig::shape() const { return MoeShape::of(tokens(), M, H, E, k, f); }
 
 std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid) {
   using schedule::Kind;
@@ -136,7 +136,7 @@ std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid) {
     row.speedup = kNaN;
     try {
       const Target t = make_target(world, c.mp, c.ep, c.esp, cluster.devices_per_node);
-      const ref::MoeShape shape = c.shape();
+      const MoeShape shape = c.shape();
       const auto cands = predict_candidates(cluster.profile, shape, t, grid.chunks,
                                             {Kind::kBaseline, Kind::kS1, Kind::kS2},
                                             {false, true});

@@ -4,12 +4,11 @@
 
 #include <cstdint>
 #include <string>
-
-#include "moe/reference_moe.h"
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "layer/shape.h"
 #include "perfmodel/model.h"
 #include "perfmodel/profile.h"
 
@@ -36,7 +35,7 @@ struct GridConfig {
   std::string f = "1.0";  // the capacity factor as the decimal it was written as
   int mp = 1, esp = 1, ep = 1;
   int64_t tokens() const { return B * L; }
-  ref::MoeShape shape() const;  // the MoE layer: T = B * L tokens per MP group
+  MoeShape shape() const;  // the MoE layer: T = B * L tokens per MP group
 };
 
 // A grid file: lists for "B", "L", "M", "H", "E", "k", "f", "N_MP", "N_ESP", "N_EP" and an

@@ -216,11 +216,11 @@ void validate(const LayerSpec& spec, Kind kind, const SizeNames& names) {
                     "{} = {} tokens is not divisible by --mp {} (the MoE layer splits an MP "
                     "group's tokens over its ranks); use a multiple of {}",
                     names.tokens, sh.tokens, l.mp, l.mp);
-  if (kind == Kind::kBaseline)
-    PARM_CONFIG_CHECK(l.mp == 1 || l.esp == 1 || l.esp == l.mp,
-                      "the baseline supports N_ESP = N_MP or N_ESP = 1 when N_MP > 1, got "
-                      "--mp {} --esp {}; use --schedule s1 or s2 for this layout",
-                      l.mp, l.esp);
+  PARM_CONFIG_CHECK(supports(kind, l),
+                    "the {} is defined for N_MP = 1, N_ESP = 1 or N_ESP = N_MP, got --mp {} "
+                    "--esp {}; valid --esp values with --mp {}: 1, {}; or use --schedule s1 or "
+                    "s2 for this layout",
+                    kind_name(kind), l.mp, l.esp, l.mp, l.mp);
 }
 
 Schedule build(const LayerSpec& spec, Kind kind) {

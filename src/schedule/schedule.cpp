@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <iterator>
+
 #include "parm/error.h"
 #include "schedule/schedule.h"
 
@@ -21,106 +23,124 @@ Kind parse_kind(const std::string& name) {
       fmt::format("unknown schedule '{}'; valid schedules: baseline, s1, s2", name));
 }
 
-const char* step_kind_name(StepKind k) {
-  switch (k) {
-    case StepKind::kGate: return "gate";
-    case StepKind::kAuxLoss: return "aux_loss";
-    case StepKind::kDispatch: return "dispatch";
-    case StepKind::kExperts: return "experts";
-    case StepKind::kCombine: return "combine";
-    case StepKind::kSlice: return "slice";
-    case StepKind::kGatherDup: return "gather_dup";
-    case StepKind::kAllToAll: return "alltoall";
-    case StepKind::kGatherShard: return "gather_shard";
-    case StepKind::kReduceScatter: return "reduce_scatter";
-    case StepKind::kSumDup: return "sum_dup";
-    case StepKind::kShareDup: return "share_dup";
-    case StepKind::kFusedDispatch: return "fused_dispatch";
-    case StepKind::kFusedCombine: return "fused_combine";
-  }
-  return "?";
+bool supports(Kind kind, const Layout& l) {
+  return kind != Kind::kBaseline || l.mp == 1 || l.esp == 1 || l.esp == l.mp;
 }
 
-bool is_collective(StepKind k) {
-  switch (k) {
-    case StepKind::kGate:
-    case StepKind::kAuxLoss:
-    case StepKind::kDispatch:
-    case StepKind::kExperts:
-    case StepKind::kCombine: return false;
-    default: return true;
-  }
+namespace {
+
+// One row per step kind, in the order of StepKind.
+constexpr StepKindInfo kSteps[] = {
+    {StepKind::kGate, "gate", Move::kCompute, Move::kCompute, true},
+    {StepKind::kAuxLoss, "aux_loss", Move::kCompute, Move::kCompute, false},
+    {StepKind::kDispatch, "dispatch", Move::kCompute, Move::kCompute, true},
+    {StepKind::kExperts, "experts", Move::kCompute, Move::kCompute, false},
+    {StepKind::kCombine, "combine", Move::kCompute, Move::kCompute, false},
+    {StepKind::kSlice, "slice", Move::kKeepChunk, Move::kAllGather, false},
+    {StepKind::kGatherDup, "gather_dup", Move::kAllGather, Move::kKeepChunk, false},
+    {StepKind::kAllToAll, "alltoall", Move::kAllToAll, Move::kAllToAll, false},
+    {StepKind::kGatherShard, "gather_shard", Move::kAllGather, Move::kReduceScatter, false},
+    {StepKind::kReduceScatter, "reduce_scatter", Move::kReduceScatter, Move::kAllGather, false},
+    {StepKind::kSumDup, "sum_dup", Move::kAllReduce, Move::kNone, false},
+    {StepKind::kShareDup, "share_dup", Move::kNone, Move::kAllReduce, false},
+    {StepKind::kFusedDispatch, "fused_dispatch", Move::kFusedDispatch, Move::kFusedCombine, false},
+    {StepKind::kFusedCombine, "fused_combine", Move::kFusedCombine, Move::kFusedDispatch, false},
+};
+static_assert(std::size(kSteps) == kNumStepKinds, "one row per step kind");
+constexpr bool rows_in_order() {
+  for (int i = 0; i < kNumStepKinds; ++i)
+    if (static_cast<int>(kSteps[i].kind) != i) return false;
+  return true;
 }
+static_assert(rows_in_order(), "kSteps is indexed by StepKind");
+
+}  // namespace
+
+const StepKindInfo& step_info(StepKind k) { return kSteps[static_cast<int>(k)]; }
+const char* step_kind_name(StepKind k) { return step_info(k).name; }
+bool is_collective(StepKind k) { return step_info(k).forward != Move::kCompute; }
+Move step_move(StepKind k, bool backward) {
+  return backward ? step_info(k).backward : step_info(k).forward;
+}
+
+namespace {
+
+constexpr double kF = sizeof(float);
+
+double numel_of(const Schedule& sc, int id) {
+  return id == kGateWeight ? static_cast<double>(sc.gate_weight_numel)
+                           : static_cast<double>(shape_numel(sc.buffers[static_cast<size_t>(id)].shape));
+}
+
+}  // namespace
 
 std::vector<CollectivePart> collective_parts(const Schedule& sc, const Step& s, const Layout& l,
                                              bool backward) {
-  constexpr double kF = sizeof(float);
-  auto numel = [&](int id) {
-    return id == kGateWeight ? static_cast<double>(sc.gate_weight_numel)
-                             : static_cast<double>(shape_numel(sc.buffers[id].shape));
-  };
+  const Move move = step_move(s.kind, backward);
+  // The pass's source and destination (bytes), and the fused moves' two groups.
+  const double src = numel_of(sc, backward ? s.out : s.in) * kF;
+  const double dst = numel_of(sc, backward ? s.in : s.out) * kF;
+  const Group a = backward ? s.group2 : s.group, b = backward ? s.group : s.group2;
   std::vector<CollectivePart> parts;
   auto add = [&](Group g, CommOp op, double bytes) {
     const int n = l.group_size(g);
     if (n > 1) parts.push_back({g, op, bus_bytes(op, n, bytes)});
   };
-  const double nep = l.ep;
-  // Fill counts: one int32 per expert segment of the input ((..., slots, M) rows each).
+  // Fill counts: one int32 per expert segment of the input ((..., slots, M) rows each), sent
+  // beside the tokens: an exchange (1 / n stays here) or a gather (every rank's counts).
   if (s.carries_fills && !backward) {
     const Shape& in = sc.buffers[static_cast<size_t>(s.in)].shape;
-    const double segments = numel(s.in) / static_cast<double>(in[in.size() - 1] * in[in.size() - 2]);
+    const double segments = numel_of(sc, s.in) / static_cast<double>(in[in.size() - 1] * in[in.size() - 2]);
     constexpr double kI = sizeof(int32_t);
-    if (s.kind == StepKind::kAllToAll || s.kind == StepKind::kFusedDispatch) {
-      const int n = l.group_size(Group::kEp);
-      add(Group::kEp, CommOp::kMetadata, (n - 1) * segments / n * kI);
+    auto exchange = [&](Group g) {
+      const int n = l.group_size(g);
+      add(g, CommOp::kMetadata, (n - 1) * segments / n * kI);
+    };
+    auto gather = [&](Group g) {
+      add(g, CommOp::kMetadata, (l.group_size(g) - 1) * segments * kI);
+    };
+    if (move == Move::kAllToAll) exchange(s.group);
+    if (move == Move::kAllGather) gather(s.group);
+    if (move == Move::kFusedDispatch) {
+      exchange(a);
+      gather(b);
     }
-    if (s.kind == StepKind::kGatherShard || s.kind == StepKind::kFusedDispatch)
-      add(Group::kEsp, CommOp::kMetadata, (l.group_size(Group::kEsp) - 1) * segments * kI);
   }
-  switch (s.kind) {
-    case StepKind::kSlice:
-      if (backward) add(s.group, CommOp::kAllGather, numel(s.out) * kF);
+  switch (move) {
+    case Move::kNone:
+    case Move::kCompute:
+    case Move::kKeepChunk: break;
+    case Move::kAllGather: add(s.group, CommOp::kAllGather, src); break;
+    case Move::kAllToAll: add(s.group, CommOp::kAllToAll, src / l.group_size(s.group)); break;
+    case Move::kReduceScatter: add(s.group, CommOp::kReduceScatter, dst); break;
+    case Move::kAllReduce: add(s.group, CommOp::kAllReduce, src); break;
+    case Move::kFusedDispatch:
+      add(a, CommOp::kAllToAll, s.block * kF);
+      add(b, CommOp::kAllGather, static_cast<double>(l.group_size(a)) * s.block * kF);
       break;
-    case StepKind::kGatherDup:
-      if (!backward) add(s.group, CommOp::kAllGather, numel(s.in) * kF);
+    case Move::kFusedCombine:
+      add(a, CommOp::kReduceScatter, static_cast<double>(l.group_size(b)) * s.block * kF);
+      add(b, CommOp::kAllToAll, s.block * kF);
+      if (s.has_mp_part()) add(s.group3, CommOp::kAllGather, static_cast<double>(s.outer * s.chunk) * kF);
       break;
-    case StepKind::kAllToAll:
-      add(s.group, CommOp::kAllToAll, numel(s.in) * kF / l.group_size(s.group));
-      break;
-    case StepKind::kGatherShard:
-      add(s.group, backward ? CommOp::kReduceScatter : CommOp::kAllGather, numel(s.in) * kF);
-      break;
-    case StepKind::kReduceScatter:
-      add(s.group, backward ? CommOp::kAllGather : CommOp::kReduceScatter, numel(s.out) * kF);
-      break;
-    case StepKind::kSumDup:
-      if (!backward) add(s.group, CommOp::kAllReduce, numel(s.in) * kF);
-      break;
-    case StepKind::kShareDup:
-      if (backward) add(s.group, CommOp::kAllReduce, numel(s.in) * kF);
-      break;
-    case StepKind::kFusedDispatch:  // backward: the combine collective
-      add(Group::kEp, CommOp::kAllToAll, s.block * kF);
-      add(Group::kEsp, backward ? CommOp::kReduceScatter : CommOp::kAllGather,
-          nep * s.block * kF);
-      break;
-    case StepKind::kFusedCombine:  // backward: [keep my chunk,] the dispatch collective
-      add(Group::kEsp, backward ? CommOp::kAllGather : CommOp::kReduceScatter,
-          nep * s.block * kF);
-      add(Group::kEp, CommOp::kAllToAll, s.block * kF);
-      if (s.has_mp_part() && !backward)
-        add(s.group3, CommOp::kAllGather, static_cast<double>(s.outer * s.chunk) * kF);
-      break;
-    default: break;
   }
   return parts;
+}
+
+double local_copy_bytes(const Schedule& sc, const Step& s, bool backward) {
+  const double dst = numel_of(sc, backward ? s.in : s.out) * kF;
+  switch (step_move(s.kind, backward)) {
+    case Move::kKeepChunk: return 2 * dst;
+    case Move::kAllGather: return s.outer > 1 ? 2 * dst : 0.0;
+    case Move::kFusedDispatch: return s.has_mp_part() ? 2 * numel_of(sc, s.mid) * kF : 0.0;
+    default: return 0.0;
+  }
 }
 
 std::vector<bool> accumulated_gradients(const Schedule& sc) {
   std::vector<bool> acc(sc.buffers.size(), false);
   for (const Step& s : sc.steps)
-    if (s.kind == StepKind::kGate || s.kind == StepKind::kDispatch)
-      acc[static_cast<size_t>(s.in)] = true;
+    if (step_info(s.kind).accumulates_input_grad) acc[static_cast<size_t>(s.in)] = true;
   return acc;
 }
 

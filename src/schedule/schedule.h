@@ -1,14 +1,15 @@
 // A schedule is data: the buffers of one MoE layer call and the list of steps that move
-// tokens through them. The executor runs the list forward and its adjoint in reverse; the
-// byte counter (and later the cost model) read the same list.
+// tokens through them. What each kind of step does is one table (step_info): the executor
+// (MoeLayer) runs the list forward and its adjoint in reverse by it, and collective_parts
+// (the byte counter's tests) and the cost model (perfmodel::predict) read the same list
+// through the same table.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "moe/capacity.h"
-#include "moe/reference_moe.h"
+#include "layer/shape.h"
 #include "parm/tensor.h"
 #include "parm/topology.h"
 
@@ -18,29 +19,67 @@ enum class Kind { kBaseline, kS1, kS2 };
 const char* kind_name(Kind k);  // "baseline", "s1", "s2"
 Kind parse_kind(const std::string& name);
 
+// Whether schedule `kind` exists on `layout` (SPEC §3): S1 and S2 on every layout; the
+// baseline (DeepSpeed-MoE) when N_MP = 1, N_ESP = 1 or N_ESP = N_MP.
+bool supports(Kind kind, const Layout& layout);
+
+// The kinds of step; their meaning is in step_info's table below.
 enum class StepKind {
-  // compute
+  // compute (on the layer's backend)
   kGate,      // in (rows, M) tokens -> out (2E) l_aux statistics; routing kept in the state
   kAuxLoss,   // in (2E) statistics -> l_aux (total_tokens = the MP group's T)
   kDispatch,  // in (rows, M) tokens -> out (E * slots, M)
   kExperts,   // in (blocks, E_loc, slots, M) -> out, same layout (the local ESP shards)
   kCombine,   // in (E * slots, M) -> out (rows, M)
-  // communication (forward | backward)
-  kSlice,         // keep my chunk of a duplicated tensor (MP off)  | AllGather over group
-  kGatherDup,     // AllGather into a duplicated tensor (MP on)     | keep my chunk
-  kAllToAll,      // AllToAll                                       | AllToAll, reverse layout
-  kGatherShard,   // AllGather: tokens fan out to the shards        | ReduceScatter
-  kReduceScatter, // ReduceScatter                                  | AllGather
-  kSumDup,        // AllReduce into a duplicated tensor (in place)  | nothing
-  kShareDup,      // nothing: duplicated input read by every rank   | AllReduce of its gradient
+  // communication
+  kSlice,          // keep my chunk of a duplicated tensor (MP off)
+  kGatherDup,      // gather into a duplicated tensor (MP on)
+  kAllToAll,       // exchange blocks over the group
+  kGatherShard,    // tokens fan out to the ESP shards
+  kReduceScatter,  // the ESP shards' partial outputs summed, each rank keeping its part
+  kSumDup,         // sum a duplicated tensor in place
+  kShareDup,       // a duplicated input read by every rank (its gradient is summed)
   // fused collectives (SPEC §4)
-  kFusedDispatch, // AllToAll(ep) + AllGather(esp)                  | the combine collective
-  kFusedCombine,  // ReduceScatter(esp) + AllToAll(ep) [+ AllGather(mp) into a duplicated
-                  // tensor, S2]                                    | [keep my chunk,] the
-                  //                                                  dispatch collective
+  kFusedDispatch,  // the dispatch collective: AllToAll(ep) + AllGather(esp)
+  kFusedCombine,   // the combine collective: ReduceScatter(esp) + AllToAll(ep)
+                   // [+ AllGather(mp) into a duplicated tensor, S2]
 };
-const char* step_kind_name(StepKind k);
-bool is_collective(StepKind k);
+constexpr int kNumStepKinds = static_cast<int>(StepKind::kFusedCombine) + 1;
+
+// What one pass of a step does. The forward pass moves `in` to `out`; the backward pass
+// (the adjoint) moves the gradient of `out` to the gradient of `in`. "Source" and
+// "destination" below are those two buffers; a collective move runs on the step's group.
+enum class Move {
+  kNone,           // nothing (the gradient of a duplicated sum is already complete)
+  kCompute,        // the step kind's own computation on the layer's backend
+  kKeepChunk,      // local: keep this rank's (outer, chunk) part of an (outer, n, chunk)
+                   // source (n: the group's size); copies 2 x numel(destination) elements
+  kAllGather,      // AllGather of the source, (outer, numel / outer) from each rank, into
+                   // (outer, n, numel / outer); interleaved locally (2 x numel(destination)
+                   // elements copied) when outer > 1
+  kAllToAll,       // AllToAll: numel(source) / n elements to each rank
+  kReduceScatter,  // ReduceScatter: the destination's numel elements per rank
+  kAllReduce,      // AllReduce in place (the source is the destination)
+  // Fused: on (group, group2) forward and (group2, group) backward, `block` elements from
+  // each EP rank to each EP peer, pipelined over Schedule::chunks pieces (comm/fused.h).
+  kFusedDispatch,  // AllToAll then AllGather; with an MP part (Step::has_mp_part) the
+                   // source is first cut to this rank's chunk (kKeepChunk on group3 into mid)
+  kFusedCombine,   // ReduceScatter then AllToAll; with an MP part the result goes to mid and
+                   // an AllGather on group3 (outer, chunk as kAllGather) fills the destination
+};
+
+struct StepKindInfo {
+  StepKind kind;
+  const char* name;            // "gate", "alltoall", ...
+  Move forward;
+  Move backward;               // the adjoint of forward
+  bool accumulates_input_grad; // the backward pass adds (+=) into the gradient of `in`
+};
+// The table: one row per step kind.
+const StepKindInfo& step_info(StepKind k);
+const char* step_kind_name(StepKind k);  // step_info(k).name
+bool is_collective(StepKind k);          // its passes are moves, not computations
+Move step_move(StepKind k, bool backward);
 
 struct BufferSpec {
   std::string name;
@@ -106,7 +145,7 @@ struct Schedule {
 };
 
 struct LayerSpec {
-  ref::MoeShape shape;  // T is per MP group
+  MoeShape shape;  // T is per MP group
   Layout layout;
   int esp_rank = 0;     // this rank's place in its ESP group (who adds b2)
   bool fuse = false;    // S1/S2: fused dispatch and combine collectives (never the baseline)
@@ -116,6 +155,10 @@ struct LayerSpec {
 // The collectives `step` issues in the forward (or backward) pass, with their bus bytes.
 std::vector<CollectivePart> collective_parts(const Schedule& schedule, const Step& step,
                                              const Layout& layout, bool backward);
+
+// Elements read plus written by the local copies of `step`'s forward (or backward) pass
+// (kKeepChunk, interleaving kAllGather), times sizeof(float): bytes of memory traffic.
+double local_copy_bytes(const Schedule& schedule, const Step& step, bool backward);
 
 // By buffer id: whether the backward pass accumulates (+=) into its gradient, which must
 // then be zeroed first (the token buffer the gate and the dispatch both read); every other
@@ -130,8 +173,8 @@ struct SizeNames {
   const char* tokens = "--tokens";
 };
 
-// Checks the layer against the layout and the schedule (E % N_EP, H % N_ESP, T % N_MP; the
-// baseline's supported layouts). Throws InvalidConfig naming the constraint and valid values.
+// Checks the layer against the layout and the schedule (E % N_EP, H % N_ESP, T % N_MP;
+// supports(kind, layout)). Throws InvalidConfig naming the constraint and valid values.
 void validate(const LayerSpec& spec, Kind kind, const SizeNames& names = {});
 Schedule build(const LayerSpec& spec, Kind kind);
 

@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "moe/capacity.h"
+#include "layer/shape.h"
 #include "parm/device.h"
 #include "parm/error.h"
 #include "parm/fileio.h"

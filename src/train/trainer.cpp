@@ -59,7 +59,7 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
                     "-- calibrate --out profile.json` once on this machine, then pass --profile "
                     "profile.json");
   const perfmodel::Profile profile = perfmodel::read_profile(c.loop.profile);
-  const ref::MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
+  const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
   const std::vector<schedule::Kind> kinds =
       auto_kind ? std::vector<schedule::Kind>{schedule::Kind::kBaseline, schedule::Kind::kS1,
                                               schedule::Kind::kS2}
@@ -94,7 +94,7 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
 // nothing to fuse).
 std::string schedule_name(const model::LayerSchedule& s, const TrainConfig& c,
                           const Layout& layout) {
-  const ref::MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
+  const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
   const bool fused = schedule::build({shape, layout, 0, s.fuse, s.chunks}, s.kind).fused;
   return std::string(schedule::kind_name(s.kind)) + (fused ? "+fused" : "");
 }

@@ -138,7 +138,7 @@ struct SchedCase {
 
 std::vector<SchedCase> schedule_cases(const Lay& l) {
   std::vector<SchedCase> out;
-  if (l.mp == 1 || l.esp == 1 || l.esp == l.mp)
+  if (schedule::supports(Kind::kBaseline, {.mp = l.mp, .ep = l.ep, .esp = l.esp}))
     out.push_back({"baseline", {{Kind::kBaseline, false, 1}}});
   out.push_back({"s1", {{Kind::kS1, false, 1}}});
   out.push_back({"s2", {{Kind::kS2, false, 1}}});

@@ -55,7 +55,7 @@ constexpr Case kCases[] = {
 };
 
 bool allowed(Kind kind, const Layout3& l) {
-  return kind != Kind::kBaseline || l.mp == 1 || l.esp == 1 || l.esp == l.mp;
+  return schedule::supports(kind, {.mp = l.mp, .ep = l.ep, .esp = l.esp});
 }
 
 TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {

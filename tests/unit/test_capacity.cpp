@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "moe/capacity.h"
+#include "layer/shape.h"
 #include "parm/error.h"
 
 namespace parm {

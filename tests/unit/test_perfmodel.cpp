@@ -35,8 +35,8 @@ Profile comm_only_profile(double a_intra, double b_intra, double a_inter, double
   return p;
 }
 
-ref::MoeShape shape_of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const char* f) {
-  return ref::MoeShape::of(T, M, H, E, k, f);
+MoeShape shape_of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const char* f) {
+  return MoeShape::of(T, M, H, E, k, f);
 }
 
 const StepCost& step_named(const Prediction& p, const std::string& label) {
@@ -45,7 +45,7 @@ const StepCost& step_named(const Prediction& p, const std::string& label) {
   throw Error("no step " + label + " in " + p.name());
 }
 
-Prediction predict_kind(const Profile& prof, const ref::MoeShape& shape, const Target& t,
+Prediction predict_kind(const Profile& prof, const MoeShape& shape, const Target& t,
                         Kind kind, bool fuse, int chunks = 4) {
   return predict(prof, schedule::build({shape, t.layout, 0, fuse, chunks}, kind), shape, t);
 }

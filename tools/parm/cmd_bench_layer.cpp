@@ -3,11 +3,11 @@
 //   --schedule auto / --fuse auto: the cost model (--profile) picks; every candidate's
 //     predicted time is printed, then only the chosen one runs.
 //   --sweep G.json --profile P: every schedule over a grid of layers on this machine, against
-//     the model's predictions (selection accuracy, auto / fastest, prediction error).
+//     the model's predictions (selection accuracy, auto / fastest, prediction error; run by
+//     perfmodel/validate_sweep.h).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -20,7 +20,7 @@
 #include "parm/memory.h"
 #include "parm/timer.h"
 #include "perfmodel/model.h"
-#include "perfmodel/simulate.h"
+#include "perfmodel/validate_sweep.h"
 
 namespace parm::cli {
 namespace {
@@ -245,51 +245,6 @@ Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind
   return m;
 }
 
-// Every candidate measured with their iterations interleaved (iteration i of each in turn),
-// so that a change in the machine's load during the sweep hits all of them alike. Returns
-// the median forward + backward total (ms, max over ranks per iteration) of each.
-struct Totals {
-  double fwd = 0.0, bwd = 0.0;
-  double total() const { return fwd + bwd; }
-};
-
-std::vector<Totals> measure_interleaved(Topology& topo, const ref::MoeShape& shape,
-                                        const std::vector<perfmodel::Candidate>& cands,
-                                        int chunks, Precision precision, LayerInputs& in,
-                                        int iters, int warmup) {
-  Communicator& world = topo.host_comm(Group::kWorld);
-  const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim}).to(topo.device());
-  const Tensor dt =
-      Tensor::view(in.dout.data(), {shape.tokens, shape.model_dim}).to(topo.device());
-  std::vector<std::unique_ptr<MoeLayer>> layers;
-  for (const auto& c : cands) {
-    layers.push_back(std::make_unique<MoeLayer>(topo, shape, c.kind, c.fuse, chunks, precision));
-    layers.back()->set_step_timing(false);  // totals only
-    layers.back()->load_whole(in.params);
-  }
-  std::vector<std::vector<double>> fwd(cands.size()), bwd(cands.size());
-  for (int it = 0; it < warmup + iters; ++it)
-    for (size_t i = 0; i < layers.size(); ++i) {
-      MoeLayer& layer = *layers[i];
-      layer.zero_grad();
-      world.barrier();
-      const double t0 = now_us();
-      layer.forward(xt);
-      const double t1 = now_us();
-      world.barrier();
-      const double t2 = now_us();
-      layer.backward(dt, 0.01f);
-      const double t3 = now_us();
-      if (it < warmup) continue;
-      fwd[i].push_back((t1 - t0) / 1e3);
-      bwd[i].push_back((t3 - t2) / 1e3);
-    }
-  std::vector<Totals> out;
-  for (size_t i = 0; i < layers.size(); ++i)
-    out.push_back({median(max_over_world(fwd[i])), median(max_over_world(bwd[i]))});
-  return out;
-}
-
 // Prints every candidate's predicted time and returns the chosen one.
 perfmodel::Candidate choose_auto(const BenchLayerFlags& f, const Topology& topo,
                                  const ref::MoeShape& shape, bool root) {
@@ -434,137 +389,23 @@ int run_bench_layer(const BenchLayerFlags& f) {
   return 0;
 }
 
-// ---- --sweep -------------------------------------------------------------------------------
-
-double max_of(const std::vector<double>& v) {
-  return v.empty() ? NAN : *std::max_element(v.begin(), v.end());
-}
-
 int run_sweep(const BenchLayerFlags& f) {
-  PARM_CONFIG_CHECK(f.iters >= 1, "--iters {} must be at least 1", f.iters);
-  PARM_CONFIG_CHECK(f.warmup >= 0, "--warmup {} must be at least 0", f.warmup);
-  const auto profile = load_profile_for_auto(f.layer, "--sweep");
-  const auto grid = perfmodel::read_grid(f.sweep);
-  const int world = world_size();
+  perfmodel::SweepOptions o;
+  o.grid_path = f.sweep;
+  o.profile = load_profile_for_auto(f.layer, "--sweep");
+  o.profile_path = f.layer.profile;
+  o.world = world_size();
+  o.topology = f.layer.topology();
+  o.precision = f.layer.precision_kind();
+  o.iters = f.iters;
+  o.warmup = f.warmup;
   const bool root = world_rank() == 0;
-  if (root)
-    std::printf("# parm bench-layer --sweep %s: %zu configurations in the grid, %d ranks%s; "
-                "profile %s; %d iters + %d warmup per schedule; ms = median over iterations of "
-                "the max over ranks (forward + backward), the schedules' iterations interleaved\n",
-                f.sweep.c_str(), grid.configs.size(), world,
-                f.layer.layout.ranks_per_node > 0
-                    ? fmt::format(", {} per emulated node", f.layer.layout.ranks_per_node).c_str()
-                    : "",
-                f.layer.profile.c_str(), f.iters, f.warmup);
-  nlohmann::json configs = nlohmann::json::array();
-  std::vector<double> ratios, rel_errors;
-  int64_t measured_configs = 0, correct = 0, within5 = 0, skipped = 0;
-  for (size_t ci = 0; ci < grid.configs.size(); ++ci) {
-    const auto& c = grid.configs[ci];
-    const ref::MoeShape shape = c.shape();
-    const std::string desc = fmt::format("{} mp={} esp={} ep={}", shape.str(), c.mp, c.esp, c.ep);
-    // Configurations that do not fit this job are skipped (the same decision on every rank).
-    std::vector<perfmodel::Candidate> cands;
-    std::unique_ptr<Topology> topo;
-    try {
-      make_layout(world, c.mp, c.ep, c.esp);
-      TopologyOptions o = f.layer.topology();
-      o.mp = c.mp;
-      o.ep = c.ep;
-      o.esp = c.esp;
-      topo = Topology::create(o);
-      cands = perfmodel::predict_candidates(profile, shape, perfmodel::target_of(*topo), grid.chunks,
-                                            {schedule::Kind::kBaseline, schedule::Kind::kS1,
-                                             schedule::Kind::kS2},
-                                            {false, true});
-    } catch (const InvalidConfig& e) {
-      ++skipped;
-      if (root) std::printf("[%zu] %s: skipped (%s)\n", ci, desc.c_str(), e.what());
-      continue;
-    }
-    const size_t chosen = perfmodel::choose(cands);
-    LayerInputs in = make_inputs(*topo, shape, 1);
-    const auto totals = measure_interleaved(*topo, shape, cands, grid.chunks,
-                                            f.layer.precision_kind(), in, f.iters, f.warmup);
-    std::vector<double> meas;
-    nlohmann::json cj = {{"id", ci}, {"B", c.B}, {"L", c.L}, {"T", c.tokens()}, {"M", c.M},
-                         {"H", c.H}, {"E", c.E}, {"k", c.k}, {"f", c.f}, {"N_MP", c.mp},
-                         {"N_ESP", c.esp}, {"N_EP", c.ep}};
-    nlohmann::json cand_json = nlohmann::json::array();
-    for (size_t i = 0; i < cands.size(); ++i) {
-      const auto& cand = cands[i];
-      const Totals& m = totals[i];
-      meas.push_back(m.total());
-      const double pred = cand.pred.total_us() / 1e3;
-      rel_errors.push_back(std::abs(pred - m.total()) / m.total());
-      cand_json.push_back({{"schedule", cand.pred.name()},
-                           {"predicted_ms", pred},
-                           {"predicted_fwd_ms", cand.pred.fwd_us / 1e3},
-                           {"predicted_bwd_ms", cand.pred.bwd_us / 1e3},
-                           {"measured_ms", m.total()},
-                           {"measured_fwd_ms", m.fwd},
-                           {"measured_bwd_ms", m.bwd}});
-    }
-    const size_t oracle =
-        static_cast<size_t>(std::min_element(meas.begin(), meas.end()) - meas.begin());
-    const double ratio = meas[chosen] / meas[oracle];
-    ++measured_configs;
-    correct += chosen == oracle ? 1 : 0;
-    within5 += ratio <= 1.05 ? 1 : 0;
-    ratios.push_back(ratio);
-    cj["candidates"] = cand_json;
-    cj["auto"] = cands[chosen].pred.name();
-    cj["fastest"] = cands[oracle].pred.name();
-    cj["auto_over_fastest"] = ratio;
-    configs.push_back(cj);
-    if (root) {
-      std::string line;
-      for (size_t i = 0; i < cands.size(); ++i)
-        line += fmt::format("  {} {:.1f}/{:.1f}", cands[i].pred.name(),
-                            cands[i].pred.total_us() / 1e3, meas[i]);
-      std::printf("[%zu] %s | pred/meas ms:%s | auto %s, fastest %s, auto/fastest %.3f\n", ci,
-                  desc.c_str(), line.c_str(), cands[chosen].pred.name().c_str(),
-                  cands[oracle].pred.name().c_str(), ratio);
-      std::fflush(stdout);
-    }
-  }
-  const double accuracy = measured_configs ? static_cast<double>(correct) / measured_configs : 0;
-  nlohmann::json summary = {
-      {"configs_in_grid", grid.configs.size()},
-      {"configs_measured", measured_configs},
-      {"configs_skipped", skipped},
-      {"selection_accuracy", accuracy},
-      {"auto_within_5pct_of_fastest",
-       measured_configs ? static_cast<double>(within5) / measured_configs : 0.0},
-      {"auto_over_fastest", {{"median", median(ratios)}, {"worst", max_of(ratios)}}},
-      {"median_abs_relative_error", median(rel_errors)},
-      {"abs_relative_error_max", max_of(rel_errors)},
-      {"predictions_compared", rel_errors.size()}};
-  if (root) {
-    std::printf("\n# sweep summary: %lld configurations measured (%lld skipped)\n",
-                static_cast<long long>(measured_configs), static_cast<long long>(skipped));
-    std::printf("selection accuracy (auto = measured fastest): %.1f%% (%lld of %lld); auto "
-                "within 5%% of the fastest: %.1f%%\n",
-                100.0 * accuracy, static_cast<long long>(correct),
-                static_cast<long long>(measured_configs),
-                100.0 * summary["auto_within_5pct_of_fastest"].get<double>());
-    std::printf("auto / fastest (measured): median %.3f, worst %.3f\n", median(ratios),
-                max_of(ratios));
-    std::printf("median |predicted - measured| / measured: %.1f%% over %zu (config, schedule) "
-                "pairs (max %.1f%%)\n",
-                100.0 * median(rel_errors), rel_errors.size(), 100.0 * max_of(rel_errors));
-    if (!f.json.empty())
-      write_file_atomic(f.json, nlohmann::json{{"grid", f.sweep},
-                                               {"profile", f.layer.profile},
-                                               {"world", world},
-                                               {"ranks_per_node", f.layer.layout.ranks_per_node},
-                                               {"iters", f.iters},
-                                               {"warmup", f.warmup},
-                                               {"chunks", grid.chunks},
-                                               {"summary", summary},
-                                               {"configs", configs}}
-                                        .dump(2) + "\n");
-  }
+  const auto report = perfmodel::validate_sweep(o, [root](const std::string& line) {
+    if (!root) return;
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  });
+  if (root && !f.json.empty()) write_file_atomic(f.json, report.dump(2) + "\n");
   return 0;
 }
 

@@ -60,12 +60,11 @@ std::vector<schedule::Kind> LayerFlags::schedules() const {
           "--schedule '{}' is not valid; use baseline, s1, s2, all or auto", schedule));
     }
   }
+  // "all": the schedules that exist on the layout (no baseline where it is not defined).
   std::vector<Kind> out;
-  // "all" leaves out the baseline where it does not exist (N_MP > 1, N_ESP not in {1, N_MP}).
-  const bool baseline_ok = layout.mp == 1 || layout.esp == 1 || layout.esp == layout.mp;
-  if (baseline_ok) out.push_back(Kind::kBaseline);
-  out.push_back(Kind::kS1);
-  out.push_back(Kind::kS2);
+  for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+    if (schedule::supports(kind, {.mp = layout.mp, .ep = layout.ep, .esp = layout.esp}))
+      out.push_back(kind);
   return out;
 }
 

@@ -1,5 +1,8 @@
-// Capacity factor and expert capacity (SPEC §2 item 3), in exact integer arithmetic.
+// The MoE layer's shape and its expert capacity (SPEC §2 item 3): the vocabulary that the
+// oracle (moe/reference_moe.h), the schedules (schedule/) and the distributed layer (moe/)
+// share. It depends on nothing above src/core, so every one of them may include it.
 //
+// The capacity is computed in exact integer arithmetic.
 // The factor is kept as the decimal the user wrote, p/q with q a power of ten ("1.1" is
 // 11/10, not the double 1.1000000000000000888), so that C = ceil(k * f * T / E) comes out
 // the same on every rank and in every language: ceil(1.1 * 3000 / 4) is 825, while the
@@ -34,5 +37,22 @@ struct CapacityFactor {
 // 0). Throws parm::InvalidConfig for k < 1, tokens < 0, experts < 1, a factor with
 // num < 0 or den < 1, or a product that does not fit in int64.
 int64_t capacity(int k, CapacityFactor f, int64_t tokens, int64_t experts);
+
+struct MoeShape {
+  int64_t tokens = 0;     // T: rows of x, in row order
+  int64_t model_dim = 0;  // M
+  int64_t hidden = 0;     // H: an expert's FFN hidden dim
+  int64_t experts = 0;    // E
+  int topk = 1;           // k
+  CapacityFactor capacity_factor{1, 1};  // f
+
+  // The shape from its sizes; f is a decimal ("1.2"), parsed exactly (CapacityFactor::parse).
+  static MoeShape of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const std::string& f);
+
+  // Throws parm::InvalidConfig unless T, M, H, E >= 1, 1 <= k <= E, f > 0,
+  // num_slices >= 1 and T % num_slices == 0.
+  void validate(int num_slices = 1) const;
+  std::string str() const;  // "T=8 M=4 H=6 E=4 k=2 f=1.25"
+};
 
 }  // namespace parm

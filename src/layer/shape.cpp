@@ -1,4 +1,4 @@
-#include "moe/capacity.h"
+#include "layer/shape.h"
 
 #include "parm/error.h"
 
@@ -73,6 +73,38 @@ int64_t capacity(int k, CapacityFactor f, int64_t tokens, int64_t experts) {
                     "capacity: k * f * tokens / experts = {} * {} * {} / {} overflows int64", k,
                     f.str(), tokens, experts);
   return numer / denom + (numer % denom != 0 ? 1 : 0);  // ceil of a non-negative ratio
+}
+
+MoeShape MoeShape::of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const std::string& f) {
+  MoeShape s;
+  s.tokens = T;
+  s.model_dim = M;
+  s.hidden = H;
+  s.experts = E;
+  s.topk = k;
+  s.capacity_factor = CapacityFactor::parse(f);
+  return s;
+}
+
+void MoeShape::validate(int num_slices) const {
+  PARM_CONFIG_CHECK(tokens >= 1 && model_dim >= 1 && hidden >= 1 && experts >= 1,
+                    "MoE shape {}: T, M, H and E must all be >= 1", str());
+  PARM_CONFIG_CHECK(topk >= 1 && topk <= experts,
+                    "MoE shape {}: top-k must be in [1, E = {}], got k = {}", str(), experts,
+                    topk);
+  PARM_CONFIG_CHECK(capacity_factor.num >= 1 && capacity_factor.den >= 1,
+                    "MoE shape {}: capacity factor must be > 0", str());
+  PARM_CONFIG_CHECK(num_slices >= 1, "MoE shape {}: num_slices must be >= 1, got {}", str(),
+                    num_slices);
+  PARM_CONFIG_CHECK(tokens % num_slices == 0,
+                    "MoE shape {}: T = {} tokens cannot be cut into {} equal slices; T must "
+                    "be a multiple of num_slices",
+                    str(), tokens, num_slices);
+}
+
+std::string MoeShape::str() const {
+  return fmt::format("T={} M={} H={} E={} k={} f={}", tokens, model_dim, hidden, experts, topk,
+                     capacity_factor.str());
 }
 
 }  // namespace parm

@@ -1,0 +1,178 @@
+#include "perfmodel/validate_sweep.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "moe/layer_check.h"
+#include "moe/moe_layer.h"
+#include "parm/error.h"
+#include "parm/stats.h"
+#include "parm/timer.h"
+#include "perfmodel/model.h"
+#include "perfmodel/simulate.h"
+
+namespace parm::perfmodel {
+namespace {
+
+// Median forward and backward time (ms, max over ranks per iteration) of one candidate.
+struct Totals {
+  double fwd = 0.0, bwd = 0.0;
+  double total() const { return fwd + bwd; }
+};
+
+// Every candidate measured with their iterations interleaved (iteration i of each in turn),
+// so that a change in the machine's load during the sweep hits all of them alike.
+std::vector<Totals> measure_interleaved(Topology& topo, const MoeShape& shape,
+                                        const std::vector<Candidate>& cands, int chunks,
+                                        const SweepOptions& o) {
+  Communicator& world = topo.host_comm(Group::kWorld);
+  const int group = group_coord(topo.layout(), Group::kMp, topo.world_rank()).index;
+  const auto params = ref::init_params<float>(shape, 1);
+  auto x = check_input(shape, 1, group), dout = check_dout(shape, 1, group);
+  const Tensor xt = Tensor::view(x.data(), {shape.tokens, shape.model_dim}).to(topo.device());
+  const Tensor dt = Tensor::view(dout.data(), {shape.tokens, shape.model_dim}).to(topo.device());
+  std::vector<std::unique_ptr<MoeLayer>> layers;
+  for (const auto& c : cands) {
+    layers.push_back(std::make_unique<MoeLayer>(topo, shape, c.kind, c.fuse, chunks, o.precision));
+    layers.back()->set_step_timing(false);  // totals only
+    layers.back()->load_whole(params);
+  }
+  std::vector<std::vector<double>> fwd(cands.size()), bwd(cands.size());
+  for (int it = 0; it < o.warmup + o.iters; ++it)
+    for (size_t i = 0; i < layers.size(); ++i) {
+      MoeLayer& layer = *layers[i];
+      layer.zero_grad();
+      world.barrier();
+      const double t0 = now_us();
+      layer.forward(xt);
+      const double t1 = now_us();
+      world.barrier();
+      const double t2 = now_us();
+      layer.backward(dt, 0.01f);
+      const double t3 = now_us();
+      if (it < o.warmup) continue;
+      fwd[i].push_back((t1 - t0) / 1e3);
+      bwd[i].push_back((t3 - t2) / 1e3);
+    }
+  std::vector<Totals> out;
+  for (size_t i = 0; i < layers.size(); ++i)
+    out.push_back({median(max_over_world(fwd[i])), median(max_over_world(bwd[i]))});
+  return out;
+}
+
+double max_of(const std::vector<double>& v) {
+  return v.empty() ? NAN : *std::max_element(v.begin(), v.end());
+}
+
+}  // namespace
+
+nlohmann::json validate_sweep(const SweepOptions& o,
+                              const std::function<void(const std::string&)>& log) {
+  PARM_CONFIG_CHECK(o.iters >= 1, "--iters {} must be at least 1", o.iters);
+  PARM_CONFIG_CHECK(o.warmup >= 0, "--warmup {} must be at least 0", o.warmup);
+  const auto grid = read_grid(o.grid_path);
+  const int rpn = o.topology.ranks_per_node;
+  log(fmt::format("# parm bench-layer --sweep {}: {} configurations in the grid, {} ranks{}; "
+                  "profile {}; {} iters + {} warmup per schedule; ms = median over iterations of "
+                  "the max over ranks (forward + backward), the schedules' iterations "
+                  "interleaved",
+                  o.grid_path, grid.configs.size(), o.world,
+                  rpn > 0 ? fmt::format(", {} per emulated node", rpn) : "", o.profile_path,
+                  o.iters, o.warmup));
+  nlohmann::json configs = nlohmann::json::array();
+  std::vector<double> ratios, rel_errors;
+  int64_t measured_configs = 0, correct = 0, within5 = 0, skipped = 0;
+  for (size_t ci = 0; ci < grid.configs.size(); ++ci) {
+    const auto& c = grid.configs[ci];
+    const MoeShape shape = c.shape();
+    const std::string desc = fmt::format("{} mp={} esp={} ep={}", shape.str(), c.mp, c.esp, c.ep);
+    // Configurations that do not fit this job are skipped (the same decision on every rank).
+    std::vector<Candidate> cands;
+    std::unique_ptr<Topology> topo;
+    try {
+      make_layout(o.world, c.mp, c.ep, c.esp);
+      TopologyOptions to = o.topology;
+      to.mp = c.mp;
+      to.ep = c.ep;
+      to.esp = c.esp;
+      topo = Topology::create(to);
+      cands = predict_candidates(o.profile, shape, target_of(*topo), grid.chunks,
+                                 {schedule::Kind::kBaseline, schedule::Kind::kS1,
+                                  schedule::Kind::kS2},
+                                 {false, true});
+    } catch (const InvalidConfig& e) {
+      ++skipped;
+      log(fmt::format("[{}] {}: skipped ({})", ci, desc, e.what()));
+      continue;
+    }
+    const size_t chosen = choose(cands);
+    const auto totals = measure_interleaved(*topo, shape, cands, grid.chunks, o);
+    std::vector<double> meas;
+    nlohmann::json cj = {{"id", ci}, {"B", c.B}, {"L", c.L}, {"T", c.tokens()}, {"M", c.M},
+                         {"H", c.H}, {"E", c.E}, {"k", c.k}, {"f", c.f}, {"N_MP", c.mp},
+                         {"N_ESP", c.esp}, {"N_EP", c.ep}};
+    nlohmann::json cand_json = nlohmann::json::array();
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const auto& cand = cands[i];
+      const Totals& m = totals[i];
+      meas.push_back(m.total());
+      const double pred = cand.pred.total_us() / 1e3;
+      rel_errors.push_back(std::abs(pred - m.total()) / m.total());
+      cand_json.push_back({{"schedule", cand.pred.name()},
+                           {"predicted_ms", pred},
+                           {"predicted_fwd_ms", cand.pred.fwd_us / 1e3},
+                           {"predicted_bwd_ms", cand.pred.bwd_us / 1e3},
+                           {"measured_ms", m.total()},
+                           {"measured_fwd_ms", m.fwd},
+                           {"measured_bwd_ms", m.bwd}});
+    }
+    const size_t oracle =
+        static_cast<size_t>(std::min_element(meas.begin(), meas.end()) - meas.begin());
+    const double ratio = meas[chosen] / meas[oracle];
+    ++measured_configs;
+    correct += chosen == oracle ? 1 : 0;
+    within5 += ratio <= 1.05 ? 1 : 0;
+    ratios.push_back(ratio);
+    cj["candidates"] = cand_json;
+    cj["auto"] = cands[chosen].pred.name();
+    cj["fastest"] = cands[oracle].pred.name();
+    cj["auto_over_fastest"] = ratio;
+    configs.push_back(cj);
+    std::string line;
+    for (size_t i = 0; i < cands.size(); ++i)
+      line += fmt::format("  {} {:.1f}/{:.1f}", cands[i].pred.name(),
+                          cands[i].pred.total_us() / 1e3, meas[i]);
+    log(fmt::format("[{}] {} | pred/meas ms:{} | auto {}, fastest {}, auto/fastest {:.3f}", ci,
+                    desc, line, cands[chosen].pred.name(), cands[oracle].pred.name(), ratio));
+  }
+  auto share = [&](int64_t n) {
+    return measured_configs ? static_cast<double>(n) / static_cast<double>(measured_configs) : 0.0;
+  };
+  const double accuracy = share(correct), within = share(within5);
+  nlohmann::json summary = {
+      {"configs_in_grid", grid.configs.size()},
+      {"configs_measured", measured_configs},
+      {"configs_skipped", skipped},
+      {"selection_accuracy", accuracy},
+      {"auto_within_5pct_of_fastest", within},
+      {"auto_over_fastest", {{"median", median(ratios)}, {"worst", max_of(ratios)}}},
+      {"median_abs_relative_error", median(rel_errors)},
+      {"abs_relative_error_max", max_of(rel_errors)},
+      {"predictions_compared", rel_errors.size()}};
+  log(fmt::format("\n# sweep summary: {} configurations measured ({} skipped)", measured_configs,
+                  skipped));
+  log(fmt::format("selection accuracy (auto = measured fastest): {:.1f}% ({} of {}); auto "
+                  "within 5% of the fastest: {:.1f}%",
+                  100.0 * accuracy, correct, measured_configs, 100.0 * within));
+  log(fmt::format("auto / fastest (measured): median {:.3f}, worst {:.3f}", median(ratios),
+                  max_of(ratios)));
+  log(fmt::format("median |predicted - measured| / measured: {:.1f}% over {} (config, schedule) "
+                  "pairs (max {:.1f}%)",
+                  100.0 * median(rel_errors), rel_errors.size(), 100.0 * max_of(rel_errors)));
+  return {{"grid", o.grid_path},   {"profile", o.profile_path}, {"world", o.world},
+          {"ranks_per_node", rpn}, {"iters", o.iters},          {"warmup", o.warmup},
+          {"chunks", grid.chunks}, {"summary", summary},        {"configs", configs}};
+}
+
+}  // namespace parm::perfmodel

@@ -1,0 +1,40 @@
+// The cost model checked against this machine (`parm bench-layer --sweep GRID --profile P`):
+// every candidate schedule of every grid configuration that fits the job is predicted and
+// measured, and the model's choice is scored against the measured fastest (selection
+// accuracy, auto / fastest, prediction error).
+// Collective over the world: every rank calls it with the same options.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "parm/device.h"
+#include "parm/topology.h"
+#include "perfmodel/profile.h"
+
+namespace parm::perfmodel {
+
+struct SweepOptions {
+  std::string grid_path;      // grid file (configs/grids/*.json)
+  Profile profile;            // the model's costs
+  std::string profile_path;   // where they came from (for the report)
+  int world = 1;              // ranks in the job: a configuration must fit it
+  TopologyOptions topology;   // device, communicator, ranks per node; mp/ep/esp: the grid's
+  Precision precision = Precision::kFp32;
+  int iters = 10;             // timed iterations per candidate, the candidates' interleaved
+  int warmup = 2;
+};
+
+// Measures the grid and returns the report: {grid, profile, world, ranks_per_node, iters,
+// warmup, chunks, summary: {configs_in_grid, configs_measured, configs_skipped,
+// selection_accuracy, auto_within_5pct_of_fastest, auto_over_fastest: {median, worst},
+// median_abs_relative_error, abs_relative_error_max, predictions_compared}, configs: [one
+// row per measured configuration, with every candidate's predicted and measured ms]}.
+// `log` receives the progress lines and the summary (on every rank; print them on rank 0).
+// Throws InvalidConfig for bad options or an unreadable grid before any measurement.
+nlohmann::json validate_sweep(const SweepOptions& options,
+                              const std::function<void(const std::string&)>& log);
+
+}  // namespace parm::perfmodel

@@ -1,0 +1,130 @@
+// The schedules as data: where each schedule exists (schedule::supports, and the refusal
+// that names the valid choices), the step-kind table every user reads, and what the table
+// says a step moves and copies.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+
+#include "parm/error.h"
+#include "schedule/schedule.h"
+
+namespace parm::schedule {
+namespace {
+
+Layout layout_of(int mp, int ep, int esp) {
+  return make_layout(std::lcm(mp, ep * esp), mp, ep, esp);
+}
+
+// T, H, E divisible by every group size below: only the schedule's own rule can refuse.
+MoeShape test_shape() { return MoeShape::of(24, 8, 24, 8, 2, "1.1"); }
+
+TEST(Schedule, SupportsIsWhereTheBuilderBuilds) {
+  int baseline_layouts = 0, refused = 0;
+  for (int mp : {1, 2, 3, 4})
+  for (int esp : {1, 2, 3, 4})
+  for (int ep : {1, 2}) {
+    const Layout l = layout_of(mp, ep, esp);
+    for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
+      bool built = true;
+      try {
+        build({test_shape(), l, 0, false, 2}, kind);
+      } catch (const InvalidConfig&) {
+        built = false;
+      }
+      EXPECT_EQ(supports(kind, l), built) << kind_name(kind) << " mp=" << mp << " esp=" << esp;
+      if (kind == Kind::kBaseline) (built ? baseline_layouts : refused) += 1;
+    }
+  }
+  EXPECT_GT(baseline_layouts, 0);
+  EXPECT_GT(refused, 0);
+}
+
+TEST(Schedule, BaselineRefusalListsTheValidChoices) {
+  try {
+    build({test_shape(), layout_of(4, 1, 2), 0, false, 2}, Kind::kBaseline);
+    FAIL() << "the baseline was built on mp=4 esp=2";
+  } catch (const InvalidConfig& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--mp 4 --esp 2"), std::string::npos) << m;
+    EXPECT_NE(m.find("valid --esp values with --mp 4: 1, 4"), std::string::npos) << m;
+    EXPECT_NE(m.find("s1 or s2"), std::string::npos) << m;
+  }
+}
+
+// Each kind's backward move undoes its forward move.
+Move adjoint(Move m) {
+  switch (m) {
+    case Move::kNone: return Move::kNone;  // paired with kAllReduce below
+    case Move::kCompute: return Move::kCompute;
+    case Move::kKeepChunk: return Move::kAllGather;
+    case Move::kAllGather: return Move::kKeepChunk;  // or kReduceScatter (a sum)
+    case Move::kAllToAll: return Move::kAllToAll;
+    case Move::kReduceScatter: return Move::kAllGather;
+    case Move::kAllReduce: return Move::kNone;
+    case Move::kFusedDispatch: return Move::kFusedCombine;
+    case Move::kFusedCombine: return Move::kFusedDispatch;
+  }
+  return Move::kNone;
+}
+
+TEST(Schedule, StepTableHasOneRowPerKindAndAdjointMoves) {
+  for (int i = 0; i < kNumStepKinds; ++i) {
+    const auto k = static_cast<StepKind>(i);
+    const StepKindInfo& info = step_info(k);
+    EXPECT_EQ(info.kind, k);
+    EXPECT_EQ(std::string(step_kind_name(k)), info.name);
+    EXPECT_EQ(is_collective(k), info.forward != Move::kCompute) << info.name;
+    EXPECT_EQ(info.forward == Move::kCompute, info.backward == Move::kCompute) << info.name;
+    const Move want = adjoint(info.forward);
+    const bool ok = info.backward == want ||
+                    (info.forward == Move::kAllGather && info.backward == Move::kReduceScatter) ||
+                    (info.forward == Move::kNone && info.backward == Move::kAllReduce);
+    EXPECT_TRUE(ok) << info.name;
+    EXPECT_EQ(step_move(k, false), info.forward);
+    EXPECT_EQ(step_move(k, true), info.backward);
+  }
+  // The gate and the dispatch both read the token buffer: their adjoints add into it.
+  EXPECT_TRUE(step_info(StepKind::kGate).accumulates_input_grad);
+  EXPECT_TRUE(step_info(StepKind::kDispatch).accumulates_input_grad);
+  EXPECT_FALSE(step_info(StepKind::kCombine).accumulates_input_grad);
+}
+
+const Step& step_of(const Schedule& sc, StepKind kind) {
+  for (const Step& s : sc.steps)
+    if (s.kind == kind) return s;
+  throw Error(std::string("no ") + step_kind_name(kind) + " step");
+}
+
+double numel(const Schedule& sc, int id) {
+  return static_cast<double>(shape_numel(sc.buffers[static_cast<size_t>(id)].shape));
+}
+
+// S2 (mp = 2, unfused) keeps its slots of every expert ((E, N_MP, Cs) -> (E, Cs), outer E)
+// and gathers them back: both directions copy, the gathers interleave.
+TEST(Schedule, LocalCopiesFollowTheMoves) {
+  const Schedule s2 = build({test_shape(), layout_of(2, 1, 1), 0, false, 2}, Kind::kS2);
+  const Step& slice = step_of(s2, StepKind::kSlice);
+  const Step& gather = step_of(s2, StepKind::kGatherDup);
+  ASSERT_GT(slice.outer, 1);
+  constexpr double kF = sizeof(float);
+  EXPECT_EQ(local_copy_bytes(s2, slice, false), 2 * numel(s2, slice.out) * kF);
+  EXPECT_EQ(local_copy_bytes(s2, slice, true), 2 * numel(s2, slice.in) * kF);
+  EXPECT_EQ(local_copy_bytes(s2, gather, false), 2 * numel(s2, gather.out) * kF);
+  EXPECT_EQ(local_copy_bytes(s2, gather, true), 2 * numel(s2, gather.in) * kF);
+  // S1 slices whole tokens (outer 1): its gather needs no interleave.
+  const Schedule s1 = build({test_shape(), layout_of(2, 1, 1), 0, false, 2}, Kind::kS1);
+  const Step& s1_slice = step_of(s1, StepKind::kSlice);
+  EXPECT_EQ(s1_slice.outer, 1);
+  EXPECT_EQ(local_copy_bytes(s1, s1_slice, true), 0.0);
+  EXPECT_EQ(local_copy_bytes(s1, s1_slice, false), 2 * numel(s1, s1_slice.out) * kF);
+  // The slice's bytes are its moves': none forward, an AllGather of its gradient backward.
+  const auto parts = collective_parts(s2, slice, layout_of(2, 1, 1), true);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_EQ(parts[0].op, CommOp::kAllGather);
+  EXPECT_EQ(parts[0].bus_bytes, bus_bytes(CommOp::kAllGather, 2, numel(s2, slice.out) * kF));
+  EXPECT_TRUE(collective_parts(s2, slice, layout_of(2, 1, 1), false).empty());
+}
+
+}  // namespace
+}  // namespace parm::schedule
