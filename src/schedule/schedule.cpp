@@ -77,9 +77,10 @@ double numel_of(const Schedule& sc, int id) {
 std::vector<CollectivePart> collective_parts(const Schedule& sc, const Step& s, const Layout& l,
                                              bool backward) {
   const Move move = step_move(s.kind, backward);
-  // The pass's source and destination (bytes), and the fused moves' two groups.
-  const double src = numel_of(sc, backward ? s.out : s.in) * kF;
-  const double dst = numel_of(sc, backward ? s.in : s.out) * kF;
+  // The pass's source and destination (bytes; compute steps may have neither), and the
+  // fused moves' two groups.
+  auto src = [&] { return numel_of(sc, backward ? s.out : s.in) * kF; };
+  auto dst = [&] { return numel_of(sc, backward ? s.in : s.out) * kF; };
   const Group a = backward ? s.group2 : s.group, b = backward ? s.group : s.group2;
   std::vector<CollectivePart> parts;
   auto add = [&](Group g, CommOp op, double bytes) {
@@ -110,10 +111,10 @@ std::vector<CollectivePart> collective_parts(const Schedule& sc, const Step& s, 
     case Move::kNone:
     case Move::kCompute:
     case Move::kKeepChunk: break;
-    case Move::kAllGather: add(s.group, CommOp::kAllGather, src); break;
-    case Move::kAllToAll: add(s.group, CommOp::kAllToAll, src / l.group_size(s.group)); break;
-    case Move::kReduceScatter: add(s.group, CommOp::kReduceScatter, dst); break;
-    case Move::kAllReduce: add(s.group, CommOp::kAllReduce, src); break;
+    case Move::kAllGather: add(s.group, CommOp::kAllGather, src()); break;
+    case Move::kAllToAll: add(s.group, CommOp::kAllToAll, src() / l.group_size(s.group)); break;
+    case Move::kReduceScatter: add(s.group, CommOp::kReduceScatter, dst()); break;
+    case Move::kAllReduce: add(s.group, CommOp::kAllReduce, src()); break;
     case Move::kFusedDispatch:
       add(a, CommOp::kAllToAll, s.block * kF);
       add(b, CommOp::kAllGather, static_cast<double>(l.group_size(a)) * s.block * kF);
@@ -128,10 +129,10 @@ std::vector<CollectivePart> collective_parts(const Schedule& sc, const Step& s, 
 }
 
 double local_copy_bytes(const Schedule& sc, const Step& s, bool backward) {
-  const double dst = numel_of(sc, backward ? s.in : s.out) * kF;
+  auto dst = [&] { return numel_of(sc, backward ? s.in : s.out) * kF; };
   switch (step_move(s.kind, backward)) {
-    case Move::kKeepChunk: return 2 * dst;
-    case Move::kAllGather: return s.outer > 1 ? 2 * dst : 0.0;
+    case Move::kKeepChunk: return 2 * dst();
+    case Move::kAllGather: return s.outer > 1 ? 2 * dst() : 0.0;
     case Move::kFusedDispatch: return s.has_mp_part() ? 2 * numel_of(sc, s.mid) * kF : 0.0;
     default: return 0.0;
   }

@@ -126,5 +126,23 @@ TEST(Schedule, LocalCopiesFollowTheMoves) {
   EXPECT_TRUE(collective_parts(s2, slice, layout_of(2, 1, 1), false).empty());
 }
 
+// Every step of every schedule can be asked what it moves: computations (some with no
+// output buffer, like l_aux) move and copy nothing.
+TEST(Schedule, EveryStepAnswersForItsMoves) {
+  const Layout l = layout_of(2, 2, 2);
+  for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+  for (bool fuse : {false, true}) {
+    const Schedule sc = build({test_shape(), l, 0, fuse, 2}, kind);
+    for (const Step& s : sc.steps)
+      for (bool backward : {false, true}) {
+        const auto parts = collective_parts(sc, s, l, backward);
+        const double copies = local_copy_bytes(sc, s, backward);
+        if (is_collective(s.kind)) continue;
+        EXPECT_TRUE(parts.empty()) << s.label;
+        EXPECT_EQ(copies, 0.0) << s.label;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace parm::schedule
