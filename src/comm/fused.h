@@ -1,7 +1,10 @@
 // Fused collectives (SPEC §4): two (or three) collectives computed as one pipelined
-// operation. The data is cut into `chunks` pieces; in step i the inter-node exchange of
-// piece i and the intra-node forwarding of piece i-1 are in flight together, on two
-// communicators, so both kinds of link work at once (chunks + 1 steps). The result is
+// operation. The data is cut into `chunks` pieces, and each part is a pipeline stage (the
+// stages, their order and counters are described once, in fused_plan.h); in step s stage j
+// works on piece s - j, so the inter-node exchange of one piece and the intra-node
+// forwarding of its neighbour are in flight together, on two communicators, and both kinds
+// of link work at once (chunks + num_stages - 1 steps; num_stages is 2, or 3 with the MP
+// gather, less the stages dropped on groups of one rank). The result is
 // bit-identical to running the parts one after the other, and the byte counters record
 // exactly what the parts would record (one call each, same bus bytes, under the parts'
 // (group, op)).
