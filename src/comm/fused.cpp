@@ -157,30 +157,19 @@ std::array<double, fused_plan::kMaxStages> run_pipeline(const fused_plan::Plan& 
   return busy_us;
 }
 
-void check_chunks(int chunks, const char* op, size_t block) {
-  PARM_CONFIG_CHECK(chunks >= 1,
-                    "{}: chunks = {} (block of {} elements); the number of pipeline pieces "
-                    "must be at least 1 (1 = no pipelining)",
-                    op, chunks, block);
-}
-
 }  // namespace
 
 void fused_dispatch(Communicator& ep, Communicator& esp, const float* in, float* out,
                     size_t block, int chunks) {
-  check_chunks(chunks, "fused_dispatch", block);
-  const int n_ep = ep.size();
-  const int n_esp = esp.size(), me_esp = esp.rank();
-  const size_t row = static_cast<size_t>(n_ep) * block;  // one ESP rank's (N_EP, block)
-  PARM_CHECK(!fused_detail::overlap(in, row, out, static_cast<size_t>(n_esp) * row),
-             "fused_dispatch: in and out overlap (block {})", block);
-  const fused_plan::Plan plan = fused_plan::make_plan(fused_plan::Pipeline::kDispatch,
-                                                      {n_ep, n_esp, 1});
+  const fused_detail::DispatchCall call =
+      fused_detail::dispatch_call(ep, esp, in, out, block, chunks);
+  const int n_ep = call.n_ep, n_esp = call.n_esp, me_esp = call.me_esp;
+  const size_t row = call.row;
+  const fused_plan::Plan& plan = call.plan;
   const bool self = plan.self_messages;
-  // (N_EP, block): this rank's slot of the allgather output, where the alltoall delivers
-  // (with self messages, a staging row the allgather sends from, to every member).
-  float* mine = out + static_cast<size_t>(me_esp) * row;
-  float* delivered = self ? workspace().delivered.get(row) : mine;
+  // Where the alltoall delivers: my slot of out, or with self messages a staging row the
+  // allgather sends from, to every member.
+  float* delivered = self ? workspace().delivered.get(row) : call.mine;
 
   const auto post = [&](Work work, int c, Requests& reqs) {
     const Piece pc = piece_of(block, chunks, c);
@@ -211,22 +200,15 @@ void fused_dispatch(Communicator& ep, Communicator& esp, const float* in, float*
 
 void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* out,
                    size_t block, int chunks, const MpGatherPart* mp_part) {
-  check_chunks(chunks, "fused_combine", block);
-  const int n_ep = ep.size();
-  const int n_esp = esp.size(), me_esp = esp.rank();
-  const size_t row = static_cast<size_t>(n_ep) * block;  // (N_EP, block)
-  PARM_CHECK(!fused_detail::overlap(in, static_cast<size_t>(n_esp) * row, out, row),
-             "fused_combine: in and out overlap (block {})", block);
-
-  const fused_detail::MpGather g =
-      fused_detail::check_mp_part(mp_part, in, n_esp, out, row, block);
-  Communicator* mp = g.mp;
-  const int n_mp = g.n, me_mp = g.me;
-  const size_t mp_chunk = g.chunk;
-  float* full = g.full;  // (outer, N_MP, chunk)
-  const fused_plan::Plan plan = fused_plan::make_plan(
-      mp != nullptr ? fused_plan::Pipeline::kCombineMp : fused_plan::Pipeline::kCombine,
-      {n_ep, n_esp, n_mp});
+  const fused_detail::CombineCall call =
+      fused_detail::combine_call(esp, ep, in, out, block, chunks, mp_part);
+  const int n_ep = call.n_ep, n_esp = call.n_esp, me_esp = call.me_esp;
+  const size_t row = call.row;  // (N_EP, block)
+  Communicator* mp = call.mp.mp;
+  const int n_mp = call.mp.n, me_mp = call.mp.me;
+  const size_t mp_chunk = call.mp.chunk;
+  float* full = call.mp.full;  // (outer, N_MP, chunk)
+  const fused_plan::Plan& plan = call.plan;
   const bool self = plan.self_messages;
 
   // The reduce_scatter: peers' partial sums of my block arrive in `theirs` (N_ESP, N_EP,
@@ -325,6 +307,16 @@ bool overlap(const float* a, size_t a_len, const float* b, size_t b_len) {
   return a < b + b_len && b < a + a_len;
 }
 
+namespace {
+
+void check_chunks(int chunks, const char* op, size_t block) {
+  PARM_CONFIG_CHECK(chunks >= 1,
+                    "{}: chunks = {} (block of {} elements); the number of pipeline pieces "
+                    "must be at least 1 (1 = no pipelining)",
+                    op, chunks, block);
+}
+
+// Checks `part` against the combine's in (N_ESP rows of `row` elements) and out (`row`).
 MpGather check_mp_part(const MpGatherPart* part, const float* in, int n_esp, const float* out,
                        size_t row, size_t block) {
   MpGather g;
@@ -347,6 +339,44 @@ MpGather check_mp_part(const MpGatherPart* part, const float* in, int n_esp, con
                   !overlap(g.full, full_len, in, static_cast<size_t>(n_esp) * row)),
              "fused_combine: the MP gather output overlaps in or out (block {})", block);
   return g;
+}
+
+CallGroups call_groups(const char* op, const Communicator& ep, const Communicator& esp,
+                       size_t block, int chunks) {
+  check_chunks(chunks, op, block);
+  CallGroups g;
+  g.n_ep = ep.size();
+  g.n_esp = esp.size();
+  g.me_esp = esp.rank();
+  g.row = static_cast<size_t>(g.n_ep) * block;
+  return g;
+}
+
+}  // namespace
+
+DispatchCall dispatch_call(const Communicator& ep, const Communicator& esp, const float* in,
+                           float* out, size_t block, int chunks) {
+  DispatchCall call;
+  static_cast<CallGroups&>(call) = call_groups("fused_dispatch", ep, esp, block, chunks);
+  PARM_CHECK(!overlap(in, call.row, out, static_cast<size_t>(call.n_esp) * call.row),
+             "fused_dispatch: in and out overlap (block {})", block);
+  call.plan = fused_plan::make_plan(fused_plan::Pipeline::kDispatch, {call.n_ep, call.n_esp, 1});
+  call.mine = out + static_cast<size_t>(call.me_esp) * call.row;
+  return call;
+}
+
+CombineCall combine_call(const Communicator& esp, const Communicator& ep, const float* in,
+                         const float* out, size_t block, int chunks,
+                         const MpGatherPart* mp_part) {
+  CombineCall call;
+  static_cast<CallGroups&>(call) = call_groups("fused_combine", ep, esp, block, chunks);
+  PARM_CHECK(!overlap(in, static_cast<size_t>(call.n_esp) * call.row, out, call.row),
+             "fused_combine: in and out overlap (block {})", block);
+  call.mp = check_mp_part(mp_part, in, call.n_esp, out, call.row, block);
+  call.plan = fused_plan::make_plan(call.mp.mp != nullptr ? fused_plan::Pipeline::kCombineMp
+                                                          : fused_plan::Pipeline::kCombine,
+                                    {call.n_ep, call.n_esp, call.mp.n});
+  return call;
 }
 
 }  // namespace fused_detail

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "comm/fused_plan.h"
 #include "parm/comm.h"
 
 namespace parm {
@@ -65,9 +66,30 @@ struct MpGather {
   size_t chunk = 0;
   float* full = nullptr;  // (outer, N_MP, chunk)
 };
-// Checks `part` against the combine's in (N_ESP rows of `row` elements) and out (`row`).
-MpGather check_mp_part(const MpGatherPart* part, const float* in, int n_esp, const float* out,
-                       size_t row, size_t block);
+
+// The group sizes of a fused call, my ESP rank, and one ESP rank's (N_EP, block) row.
+struct CallGroups {
+  int n_ep = 1, n_esp = 1, me_esp = 0;
+  size_t row = 0;
+};
+
+// A fused dispatch call after the checks both implementations make (chunks >= 1, in and out
+// apart): its groups, the stages it runs, and my slot of out (N_EP, block).
+struct DispatchCall : CallGroups {
+  fused_plan::Plan plan;
+  float* mine = nullptr;
+};
+DispatchCall dispatch_call(const Communicator& ep, const Communicator& esp, const float* in,
+                           float* out, size_t block, int chunks);
+
+// A fused combine call after the same checks and those of its MP part.
+struct CombineCall : CallGroups {
+  MpGather mp;
+  fused_plan::Plan plan;
+};
+CombineCall combine_call(const Communicator& esp, const Communicator& ep, const float* in,
+                         const float* out, size_t block, int chunks,
+                         const MpGatherPart* mp_part);
 
 }  // namespace fused_detail
 }  // namespace parm

@@ -5,48 +5,23 @@
 namespace parm::fused_plan {
 namespace {
 
-constexpr Stage kEpAlltoall{.group = Role::kEp,
-                            .work = Work::kEpAlltoall,
-                            .link = LinkClass::kInterNode,
-                            .records = CommOp::kAllToAll,
-                            .count = Count::kBlock,
-                            .kept_at_size_one = true,
-                            .name = "ep alltoall"};
-constexpr Stage kEspAllgather{.group = Role::kEsp,
-                              .work = Work::kEspAllgather,
-                              .link = LinkClass::kIntraNode,
-                              .records = CommOp::kAllGather,
-                              .count = Count::kRow,
-                              .kept_at_size_one = false,
-                              .name = "esp allgather"};
-constexpr Stage kEspExchange{.group = Role::kEsp,
-                             .work = Work::kEspExchange,
-                             .link = LinkClass::kIntraNode,
-                             .records = CommOp::kReduceScatter,
-                             .count = Count::kRow,
-                             .kept_at_size_one = false,
-                             .name = "esp reduce_scatter exchange"};
-constexpr Stage kSumAlltoall{.group = Role::kEp,
-                             .work = Work::kEspSumEpAlltoall,
-                             .link = LinkClass::kInterNode,
-                             .records = CommOp::kAllToAll,
-                             .count = Count::kBlock,
-                             .kept_at_size_one = true,
-                             .name = "esp sum + ep alltoall"};
-constexpr Stage kMpGather{.group = Role::kMp,
-                          .work = Work::kMpGather,
-                          .link = LinkClass::kIntraNode,
-                          .records = CommOp::kAllGather,
-                          .count = Count::kRow,
-                          .kept_at_size_one = false,
-                          .name = "mp allgather"};
+using enum Role;
+using enum Work;
+using enum LinkClass;
+using enum CommOp;
+using enum Count;
 
-constexpr Description kDispatchPipeline{
-    Pipeline::kDispatch, "dispatch", {kEpAlltoall, kEspAllgather, Stage{}}, 2};
-constexpr Description kCombinePipeline{
-    Pipeline::kCombine, "combine", {kEspExchange, kSumAlltoall, Stage{}}, 2};
+// group, work per piece, link class, recorded collective, its count, name
+constexpr Stage kEpA2a{kEp, kEpAlltoall, kInterNode, kAllToAll, kBlock, "ep alltoall"};
+constexpr Stage kEspAg{kEsp, kEspAllgather, kIntraNode, kAllGather, kRow, "esp allgather"};
+constexpr Stage kEspRs{kEsp, kEspExchange, kIntraNode, kReduceScatter, kRow, "esp exchange"};
+constexpr Stage kSumA2a{kEp, kEspSumEpAlltoall, kInterNode, kAllToAll, kBlock, "sum + alltoall"};
+constexpr Stage kMpAg{kMp, kMpGather, kIntraNode, kAllGather, kRow, "mp allgather"};
+
+constexpr Description kDispatchPipeline{Pipeline::kDispatch, "dispatch", {kEpA2a, kEspAg}, 2};
+constexpr Description kCombinePipeline{Pipeline::kCombine, "combine", {kEspRs, kSumA2a}, 2};
 constexpr Description kCombineMpPipeline{
-    Pipeline::kCombineMp, "combine+mp", {kEspExchange, kSumAlltoall, kMpGather}, 3};
+    Pipeline::kCombineMp, "combine+mp", {kEspRs, kSumA2a, kMpAg}, 3};
 
 bool& keep_size_one() {
   thread_local bool keep = false;
@@ -85,7 +60,7 @@ Plan make_plan(Pipeline pipeline, const std::array<int, kNumRoles>& sizes) {
     const Stage& s = p.desc->stages[static_cast<size_t>(j)];
     const int n = sizes[static_cast<size_t>(s.group)];
     PARM_CHECK(n >= 1, "fused {}: the {} group has {} ranks", p.desc->name, s.name, n);
-    if (n > 1 || s.kept_at_size_one || p.self_messages)
+    if (n > 1 || kept_at_size_one(s) || p.self_messages)
       p.index[static_cast<size_t>(p.num_stages++)] = j;
   }
   return p;

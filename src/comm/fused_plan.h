@@ -63,9 +63,12 @@ struct Stage {
   LinkClass link;
   CommOp records;
   Count count;
-  bool kept_at_size_one;  // carries the local copy of the EP AllToAll
-  const char* name;       // "ep alltoall", ...
+  const char* name;  // "ep alltoall", ...
 };
+
+// A stage on a group of one rank moves nothing and is dropped, except the one on EP: it
+// carries the EP AllToAll, whose local copy remains.
+constexpr bool kept_at_size_one(const Stage& s) { return s.group == Role::kEp; }
 
 struct Description {
   Pipeline pipeline;

@@ -230,12 +230,8 @@ std::array<double, kMaxStages> run_pipeline(
   return busy_us;
 }
 
-void check_call(const char* op, size_t block, int chunks,
-                std::initializer_list<const NcclCommunicator*> comms) {
-  PARM_CONFIG_CHECK(chunks >= 1,
-                    "{}: chunks = {} (block of {} elements); the number of pipeline pieces "
-                    "must be at least 1 (1 = no pipelining)",
-                    op, chunks, block);
+// The checks of an NCCL call beyond those of fused_detail::dispatch_call / combine_call.
+void check_nccl_call(const char* op, std::initializer_list<const NcclCommunicator*> comms) {
   PARM_CHECK(!nccl_group_open(),
              "{} inside an NcclGroup: its stages wait for each other's results; call it "
              "outside the group",
@@ -274,19 +270,16 @@ void ep_piece(NcclCommunicator& ep, size_t block, const Piece& pc, const float* 
 
 void nccl_fused_dispatch(NcclCommunicator& ep, NcclCommunicator& esp, const float* in,
                          float* out, size_t block, int chunks) {
-  check_call("fused_dispatch", block, chunks, {&ep, &esp});
-  const int n_ep = ep.size();
-  const int n_esp = esp.size(), me_esp = esp.rank();
-  const size_t row = static_cast<size_t>(n_ep) * block;  // one ESP rank's (N_EP, block)
-  PARM_CHECK(!fused_detail::overlap(in, row, out, static_cast<size_t>(n_esp) * row),
-             "fused_dispatch: in and out overlap (block {})", block);
-  const fused_plan::Plan plan = fused_plan::make_plan(fused_plan::Pipeline::kDispatch,
-                                                      {n_ep, n_esp, 1});
+  const fused_detail::DispatchCall call =
+      fused_detail::dispatch_call(ep, esp, in, out, block, chunks);
+  check_nccl_call("fused_dispatch", {&ep, &esp});
+  const int n_ep = call.n_ep, n_esp = call.n_esp, me_esp = call.me_esp;
+  const size_t row = call.row;
+  const fused_plan::Plan& plan = call.plan;
   const bool self = plan.self_messages;
-  // (N_EP, block): this rank's slot of the allgather output, where the alltoall delivers
-  // (with self messages, a staging row the allgather sends from, to every member).
-  float* mine = out + static_cast<size_t>(me_esp) * row;
-  float* delivered = self ? workspace().delivered.get(row, cuda::stream()) : mine;
+  // Where the alltoall delivers: my slot of out, or with self messages a staging row the
+  // allgather sends from, to every member.
+  float* delivered = self ? workspace().delivered.get(row, cuda::stream()) : call.mine;
 
   const auto post = [&](Work work, int c, cudaStream_t stream) {
     const Piece pc = piece_of(block, chunks, c);
@@ -321,28 +314,22 @@ void nccl_fused_dispatch(NcclCommunicator& ep, NcclCommunicator& esp, const floa
 
 void nccl_fused_combine(NcclCommunicator& esp, NcclCommunicator& ep, const float* in,
                         float* out, size_t block, int chunks, const MpGatherPart* mp_part) {
-  check_call("fused_combine", block, chunks, {&esp, &ep});
-  const int n_ep = ep.size();
-  const int n_esp = esp.size(), me_esp = esp.rank();
-  const size_t row = static_cast<size_t>(n_ep) * block;  // (N_EP, block)
-  PARM_CHECK(!fused_detail::overlap(in, static_cast<size_t>(n_esp) * row, out, row),
-             "fused_combine: in and out overlap (block {})", block);
-
-  const fused_detail::MpGather g =
-      fused_detail::check_mp_part(mp_part, in, n_esp, out, row, block);
-  const int n_mp = g.n, me_mp = g.me;
-  const size_t mp_chunk = g.chunk;
-  float* full = g.full;  // (outer, N_MP, chunk)
-  const fused_plan::Plan plan = fused_plan::make_plan(
-      g.mp != nullptr ? fused_plan::Pipeline::kCombineMp : fused_plan::Pipeline::kCombine,
-      {n_ep, n_esp, n_mp});
+  const fused_detail::CombineCall call =
+      fused_detail::combine_call(esp, ep, in, out, block, chunks, mp_part);
+  check_nccl_call("fused_combine", {&esp, &ep});
+  const int n_ep = call.n_ep, n_esp = call.n_esp, me_esp = call.me_esp;
+  const size_t row = call.row;  // (N_EP, block)
+  const int n_mp = call.mp.n, me_mp = call.mp.me;
+  const size_t mp_chunk = call.mp.chunk;
+  float* full = call.mp.full;  // (outer, N_MP, chunk)
+  const fused_plan::Plan& plan = call.plan;
   const bool self = plan.self_messages;
   NcclCommunicator* mp = nullptr;  // set when the MP stage runs
   if (plan.runs(Role::kMp)) {
-    mp = dynamic_cast<NcclCommunicator*>(g.mp);
+    mp = dynamic_cast<NcclCommunicator*>(call.mp.mp);
     PARM_CHECK(mp != nullptr,
                "fused_combine over NCCL: the MP group {} must be an NCCL communicator too",
-               g.mp->name());
+               call.mp.mp->name());
     mp->check_usable("fused_combine");
   }
 
