@@ -616,73 +616,81 @@ TEST_F(Nccl, FusedCombineAcceptsAHostMpGroupOfOne) {
 
 // ---- the watchdog ----
 
-// Holds a CUDA stream from the host: a host function queued on it spins until release(),
-// so everything queued after it waits (without any NCCL kernel involved, so aborting the
-// communicator leaves nothing of it running on the GPU).
+// Holds a CUDA stream from the host: a host function queued on it spins until release(), so
+// everything queued after it waits (no NCCL kernel is involved, so aborting a communicator
+// leaves nothing of it running on the GPU). A thread of its own releases the stream after
+// `bound` at the latest, so a test that waits for something behind the hold cannot hang.
 class StreamHold {
  public:
-  explicit StreamHold(cudaStream_t stream) {
+  StreamHold(cudaStream_t stream, std::chrono::seconds bound) : stream_(stream) {
     EXPECT_EQ(cudaLaunchHostFunc(stream, &spin, &released_), cudaSuccess);
+    releaser_ = std::thread([this, bound] {
+      std::unique_lock<std::mutex> lock(m_);
+      cv_.wait_for(lock, bound, [&] { return release_now_; });
+      released_.store(true);
+    });
   }
-  ~StreamHold() { release(); }
+  // Releases, and waits until the stream has passed the hold.
+  ~StreamHold() {
+    release();
+    releaser_.join();
+    (void)cudaStreamSynchronize(stream_);
+  }
   StreamHold(const StreamHold&) = delete;
   StreamHold& operator=(const StreamHold&) = delete;
-  void release() { released_.store(true); }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      release_now_ = true;
+    }
+    cv_.notify_all();
+  }
 
  private:
   static void CUDART_CB spin(void* flag) {
     while (!static_cast<std::atomic<bool>*>(flag)->load())
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  cudaStream_t stream_;
   std::atomic<bool> released_{false};
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool release_now_ = false;
+  std::thread releaser_;
 };
 
-// An operation that cannot complete (NCCL refuses an unmatched receive from self at one
-// rank, so the stand-in is a request whose event sits behind a held stream) must end in
-// parm::Timeout naming the group and op, with the communicator aborted. A helper thread
-// releases the stream long after the deadline: if the watchdog does not fire, wait() then
-// returns normally and the test fails instead of hanging.
+// An operation that cannot complete must end in parm::Timeout naming the group and op, with
+// the communicator aborted. (NCCL refuses an unmatched receive from self at one rank, so the
+// stand-in is a request whose event sits behind a held stream.) The hold is released 20
+// deadlines after the call at the latest, far beyond any delay of the watchdog's polling:
+// if the watchdog does not fire, wait() then returns normally and the test fails instead of
+// hanging. (Should the abort wait for the device, that release also lets it finish.)
 TEST(NcclWatchdog, AnOperationThatCannotCompleteTimesOutAndAborts) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU visible";
   auto host = self_host("edp", /*timeout_s=*/1.0);
   auto comm = std::make_unique<NcclCommunicator>(*host);
   DeviceArray<float> buf(16);
   device_sync();
-
-  StreamHold hold(cuda::stream());
-  std::mutex m;
-  std::condition_variable cv;
-  bool waited = false;
-  std::thread releaser([&] {
-    std::unique_lock<std::mutex> lock(m);
-    // 30 deadlines: far beyond any scheduling delay of the watchdog's polling.
-    cv.wait_for(lock, std::chrono::seconds(30), [&] { return waited; });
-    hold.release();
-  });
-  // A count of 0 queues no NCCL work: the request is its event on the compute stream.
-  RequestPtr r = comm->iallreduce(buf.get(), 0, DType::kF32, ReduceOp::kSum);
   bool timed_out = false;
-  try {
-    r->wait();
-    ADD_FAILURE() << "wait() returned: the watchdog did not fire within the bound";
-  } catch (const Timeout& e) {
-    timed_out = true;
-    EXPECT_NE(std::string(e.what()).find("group edp"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected parm::Timeout, got: " << e.what();
-  }
   {
-    std::lock_guard<std::mutex> lock(m);
-    waited = true;
-  }
-  cv.notify_all();
-  releaser.join();
+    StreamHold hold(cuda::stream(), std::chrono::seconds(20));
+    // A count of 0 queues no NCCL work: the request is its event on the compute stream.
+    RequestPtr r = comm->iallreduce(buf.get(), 0, DType::kF32, ReduceOp::kSum);
+    try {
+      r->wait();
+      ADD_FAILURE() << "wait() returned: the watchdog did not fire within the bound";
+    } catch (const Timeout& e) {
+      timed_out = true;
+      EXPECT_NE(std::string(e.what()).find("group edp"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "expected parm::Timeout, got: " << e.what();
+    }
+    hold.release();
+  }  // the stream has passed the hold
   EXPECT_TRUE(timed_out);
   EXPECT_TRUE(comm->aborted());
   EXPECT_THROW(comm->barrier(), CommError);
-  device_sync();  // the stream drains once released
-  r.reset();
   comm.reset();
 }
 
