@@ -4,17 +4,17 @@
 // works on piece s - j, so the inter-node exchange of one piece and the intra-node
 // forwarding of its neighbour are in flight together, on two communicators, and both kinds
 // of link work at once (chunks + num_stages - 1 steps; num_stages is 2, or 3 with the MP
-// gather, less the stages dropped on groups of one rank). The result is
-// bit-identical to running the parts one after the other, and the byte counters record
-// exactly what the parts would record (one call each, same bus bytes, under the parts'
-// (group, op)).
+// gather, less the stages dropped on groups of one rank). The result is bit-identical to
+// running the parts one after the other, and the byte counters record exactly what the
+// parts would record (one call each, same bus bytes, under the parts' (group, op)).
 //
 // Layouts (elements; `block` = elements one EP rank sends to one EP peer):
 //   dispatch in   (N_EP, block)          block p goes to EP peer p
 //   dispatch out  (N_ESP, N_EP, block)   = esp.allgather(ep.alltoall(in))
 //   combine in    (N_ESP, N_EP, block)   partial sums of the ESP shards
 //   combine out   (N_EP, block)          = ep.alltoall(esp.reduce_scatter(in))
-// A group of size 1 makes its part a no-op (a local copy where needed).
+// A group of size 1 makes its part a no-op (a local copy where needed; the test-only
+// fused_plan::KeepSizeOneStages runs it anyway, as messages to self).
 #pragma once
 
 #include <cstddef>
