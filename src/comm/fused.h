@@ -1,22 +1,26 @@
 // Fused collectives (SPEC §4): two (or three) collectives computed as one pipelined
-// operation. The data is cut into `chunks` pieces; in step i the inter-node exchange of
-// piece i and the intra-node forwarding of piece i-1 are in flight together, on two
-// communicators, so both kinds of link work at once (chunks + 1 steps). The result is
-// bit-identical to running the parts one after the other, and the byte counters record
-// exactly what the parts would record (one call each, same bus bytes, under the parts'
-// (group, op)).
+// operation. The data is cut into `chunks` pieces, and each part is a pipeline stage (the
+// stages, their order and counters are described once, in fused_plan.h); in step s stage j
+// works on piece s - j, so the inter-node exchange of one piece and the intra-node
+// forwarding of its neighbour are in flight together, on two communicators, and both kinds
+// of link work at once (chunks + num_stages - 1 steps; num_stages is 2, or 3 with the MP
+// gather, less the stages dropped on groups of one rank). The result is bit-identical to
+// running the parts one after the other, and the byte counters record exactly what the
+// parts would record (one call each, same bus bytes, under the parts' (group, op)).
 //
 // Layouts (elements; `block` = elements one EP rank sends to one EP peer):
 //   dispatch in   (N_EP, block)          block p goes to EP peer p
 //   dispatch out  (N_ESP, N_EP, block)   = esp.allgather(ep.alltoall(in))
 //   combine in    (N_ESP, N_EP, block)   partial sums of the ESP shards
 //   combine out   (N_EP, block)          = ep.alltoall(esp.reduce_scatter(in))
-// A group of size 1 makes its part a no-op (a local copy where needed).
+// A group of size 1 makes its part a no-op (a local copy where needed; the test-only
+// fused_plan::KeepSizeOneStages runs it anyway, as messages to self).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "comm/fused_plan.h"
 #include "parm/comm.h"
 
 namespace parm {
@@ -62,9 +66,30 @@ struct MpGather {
   size_t chunk = 0;
   float* full = nullptr;  // (outer, N_MP, chunk)
 };
-// Checks `part` against the combine's in (N_ESP rows of `row` elements) and out (`row`).
-MpGather check_mp_part(const MpGatherPart* part, const float* in, int n_esp, const float* out,
-                       size_t row, size_t block);
+
+// The group sizes of a fused call, my ESP rank, and one ESP rank's (N_EP, block) row.
+struct CallGroups {
+  int n_ep = 1, n_esp = 1, me_esp = 0;
+  size_t row = 0;
+};
+
+// A fused dispatch call after the checks both implementations make (chunks >= 1, in and out
+// apart): its groups, the stages it runs, and my slot of out (N_EP, block).
+struct DispatchCall : CallGroups {
+  fused_plan::Plan plan;
+  float* mine = nullptr;
+};
+DispatchCall dispatch_call(const Communicator& ep, const Communicator& esp, const float* in,
+                           float* out, size_t block, int chunks);
+
+// A fused combine call after the same checks and those of its MP part.
+struct CombineCall : CallGroups {
+  MpGather mp;
+  fused_plan::Plan plan;
+};
+CombineCall combine_call(const Communicator& esp, const Communicator& ep, const float* in,
+                         const float* out, size_t block, int chunks,
+                         const MpGatherPart* mp_part);
 
 }  // namespace fused_detail
 }  // namespace parm

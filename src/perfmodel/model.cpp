@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "comm/fused_plan.h"
 #include "parm/error.h"
 
 namespace parm::perfmodel {
@@ -56,12 +57,11 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& li
   PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
   const int num_stages = static_cast<int>(piece_us.size());
   double pipelined = 0.0, serial = 0.0;
-  for (int s = 0; s < chunks + num_stages - 1; ++s) {
+  for (int s = 0; s < fused_plan::num_steps(num_stages, chunks); ++s) {
     double per_link[kNumLinks] = {0.0, 0.0};
     double all = 0.0;
     for (int i = 0; i < num_stages; ++i) {
-      const int piece = s - i;
-      if (piece < 0 || piece >= chunks) continue;
+      if (fused_plan::piece_at(s, i, chunks) < 0) continue;
       per_link[static_cast<int>(links[static_cast<size_t>(i)])] += piece_us[static_cast<size_t>(i)];
       all += piece_us[static_cast<size_t>(i)];
     }
@@ -74,6 +74,26 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& li
 namespace {
 
 constexpr double kF = sizeof(float);
+
+// The pipeline a fused step runs in this direction: the adjoint of the dispatch collective
+// is the combine collective (without the MP gather) and vice versa.
+fused_plan::Pipeline fused_pipeline(const schedule::Step& s, bool bwd) {
+  if ((s.kind == StepKind::kFusedCombine) == bwd) return fused_plan::Pipeline::kDispatch;
+  return s.has_mp_part() && !bwd ? fused_plan::Pipeline::kCombineMp
+                                 : fused_plan::Pipeline::kCombine;
+}
+
+// The part of the pipeline group `g` plays in fused step `s` (schedule.h: the dispatch step
+// runs on group = ep, group2 = esp; the combine step on group = esp, group2 = ep and, with
+// the MP part, group3 = mp).
+fused_plan::Role fused_role(const schedule::Step& s, Group g) {
+  if (s.has_mp_part() && g == s.group3) return fused_plan::Role::kMp;
+  const bool dispatch = s.kind == StepKind::kFusedDispatch;
+  if (g == (dispatch ? s.group : s.group2)) return fused_plan::Role::kEp;
+  PARM_CHECK(g == (dispatch ? s.group2 : s.group), "{}: group {} is not one of its groups",
+             s.label, group_name(g));
+  return fused_plan::Role::kEsp;
+}
 
 struct Pricer {
   const Profile& prof;
@@ -166,15 +186,17 @@ struct Pricer {
       auto parts = schedule::collective_parts(sc, s, target.layout, bwd);
       const bool fused = s.kind == StepKind::kFusedDispatch || s.kind == StepKind::kFusedCombine;
       if (fused) {
-        // Pipeline stage order of src/comm/fused.cpp: the dispatch collective runs ep then
-        // esp; the combine collective esp, then ep, then mp.
-        const bool combine = (s.kind == StepKind::kFusedCombine) != bwd;
+        // Priced in the stage order of the pipeline the executors run (comm/fused_plan.h).
+        const fused_plan::Description& d = fused_plan::describe(fused_pipeline(s, bwd));
         auto stage = [&](Group g) {
-          if (g == Group::kMp) return 2;
-          return (g == Group::kEsp) == combine ? 0 : 1;
+          const int j = d.stage_of(fused_role(s, g));
+          PARM_CHECK(j >= 0, "{}: group {} has no stage in the fused {} pipeline", s.label,
+                     group_name(g), d.name);
+          return j;
         };
-        std::stable_sort(parts.begin(), parts.end(),
-                         [&](const auto& a, const auto& b) { return stage(a.group) < stage(b.group); });
+        std::stable_sort(parts.begin(), parts.end(), [&](const auto& a, const auto& b) {
+          return stage(a.group) < stage(b.group);
+        });
       }
       std::vector<PartCost>& out = bwd ? c.bwd_parts : c.fwd_parts;
       std::vector<double> piece;

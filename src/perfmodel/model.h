@@ -4,10 +4,10 @@
 //
 // Collective part (group g on link L, op o, bus bytes b from schedule::collective_parts):
 //     t = alpha[L][o] + beta[L][o] * b
-// Fused step with parts p_1..p_K in pipeline order (collective_parts order; the fused
-// collectives run W = chunks pieces through K stages in W + K - 1 lock-step steps, see
-// src/comm/fused.cpp). A part's per-piece time is c_i = alpha_i + beta_i * b_i / W. In step
-// s the stages i with 0 <= s - i < W are active; the step takes
+// Fused step with parts p_1..p_K in the stage order of its pipeline (the description in
+// src/comm/fused_plan.h, which both executors run: W = chunks pieces through K stages in
+// W + K - 1 lock-step steps). A part's per-piece time is c_i = alpha_i + beta_i * b_i / W.
+// In step s the stages i with 0 <= s - i < W are active; the step takes
 //     pipelined:  max over link classes L of  sum_{active i on L} c_i
 //     serial:     sum_{active i} c_i
 // and the fused step costs

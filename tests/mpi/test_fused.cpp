@@ -3,7 +3,9 @@
 // sent (payloads are pure functions of the source rank, so every rank can recompute what
 // any peer sent and the order the ESP sum must take), and the byte counters against the
 // unfused pair's. Block sizes 0, 1, odd and largish; chunk counts 1, 2, 5 and more pieces
-// than elements.
+// than elements. The same checks run once more with fused_plan::KeepSizeOneStages, which
+// keeps the stages of groups of one rank and moves own blocks as messages to self, so every
+// stage and message path runs even at world size 1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "comm/fused.h"
+#include "comm/fused_plan.h"
 #include "mpi_test_util.h"
 #include "parm/error.h"
 
@@ -190,7 +193,7 @@ size_t first_difference(const std::vector<float>& a, const std::vector<float>& b
   return std::string::npos;
 }
 
-TEST(FusedDispatch, EqualsUnfusedBitForBitEveryLayout) {
+void check_dispatch_every_layout() {
   const int me = world_rank();
   for (const auto& o : test::all_layouts()) {
     auto topo = Topology::create(o);
@@ -239,6 +242,13 @@ TEST(FusedDispatch, EqualsUnfusedBitForBitEveryLayout) {
     }
     EXPECT_TRUE(all_ranks(!testing::Test::HasFailure())) << layout_name(o);
   }
+}
+
+TEST(FusedDispatch, EqualsUnfusedBitForBitEveryLayout) { check_dispatch_every_layout(); }
+
+TEST(FusedDispatch, WithSizeOneStagesKeptEqualsUnfusedBitForBitEveryLayout) {
+  fused_plan::KeepSizeOneStages keep;
+  check_dispatch_every_layout();
 }
 
 // One combine case: layout, block, payload kind, optional MP gather with `outer` rows.
@@ -312,7 +322,7 @@ void check_combine(Topology& topo, const TopologyOptions& o, size_t block, Paylo
   }
 }
 
-TEST(FusedCombine, EqualsUnfusedBitForBitEveryLayout) {
+void check_combine_every_layout() {
   for (const auto& o : test::all_layouts()) {
     auto topo = Topology::create(o);
     for (Payload kind : {Payload::kNamed, Payload::kRandom})
@@ -321,7 +331,14 @@ TEST(FusedCombine, EqualsUnfusedBitForBitEveryLayout) {
   }
 }
 
-TEST(FusedCombine, WithMpGatherEqualsUnfusedBitForBitEveryLayout) {
+TEST(FusedCombine, EqualsUnfusedBitForBitEveryLayout) { check_combine_every_layout(); }
+
+TEST(FusedCombine, WithSizeOneStagesKeptEqualsUnfusedBitForBitEveryLayout) {
+  fused_plan::KeepSizeOneStages keep;
+  check_combine_every_layout();
+}
+
+void check_combine_with_mp_every_layout() {
   for (const auto& o : test::all_layouts()) {
     auto topo = Topology::create(o);
     for (int64_t outer : {1, 3})
@@ -333,6 +350,15 @@ TEST(FusedCombine, WithMpGatherEqualsUnfusedBitForBitEveryLayout) {
         }
     EXPECT_TRUE(all_ranks(!testing::Test::HasFailure())) << layout_name(o);
   }
+}
+
+TEST(FusedCombine, WithMpGatherEqualsUnfusedBitForBitEveryLayout) {
+  check_combine_with_mp_every_layout();
+}
+
+TEST(FusedCombine, WithMpGatherAndSizeOneStagesKeptEqualsUnfusedBitForBitEveryLayout) {
+  fused_plan::KeepSizeOneStages keep;
+  check_combine_with_mp_every_layout();
 }
 
 // The reduce_scatter the fused combine must match: block sums in group-rank order, bit for

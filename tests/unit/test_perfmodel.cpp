@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/fused_plan.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "perfmodel/fit.h"
@@ -166,6 +167,50 @@ TEST(PerfModel, FusedStepPricedFromItsParts) {
   const Prediction s1 = predict_kind(prof, shape, t, Kind::kS1, false);
   EXPECT_NEAR(step_named(s1, "dispatch alltoall").fwd_us + step_named(s1, "esp allgather").fwd_us,
               (ae + be * 64) + (ai + bi * 128), 1e-9);
+}
+
+// Every fused step, both directions: its priced parts in the stage order of the pipeline
+// the executors run (comm/fused_plan.h), each with the collective that stage records.
+TEST(PerfModel, FusedStepsPricedInTheStageOrderOfTheirPipeline) {
+  const Profile prof = comm_only_profile(10.0, 1e-3, 100.0, 1e-2, 1.0);
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  auto role_of = [](Group g) {
+    switch (g) {
+      case Group::kEp: return fused_plan::Role::kEp;
+      case Group::kEsp: return fused_plan::Role::kEsp;
+      default: return fused_plan::Role::kMp;
+    }
+  };
+  int checked = 0;
+  for (Kind kind : {Kind::kS1, Kind::kS2}) {
+    const auto sc = schedule::build({shape, t.layout, 0, true, 4}, kind);
+    const Prediction p = predict(prof, sc, shape, t);
+    for (size_t i = 0; i < sc.steps.size(); ++i) {
+      const schedule::Step& s = sc.steps[i];
+      if (s.kind != StepKind::kFusedDispatch && s.kind != StepKind::kFusedCombine) continue;
+      for (bool bwd : {false, true}) {
+        SCOPED_TRACE(testing::Message() << schedule::kind_name(kind) << " " << s.label
+                                        << (bwd ? " backward" : " forward"));
+        const bool combine = (s.kind == StepKind::kFusedCombine) != bwd;
+        const auto pipeline = !combine ? fused_plan::Pipeline::kDispatch
+                              : s.has_mp_part() && !bwd ? fused_plan::Pipeline::kCombineMp
+                                                        : fused_plan::Pipeline::kCombine;
+        const fused_plan::Description& d = fused_plan::describe(pipeline);
+        const auto& parts = bwd ? p.steps[i].bwd_parts : p.steps[i].fwd_parts;
+        ASSERT_EQ(static_cast<int>(parts.size()), d.num_stages);  // every group has 2 ranks
+        for (int j = 0; j < d.num_stages; ++j) {
+          EXPECT_EQ(role_of(parts[static_cast<size_t>(j)].group),
+                    d.stages[static_cast<size_t>(j)].group)
+              << "part " << j;
+          EXPECT_EQ(parts[static_cast<size_t>(j)].op, d.stages[static_cast<size_t>(j)].records)
+              << "part " << j;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 8);  // S1 and S2: a fused dispatch and a fused combine, two directions
 }
 
 TEST(PerfModel, CandidatesAndBaselineRule) {

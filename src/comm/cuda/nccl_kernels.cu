@@ -65,22 +65,16 @@ void ordered_block_sum(DType dtype, const void* blocks, size_t block_stride, con
                        int own_index, int num_blocks, size_t rows, size_t row_stride,
                        size_t len, void* dst, size_t dst_row_stride, CUstream_st* stream) {
   if (rows == 0 || len == 0 || num_blocks <= 0) return;
+  const auto launch = [&](auto element) {  // element: a value of the type to sum
+    launch_sum<decltype(element)>(blocks, block_stride, own, own_index, num_blocks, rows,
+                                  row_stride, len, dst, dst_row_stride, stream);
+  };
   switch (dtype) {
-    case DType::kF32:
-      return launch_sum<float>(blocks, block_stride, own, own_index, num_blocks, rows,
-                               row_stride, len, dst, dst_row_stride, stream);
-    case DType::kF64:
-      return launch_sum<double>(blocks, block_stride, own, own_index, num_blocks, rows,
-                                row_stride, len, dst, dst_row_stride, stream);
-    case DType::kI32:
-      return launch_sum<int32_t>(blocks, block_stride, own, own_index, num_blocks, rows,
-                                 row_stride, len, dst, dst_row_stride, stream);
-    case DType::kI64:
-      return launch_sum<int64_t>(blocks, block_stride, own, own_index, num_blocks, rows,
-                                 row_stride, len, dst, dst_row_stride, stream);
-    case DType::kU8:
-      return launch_sum<uint8_t>(blocks, block_stride, own, own_index, num_blocks, rows,
-                                 row_stride, len, dst, dst_row_stride, stream);
+    case DType::kF32: return launch(float{});
+    case DType::kF64: return launch(double{});
+    case DType::kI32: return launch(int32_t{});
+    case DType::kI64: return launch(int64_t{});
+    case DType::kU8: return launch(uint8_t{});
   }
 }
 

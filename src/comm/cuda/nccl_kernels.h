@@ -27,8 +27,9 @@ void ordered_block_sum(DType dtype, const void* blocks, size_t block_stride, con
 // x = r * row_stride + base + i (a position in one rank's combine output, seen as
 // (outer, chunk)):
 //   full[(x / chunk) * n * chunk + q * chunk + x % chunk] = src_q[x]
-//   src_q = own when q == own_index, stage + q * stage_stride otherwise.
-// chunk must be > 0 when rows * len > 0.
+//   src_q = own when q == own_index, stage + q * stage_stride otherwise
+// (`own` may be null when own_index is outside [0, n): every source is then staged).
+// chunk must be > 0 when rows * len > 0. `full` may be `own` itself when n == 1.
 void mp_interleave(const float* stage, size_t stage_stride, const float* own, int own_index,
                    int n, size_t rows, size_t row_stride, size_t base, size_t len,
                    size_t chunk, float* full, CUstream_st* stream);
