@@ -304,14 +304,16 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   }
   result.errors = std::move(errs);
 
+  result.source =
+      std::string(schedule::kind_name(o.kind)) + (layer.schedule().fused ? "_fused" : "");
+  result.oracle_source = result.oracle_slices > 1 ? "oracle_sliced" : "oracle";
   if (!o.dump_dir.empty()) {
     // MP group 0's tensors, from world rank 0, plus the whole gradients every rank holds.
     const DumpRouting layer_routing =
         gather_layer_routing(topo, r, o.kind == schedule::Kind::kS1);
     if (topo.world_rank() == 0) {
-      const std::string sname =
-          std::string(schedule::kind_name(o.kind)) + (layer.schedule().fused ? "_fused" : "");
-      const std::string oname = result.oracle_slices > 1 ? "oracle_sliced" : "oracle";
+      const std::string& sname = result.source;
+      const std::string& oname = result.oracle_source;
       Dumper d(o.dump_dir);
       d.add("input.x.npy", x.data(), {T, M}, "input x of MP group 0 (T, M)");
       d.add("input.dout.npy", dout.data(), {T, M}, "output gradient of MP group 0 (T, M)");

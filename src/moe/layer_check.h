@@ -67,6 +67,8 @@ struct LayerCheckResult {
   // the tie rule decided: two of their k + 1 largest probabilities are equal.
   int64_t tie_decided_tokens = 0;
   bool routing_matches = true;  // the layer routed exactly as the oracle on every rank
+  // The names of the schedule's and the oracle's files in a dump (<source> below).
+  std::string source, oracle_source;
   bool passed = false;
 };
 

@@ -67,10 +67,10 @@ TEST(LayerCheckTies, DumpHoldsEveryGroupsInputAndEachSourcesRouting) {
     const LayerCheckResult r = check_layer(*topo, o);
     ASSERT_TRUE(test::all_ranks(r.passed)) << c.where;
     if (topo->world_rank() != 0) continue;
-    const std::string src = std::string(schedule::kind_name(c.kind)) + (c.fuse ? "_fused" : "");
-    const std::string oracle = c.kind == Kind::kS1 && c.layout.mp > 1 ? "oracle_sliced" : "oracle";
+    EXPECT_EQ(r.oracle_source,
+              c.kind == Kind::kS1 && c.layout.mp > 1 ? "oracle_sliced" : "oracle");
     for (const char* part : {".expert.npy", ".slot.npy", ".kept.npy"})
-      EXPECT_EQ(read_file(d + "/" + src + part), read_file(d + "/" + oracle + part))
+      EXPECT_EQ(read_file(d + "/" + r.source + part), read_file(d + "/" + r.oracle_source + part))
           << c.where << " " << part;
     const std::string manifest = read_file(d + "/manifest.json");
     const int groups = test::world_size() / c.layout.mp;
