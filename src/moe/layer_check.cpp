@@ -169,10 +169,11 @@ DumpRouting gather_layer_routing(Topology& topo, const moe::GateRouting& r, bool
     mine[i] = r.expert[i];
     mine[r.expert.size() + i] = r.row[i] < 0 ? -1 : static_cast<int32_t>(r.row[i] % r.slots);
   }
-  const int n = sliced ? topo.comm(Group::kMp).size() : 1;
+  Communicator& mp = topo.host_comm(Group::kMp);
+  const int n = sliced ? mp.size() : 1;
   std::vector<int32_t> all(mine.size() * static_cast<size_t>(n));
   if (sliced)
-    topo.host_comm(Group::kMp).allgather(mine.data(), all.data(), mine.size());
+    mp.allgather(mine.data(), all.data(), mine.size());
   else
     all = mine;
   const size_t per = r.expert.size();
