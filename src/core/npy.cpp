@@ -41,4 +41,12 @@ void write_npy(const std::string& path, const double* data, const Shape& shape) 
   write_file_atomic(path, npy(data, sizeof(double), "<f8", shape));
 }
 
+void write_npy(const std::string& path, const int32_t* data, const Shape& shape) {
+  write_file_atomic(path, npy(data, sizeof(int32_t), "<i4", shape));
+}
+
+void write_npy(const std::string& path, const uint8_t* data, const Shape& shape) {
+  write_file_atomic(path, npy(data, sizeof(uint8_t), "|u1", shape));
+}
+
 }  // namespace parm

@@ -1,10 +1,13 @@
 #include "moe/layer_check.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <type_traits>
 
 #include "moe/moe_layer.h"
 #include "parm/error.h"
@@ -56,7 +59,11 @@ class Dumper {
     if (dir_.empty()) return;
     write_npy(dir_ + "/" + file, data, shape);
     files_.push_back({{"file", file}, {"shape", shape}, {"meaning", meaning},
-                      {"dtype", sizeof(S) == 4 ? "float32" : "float64"}});
+                      {"dtype", dtype_name<S>()}});
+  }
+  // What a source's files were computed from (its gate calls); merged by name.
+  void add_source(const std::string& name, const nlohmann::json& about) {
+    sources_[name] = about;
   }
   void finish(const nlohmann::json& config) {
     if (dir_.empty()) return;
@@ -73,13 +80,111 @@ class Dumper {
       for (const auto& g : doc["files"]) seen = seen || g["file"] == f["file"];
       if (!seen) doc["files"].push_back(f);
     }
+    for (const auto& [name, about] : sources_.items()) doc["sources"][name] = about;
     write_file_atomic(dir_ + "/manifest.json", doc.dump(2) + "\n");
   }
 
  private:
+  template <typename S>
+  static const char* dtype_name() {
+    if constexpr (std::is_same_v<S, float>) return "float32";
+    if constexpr (std::is_same_v<S, double>) return "float64";
+    if constexpr (std::is_same_v<S, int32_t>) return "int32";
+    return "uint8";
+  }
+
   std::string dir_;
   std::vector<nlohmann::json> files_;
+  nlohmann::json sources_ = nlohmann::json::object();
 };
+
+// MP group g's input as the check feeds it (with o.skew added).
+std::vector<float> group_input(const LayerCheckOptions& o, int group) {
+  auto x = check_input(o.shape, o.seed, group);
+  if (o.skew != 0.0f)
+    for (float& v : x) v += o.skew;
+  return x;
+}
+
+// The whole parameters as the check loads them (o.skew and o.force_ties applied).
+ref::MoeParams<float> check_params(const LayerCheckOptions& o) {
+  const ref::MoeShape& sh = o.shape;
+  auto params = ref::init_params<float>(sh, o.seed);
+  const int64_t M = sh.model_dim, E = sh.experts;
+  if (o.skew != 0.0f)
+    for (int64_t m = 0; m < M; ++m) params.wg[static_cast<size_t>(m * E)] += o.skew / M;
+  if (o.force_ties && E >= 2)
+    for (int64_t m = 0; m < M; ++m) {
+      params.wg[static_cast<size_t>(m * E)] = 0.0f;
+      params.wg[static_cast<size_t>(m * E + E - 1)] = 0.0f;
+    }
+  return params;
+}
+
+// Tokens whose k choices the tie rule decided: among their k + 1 largest probabilities (all
+// E when k = E) two are equal. probs (T, E).
+int64_t tie_decided_tokens(const std::vector<double>& probs, int64_t experts, int topk) {
+  const size_t E = static_cast<size_t>(experts);
+  const size_t n = std::min(E, static_cast<size_t>(topk) + 1);
+  int64_t count = 0;
+  std::vector<double> row(E);
+  for (size_t t = 0; t < probs.size() / E; ++t) {
+    row.assign(probs.begin() + static_cast<std::ptrdiff_t>(t * E),
+               probs.begin() + static_cast<std::ptrdiff_t>((t + 1) * E));
+    std::partial_sort(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(n), row.end(),
+                      std::greater<>());
+    bool tie = false;
+    for (size_t i = 0; i + 1 < n; ++i) tie = tie || row[i] == row[i + 1];
+    count += tie ? 1 : 0;
+  }
+  return count;
+}
+
+// A routing as the dump writes it: expert, slot (-1 when dropped) and kept, each (T, k).
+struct DumpRouting {
+  std::vector<int32_t> expert, slot;
+  std::vector<uint8_t> kept;
+  void set_kept() {
+    kept.resize(slot.size());
+    for (size_t i = 0; i < slot.size(); ++i) kept[i] = slot[i] >= 0 ? 1 : 0;
+  }
+};
+
+template <typename S>
+DumpRouting dump_routing(const ref::Routing<S>& r) {
+  DumpRouting d;
+  d.expert = r.expert;
+  d.slot.assign(r.slot.begin(), r.slot.end());
+  d.set_kept();
+  return d;
+}
+
+// The layer's routing of its MP group's T tokens: under S1 each MP rank gated its slice, so
+// the slices are gathered over the MP group (every member calls this); otherwise every
+// rank gated all T tokens.
+DumpRouting gather_layer_routing(Topology& topo, const moe::GateRouting& r, bool sliced) {
+  DumpRouting d;
+  std::vector<int32_t> mine(2 * r.expert.size());
+  for (size_t i = 0; i < r.expert.size(); ++i) {
+    mine[i] = r.expert[i];
+    mine[r.expert.size() + i] = r.row[i] < 0 ? -1 : static_cast<int32_t>(r.row[i] % r.slots);
+  }
+  Communicator& mp = topo.host_comm(Group::kMp);
+  const int n = sliced ? mp.size() : 1;
+  std::vector<int32_t> all(mine.size() * static_cast<size_t>(n));
+  if (sliced)
+    mp.allgather(mine.data(), all.data(), mine.size());
+  else
+    all = mine;
+  const size_t per = r.expert.size();
+  for (int s = 0; s < n; ++s) {
+    const auto* base = all.data() + static_cast<size_t>(s) * mine.size();
+    d.expert.insert(d.expert.end(), base, base + per);
+    d.slot.insert(d.slot.end(), base + per, base + 2 * per);
+  }
+  d.set_kept();
+  return d;
+}
 
 }  // namespace
 
@@ -108,13 +213,9 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
 
   // Validates the configuration first.
   MoeLayer layer(topo, sh, o.kind, o.fuse, o.chunks, o.precision);
-  auto params = ref::init_params<float>(sh, o.seed);
-  auto x = check_input(sh, o.seed, group);
+  const auto params = check_params(o);
+  const auto x = group_input(o, group);
   const auto dout = check_dout(sh, o.seed, group);
-  if (o.skew != 0.0f) {
-    for (float& v : x) v += o.skew;
-    for (int64_t m = 0; m < M; ++m) params.wg[static_cast<size_t>(m * sh.experts)] += o.skew / M;
-  }
   ref::MoeParams<double> params64;
   params64.wg = to_double(params.wg);
   params64.w1 = to_double(params.w1);
@@ -189,10 +290,12 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   world.allreduce(v.data(), v.size(), ReduceOp::kMax);
   int32_t ok_routing = same ? 1 : 0;
   world.allreduce(&ok_routing, 1, ReduceOp::kMin);
-  int64_t dropped = mp_rank == 0 ? fwd.routing.num_dropped() : 0;
-  world.allreduce(&dropped, 1);
+  int64_t counts[2] = {mp_rank == 0 ? fwd.routing.num_dropped() : 0,
+                       mp_rank == 0 ? tie_decided_tokens(fwd.probs, sh.experts, sh.topk) : 0};
+  world.allreduce(counts, 2);
   result.routing_matches = ok_routing == 1;
-  result.dropped_choices = dropped;
+  result.dropped_choices = counts[0];
+  result.tie_decided_tokens = counts[1];
   result.passed = result.routing_matches;
   for (size_t i = 0; i < errs.size(); ++i) {
     errs[i].max_abs = v[2 * i];
@@ -202,15 +305,48 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   }
   result.errors = std::move(errs);
 
+  result.source =
+      std::string(schedule::kind_name(o.kind)) + (layer.schedule().fused ? "_fused" : "");
+  result.oracle_source = result.oracle_slices > 1 ? "oracle_sliced" : "oracle";
   if (!o.dump_dir.empty()) {
     // MP group 0's tensors, from world rank 0, plus the whole gradients every rank holds.
+    const DumpRouting layer_routing =
+        gather_layer_routing(topo, r, o.kind == schedule::Kind::kS1);
     if (topo.world_rank() == 0) {
-      const std::string sname =
-          std::string(schedule::kind_name(o.kind)) + (layer.schedule().fused ? "_fused" : "");
-      const std::string oname = result.oracle_slices > 1 ? "oracle_sliced" : "oracle";
+      const std::string& sname = result.source;
+      const std::string& oname = result.oracle_source;
       Dumper d(o.dump_dir);
       d.add("input.x.npy", x.data(), {T, M}, "input x of MP group 0 (T, M)");
       d.add("input.dout.npy", dout.data(), {T, M}, "output gradient of MP group 0 (T, M)");
+      // Every other MP group's input, so that the expert gradients (summed over all groups)
+      // can be recomputed from the dump alone.
+      for (int g = 1; g < l.world / l.mp; ++g) {
+        const auto xg = group_input(o, g);
+        const auto dg = check_dout(sh, o.seed, g);
+        d.add(fmt::format("input.x.g{}.npy", g), xg.data(), {T, M},
+              fmt::format("input x of MP group {} (T, M)", g));
+        d.add(fmt::format("input.dout.g{}.npy", g), dg.data(), {T, M},
+              fmt::format("output gradient of MP group {} (T, M)", g));
+      }
+      const int64_t k = sh.topk;
+      const std::string slot_meaning =
+          "slot of each choice in its expert's capacity, -1 when dropped";
+      auto add_routing = [&](const std::string& src, const DumpRouting& dr, int slices) {
+        const std::string per =
+            slices > 1 ? fmt::format(" (slots per gate call: each MP slice of T / {} tokens has "
+                                     "its own capacity C = ceil(k f (T / {}) / E), numbered "
+                                     "from 0)", slices, slices)
+                       : " (one gate call over T tokens, capacity C = ceil(k f T / E))";
+        d.add(src + ".expert.npy", dr.expert.data(), {T, k},
+              src + " routing of MP group 0: chosen experts (T, k), choice 0 the largest p");
+        d.add(src + ".slot.npy", dr.slot.data(), {T, k},
+              src + " routing of MP group 0: " + slot_meaning + per);
+        d.add(src + ".kept.npy", dr.kept.data(), {T, k},
+              src + " routing of MP group 0: 1 when the choice was kept, 0 when dropped");
+        d.add_source(src, {{"gate_slices", slices}});
+      };
+      add_routing(oname, dump_routing(fwd.routing), static_cast<int>(result.oracle_slices));
+      add_routing(sname, layer_routing, o.kind == schedule::Kind::kS1 ? l.mp : 1);
       for (const auto& [name, vec] : named(params))
         d.add("param." + name + ".npy", vec->data(), param_shape(sh, name),
               "whole (unsharded) parameter " + name);
@@ -235,7 +371,10 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
       d.finish({{"tokens", T}, {"model_dim", M}, {"hidden", sh.hidden},
                 {"experts", sh.experts}, {"topk", sh.topk},
                 {"capacity_factor", sh.capacity_factor.str()}, {"mp", l.mp}, {"ep", l.ep},
-                {"esp", l.esp}, {"world", l.world}, {"seed", o.seed}, {"dl_aux", o.dl_aux}});
+                {"esp", l.esp}, {"world", l.world}, {"mp_groups", l.world / l.mp},
+                {"seed", o.seed}, {"dl_aux", o.dl_aux}, {"skew", o.skew},
+                {"force_ties", o.force_ties}, {"precision", precision_name(o.precision)},
+                {"tolerance", o.tolerance}});
     }
     world.barrier();
   }

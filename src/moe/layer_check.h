@@ -32,6 +32,11 @@ struct LayerCheckOptions {
   // weight's column 0, so that expert 0 wins most 1st choices (it overflows; with k = 1
   // other experts get no token).
   float skew = 0.0f;
+  // Zeroes the gate weight's columns of experts 0 and E - 1 (after `skew`): their logits are
+  // then exactly +-0 for every token, whatever order a product sums in, so their
+  // probabilities are bitwise equal in fp32 and fp64 and the tie rule (SPEC §2: ties go to
+  // the lower expert index) decides every token where one of them is among the k largest.
+  bool force_ties = false;
   // S1 only: compare with the whole-layer oracle instead of the per-slice one (equal when
   // neither drops anything).
   bool whole_oracle = false;
@@ -58,7 +63,12 @@ struct LayerCheckResult {
   std::vector<TensorError> errors;
   int64_t oracle_slices = 1;    // 1, or N_MP for S1
   int64_t dropped_choices = 0;  // by the oracle over all MP groups
+  // Tokens, by the oracle over all MP groups, whose k choices (which experts, or their order)
+  // the tie rule decided: two of their k + 1 largest probabilities are equal.
+  int64_t tie_decided_tokens = 0;
   bool routing_matches = true;  // the layer routed exactly as the oracle on every rank
+  // The names of the schedule's and the oracle's files in a dump (<source> below).
+  std::string source, oracle_source;
   bool passed = false;
 };
 
@@ -68,5 +78,21 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& options);
 // The input, output gradient and seeds the check (and bench-layer) use for MP group g.
 std::vector<float> check_input(const ref::MoeShape& shape, uint64_t seed, int group);
 std::vector<float> check_dout(const ref::MoeShape& shape, uint64_t seed, int group);
+
+// --dump writes into dump_dir (world rank 0), besides manifest.json, which lists every file
+// with its shape, dtype and meaning, the run's config and, under "sources", each source's
+// gate slices:
+//   input.x.npy, input.dout.npy          x and dout of MP group 0 (T, M) float32
+//   input.x.g<G>.npy, input.dout.g<G>.npy  the same for every MP group G >= 1
+//   param.<p>.npy                       whole parameters (skew and force_ties applied)
+//   <source>.{out,dx,l_aux,dwg}.npy     MP group 0's results
+//   <source>.d{w1,b1,w2,b2}.npy         expert gradients summed over all MP groups
+//   <source>.expert.npy (T, k) int32    MP group 0's chosen experts, choice 0 the largest p
+//   <source>.slot.npy   (T, k) int32    slot in the expert's capacity, -1 when dropped
+//   <source>.kept.npy   (T, k) uint8    1 when kept
+// <source> is "oracle" (one gate call over T), "oracle_sliced" (one gate call per MP slice
+// of T / N_MP tokens, S1's oracle) or the schedule ("baseline", "s1", "s2_fused", ...). Slots
+// are numbered per gate call: for s1 and oracle_sliced the slot is within the capacity of the
+// token's MP slice, C = ceil(k f (T / N_MP) / E), counted from 0 in each slice.
 
 }  // namespace parm

@@ -19,4 +19,30 @@ for key in '"breakdown"' '"floor_ms"' '"time_over_floor"' '"floor_gflops"' '"pea
   check "the JSON holds $key" 0 0 "$key" "$json"
 done
 
+# At mp = 1 every schedule routes the same tokens the same way, so the floor's filled rows
+# (the busiest rank's, and all ranks') are the same for all of them, and all ranks' rows are
+# the kept choices of both MP groups: 2 T k less the choices check-layer reports dropped.
+# Before, floor_rows were the slowest rank's, which timing noise picks (2044 / 2052 / 2044).
+small="--tokens 256 --model-dim 16 --hidden 32 --experts 8 --topk 2 --capacity-factor 1.2"
+out="$(prun -n 2 -- bench-layer $small --mp 1 --ep 2 --esp 1 --schedule all --fuse both \
+        --iters 2 --warmup 1 --json "$tmp/f.json")"; rc=$?
+check "bench-layer at mp 1 over every schedule" 0 $rc "time / floor" "$out"
+out="$(prun -n 2 -- check-layer $small --mp 1 --ep 2 --esp 1 --schedule baseline)"; rc=$?
+dropped="$(sed -n 's/.*; \([0-9]*\) choices dropped.*/\1/p' <<<"$out" | head -1)"
+check "check-layer reports the dropped choices" 0 $rc "choices dropped" "$out"
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+out="$("$py" - "$tmp/f.json" "$((2 * 256 * 2 - ${dropped:-0}))" <<'EOF'
+import json, sys
+results = json.load(open(sys.argv[1]))["results"]
+rows = {f'{r["schedule"]}{"+fused" if r["fuse"] else ""}': r.get("floor_rows") for r in results}
+totals = [r.get("floor_rows_total") for r in results]
+print(f"{len(results)} schedules; floor_rows {rows}; floor_rows_total {totals}")
+same = len(results) >= 3 and len(set(rows.values())) == 1
+kept = all(t == int(sys.argv[2]) for t in totals)
+print("floor rows agree" if same and kept else f"floor rows DIFFER (kept choices {sys.argv[2]})")
+EOF
+)"
+check "the floor's filled rows are the same for every schedule and are the kept choices" 0 0 "floor rows agree" "$out"
+
 finish

@@ -87,7 +87,12 @@ struct Floor {
   double ms = 0;         // max over ranks of each rank's products timed alone
   double ms_rank0 = 0;
   double gflops = 0;     // the GEMM rate reached on those shapes (rank of the max)
-  int64_t rows = 0;      // filled expert rows on the rank of the max
+  // Filled expert rows: the most on one rank, and over all ranks; both depend on the routing
+  // alone. Not the rows of the slowest rank: which rank is slowest is timing noise when the
+  // loads are close (at mp = 1, ep = 2, T = 1024, k = 2 the two ranks hold 2044 and 2052
+  // rows), so those would differ between schedules that route every token alike.
+  int64_t rows_max = 0;
+  int64_t rows_total = 0;
 };
 
 // Peak resident memory of the process (MiB): rank 0 and the max over ranks; and the bytes the
@@ -155,7 +160,7 @@ std::vector<BreakdownRow> breakdown_rows(const MoeLayer& layer, const std::vecto
 
 // Every rank times its own expert products (the shapes of the last forward pass) alone, at
 // the same time as the others, as they ran inside the layer.
-Floor measure_floor(MoeLayer& layer) {
+Floor measure_floor(MoeLayer& layer, Communicator& world) {
   const auto& rows = layer.expert_rows();
   const int64_t M = layer.shape().model_dim, hl = layer.shard_hidden();
   barrier_world();
@@ -169,11 +174,14 @@ Floor measure_floor(MoeLayer& layer) {
   const double ms = us / 1e3;
   const bool root = world_rank() == 0;
   const auto slowest = max_over_world({ms, root ? ms : 0.0});
-  // The slowest rank sets the floor; report its rate and rows (ties: the larger values).
+  // The slowest rank sets the floor; report its rate (ties: the larger value). The rows are
+  // properties of the routing alone, the same whichever rank is slowest.
   const bool is_max = ms == slowest[0];
-  const auto at_max = max_over_world(
-      {is_max ? flops / us * 1e-3 : 0.0, is_max ? static_cast<double>(total_rows) : 0.0});
-  return {slowest[0], slowest[1], at_max[0], static_cast<int64_t>(at_max[1])};
+  const auto at_max =
+      max_over_world({is_max ? flops / us * 1e-3 : 0.0, static_cast<double>(total_rows)});
+  int64_t sum_rows = total_rows;
+  world.allreduce(&sum_rows, 1);
+  return {slowest[0], slowest[1], at_max[0], static_cast<int64_t>(at_max[1]), sum_rows};
 }
 
 Memory measure_memory(const MoeLayer& layer) {
@@ -236,7 +244,7 @@ Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind
   m.fwd = summarize(max_over_world(fwd_ms));
   m.bwd = summarize(max_over_world(bwd_ms));
   m.breakdown = breakdown_rows(*layer, step_fwd, step_bwd);
-  m.floor = measure_floor(*layer);
+  m.floor = measure_floor(*layer, world);
   m.memory = measure_memory(*layer);
   if (schedule_out != nullptr && keep != nullptr) {
     *schedule_out = &layer->schedule();
@@ -335,14 +343,17 @@ int run_bench_layer(const BenchLayerFlags& f) {
         {"capacity", sc.capacity},
         {"gate_tokens", sc.gate_tokens}};
     const double ratio = total / m.floor.ms;
-    std::printf("  floor %.3f ms (expert products over %lld filled rows alone: %.1f GFLOP/s; "
-                "rank 0 %.3f ms)  time / floor = %.3f\n",
-                m.floor.ms, static_cast<long long>(m.floor.rows), m.floor.gflops,
-                m.floor.ms_rank0, ratio);
+    std::printf("  floor %.3f ms (expert products over the filled rows alone: %lld rows on "
+                "the busiest rank, %lld on all; %.1f GFLOP/s on the slowest rank; rank 0 "
+                "%.3f ms)  time / floor = %.3f\n",
+                m.floor.ms, static_cast<long long>(m.floor.rows_max),
+                static_cast<long long>(m.floor.rows_total), m.floor.gflops, m.floor.ms_rank0,
+                ratio);
     row["floor_ms"] = m.floor.ms;
     row["floor_ms_rank0"] = m.floor.ms_rank0;
     row["floor_gflops"] = m.floor.gflops;
-    row["floor_rows"] = m.floor.rows;
+    row["floor_rows"] = m.floor.rows_max;
+    row["floor_rows_total"] = m.floor.rows_total;
     row["time_over_floor"] = ratio;
     std::printf("  memory: peak resident %.1f MiB (rank 0 %.1f MiB); the layer holds %.1f MiB "
                 "per rank\n",

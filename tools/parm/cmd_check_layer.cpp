@@ -13,6 +13,7 @@ struct CheckLayerFlags {
   double tolerance = 0;  // 0: the default of the precision
   float dl_aux = 0.5f;
   std::string dump;
+  bool force_ties = false;
 };
 
 int run_check_layer(const CheckLayerFlags& f) {
@@ -47,14 +48,17 @@ int run_check_layer(const CheckLayerFlags& f) {
     o.precision = precision;
     o.dl_aux = f.dl_aux;
     o.dump_dir = f.dump;
+    o.force_ties = f.force_ties;
     const LayerCheckResult r = check_layer(*topo, o);
     all_ok = all_ok && r.passed;
     if (!root) continue;
-    std::printf("\n%s%s: %s (oracle gates %s; %lld choices dropped; routing %s)\n",
+    std::printf("\n%s%s: %s (oracle gates %s; %lld choices dropped; %lld tokens routed by "
+                "the tie rule; routing %s)\n",
                 schedule::kind_name(kind),
                 fuse && kind != schedule::Kind::kBaseline ? " (fused)" : "", r.passed ? "PASS" : "FAIL",
                 r.oracle_slices > 1 ? "each MP slice separately" : "all T tokens at once",
                 static_cast<long long>(r.dropped_choices),
+                static_cast<long long>(r.tie_decided_tokens),
                 r.routing_matches ? "identical" : "DIFFERS");
     std::printf("  %-8s %12s %12s  %s\n", "tensor", "max_abs", "max_rel", "");
     for (const auto& e : r.errors)
@@ -79,7 +83,13 @@ Command add_check_layer(CLI::App& root) {
                   "largest allowed max|error| / max|oracle| (default 2e-4 at fp32, 2e-2 at "
                   "bf16)");
   app->add_option("--dl-aux", f->dl_aux, "gradient of the loss with respect to l_aux");
-  app->add_option("--dump", f->dump, "write .npy files and manifest.json into this folder");
+  app->add_option("--dump", f->dump,
+                  "write .npy files and manifest.json into this folder: inputs of every MP "
+                  "group, parameters, results, gradients and routing (moe/layer_check.h)");
+  app->add_flag("--force-ties", f->force_ties,
+                "zero the gate weights of experts 0 and E-1, so that their probabilities are "
+                "bitwise equal for every token and the tie rule (lower expert index) decides "
+                "the routing of many");
   return {app, [f] { return run_check_layer(*f); }};
 }
 
