@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -187,6 +188,18 @@ bool accepted_or_refused(Fn&& attempt, const std::string& what, int& other_error
                   << ": " << e.what();
     return false;
   }
+}
+
+// Prints how `cases` inputs fared and checks it: none failed otherwise than with
+// InvalidConfig, most were refused (the mutations reach the checks) and some were accepted
+// (harmless ones still load).
+inline void expect_outcomes(const char* reader, int cases, int accepted, int refused,
+                            int other) {
+  std::printf("%s fuzz: %d cases, %d accepted, %d refused, %d other errors\n", reader, cases,
+              accepted, refused, other);
+  EXPECT_EQ(other, 0);
+  EXPECT_GT(refused, cases / 2);
+  EXPECT_GT(accepted, 0);
 }
 
 }  // namespace parm::fuzz

@@ -191,11 +191,7 @@ TEST(FuzzCheckpoint, MutatedCheckpointsAreRefusedOrLoadValidState) {
       ++refused;
     }
   }
-  std::printf("checkpoint fuzz: %d cases, %d loaded, %d refused, %d other errors\n", kCases,
-              accepted, refused, other);
-  EXPECT_EQ(other, 0);
-  EXPECT_GT(refused, kCases / 2);  // the mutations reach the checks
-  EXPECT_GT(accepted, 0);          // and harmless ones still load
+  fuzz::expect_outcomes("checkpoint", kCases, accepted, refused, other);
 }
 
 }  // namespace

@@ -21,19 +21,9 @@ namespace {
 namespace fs = std::filesystem;
 
 model::ModelConfig small_config(uint64_t seed) {
-  model::ModelConfig c;
-  c.seq_len = 8;
-  c.num_heads = 4;
-  c.model_dim = 16;
-  c.num_layers = 2;
-  c.moe_every = 2;
-  c.ffn_hidden = 32;
-  c.experts = 4;
-  c.expert_hidden = 16;
-  c.topk = 2;
-  c.capacity_factor = "4.0";
-  c.seed = seed;
-  return c;
+  return {.seq_len = 8, .model_dim = 16, .num_heads = 4, .num_layers = 2, .ffn_hidden = 32,
+          .moe_every = 2, .experts = 4, .expert_hidden = 16, .topk = 2,
+          .capacity_factor = "4.0", .seed = seed};
 }
 
 // A sharded layout of this world size (mp and esp split tensors; 1 rank: nothing to split).
@@ -80,12 +70,24 @@ bool same_bits(const Tensor& a, const Tensor& b) {
          std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())) == 0;
 }
 
-TEST(Checkpoint, SaveAndLoadGoOverTheWorldCommunicatorBitExact) {
-  auto topo = sharded_topology();
-  Communicator& world = topo->host_comm(Group::kWorld);
-  const std::string dir = shared_folder(world);
+// Two models on a sharded layout (a saves, b loads) and a save dir every rank names alike.
+class Checkpoint : public ::testing::Test {
+ protected:
+  Checkpoint()
+      : topo(sharded_topology()), world(topo->host_comm(Group::kWorld)),
+        dir(shared_folder(world)), a(make(*topo, 1)), b(make(*topo, 2)) {}
+  ~Checkpoint() override {
+    world.barrier();
+    if (world.rank() == 0) fs::remove_all(dir);
+  }
+  std::unique_ptr<Topology> topo;
+  Communicator& world;
+  const std::string dir;
   const nlohmann::json cfg = {{"seed", 1}};
-  Trained a = make(*topo, 1), b = make(*topo, 2);
+  Trained a, b;
+};
+
+TEST_F(Checkpoint, SaveAndLoadGoOverTheWorldCommunicatorBitExact) {
   const size_t num_tensors = 3 * a.model->params().size();
 
   topo->reset_stats();
@@ -108,18 +110,11 @@ TEST(Checkpoint, SaveAndLoadGoOverTheWorldCommunicatorBitExact) {
     EXPECT_TRUE(same_bits(a.opt->second_moments()[i], b.opt->second_moments()[i])) << name;
     EXPECT_TRUE(std::signbit(b.model->params()[i]->value[0])) << name << ": -0.0 lost its sign";
   }
-  world.barrier();
-  if (world.rank() == 0) fs::remove_all(dir);
 }
 
 // A manifest whose `bytes` says more than the shape holds, with a file of that size and a
 // matching checksum: the loader used to copy the whole file into the shape-sized buffer.
-TEST(Checkpoint, BytesThatDisagreeWithTheShapeAreRefusedOnEveryRank) {
-  auto topo = sharded_topology();
-  Communicator& world = topo->host_comm(Group::kWorld);
-  const std::string dir = shared_folder(world);
-  const nlohmann::json cfg = {{"seed", 1}};
-  Trained a = make(*topo, 1), b = make(*topo, 2);
+TEST_F(Checkpoint, BytesThatDisagreeWithTheShapeAreRefusedOnEveryRank) {
   const std::string folder =
       save_checkpoint(*topo, dir, a.model->params(), *a.opt, {7, 24, cfg});
   b.opt->set_steps_taken(9);
@@ -148,8 +143,6 @@ TEST(Checkpoint, BytesThatDisagreeWithTheShapeAreRefusedOnEveryRank) {
   for (size_t i = 0; i < b.model->params().size(); ++i)
     EXPECT_FALSE(same_bits(a.opt->first_moments()[i], b.opt->first_moments()[i]));
   EXPECT_EQ(b.opt->steps_taken(), 9);
-  world.barrier();
-  if (world.rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace
