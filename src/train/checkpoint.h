@@ -1,9 +1,10 @@
 // Layout-independent checkpoints: a manifest plus whole (unsharded) tensors — parameters and
 // AdamW moments — with names, shapes and checksums, plus the step, the optimizer's step count
 // and the data position (the format: train/checkpoint_manifest.h). All traffic goes over the
-// world group's host communicator (counted, and bounded by its deadline). Written so that a crash never leaves a checkpoint that looks
-// complete: every file goes into `step-NNNNNNNN.tmp/`, the manifest last, then the folder is
-// renamed to `step-NNNNNNNN/` and the `latest` file (written atomically) names it.
+// world group's host communicator (counted, and bounded by its deadline). Written so that a
+// crash never leaves a checkpoint that looks complete: every file goes into
+// `step-NNNNNNNN.tmp/`, the manifest last, then the folder is renamed to `step-NNNNNNNN/` and
+// the `latest` file (written atomically) names it.
 #pragma once
 
 #include <cstdint>

@@ -51,15 +51,15 @@ class Section {
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!v.is_number()) return false;
       const double d = v.get<double>();
-      return std::isfinite(d) && std::fabs(d) <= static_cast<double>(std::numeric_limits<T>::max());
+      return std::isfinite(d) && std::fabs(d) <= double{std::numeric_limits<T>::max()};
     } else {
       static_assert(std::is_integral_v<T>);
       if (!v.is_number_integer()) return false;
-      if (v.is_number_unsigned())
-        return v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+      const auto max = static_cast<uint64_t>(std::numeric_limits<T>::max());
+      if (v.is_number_unsigned()) return v.get<uint64_t>() <= max;
       const int64_t i = v.get<int64_t>();
-      return i >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-             (i < 0 || static_cast<uint64_t>(i) <= static_cast<uint64_t>(std::numeric_limits<T>::max()));
+      return i < 0 ? i >= static_cast<int64_t>(std::numeric_limits<T>::min())
+                   : static_cast<uint64_t>(i) <= max;
     }
   }
   template <typename T>
