@@ -90,12 +90,6 @@ using RequestPtr = std::unique_ptr<Request>;
 // Waits for all; throws the first failure after trying the rest.
 void wait_all(std::vector<RequestPtr>& requests);
 
-// Timing helpers over every rank of the job (MPI_COMM_WORLD), outside any group's counters:
-// a barrier before a timed region, and the element-wise max of per-rank times (the slowest
-// rank sets the pace of a collective step).
-void barrier_world();
-std::vector<double> max_over_world(std::vector<double> values);
-
 // Point-to-point tags at and above this value belong to the fused collectives; the one just
 // below it to the metadata exchange (src/comm/metadata.h).
 constexpr int kFusedTagBase = 16384;
@@ -197,5 +191,10 @@ class Communicator {
     alltoall(send, recv, count, dtype_of<T>());
   }
 };
+
+// The element-wise max of per-rank values over the ranks of `c` (for timings, the world
+// group's host communicator: the slowest rank sets the pace of a collective step). An
+// allreduce on `c`, counted and bounded like any other.
+std::vector<double> max_over_ranks(Communicator& c, std::vector<double> values);
 
 }  // namespace parm

@@ -1,9 +1,6 @@
-#include <mpi.h>
-
 #include <exception>
 
 #include "parm/comm.h"
-#include "comm/mpi_check.h"
 #include "parm/error.h"
 
 namespace parm {
@@ -78,11 +75,8 @@ void wait_all(std::vector<RequestPtr>& requests) {
   if (first) std::rethrow_exception(first);
 }
 
-void barrier_world() { PARM_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
-
-std::vector<double> max_over_world(std::vector<double> values) {
-  PARM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
-                               MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+std::vector<double> max_over_ranks(Communicator& c, std::vector<double> values) {
+  c.allreduce(values.data(), values.size(), ReduceOp::kMax);
   return values;
 }
 

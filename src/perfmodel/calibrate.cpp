@@ -1,6 +1,5 @@
 #include "perfmodel/calibrate.h"
 
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <thread>
 
 #include "comm/fused.h"
+#include "comm/process.h"
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
 #include "parm/stats.h"
@@ -30,11 +30,7 @@ nlohmann::json describe_machine() {
       cpu.erase(0, cpu.find_first_not_of(" \t"));
       break;
     }
-  char mpi[MPI_MAX_LIBRARY_VERSION_STRING] = {};
-  int len = 0;
-  MPI_Get_library_version(mpi, &len);
-  std::string mpi_line(mpi, static_cast<size_t>(len));
-  mpi_line = mpi_line.substr(0, mpi_line.find_first_of(",\n"));
+  const std::string mpi_line = process::mpi_library();
   char date[32] = {};
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
@@ -53,16 +49,16 @@ namespace {
 // Times `fn` on every rank at once (after a world barrier), warmup + iters times; returns
 // the median over iterations of the slowest rank's time.
 template <typename Fn>
-double time_all_ranks(int warmup, int iters, Fn&& fn) {
+double time_all_ranks(Communicator& world, int warmup, int iters, Fn&& fn) {
   std::vector<double> t;
   for (int it = 0; it < warmup + iters; ++it) {
-    barrier_world();
+    world.barrier();
     const double t0 = now_us();
     fn();
     const double dt = now_us() - t0;
     if (it >= warmup) t.push_back(dt);
   }
-  return median(max_over_world(t));
+  return median(max_over_ranks(world, t));
 }
 
 // True when every instance of group g lies in one node.
@@ -114,6 +110,7 @@ struct Logger {
 void calibrate_link(Topology& topo, Group g, Link link, const std::string& source,
                     const CalibrateOptions& o, Calibration& cal, const Logger& log) {
   Communicator& c = topo.comm(g);
+  Communicator& world = topo.host_comm(Group::kWorld);
   const int n = c.size();
   for (CommOp op : kModelOps) {
     std::vector<double> xs, ys;
@@ -123,7 +120,7 @@ void calibrate_link(Topology& topo, Group g, Link link, const std::string& sourc
       if (count == 0) continue;
       const size_t total = op == CommOp::kAllReduce ? count : count * static_cast<size_t>(n);
       std::vector<float> send(total, 1.0f), recv(total, 0.0f);
-      const double us = time_all_ranks(o.warmup, o.iters, [&] { run_op(c, op, count, send, recv); });
+      const double us = time_all_ranks(world, o.warmup, o.iters, [&] { run_op(c, op, count, send, recv); });
       const double real = static_cast<double>(total * sizeof(float));
       const double bus = bus_bytes(op, n, op == CommOp::kAllReduce ? real : real / n);
       xs.push_back(bus);
@@ -157,6 +154,7 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
                      const Logger& log) {
   Communicator& ep = topo.comm(Group::kEp);
   Communicator& esp = topo.comm(Group::kEsp);
+  Communicator& world = topo.host_comm(Group::kWorld);
   FusedFit& ff = cal.profile.fused;
   if (ep.size() < 2 || esp.size() < 2) {
     ff = FusedFit{};
@@ -181,7 +179,7 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
       for (int it = 0; it < o.warmup + o.iters; ++it) {
         double t[3];
         for (int op = 0; op < 3; ++op) {
-          barrier_world();
+          world.barrier();
           const double t0 = now_us();
           if (dispatch) {
             if (op == 0) fused_dispatch(ep, esp, a.data(), b.data(), block, W);
@@ -199,7 +197,9 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
         t1.push_back(t[1]);
         t2.push_back(t[2]);
       }
-      auto slowest_median = [](std::vector<double> v) { return median(max_over_world(v)); };
+      auto slowest_median = [&](std::vector<double> v) {
+        return median(max_over_ranks(world, std::move(v)));
+      };
       const double f = slowest_median(tf), p1 = slowest_median(t1), p2 = slowest_median(t2);
       // Stages in pipeline order: dispatch = ep alltoall, esp allgather; combine = esp
       // reduce_scatter, ep alltoall.
@@ -263,7 +263,7 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
       ff.r2, ff.samples, meas.empty() ? 0.0 : ratio_sum / static_cast<double>(meas.size()));
 }
 
-void calibrate_gemm(const CalibrateOptions& o, Calibration& cal, const Logger& log) {
+void calibrate_gemm(Communicator& world, const CalibrateOptions& o, Calibration& cal, const Logger& log) {
   struct Shape {
     bool ta, tb;
     int64_t m, n, k;
@@ -298,7 +298,7 @@ void calibrate_gemm(const CalibrateOptions& o, Calibration& cal, const Logger& l
       for (auto& v : a) v = static_cast<float>(rng.normal());
       for (auto& v : b) v = static_cast<float>(rng.normal());
       const bool acc = s.ta;  // the weight gradients accumulate, as in the executor
-      const double us = time_all_ranks(1, o.gemm_iters, [&] {
+      const double us = time_all_ranks(world, 1, o.gemm_iters, [&] {
         cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, a.data(), b.data(), out.data(), acc);
       });
       const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
@@ -327,7 +327,7 @@ void calibrate_gemm(const CalibrateOptions& o, Calibration& cal, const Logger& l
   }
 }
 
-void calibrate_memory(const CalibrateOptions& o, Calibration& cal, const Logger& log) {
+void calibrate_memory(Communicator& world, const CalibrateOptions& o, Calibration& cal, const Logger& log) {
   const int64_t cols = 256;
   for (MemClass mc : {MemClass::kCopy, MemClass::kGelu}) {
     std::vector<double> xs, ys;
@@ -341,11 +341,11 @@ void calibrate_memory(const CalibrateOptions& o, Calibration& cal, const Logger&
       const double bytes = 2.0 * static_cast<double>(n) * sizeof(float);
       double us = 0.0;
       if (mc == MemClass::kCopy) {
-        us = time_all_ranks(1, o.iters, [&] {
+        us = time_all_ranks(world, 1, o.iters, [&] {
           cpu::gather_rows(src.data(), cols, idx.data(), rows, dst.data());
         });
       } else {
-        us = time_all_ranks(1, o.iters, [&] {
+        us = time_all_ranks(world, 1, o.iters, [&] {
           cpu::bias_gelu(src.data(), bias.data(), act.data(), rows, cols);
         });
       }
@@ -416,9 +416,9 @@ Calibration calibrate(Topology& topo, const CalibrateOptions& o,
   log("fused collectives ({} chunks):", o.chunks);
   calibrate_fused(topo, o, cal, log);
   log("GEMM (all ranks at once, as in the layer):");
-  calibrate_gemm(o, cal, log);
+  calibrate_gemm(topo.host_comm(Group::kWorld), o, cal, log);
   log("memory-bound kernels:");
-  calibrate_memory(o, cal, log);
+  calibrate_memory(topo.host_comm(Group::kWorld), o, cal, log);
   return cal;
 }
 

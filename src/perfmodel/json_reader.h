@@ -61,16 +61,21 @@ class JsonReader {
     return number_value(at(parent, path, key), join(path, key), min, min_inclusive, max);
   }
 
-  int64_t integer_value(const nlohmann::json& v, const std::string& full, int64_t min) const {
+  // A whole number in [min, max] (1.0 and "1" are not whole numbers).
+  int64_t integer_value(const nlohmann::json& v, const std::string& full, int64_t min,
+                        int64_t max = INT64_MAX) const {
     if (!v.is_number_integer())
       fail("'{}' must be a whole number, got {}", full, v.dump());
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max))
+      fail("'{}' = {} is out of range: it must be <= {}", full, v.dump(), max);
     const int64_t i = v.get<int64_t>();
-    if (i < min) fail("'{}' = {} is out of range: it must be >= {}", full, i, min);
+    if (i < min || i > max)
+      fail("'{}' = {} is out of range: it must be in [{}, {}]", full, i, min, max);
     return i;
   }
   int64_t integer(const nlohmann::json& parent, const std::string& path, const std::string& key,
-                  int64_t min) const {
-    return integer_value(at(parent, path, key), join(path, key), min);
+                  int64_t min, int64_t max = INT64_MAX) const {
+    return integer_value(at(parent, path, key), join(path, key), min, max);
   }
 
   std::string text(const nlohmann::json& parent, const std::string& path,

@@ -111,7 +111,7 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
       f.beta_us_per_byte = r.number(e, epath, "beta_us_per_byte", 0.0, true);
       f.r2 = r.number(e, epath, "r2", -INFINITY, true, 1.0);
       f.samples = r.integer(e, epath, "samples", 0);
-      f.group_size = static_cast<int>(r.integer(e, epath, "group_size", 0));
+      f.group_size = static_cast<int>(r.integer(e, epath, "group_size", 0, INT32_MAX));
       f.source = r.text(e, epath, "source");
     }
   }

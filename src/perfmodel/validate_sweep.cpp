@@ -57,7 +57,8 @@ std::vector<Totals> measure_interleaved(Topology& topo, const MoeShape& shape,
     }
   std::vector<Totals> out;
   for (size_t i = 0; i < layers.size(); ++i)
-    out.push_back({median(max_over_world(fwd[i])), median(max_over_world(bwd[i]))});
+    out.push_back(
+        {median(max_over_ranks(world, fwd[i])), median(max_over_ranks(world, bwd[i]))});
   return out;
 }
 

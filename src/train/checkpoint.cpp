@@ -1,50 +1,35 @@
 #include "train/checkpoint.h"
 
-#include <mpi.h>
-#include <sys/stat.h>
-
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <map>
 
-#include "comm/mpi_check.h"
+#include "core/fault.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
+#include "train/checkpoint_manifest.h"
 #include "train/shard.h"
 
 namespace parm::train {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr const char* kFormat = "parm-checkpoint";
-constexpr int kVersion = 1;
-int g_crash_after_files = -1;
-
-std::string fnv1a64(const void* data, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return fmt::format("{:016x}", h);
+// World rank 0's `text` on every rank, over the world communicator.
+std::string broadcast_text(Communicator& world, std::string text) {
+  int64_t len = static_cast<int64_t>(text.size());
+  world.broadcast(&len, 1, DType::kI64, 0);
+  text.resize(static_cast<size_t>(len));
+  world.broadcast(text.data(), text.size(), DType::kU8, 0);
+  return text;
 }
 
 // Rank 0 decides; every rank learns the outcome (so that no rank is left waiting when rank 0
-// refuses a checkpoint).
-void agree(const std::string& error_on_root) {
-  int len = static_cast<int>(error_on_root.size());
-  PARM_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD));
-  if (len == 0) return;
-  std::string msg(static_cast<size_t>(len), ' ');
-  if (!error_on_root.empty()) msg = error_on_root;
-  PARM_MPI_CHECK(MPI_Bcast(msg.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD));
-  throw InvalidConfig(msg);
+// refuses a checkpoint) and throws the same InvalidConfig.
+void agree(Communicator& world, const std::string& error_on_root) {
+  const std::string error = broadcast_text(world, error_on_root);
+  if (!error.empty()) throw InvalidConfig(error);
 }
 
 struct Entry {
-  std::string name, kind, file;
+  TensorSpec spec;
   Tensor* local;
   const model::Param* param;
 };
@@ -53,35 +38,30 @@ std::vector<Entry> entries(const std::vector<model::Param*>& params, AdamW& opt)
   std::vector<Entry> out;
   for (size_t i = 0; i < params.size(); ++i) {
     auto* p = params[i];
-    const std::string base = fmt::format("{:04d}", i);
-    out.push_back({p->name, "param", "tensors/" + base + ".param.bin", &p->value, p});
-    out.push_back({p->name, "adam_m", "tensors/" + base + ".adam_m.bin", &opt.first_moments()[i], p});
-    out.push_back({p->name, "adam_v", "tensors/" + base + ".adam_v.bin", &opt.second_moments()[i], p});
+    const std::string base = fmt::format("tensors/{:04d}", i);
+    auto add = [&](const char* kind, Tensor* local) {
+      out.push_back({{p->name, kind, p->whole_shape, fmt::format("{}.{}.bin", base, kind)},
+                     local, p});
+    };
+    add("param", &p->value);
+    add("adam_m", &opt.first_moments()[i]);
+    add("adam_v", &opt.second_moments()[i]);
   }
   return out;
 }
 
-std::string resolve(const std::string& path) {
-  if (fs::exists(fs::path(path) / "manifest.json")) return path;
-  const fs::path latest = fs::path(path) / "latest";
-  if (fs::exists(latest)) {
-    std::string name = read_file(latest.string());
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    return (fs::path(path) / name).string();
-  }
-  throw InvalidConfig(fmt::format(
-      "no checkpoint at {}: expected a checkpoint folder with manifest.json or a save dir "
-      "with a `latest` file",
-      path));
+std::vector<TensorSpec> specs(const std::vector<Entry>& es) {
+  std::vector<TensorSpec> out;
+  for (const Entry& e : es) out.push_back(e.spec);
+  return out;
 }
 
 }  // namespace
 
-void set_checkpoint_crash_after_files(int n) { g_crash_after_files = n; }
-
 std::string save_checkpoint(Topology& topo, const std::string& save_dir,
                             const std::vector<model::Param*>& params, AdamW& optimizer,
                             const CheckpointState& state) {
+  Communicator& world = topo.host_comm(Group::kWorld);
   const bool root = topo.world_rank() == 0;
   const std::string name = fmt::format("step-{:08d}", state.step);
   const fs::path final_dir = fs::path(save_dir) / name;
@@ -96,140 +76,94 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
       error = fmt::format("cannot create checkpoint folder {}: {}", tmp_dir.string(), e.what());
     }
   }
-  agree(error);
+  agree(world, error);
   nlohmann::json tensors = nlohmann::json::array();
   int written = 0;
   for (const Entry& e : entries(params, optimizer)) {
     const Tensor whole = gather_whole(topo, *e.param, *e.local);
     if (!root) continue;
-    if (g_crash_after_files >= 0 && written >= g_crash_after_files)
-      throw Error(fmt::format("simulated crash while saving {} (test hook)", name));
+    fault::before_checkpoint_file(written, name);
     const size_t bytes = static_cast<size_t>(whole.bytes());
-    write_file_atomic((tmp_dir / e.file).string(),
+    write_file_atomic((tmp_dir / e.spec.file).string(),
                       std::string(reinterpret_cast<const char*>(whole.data()), bytes));
     ++written;
-    tensors.push_back({{"name", e.name}, {"kind", e.kind}, {"file", e.file},
-                       {"shape", e.param->whole_shape}, {"dtype", "float32"}, {"bytes", bytes},
-                       {"fnv1a64", fnv1a64(whole.data(), bytes)}});
+    tensors.push_back(tensor_entry(e.spec, whole.data()));
   }
   if (root) {
-    const nlohmann::json manifest = {{"format", kFormat},
-                                     {"version", kVersion},
-                                     {"step", state.step},
-                                     {"optimizer_steps", optimizer.steps_taken()},
-                                     {"data_position", state.data_position},
-                                     {"model_config", state.model_config},
-                                     {"saved_from_layout",
-                                      {{"world", topo.layout().world},
-                                       {"mp", topo.layout().mp},
-                                       {"ep", topo.layout().ep},
-                                       {"esp", topo.layout().esp}}},
-                                     {"tensors", tensors}};
-    write_file_atomic((tmp_dir / "manifest.json").string(), manifest.dump(1) + "\n");
+    const Layout& l = topo.layout();
+    Manifest header;
+    header.step = state.step;
+    header.optimizer_steps = optimizer.steps_taken();
+    header.data_position = state.data_position;
+    header.model_config = state.model_config;
+    const nlohmann::json layout = {{"world", l.world}, {"mp", l.mp}, {"ep", l.ep}, {"esp", l.esp}};
+    write_file_atomic((tmp_dir / "manifest.json").string(),
+                      manifest_json(header, layout, std::move(tensors)).dump(1) + "\n");
     std::error_code ec;
     fs::remove_all(final_dir, ec);
     fs::rename(tmp_dir, final_dir);
     write_file_atomic((fs::path(save_dir) / "latest").string(), name + "\n");
   }
-  PARM_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  world.barrier();
   return final_dir.string();
 }
 
 CheckpointState load_checkpoint(Topology& topo, const std::string& path,
                                 const std::vector<model::Param*>& params, AdamW& optimizer,
                                 const nlohmann::json& model_config) {
+  Communicator& world = topo.host_comm(Group::kWorld);
   const bool root = topo.world_rank() == 0;
-  std::string error, dir;
-  nlohmann::json manifest;
+  const std::vector<Entry> es = entries(params, optimizer);
+  std::string error, folder;
+  Manifest manifest;
   if (root) {
+    // Every field checked against every other, the model and the files' sizes, before any
+    // tensor data is read.
     try {
-      dir = resolve(path);
-      try {
-        manifest = nlohmann::json::parse(read_file((fs::path(dir) / "manifest.json").string()));
-      } catch (const nlohmann::json::exception& e) {
-        throw InvalidConfig(fmt::format("{}/manifest.json is not valid JSON: {}", dir, e.what()));
-      }
-      if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
-        throw InvalidConfig(fmt::format(
-            "{}/manifest.json is not a {} version {} manifest (format '{}', version {})", dir,
-            kFormat, kVersion, manifest.value("format", "?"), manifest.value("version", 0)));
-      const auto& saved = manifest.at("model_config");
-      for (const auto& [key, value] : model_config.items())
-        if (!saved.contains(key) || saved.at(key) != value)
-          throw InvalidConfig(fmt::format(
-              "checkpoint {} was saved for a different model: model.{} is {} there but {} now",
-              dir, key, saved.contains(key) ? saved.at(key).dump() : "missing", value.dump()));
-      // Every tensor: present, right shape, complete, intact.
-      std::map<std::string, nlohmann::json> by_key;
-      for (const auto& t : manifest.at("tensors"))
-        by_key[t.at("name").get<std::string>() + "/" + t.at("kind").get<std::string>()] = t;
-      for (const Entry& e : entries(params, optimizer)) {
-        const auto it = by_key.find(e.name + "/" + e.kind);
-        if (it == by_key.end())
-          throw InvalidConfig(fmt::format("checkpoint {} has no {} of parameter {}", dir, e.kind,
-                                          e.name));
-        const auto& t = it->second;
-        if (t.at("shape").get<Shape>() != e.param->whole_shape)
-          throw InvalidConfig(fmt::format("checkpoint {}: {} of {} has shape {}, the model needs {}",
-                                          dir, e.kind, e.name, t.at("shape").dump(),
-                                          shape_str(e.param->whole_shape)));
-        const fs::path file = fs::path(dir) / t.at("file").get<std::string>();
-        if (!fs::exists(file) || fs::file_size(file) != t.at("bytes").get<uint64_t>())
-          throw InvalidConfig(fmt::format(
-              "checkpoint {}: {} is missing or truncated ({} bytes, manifest says {})", dir,
-              file.string(), fs::exists(file) ? fs::file_size(file) : 0,
-              t.at("bytes").get<uint64_t>()));
-        by_key.erase(it);
-      }
-      if (!by_key.empty())
-        throw InvalidConfig(fmt::format("checkpoint {} holds tensors this model does not have, "
-                                        "e.g. {}",
-                                        dir, by_key.begin()->first));
+      folder = resolve_checkpoint_folder(path);
+      manifest = validate_manifest(read_manifest_json(folder), folder, specs(es), model_config,
+                                   file_sizes_in(folder));
     } catch (const InvalidConfig& e) {
       error = e.what();
     } catch (const std::exception& e) {
       error = fmt::format("cannot read checkpoint {}: {}", path, e.what());
     }
   }
-  agree(error);
+  agree(world, error);
+  const nlohmann::json header = nlohmann::json::parse(broadcast_text(
+      world, root ? nlohmann::json{{"step", manifest.step},
+                                   {"optimizer_steps", manifest.optimizer_steps},
+                                   {"data_position", manifest.data_position},
+                                   {"model_config", manifest.model_config}}
+                        .dump()
+                  : std::string()));
 
   // Tensors: rank 0 reads and checks each whole tensor, every rank takes its shard.
-  std::string text = root ? manifest.dump() : std::string();
-  int len = static_cast<int>(text.size());
-  PARM_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD));
-  text.resize(static_cast<size_t>(len));
-  PARM_MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD));
-  manifest = nlohmann::json::parse(text);
-  std::map<std::string, nlohmann::json> by_key;
-  for (const auto& t : manifest.at("tensors"))
-    by_key[t.at("name").get<std::string>() + "/" + t.at("kind").get<std::string>()] = t;
   std::vector<std::pair<Tensor*, Tensor>> loaded;
-  for (const Entry& e : entries(params, optimizer)) {
-    const auto& t = by_key.at(e.name + "/" + e.kind);
-    Tensor whole(e.param->whole_shape);
+  for (size_t i = 0; i < es.size(); ++i) {
+    const Entry& e = es[i];
+    Tensor whole(e.spec.shape);
     error.clear();
     if (root) {
-      const std::string file = (fs::path(dir) / t.at("file").get<std::string>()).string();
-      const std::string bytes = read_file(file);
-      if (fnv1a64(bytes.data(), bytes.size()) != t.at("fnv1a64").get<std::string>())
-        error = fmt::format("checkpoint {}: {} is corrupt (checksum mismatch)", dir, file);
-      else
-        std::memcpy(whole.data(), bytes.data(), bytes.size());  // size checked above
+      try {
+        read_tensor_file(folder, manifest.tensors[i], whole);
+      } catch (const InvalidConfig& ex) {
+        error = ex.what();
+      }
     }
-    agree(error);
-    PARM_MPI_CHECK(MPI_Bcast(whole.data(), static_cast<int>(whole.numel()), MPI_FLOAT, 0,
-                             MPI_COMM_WORLD));
+    agree(world, error);
+    world.broadcast(whole.data(), static_cast<size_t>(whole.numel()), DType::kF32, 0);
     Tensor local(e.local->shape());
     model::copy_shard_from_whole(whole, e.param->splits, local);
     loaded.emplace_back(e.local, std::move(local));
   }
   // Only now, with everything verified, overwrite the model and the optimizer.
   for (auto& [t, v] : loaded) t->copy_from(v);
-  optimizer.set_steps_taken(manifest.at("optimizer_steps").get<int64_t>());
+  optimizer.set_steps_taken(header.at("optimizer_steps").get<int64_t>());
   CheckpointState st;
-  st.step = manifest.at("step").get<int64_t>();
-  st.data_position = manifest.at("data_position").get<int64_t>();
-  st.model_config = manifest.at("model_config");
+  st.step = header.at("step").get<int64_t>();
+  st.data_position = header.at("data_position").get<int64_t>();
+  st.model_config = header.at("model_config");
   return st;
 }
 

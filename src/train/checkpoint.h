@@ -1,8 +1,10 @@
 // Layout-independent checkpoints: a manifest plus whole (unsharded) tensors — parameters and
 // AdamW moments — with names, shapes and checksums, plus the step, the optimizer's step count
-// and the data position. Written so that a crash never leaves a checkpoint that looks
-// complete: every file goes into `step-NNNNNNNN.tmp/`, the manifest last, then the folder is
-// renamed to `step-NNNNNNNN/` and the `latest` file (written atomically) names it.
+// and the data position (the format: train/checkpoint_manifest.h). All traffic goes over the
+// world group's host communicator (counted, and bounded by its deadline). Written so that a
+// crash never leaves a checkpoint that looks complete: every file goes into
+// `step-NNNNNNNN.tmp/`, the manifest last, then the folder is renamed to `step-NNNNNNNN/` and
+// the `latest` file (written atomically) names it.
 #pragma once
 
 #include <cstdint>
@@ -28,14 +30,12 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
                             const CheckpointState& state);
 
 // `path` is a checkpoint folder, or a save dir (then its `latest` checkpoint). Collective.
-// Validates everything before touching the model: format and version, the model config,
-// every tensor's presence, shape, size and checksum. Throws InvalidConfig with a message
-// naming the file and the problem, identically on every rank.
+// World rank 0 validates every manifest field (validate_manifest) before reading a byte of
+// tensor data, then reads, checks (size, checksum) and broadcasts one tensor at a time; the
+// model and optimizer are overwritten only when all of them passed. Throws InvalidConfig
+// naming the file, the tensor and the field, identically on every rank.
 CheckpointState load_checkpoint(Topology& topo, const std::string& path,
                                 const std::vector<model::Param*>& params, AdamW& optimizer,
                                 const nlohmann::json& model_config);
-
-// For tests: stop the save after `n` tensor files (simulates a crash mid-save) by throwing.
-void set_checkpoint_crash_after_files(int n);
 
 }  // namespace parm::train

@@ -1,10 +1,7 @@
 #include "train/shard.h"
 
-#include <mpi.h>
-
 #include <climits>
 
-#include "comm/mpi_check.h"
 #include "parm/error.h"
 
 namespace parm::train {
@@ -12,13 +9,14 @@ namespace parm::train {
 Tensor gather_whole(Topology& topo, const model::Param& p, const Tensor& local) {
   const int64_t n = shape_numel(p.whole_shape);
   PARM_CHECK(n <= INT_MAX, "parameter {} too large to gather ({} elements)", p.name, n);
-  // Every element is owned by exactly one rank; the others contribute zeros, so the sum is
-  // the whole tensor, bit for bit.
-  Tensor mine(p.whole_shape);
-  if (model::owns_copy(p, topo)) model::copy_shard_to_whole(local, p.splits, mine);
-  Tensor whole(topo.world_rank() == 0 ? p.whole_shape : Shape{0});
-  PARM_MPI_CHECK(MPI_Reduce(mine.data(), whole.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                            0, MPI_COMM_WORLD));
+  // Every element is owned by exactly one rank; the others contribute zeros. Summed as the
+  // int32 bit patterns of the floats, x + 0 + ... + 0 is x bit for bit (a float sum would
+  // turn -0.0 into +0.0).
+  Tensor whole(p.whole_shape);
+  if (model::owns_copy(p, topo)) model::copy_shard_to_whole(local, p.splits, whole);
+  static_assert(sizeof(float) == sizeof(int32_t));
+  topo.host_comm(Group::kWorld).allreduce(whole.data(), static_cast<size_t>(n), DType::kI32);
+  if (topo.world_rank() != 0) return Tensor(Shape{0});
   return whole;
 }
 

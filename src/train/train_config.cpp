@@ -1,5 +1,7 @@
 #include "train/train_config.h"
 
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "layer/shape.h"
@@ -21,12 +23,12 @@ class Section {
   void get(const char* key, T& field) {
     known_.insert(key);
     if (!j_.contains(key)) return;
-    try {
-      field = j_.at(key).get<T>();
-    } catch (const nlohmann::json::exception&) {
-      throw InvalidConfig(fmt::format("{}.{} has the wrong type: {} (expected {})", where_, key,
-                                      j_.at(key).dump(), type_name<T>()));
-    }
+    const auto& v = j_.at(key);
+    if (!fits<T>(v))
+      throw InvalidConfig(fmt::format("{}.{} has the wrong type or is out of range: {} "
+                                      "(expected {})",
+                                      where_, key, shown(v), type_name<T>()));
+    field = v.get<T>();
   }
   void finish() const {
     for (const auto& [k, v] : j_.items())
@@ -38,11 +40,38 @@ class Section {
   }
 
  private:
+  // True when v converts to T exactly as written: a string, a finite number within T's
+  // range, or a whole number within T's range (2.5 is not an integer, 1e300 not a float).
+  template <typename T>
+  static bool fits(const nlohmann::json& v) {
+    if constexpr (std::is_same_v<T, nlohmann::json>) {
+      return true;
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      return v.is_string();
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!v.is_number()) return false;
+      const double d = v.get<double>();
+      return std::isfinite(d) && std::fabs(d) <= double{std::numeric_limits<T>::max()};
+    } else {
+      static_assert(std::is_integral_v<T>);
+      if (!v.is_number_integer()) return false;
+      const auto max = static_cast<uint64_t>(std::numeric_limits<T>::max());
+      if (v.is_number_unsigned()) return v.get<uint64_t>() <= max;
+      const int64_t i = v.get<int64_t>();
+      return i < 0 ? i >= static_cast<int64_t>(std::numeric_limits<T>::min())
+                   : static_cast<uint64_t>(i) <= max;
+    }
+  }
   template <typename T>
   static const char* type_name() {
     if constexpr (std::is_same_v<T, std::string>) return "a string";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a finite number";
+    else if constexpr (std::is_integral_v<T>) return "a whole number in range";
+    else return "a JSON value";
+  }
+  static std::string shown(const nlohmann::json& v) {
+    std::string s = v.dump();
+    return s.size() > 80 ? s.substr(0, 77) + "..." : s;
   }
   const nlohmann::json& j_;
   std::string where_;

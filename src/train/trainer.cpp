@@ -1,7 +1,5 @@
 #include "train/trainer.h"
 
-#include <signal.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +7,7 @@
 
 #include <fmt/ranges.h>
 
+#include "core/fault.h"
 #include "data/batches.h"
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
@@ -101,7 +100,7 @@ std::string schedule_name(const model::LayerSchedule& s, const TrainConfig& c,
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInjection& faults) {
+TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   validate(cfg);
   TopologyOptions topt;
   topt.mp = cfg.parallel.mp;
@@ -186,12 +185,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
   const std::string schedules_line = fmt::format("{}", fmt::join(result.schedules, ","));
   const double run_t0 = now_us();
   for (; step < cfg.loop.steps; ++step) {
-    if (faults.kill_rank == topo->world_rank() && faults.kill_at_step == step) {
-      std::fprintf(stderr, "parm train: rank %d dies at step %lld (fault injection)\n",
-                   topo->world_rank(), static_cast<long long>(step));
-      std::fflush(stderr);
-      ::raise(SIGKILL);
-    }
+    fault::at_training_step(topo->world_rank(), step);
     const double t0 = now_us();
     for (auto* p : params) p->grad.zero();
     std::vector<model::Batch> batches;
@@ -272,7 +266,6 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose, const FaultInject
                           ((cfg.loop.save_every > 0 && (step + 1) % cfg.loop.save_every == 0) ||
                            last);
     if (save_now) {
-      set_checkpoint_crash_after_files(faults.crash_save_after_files);
       const std::string where = save_checkpoint(*topo, cfg.loop.save_dir, params, opt,
                                                 {step + 1, data_position, model_json});
       if (root && verbose) std::printf("saved %s\n", where.c_str());

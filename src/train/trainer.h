@@ -31,15 +31,8 @@ struct TrainResult {
   std::vector<std::string> schedules;  // per MoE layer, e.g. "s1+fused"
 };
 
-// Test hooks (hidden CLI flags): a rank that dies, a save that crashes.
-struct FaultInjection {
-  int kill_rank = -1;
-  int64_t kill_at_step = -1;
-  int crash_save_after_files = -1;
-};
-
-// Collective over the world. Prints progress on rank 0 when `verbose`.
-TrainResult run_training(const TrainConfig& config, bool verbose,
-                         const FaultInjection& faults = {});
+// Collective over the world. Prints progress on rank 0 when `verbose`. The tests' faults (a
+// rank that dies, a save that crashes) come from PARM_FAULT (core/fault.h).
+TrainResult run_training(const TrainConfig& config, bool verbose);
 
 }  // namespace parm::train

@@ -80,7 +80,7 @@ done
 # (b) Resume is bit-exact; (e) a dying rank ends the job with a message naming it.
 train 4 "$work/full.log" --mp 2 --esp 2 --ep 2 --metrics "$work/full.jsonl" || bad "(b) uninterrupted run"
 rm -rf "$work/ck"
-if train 4 "$work/die.log" --mp 2 --esp 2 --ep 2 --save-dir "$work/ck" --save-every 3 --metrics "$work/part.jsonl" --fail-rank 1 --fail-at-step 4; then
+if PARM_FAULT=kill_rank=1,kill_at_step=4 train 4 "$work/die.log" --mp 2 --esp 2 --ep 2 --save-dir "$work/ck" --save-every 3 --metrics "$work/part.jsonl"; then
   bad "(e) the job with a dying rank exited 0"
 elif grep -q "rank 1" "$work/die.log"; then
   ok "(e) a rank that dies ends the job, named in the output: $(grep -m1 'rank 1' "$work/die.log")"
@@ -130,7 +130,7 @@ expect_refusal "missing corpus" "corpus file:/nonexistent" --corpus file:/nonexi
 # An interrupted save leaves the previous checkpoint usable.
 rm -rf "$work/ck2"
 train 2 "$work/s1.log" --mp 1 --ep 2 --steps 2 --save-dir "$work/ck2" || bad "(d) first save"
-train 2 "$work/s2.log" --mp 1 --ep 2 --steps 4 --save-dir "$work/ck2" --resume --crash-save-after-files 2
+PARM_FAULT=crash_save_after_files=2 train 2 "$work/s2.log" --mp 1 --ep 2 --steps 4 --save-dir "$work/ck2" --resume
 if [ "$(cat "$work/ck2/latest")" = "step-00000002" ] && [ ! -e "$work/ck2/step-00000004" ] &&
    train 2 "$work/s3.log" --mp 1 --ep 2 --steps 4 --save-dir "$work/ck2" --resume; then
   ok "(d) interrupted save: latest still step-00000002 and it resumes"

@@ -53,6 +53,16 @@ TEST(TrainConfig, RefusesBadInputNamingTheKey) {
   expect_refused(R"({"optim": {"lr": 0.001, "min_lr": 0.01}})", "optim.min_lr");
 }
 
+// Values that nlohmann's get<T> would convert silently: fractions to integers, integers
+// wrapped into a narrower type, and out-of-range doubles into floats.
+TEST(TrainConfig, RefusesNumbersThatDoNotFitTheirField) {
+  expect_refused(R"({"train": {"steps": 2.5}})", "train.steps has the wrong type or is out of range");
+  expect_refused(R"({"parallel": {"mp": 4294967297}})", "parallel.mp has the wrong type");
+  expect_refused(R"({"model": {"seed": -1}})", "model.seed has the wrong type");
+  expect_refused(R"({"model": {"aux_loss_coeff": 1e300}})", "model.aux_loss_coeff has the wrong type");
+  expect_refused(R"({"train": {"steps": true}})", "train.steps has the wrong type");
+}
+
 TEST(LearningRate, WarmupThenCosineToMinimum) {
   OptimConfig c;
   c.lr = 1.0;

@@ -1,8 +1,8 @@
 #include "cli_common.h"
 
-#include <mpi.h>
-
 #include <algorithm>
+
+#include "comm/process.h"
 
 namespace parm::cli {
 
@@ -28,16 +28,8 @@ TopologyOptions LayoutFlags::topology() const {
   return o;
 }
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+int world_rank() { return process::world_rank(); }
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+int world_size() { return process::world_size(); }
 
 }  // namespace parm::cli

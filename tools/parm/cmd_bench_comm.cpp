@@ -254,7 +254,7 @@ int run_bench_comm(const BenchCommFlags& f) {
           run_op(c, op, count, b);
           if (it >= f.warmup) times.push_back(now_us() - t0);
         }
-        times = max_over_world(times);
+        times = max_over_ranks(topo->host_comm(Group::kWorld), times);
         int ok = check_op(c, op, count, b) ? 1 : 0;
         world.allreduce(&ok, 1, DType::kI32);
         const bool all_ok = ok == topo->layout().world;
@@ -296,7 +296,7 @@ int run_bench_comm(const BenchCommFlags& f) {
         run_pair(op, ep, esp, f.chunks, b);
         if (it >= f.warmup) times.push_back(now_us() - t0);
       }
-      times = max_over_world(times);
+      times = max_over_ranks(topo->host_comm(Group::kWorld), times);
       int ok = check_pair(op, ep, esp, f.chunks, topo->world_rank(), b) ? 1 : 0;
       world.allreduce(&ok, 1, DType::kI32);
       const bool all_ok = ok == topo->layout().world;

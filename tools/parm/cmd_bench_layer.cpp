@@ -125,9 +125,10 @@ void add_step_times(const std::vector<double>& step_us, const std::vector<moe::P
   }
 }
 
-std::vector<BreakdownRow> breakdown_rows(const MoeLayer& layer, const std::vector<double>& fwd,
+std::vector<BreakdownRow> breakdown_rows(Communicator& world, const MoeLayer& layer,
+                                         const std::vector<double>& fwd,
                                          const std::vector<double>& bwd) {
-  const auto fwd_max = max_over_world(fwd), bwd_max = max_over_world(bwd);
+  const auto fwd_max = max_over_ranks(world, fwd), bwd_max = max_over_ranks(world, bwd);
   std::vector<BreakdownRow> rows;
   const auto& steps = layer.schedule().steps;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -160,10 +161,10 @@ std::vector<BreakdownRow> breakdown_rows(const MoeLayer& layer, const std::vecto
 
 // Every rank times its own expert products (the shapes of the last forward pass) alone, at
 // the same time as the others, as they ran inside the layer.
-Floor measure_floor(MoeLayer& layer, Communicator& world) {
+Floor measure_floor(Communicator& world, MoeLayer& layer) {
   const auto& rows = layer.expert_rows();
   const int64_t M = layer.shape().model_dim, hl = layer.shard_hidden();
-  barrier_world();
+  world.barrier();
   const double us = layer.backend().time_expert_products_us(rows, M, hl, 5);
   double flops = 0;
   int64_t total_rows = 0;
@@ -173,21 +174,22 @@ Floor measure_floor(MoeLayer& layer, Communicator& world) {
   }
   const double ms = us / 1e3;
   const bool root = world_rank() == 0;
-  const auto slowest = max_over_world({ms, root ? ms : 0.0});
+  const auto slowest = max_over_ranks(world, {ms, root ? ms : 0.0});
   // The slowest rank sets the floor; report its rate (ties: the larger value). The rows are
   // properties of the routing alone, the same whichever rank is slowest.
   const bool is_max = ms == slowest[0];
-  const auto at_max =
-      max_over_world({is_max ? flops / us * 1e-3 : 0.0, static_cast<double>(total_rows)});
+  const auto at_max = max_over_ranks(
+      world, {is_max ? flops / us * 1e-3 : 0.0, static_cast<double>(total_rows)});
   int64_t sum_rows = total_rows;
   world.allreduce(&sum_rows, 1);
   return {slowest[0], slowest[1], at_max[0], static_cast<int64_t>(at_max[1]), sum_rows};
 }
 
-Memory measure_memory(const MoeLayer& layer) {
+Memory measure_memory(Communicator& world, const MoeLayer& layer) {
   const double mib = 1024.0 * 1024.0;
   const double rss = static_cast<double>(peak_rss_bytes()) / mib;
-  const auto v = max_over_world(
+  const auto v = max_over_ranks(
+      world,
       {rss, world_rank() == 0 ? rss : 0.0, static_cast<double>(layer.held_bytes()) / mib});
   return {v[1], v[0], v[2]};
 }
@@ -241,11 +243,11 @@ Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind
     add_step_times(layer->forward_step_us(), layer->forward_phases(), 1e-3 / iters, step_fwd);
     add_step_times(layer->backward_step_us(), layer->backward_phases(), 1e-3 / iters, step_bwd);
   }
-  m.fwd = summarize(max_over_world(fwd_ms));
-  m.bwd = summarize(max_over_world(bwd_ms));
-  m.breakdown = breakdown_rows(*layer, step_fwd, step_bwd);
-  m.floor = measure_floor(*layer, world);
-  m.memory = measure_memory(*layer);
+  m.fwd = summarize(max_over_ranks(world, fwd_ms));
+  m.bwd = summarize(max_over_ranks(world, bwd_ms));
+  m.breakdown = breakdown_rows(world, *layer, step_fwd, step_bwd);
+  m.floor = measure_floor(world, *layer);
+  m.memory = measure_memory(world, *layer);
   if (schedule_out != nullptr && keep != nullptr) {
     *schedule_out = &layer->schedule();
     *keep = std::move(layer);

@@ -1,12 +1,11 @@
 // `parm info`: version, build options, GEMM backend, and each rank's resolved groups.
-#include <mpi.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <cstdio>
 
 #include "cli_common.h"
+#include "comm/process.h"
 #include "kernels/cpu/kernels.h"
 
 namespace parm::cli {
@@ -18,11 +17,7 @@ int run_info(const LayoutFlags& flags) {
   auto topo = Topology::create(flags.topology());
   if (topo->world_rank() != 0) return 0;
   const Layout& l = topo->layout();
-  char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING];
-  int len = 0;
-  MPI_Get_library_version(mpi_version, &len);
-  std::string mpi_line(mpi_version, static_cast<size_t>(len));
-  mpi_line = mpi_line.substr(0, mpi_line.find_first_of(",\n"));
+  const std::string mpi_line = process::mpi_library();
 
   std::printf("parm %s (%s build, C++%ld)\n", PARM_VERSION, PARM_BUILD_TYPE, __cplusplus / 100 - 2000);
   std::printf("gemm:   %s\n", cpu::gemm_backend());

@@ -21,7 +21,6 @@ struct TrainFlags {
   std::string device, precision, comm;
   std::string resume;
   CLI::Option* resume_opt = nullptr;
-  train::FaultInjection faults;
 };
 
 train::TrainConfig resolve_config(const std::string& name) {
@@ -72,7 +71,7 @@ int run_train(TrainFlags& f) {
                       "--resume without a folder needs --save-dir (or train.save_dir) to resume "
                       "from its latest checkpoint");
   }
-  train::run_training(c, true, f.faults);
+  train::run_training(c, true);
   return 0;
 }
 
@@ -116,10 +115,6 @@ Command add_train(CLI::App& root) {
   app->add_option("--metrics", f->metrics, "write one JSON line per step to this file");
   app->add_option("--chart", f->chart, "loss-curve SVG (default: <metrics>.svg)");
   app->add_option("--profile", f->profile, "cost-model profile for --schedule auto");
-  // Fault injection for the tests.
-  app->add_option("--fail-rank", f->faults.kill_rank)->group("");
-  app->add_option("--fail-at-step", f->faults.kill_at_step)->group("");
-  app->add_option("--crash-save-after-files", f->faults.crash_save_after_files)->group("");
   return {app, [f] { return run_train(*f); }};
 }
 
