@@ -1,0 +1,100 @@
+// The request state machine (src/comm/tracked_request.h) on the MPI and the staged
+// communicators: a timed-out request stays failed (it rethrows on every later wait and
+// test), a staged request whose host operation timed out never writes into its destination,
+// and the buffers of a failed request are never handed out again, even when the abandoned
+// receive completes later.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/staged_communicator.h"
+#include "mpi_test_util.h"
+#include "parm/error.h"
+
+namespace parm {
+namespace {
+
+constexpr int kLateTag = 4343;  // a receive posted with it has no sender until the test sends
+
+// Expects `call` to throw parm::Timeout whose message is `first` (the same error again).
+template <typename F>
+void expect_same_timeout(F&& call, const std::string& first, const char* what) {
+  try {
+    call();
+    ADD_FAILURE() << what << " returned normally after the request timed out";
+  } catch (const Timeout& e) {
+    EXPECT_EQ(std::string(e.what()), first) << what;
+  }
+}
+
+TEST(Requests, TimedOutMpiReceiveRethrowsOnEveryLaterWaitAndTest) {
+  TopologyOptions o;
+  o.timeout_s = 0.3;
+  auto topo = Topology::create(o);
+  Communicator& world = topo->comm(Group::kWorld);
+  static float sink[16];
+  RequestPtr r = world.irecv(sink, 16, DType::kF32, world.rank(), kLateTag);
+  std::string first;
+  try {
+    r->wait();
+    FAIL() << "a receive without a sender completed";
+  } catch (const Timeout& e) {
+    first = e.what();
+  }
+  EXPECT_NE(first.find("recv of 64 bytes"), std::string::npos) << first;
+  expect_same_timeout([&] { r->wait(); }, first, "a second wait()");
+  expect_same_timeout([&] { (void)r->test(); }, first, "test()");
+  r.reset();
+  // The abandoned receive matches this send (to itself), so nothing stays in flight.
+  topo->set_timeout_s(120.0);
+  const float payload[16] = {};
+  world.send(payload, 16, DType::kF32, world.rank(), kLateTag);
+  world.barrier();
+}
+
+TEST(Requests, TimedOutStagedReceiveNeverWritesItsDestinationNorHandsOutItsBuffer) {
+  TopologyOptions o;
+  o.timeout_s = 0.3;
+  o.stage_host_buffers = true;  // comm(g): StagedCommunicator over host memcpy
+  auto topo = Topology::create(o);
+  auto& staged = dynamic_cast<StagedCommunicator&>(topo->comm(Group::kWorld));
+  Communicator& host = topo->host_comm(Group::kWorld);
+  const size_t count = 16, bytes = count * sizeof(float);
+
+  // Warm the staging pool with a buffer that holds 5s: the receive below takes it.
+  std::vector<float> warm(count, 5.0f);
+  staged.broadcast(warm.data(), count, DType::kF32, 0);
+
+  std::vector<float> dst(count, -1.0f);
+  RequestPtr r = staged.irecv(dst.data(), count, DType::kF32, staged.rank(), kLateTag);
+  std::string first;
+  try {
+    r->wait();
+    FAIL() << "a staged receive without a sender completed";
+  } catch (const Timeout& e) {
+    first = e.what();
+  }
+  expect_same_timeout([&] { r->wait(); }, first, "a second staged wait()");
+  expect_same_timeout([&] { (void)r->test(); }, first, "staged test()");
+  r.reset();
+  for (size_t i = 0; i < count; ++i)
+    ASSERT_EQ(dst[i], -1.0f) << "the timed-out staged receive wrote its destination at " << i;
+
+  // A buffer taken from the pool now must not be the abandoned receive's staging buffer:
+  // the late send below completes that receive, which must not land in it.
+  StagedCommunicator::Buffer taken = staged.take(bytes);
+  auto* t = reinterpret_cast<float*>(taken.data.get());
+  for (size_t i = 0; i < count; ++i) t[i] = 0.0f;
+  topo->set_timeout_s(120.0);
+  const std::vector<float> late(count, 42.0f);
+  host.send(late.data(), count, DType::kF32, host.rank(), kLateTag);
+  host.barrier();
+  for (size_t i = 0; i < count; ++i)
+    EXPECT_EQ(t[i], 0.0f) << "the abandoned receive wrote into a buffer handed out again, at "
+                          << i;
+  staged.give_back(std::move(taken));
+}
+
+}  // namespace
+}  // namespace parm
