@@ -180,15 +180,6 @@ class Communicator {
     s.time_us += time_us;
   }
 
-  // ---- the fused collectives (src/comm/fused.h), called through src/comm/fused_any.h ----
-  // Run by this communicator's backend: the dispatch with this as the ep group, the combine
-  // with this as the esp group. The other groups must be of the same backend (a mixed pair
-  // is refused with parm::Error); the buffers are checked by fused_any.
-  virtual void run_fused_dispatch(Communicator& esp, const float* in, float* out, size_t block,
-                                  int chunks) = 0;
-  virtual void run_fused_combine(Communicator& ep, const float* in, float* out, size_t block,
-                                 int chunks, const MpGatherPart* mp_part) = 0;
-
   // ---- blocking: the non-blocking call, then wait() ----
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum) {
     iallreduce(buf, count, dtype, op)->wait();
@@ -232,23 +223,43 @@ class Communicator {
   }
 
  protected:
-  // The backend's operations, called after the buffers were checked; semantics as above.
-  virtual RequestPtr do_iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
-  virtual RequestPtr do_iallgather(const void* send, void* recv, size_t count,
-                                   DType dtype) = 0;
-  virtual RequestPtr do_ireduce_scatter(const void* send, void* recv, size_t count,
-                                        DType dtype) = 0;
-  virtual RequestPtr do_ialltoall(const void* send, void* recv, size_t count, DType dtype) = 0;
-  virtual RequestPtr do_ialltoallv(const void* send, const size_t* send_counts,
-                                   const size_t* send_displs, void* recv,
-                                   const size_t* recv_counts, const size_t* recv_displs,
-                                   DType dtype) = 0;
-  virtual RequestPtr do_isend(const void* buf, size_t count, DType dtype, int peer, int tag,
-                              bool counted) = 0;
-  virtual RequestPtr do_irecv(void* buf, size_t count, DType dtype, int peer, int tag,
-                              bool counted) = 0;
-  virtual RequestPtr do_ibarrier() = 0;
-  virtual RequestPtr do_ibroadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  // The backend's operations, called after the buffers were checked; semantics as above
+  // (`counted` false: the uncounted variant). Declared here once, for every backend.
+#define PARM_COMMUNICATOR_OPS(QUALIFIERS)                                                    \
+  virtual RequestPtr do_iallreduce(void* buf, size_t count, DType dtype, ReduceOp op)       \
+      QUALIFIERS;                                                                            \
+  virtual RequestPtr do_iallgather(const void* send, void* recv, size_t count, DType dtype) \
+      QUALIFIERS;                                                                            \
+  virtual RequestPtr do_ireduce_scatter(const void* send, void* recv, size_t count,         \
+                                        DType dtype) QUALIFIERS;                             \
+  virtual RequestPtr do_ialltoall(const void* send, void* recv, size_t count, DType dtype)  \
+      QUALIFIERS;                                                                            \
+  virtual RequestPtr do_ialltoallv(const void* send, const size_t* send_counts,             \
+                                   const size_t* send_displs, void* recv,                   \
+                                   const size_t* recv_counts, const size_t* recv_displs,    \
+                                   DType dtype) QUALIFIERS;                                  \
+  virtual RequestPtr do_isend(const void* buf, size_t count, DType dtype, int peer, int tag, \
+                              bool counted) QUALIFIERS;                                      \
+  virtual RequestPtr do_irecv(void* buf, size_t count, DType dtype, int peer, int tag,      \
+                              bool counted) QUALIFIERS;                                      \
+  virtual RequestPtr do_ibarrier() QUALIFIERS;                                               \
+  virtual RequestPtr do_ibroadcast(void* buf, size_t count, DType dtype, int root)          \
+      QUALIFIERS;                                                                            \
+  /* The fused collectives of src/comm/fused.h, run by this backend's implementation: the */ \
+  /* dispatch with this as the ep group, the combine with this as the esp group. The other */\
+  /* groups must be of the same backend (a mixed pair is refused with parm::Error). */       \
+  virtual void run_fused_dispatch(Communicator& esp, const float* in, float* out,           \
+                                  size_t block, int chunks) QUALIFIERS;                      \
+  virtual void run_fused_combine(Communicator& ep, const float* in, float* out, size_t block,\
+                                 int chunks, const MpGatherPart* mp_part) QUALIFIERS;
+  PARM_COMMUNICATOR_OPS(= 0)
+
+  // They check the buffers, then call run_fused_dispatch / run_fused_combine.
+  friend void fused_dispatch_any(Communicator& ep, Communicator& esp, const float* in,
+                                 float* out, size_t block, int chunks);
+  friend void fused_combine_any(Communicator& esp, Communicator& ep, const float* in,
+                                float* out, size_t block, int chunks,
+                                const MpGatherPart* mp_part);
 };
 
 }  // namespace parm

@@ -80,6 +80,13 @@ Timeout timeout_error(int world_rank, const std::string& where, const std::strin
                              where, what, timeout_s, cause));
 }
 
+// MPI_Test: true once MPI reports `req` complete (it then becomes MPI_REQUEST_NULL).
+bool mpi_test(MPI_Request& req) {
+  int flag = 0;
+  PARM_MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+  return flag != 0;
+}
+
 class MpiRequest final : public TrackedRequest, public Recycled<MpiRequest> {
  public:
   MpiRequest(MPI_Request req, MpiCommunicator* comm, CommOp op, double bytes, double bus,
@@ -99,11 +106,7 @@ class MpiRequest final : public TrackedRequest, public Recycled<MpiRequest> {
   }
 
  private:
-  bool poll() override {
-    int flag = 0;
-    PARM_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
-    return flag != 0;
-  }
+  bool poll() override { return mpi_test(req_); }
 
   void watchdog() override {
     if (now_us() > start_us_ + comm_->timeout_s() * 1e6)
@@ -144,11 +147,7 @@ class SetupRequest final : public TrackedRequest {
   ~SetupRequest() override { settle(); }
 
  private:
-  bool poll() override {
-    int flag = 0;
-    PARM_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
-    return flag != 0;
-  }
+  bool poll() override { return mpi_test(req_); }
   void watchdog() override {
     if (now_us() > deadline_us_)
       throw timeout_error(world_rank_, "topology setup", what_, timeout_s_,

@@ -2,6 +2,8 @@
 // completed by polling with a deadline (the watchdog): a collective that does not finish in
 // time throws parm::Timeout naming the rank, group, op and bytes.
 //
+// The fused collectives run fused.h's host pipeline (all groups must be MPI communicators).
+//
 // Host memory only: every buffer is checked with the communicator's SpaceOfFn
 // (host_space_of by default; the topology of a cuda run passes cuda_space_of, so a device
 // pointer is refused instead of handed to MPI).
@@ -48,12 +50,6 @@ class MpiCommunicator final : public Communicator {
   void set_intra_node(bool intra_node) { intra_node_ = intra_node; }
   MPI_Comm mpi_comm() const { return comm_; }
 
-  // The host pipeline of fused.h; esp (and the combine's mp) must be MPI communicators too.
-  void run_fused_dispatch(Communicator& esp, const float* in, float* out, size_t block,
-                          int chunks) override;
-  void run_fused_combine(Communicator& ep, const float* in, float* out, size_t block,
-                         int chunks, const MpGatherPart* mp_part) override;
-
   // ---- internals, public only for the request class of mpi_communicator.cpp ----
 
   // reduce_scatter's receive blocks come from a scratch pool (comm/scratch_pool.h).
@@ -75,20 +71,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
  protected:
-  RequestPtr do_iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
-  RequestPtr do_iallgather(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr do_ireduce_scatter(const void* send, void* recv, size_t count,
-                                DType dtype) override;
-  RequestPtr do_ialltoall(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr do_ialltoallv(const void* send, const size_t* send_counts,
-                           const size_t* send_displs, void* recv, const size_t* recv_counts,
-                           const size_t* recv_displs, DType dtype) override;
-  RequestPtr do_isend(const void* buf, size_t count, DType dtype, int peer, int tag,
-                      bool counted) override;
-  RequestPtr do_irecv(void* buf, size_t count, DType dtype, int peer, int tag,
-                      bool counted) override;
-  RequestPtr do_ibarrier() override;
-  RequestPtr do_ibroadcast(void* buf, size_t count, DType dtype, int root) override;
+  PARM_COMMUNICATOR_OPS(override)
 
  private:
   // `sum` runs once when MPI reports completion, before the stats are recorded (so its time

@@ -207,6 +207,8 @@ RequestPtr StagedCommunicator::do_ialltoallv(const void* send, const size_t* sen
                 recv, hrp, recv_end * es, std::move(hs), std::move(hr));
 }
 
+RequestPtr StagedCommunicator::do_ibarrier() { return host_.ibarrier(); }
+
 RequestPtr StagedCommunicator::do_ibroadcast(void* buf, size_t count, DType dtype, int root) {
   const size_t bytes = count * dtype_size(dtype);
   Buffer h = take(bytes);

@@ -5,6 +5,9 @@
 // and how a machine without NCCL runs the CUDA backend; on a real multi-GPU node the NCCL
 // communicator moves device buffers directly.
 //
+// The fused collectives run fused.h's host pipeline over the host communicators, their input
+// and output staged (all groups must be staged communicators).
+//
 // Counters: the host communicator's (one set per group, whatever moved the bytes); times
 // count the host operation, not the staging copies. Staging buffers are recycled, so a
 // steady state of same-sized operations allocates no host memory. A request whose host
@@ -54,33 +57,13 @@ class StagedCommunicator final : public Communicator {
   MemorySpace memory_space() const override { return MemorySpace::kDevice; }
   MemorySpace space_of(const void* p) const override { return space_of_(p); }
 
-  // The host pipeline of fused.h over the host communicators, its input and output staged;
-  // esp (and the combine's mp) must be staged communicators too.
-  void run_fused_dispatch(Communicator& esp, const float* in, float* out, size_t block,
-                          int chunks) override;
-  void run_fused_combine(Communicator& ep, const float* in, float* out, size_t block,
-                         int chunks, const MpGatherPart* mp_part) override;
-
   // Host staging buffers, recycled.
   using Buffer = ScratchPool::Buffer;
   Buffer take(size_t bytes) { return pool_.take(bytes); }
   void give_back(Buffer b) { pool_.give_back(std::move(b)); }
 
  protected:
-  RequestPtr do_iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
-  RequestPtr do_iallgather(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr do_ireduce_scatter(const void* send, void* recv, size_t count,
-                                DType dtype) override;
-  RequestPtr do_ialltoall(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr do_ialltoallv(const void* send, const size_t* send_counts,
-                           const size_t* send_displs, void* recv, const size_t* recv_counts,
-                           const size_t* recv_displs, DType dtype) override;
-  RequestPtr do_isend(const void* buf, size_t count, DType dtype, int peer, int tag,
-                      bool counted) override;
-  RequestPtr do_irecv(void* buf, size_t count, DType dtype, int peer, int tag,
-                      bool counted) override;
-  RequestPtr do_ibarrier() override { return host_.ibarrier(); }
-  RequestPtr do_ibroadcast(void* buf, size_t count, DType dtype, int root) override;
+  PARM_COMMUNICATOR_OPS(override)
 
  private:
   // The request of a staged operation: completes the host request, then copies `result`

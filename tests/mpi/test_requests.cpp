@@ -17,6 +17,17 @@ namespace {
 
 constexpr int kLateTag = 4343;  // a receive posted with it has no sender until the test sends
 
+// Waits for `r`, which can only time out; returns the Timeout's message.
+std::string first_timeout(Request& r) {
+  try {
+    r.wait();
+  } catch (const Timeout& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "a receive without a sender completed";
+  return "";
+}
+
 // Expects `call` to throw parm::Timeout whose message is `first` (the same error again).
 template <typename F>
 void expect_same_timeout(F&& call, const std::string& first, const char* what) {
@@ -35,13 +46,7 @@ TEST(Requests, TimedOutMpiReceiveRethrowsOnEveryLaterWaitAndTest) {
   Communicator& world = topo->comm(Group::kWorld);
   static float sink[16];
   RequestPtr r = world.irecv(sink, 16, DType::kF32, world.rank(), kLateTag);
-  std::string first;
-  try {
-    r->wait();
-    FAIL() << "a receive without a sender completed";
-  } catch (const Timeout& e) {
-    first = e.what();
-  }
+  const std::string first = first_timeout(*r);
   EXPECT_NE(first.find("recv of 64 bytes"), std::string::npos) << first;
   expect_same_timeout([&] { r->wait(); }, first, "a second wait()");
   expect_same_timeout([&] { (void)r->test(); }, first, "test()");
@@ -68,18 +73,13 @@ TEST(Requests, TimedOutStagedReceiveNeverWritesItsDestinationNorHandsOutItsBuffe
 
   std::vector<float> dst(count, -1.0f);
   RequestPtr r = staged.irecv(dst.data(), count, DType::kF32, staged.rank(), kLateTag);
-  std::string first;
-  try {
-    r->wait();
-    FAIL() << "a staged receive without a sender completed";
-  } catch (const Timeout& e) {
-    first = e.what();
-  }
+  const std::string first = first_timeout(*r);
   expect_same_timeout([&] { r->wait(); }, first, "a second staged wait()");
   expect_same_timeout([&] { (void)r->test(); }, first, "staged test()");
   r.reset();
-  for (size_t i = 0; i < count; ++i)
-    ASSERT_EQ(dst[i], -1.0f) << "the timed-out staged receive wrote its destination at " << i;
+  size_t written = 0;
+  for (size_t i = 0; i < count; ++i) written += dst[i] != -1.0f ? 1 : 0;
+  EXPECT_EQ(written, 0u) << "the timed-out staged receive wrote its destination";
 
   // A buffer taken from the pool now must not be the abandoned receive's staging buffer:
   // the late send below completes that receive, which must not land in it.
@@ -90,9 +90,9 @@ TEST(Requests, TimedOutStagedReceiveNeverWritesItsDestinationNorHandsOutItsBuffe
   const std::vector<float> late(count, 42.0f);
   host.send(late.data(), count, DType::kF32, host.rank(), kLateTag);
   host.barrier();
-  for (size_t i = 0; i < count; ++i)
-    EXPECT_EQ(t[i], 0.0f) << "the abandoned receive wrote into a buffer handed out again, at "
-                          << i;
+  size_t overwritten = 0;
+  for (size_t i = 0; i < count; ++i) overwritten += t[i] != 0.0f ? 1 : 0;
+  EXPECT_EQ(overwritten, 0u) << "the abandoned receive wrote into a buffer handed out again";
   staged.give_back(std::move(taken));
 }
 

@@ -98,13 +98,6 @@ class NcclCommunicator final : public Communicator {
   MemorySpace memory_space() const override { return MemorySpace::kDevice; }
   MemorySpace space_of(const void* p) const override { return cuda_space_of(p); }
 
-  // The fused collectives on CUDA streams (nccl_fused_dispatch / nccl_fused_combine below);
-  // esp (and the combine's mp) must be NCCL communicators too.
-  void run_fused_dispatch(Communicator& esp, const float* in, float* out, size_t block,
-                          int chunks) override;
-  void run_fused_combine(Communicator& ep, const float* in, float* out, size_t block,
-                         int chunks, const MpGatherPart* mp_part) override;
-
   ncclComm_t nccl_comm() const { return comm_; }
   MpiCommunicator& host() const { return host_; }
   // True once the watchdog aborted the NCCL communicator.
@@ -151,23 +144,10 @@ class NcclCommunicator final : public Communicator {
   // overlap; ialltoallv's own block must have equal send and receive counts;
   // ireduce_scatter's recv may be send's own block (recv == send + rank * count) but must
   // not overlap the rest of send. A count of 0 moves nothing and is still counted as a call.
-  RequestPtr do_iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
-  RequestPtr do_iallgather(const void* send, void* recv, size_t count, DType dtype) override;
-  // Summed in group-rank order ((b0 + b1) + b2) + ... by a kernel after an exchange of blocks,
-  // so it is bit-identical to MpiCommunicator's reduce_scatter and to the fused combine.
-  RequestPtr do_ireduce_scatter(const void* send, void* recv, size_t count,
-                                DType dtype) override;
-  RequestPtr do_ialltoall(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr do_ialltoallv(const void* send, const size_t* send_counts,
-                           const size_t* send_displs, void* recv, const size_t* recv_counts,
-                           const size_t* recv_displs, DType dtype) override;
-  RequestPtr do_isend(const void* buf, size_t count, DType dtype, int peer, int tag,
-                      bool counted) override;
-  RequestPtr do_irecv(void* buf, size_t count, DType dtype, int peer, int tag,
-                      bool counted) override;
-  // An allreduce of one int32 on a small device buffer of this communicator.
-  RequestPtr do_ibarrier() override;
-  RequestPtr do_ibroadcast(void* buf, size_t count, DType dtype, int root) override;
+  // ireduce_scatter sums in group-rank order ((b0 + b1) + b2) + ... by a kernel after an
+  // exchange of blocks, so it is bit-identical to the MPI backend's and to the fused
+  // combine. ibarrier is an allreduce of one int32 on a small device buffer.
+  PARM_COMMUNICATOR_OPS(override)
 
  private:
   // Queues the event of a request (now, or at the end of the open NcclGroup) and wraps it.
@@ -219,7 +199,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator& host);
 // True when `c` is an NcclCommunicator (its backend() is "nccl").
 bool is_nccl(const Communicator& c);
 
-// ---- fused collectives on CUDA streams (src/comm/cuda/nccl_fused.cpp) ----
+// ---- fused collectives on CUDA streams (src/comm/cuda/nccl_fused.cpp): what
+// NcclCommunicator::run_fused_dispatch / run_fused_combine run, every group an NCCL one ----
 // Semantics, layouts and counters exactly those of fused_dispatch / fused_combine
 // (src/comm/fused.h), over device buffers, bit-identical to the unfused composition. The
 // data is cut into `chunks` pieces (the same contiguous range of every block); each
