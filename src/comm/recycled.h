@@ -29,19 +29,23 @@ class Recycled {
     R* r = static_cast<R*>(p);
     const bool keep = r->recyclable();
     r->~R();
-    if (!keep) {
+    if (keep)
+      push(r);
+    else
       ::operator delete(static_cast<void*>(r));
-      return;
-    }
-    auto* block = reinterpret_cast<FreeBlock*>(r);
-    block->next = free_;
-    free_ = block;
   }
+  // The block of an R whose constructor threw (never a request): back on the list.
+  static void operator delete(void* p) { push(p); }
 
  private:
   struct FreeBlock {
     FreeBlock* next;
   };
+  static void push(void* p) {
+    auto* block = static_cast<FreeBlock*>(p);
+    block->next = free_;
+    free_ = block;
+  }
   static inline thread_local FreeBlock* free_ = nullptr;
 };
 

@@ -55,11 +55,13 @@ class TrackedRequest : public Request {
   // the derived part is gone): waits for a pending request, swallowing its error (the
   // failure was, or will be, reported by whoever waited), so the request ends done or failed.
   void settle() noexcept;
+  // pending -> failed with `error`, for a failure seen outside test() and wait() (an NCCL
+  // group that could not be issued).
+  void fail(std::exception_ptr error);
 
  private:
   enum class State { kPending, kDone, kFailed };
-  void complete();                         // pending -> done (runs on_done)
-  void fail(std::exception_ptr error);     // pending -> failed
+  void complete();  // pending -> done (runs on_done)
   [[noreturn]] void rethrow() const;
 
   State state_ = State::kPending;

@@ -123,14 +123,11 @@ class NcclRequest final : public TrackedRequest, public Recycled<NcclRequest> {
     const cudaError_t status = cudaEventRecord(event_, stream);
     if (status != cudaSuccess) {
       (void)cudaGetLastError();
-      try {
-        throw CommError(fmt::format("{}: {} of {} bytes: cudaEventRecord failed: {}",
-                                    comm_->where(), comm_op_name(op_),
-                                    static_cast<int64_t>(bytes_), cudaGetErrorString(status)));
-      } catch (...) {
-        fail(std::current_exception());
-        throw;
-      }
+      const std::exception_ptr error = std::make_exception_ptr(CommError(fmt::format(
+          "{}: {} of {} bytes: cudaEventRecord failed: {}", comm_->where(), comm_op_name(op_),
+          static_cast<int64_t>(bytes_), cudaGetErrorString(status))));
+      fail(error);
+      std::rethrow_exception(error);
     }
     recorded_ = true;
   }
@@ -224,7 +221,8 @@ void NcclGroup::end() {
     if (rc == ncclInProgress) {
       // Non-blocking communicators: the group's operations are being enqueued in the
       // background; nothing may be queued after them (the events) before that ends.
-      for (NcclCommunicator* c : live_comms()) c->wait_ready("ncclGroupEnd");
+      for (NcclCommunicator* c : live_comms())
+        if (!c->aborted()) c->wait_ready("ncclGroupEnd");
     } else {
       PARM_NCCL_CHECK(rc);
     }
