@@ -5,6 +5,7 @@
 // receive completes later.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,17 @@ void expect_same_timeout(F&& call, const std::string& first, const char* what) {
   }
 }
 
-TEST(Requests, TimedOutMpiReceiveRethrowsOnEveryLaterWaitAndTest) {
+// A one-group-per-rank topology whose operations time out after 0.3 s; with `staged`, comm(g)
+// is a StagedCommunicator over host memcpy (as TopologyOptions::stage_host_buffers makes).
+std::unique_ptr<Topology> quick_timeout_topology(bool staged) {
   TopologyOptions o;
   o.timeout_s = 0.3;
-  auto topo = Topology::create(o);
+  o.stage_host_buffers = staged;
+  return Topology::create(o);
+}
+
+TEST(Requests, TimedOutMpiReceiveRethrowsOnEveryLaterWaitAndTest) {
+  auto topo = quick_timeout_topology(/*staged=*/false);
   Communicator& world = topo->comm(Group::kWorld);
   static float sink[16];
   RequestPtr r = world.irecv(sink, 16, DType::kF32, world.rank(), kLateTag);
@@ -59,10 +67,7 @@ TEST(Requests, TimedOutMpiReceiveRethrowsOnEveryLaterWaitAndTest) {
 }
 
 TEST(Requests, TimedOutStagedReceiveNeverWritesItsDestinationNorHandsOutItsBuffer) {
-  TopologyOptions o;
-  o.timeout_s = 0.3;
-  o.stage_host_buffers = true;  // comm(g): StagedCommunicator over host memcpy
-  auto topo = Topology::create(o);
+  auto topo = quick_timeout_topology(/*staged=*/true);
   auto& staged = dynamic_cast<StagedCommunicator&>(topo->comm(Group::kWorld));
   Communicator& host = topo->host_comm(Group::kWorld);
   const size_t count = 16, bytes = count * sizeof(float);
