@@ -1,7 +1,10 @@
 // The communication interface. One Communicator per process group (mp, ep, esp, dp, edp,
-// world); the MPI backend implements it (an NCCL one can later). Every operation is
-// counted per (group, op): calls, bus bytes received by this rank, and wall time; and every
-// wait is bounded by a deadline that turns a stuck collective into parm::Timeout.
+// world), implemented by three backends: MPI over host memory (src/comm/mpi_communicator.h),
+// device memory staged through host memory over MPI (src/comm/staged_communicator.h), and
+// NCCL over device memory (src/comm/cuda/nccl_communicator.h, CUDA builds). Every operation
+// is counted per (group, op): calls, bus bytes received by this rank, and wall time; every
+// wait is bounded by a deadline that turns a stuck collective into parm::Timeout; and every
+// call checks that its buffers live in the communicator's memory space (host or device).
 //
 // Counts are in elements of `dtype`; buffers are caller-owned and must stay alive until
 // the operation completes (blocking calls: until they return; non-blocking: until wait()).
@@ -78,7 +81,9 @@ class CommStats {
 };
 
 // A non-blocking operation in flight. wait() returns when it completed, or throws
-// parm::Timeout past the communicator's deadline. Destroying an unfinished request waits.
+// parm::Timeout past the communicator's deadline (parm::CommError on a library error).
+// Destroying an unfinished request waits. A request that failed stays failed: every later
+// test() and wait() rethrows the same error (src/comm/tracked_request.h).
 class Request {
  public:
   virtual ~Request() = default;
@@ -94,6 +99,21 @@ void wait_all(std::vector<RequestPtr>& requests);
 // below it to the metadata exchange (src/comm/metadata.h).
 constexpr int kFusedTagBase = 16384;
 
+// Where a buffer lives. Each communicator moves buffers of one space (memory_space()).
+enum class MemorySpace { kHost, kDevice };
+const char* memory_space_name(MemorySpace s);  // "host", "device"
+// How a communicator tells the space of a buffer.
+using SpaceOfFn = MemorySpace (*)(const void* p);
+// Every buffer is host memory: the MPI communicators of a run without a GPU (no CUDA call is
+// ever made for them).
+MemorySpace host_space_of(const void* p);
+// Asks CUDA (cudaPointerGetAttributes): device or managed memory is kDevice, anything else
+// (pageable or pinned host memory) kHost. kHost in a build without CUDA or where no GPU is
+// visible.
+MemorySpace cuda_space_of(const void* p);
+
+struct MpGatherPart;  // src/comm/fused.h
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -101,45 +121,50 @@ class Communicator {
   virtual const std::string& name() const = 0;  // "mp", "ep", ...
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  virtual int world_rank() const = 0;   // this process's rank in the job (for messages)
   virtual bool intra_node() const = 0;  // all members share a node
   virtual CommStats& stats() = 0;
   virtual double timeout_s() const = 0;
+  virtual const char* backend() const = 0;  // "mpi", "staged", "nccl"
+
+  // The space every buffer handed to this communicator must be in, and how it tells a
+  // buffer's space.
+  virtual MemorySpace memory_space() const = 0;
+  virtual MemorySpace space_of(const void* p) const = 0;
+  // Throws parm::Error naming the rank, group, op, buffer and both spaces when `bytes` (> 0)
+  // bytes at `p` are not in memory_space(). Every operation below checks its buffers so.
+  void check_buffer(const char* op, const char* which, const void* p, size_t bytes) const;
 
   // ---- non-blocking ----
   // In place sum over the group.
-  virtual RequestPtr iallreduce(void* buf, size_t count, DType dtype,
-                                ReduceOp op = ReduceOp::kSum) = 0;
+  RequestPtr iallreduce(void* buf, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum);
   // recv (size * count) = concatenation of every rank's send (count), in rank order.
   // send may be recv + rank * count (in place).
-  virtual RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype) = 0;
+  RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype);
   // recv (count) = sum over ranks of their send block `rank` (send holds size * count),
   // summed in group-rank order ((b0 + b1) + b2) + ... on every backend, so that results are
   // deterministic and the fused combine (src/comm/fused.h) matches it bit for bit.
-  virtual RequestPtr ireduce_scatter(const void* send, void* recv, size_t count,
-                                     DType dtype) = 0;
+  RequestPtr ireduce_scatter(const void* send, void* recv, size_t count, DType dtype);
   // Block p of send (count each) goes to rank p; block p of recv came from rank p.
-  virtual RequestPtr ialltoall(const void* send, void* recv, size_t count, DType dtype) = 0;
+  RequestPtr ialltoall(const void* send, void* recv, size_t count, DType dtype);
   // Variable blocks: counts and displacements (elements) per peer.
-  virtual RequestPtr ialltoallv(const void* send, const size_t* send_counts,
-                                const size_t* send_displs, void* recv,
-                                const size_t* recv_counts, const size_t* recv_displs,
-                                DType dtype) = 0;
+  RequestPtr ialltoallv(const void* send, const size_t* send_counts, const size_t* send_displs,
+                        void* recv, const size_t* recv_counts, const size_t* recv_displs,
+                        DType dtype);
   // Tags >= kFusedTagBase - 1 are reserved: the fused collectives (src/comm/fused.cpp) and
   // the metadata exchange (src/comm/metadata.h, kMetadataTag = kFusedTagBase - 1).
-  virtual RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) = 0;
-  virtual RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) = 0;
-  virtual RequestPtr ibarrier() = 0;
+  RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag);
+  RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag);
+  RequestPtr ibarrier() { return do_ibarrier(); }
   // buf (count) of group rank `root` is copied into buf on every rank.
-  virtual RequestPtr ibroadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  RequestPtr ibroadcast(void* buf, size_t count, DType dtype, int root);
 
   // ---- building blocks of composite operations (the fused collectives) ----
   // isend/irecv with the same watchdog, but counted nowhere: a composite operation made of
   // them records its own totals with record(), exactly as its constituent collectives would,
   // so the counters never show send/recv traffic that the unfused path does not have.
-  virtual RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
-                                     int tag) = 0;
-  virtual RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer,
-                                     int tag) = 0;
+  RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer, int tag);
+  RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag);
   // Adds one call of `op` to this group's counters: `bus_bytes` as parm::bus_bytes defines
   // them for that op, `time_us` of wall time.
   void record(CommOp op, double bus_bytes, double time_us) {
@@ -190,6 +215,45 @@ class Communicator {
   template <typename T> void alltoall(const T* send, T* recv, size_t count) {
     alltoall(send, recv, count, dtype_of<T>());
   }
+
+ protected:
+  // The backend's operations, called after the buffers were checked; semantics as above
+  // (`counted` false: the uncounted variant). Declared here once, for every backend.
+#define PARM_COMMUNICATOR_OPS(QUALIFIERS)                                                    \
+  virtual RequestPtr do_iallreduce(void* buf, size_t count, DType dtype, ReduceOp op)       \
+      QUALIFIERS;                                                                            \
+  virtual RequestPtr do_iallgather(const void* send, void* recv, size_t count, DType dtype) \
+      QUALIFIERS;                                                                            \
+  virtual RequestPtr do_ireduce_scatter(const void* send, void* recv, size_t count,         \
+                                        DType dtype) QUALIFIERS;                             \
+  virtual RequestPtr do_ialltoall(const void* send, void* recv, size_t count, DType dtype)  \
+      QUALIFIERS;                                                                            \
+  virtual RequestPtr do_ialltoallv(const void* send, const size_t* send_counts,             \
+                                   const size_t* send_displs, void* recv,                   \
+                                   const size_t* recv_counts, const size_t* recv_displs,    \
+                                   DType dtype) QUALIFIERS;                                  \
+  virtual RequestPtr do_isend(const void* buf, size_t count, DType dtype, int peer, int tag, \
+                              bool counted) QUALIFIERS;                                      \
+  virtual RequestPtr do_irecv(void* buf, size_t count, DType dtype, int peer, int tag,      \
+                              bool counted) QUALIFIERS;                                      \
+  virtual RequestPtr do_ibarrier() QUALIFIERS;                                               \
+  virtual RequestPtr do_ibroadcast(void* buf, size_t count, DType dtype, int root)          \
+      QUALIFIERS;                                                                            \
+  /* The fused collectives of src/comm/fused.h, run by this backend's implementation: the */ \
+  /* dispatch with this as the ep group, the combine with this as the esp group. The other */\
+  /* groups must be of the same backend (a mixed pair is refused with parm::Error). */       \
+  virtual void run_fused_dispatch(Communicator& esp, const float* in, float* out,           \
+                                  size_t block, int chunks) QUALIFIERS;                      \
+  virtual void run_fused_combine(Communicator& ep, const float* in, float* out, size_t block,\
+                                 int chunks, const MpGatherPart* mp_part) QUALIFIERS;
+  PARM_COMMUNICATOR_OPS(= 0)
+
+  // They check the buffers, then call run_fused_dispatch / run_fused_combine.
+  friend void fused_dispatch_any(Communicator& ep, Communicator& esp, const float* in,
+                                 float* out, size_t block, int chunks);
+  friend void fused_combine_any(Communicator& esp, Communicator& ep, const float* in,
+                                float* out, size_t block, int chunks,
+                                const MpGatherPart* mp_part);
 };
 
 // The element-wise max of per-rank values over the ranks of `c` (for timings, the world

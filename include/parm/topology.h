@@ -72,10 +72,15 @@ struct TopologyOptions {
   // Tests: on the CPU, comm(g) stages host buffers through host copies (StagedCommunicator
   // with memcpy), so the multi-rank GPU path's staging runs, and is checked, without a GPU.
   bool stage_host_buffers = false;
+  // With stage_host_buffers: how comm(g) tells a buffer's memory space. Null: every buffer
+  // counts as device memory (host memory stands in for it); a test passes its own to see a
+  // buffer of the wrong space refused (a host buffer where comm(g) wants device memory).
+  SpaceOfFn emulated_space_of = nullptr;
 };
 
 // The communicators of one rank. Collective: every rank of the world constructs it with the
-// same options.
+// same options. Bounded like every operation: a rank that does not take part makes the
+// others throw parm::Timeout (naming the rank and the setup step) after timeout_s.
 class Topology {
  public:
   static std::unique_ptr<Topology> create(const TopologyOptions& options);
@@ -85,7 +90,8 @@ class Topology {
   int world_rank() const { return world_rank_; }
   // Group g's communicator for buffers on device(); host_comm(g) is its MPI communicator
   // over host memory (the same one when device() is the CPU). Both share one set of
-  // counters.
+  // counters. Each refuses buffers outside its memory space (Communicator::memory_space):
+  // host data (gradients of host tensors, scalars) goes to host_comm(g).
   Communicator& comm(Group g) { return *comms_[static_cast<int>(g)]; }
   Communicator& host_comm(Group g) { return *host_comms_[static_cast<int>(g)]; }
   Device device() const { return device_; }

@@ -1,7 +1,5 @@
 #include "comm/mpi_communicator.h"
 
-#include <sched.h>
-
 #include <climits>
 #include <cstring>
 #include <memory>
@@ -9,10 +7,18 @@
 #include <vector>
 
 #include "comm/mpi_check.h"
+#include "comm/fused.h"
+#include "comm/fused_any.h"
 #include "comm/recycled.h"
+#include "comm/tracked_request.h"
 #include "parm/timer.h"
 
 namespace parm {
+
+struct MpiCommunicator::VCounts {
+  std::vector<int> sc, sd, rc, rd;
+};
+
 namespace {
 
 MPI_Datatype mpi_type(DType dtype) {
@@ -66,52 +72,53 @@ void sum_blocks_in_rank_order(DType dtype, const void* blocks, void* recv, size_
   throw Error("unknown dtype");
 }
 
-class MpiRequest final : public Request, public Recycled<MpiRequest> {
+// "rank 3 (group ep rank 1 of 2): alltoall of 4096 bytes did not complete within 60 s; a
+// peer is stuck or dead": the Timeout of an operation past its deadline.
+Timeout timeout_error(int world_rank, const std::string& where, const std::string& what,
+                      double timeout_s, const char* cause) {
+  return Timeout(fmt::format("rank {} ({}): {} did not complete within {} s; {}", world_rank,
+                             where, what, timeout_s, cause));
+}
+
+// MPI_Test: true once MPI reports `req` complete (it then becomes MPI_REQUEST_NULL).
+bool mpi_test(MPI_Request& req) {
+  int flag = 0;
+  PARM_MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+  return flag != 0;
+}
+
+class MpiRequest final : public TrackedRequest, public Recycled<MpiRequest> {
  public:
   MpiRequest(MPI_Request req, MpiCommunicator* comm, CommOp op, double bytes, double bus,
-             int world_rank, bool counted, MpiCommunicator::BlockSum sum)
-      : req_(req), comm_(comm), op_(op), bytes_(bytes), bus_(bus), world_rank_(world_rank),
-        start_us_(now_us()), counted_(counted), sum_(std::move(sum)) {}
+             bool counted, MpiCommunicator::BlockSum sum,
+             std::unique_ptr<MpiCommunicator::VCounts> counts)
+      : req_(req), comm_(comm), op_(op), bytes_(bytes), bus_(bus), start_us_(now_us()),
+        counted_(counted), sum_(std::move(sum)), counts_(std::move(counts)) {}
 
   ~MpiRequest() override {
-    if (!done_) {
-      try {
-        wait();
-      } catch (...) {
-        // Unwinding already: main reports the first error and aborts the job.
-      }
-    }
-    // Still holding its scratch buffer means MPI never reported completion (a Timeout or an
-    // MPI error) and may yet write into it: leak it rather than free it.
-    (void)sum_.scratch.data.release();
-  }
-
-  bool test() override {
-    if (done_) return true;
-    int flag = 0;
-    PARM_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
-    if (flag) finish();
-    return done_;
-  }
-
-  void wait() override {
-    const double deadline_us = start_us_ + comm_->timeout_s() * 1e6;
-    for (int spins = 0; !test(); ++spins) {
-      if (spins > 64) sched_yield();  // ranks may outnumber cores
-      if ((spins & 255) == 0 && now_us() > deadline_us) {
-        done_ = true;  // do not wait again from the destructor
-        throw Timeout(fmt::format(
-            "rank {} (group {} rank {} of {}): {} of {} bytes did not complete within {} s; "
-            "a peer is stuck or dead",
-            world_rank_, comm_->name(), comm_->rank(), comm_->size(), comm_op_name(op_),
-            static_cast<int64_t>(bytes_), comm_->timeout_s()));
-      }
+    settle();
+    if (failed()) {
+      // MPI never reported completion and may still write into the scratch buffer or read
+      // the count arrays: both are abandoned, never freed or handed out again.
+      (void)sum_.scratch.data.release();
+      (void)counts_.release();
     }
   }
 
  private:
-  void finish() {
-    done_ = true;
+  bool poll() override { return mpi_test(req_); }
+
+  void watchdog() override {
+    if (now_us() > start_us_ + comm_->timeout_s() * 1e6)
+      throw timeout_error(comm_->world_rank(),
+                          fmt::format("group {} rank {} of {}", comm_->name(), comm_->rank(),
+                                      comm_->size()),
+                          fmt::format("{} of {} bytes", comm_op_name(op_),
+                                      static_cast<int64_t>(bytes_)),
+                          comm_->timeout_s(), "a peer is stuck or dead");
+  }
+
+  void on_done() override {
     if (sum_.pool != nullptr) {
       sum_blocks_in_rank_order(sum_.dtype, sum_.scratch.data.get(), sum_.recv, sum_.count,
                                sum_.num_blocks);
@@ -125,18 +132,48 @@ class MpiRequest final : public Request, public Recycled<MpiRequest> {
   CommOp op_;
   double bytes_;
   double bus_;
-  int world_rank_;
   double start_us_;
   bool counted_;
-  bool done_ = false;
   MpiCommunicator::BlockSum sum_;
+  std::unique_ptr<MpiCommunicator::VCounts> counts_;
+};
+
+// A setup call's request (wait_setup_request).
+class SetupRequest final : public TrackedRequest {
+ public:
+  SetupRequest(MPI_Request req, int world_rank, const std::string& what, double timeout_s)
+      : req_(req), world_rank_(world_rank), what_(what), timeout_s_(timeout_s),
+        deadline_us_(now_us() + timeout_s * 1e6) {}
+  ~SetupRequest() override { settle(); }
+
+ private:
+  bool poll() override { return mpi_test(req_); }
+  void watchdog() override {
+    if (now_us() > deadline_us_)
+      throw timeout_error(world_rank_, "topology setup", what_, timeout_s_,
+                          "a rank did not take part, or is stuck or dead");
+  }
+  void on_done() override {}
+
+  MPI_Request req_;
+  int world_rank_;
+  std::string what_;
+  double timeout_s_;
+  double deadline_us_;
 };
 
 }  // namespace
 
+void wait_setup_request(MPI_Request req, int world_rank, const std::string& what,
+                        double timeout_s) {
+  SetupRequest r(req, world_rank, what, timeout_s);
+  r.wait();
+}
+
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool intra_node,
-                                 double timeout_s)
-    : comm_(comm), name_(std::move(name)), intra_node_(intra_node), timeout_s_(timeout_s) {
+                                 double timeout_s, SpaceOfFn space_of)
+    : comm_(comm), name_(std::move(name)), intra_node_(intra_node), timeout_s_(timeout_s),
+      space_of_(space_of) {
   PARM_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   PARM_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   PARM_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -150,17 +187,31 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 RequestPtr MpiCommunicator::make_request(MPI_Request req, CommOp op, double bytes_moved,
-                                         double bus, bool counted, BlockSum sum) {
-  return std::make_unique<MpiRequest>(req, this, op, bytes_moved, bus, world_rank_, counted,
-                                      std::move(sum));
+                                         double bus, bool counted, BlockSum sum,
+                                         std::unique_ptr<VCounts> counts) {
+  return std::make_unique<MpiRequest>(req, this, op, bytes_moved, bus, counted, std::move(sum),
+                                      std::move(counts));
 }
 
 RequestPtr MpiCommunicator::make_request(MPI_Request req, CommOp op, double bytes_moved,
                                          double bus, bool counted) {
-  return make_request(req, op, bytes_moved, bus, counted, BlockSum{});
+  return make_request(req, op, bytes_moved, bus, counted, BlockSum{}, nullptr);
 }
 
-RequestPtr MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+void MpiCommunicator::run_fused_dispatch(Communicator& esp, const float* in, float* out,
+                                         size_t block, int chunks) {
+  fused_dispatch(*this, same_backend(*this, esp, "fused dispatch"), in, out, block, chunks);
+}
+
+void MpiCommunicator::run_fused_combine(Communicator& ep, const float* in, float* out,
+                                        size_t block, int chunks, const MpGatherPart* mp_part) {
+  if (mp_part != nullptr && mp_part->mp != nullptr)
+    (void)same_backend(*this, *mp_part->mp, "fused combine");
+  fused_combine(*this, same_backend(*this, ep, "fused combine"), in, out, block, chunks,
+                mp_part);
+}
+
+RequestPtr MpiCommunicator::do_iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   const double bytes = static_cast<double>(count * dtype_size(dtype));
   const MPI_Op mpi_op = op == ReduceOp::kMax ? MPI_MAX : op == ReduceOp::kMin ? MPI_MIN : MPI_SUM;
   MPI_Request req;
@@ -169,7 +220,7 @@ RequestPtr MpiCommunicator::iallreduce(void* buf, size_t count, DType dtype, Red
   return make_request(req, CommOp::kAllReduce, bytes, bus_bytes(CommOp::kAllReduce, size_, bytes));
 }
 
-RequestPtr MpiCommunicator::iallgather(const void* send, void* recv, size_t count, DType dtype) {
+RequestPtr MpiCommunicator::do_iallgather(const void* send, void* recv, size_t count, DType dtype) {
   const size_t esize = dtype_size(dtype);
   const double bytes = static_cast<double>(count * esize);
   const bool in_place = send == static_cast<const char*>(recv) + rank_ * count * esize;
@@ -189,8 +240,8 @@ RequestPtr MpiCommunicator::iallgather(const void* send, void* recv, size_t coun
 // same order. It moves the same bytes as a pairwise reduce_scatter and is counted as one
 // reduce_scatter call (never as an alltoall). The scratch buffer comes from the
 // communicator's pool and goes back to it on completion.
-RequestPtr MpiCommunicator::ireduce_scatter(const void* send, void* recv, size_t count,
-                                            DType dtype) {
+RequestPtr MpiCommunicator::do_ireduce_scatter(const void* send, void* recv, size_t count,
+                                               DType dtype) {
   const size_t esize = dtype_size(dtype);
   const double bytes = static_cast<double>(count * esize);
   const int per_rank = to_mpi_count(count, name_, "reduce_scatter");
@@ -208,10 +259,10 @@ RequestPtr MpiCommunicator::ireduce_scatter(const void* send, void* recv, size_t
                                per_rank, mpi_type(dtype), comm_, &req));
   return make_request(req, CommOp::kReduceScatter, bytes * size_,
                       bus_bytes(CommOp::kReduceScatter, size_, bytes), /*counted=*/true,
-                      std::move(sum));
+                      std::move(sum), nullptr);
 }
 
-RequestPtr MpiCommunicator::ialltoall(const void* send, void* recv, size_t count, DType dtype) {
+RequestPtr MpiCommunicator::do_ialltoall(const void* send, void* recv, size_t count, DType dtype) {
   const double bytes = static_cast<double>(count * dtype_size(dtype));
   const int n = to_mpi_count(count, name_, "alltoall");
   MPI_Request req;
@@ -221,79 +272,51 @@ RequestPtr MpiCommunicator::ialltoall(const void* send, void* recv, size_t count
                       bus_bytes(CommOp::kAllToAll, size_, bytes));
 }
 
-RequestPtr MpiCommunicator::ialltoallv(const void* send, const size_t* send_counts,
-                                       const size_t* send_displs, void* recv,
-                                       const size_t* recv_counts, const size_t* recv_displs,
-                                       DType dtype) {
+RequestPtr MpiCommunicator::do_ialltoallv(const void* send, const size_t* send_counts,
+                                          const size_t* send_displs, void* recv,
+                                          const size_t* recv_counts, const size_t* recv_displs,
+                                          DType dtype) {
   // MPI keeps pointers to the count arrays until completion: they live in the request.
-  // Allocates on every call (the arrays and a holder request), unlike every other operation:
-  // the MoE layer does not use alltoallv.
-  struct Arrays {
-    std::vector<int> sc, sd, rc, rd;
-  };
-  auto arrays = std::make_shared<Arrays>();
+  // Allocates on every call (the arrays), unlike every other operation: the MoE layer does
+  // not use alltoallv.
+  auto counts = std::make_unique<VCounts>();
   double received = 0.0, total = 0.0;
   for (int p = 0; p < size_; ++p) {
-    arrays->sc.push_back(to_mpi_count(send_counts[p], name_, "alltoallv"));
-    arrays->sd.push_back(to_mpi_count(send_displs[p], name_, "alltoallv"));
-    arrays->rc.push_back(to_mpi_count(recv_counts[p], name_, "alltoallv"));
-    arrays->rd.push_back(to_mpi_count(recv_displs[p], name_, "alltoallv"));
+    counts->sc.push_back(to_mpi_count(send_counts[p], name_, "alltoallv"));
+    counts->sd.push_back(to_mpi_count(send_displs[p], name_, "alltoallv"));
+    counts->rc.push_back(to_mpi_count(recv_counts[p], name_, "alltoallv"));
+    counts->rd.push_back(to_mpi_count(recv_displs[p], name_, "alltoallv"));
     const double b = static_cast<double>(recv_counts[p] * dtype_size(dtype));
     total += b;
     if (p != rank_) received += b;
   }
   MPI_Request req;
-  PARM_MPI_CHECK(MPI_Ialltoallv(send, arrays->sc.data(), arrays->sd.data(), mpi_type(dtype),
-                                recv, arrays->rc.data(), arrays->rd.data(), mpi_type(dtype),
+  PARM_MPI_CHECK(MPI_Ialltoallv(send, counts->sc.data(), counts->sd.data(), mpi_type(dtype),
+                                recv, counts->rc.data(), counts->rd.data(), mpi_type(dtype),
                                 comm_, &req));
-  // Keep the arrays alive with the request.
-  struct Holder final : Request {
-    RequestPtr inner;
-    std::shared_ptr<Arrays> keep;
-    bool test() override { return inner->test(); }
-    void wait() override { inner->wait(); }
-    ~Holder() override { inner.reset(); }
-  };
-  auto h = std::make_unique<Holder>();
-  h->inner = make_request(req, CommOp::kAllToAllv, total, received);
-  h->keep = std::move(arrays);
-  return h;
+  return make_request(req, CommOp::kAllToAllv, total, received, /*counted=*/true, BlockSum{},
+                      std::move(counts));
 }
 
-RequestPtr MpiCommunicator::isend(const void* buf, size_t count, DType dtype, int peer, int tag) {
-  MPI_Request req;
-  PARM_MPI_CHECK(MPI_Isend(buf, to_mpi_count(count, name_, "send"), mpi_type(dtype), peer, tag,
-                           comm_, &req));
-  return make_request(req, CommOp::kSend, static_cast<double>(count * dtype_size(dtype)), 0.0);
-}
-
-RequestPtr MpiCommunicator::irecv(void* buf, size_t count, DType dtype, int peer, int tag) {
-  const double bytes = static_cast<double>(count * dtype_size(dtype));
-  MPI_Request req;
-  PARM_MPI_CHECK(MPI_Irecv(buf, to_mpi_count(count, name_, "recv"), mpi_type(dtype), peer, tag,
-                           comm_, &req));
-  return make_request(req, CommOp::kRecv, bytes, bytes);
-}
-
-RequestPtr MpiCommunicator::isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
-                                            int tag) {
+RequestPtr MpiCommunicator::do_isend(const void* buf, size_t count, DType dtype, int peer,
+                                     int tag, bool counted) {
   MPI_Request req;
   PARM_MPI_CHECK(MPI_Isend(buf, to_mpi_count(count, name_, "send"), mpi_type(dtype), peer, tag,
                            comm_, &req));
   return make_request(req, CommOp::kSend, static_cast<double>(count * dtype_size(dtype)), 0.0,
-                      /*counted=*/false);
+                      counted);
 }
 
-RequestPtr MpiCommunicator::irecv_uncounted(void* buf, size_t count, DType dtype, int peer,
-                                            int tag) {
+RequestPtr MpiCommunicator::do_irecv(void* buf, size_t count, DType dtype, int peer, int tag,
+                                     bool counted) {
   const double bytes = static_cast<double>(count * dtype_size(dtype));
   MPI_Request req;
   PARM_MPI_CHECK(MPI_Irecv(buf, to_mpi_count(count, name_, "recv"), mpi_type(dtype), peer, tag,
                            comm_, &req));
-  return make_request(req, CommOp::kRecv, bytes, bytes, /*counted=*/false);
+  return make_request(req, CommOp::kRecv, bytes, bytes, counted);
 }
 
-RequestPtr MpiCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root) {
+RequestPtr MpiCommunicator::do_ibroadcast(void* buf, size_t count, DType dtype, int root) {
   PARM_CHECK(root >= 0 && root < size_, "broadcast on group {}: root {} is not a rank of 0..{}",
              name_, root, size_ - 1);
   const double bytes = static_cast<double>(count * dtype_size(dtype));
@@ -303,7 +326,7 @@ RequestPtr MpiCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int
   return make_request(req, CommOp::kBroadcast, bytes, bus_bytes(CommOp::kBroadcast, size_, bytes));
 }
 
-RequestPtr MpiCommunicator::ibarrier() {
+RequestPtr MpiCommunicator::do_ibarrier() {
   MPI_Request req;
   PARM_MPI_CHECK(MPI_Ibarrier(comm_, &req));
   return make_request(req, CommOp::kBarrier, 0.0, 0.0);

@@ -2,9 +2,17 @@
 // completed by polling with a deadline (the watchdog): a collective that does not finish in
 // time throws parm::Timeout naming the rank, group, op and bytes.
 //
+// The fused collectives run fused.h's host pipeline (all groups must be MPI communicators).
+//
+// Host memory only: every buffer is checked with the communicator's SpaceOfFn
+// (host_space_of by default; the topology of a cuda run passes cuda_space_of, so a device
+// pointer is refused instead of handed to MPI).
+//
 // Steady state: after a warm-up call, the same operation with the same sizes makes no C++
 // heap allocation (alltoallv excepted): request objects are recycled through a per-thread
-// free list, and reduce_scatter's scratch buffers through a per-communicator pool.
+// free list, and reduce_scatter's scratch buffers through a per-communicator pool. Requests
+// follow the state machine of tracked_request.h; a failed one keeps its scratch buffer and
+// alltoallv's count arrays forever (MPI may still use them).
 #pragma once
 
 #include <mpi.h>
@@ -22,7 +30,8 @@ namespace parm {
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed in the destructor unless it is MPI_COMM_WORLD).
-  MpiCommunicator(MPI_Comm comm, std::string name, bool intra_node, double timeout_s);
+  MpiCommunicator(MPI_Comm comm, std::string name, bool intra_node, double timeout_s,
+                  SpaceOfFn space_of = &host_space_of);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -30,26 +39,16 @@ class MpiCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int world_rank() const override { return world_rank_; }
   bool intra_node() const override { return intra_node_; }
   CommStats& stats() override { return stats_; }
   double timeout_s() const override { return timeout_s_; }
+  const char* backend() const override { return "mpi"; }
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
+  MemorySpace space_of(const void* p) const override { return space_of_(p); }
   void set_timeout_s(double s) { timeout_s_ = s; }
+  void set_intra_node(bool intra_node) { intra_node_ = intra_node; }
   MPI_Comm mpi_comm() const { return comm_; }
-
-  RequestPtr iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
-  RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr ireduce_scatter(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr ialltoall(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr ialltoallv(const void* send, const size_t* send_counts, const size_t* send_displs,
-                        void* recv, const size_t* recv_counts, const size_t* recv_displs,
-                        DType dtype) override;
-  RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) override;
-  RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) override;
-  RequestPtr ibarrier() override;
-  RequestPtr ibroadcast(void* buf, size_t count, DType dtype, int root) override;
-  RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
-                             int tag) override;
-  RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;
 
   // ---- internals, public only for the request class of mpi_communicator.cpp ----
 
@@ -67,12 +66,18 @@ class MpiCommunicator final : public Communicator {
     DType dtype = DType::kF32;
     int num_blocks = 0;
   };
+  // alltoallv's int counts and displacements, which MPI reads until completion.
+  struct VCounts;
+
+ private:
+ protected:
+  PARM_COMMUNICATOR_OPS(override)
 
  private:
   // `sum` runs once when MPI reports completion, before the stats are recorded (so its time
-  // counts); `counted` false records nothing.
+  // counts); `counted` false records nothing; `counts` lives as long as the MPI request.
   RequestPtr make_request(MPI_Request req, CommOp op, double bytes_moved, double bus,
-                          bool counted, BlockSum sum);
+                          bool counted, BlockSum sum, std::unique_ptr<VCounts> counts);
   RequestPtr make_request(MPI_Request req, CommOp op, double bytes_moved, double bus,
                           bool counted = true);
 
@@ -80,11 +85,19 @@ class MpiCommunicator final : public Communicator {
   std::string name_;
   bool intra_node_;
   double timeout_s_;
+  SpaceOfFn space_of_;
   int rank_ = 0;
   int size_ = 1;
   int world_rank_ = 0;
   CommStats stats_;
   ScratchPool scratch_pool_;
 };
+
+// Waits for a request of a setup call made before any communicator exists (Topology::create's
+// MPI_Comm_idup of the world) under the same deadline rule as every operation: throws
+// parm::Timeout naming `world_rank` and `what` after `timeout_s`. A request that timed out is
+// abandoned, never freed (MPI may still complete it).
+void wait_setup_request(MPI_Request req, int world_rank, const std::string& what,
+                        double timeout_s);
 
 }  // namespace parm

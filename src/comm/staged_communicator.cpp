@@ -1,14 +1,17 @@
 #include "comm/staged_communicator.h"
 
 #include <algorithm>
+#include <memory>
 
+#include "comm/fused_any.h"
+#include "comm/tracked_request.h"
 #include "parm/device.h"
 #include "parm/error.h"
 
 namespace parm {
 namespace {
 
-class StagedRequest final : public Request {
+class StagedRequest final : public TrackedRequest {
  public:
   StagedRequest(StagedCommunicator* owner, RequestPtr host_req, void* device_dst,
                 const void* host_src, size_t bytes, StagedCommunicator::Buffer a,
@@ -16,27 +19,21 @@ class StagedRequest final : public Request {
       : owner_(owner), host_req_(std::move(host_req)), device_dst_(device_dst),
         host_src_(host_src), bytes_(bytes), a_(std::move(a)), b_(std::move(b)) {}
   ~StagedRequest() override {
-    if (done_) return;
-    try {
-      wait();
-    } catch (...) {  // a destructor must not throw; the failure was (or will be) reported
+    settle();
+    if (failed()) {
+      // The host operation may still write into (or read) the staging buffers: abandoned,
+      // never handed out again.
+      (void)a_.data.release();
+      (void)b_.data.release();
     }
-  }
-  bool test() override {
-    if (done_) return true;
-    if (!host_req_->test()) return false;
-    complete();
-    return true;
-  }
-  void wait() override {
-    if (done_) return;
-    host_req_->wait();
-    complete();
   }
 
  private:
-  void complete() {
-    done_ = true;
+  bool poll() override { return host_req_->test(); }
+  // Not reached: block() waits through the host request, whose watchdog bounds the wait.
+  void watchdog() override {}
+  void block() override { host_req_->wait(); }
+  void on_done() override {
     if (bytes_ > 0) owner_->copy_fn()(device_dst_, host_src_, bytes_);
     owner_->give_back(std::move(a_));
     owner_->give_back(std::move(b_));
@@ -48,15 +45,94 @@ class StagedRequest final : public Request {
   const void* host_src_;
   size_t bytes_;
   StagedCommunicator::Buffer a_, b_;
-  bool done_ = false;
 };
+
+// Every buffer counts as device memory: host memory standing in for it (the CPU emulation).
+MemorySpace all_device(const void*) { return MemorySpace::kDevice; }
+
+// The host staging areas of the fused collectives, recycled across calls (the executor runs
+// one fused collective at a time per thread). After a failure they are abandoned, like a
+// failed request's buffers: the host pipeline's abandoned receives may still write into them.
+struct HostAreas {
+  std::unique_ptr<float[]> data[3];
+  size_t floats[3] = {0, 0, 0};
+
+  float* get(int slot, size_t bytes) {
+    const size_t n = (bytes + sizeof(float) - 1) / sizeof(float);
+    if (floats[slot] < n) {
+      data[slot] = std::make_unique_for_overwrite<float[]>(n);
+      floats[slot] = n;
+    }
+    return data[slot].get();
+  }
+  void abandon() {
+    for (int i = 0; i < 3; ++i) {
+      (void)data[i].release();
+      floats[i] = 0;
+    }
+  }
+};
+thread_local HostAreas host_areas;
+
+// Runs a fused host pipeline over the staging areas; abandons them if it fails.
+template <typename F>
+void on_host_areas(F&& run) {
+  try {
+    run(host_areas);
+  } catch (...) {
+    host_areas.abandon();
+    throw;
+  }
+}
 
 }  // namespace
 
-StagedCommunicator::StagedCommunicator(Communicator& host, CopyFn copy)
-    : host_(host), copy_(copy != nullptr ? copy : &device_copy) {}
+StagedCommunicator::StagedCommunicator(Communicator& host, CopyFn copy, SpaceOfFn space_of)
+    : host_(host), copy_(copy != nullptr ? copy : &device_copy),
+      space_of_(space_of != nullptr ? space_of
+                                    : copy != nullptr ? &all_device : &cuda_space_of) {}
 
 StagedCommunicator::~StagedCommunicator() = default;
+
+void StagedCommunicator::run_fused_dispatch(Communicator& esp_any, const float* in, float* out,
+                                            size_t block, int chunks) {
+  StagedCommunicator& esp = same_backend(*this, esp_any, "fused dispatch");
+  const size_t in_bytes = block * static_cast<size_t>(size()) * sizeof(float);
+  const size_t out_bytes = in_bytes * static_cast<size_t>(esp.size());
+  on_host_areas([&](HostAreas& areas) {
+    float* hin = areas.get(0, in_bytes);
+    float* hout = areas.get(1, out_bytes);
+    copy_(hin, in, in_bytes);
+    fused_dispatch(host_, esp.host(), hin, hout, block, chunks);
+    copy_(out, hout, out_bytes);
+  });
+}
+
+void StagedCommunicator::run_fused_combine(Communicator& ep_any, const float* in, float* out,
+                                           size_t block, int chunks,
+                                           const MpGatherPart* mp_part) {
+  StagedCommunicator& ep = same_backend(*this, ep_any, "fused combine");
+  StagedCommunicator* mp = mp_part != nullptr && mp_part->mp != nullptr
+                               ? &same_backend(*this, *mp_part->mp, "fused combine")
+                               : nullptr;
+  const size_t out_bytes = block * static_cast<size_t>(ep.size()) * sizeof(float);
+  const size_t in_bytes = out_bytes * static_cast<size_t>(size());
+  on_host_areas([&](HostAreas& areas) {
+    float* hin = areas.get(0, in_bytes);
+    float* hout = areas.get(1, out_bytes);
+    copy_(hin, in, in_bytes);
+    if (mp == nullptr) {
+      fused_combine(host_, ep.host(), hin, hout, block, chunks);
+      copy_(out, hout, out_bytes);
+      return;
+    }
+    const size_t full_bytes = out_bytes * static_cast<size_t>(mp->size());
+    MpGatherPart host_mp{&mp->host(), mp_part->outer, mp_part->chunk, areas.get(2, full_bytes)};
+    fused_combine(host_, ep.host(), hin, hout, block, chunks, &host_mp);
+    copy_(out, hout, out_bytes);
+    copy_(mp_part->full, host_mp.full, full_bytes);
+  });
+}
 
 RequestPtr StagedCommunicator::finish(RequestPtr host_req, void* device_dst,
                                       const void* host_src, size_t result_bytes, Buffer a,
@@ -65,7 +141,7 @@ RequestPtr StagedCommunicator::finish(RequestPtr host_req, void* device_dst,
                                          result_bytes, std::move(a), std::move(b));
 }
 
-RequestPtr StagedCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+RequestPtr StagedCommunicator::do_iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   const size_t bytes = count * dtype_size(dtype);
   Buffer h = take(bytes);
   copy_(h.data.get(), buf, bytes);
@@ -74,7 +150,7 @@ RequestPtr StagedCommunicator::iallreduce(void* buf, size_t count, DType dtype, 
   return finish(std::move(r), buf, hp, bytes, std::move(h), {});
 }
 
-RequestPtr StagedCommunicator::iallgather(const void* send, void* recv, size_t count,
+RequestPtr StagedCommunicator::do_iallgather(const void* send, void* recv, size_t count,
                                           DType dtype) {
   const size_t block = count * dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size());
@@ -86,8 +162,8 @@ RequestPtr StagedCommunicator::iallgather(const void* send, void* recv, size_t c
                 std::move(hs), std::move(hr));
 }
 
-RequestPtr StagedCommunicator::ireduce_scatter(const void* send, void* recv, size_t count,
-                                               DType dtype) {
+RequestPtr StagedCommunicator::do_ireduce_scatter(const void* send, void* recv, size_t count,
+                                                  DType dtype) {
   const size_t block = count * dtype_size(dtype);
   const size_t total = block * static_cast<size_t>(size());
   Buffer hs = take(total), hr = take(block);
@@ -98,7 +174,7 @@ RequestPtr StagedCommunicator::ireduce_scatter(const void* send, void* recv, siz
                 std::move(hs), std::move(hr));
 }
 
-RequestPtr StagedCommunicator::ialltoall(const void* send, void* recv, size_t count,
+RequestPtr StagedCommunicator::do_ialltoall(const void* send, void* recv, size_t count,
                                          DType dtype) {
   const size_t total = count * dtype_size(dtype) * static_cast<size_t>(size());
   Buffer hs = take(total), hr = take(total);
@@ -109,7 +185,7 @@ RequestPtr StagedCommunicator::ialltoall(const void* send, void* recv, size_t co
                 std::move(hs), std::move(hr));
 }
 
-RequestPtr StagedCommunicator::ialltoallv(const void* send, const size_t* send_counts,
+RequestPtr StagedCommunicator::do_ialltoallv(const void* send, const size_t* send_counts,
                                           const size_t* send_displs, void* recv,
                                           const size_t* recv_counts, const size_t* recv_displs,
                                           DType dtype) {
@@ -131,7 +207,9 @@ RequestPtr StagedCommunicator::ialltoallv(const void* send, const size_t* send_c
                 recv, hrp, recv_end * es, std::move(hs), std::move(hr));
 }
 
-RequestPtr StagedCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root) {
+RequestPtr StagedCommunicator::do_ibarrier() { return host_.ibarrier(); }
+
+RequestPtr StagedCommunicator::do_ibroadcast(void* buf, size_t count, DType dtype, int root) {
   const size_t bytes = count * dtype_size(dtype);
   Buffer h = take(bytes);
   if (rank() == root) copy_(h.data.get(), buf, bytes);
@@ -140,42 +218,24 @@ RequestPtr StagedCommunicator::ibroadcast(void* buf, size_t count, DType dtype, 
   return finish(std::move(r), buf, hp, bytes, std::move(h), {});
 }
 
-RequestPtr StagedCommunicator::isend(const void* buf, size_t count, DType dtype, int peer,
-                                     int tag) {
+RequestPtr StagedCommunicator::do_isend(const void* buf, size_t count, DType dtype, int peer,
+                                        int tag, bool counted) {
   const size_t bytes = count * dtype_size(dtype);
   Buffer h = take(bytes);
   copy_(h.data.get(), buf, bytes);
-  RequestPtr r = host_.isend(h.data.get(), count, dtype, peer, tag);
-  return finish(std::move(r), nullptr, nullptr, 0,
-                std::move(h), {});
+  RequestPtr r = counted ? host_.isend(h.data.get(), count, dtype, peer, tag)
+                         : host_.isend_uncounted(h.data.get(), count, dtype, peer, tag);
+  return finish(std::move(r), nullptr, nullptr, 0, std::move(h), {});
 }
 
-RequestPtr StagedCommunicator::irecv(void* buf, size_t count, DType dtype, int peer, int tag) {
+RequestPtr StagedCommunicator::do_irecv(void* buf, size_t count, DType dtype, int peer, int tag,
+                                        bool counted) {
   const size_t bytes = count * dtype_size(dtype);
   Buffer h = take(bytes);
   void* hp = h.data.get();
-  RequestPtr r = host_.irecv(hp, count, dtype, peer, tag);
+  RequestPtr r = counted ? host_.irecv(hp, count, dtype, peer, tag)
+                         : host_.irecv_uncounted(hp, count, dtype, peer, tag);
   return finish(std::move(r), buf, hp, bytes, std::move(h), {});
-}
-
-RequestPtr StagedCommunicator::isend_uncounted(const void* buf, size_t count, DType dtype,
-                                               int peer, int tag) {
-  const size_t bytes = count * dtype_size(dtype);
-  Buffer h = take(bytes);
-  copy_(h.data.get(), buf, bytes);
-  RequestPtr r = host_.isend_uncounted(h.data.get(), count, dtype, peer, tag);
-  return finish(std::move(r), nullptr, nullptr,
-                0, std::move(h), {});
-}
-
-RequestPtr StagedCommunicator::irecv_uncounted(void* buf, size_t count, DType dtype, int peer,
-                                               int tag) {
-  const size_t bytes = count * dtype_size(dtype);
-  Buffer h = take(bytes);
-  void* hp = h.data.get();
-  RequestPtr r = host_.irecv_uncounted(hp, count, dtype, peer, tag);
-  return finish(std::move(r), buf, hp, bytes,
-                std::move(h), {});
 }
 
 }  // namespace parm

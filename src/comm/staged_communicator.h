@@ -5,9 +5,19 @@
 // and how a machine without NCCL runs the CUDA backend; on a real multi-GPU node the NCCL
 // communicator moves device buffers directly.
 //
+// The fused collectives run fused.h's host pipeline over the host communicators, their input
+// and output staged (all groups must be staged communicators).
+//
 // Counters: the host communicator's (one set per group, whatever moved the bytes); times
 // count the host operation, not the staging copies. Staging buffers are recycled, so a
-// steady state of same-sized operations allocates no host memory.
+// steady state of same-sized operations allocates no host memory. A request whose host
+// operation failed (a Timeout) never copies into its destination and abandons its staging
+// buffers (the host library may still write into them); it rethrows its error on every
+// later wait (tracked_request.h).
+//
+// Memory space: device. The CPU emulation (a plain memcpy as `copy`, TopologyOptions::
+// stage_host_buffers) lets host memory stand in for device memory; a test can pass its own
+// SpaceOfFn to see wrongly placed buffers refused there too.
 #pragma once
 
 #include <cstddef>
@@ -26,8 +36,11 @@ class StagedCommunicator final : public Communicator {
   using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
 
   // `host` must outlive this object. `copy` defaults to parm::device_copy; tests pass a
-  // plain memcpy to check the staging over host memory.
-  explicit StagedCommunicator(Communicator& host, CopyFn copy = nullptr);
+  // plain memcpy to check the staging over host memory. `space_of` tells a buffer's space:
+  // null means cuda_space_of with the default copy, and with a custom copy (the CPU
+  // emulation) that every buffer counts as device memory.
+  explicit StagedCommunicator(Communicator& host, CopyFn copy = nullptr,
+                              SpaceOfFn space_of = nullptr);
   ~StagedCommunicator() override;
 
   Communicator& host() { return host_; }
@@ -36,29 +49,21 @@ class StagedCommunicator final : public Communicator {
   const std::string& name() const override { return host_.name(); }
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
+  int world_rank() const override { return host_.world_rank(); }
   bool intra_node() const override { return host_.intra_node(); }
   CommStats& stats() override { return host_.stats(); }
   double timeout_s() const override { return host_.timeout_s(); }
-
-  RequestPtr iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
-  RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr ireduce_scatter(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr ialltoall(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr ialltoallv(const void* send, const size_t* send_counts, const size_t* send_displs,
-                        void* recv, const size_t* recv_counts, const size_t* recv_displs,
-                        DType dtype) override;
-  RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) override;
-  RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) override;
-  RequestPtr ibarrier() override { return host_.ibarrier(); }
-  RequestPtr ibroadcast(void* buf, size_t count, DType dtype, int root) override;
-  RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
-                             int tag) override;
-  RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;
+  const char* backend() const override { return "staged"; }
+  MemorySpace memory_space() const override { return MemorySpace::kDevice; }
+  MemorySpace space_of(const void* p) const override { return space_of_(p); }
 
   // Host staging buffers, recycled.
   using Buffer = ScratchPool::Buffer;
   Buffer take(size_t bytes) { return pool_.take(bytes); }
   void give_back(Buffer b) { pool_.give_back(std::move(b)); }
+
+ protected:
+  PARM_COMMUNICATOR_OPS(override)
 
  private:
   // The request of a staged operation: completes the host request, then copies `result`
@@ -68,6 +73,7 @@ class StagedCommunicator final : public Communicator {
 
   Communicator& host_;
   CopyFn copy_;
+  SpaceOfFn space_of_;
   ScratchPool pool_;
 };
 

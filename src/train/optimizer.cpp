@@ -1,11 +1,8 @@
 #include "train/optimizer.h"
 
-#include <mpi.h>
-
 #include <cmath>
 #include <cstring>
 
-#include "comm/mpi_check.h"
 #include "parm/error.h"
 
 namespace parm::train {
@@ -21,7 +18,9 @@ double lr_at(const OptimConfig& c, int64_t step) {
 
 void reduce_gradients(Topology& topo, const std::vector<model::Param*>& params) {
   for (Group g : {Group::kDp, Group::kEdp, Group::kMp, Group::kEp, Group::kEsp, Group::kWorld}) {
-    Communicator& c = topo.comm(g);
+    // The gradients are host tensors (a cuda run stages the layer's through host memory):
+    // the host communicator, whatever moves device buffers.
+    Communicator& c = topo.host_comm(g);
     std::vector<model::Param*> mine;
     int64_t total = 0;
     for (auto* p : params)

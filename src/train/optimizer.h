@@ -25,8 +25,8 @@ struct OptimConfig {
 // `step` counts from 0.
 double lr_at(const OptimConfig& c, int64_t step);
 
-// Sums every gradient over its Param::grad_reduce group (dp for dense, edp for experts), in
-// one flat all-reduce per group.
+// Sums every gradient (host memory) over its Param::grad_reduce group (dp for dense, edp for
+// experts), in one flat all-reduce per group on the group's host communicator.
 void reduce_gradients(Topology& topo, const std::vector<model::Param*>& params);
 
 // sqrt of the sum of squares of every distinct parameter element's gradient: each rank counts

@@ -13,8 +13,9 @@
 #include <vector>
 
 #include "comm/cuda/nccl_kernels.h"
-#include "comm/mpi_check.h"
+#include "comm/fused_any.h"
 #include "comm/recycled.h"
+#include "comm/tracked_request.h"
 #include "comm/scratch_pool.h"
 #include "kernels/cuda/runtime.h"
 #include "parm/error.h"
@@ -96,7 +97,7 @@ GroupState& group_state() {
   return state;
 }
 
-class NcclRequest final : public Request, public Recycled<NcclRequest> {
+class NcclRequest final : public TrackedRequest, public Recycled<NcclRequest> {
  public:
   NcclRequest(NcclCommunicator* comm, CommOp op, double bytes, double bus, bool counted,
               NcclCommunicator::DeviceBuffer scratch)
@@ -104,7 +105,7 @@ class NcclRequest final : public Request, public Recycled<NcclRequest> {
         start_us_(now_us()), counted_(counted), scratch_(scratch) {}
 
   ~NcclRequest() override {
-    if (!recorded_ && !failed_) {
+    if (!recorded_ && !failed()) {
       // Destroyed inside the NcclGroup it was issued in: its operation still goes out with
       // the group, unobserved and uncounted.
       auto& pending = group_state().pending;
@@ -112,55 +113,47 @@ class NcclRequest final : public Request, public Recycled<NcclRequest> {
       comm_->give_back_event(event_);
       return;
     }
-    if (!done_ && !failed_) {
-      try {
-        wait();
-      } catch (...) {
-        // Unwinding already, or the failure is reported by whoever waits next.
-      }
-    }
-    // A request that never completed (a Timeout, an NCCL error) keeps its event and its
-    // scratch buffer: the GPU may still write into the buffer, so neither is reused.
+    settle();
+    // A failed request (a Timeout, an NCCL error) keeps its event and its scratch buffer: the
+    // GPU may still write into the buffer, so neither is reused.
   }
 
   // After the operation (and, in a group, after the group's ncclGroupEnd).
   void record_event(cudaStream_t stream) {
     const cudaError_t status = cudaEventRecord(event_, stream);
     if (status != cudaSuccess) {
-      failed_ = true;
       (void)cudaGetLastError();
-      throw CommError(fmt::format("{}: {} of {} bytes: cudaEventRecord failed: {}",
-                                  comm_->where(), comm_op_name(op_),
-                                  static_cast<int64_t>(bytes_), cudaGetErrorString(status)));
+      const std::exception_ptr error = std::make_exception_ptr(CommError(fmt::format(
+          "{}: {} of {} bytes: cudaEventRecord failed: {}", comm_->where(), comm_op_name(op_),
+          static_cast<int64_t>(bytes_), cudaGetErrorString(status))));
+      fail(error);
+      std::rethrow_exception(error);
     }
     recorded_ = true;
   }
 
-  // Its group's ncclGroupEnd failed: the operation was never issued.
-  void fail() { failed_ = true; }
+  // Its group's ncclGroupEnd failed with `error`: the operation was never issued.
+  void group_failed(std::exception_ptr error) { fail(std::move(error)); }
 
-  bool test() override {
-    if (done_) return true;
-    if (failed_)
-      throw CommError(fmt::format("{}: {} of {} bytes failed earlier (see the first error)",
-                                  comm_->where(), comm_op_name(op_),
-                                  static_cast<int64_t>(bytes_)));
+ private:
+  void check_waitable() override {
+    if (!recorded_)
+      throw Error(fmt::format(
+          "{}: waiting for a {} issued inside an NcclGroup that has not ended would never "
+          "return (nothing of the group is queued before its end); end the group first",
+          comm_->where(), comm_op_name(op_)));
+  }
+
+  bool poll() override {
     if (!recorded_) return false;
     const cudaError_t status = cudaEventQuery(event_);
-    if (status == cudaSuccess) {
-      finish();
-      return true;
-    }
+    if (status == cudaSuccess) return true;
     if (status == cudaErrorNotReady) {
       // Not an error; clear it should the runtime have recorded it as the last error.
       if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
-      if (comm_->aborted()) {
-        failed_ = true;
-        comm_->check_usable(comm_op_name(op_));  // throws: it will never complete
-      }
+      if (comm_->aborted()) comm_->check_usable(comm_op_name(op_));  // it will never complete
       return false;
     }
-    failed_ = true;
     (void)cudaGetLastError();
     throw CommError(fmt::format("{}: {} of {} bytes: CUDA error while waiting: {} ({})",
                                 comm_->where(), comm_op_name(op_),
@@ -168,30 +161,11 @@ class NcclRequest final : public Request, public Recycled<NcclRequest> {
                                 cudaGetErrorString(status)));
   }
 
-  void wait() override {
-    if (done_) return;
-    if (!recorded_ && !failed_)
-      throw Error(fmt::format(
-          "{}: waiting for a {} issued inside an NcclGroup that has not ended would never "
-          "return (nothing of the group is queued before its end); end the group first",
-          comm_->where(), comm_op_name(op_)));
-    const double deadline_us = start_us_ + comm_->timeout_s() * 1e6;
-    for (int spins = 0; !test(); ++spins) {
-      if (spins > 64) sched_yield();  // ranks may outnumber cores
-      if ((spins & 255) == 0) {
-        try {
-          comm_->check_progress(comm_op_name(op_), bytes_, deadline_us);
-        } catch (...) {
-          failed_ = true;
-          throw;
-        }
-      }
-    }
+  void watchdog() override {
+    comm_->check_progress(comm_op_name(op_), bytes_, start_us_ + comm_->timeout_s() * 1e6);
   }
 
- private:
-  void finish() {
-    done_ = true;
+  void on_done() override {
     if (scratch_.data != nullptr) comm_->give_back_scratch(std::exchange(scratch_, {}));
     comm_->give_back_event(event_);
     if (counted_) comm_->record(op_, bus_, now_us() - start_us_);
@@ -205,10 +179,15 @@ class NcclRequest final : public Request, public Recycled<NcclRequest> {
   double start_us_;
   bool counted_;
   bool recorded_ = false;
-  bool done_ = false;
-  bool failed_ = false;
   NcclCommunicator::DeviceBuffer scratch_;
 };
+
+// The live NCCL communicators of the process: an ncclGroupEnd that returns ncclInProgress
+// (they are non-blocking) waits for every one of them to finish enqueuing.
+std::vector<NcclCommunicator*>& live_comms() {
+  static std::vector<NcclCommunicator*> comms;
+  return comms;
+}
 
 }  // namespace
 
@@ -238,11 +217,19 @@ void NcclGroup::end() {
     return;
   }
   try {
-    PARM_NCCL_CHECK(ncclGroupEnd());
+    const ncclResult_t rc = ncclGroupEnd();
+    if (rc == ncclInProgress) {
+      // Non-blocking communicators: the group's operations are being enqueued in the
+      // background; nothing may be queued after them (the events) before that ends.
+      for (NcclCommunicator* c : live_comms())
+        if (!c->aborted()) c->wait_ready("ncclGroupEnd");
+    } else {
+      PARM_NCCL_CHECK(rc);
+    }
     const cudaStream_t stream = cuda::stream();
     for (NcclRequest* r : g.pending) r->record_event(stream);
   } catch (...) {
-    for (NcclRequest* r : g.pending) r->fail();
+    for (NcclRequest* r : g.pending) r->group_failed(std::current_exception());
     g.pending.clear();
     throw;
   }
@@ -258,34 +245,66 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& host) : host_(host) {
   const cuda::Context& ctx = cuda::context();
   PARM_CUDA_CHECK(cudaSetDevice(ctx.device));
   const cudaStream_t stream = ctx.stream;
-  PARM_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
+  world_rank_ = host.world_rank();
   // Rank 0's ncclGetUniqueId result travels with the id, so a failure there is reported on
-  // every rank instead of leaving the others waiting in ncclCommInitRank.
+  // every rank instead of leaving the others waiting in ncclCommInitRank. The broadcast is
+  // the host communicator's, under its watchdog.
   struct {
     ncclUniqueId id;
     int32_t status;
   } msg;
   std::memset(&msg, 0, sizeof msg);
   if (host.rank() == 0) msg.status = static_cast<int32_t>(ncclGetUniqueId(&msg.id));
-  PARM_MPI_CHECK(MPI_Bcast(&msg, static_cast<int>(sizeof msg), MPI_BYTE, 0, host.mpi_comm()));
+  host.broadcast(&msg, sizeof msg, DType::kU8, 0);
   if (msg.status != static_cast<int32_t>(ncclSuccess))
     detail::throw_nccl_error(static_cast<ncclResult_t>(msg.status),
                              "ncclGetUniqueId (on group rank 0)", __FILE__, __LINE__);
-  PARM_NCCL_CHECK(ncclCommInitRank(&comm_, host.size(), msg.id, host.rank()));
+  // Non-blocking, so that the initialisation (which waits for every peer) can be bounded by
+  // the deadline and aborted: ncclCommInitRankConfig returns at once and the communicator
+  // reports ncclInProgress until it is ready. Its later calls may return ncclInProgress
+  // too: each is issued inside an NcclGroup, whose end waits for the enqueueing.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  PARM_NCCL_CHECK(ncclCommInitRankConfig(&comm_, host.size(), msg.id, host.rank(), &config));
+  wait_ready("ncclCommInitRank");
   PARM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(int32_t)));
   PARM_CUDA_CHECK(cudaMemsetAsync(barrier_buf_, 0, sizeof(int32_t), stream));
+  live_comms().push_back(this);
 }
 
 NcclCommunicator::~NcclCommunicator() {
   // Never throws: runs at teardown, possibly while unwinding. After an abort the device
   // may still hold this communicator's work, so its memory is left alone.
+  auto& live = live_comms();
+  live.erase(std::remove(live.begin(), live.end(), this), live.end());
   if (aborted_) return;
-  if (comm_ != nullptr) (void)ncclCommDestroy(comm_);  // waits for its queued operations
+  if (comm_ != nullptr) {
+    // Flushes its queued operations (bounded by the deadline; aborted past it), then frees.
+    try {
+      PARM_NCCL_CHECK(ncclCommFinalize(comm_));
+      wait_ready("ncclCommFinalize");
+      (void)ncclCommDestroy(comm_);
+    } catch (...) {
+      abort();
+      return;
+    }
+  }
   const cudaStream_t stream = cuda::stream();
   for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
   for (const DeviceBuffer& b : free_scratch_) (void)cudaFreeAsync(b.data, stream);
   if (barrier_buf_ != nullptr) (void)cudaFreeAsync(barrier_buf_, stream);
   if (side_stream_ != nullptr) (void)cudaStreamDestroy(side_stream_);
+}
+
+void NcclCommunicator::wait_ready(const char* call) {
+  const double deadline_us = now_us() + timeout_s() * 1e6;
+  for (int spins = 0;; ++spins) {
+    ncclResult_t state = ncclSuccess;
+    PARM_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state == ncclSuccess) return;
+    check_progress(call, 0.0, deadline_us);  // aborts and throws on an error or the deadline
+    if (spins > 64) sched_yield();
+  }
 }
 
 std::string NcclCommunicator::where() const {
@@ -388,24 +407,29 @@ RequestPtr NcclCommunicator::make_request(CommOp op, double bytes_moved, double 
   return req;
 }
 
-RequestPtr NcclCommunicator::iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+RequestPtr NcclCommunicator::do_iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   check_usable("allreduce");
   const double bytes = static_cast<double>(count * dtype_size(dtype));
-  if (count > 0)
+  if (count > 0) {
+    NcclGroup group;  // a non-blocking communicator's enqueueing ends with the group
     PARM_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_,
                                   cuda::stream()));
+    group.end();
+  }
   return make_request(CommOp::kAllReduce, bytes, bus_bytes(CommOp::kAllReduce, size(), bytes),
                       /*counted=*/true);
 }
 
-RequestPtr NcclCommunicator::iallgather(const void* send, void* recv, size_t count,
-                                        DType dtype) {
+RequestPtr NcclCommunicator::do_iallgather(const void* send, void* recv, size_t count,
+                                           DType dtype) {
   check_usable("allgather");
   const double bytes = static_cast<double>(count * dtype_size(dtype));
   // In place (send == recv + rank * count) is NCCL's own in-place case.
-  if (count > 0)
-    PARM_NCCL_CHECK(
-        ncclAllGather(send, recv, count, nccl_type(dtype), comm_, cuda::stream()));
+  if (count > 0) {
+    NcclGroup group;
+    PARM_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, cuda::stream()));
+    group.end();
+  }
   return make_request(CommOp::kAllGather, bytes * size(),
                       bus_bytes(CommOp::kAllGather, size(), bytes), /*counted=*/true);
 }
@@ -415,8 +439,8 @@ RequestPtr NcclCommunicator::iallgather(const void* send, void* recv, size_t cou
 // travels to its owner instead (grouped send/recv into a pooled device scratch buffer) and
 // a kernel queued after the exchange sums them in group-rank order: the same bytes on the
 // wire as a pairwise reduce_scatter, counted as one reduce_scatter call.
-RequestPtr NcclCommunicator::ireduce_scatter(const void* send, void* recv, size_t count,
-                                             DType dtype) {
+RequestPtr NcclCommunicator::do_ireduce_scatter(const void* send, void* recv,
+                                                size_t count, DType dtype) {
   check_usable("reduce_scatter");
   PARM_CHECK(!nccl_group_open(),
              "{}: reduce_scatter inside an NcclGroup: its sum would be queued before the "
@@ -447,8 +471,8 @@ RequestPtr NcclCommunicator::ireduce_scatter(const void* send, void* recv, size_
                       bus_bytes(CommOp::kReduceScatter, n, bytes), /*counted=*/true, scratch);
 }
 
-RequestPtr NcclCommunicator::ialltoall(const void* send, void* recv, size_t count,
-                                       DType dtype) {
+RequestPtr NcclCommunicator::do_ialltoall(const void* send, void* recv, size_t count,
+                                          DType dtype) {
   check_usable("alltoall");
   const size_t block_bytes = count * dtype_size(dtype);
   const int n = size(), me = rank();
@@ -469,7 +493,7 @@ RequestPtr NcclCommunicator::ialltoall(const void* send, void* recv, size_t coun
                       /*counted=*/true);
 }
 
-RequestPtr NcclCommunicator::ialltoallv(const void* send, const size_t* send_counts,
+RequestPtr NcclCommunicator::do_ialltoallv(const void* send, const size_t* send_counts,
                                         const size_t* send_displs, void* recv,
                                         const size_t* recv_counts, const size_t* recv_displs,
                                         DType dtype) {
@@ -524,50 +548,48 @@ RequestPtr NcclCommunicator::post_p2p(bool is_send, void* buf, size_t count, DTy
              where(), op);
   const double bytes = static_cast<double>(count * dtype_size(dtype));
   if (count > 0) {
+    NcclGroup group;
     if (is_send)
       PARM_NCCL_CHECK(ncclSend(buf, count, nccl_type(dtype), peer, comm_, cuda::stream()));
     else
       PARM_NCCL_CHECK(ncclRecv(buf, count, nccl_type(dtype), peer, comm_, cuda::stream()));
+    group.end();
   }
   const CommOp cop = is_send ? CommOp::kSend : CommOp::kRecv;
   return make_request(cop, bytes, bus_bytes(cop, size(), bytes), counted);
 }
 
-RequestPtr NcclCommunicator::isend(const void* buf, size_t count, DType dtype, int peer,
-                                   int tag) {
-  return post_p2p(true, const_cast<void*>(buf), count, dtype, peer, tag, /*counted=*/true);
+RequestPtr NcclCommunicator::do_isend(const void* buf, size_t count, DType dtype, int peer,
+                                      int tag, bool counted) {
+  return post_p2p(true, const_cast<void*>(buf), count, dtype, peer, tag, counted);
 }
 
-RequestPtr NcclCommunicator::irecv(void* buf, size_t count, DType dtype, int peer, int tag) {
-  return post_p2p(false, buf, count, dtype, peer, tag, /*counted=*/true);
+RequestPtr NcclCommunicator::do_irecv(void* buf, size_t count, DType dtype, int peer, int tag,
+                                      bool counted) {
+  return post_p2p(false, buf, count, dtype, peer, tag, counted);
 }
 
-RequestPtr NcclCommunicator::isend_uncounted(const void* buf, size_t count, DType dtype,
-                                             int peer, int tag) {
-  return post_p2p(true, const_cast<void*>(buf), count, dtype, peer, tag, /*counted=*/false);
-}
-
-RequestPtr NcclCommunicator::irecv_uncounted(void* buf, size_t count, DType dtype, int peer,
-                                             int tag) {
-  return post_p2p(false, buf, count, dtype, peer, tag, /*counted=*/false);
-}
-
-RequestPtr NcclCommunicator::ibroadcast(void* buf, size_t count, DType dtype, int root) {
+RequestPtr NcclCommunicator::do_ibroadcast(void* buf, size_t count, DType dtype, int root) {
   check_usable("broadcast");
   PARM_CHECK(root >= 0 && root < size(), "{}: broadcast root {} is not a rank of 0..{}", where(),
              root, size() - 1);
   const double bytes = static_cast<double>(count * dtype_size(dtype));
-  if (count > 0)
+  if (count > 0) {
+    NcclGroup group;
     PARM_NCCL_CHECK(
         ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, cuda::stream()));
+    group.end();
+  }
   return make_request(CommOp::kBroadcast, bytes, bus_bytes(CommOp::kBroadcast, size(), bytes),
                       /*counted=*/true);
 }
 
-RequestPtr NcclCommunicator::ibarrier() {
+RequestPtr NcclCommunicator::do_ibarrier() {
   check_usable("barrier");
+  NcclGroup group;
   PARM_NCCL_CHECK(
       ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, cuda::stream()));
+  group.end();
   return make_request(CommOp::kBarrier, 0.0, 0.0, /*counted=*/true);
 }
 
@@ -575,6 +597,21 @@ std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator& host) {
   return std::make_unique<NcclCommunicator>(host);
 }
 
-bool is_nccl(const Communicator& c) { return dynamic_cast<const NcclCommunicator*>(&c) != nullptr; }
+bool is_nccl(const Communicator& c) { return std::strcmp(c.backend(), "nccl") == 0; }
+
+void NcclCommunicator::run_fused_dispatch(Communicator& esp, const float* in, float* out,
+                                          size_t block, int chunks) {
+  nccl_fused_dispatch(*this, same_backend(*this, esp, "fused dispatch"), in, out, block,
+                      chunks);
+}
+
+void NcclCommunicator::run_fused_combine(Communicator& ep, const float* in, float* out,
+                                         size_t block, int chunks,
+                                         const MpGatherPart* mp_part) {
+  if (mp_part != nullptr && mp_part->mp != nullptr)
+    (void)same_backend(*this, *mp_part->mp, "fused combine");
+  nccl_fused_combine(*this, same_backend(*this, ep, "fused combine"), in, out, block, chunks,
+                     mp_part);
+}
 
 }  // namespace parm

@@ -10,7 +10,13 @@
 // passes. The watchdog: on a deadline or an asynchronous NCCL error, wait() aborts the
 // NCCL communicator (ncclCommAbort, which also stops its kernels) and throws parm::Timeout
 // / parm::CommError naming the rank, group, op and bytes. An aborted communicator refuses
-// every later operation with parm::CommError; the job is expected to end.
+// every later operation with parm::CommError; the job is expected to end. Requests follow
+// the state machine of src/comm/tracked_request.h.
+//
+// The NCCL communicator is non-blocking (ncclConfig_t::blocking = 0), so that its
+// initialisation, which waits for every peer, is bounded by the same deadline (aborted past
+// it). Every operation is issued inside an NcclGroup, whose end waits, under the deadline,
+// until NCCL has enqueued it (ncclGroupEnd may return ncclInProgress).
 //
 // Identity, deadline and counters come from the MPI communicator of the same group
 // (`host`): name, rank, size, intra_node, timeout_s, and stats() IS host.stats(), so a group
@@ -56,24 +62,27 @@ namespace detail {
                                    int line);
 }  // namespace detail
 
-// Every NCCL call goes through this check.
+// Every NCCL call goes through this check. ncclInProgress is not an error: the call is
+// being completed in the background by a non-blocking communicator, and whoever issued it
+// waits for it (the end of its NcclGroup, or wait_ready()).
 #define PARM_NCCL_CHECK(call)                                                     \
   do {                                                                            \
     const ncclResult_t parm_nccl_rc_ = (call);                                    \
-    if (parm_nccl_rc_ != ncclSuccess) [[unlikely]]                                \
+    if (parm_nccl_rc_ != ncclSuccess && parm_nccl_rc_ != ncclInProgress) [[unlikely]] \
       ::parm::detail::throw_nccl_error(parm_nccl_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 
 class NcclCommunicator final : public Communicator {
  public:
   // Collective over `host` (every member constructs its NcclCommunicator at the same point):
-  // host rank 0 creates the NCCL unique id, MPI_Bcast hands it to the others, and each calls
-  // ncclCommInitRank on the process's GPU. `host` must outlive this object. Throws
-  // parm::CommError when NCCL refuses (for instance two ranks of the group on one GPU:
-  // use StagedCommunicator there).
+  // host rank 0 creates the NCCL unique id, host.broadcast hands it to the others, and each
+  // initialises its NCCL communicator on the process's GPU, bounded by host.timeout_s()
+  // (parm::Timeout past it, the half-made communicator aborted). `host` must outlive this
+  // object. Throws parm::CommError when NCCL refuses (for instance two ranks of the group on
+  // one GPU: use StagedCommunicator there).
   explicit NcclCommunicator(MpiCommunicator& host);
-  // Destroys the NCCL communicator (nothing of it may still be in flight), or nothing when
-  // the watchdog aborted it.
+  // Finalizes and destroys the NCCL communicator (nothing of it may still be in flight;
+  // aborted if finalizing outlasts the deadline), or nothing when the watchdog aborted it.
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -81,36 +90,16 @@ class NcclCommunicator final : public Communicator {
   const std::string& name() const override { return host_.name(); }
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
+  int world_rank() const override { return world_rank_; }
   bool intra_node() const override { return host_.intra_node(); }
   CommStats& stats() override { return host_.stats(); }
   double timeout_s() const override { return host_.timeout_s(); }
-
-  // Semantics as parm::Communicator, over device buffers; every DType and ReduceOp is
-  // supported. Restrictions (refused with parm::Error): ialltoall's send and recv must not
-  // overlap; ialltoallv's own block must have equal send and receive counts;
-  // ireduce_scatter's recv may be send's own block (recv == send + rank * count) but must
-  // not overlap the rest of send. A count of 0 moves nothing and is still counted as a call.
-  RequestPtr iallreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
-  RequestPtr iallgather(const void* send, void* recv, size_t count, DType dtype) override;
-  // Summed in group-rank order ((b0 + b1) + b2) + ... by a kernel after an exchange of blocks,
-  // so it is bit-identical to MpiCommunicator::ireduce_scatter and to the fused combine.
-  RequestPtr ireduce_scatter(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr ialltoall(const void* send, void* recv, size_t count, DType dtype) override;
-  RequestPtr ialltoallv(const void* send, const size_t* send_counts, const size_t* send_displs,
-                        void* recv, const size_t* recv_counts, const size_t* recv_displs,
-                        DType dtype) override;
-  RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag) override;
-  RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag) override;
-  // An allreduce of one int32 on a small device buffer of this communicator.
-  RequestPtr ibarrier() override;
-  RequestPtr ibroadcast(void* buf, size_t count, DType dtype, int root) override;
-  RequestPtr isend_uncounted(const void* buf, size_t count, DType dtype, int peer,
-                             int tag) override;
-  RequestPtr irecv_uncounted(void* buf, size_t count, DType dtype, int peer, int tag) override;
+  const char* backend() const override { return "nccl"; }
+  MemorySpace memory_space() const override { return MemorySpace::kDevice; }
+  MemorySpace space_of(const void* p) const override { return cuda_space_of(p); }
 
   ncclComm_t nccl_comm() const { return comm_; }
   MpiCommunicator& host() const { return host_; }
-  int world_rank() const { return world_rank_; }
   // True once the watchdog aborted the NCCL communicator.
   bool aborted() const { return aborted_; }
 
@@ -144,6 +133,21 @@ class NcclCommunicator final : public Communicator {
   void check_progress(const char* op, double bytes, double deadline_us);
   // ncclCommAbort (once); later operations are refused.
   void abort();
+  // Polls the non-blocking communicator until `call` (ncclCommInitRankConfig, a group's
+  // enqueueing, ncclCommFinalize) has finished, under check_progress's rules with a deadline
+  // of timeout_s() from now.
+  void wait_ready(const char* call);
+
+ protected:
+  // Semantics as parm::Communicator, over device buffers; every DType and ReduceOp is
+  // supported. Restrictions (refused with parm::Error): ialltoall's send and recv must not
+  // overlap; ialltoallv's own block must have equal send and receive counts;
+  // ireduce_scatter's recv may be send's own block (recv == send + rank * count) but must
+  // not overlap the rest of send. A count of 0 moves nothing and is still counted as a call.
+  // ireduce_scatter sums in group-rank order ((b0 + b1) + b2) + ... by a kernel after an
+  // exchange of blocks, so it is bit-identical to the MPI backend's and to the fused
+  // combine. ibarrier is an allreduce of one int32 on a small device buffer.
+  PARM_COMMUNICATOR_OPS(override)
 
  private:
   // Queues the event of a request (now, or at the end of the open NcclGroup) and wraps it.
@@ -192,10 +196,11 @@ bool nccl_group_open();
 // The communicator the topology builds for a group in a CUDA run with one GPU per rank.
 // Collective over `host`, as the constructor.
 std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator& host);
-// True when `c` is an NcclCommunicator (so the fused collectives take the NCCL path).
+// True when `c` is an NcclCommunicator (its backend() is "nccl").
 bool is_nccl(const Communicator& c);
 
-// ---- fused collectives on CUDA streams (src/comm/cuda/nccl_fused.cpp) ----
+// ---- fused collectives on CUDA streams (src/comm/cuda/nccl_fused.cpp): what
+// NcclCommunicator::run_fused_dispatch / run_fused_combine run, every group an NCCL one ----
 // Semantics, layouts and counters exactly those of fused_dispatch / fused_combine
 // (src/comm/fused.h), over device buffers, bit-identical to the unfused composition. The
 // data is cut into `chunks` pieces (the same contiguous range of every block); each
