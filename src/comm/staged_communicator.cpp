@@ -88,7 +88,7 @@ void on_host_areas(F&& run) {
 }  // namespace
 
 StagedCommunicator::StagedCommunicator(Communicator& host, CopyFn copy, SpaceOfFn space_of)
-    : host_(host), copy_(copy != nullptr ? copy : &device_copy),
+    : LayeredCommunicator(host), host_(host), copy_(copy != nullptr ? copy : &device_copy),
       space_of_(space_of != nullptr ? space_of
                                     : copy != nullptr ? &all_device : &cuda_space_of) {}
 
@@ -150,39 +150,43 @@ RequestPtr StagedCommunicator::do_iallreduce(void* buf, size_t count, DType dtyp
   return finish(std::move(r), buf, hp, bytes, std::move(h), {});
 }
 
-RequestPtr StagedCommunicator::do_iallgather(const void* send, void* recv, size_t count,
-                                          DType dtype) {
-  const size_t block = count * dtype_size(dtype);
-  const size_t total = block * static_cast<size_t>(size());
-  Buffer hs = take(block), hr = take(total);
-  copy_(hs.data.get(), send, block);  // before the host call: send may lie inside recv
+// The shape every out-of-place collective shares: `send_bytes` of send staged in, the host
+// op posted on the staging buffers, `recv_bytes` staged back into recv on completion.
+template <typename Post>
+RequestPtr StagedCommunicator::staged_out_of_place(const void* send, size_t send_bytes,
+                                                   void* recv, size_t recv_bytes,
+                                                   const Post& post) {
+  Buffer hs = take(send_bytes), hr = take(recv_bytes);
+  copy_(hs.data.get(), send, send_bytes);  // before the host call: send may lie inside recv
   void* hrp = hr.data.get();
-  RequestPtr r = host_.iallgather(hs.data.get(), hrp, count, dtype);
-  return finish(std::move(r), recv, hrp, total,
-                std::move(hs), std::move(hr));
+  RequestPtr r = post(hs.data.get(), hrp);
+  return finish(std::move(r), recv, hrp, recv_bytes, std::move(hs), std::move(hr));
+}
+
+RequestPtr StagedCommunicator::do_iallgather(const void* send, void* recv, size_t count,
+                                             DType dtype) {
+  const size_t block = count * dtype_size(dtype);
+  return staged_out_of_place(send, block, recv, block * static_cast<size_t>(size()),
+                             [&](const void* hs, void* hr) {
+                               return host_.iallgather(hs, hr, count, dtype);
+                             });
 }
 
 RequestPtr StagedCommunicator::do_ireduce_scatter(const void* send, void* recv, size_t count,
                                                   DType dtype) {
   const size_t block = count * dtype_size(dtype);
-  const size_t total = block * static_cast<size_t>(size());
-  Buffer hs = take(total), hr = take(block);
-  copy_(hs.data.get(), send, total);
-  void* hrp = hr.data.get();
-  RequestPtr r = host_.ireduce_scatter(hs.data.get(), hrp, count, dtype);
-  return finish(std::move(r), recv, hrp, block,
-                std::move(hs), std::move(hr));
+  return staged_out_of_place(send, block * static_cast<size_t>(size()), recv, block,
+                             [&](const void* hs, void* hr) {
+                               return host_.ireduce_scatter(hs, hr, count, dtype);
+                             });
 }
 
 RequestPtr StagedCommunicator::do_ialltoall(const void* send, void* recv, size_t count,
-                                         DType dtype) {
+                                            DType dtype) {
   const size_t total = count * dtype_size(dtype) * static_cast<size_t>(size());
-  Buffer hs = take(total), hr = take(total);
-  copy_(hs.data.get(), send, total);
-  void* hrp = hr.data.get();
-  RequestPtr r = host_.ialltoall(hs.data.get(), hrp, count, dtype);
-  return finish(std::move(r), recv, hrp, total,
-                std::move(hs), std::move(hr));
+  return staged_out_of_place(send, total, recv, total, [&](const void* hs, void* hr) {
+    return host_.ialltoall(hs, hr, count, dtype);
+  });
 }
 
 RequestPtr StagedCommunicator::do_ialltoallv(const void* send, const size_t* send_counts,

@@ -25,12 +25,13 @@
 #include <utility>
 #include <vector>
 
+#include "comm/layered_communicator.h"
 #include "comm/scratch_pool.h"
 #include "parm/comm.h"
 
 namespace parm {
 
-class StagedCommunicator final : public Communicator {
+class StagedCommunicator final : public LayeredCommunicator {
  public:
   // Copies between device and host memory (both directions; returns when done).
   using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
@@ -46,13 +47,6 @@ class StagedCommunicator final : public Communicator {
   Communicator& host() { return host_; }
   CopyFn copy_fn() const { return copy_; }
 
-  const std::string& name() const override { return host_.name(); }
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.size(); }
-  int world_rank() const override { return host_.world_rank(); }
-  bool intra_node() const override { return host_.intra_node(); }
-  CommStats& stats() override { return host_.stats(); }
-  double timeout_s() const override { return host_.timeout_s(); }
   const char* backend() const override { return "staged"; }
   MemorySpace memory_space() const override { return MemorySpace::kDevice; }
   MemorySpace space_of(const void* p) const override { return space_of_(p); }
@@ -70,6 +64,9 @@ class StagedCommunicator final : public Communicator {
   // bytes of host staging back to `device_dst` and returns the buffers.
   RequestPtr finish(RequestPtr host_req, void* device_dst, const void* host_src,
                     size_t result_bytes, Buffer a, Buffer b);
+  template <typename Post>
+  RequestPtr staged_out_of_place(const void* send, size_t send_bytes, void* recv,
+                                 size_t recv_bytes, const Post& post);
 
   Communicator& host_;
   CopyFn copy_;

@@ -240,12 +240,11 @@ bool nccl_group_open() { return group_state().depth > 0; }
 
 // ---- the communicator ----
 
-NcclCommunicator::NcclCommunicator(MpiCommunicator& host) : host_(host) {
+NcclCommunicator::NcclCommunicator(MpiCommunicator& host) : LayeredCommunicator(host), host_(host) {
   // NCCL binds the communicator to the current device: the process's GPU, on this thread.
   const cuda::Context& ctx = cuda::context();
   PARM_CUDA_CHECK(cudaSetDevice(ctx.device));
   const cudaStream_t stream = ctx.stream;
-  world_rank_ = host.world_rank();
   // Rank 0's ncclGetUniqueId result travels with the id, so a failure there is reported on
   // every rank instead of leaving the others waiting in ncclCommInitRank. The broadcast is
   // the host communicator's, under its watchdog.
@@ -308,7 +307,7 @@ void NcclCommunicator::wait_ready(const char* call) {
 }
 
 std::string NcclCommunicator::where() const {
-  return fmt::format("rank {} (group {} rank {} of {})", world_rank_, name(), rank(), size());
+  return fmt::format("rank {} (group {} rank {} of {})", world_rank(), name(), rank(), size());
 }
 
 void NcclCommunicator::check_usable(const char* op) const {

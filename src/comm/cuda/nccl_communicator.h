@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "comm/fused.h"
+#include "comm/layered_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "parm/comm.h"
 
@@ -72,7 +73,7 @@ namespace detail {
       ::parm::detail::throw_nccl_error(parm_nccl_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public LayeredCommunicator {
  public:
   // Collective over `host` (every member constructs its NcclCommunicator at the same point):
   // host rank 0 creates the NCCL unique id, host.broadcast hands it to the others, and each
@@ -87,13 +88,6 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
-  const std::string& name() const override { return host_.name(); }
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.size(); }
-  int world_rank() const override { return world_rank_; }
-  bool intra_node() const override { return host_.intra_node(); }
-  CommStats& stats() override { return host_.stats(); }
-  double timeout_s() const override { return host_.timeout_s(); }
   const char* backend() const override { return "nccl"; }
   MemorySpace memory_space() const override { return MemorySpace::kDevice; }
   MemorySpace space_of(const void* p) const override { return cuda_space_of(p); }
@@ -159,7 +153,6 @@ class NcclCommunicator final : public Communicator {
 
   MpiCommunicator& host_;
   ncclComm_t comm_ = nullptr;
-  int world_rank_ = 0;
   bool aborted_ = false;
   cudaStream_t side_stream_ = nullptr;
   int32_t* barrier_buf_ = nullptr;  // (1) device int of ibarrier
