@@ -31,6 +31,8 @@ inline float from_bf16(uint16_t h) {
   return f;
 }
 
+// True while set_bf16_kernel(kPortable) is in force: the packing runs its scalar loops too.
+bool bf16_portable_forced();
 // True when this CPU has AMX bf16 tiles and the kernel granted this process their state
 // (Linux arch_prctl ARCH_REQ_XCOMP_PERM); asked once.
 bool amx_usable();

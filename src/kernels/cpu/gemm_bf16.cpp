@@ -61,6 +61,10 @@ struct PackScratch {
 
 }  // namespace
 
+bool detail::bf16_portable_forced() {
+  return g_kernel.load(std::memory_order_relaxed) == Bf16Kernel::kPortable;
+}
+
 void set_bf16_kernel(Bf16Kernel kernel) {
   PARM_CONFIG_CHECK(kernel != Bf16Kernel::kAmx || detail::amx_usable(),
                     "bf16 kernel: AMX requested, but this CPU or kernel offers no AMX bf16 "

@@ -69,7 +69,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cons
                int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                const float* b, float* c, bool accumulate);
-// Which bf16 kernel runs: kAuto (AMX when usable), or one forced process-wide (tests);
+// Which bf16 kernel runs: kAuto (AMX when usable), or one forced process-wide (tests;
+// kPortable also packs with scalar loops instead of AVX512-BF16);
 // forcing kAmx where AMX is not usable throws InvalidConfig.
 enum class Bf16Kernel { kAuto, kAmx, kPortable };
 void set_bf16_kernel(Bf16Kernel kernel);
