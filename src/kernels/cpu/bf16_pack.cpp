@@ -84,7 +84,8 @@ PARM_AVX512_BF16 void pack_b_avx512(bool trans, int64_t k, int64_t n, const floa
                                     uint16_t* packed) {
   const int64_t np = round_up(n, kTileRows), kp = round_up(k, kTileK), pairs = kp / 2;
   const __m512i offsets = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(16));
   if (!trans) {
     // Stored rows 2p and 2p + 1, columns j0..j0+15: one 64-byte row of panel j0 / 16. Pairs
     // outermost, so b is read row after row.
@@ -127,7 +128,8 @@ void pack_a_scalar(bool trans, int64_t m, int64_t k, const float* a, int64_t lda
         for (int64_t j = j0; j < j1; ++j)
           packed[i * kp + j] = to_bf16(trans ? a[j * lda + i] : a[i * lda + j]);
     }
-  for (int64_t i = 0; i < m; ++i) std::fill(packed + i * kp + k, packed + (i + 1) * kp, uint16_t{0});
+  for (int64_t i = 0; i < m; ++i)
+    std::fill(packed + i * kp + k, packed + (i + 1) * kp, uint16_t{0});
 }
 
 void pack_b_scalar(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,

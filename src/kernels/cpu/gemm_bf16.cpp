@@ -30,7 +30,8 @@ std::atomic<Bf16Kernel> g_kernel{Bf16Kernel::kAuto};
 // (products of two bf16 values are exact in fp32; only the order of the sum differs).
 void gemm_bf16_portable(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
                         float* c, int64_t ldc, bool accumulate) {
-  const int64_t kp = round_up(k, kTileK), pairs = kp / 2, panels = round_up(n, kTileRows) / kTileRows;
+  const int64_t kp = round_up(k, kTileK), pairs = kp / 2;
+  const int64_t panels = round_up(n, kTileRows) / kTileRows;
   for (int64_t i = 0; i < m; ++i) {
     const uint16_t* arow = a + i * kp;
     for (int64_t jp = 0; jp < panels; ++jp) {
