@@ -1,7 +1,7 @@
 // fp32 operands rounded to bf16 into the packed layouts of the bf16 GEMM (bf16_detail.h).
-// With AVX512-BF16 the rounding is VCVTNE2PS2BF16 and transposed operands are written with
-// scatters of bf16 pairs; without it, scalar loops do the same (to_bf16: the same rounding,
-// except that the instruction treats fp32 denormals as zero).
+// With AVX512-BF16 the rounding is VCVTNE2PS2BF16 and transposed operands go through
+// 16 x 16 transposes of bf16 pairs in registers; without it, scalar loops do the same
+// (to_bf16: the same rounding, except that the instruction treats fp32 denormals as zero).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -51,6 +51,34 @@ PARM_AVX512_BF16 inline __m512i pairs16(__m512 lo, __m512 hi) {
   return _mm512_permutexvar_epi16(idx, both);
 }
 
+// r[i] lane j becomes r[j] lane i (16 x 16 dwords: unpacks within 128-bit lanes, then lane
+// shuffles). GCC 12's unpack intrinsics start from _mm512_undefined and warn about it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+PARM_AVX512_BF16 inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+      t[8 * i + j + 4] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+#pragma GCC diagnostic pop
+
 PARM_AVX512_BF16 void pack_a_avx512(bool trans, int64_t m, int64_t k, const float* a, int64_t lda,
                                     uint16_t* packed) {
   const int64_t kp = round_up(k, kTileK);
@@ -65,17 +93,20 @@ PARM_AVX512_BF16 void pack_a_avx512(bool trans, int64_t m, int64_t k, const floa
     }
     return;
   }
-  // op(A)[i][j] = a[j * lda + i]: stored rows j, j + 1 give the pairs (i, j..j+1) of 16 i.
-  const __m512i offsets = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
-                                                              5, 4, 3, 2, 1, 0),
-                                             _mm512_set1_epi32(static_cast<int>(kp / 2)));
+  // op(A)[i][j] = a[j * lda + i]: stored rows j, j + 1 give the pairs (i, j..j+1) of 16 i;
+  // 16 such pairs of rows, transposed, are 16 rows of 32 packed values.
   for (int64_t i0 = 0; i0 < m; i0 += 16) {
     const int64_t rows = std::min<int64_t>(16, m - i0);
-    const __mmask16 valid = static_cast<__mmask16>(rows >= 16 ? 0xffffu : (1u << rows) - 1u);
-    for (int64_t j = 0; j < kp; j += 2) {
-      const __m512 lo = j < k ? load16(a + j * lda + i0, rows) : _mm512_setzero_ps();
-      const __m512 hi = j + 1 < k ? load16(a + (j + 1) * lda + i0, rows) : _mm512_setzero_ps();
-      _mm512_mask_i32scatter_epi32(packed + i0 * kp + j, valid, offsets, pairs16(lo, hi), 4);
+    for (int64_t j0 = 0; j0 < kp; j0 += 32) {
+      __m512i v[16];
+      for (int64_t q = 0; q < 16; ++q) {
+        const int64_t j = j0 + 2 * q;
+        const __m512 lo = j < k ? load16(a + j * lda + i0, rows) : _mm512_setzero_ps();
+        const __m512 hi = j + 1 < k ? load16(a + (j + 1) * lda + i0, rows) : _mm512_setzero_ps();
+        v[q] = pairs16(lo, hi);
+      }
+      transpose16(v);
+      for (int64_t i = 0; i < rows; ++i) _mm512_storeu_si512(packed + (i0 + i) * kp + j0, v[i]);
     }
   }
 }
@@ -83,9 +114,6 @@ PARM_AVX512_BF16 void pack_a_avx512(bool trans, int64_t m, int64_t k, const floa
 PARM_AVX512_BF16 void pack_b_avx512(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,
                                     uint16_t* packed) {
   const int64_t np = round_up(n, kTileRows), kp = round_up(k, kTileK), pairs = kp / 2;
-  const __m512i offsets = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(16));
   if (!trans) {
     // Stored rows 2p and 2p + 1, columns j0..j0+15: one 64-byte row of panel j0 / 16. Pairs
     // outermost, so b is read row after row.
@@ -102,15 +130,19 @@ PARM_AVX512_BF16 void pack_b_avx512(bool trans, int64_t k, int64_t n, const floa
   for (int64_t jp = 0; jp < np / kTileRows; ++jp) {
     uint16_t* panel = packed + jp * pairs * 2 * kTileRows;
     const int64_t j0 = jp * kTileRows, width = std::min<int64_t>(kTileRows, n - j0);
-    // op(B)[kk][j] = b[j * ldb + kk]: stored row j gives column j's pairs p0..p0+15.
-    if (width < kTileRows) std::fill(panel, panel + pairs * 2 * kTileRows, uint16_t{0});
-    for (int64_t jj = 0; jj < width; ++jj) {
-      const float* src = b + (j0 + jj) * ldb;
-      for (int64_t kk = 0; kk < kp; kk += 32) {
-        const __m512i v = reinterpret_cast<__m512i>(
-            _mm512_cvtne2ps_pbh(load16(src + kk + 16, k - kk - 16), load16(src + kk, k - kk)));
-        _mm512_i32scatter_epi32(panel + (kk / 2) * 2 * kTileRows + jj * 2, offsets, v, 4);
+    // op(B)[kk][j] = b[j * ldb + kk]: stored row j gives column j's pairs p0..p0+15; the 16
+    // columns' pairs, transposed, are 16 panel rows.
+    for (int64_t kk = 0; kk < kp; kk += 32) {
+      __m512i v[16];
+      for (int64_t jj = 0; jj < 16; ++jj) {
+        const float* src = b + (j0 + jj) * ldb;
+        v[jj] = jj < width ? reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
+                                 load16(src + kk + 16, k - kk - 16), load16(src + kk, k - kk)))
+                           : _mm512_setzero_si512();
       }
+      transpose16(v);
+      for (int64_t q = 0; q < 16; ++q)
+        _mm512_storeu_si512(panel + (kk / 2 + q) * 2 * kTileRows, v[q]);
     }
   }
 }
