@@ -105,6 +105,51 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
   EXPECT_GT(without_drops, 0);
 }
 
+// --precision bf16 on the CPU: every schedule (fused and not) on every layout of the sweep,
+// within the bf16 tolerance; and the products really are bf16: the error is of bf16's
+// rounding (~1e-3), far above what fp32 products leave (~1e-7).
+TEST(Equivalence, Bf16EveryScheduleEveryLayoutWithinTheBf16Tolerance) {
+  int64_t checks = 0;
+  for (const Layout3& lay : sweep_layouts()) {
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    const int64_t experts = test::world_size() == 3 ? 6 : 8;
+    for (const Case& c : {kCases[1], kCases[3]}) {
+      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+      for (bool fuse : {false, true}) {
+        if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
+        LayerCheckOptions o;
+        o.fuse = fuse;
+        o.chunks = 3;
+        o.shape.tokens = 24;
+        o.shape.model_dim = 40;  // not a multiple of the bf16 kernel's 16 / 32 blocks
+        o.shape.hidden = 72;
+        o.shape.experts = experts;
+        o.shape.topk = c.topk;
+        o.shape.capacity_factor = CapacityFactor::parse(c.f);
+        o.kind = kind;
+        o.seed = 13;
+        o.precision = Precision::kBf16;
+        o.tolerance = default_tolerance(Precision::kBf16);
+        o.skew = c.skew;
+        const LayerCheckResult r = check_layer(*topo, o);
+        ++checks;
+        std::string detail;
+        double out_error = 0.0;
+        for (const auto& e : r.errors) {
+          detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
+          if (e.name == "out") out_error = e.max_rel;
+        }
+        const std::string where = fmt::format("mp={} ep={} esp={} {}{} [{}]:{}", lay.mp, lay.ep,
+                                              lay.esp, schedule::kind_name(kind),
+                                              fuse ? " fused" : "", c.name, detail);
+        EXPECT_TRUE(r.passed) << where;
+        EXPECT_GT(out_error, 1e-5) << where << ": no bf16 rounding in the output";
+      }
+    }
+  }
+  EXPECT_GT(checks, 0);
+}
+
 TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
   TopologyOptions topt;
   topt.ep = test::world_size();
