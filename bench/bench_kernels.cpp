@@ -185,20 +185,6 @@ void BM_ExpertGemm(benchmark::State& state, ExpertProduct product) {
   state.SetLabel(fmt::format("m={} n={} k={}{}{}{}", g.m, g.n, g.k, g.trans_a ? " ta" : "",
                              g.trans_b ? " tb" : "", g.accumulate ? " acc" : ""));
 }
-#define PARM_EXPERT_GEMM(row_name, product)           \
-  BENCHMARK_CAPTURE(BM_ExpertGemm, row_name, product) \
-      ->ArgName("H")                                  \
-      ->Arg(kH)                                       \
-      ->Arg(kH / 2)                                   \
-      ->UseRealTime()                                 \
-      ->MinTime(0.2)
-PARM_EXPERT_GEMM(fwd_pre_x_W1, ExpertProduct::kPre);
-PARM_EXPERT_GEMM(fwd_y_act_W2, ExpertProduct::kOut);
-PARM_EXPERT_GEMM(bwd_dW2_actT_dy, ExpertProduct::kDW2);
-PARM_EXPERT_GEMM(bwd_dact_dy_W2T, ExpertProduct::kDAct);
-PARM_EXPERT_GEMM(bwd_dW1_xT_dact, ExpertProduct::kDW1);
-PARM_EXPERT_GEMM(bwd_dx_dact_W1T, ExpertProduct::kDX);
-#undef PARM_EXPERT_GEMM
 
 // The same six products at --precision bf16: operands packed to bf16 before the loop (the
 // layer packs the weights once per pass and the rows per call; this is the product alone,
@@ -223,20 +209,25 @@ void BM_ExpertGemmBf16(benchmark::State& state, ExpertProduct product) {
                              g.trans_b ? " tb" : "", g.accumulate ? " acc" : "",
                              parm::cpu::bf16_kernel_name()));
 }
-#define PARM_EXPERT_GEMM_BF16(row_name, product)           \
-  BENCHMARK_CAPTURE(BM_ExpertGemmBf16, row_name, product) \
-      ->ArgName("H")                                       \
-      ->Arg(kH)                                            \
-      ->Arg(kH / 2)                                        \
-      ->UseRealTime()                                      \
+// The six products, fp32 (BM_ExpertGemm) and bf16 (BM_ExpertGemmBf16).
+#define PARM_EXPERT_GEMM(fn, row_name, product) \
+  BENCHMARK_CAPTURE(fn, row_name, product)       \
+      ->ArgName("H")                             \
+      ->Arg(kH)                                  \
+      ->Arg(kH / 2)                              \
+      ->UseRealTime()                            \
       ->MinTime(0.2)
-PARM_EXPERT_GEMM_BF16(fwd_pre_x_W1, ExpertProduct::kPre);
-PARM_EXPERT_GEMM_BF16(fwd_y_act_W2, ExpertProduct::kOut);
-PARM_EXPERT_GEMM_BF16(bwd_dW2_actT_dy, ExpertProduct::kDW2);
-PARM_EXPERT_GEMM_BF16(bwd_dact_dy_W2T, ExpertProduct::kDAct);
-PARM_EXPERT_GEMM_BF16(bwd_dW1_xT_dact, ExpertProduct::kDW1);
-PARM_EXPERT_GEMM_BF16(bwd_dx_dact_W1T, ExpertProduct::kDX);
-#undef PARM_EXPERT_GEMM_BF16
+#define PARM_EXPERT_GEMMS(fn)                                  \
+  PARM_EXPERT_GEMM(fn, fwd_pre_x_W1, ExpertProduct::kPre);     \
+  PARM_EXPERT_GEMM(fn, fwd_y_act_W2, ExpertProduct::kOut);     \
+  PARM_EXPERT_GEMM(fn, bwd_dW2_actT_dy, ExpertProduct::kDW2);  \
+  PARM_EXPERT_GEMM(fn, bwd_dact_dy_W2T, ExpertProduct::kDAct); \
+  PARM_EXPERT_GEMM(fn, bwd_dW1_xT_dact, ExpertProduct::kDW1);  \
+  PARM_EXPERT_GEMM(fn, bwd_dx_dact_W1T, ExpertProduct::kDX)
+PARM_EXPERT_GEMMS(BM_ExpertGemm);
+PARM_EXPERT_GEMMS(BM_ExpertGemmBf16);
+#undef PARM_EXPERT_GEMMS
+#undef PARM_EXPERT_GEMM
 
 // ---- Memory-bound kernels --------------------------------------------------------------
 

@@ -93,28 +93,35 @@ void Bf16ExpertProducts::fc2_forward(int64_t e, int64_t rows, const float* act, 
   cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + w, out, M, false);
 }
 
+namespace {
+
+// Both backward products of one linear map y (R, out) = x (R, in) W (in, out):
+// dW (in, out) += x^T (in, R) dy (R, out); dx (R, in) = dy (R, out) W^T (out, in), with W^T
+// already packed as B. a / b: scratch for the packed row operands.
+void linear_backward_bf16(int64_t rows, int64_t in, int64_t out, const float* x, const float* dy,
+                          const uint16_t* wt_packed, float* dw, float* dx, uint16_t* a,
+                          uint16_t* b) {
+  cpu::bf16_pack_a(true, in, rows, x, in, a);
+  cpu::bf16_pack_b(false, rows, out, dy, out, b);
+  cpu::gemm_bf16_packed(in, out, rows, a, b, dw, out, true);
+  cpu::bf16_pack_a(false, rows, out, dy, out, a);
+  cpu::gemm_bf16_packed(rows, in, out, a, wt_packed, dx, in, false);
+}
+
+}  // namespace
+
 void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const float* act, const float* dy,
                                       float* dw2, float* dact) {
-  const int64_t M = model_dim_, hl = hidden_, w = e * w_stride_;
-  // dW2 (Hl, M) += act^T (Hl, R) dy (R, M)
-  cpu::bf16_pack_a(true, hl, rows, act, hl, a_.data());
-  cpu::bf16_pack_b(false, rows, M, dy, M, b_.data());
-  cpu::gemm_bf16_packed(hl, M, rows, a_.data(), b_.data(), dw2, M, true);
-  // dact (R, Hl) = dy (R, M) W2^T (M, Hl)
-  cpu::bf16_pack_a(false, rows, M, dy, M, a_.data());
-  cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w2t_.data() + w, dact, hl, false);
+  // dW2 (Hl, M) += act^T dy; dact (R, Hl) = dy W2^T
+  linear_backward_bf16(rows, hidden_, model_dim_, act, dy, w2t_.data() + e * w_stride_, dw2,
+                       dact, a_.data(), b_.data());
 }
 
 void Bf16ExpertProducts::fc1_backward(int64_t e, int64_t rows, const float* x, const float* dpre,
                                       float* dw1, float* dx) {
-  const int64_t M = model_dim_, hl = hidden_, w = e * w_stride_;
-  // dW1 (M, Hl) += x^T (M, R) dpre (R, Hl)
-  cpu::bf16_pack_a(true, M, rows, x, M, a_.data());
-  cpu::bf16_pack_b(false, rows, hl, dpre, hl, b_.data());
-  cpu::gemm_bf16_packed(M, hl, rows, a_.data(), b_.data(), dw1, hl, true);
-  // dx (R, M) = dpre (R, Hl) W1^T (Hl, M)
-  cpu::bf16_pack_a(false, rows, hl, dpre, hl, a_.data());
-  cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w1t_.data() + w, dx, M, false);
+  // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T
+  linear_backward_bf16(rows, model_dim_, hidden_, x, dpre, w1t_.data() + e * w_stride_, dw1, dx,
+                       a_.data(), b_.data());
 }
 
 int64_t Bf16ExpertProducts::held_bytes() const {

@@ -58,6 +58,23 @@ bool allowed(Kind kind, const Layout3& l) {
   return schedule::supports(kind, {.mp = l.mp, .ep = l.ep, .esp = l.esp});
 }
 
+// The check of one case on T = 24 tokens per MP group (3 pipeline chunks when fused).
+LayerCheckOptions case_options(const Case& c, Kind kind, bool fuse, int64_t experts,
+                               int64_t model_dim, int64_t hidden) {
+  LayerCheckOptions o;
+  o.fuse = fuse;
+  o.chunks = 3;
+  o.shape.tokens = 24;
+  o.shape.model_dim = model_dim;
+  o.shape.hidden = hidden;
+  o.shape.experts = experts;
+  o.shape.topk = c.topk;
+  o.shape.capacity_factor = CapacityFactor::parse(c.f);
+  o.kind = kind;
+  o.skew = c.skew;
+  return o;
+}
+
 TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
   int64_t checks = 0, with_drops = 0, without_drops = 0;
   for (const Layout3& lay : sweep_layouts()) {
@@ -67,19 +84,10 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
       for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
       for (bool fuse : {false, true}) {
         if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
-        LayerCheckOptions o;
-        o.fuse = fuse;
-        o.chunks = 3;
-        o.shape.tokens = 24;  // per MP group; divisible by N_MP in {1, 2, 3, 4}
-        o.shape.model_dim = 8;
-        o.shape.hidden = 24;  // divisible by N_ESP in {1, 2, 3, 4, 8}
-        o.shape.experts = experts;
-        o.shape.topk = c.topk;
-        o.shape.capacity_factor = CapacityFactor::parse(c.f);
-        o.kind = kind;
+        // T = 24 per MP group: divisible by N_MP in {1, 2, 3, 4}; H by N_ESP up to 8.
+        LayerCheckOptions o = case_options(c, kind, fuse, experts, 8, 24);
         o.seed = 11;
         o.tolerance = kTolerance;
-        o.skew = c.skew;
         const LayerCheckResult r = check_layer(*topo, o);
         ++checks;
         (r.dropped_choices > 0 ? with_drops : without_drops) += 1;
@@ -117,20 +125,11 @@ TEST(Equivalence, Bf16EveryScheduleEveryLayoutWithinTheBf16Tolerance) {
       for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
       for (bool fuse : {false, true}) {
         if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
-        LayerCheckOptions o;
-        o.fuse = fuse;
-        o.chunks = 3;
-        o.shape.tokens = 24;
-        o.shape.model_dim = 40;  // not a multiple of the bf16 kernel's 16 / 32 blocks
-        o.shape.hidden = 72;
-        o.shape.experts = experts;
-        o.shape.topk = c.topk;
-        o.shape.capacity_factor = CapacityFactor::parse(c.f);
-        o.kind = kind;
+        // M, H not multiples of the bf16 kernel's 16 / 32 blocks.
+        LayerCheckOptions o = case_options(c, kind, fuse, experts, 40, 72);
         o.seed = 13;
         o.precision = Precision::kBf16;
         o.tolerance = default_tolerance(Precision::kBf16);
-        o.skew = c.skew;
         const LayerCheckResult r = check_layer(*topo, o);
         ++checks;
         std::string detail;

@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cpuid.h>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/bf16_detail.h"
 #include "kernels/cpu/dnnl_check.h"
+#include "kernels/cpu/gemm_args.h"
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
 
@@ -131,15 +131,7 @@ void gemm_bf16_packed(int64_t m, int64_t n, int64_t k, const uint16_t* a, const 
                       float* c, int64_t ldc, bool accumulate) {
   PARM_CHECK(m >= 0 && n >= 0 && k >= 0 && ldc >= std::max<int64_t>(1, n),
              "gemm_bf16: m = {}, n = {}, k = {}, ldc = {}", m, n, k, ldc);
-  if (m == 0 || n == 0) return;
-  PARM_CHECK(c != nullptr, "gemm_bf16: C is null (m = {}, n = {})", m, n);
-  if (k == 0) {
-    if (!accumulate)
-      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
-    return;
-  }
-  PARM_CHECK(a != nullptr && b != nullptr, "gemm_bf16: null operand (m = {}, n = {}, k = {})",
-             m, n, k);
+  if (detail::gemm_done_without_products("gemm_bf16", m, n, k, a, b, c, ldc, accumulate)) return;
   if (use_amx())
     detail::gemm_bf16_amx(m, n, k, a, b, c, ldc, accumulate);
   else
