@@ -1,9 +1,10 @@
 // Micro-benchmarks of the CPU kernels, each against a ceiling measured on this machine when
 // the binary starts: GEMMs against the best of a few 1024^3 GEMMs on one core (the
-// `of_peak` counter), the memory-bound kernels against a large-array triad/copy (the
-// `of_mem_bw` counter). Working sets below the last-level cache size can exceed 1 there.
-// Besides the kernels of kernels.h: the six expert products (ExpertGemm) and the MoE
-// dispatch/combine forward and backward (moe_ops.h) at the reference MoE configuration.
+// `of_peak` counter; the bf16 expert products against the best 1024^3 bf16 GEMM), the
+// memory-bound kernels against a large-array triad/copy (the `of_mem_bw` counter). Working
+// sets below the last-level cache size can exceed 1 there. Besides the kernels of
+// kernels.h: the six expert products in fp32 (ExpertGemm) and bf16 (ExpertGemmBf16) and the
+// MoE dispatch/combine forward and backward (moe_ops.h) at the reference MoE configuration.
 //
 //   OMP_NUM_THREADS=1 build/parm_kernel_bench [--benchmark_filter=Gemm]
 #include <benchmark/benchmark.h>
@@ -33,6 +34,7 @@ constexpr uint64_t kSeed = 17;
 
 struct Ceilings {
   double gemm_flops = 0.0;  // FLOP/s
+  double bf16_flops = 0.0;  // FLOP/s of the bf16 GEMM (packed operands)
   double mem_bytes = 0.0;   // bytes/s
 };
 Ceilings g_ceilings;
@@ -53,6 +55,24 @@ double measure_gemm_peak() {
   for (int rep = 0; rep < 6; ++rep) {  // the first also creates oneDNN's kernels
     parm::Timer t;
     parm::cpu::gemm(false, false, n, n, n, a.data(), b.data(), c.data(), false);
+    best_us = std::min(best_us, t.elapsed_us());
+  }
+  return 2.0 * n * n * n / (best_us * 1e-6);
+}
+
+// Best of a few 1024^3 bf16 GEMMs on packed operands (the bf16 products' ceiling).
+double measure_bf16_peak() {
+  const int64_t n = 1024;
+  const std::vector<float> a = random_vector(n * n, 1), b = random_vector(n * n, 2);
+  std::vector<uint16_t> pa(static_cast<size_t>(parm::cpu::bf16_packed_a_size(n, n)));
+  std::vector<uint16_t> pb(static_cast<size_t>(parm::cpu::bf16_packed_b_size(n, n)));
+  parm::cpu::bf16_pack_a(false, n, n, a.data(), n, pa.data());
+  parm::cpu::bf16_pack_b(false, n, n, b.data(), n, pb.data());
+  std::vector<float> c(static_cast<size_t>(n * n));
+  double best_us = 1e300;
+  for (int rep = 0; rep < 6; ++rep) {
+    parm::Timer t;
+    parm::cpu::gemm_bf16_packed(n, n, n, pa.data(), pb.data(), c.data(), n, false);
     best_us = std::min(best_us, t.elapsed_us());
   }
   return 2.0 * n * n * n / (best_us * 1e-6);
@@ -88,11 +108,11 @@ double measure_memory_bandwidth() {
 // Counters: FLOP/s and the fraction of the measured GEMM peak. Both are rates, so Google
 // Benchmark divides by the elapsed time; dividing the work by the ceiling first yields the
 // fraction directly.
-void set_flop_counters(benchmark::State& state, double flops_per_iter) {
+void set_flop_counters(benchmark::State& state, double flops_per_iter, bool bf16 = false) {
   const double flops = flops_per_iter * static_cast<double>(state.iterations());
+  const double peak = bf16 ? g_ceilings.bf16_flops : g_ceilings.gemm_flops;
   state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsRate);
-  state.counters["of_peak"] =
-      benchmark::Counter(flops / g_ceilings.gemm_flops, benchmark::Counter::kIsRate);
+  state.counters["of_peak"] = benchmark::Counter(flops / peak, benchmark::Counter::kIsRate);
 }
 
 void set_byte_counters(benchmark::State& state, double bytes_per_iter) {
@@ -165,19 +185,48 @@ void BM_ExpertGemm(benchmark::State& state, ExpertProduct product) {
   state.SetLabel(fmt::format("m={} n={} k={}{}{}{}", g.m, g.n, g.k, g.trans_a ? " ta" : "",
                              g.trans_b ? " tb" : "", g.accumulate ? " acc" : ""));
 }
-#define PARM_EXPERT_GEMM(row_name, product)           \
-  BENCHMARK_CAPTURE(BM_ExpertGemm, row_name, product) \
-      ->ArgName("H")                                  \
-      ->Arg(kH)                                       \
-      ->Arg(kH / 2)                                   \
-      ->UseRealTime()                                 \
+
+// The same six products at --precision bf16: operands packed to bf16 before the loop (the
+// layer packs the weights once per pass and the rows per call; this is the product alone,
+// as the bf16 floor counts it), of_peak against the bf16 peak.
+void BM_ExpertGemmBf16(benchmark::State& state, ExpertProduct product) {
+  const int64_t h = state.range(0);
+  const parm::moe::GemmCall g = parm::moe::expert_gemm(product, kR, kM, h);
+  const std::vector<float> a = random_vector(g.m * g.k, 21), b = random_vector(g.k * g.n, 22);
+  std::vector<uint16_t> pa(static_cast<size_t>(parm::cpu::bf16_packed_a_size(g.m, g.k)));
+  std::vector<uint16_t> pb(static_cast<size_t>(parm::cpu::bf16_packed_b_size(g.k, g.n)));
+  parm::cpu::bf16_pack_a(g.trans_a, g.m, g.k, a.data(), g.trans_a ? g.m : g.k, pa.data());
+  parm::cpu::bf16_pack_b(g.trans_b, g.k, g.n, b.data(), g.trans_b ? g.k : g.n, pb.data());
+  std::vector<float> c(static_cast<size_t>(g.m * g.n), 0.0f);
+  for (auto _ : state) {
+    parm::cpu::gemm_bf16_packed(g.m, g.n, g.k, pa.data(), pb.data(), c.data(), g.n,
+                                g.accumulate);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  set_flop_counters(state, g.flops(), /*bf16=*/true);
+  state.SetLabel(fmt::format("m={} n={} k={}{}{}{} {}", g.m, g.n, g.k, g.trans_a ? " ta" : "",
+                             g.trans_b ? " tb" : "", g.accumulate ? " acc" : "",
+                             parm::cpu::bf16_kernel_name()));
+}
+// The six products, fp32 (BM_ExpertGemm) and bf16 (BM_ExpertGemmBf16).
+#define PARM_EXPERT_GEMM(fn, row_name, product) \
+  BENCHMARK_CAPTURE(fn, row_name, product)       \
+      ->ArgName("H")                             \
+      ->Arg(kH)                                  \
+      ->Arg(kH / 2)                              \
+      ->UseRealTime()                            \
       ->MinTime(0.2)
-PARM_EXPERT_GEMM(fwd_pre_x_W1, ExpertProduct::kPre);
-PARM_EXPERT_GEMM(fwd_y_act_W2, ExpertProduct::kOut);
-PARM_EXPERT_GEMM(bwd_dW2_actT_dy, ExpertProduct::kDW2);
-PARM_EXPERT_GEMM(bwd_dact_dy_W2T, ExpertProduct::kDAct);
-PARM_EXPERT_GEMM(bwd_dW1_xT_dact, ExpertProduct::kDW1);
-PARM_EXPERT_GEMM(bwd_dx_dact_W1T, ExpertProduct::kDX);
+#define PARM_EXPERT_GEMMS(fn)                                  \
+  PARM_EXPERT_GEMM(fn, fwd_pre_x_W1, ExpertProduct::kPre);     \
+  PARM_EXPERT_GEMM(fn, fwd_y_act_W2, ExpertProduct::kOut);     \
+  PARM_EXPERT_GEMM(fn, bwd_dW2_actT_dy, ExpertProduct::kDW2);  \
+  PARM_EXPERT_GEMM(fn, bwd_dact_dy_W2T, ExpertProduct::kDAct); \
+  PARM_EXPERT_GEMM(fn, bwd_dW1_xT_dact, ExpertProduct::kDW1);  \
+  PARM_EXPERT_GEMM(fn, bwd_dx_dact_W1T, ExpertProduct::kDX)
+PARM_EXPERT_GEMMS(BM_ExpertGemm);
+PARM_EXPERT_GEMMS(BM_ExpertGemmBf16);
+#undef PARM_EXPERT_GEMMS
 #undef PARM_EXPERT_GEMM
 
 // ---- Memory-bound kernels --------------------------------------------------------------
@@ -484,6 +533,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   g_ceilings.gemm_flops = measure_gemm_peak();
+  g_ceilings.bf16_flops = measure_bf16_peak();
   g_ceilings.mem_bytes = measure_memory_bandwidth();
   const std::string peak = fmt::format("{:.1f} GFLOP/s (best 1024^3 GEMM, {} thread(s))",
                                        g_ceilings.gemm_flops * 1e-9, parm::cpu::gemm_threads());
@@ -494,6 +544,12 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("gemm_backend", parm::cpu::gemm_backend());
   benchmark::AddCustomContext("ceiling_gemm_peak", peak);
   benchmark::AddCustomContext("ceiling_mem_bw", bw);
+  const std::string bf16_peak =
+      fmt::format("{:.1f} GFLOP/s (best 1024^3 bf16 GEMM on packed operands; {}; cpu {})",
+                  g_ceilings.bf16_flops / 1e9, parm::cpu::bf16_kernel_name(),
+                  parm::cpu::cpu_bf16_capability());
+  fmt::print("ceiling bf16_peak: {}\n", bf16_peak);
+  benchmark::AddCustomContext("ceiling_bf16_peak", bf16_peak);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -18,7 +18,8 @@ Device parse_device(const std::string& name);
 
 // Precision of the MoE layer's expert products. kBf16: bf16 operands with fp32
 // accumulation and fp32 outputs; the master weights, gradients, activations kept for the
-// backward pass and every reduction stay fp32 (CUDA only).
+// backward pass and every reduction stay fp32 (CUDA: cuBLAS; CPU: AMX tiles where the CPU
+// has them, a portable kernel otherwise).
 enum class Precision { kFp32, kBf16 };
 const char* precision_name(Precision p);  // "fp32", "bf16"
 Precision parse_precision(const std::string& name);
@@ -28,8 +29,8 @@ bool cuda_built();
 // GPUs this process sees (0 in a build without CUDA, or with no driver / no GPU).
 int cuda_device_count();
 // Refuses `d` before any work starts when it cannot run here: cuda in a build without CUDA
-// or on a machine without a GPU; bf16 anywhere but cuda. Throws InvalidConfig naming what
-// is missing and what would work.
+// or on a machine without a GPU (bf16 runs on either device). Throws InvalidConfig naming
+// what is missing and what would work.
 void check_device(Device d, Precision p = Precision::kFp32);
 
 // ---- raw device memory (the GPU the process is bound to; see src/kernels/cuda/runtime.h) ----

@@ -24,9 +24,6 @@ Precision parse_precision(const std::string& name) {
 }
 
 void check_device(Device d, Precision p) {
-  PARM_CONFIG_CHECK(p == Precision::kFp32 || d == Device::kCuda,
-                    "--precision {} needs --device cuda (the CPU path computes in fp32 only)",
-                    precision_name(p));
   if (d != Device::kCuda) return;
   PARM_CONFIG_CHECK(cuda_built(),
                     "--device cuda: this build has no CUDA backend (configure with "

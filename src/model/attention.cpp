@@ -16,7 +16,7 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t off = b * L * W + h * D;    // (L, D) block of head h, row stride W
       float* p = probs + (b * s.heads + h) * L * L;  // (L, L)
-      cpu::gemm(false, true, L, L, D, q + off, W, k + off, W, p, L, false);  // q k^T
+      dense_gemm(s.precision, false, true, L, L, D, q + off, W, k + off, W, p, L, false);  // q k^T
       for (int64_t i = 0; i < L; ++i) {
         float* row = p + i * L;
         const int64_t n = s.causal ? i + 1 : L;  // keys this query sees
@@ -24,7 +24,7 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
         cpu::softmax_forward(row, row, 1, n);
         for (int64_t j = n; j < L; ++j) row[j] = 0.0f;
       }
-      cpu::gemm(false, false, L, D, L, p, L, v + off, W, out + off, W, false);  // p v
+      dense_gemm(s.precision, false, false, L, D, L, p, L, v + off, W, out + off, W, false);  // p v
     }
 }
 
@@ -39,8 +39,8 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
       const float* p = probs + (b * s.heads + h) * L * L;  // (L, L)
       float* ds = dscores;                                 // (L, L)
       // dv = p^T dout; dp = dout v^T
-      cpu::gemm(true, false, L, D, L, p, L, dout + off, W, dv + off, W, false);
-      cpu::gemm(false, true, L, L, D, dout + off, W, v + off, W, ds, L, false);
+      dense_gemm(s.precision, true, false, L, D, L, p, L, dout + off, W, dv + off, W, false);
+      dense_gemm(s.precision, false, true, L, L, D, dout + off, W, v + off, W, ds, L, false);
       // Through the softmax (masked entries have p = 0 and get no gradient), then the scale.
       for (int64_t i = 0; i < L; ++i) {
         float* row = ds + i * L;
@@ -50,8 +50,8 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
         for (int64_t j = n; j < L; ++j) row[j] = 0.0f;
       }
       // dq = ds k; dk = ds^T q
-      cpu::gemm(false, false, L, D, L, ds, L, k + off, W, dq + off, W, false);
-      cpu::gemm(true, false, L, D, L, ds, L, q + off, W, dk + off, W, false);
+      dense_gemm(s.precision, false, false, L, D, L, ds, L, k + off, W, dq + off, W, false);
+      dense_gemm(s.precision, true, false, L, D, L, ds, L, q + off, W, dk + off, W, false);
     }
 }
 

@@ -7,17 +7,29 @@
 
 #include <cstdint>
 
+#include "parm/device.h"
+
 namespace parm::model {
 
 // ---- Linear: y = x W (+ b), W stored (in, out) ----------------------------------------
 
 // y (T, out) = x (T, in) w (in, out) + b (out); b may be null. Overwrites y.
+// p: precision of the products (dense_gemm).
 void linear_forward(const float* x, const float* w, const float* b, float* y, int64_t rows,
-                    int64_t in, int64_t out);
+                    int64_t in, int64_t out, Precision p = Precision::kFp32);
 // dw (in, out) += x^T dy; db (out) += column sums of dy (db may be null);
 // dx (T, in) = dy w^T, overwritten, or accumulated when accumulate_dx (dx may be null: skip).
 void linear_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
-                     float* db, int64_t rows, int64_t in, int64_t out, bool accumulate_dx);
+                     float* db, int64_t rows, int64_t in, int64_t out, bool accumulate_dx,
+                     Precision p = Precision::kFp32);
+
+// The model's dense products: cpu::gemm at fp32; cpu::gemm_bf16 at kBf16 (bf16 operands,
+// fp32 accumulation and output, as the expert products). Contracts as cpu::gemm.
+void dense_gemm(Precision p, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                bool accumulate);
+void dense_gemm(Precision p, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                const float* a, const float* b, float* c, bool accumulate);
 
 // ---- Token + position embedding ----------------------------------------------------------
 
@@ -37,6 +49,7 @@ struct AttentionShape {
   int64_t heads = 0;     // heads held here (num_heads / N_MP)
   int64_t head_dim = 0;  // D = M / num_heads
   bool causal = false;   // GPT-2: position i attends to j <= i; BERT: to every j
+  Precision precision = Precision::kFp32;  // of its four products (dense_gemm)
   int64_t width() const { return heads * head_dim; }  // columns of q, k, v, out
 };
 

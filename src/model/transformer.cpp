@@ -125,6 +125,9 @@ class Transformer final : public Model {
 
   ModelConfig c_;
   TensorParallel tp_;
+  // Precision of the dense products (bf16 on the CPU at --precision bf16; the host's dense
+  // part of a CUDA run stays fp32).
+  Precision dense_;
   int64_t B_, L_, T_, M_, V_, Ml_, Hl_, Fl_, D_;  // Hl_: local heads
   std::vector<std::unique_ptr<Param>> params_;
   Param* wte_ = nullptr;  // (V, M)
@@ -190,7 +193,9 @@ Param* Transformer::add_alias(const std::string& name, Shape whole, std::vector<
 Transformer::Transformer(Topology& topo, const ModelConfig& c,
                          const std::vector<LayerSchedule>& scheds, int64_t micro_batch,
                          Precision precision)
-    : c_(c), tp_(topo.host_comm(Group::kMp)) {
+    : c_(c),
+      tp_(topo.host_comm(Group::kMp)),
+      dense_(topo.device() == Device::kCpu ? precision : Precision::kFp32) {
   const Layout& lay = topo.layout();
   const int mp = lay.mp, mpr = topo.host_comm(Group::kMp).rank();
   B_ = micro_batch;
@@ -365,12 +370,12 @@ void Transformer::block_forward(Block& b, const Tensor& in, Tensor& out) {
                          b.ln1_mean.data(), b.ln1_rstd.data(), T, M, kLnEps);
   for (int64_t c = 0; c < 3; ++c)
     linear_forward(b.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
-                   b.qkv_b->value.data() + c * Ml, b.qkv.data() + c * T * Ml, T, M, Ml);
-  const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2};
+                   b.qkv_b->value.data() + c * Ml, b.qkv.data() + c * T * Ml, T, M, Ml, dense_);
+  const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2, dense_};
   attention_forward(as, b.qkv.data(), b.qkv.data() + T * Ml, b.qkv.data() + 2 * T * Ml,
                     b.probs.data(), b.att.data());
   Tensor& partial = dtmp_;  // (T, M)
-  linear_forward(b.att.data(), b.proj_w->value.data(), nullptr, partial.data(), T, Ml, M);
+  linear_forward(b.att.data(), b.proj_w->value.data(), nullptr, partial.data(), T, Ml, M, dense_);
   tp_.g_forward(partial.data(), T * M);
   {
     const float* x = in.data();
@@ -393,9 +398,11 @@ void Transformer::block_forward(Block& b, const Tensor& in, Tensor& out) {
       ffn = b.moe_out.data();
     }
   } else {
-    linear_forward(b.ln2.data(), b.fc1_w->value.data(), nullptr, b.fc_pre.data(), T, M, Fl_);
+    linear_forward(b.ln2.data(), b.fc1_w->value.data(), nullptr, b.fc_pre.data(), T, M, Fl_,
+                   dense_);
     cpu::bias_gelu_forward(b.fc_pre.data(), b.fc1_b->value.data(), b.fc_act.data(), T, Fl_);
-    linear_forward(b.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M);
+    linear_forward(b.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M,
+                   dense_);
     tp_.g_forward(partial.data(), T * M);
     cpu::add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
     ffn = partial.data();
@@ -428,14 +435,14 @@ double Transformer::head_forward(const Batch& batch, float grad_scale, bool with
   cpu::gather_rows(lnf_.data(), M_, sel_.data(), n, hsel_.data());  // (n, M)
   const float* z = hsel_.data();
   if (c_.arch == Arch::kBert) {
-    linear_forward(hsel_.data(), hd_w_->value.data(), nullptr, hd_pre_.data(), n, M_, M_);
+    linear_forward(hsel_.data(), hd_w_->value.data(), nullptr, hd_pre_.data(), n, M_, M_, dense_);
     cpu::bias_gelu_forward(hd_pre_.data(), hd_b_->value.data(), hd_act_.data(), n, M_);
     cpu::layernorm_forward(hd_act_.data(), hln_w_->value.data(), hln_b_->value.data(),
                            hd_ln_.data(), hd_mean_.data(), hd_rstd_.data(), n, M_, kLnEps);
     z = hd_ln_.data();
   }
   // logits (n, V) = z (n, M) Wte^T (+ b_dec)
-  cpu::gemm(false, true, n, V_, M_, z, wte_->value.data(), logits_.data(), false);
+  dense_gemm(dense_, false, true, n, V_, M_, z, wte_->value.data(), logits_.data(), false);
   if (c_.arch == Arch::kBert) cpu::add_bias(logits_.data(), dec_b_->value.data(), n, V_);
   return cross_entropy(logits_.data(), sel_tgt_.data(), with_grad ? logits_.data() : nullptr, n,
                        V_, grad_scale);
@@ -449,8 +456,8 @@ void Transformer::head_backward() {
     const float* z = c_.arch == Arch::kBert ? hd_ln_.data() : hsel_.data();
     float* dz = c_.arch == Arch::kBert ? dh2_.data() : dsel.data();
     // dz (n, M) = dlogits Wte; dWte += dlogits^T z
-    cpu::gemm(false, false, n, M_, V_, logits_.data(), wte_->value.data(), dz, false);
-    cpu::gemm(true, false, V_, M_, n, logits_.data(), z, wte_->grad.data(), true);
+    dense_gemm(dense_, false, false, n, M_, V_, logits_.data(), wte_->value.data(), dz, false);
+    dense_gemm(dense_, true, false, V_, M_, n, logits_.data(), z, wte_->grad.data(), true);
     if (c_.arch == Arch::kBert) {
       cpu::bias_backward(logits_.data(), dec_b_->grad.data(), n, V_);
       Tensor& dact = dln_;
@@ -459,7 +466,7 @@ void Transformer::head_backward() {
                               hln_b_->grad.data(), n, M_);
       cpu::gelu_backward(hd_pre_.data(), dact.data(), dact.data(), n * M_);
       linear_backward(dact.data(), hsel_.data(), hd_w_->value.data(), dsel.data(),
-                      hd_w_->grad.data(), hd_b_->grad.data(), n, M_, M_, false);
+                      hd_w_->grad.data(), hd_b_->grad.data(), n, M_, M_, false, dense_);
     }
   }
   Tensor& dlnf = dln_;  // (T, M): zero at rows without a target
@@ -489,10 +496,10 @@ void Transformer::block_backward(Block& b, float dl_aux) {
   } else {
     // [g] backward is the identity: dres_ is complete, so is the bias gradient.
     linear_backward(dres_.data(), b.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
-                    b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false);
+                    b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false, dense_);
     cpu::gelu_backward(b.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
     linear_backward(dfc_.data(), b.ln2.data(), b.fc1_w->value.data(), dln_.data(),
-                    b.fc1_w->grad.data(), b.fc1_b->grad.data(), T, M, Fl_, false);
+                    b.fc1_w->grad.data(), b.fc1_b->grad.data(), T, M, Fl_, false, dense_);
     tp_.f_backward(dln_.data(), T * M);  // [f] backward: sum the partial input gradients
     dffn_in = dln_.data();
   }
@@ -506,15 +513,15 @@ void Transformer::block_backward(Block& b, float dl_aux) {
   }
   // Attention. dres_ = d res_mid.
   linear_backward(dres_.data(), b.att.data(), b.proj_w->value.data(), datt_.data(),
-                  b.proj_w->grad.data(), b.proj_b->grad.data(), T, Ml, M, false);
-  const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2};
+                  b.proj_w->grad.data(), b.proj_b->grad.data(), T, Ml, M, false, dense_);
+  const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2, dense_};
   attention_backward(as, b.qkv.data(), b.qkv.data() + T * Ml, b.qkv.data() + 2 * T * Ml,
                      b.probs.data(), datt_.data(), dqkv_.data(), dqkv_.data() + T * Ml,
                      dqkv_.data() + 2 * T * Ml, dscores_.data());
   for (int64_t c = 0; c < 3; ++c)
     linear_backward(dqkv_.data() + c * T * Ml, b.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
                     dln_.data(), b.qkv_w->grad.data() + c * M * Ml,
-                    b.qkv_b->grad.data() + c * Ml, T, M, Ml, /*accumulate_dx=*/c > 0);
+                    b.qkv_b->grad.data() + c * Ml, T, M, Ml, /*accumulate_dx=*/c > 0, dense_);
   tp_.f_backward(dln_.data(), T * M);
   cpu::layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.ln1_mean.data(),
                           b.ln1_rstd.data(), dtmp_.data(), b.ln1_w->grad.data(),

@@ -11,7 +11,7 @@ namespace parm::moe {
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
                                            const BackendSizes& sizes) {
   check_device(device, precision);
-  if (device == Device::kCpu) return make_cpu_backend(sizes);
+  if (device == Device::kCpu) return make_cpu_backend(sizes, precision);
 #ifdef PARM_HAVE_CUDA
   return make_cuda_backend(precision, sizes);
 #else

@@ -96,7 +96,9 @@ class LayerBackend {
 // Throws InvalidConfig when `device` / `precision` cannot run in this build or machine.
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
                                            const BackendSizes& sizes);
-// The CPU backend (cpu_backend.cpp); the CUDA one is make_cuda_backend (moe/cuda/).
-std::unique_ptr<LayerBackend> make_cpu_backend(const BackendSizes& sizes);
+// The CPU backend (cpu_backend.cpp; bf16: the AMX or portable bf16 GEMM of the CPU
+// kernels); the CUDA one is make_cuda_backend (moe/cuda/).
+std::unique_ptr<LayerBackend> make_cpu_backend(const BackendSizes& sizes,
+                                               Precision precision = Precision::kFp32);
 
 }  // namespace parm::moe

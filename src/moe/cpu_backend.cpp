@@ -9,13 +9,13 @@ namespace {
 
 class CpuBackend final : public LayerBackend {
  public:
-  explicit CpuBackend(const BackendSizes& s)
+  CpuBackend(const BackendSizes& s, Precision p)
       : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}) {
-    ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard);
+    ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p);
   }
 
   Device device() const override { return Device::kCpu; }
-  Precision precision() const override { return Precision::kFp32; }
+  Precision precision() const override { return ws_.precision; }
 
   void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                     int64_t slots, float* stats, PhaseTimes* times) override {
@@ -61,7 +61,7 @@ class CpuBackend final : public LayerBackend {
   const std::vector<int64_t>& expert_rows() const override { return ws_.rows; }
   double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
                                  int64_t hidden_shard, int reps) override {
-    return moe::time_expert_products_us(rows, model_dim, hidden_shard, reps);
+    return moe::time_expert_products_us(rows, model_dim, hidden_shard, reps, ws_.precision);
   }
 
   void take_chunk(const float* full, int64_t outer, int n, int j, int64_t chunk,
@@ -84,7 +84,7 @@ class CpuBackend final : public LayerBackend {
   void sync() override {}
   int64_t held_bytes() const override {
     int64_t b = probs_.bytes() + dprobs_.bytes() + ws_.out_rows.bytes() + ws_.d_out.bytes() +
-                ws_.d_act.bytes();
+                ws_.d_act.bytes() + ws_.bf16.held_bytes();
     for (const auto* list : {&ws_.in, &ws_.pre, &ws_.act})
       for (const Tensor& t : *list) b += t.bytes();
     return b;
@@ -99,8 +99,8 @@ class CpuBackend final : public LayerBackend {
 
 }  // namespace
 
-std::unique_ptr<LayerBackend> make_cpu_backend(const BackendSizes& sizes) {
-  return std::make_unique<CpuBackend>(sizes);
+std::unique_ptr<LayerBackend> make_cpu_backend(const BackendSizes& sizes, Precision precision) {
+  return std::make_unique<CpuBackend>(sizes, precision);
 }
 
 }  // namespace parm::moe

@@ -49,14 +49,145 @@ void fc1_backward(int64_t rows, int64_t M, int64_t hl, const float* x, const flo
   run_expert_gemm(ExpertProduct::kDX, rows, M, hl, dpre, w1, dx);
 }
 
+void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl) {
+  experts_ = experts, max_rows_ = max_rows, model_dim_ = M, hidden_ = hl;
+  const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+  a_.assign(n(std::max({cpu::bf16_packed_a_size(max_rows, M),
+                        cpu::bf16_packed_a_size(max_rows, hl),
+                        cpu::bf16_packed_a_size(hl, max_rows),
+                        cpu::bf16_packed_a_size(M, max_rows)})),
+            0);
+  b_.assign(n(std::max(cpu::bf16_packed_b_size(max_rows, M),
+                       cpu::bf16_packed_b_size(max_rows, hl))),
+            0);
+  // The layouts of (M, Hl) and (Hl, M) differ in size when M or Hl is not a multiple of 32.
+  w_stride_ = std::max(cpu::bf16_packed_b_size(M, hl), cpu::bf16_packed_b_size(hl, M));
+  for (auto* w : {&w1_, &w2_, &w2t_, &w1t_}) w->assign(n(experts * w_stride_), 0);
+}
+
+void Bf16ExpertProducts::pack_forward_weights(const float* w1, const float* w2) {
+  const int64_t M = model_dim_, hl = hidden_, packed = w_stride_;
+  for (int64_t e = 0; e < experts_; ++e) {
+    cpu::bf16_pack_b(false, M, hl, w1 + e * M * hl, hl, w1_.data() + e * packed);
+    cpu::bf16_pack_b(false, hl, M, w2 + e * hl * M, M, w2_.data() + e * packed);
+  }
+}
+
+void Bf16ExpertProducts::pack_backward_weights(const float* w1, const float* w2) {
+  const int64_t M = model_dim_, hl = hidden_, packed = w_stride_;
+  for (int64_t e = 0; e < experts_; ++e) {
+    cpu::bf16_pack_b(true, M, hl, w2 + e * hl * M, M, w2t_.data() + e * packed);  // W2^T (M, Hl)
+    cpu::bf16_pack_b(true, hl, M, w1 + e * M * hl, hl, w1t_.data() + e * packed);  // W1^T (Hl, M)
+  }
+}
+
+void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const float* x, float* pre) {
+  const int64_t M = model_dim_, hl = hidden_, w = e * w_stride_;
+  cpu::bf16_pack_a(false, rows, M, x, M, a_.data());
+  cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w1_.data() + w, pre, hl, false);
+}
+
+void Bf16ExpertProducts::fc2_forward(int64_t e, int64_t rows, const float* act, float* out) {
+  const int64_t M = model_dim_, hl = hidden_, w = e * w_stride_;
+  cpu::bf16_pack_a(false, rows, hl, act, hl, a_.data());
+  cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + w, out, M, false);
+}
+
+namespace {
+
+// Both backward products of one linear map y (R, out) = x (R, in) W (in, out):
+// dW (in, out) += x^T (in, R) dy (R, out); dx (R, in) = dy (R, out) W^T (out, in), with W^T
+// already packed as B. a / b: scratch for the packed row operands.
+void linear_backward_bf16(int64_t rows, int64_t in, int64_t out, const float* x, const float* dy,
+                          const uint16_t* wt_packed, float* dw, float* dx, uint16_t* a,
+                          uint16_t* b) {
+  cpu::bf16_pack_a(true, in, rows, x, in, a);
+  cpu::bf16_pack_b(false, rows, out, dy, out, b);
+  cpu::gemm_bf16_packed(in, out, rows, a, b, dw, out, true);
+  cpu::bf16_pack_a(false, rows, out, dy, out, a);
+  cpu::gemm_bf16_packed(rows, in, out, a, wt_packed, dx, in, false);
+}
+
+}  // namespace
+
+void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const float* act, const float* dy,
+                                      float* dw2, float* dact) {
+  // dW2 (Hl, M) += act^T dy; dact (R, Hl) = dy W2^T
+  linear_backward_bf16(rows, hidden_, model_dim_, act, dy, w2t_.data() + e * w_stride_, dw2,
+                       dact, a_.data(), b_.data());
+}
+
+void Bf16ExpertProducts::fc1_backward(int64_t e, int64_t rows, const float* x, const float* dpre,
+                                      float* dw1, float* dx) {
+  // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T
+  linear_backward_bf16(rows, model_dim_, hidden_, x, dpre, w1t_.data() + e * w_stride_, dw1, dx,
+                       a_.data(), b_.data());
+}
+
+int64_t Bf16ExpertProducts::held_bytes() const {
+  size_t n = a_.size() + b_.size() + w1_.size() + w2_.size() + w2t_.size() + w1t_.size();
+  return static_cast<int64_t>(n * sizeof(uint16_t));
+}
+
 double expert_product_flops(int64_t rows, int64_t M, int64_t hl) {
   double flops = 0.0;
   for (ExpertProduct p : kExpertProducts) flops += expert_gemm(p, rows, M, hl).flops();
   return flops;
 }
 
+namespace {
+
+// The bf16 floor: every operand packed once, then the six packed GEMMs per expert timed.
+double time_bf16_products_us(const std::vector<int64_t>& rows, int64_t M, int64_t hl,
+                             const Tensor& x, const Tensor& w1, const Tensor& w2,
+                             const Tensor& act, const Tensor& dy, int reps) {
+  const int64_t r = x.dim(0);
+  auto packed_a = [](bool trans, int64_t m, int64_t k, const Tensor& t, int64_t ld) {
+    std::vector<uint16_t> p(static_cast<size_t>(cpu::bf16_packed_a_size(m, k)));
+    cpu::bf16_pack_a(trans, m, k, t.data(), ld, p.data());
+    return p;
+  };
+  auto packed_b = [](bool trans, int64_t k, int64_t n, const Tensor& t, int64_t ld) {
+    std::vector<uint16_t> p(static_cast<size_t>(cpu::bf16_packed_b_size(k, n)));
+    cpu::bf16_pack_b(trans, k, n, t.data(), ld, p.data());
+    return p;
+  };
+  // Row operands read as A (rows as m) are packed once for the largest row count (a smaller
+  // one reads their first rows); those whose rows are the sum (k) are packed per expert,
+  // since the packed layout depends on k.
+  const auto xa = packed_a(false, r, M, x, M), acta = packed_a(false, r, hl, act, hl);
+  const auto dya = packed_a(false, r, M, dy, M), dprea = packed_a(false, r, hl, act, hl);
+  std::vector<std::vector<uint16_t>> xt, actt, dyb, dpreb;
+  for (int64_t n : rows) {
+    xt.push_back(packed_a(true, M, n, x, M));
+    actt.push_back(packed_a(true, hl, n, act, hl));
+    dyb.push_back(packed_b(false, n, M, dy, M));
+    dpreb.push_back(packed_b(false, n, hl, act, hl));
+  }
+  const auto w1b = packed_b(false, M, hl, w1, hl), w2b = packed_b(false, hl, M, w2, M);
+  const auto w2tb = packed_b(true, M, hl, w2, M), w1tb = packed_b(true, hl, M, w1, hl);
+  Tensor pre({r, hl}), out({r, M}), dact({r, hl}), dx({r, M}), dw1({M, hl}), dw2({hl, M});
+  std::vector<double> totals;
+  for (int i = 0; i < reps + 1; ++i) {  // one untimed round first
+    const double t0 = now_us();
+    for (size_t e = 0; e < rows.size(); ++e) {
+      const int64_t n = rows[e];
+      cpu::gemm_bf16_packed(n, hl, M, xa.data(), w1b.data(), pre.data(), hl, false);
+      cpu::gemm_bf16_packed(n, M, hl, acta.data(), w2b.data(), out.data(), M, false);
+      cpu::gemm_bf16_packed(hl, M, n, actt[e].data(), dyb[e].data(), dw2.data(), M, true);
+      cpu::gemm_bf16_packed(n, hl, M, dya.data(), w2tb.data(), dact.data(), hl, false);
+      cpu::gemm_bf16_packed(M, hl, n, xt[e].data(), dpreb[e].data(), dw1.data(), hl, true);
+      cpu::gemm_bf16_packed(n, M, hl, dprea.data(), w1tb.data(), dx.data(), M, false);
+    }
+    if (i > 0) totals.push_back(now_us() - t0);
+  }
+  return median(totals);
+}
+
+}  // namespace
+
 double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int64_t hl,
-                               int reps) {
+                               int reps, Precision p) {
   const int64_t r = std::max<int64_t>(1, *std::max_element(rows.begin(), rows.end()));
   // Inputs with ordinary magnitudes (denormals or zeros could change the rate).
   auto filled = [](Shape shape) {
@@ -67,6 +198,7 @@ double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int6
   // Inputs are never written, so magnitudes stay ordinary over the repetitions.
   const Tensor x = filled({r, M}), w1 = filled({M, hl}), w2 = filled({hl, M}),
                act = filled({r, hl}), dy = filled({r, M});
+  if (p == Precision::kBf16) return time_bf16_products_us(rows, M, hl, x, w1, w2, act, dy, reps);
   Tensor pre({r, hl}), out({r, M}), dact({r, hl}), dx({r, M}), dw1({M, hl}), dw2({hl, M});
   std::vector<double> totals;
   for (int i = 0; i < reps + 1; ++i) {  // one untimed round first

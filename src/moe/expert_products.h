@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "parm/device.h"
 
 namespace parm::moe {
 
@@ -53,12 +54,43 @@ void fc2_backward(int64_t rows, int64_t model_dim, int64_t hidden, const float* 
 void fc1_backward(int64_t rows, int64_t model_dim, int64_t hidden, const float* x,
                   const float* dpre, const float* w1, float* dw1, float* dx);
 
+// The same four functions at Precision::kBf16 (bf16 operands, fp32 accumulation and
+// outputs, as the CUDA path): every operand is rounded into the packed layouts of
+// cpu::gemm_bf16_packed. The weights are packed once per pass for all experts
+// (pack_forward_weights before the forward products, pack_backward_weights before the
+// backward ones: each layout once per pass, not per call); the row operands are packed per
+// call into scratch reserved once. Nothing is allocated after reserve().
+class Bf16ExpertProducts {
+ public:
+  void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
+  // w1 (E_loc, M, Hl), w2 (E_loc, Hl, M), fp32.
+  void pack_forward_weights(const float* w1, const float* w2);
+  void pack_backward_weights(const float* w1, const float* w2);
+  // As fc1_forward ... fc1_backward above, for expert e (its weights as packed last).
+  void fc1_forward(int64_t e, int64_t rows, const float* x, float* pre);
+  void fc2_forward(int64_t e, int64_t rows, const float* act, float* out);
+  void fc2_backward(int64_t e, int64_t rows, const float* act, const float* dy, float* dw2,
+                    float* dact);
+  void fc1_backward(int64_t e, int64_t rows, const float* x, const float* dpre, float* dw1,
+                    float* dx);
+  int64_t held_bytes() const;
+
+ private:
+  int64_t experts_ = 0, max_rows_ = 0, model_dim_ = 0, hidden_ = 0;
+  int64_t w_stride_ = 0;  // values per expert in each packed weight buffer
+  std::vector<uint16_t> a_, b_;  // packed row operands of the product being run
+  // Per expert, packed as B: W1 (M, Hl) and W2 (Hl, M) for the forward pass, W2^T (M, Hl)
+  // and W1^T (Hl, M) for the backward pass.
+  std::vector<uint16_t> w1_, w2_, w2t_, w1t_;
+};
+
 // FLOPs of the six products (forward and backward) of one expert over `rows` rows.
 double expert_product_flops(int64_t rows, int64_t model_dim, int64_t hidden);
 
 // The floor of a forward + backward pass: the six products of every expert (rows[e] rows
-// each) run alone on scratch memory, `reps` times; returns the median total (us).
+// each) run alone on scratch memory, `reps` times; returns the median total (us). At bf16
+// the operands are packed before the clock starts: the floor is the bf16 GEMMs alone.
 double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
-                               int64_t hidden, int reps);
+                               int64_t hidden, int reps, Precision p = Precision::kFp32);
 
 }  // namespace parm::moe

@@ -51,7 +51,10 @@ void check_fills(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t sl
 
 }  // namespace
 
-void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl) {
+void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl,
+                              Precision p) {
+  precision = p;
+  if (p == Precision::kBf16) bf16.reserve(experts, max_rows, M, hl);
   rows.assign(static_cast<size_t>(experts), 0);
   in.clear();
   pre.clear();
@@ -78,6 +81,11 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
              ws.out_rows.rows(), e_loc, blocks * slots);
   check_fills(fills, blocks, e_loc, slots);
   PhaseClock clock(times);
+  const bool bf16 = ws.precision == Precision::kBf16;
+  if (bf16) {  // once per pass; experts_backward packs the transposed layouts it needs
+    ws.bf16.pack_forward_weights(w.w1.data(), w.w2.data());
+    clock.lap("expert products");
+  }
   for (int64_t e = 0; e < e_loc; ++e) {
     float* x = ws.in[static_cast<size_t>(e)].data();
     float* pre = ws.pre[static_cast<size_t>(e)].data();
@@ -85,11 +93,17 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     const int64_t n = gather_filled(in, blocks, e_loc, slots, e, fills, M, x);
     ws.rows[static_cast<size_t>(e)] = n;
     clock.lap("rows in/out");
-    fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
+    if (bf16)
+      ws.bf16.fc1_forward(e, n, x, pre);
+    else
+      fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
     clock.lap("expert products");
     cpu::bias_gelu(pre, w.b1.data() + e * hl, act, n, hl);
     clock.lap("bias + GeLU");
-    fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
+    if (bf16)
+      ws.bf16.fc2_forward(e, n, act, ws.out_rows.data());
+    else
+      fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
     clock.lap("expert products");
     if (add_b2) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, n, M);
     clock.lap("bias + GeLU");
@@ -108,6 +122,11 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
   PhaseClock clock(times);
   float* dy = ws.d_out.data();
   float* dact = ws.d_act.data();
+  const bool bf16 = ws.precision == Precision::kBf16;
+  if (bf16) {
+    ws.bf16.pack_backward_weights(w.w1.data(), w.w2.data());
+    clock.lap("expert products");
+  }
   for (int64_t e = 0; e < e_loc; ++e) {
     const float* x = ws.in[static_cast<size_t>(e)].data();
     const float* pre = ws.pre[static_cast<size_t>(e)].data();
@@ -117,13 +136,19 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
     clock.lap("rows in/out");
     cpu::bias_backward(dy, dw.b2.data() + e * M, n, M);
     clock.lap("GeLU + bias backward");
-    fc2_backward(n, M, hl, act, dy, w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
+    if (bf16)
+      ws.bf16.fc2_backward(e, n, act, dy, dw.w2.data() + e * hl * M, dact);
+    else
+      fc2_backward(n, M, hl, act, dy, w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
     clock.lap("expert products");
     cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
                             hl);
     clock.lap("GeLU + bias backward");
-    fc1_backward(n, M, hl, x, dact, w.w1.data() + e * M * hl, dw.w1.data() + e * M * hl,
-                 ws.out_rows.data());
+    if (bf16)
+      ws.bf16.fc1_backward(e, n, x, dact, dw.w1.data() + e * M * hl, ws.out_rows.data());
+    else
+      fc1_backward(n, M, hl, x, dact, w.w1.data() + e * M * hl, dw.w1.data() + e * M * hl,
+                   ws.out_rows.data());
     clock.lap("expert products");
     scatter_filled(ws.out_rows.data(), blocks, e_loc, slots, e, fills, M, din);
     clock.lap("rows in/out");

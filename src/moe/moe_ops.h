@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "moe/expert_products.h"
 #include "moe/phase_times.h"
+#include "parm/device.h"
 #include "parm/tensor.h"
 
 namespace parm::moe {
@@ -75,9 +77,13 @@ struct ExpertShards {
 
 // Per expert: its rows gathered out of the exchange layout, and the activations kept for
 // the backward pass. Sized once for the most rows an expert can get (reserve); the layer's
-// steady state then allocates nothing.
+// steady state then allocates nothing. At Precision::kBf16 the six products run on bf16
+// operands (Bf16ExpertProducts); everything kept here stays fp32.
 struct ExpertWorkspace {
-  void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
+  void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden,
+               Precision precision = Precision::kFp32);
+  Precision precision = Precision::kFp32;
+  Bf16ExpertProducts bf16;    // reserved at kBf16 only
   std::vector<int64_t> rows;  // (E_loc) filled rows of each expert in the last forward
   std::vector<Tensor> in;     // (max_rows, M) the expert's filled rows, first rows[e] used
   std::vector<Tensor> pre;    // (max_rows, Hl) x W1 (b1 is added on the fly)

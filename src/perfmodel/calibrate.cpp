@@ -39,6 +39,8 @@ nlohmann::json describe_machine() {
           {"cpu_model", cpu},
           {"mpi_library", mpi_line},
           {"onednn", cpu::gemm_backend()},
+          {"bf16_gemm", cpu::bf16_kernel_name()},
+          {"cpu_bf16", cpu::cpu_bf16_capability()},
           {"gemm_threads_per_rank", cpu::gemm_threads()},
           {"parm_version", PARM_VERSION},
           {"created_utc", date}};

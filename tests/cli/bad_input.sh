@@ -41,8 +41,6 @@ expect 2 "unknown op 'allscatter'" -- -n 2 -- bench-comm --ops allscatter
 # Devices, precisions and communicators.
 expect 2 "unknown device 'tpu': valid devices are cpu, cuda" -- -n 1 -- bench-layer --device tpu
 expect 2 "unknown precision 'fp16': valid precisions are fp32, bf16" -- -n 1 -- check-layer --precision fp16
-expect 2 "--precision bf16 needs --device cuda" -- -n 1 -- check-layer --precision bf16
-expect 2 "--precision bf16 needs --device cuda" -- -n 1 -- train --precision bf16 --steps 1
 expect 2 "unknown communicator 'gloo': valid values are auto, mpi, nccl" -- -n 1 -- bench-layer --comm gloo
 expect 2 "--comm nccl moves device buffers and needs --device cuda" -- -n 1 -- check-layer --comm nccl
 if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: cuda is refused before any work

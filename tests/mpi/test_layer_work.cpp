@@ -1,6 +1,7 @@
 // What the layer does beyond its results (which the equivalence suite checks): it holds all
 // its buffers from construction on (held_bytes never grows); after warm-up a forward +
-// backward pass makes no C++ heap allocation (counted through the replaced operator new of
+// backward pass makes no C++ heap allocation, at fp32 and at bf16 (counted through the
+// replaced operator new of
 // alloc_counter.cpp) and repeating it gives bit-identical outputs and
 // gradients (nothing stale survives between passes); and the experts compute exactly the
 // rows that kept choices fill, not the padded capacity (computing empty slots would leave
@@ -46,13 +47,15 @@ TEST(LayerSteadyState, NoHeapAllocationAndRepeatableResults) {
     auto dout = check_dout(s, 5, group);
     const Tensor xt = Tensor::view(x.data(), {s.tokens, s.model_dim});
     const Tensor dt = Tensor::view(dout.data(), {s.tokens, s.model_dim});
+    for (Precision precision : {Precision::kFp32, Precision::kBf16})
     for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
     for (bool fuse : {false, true}) {
       const Layout& l = topo->layout();
       if (!schedule::supports(kind, l) || (fuse && kind == Kind::kBaseline)) continue;
-      const std::string where = fmt::format("mp={} ep={} esp={} {}{}", l.mp, l.ep, l.esp,
-                                            schedule::kind_name(kind), fuse ? " fused" : "");
-      MoeLayer layer(*topo, s, kind, fuse, 3);
+      const std::string where =
+          fmt::format("mp={} ep={} esp={} {}{} {}", l.mp, l.ep, l.esp, schedule::kind_name(kind),
+                      fuse ? " fused" : "", precision_name(precision));
+      MoeLayer layer(*topo, s, kind, fuse, 3, precision);
       layer.load_whole(params);
       const int64_t held = layer.held_bytes();  // all allocated at construction
       Snapshot first;

@@ -58,6 +58,23 @@ bool allowed(Kind kind, const Layout3& l) {
   return schedule::supports(kind, {.mp = l.mp, .ep = l.ep, .esp = l.esp});
 }
 
+// The check of one case on T = 24 tokens per MP group (3 pipeline chunks when fused).
+LayerCheckOptions case_options(const Case& c, Kind kind, bool fuse, int64_t experts,
+                               int64_t model_dim, int64_t hidden) {
+  LayerCheckOptions o;
+  o.fuse = fuse;
+  o.chunks = 3;
+  o.shape.tokens = 24;
+  o.shape.model_dim = model_dim;
+  o.shape.hidden = hidden;
+  o.shape.experts = experts;
+  o.shape.topk = c.topk;
+  o.shape.capacity_factor = CapacityFactor::parse(c.f);
+  o.kind = kind;
+  o.skew = c.skew;
+  return o;
+}
+
 TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
   int64_t checks = 0, with_drops = 0, without_drops = 0;
   for (const Layout3& lay : sweep_layouts()) {
@@ -67,19 +84,10 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
       for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
       for (bool fuse : {false, true}) {
         if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
-        LayerCheckOptions o;
-        o.fuse = fuse;
-        o.chunks = 3;
-        o.shape.tokens = 24;  // per MP group; divisible by N_MP in {1, 2, 3, 4}
-        o.shape.model_dim = 8;
-        o.shape.hidden = 24;  // divisible by N_ESP in {1, 2, 3, 4, 8}
-        o.shape.experts = experts;
-        o.shape.topk = c.topk;
-        o.shape.capacity_factor = CapacityFactor::parse(c.f);
-        o.kind = kind;
+        // T = 24 per MP group: divisible by N_MP in {1, 2, 3, 4}; H by N_ESP up to 8.
+        LayerCheckOptions o = case_options(c, kind, fuse, experts, 8, 24);
         o.seed = 11;
         o.tolerance = kTolerance;
-        o.skew = c.skew;
         const LayerCheckResult r = check_layer(*topo, o);
         ++checks;
         (r.dropped_choices > 0 ? with_drops : without_drops) += 1;
@@ -103,6 +111,42 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
   EXPECT_GT(checks, 0) << "no layouts in the sweep for world size " << test::world_size();
   EXPECT_GT(with_drops, 0);
   EXPECT_GT(without_drops, 0);
+}
+
+// --precision bf16 on the CPU: every schedule (fused and not) on every layout of the sweep,
+// within the bf16 tolerance; and the products really are bf16: the error is of bf16's
+// rounding (~1e-3), far above what fp32 products leave (~1e-7).
+TEST(Equivalence, Bf16EveryScheduleEveryLayoutWithinTheBf16Tolerance) {
+  int64_t checks = 0;
+  for (const Layout3& lay : sweep_layouts()) {
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    const int64_t experts = test::world_size() == 3 ? 6 : 8;
+    for (const Case& c : {kCases[1], kCases[3]}) {
+      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+      for (bool fuse : {false, true}) {
+        if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
+        // M, H not multiples of the bf16 kernel's 16 / 32 blocks.
+        LayerCheckOptions o = case_options(c, kind, fuse, experts, 40, 72);
+        o.seed = 13;
+        o.precision = Precision::kBf16;
+        o.tolerance = default_tolerance(Precision::kBf16);
+        const LayerCheckResult r = check_layer(*topo, o);
+        ++checks;
+        std::string detail;
+        double out_error = 0.0;
+        for (const auto& e : r.errors) {
+          detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
+          if (e.name == "out") out_error = e.max_rel;
+        }
+        const std::string where = fmt::format("mp={} ep={} esp={} {}{} [{}]:{}", lay.mp, lay.ep,
+                                              lay.esp, schedule::kind_name(kind),
+                                              fuse ? " fused" : "", c.name, detail);
+        EXPECT_TRUE(r.passed) << where;
+        EXPECT_GT(out_error, 1e-5) << where << ": no bf16 rounding in the output";
+      }
+    }
+  }
+  EXPECT_GT(checks, 0);
 }
 
 TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {

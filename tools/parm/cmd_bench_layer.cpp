@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 
+#include "kernels/cpu/kernels.h"
 #include "layer_flags.h"
 #include "moe/expert_products.h"
 #include "moe/layer_check.h"
@@ -300,6 +301,9 @@ int run_bench_layer(const BenchLayerFlags& f) {
                 shape.str().c_str(), l.world, l.mp, l.ep, l.esp, l.dp, l.edp, topo->num_nodes(),
                 device_name(topo->device()), precision_name(precision), topo->comm_backend(),
                 f.iters, f.warmup);
+  if (root && precision == Precision::kBf16 && topo->device() == Device::kCpu)
+    std::printf("# bf16 products: %s (cpu: %s)\n", cpu::bf16_kernel_name(),
+                cpu::cpu_bf16_capability());
   nlohmann::json auto_json;
   if (f.layer.wants_auto()) {
     const auto chosen = choose_auto(f, *topo, shape, root);
@@ -395,6 +399,8 @@ int run_bench_layer(const BenchLayerFlags& f) {
     cfg["warmup"] = f.warmup;
     cfg["world"] = l.world;
     cfg["comm_backend"] = topo->comm_backend();
+    if (precision == Precision::kBf16 && topo->device() == Device::kCpu)
+      cfg["bf16_gemm"] = cpu::bf16_kernel_name();
     nlohmann::json doc = {{"config", cfg}, {"results", results}};
     if (!auto_json.is_null()) doc["auto"] = auto_json;
     write_file_atomic(f.json, doc.dump(2) + "\n");

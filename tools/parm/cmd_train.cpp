@@ -98,8 +98,8 @@ Command add_train(CLI::App& root) {
                   "where the MoE layers compute: cpu or cuda (the dense layers, optimizer and "
                   "checkpoints stay on the host)");
   app->add_option("--precision", f->precision,
-                  "MoE expert products: fp32, or bf16 (cuda; fp32 master weights and "
-                  "reductions)");
+                  "fp32, or bf16: bf16 operands for the expert products (and, on --device cpu, "
+                  "every dense product), fp32 accumulation, master weights and reductions");
   app->add_option("--comm", f->comm,
                   "what moves the MoE layers' device buffers: auto, nccl, or mpi (staged "
                   "through host memory)");

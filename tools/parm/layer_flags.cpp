@@ -23,8 +23,8 @@ void LayerFlags::add_to(CLI::App* app) {
   app->add_option("--chunks", chunks, "pipeline depth of the fused collectives");
   app->add_option("--device", device, "where the layer computes: cpu or cuda");
   app->add_option("--precision", precision,
-                  "expert products: fp32, or bf16 (cuda; fp32 accumulation, fp32 master "
-                  "weights and reductions)");
+                  "expert products: fp32, or bf16 (bf16 operands; fp32 accumulation, fp32 "
+                  "master weights and reductions; on the CPU AMX tiles where there are any)");
   app->add_option("--comm", comm,
                   "what moves device buffers (--device cuda): nccl, mpi (staged through host "
                   "memory; several ranks per GPU), or auto (nccl when every rank has a GPU)");

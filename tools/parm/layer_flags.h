@@ -27,7 +27,7 @@ struct LayerFlags {
   int chunks = 4;
   uint64_t seed = 1;
   std::string device = "cpu";     // cpu | cuda
-  std::string precision = "fp32"; // fp32 | bf16 (cuda)
+  std::string precision = "fp32"; // fp32 | bf16
   std::string comm = "auto";      // auto | mpi | nccl: what moves device buffers
 
   void add_to(CLI::App* app);

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <string>
 
 #include "kernels/cpu/dnnl_check.h"
+#include "kernels/cpu/gemm_args.h"
 #include "kernels/cpu/gemm_threads.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/matmul_cache.h"
@@ -72,15 +72,7 @@ void gemm_impl(GemmPath prefer, bool trans_a, bool trans_b, int64_t m, int64_t n
              "gemm: leading dimension below the stored row width: trans_a = {}, trans_b = {}, "
              "m = {}, n = {}, k = {}, lda = {} (>= {}), ldb = {} (>= {}), ldc = {} (>= {})",
              trans_a, trans_b, m, n, k, lda, a_width, ldb, b_width, ldc, n);
-  if (m == 0 || n == 0) return;
-  PARM_CHECK(c != nullptr, "gemm: C is null (m = {}, n = {})", m, n);
-  if (k == 0) {
-    // An empty sum: C = 0, or C unchanged when accumulating.
-    if (!accumulate)
-      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
-    return;
-  }
-  PARM_CHECK(a != nullptr && b != nullptr, "gemm: null operand (m = {}, n = {}, k = {})", m, n, k);
+  if (detail::gemm_done_without_products("gemm", m, n, k, a, b, c, ldc, accumulate)) return;
 
   const int num_threads = detail::apply_gemm_threads();
   const GemmPath forced = gemm_path();

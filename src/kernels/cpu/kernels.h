@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace parm::cpu {
 
@@ -40,6 +41,46 @@ GemmPath gemm_path();
 // thread count, which other OpenMP code in that thread would see too.
 void set_gemm_threads(int num_threads);
 int gemm_threads();
+
+// ---- bf16 GEMM (bf16 operands, fp32 accumulation and output) ------------------------------
+// bf16 values are stored as uint16_t (the upper half of the fp32 bit pattern) and rounded from
+// fp32 to nearest even. The GEMM reads its operands packed, so that a weight packed once
+// serves every call of a step:
+//   packed A: op(A) (m, k) row-major, rows padded to a multiple of 16 and columns to a
+//             multiple of 32 with zeros (bf16_packed_a_size(m, k) values);
+//   packed B: op(B) (k, n) as 16-column panels, each (k / 2, 16, 2): pairs of consecutive k
+//             side by side (the AMX / VNNI layout), k padded to 32 and n to 16 with zeros.
+// The kernel runs on the calling thread: AMX tiles where the CPU and OS offer them, else a
+// portable loop (same contract, much slower).
+int64_t bf16_packed_a_size(int64_t m, int64_t k);
+int64_t bf16_packed_b_size(int64_t k, int64_t n);
+// Rounds op(A) (fp32 (m, k), stored as for gemm(): (k, m) when trans) into packed A.
+// Overwrites all bf16_packed_a_size(m, k) values of `packed`.
+void bf16_pack_a(bool trans, int64_t m, int64_t k, const float* a, int64_t lda, uint16_t* packed);
+// Rounds op(B) (fp32 (k, n), stored (n, k) when trans) into packed B. Overwrites all
+// bf16_packed_b_size(k, n) values of `packed`.
+void bf16_pack_b(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb, uint16_t* packed);
+// C (m, n) = A B (accumulate == false) or C += A B, packed operands, C fp32 row-major (ldc).
+void gemm_bf16_packed(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
+                      float* c, int64_t ldc, bool accumulate);
+// gemm()'s contract with both operands rounded to bf16 first (packed into per-thread scratch
+// that grows to the largest operands seen, so repeated shapes allocate nothing).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+               const float* b, float* c, bool accumulate);
+// Which bf16 kernel runs: kAuto (AMX when usable), or one forced process-wide (tests;
+// kPortable also packs with scalar loops instead of AVX512-BF16);
+// forcing kAmx where AMX is not usable throws InvalidConfig.
+enum class Bf16Kernel { kAuto, kAmx, kPortable };
+void set_bf16_kernel(Bf16Kernel kernel);
+// The kernel gemm_bf16 runs now, in words.
+const char* bf16_kernel_name();
+// The CPU's bf16 features, e.g. "avx512_bf16 yes, amx_bf16 yes (tiles granted)".
+const char* cpu_bf16_capability();
+// The implementation oneDNN picks for a bf16 x bf16 -> fp32 matmul on this CPU, e.g.
+// "brg:avx512_core_amx_bf16" (for `parm info`: what oneDNN would run here).
+std::string onednn_bf16_matmul_impl();
 
 // ---- Row-wise softmax ------------------------------------------------------------------
 // y (rows, cols) = softmax(x) per row; overwrites y (may alias x).

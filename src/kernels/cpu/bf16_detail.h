@@ -1,0 +1,43 @@
+// Private to the CPU kernels: the packed bf16 layouts and the two kernels that read them
+// (gemm_bf16.cpp dispatches between them). The layouts are documented with
+// bf16_packed_a_size / bf16_packed_b_size in kernels.h.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace parm::cpu::detail {
+
+inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// Packed A: (round_up(m, 16), round_up(k, 32)) row-major. Packed B: round_up(n, 16) / 16
+// column panels, each (round_up(k, 32) / 2, 16, 2).
+constexpr int64_t kTileRows = 16;  // rows of an AMX tile; columns of a B panel
+constexpr int64_t kTileK = 32;     // bf16 values in one 64-byte tile row
+
+// fp32 -> bf16, round to nearest even (NaN stays NaN, quiet). Branch-free, so loops over it
+// vectorise.
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+inline float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// True while set_bf16_kernel(kPortable) is in force: the packing runs its scalar loops too.
+bool bf16_portable_forced();
+// True when this CPU has AMX bf16 tiles and the kernel granted this process their state
+// (Linux arch_prctl ARCH_REQ_XCOMP_PERM); asked once.
+bool amx_usable();
+// C (m, n) (+)= A B over packed operands with AMX tiles. Requires amx_usable().
+void gemm_bf16_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
+                   float* c, int64_t ldc, bool accumulate);
+
+}  // namespace parm::cpu::detail

@@ -1,0 +1,215 @@
+// fp32 operands rounded to bf16 into the packed layouts of the bf16 GEMM (bf16_detail.h).
+// With AVX512-BF16 the rounding is VCVTNE2PS2BF16 and transposed operands go through
+// 16 x 16 transposes of bf16 pairs in registers; without it, scalar loops do the same
+// (to_bf16: the same rounding, except that the instruction treats fp32 denormals as zero).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cpuid.h>
+
+#include "kernels/cpu/bf16_detail.h"
+#include "kernels/cpu/kernels.h"
+#include "parm/error.h"
+
+#define PARM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+namespace parm::cpu {
+
+using detail::kTileK;
+using detail::kTileRows;
+using detail::round_up;
+using detail::to_bf16;
+
+namespace {
+
+bool have_avx512_bf16() {
+  static const bool have = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool avx512bw = (ebx >> 30) & 1u, avx512f = (ebx >> 16) & 1u;
+    if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return false;
+    return avx512f && avx512bw && ((eax >> 5) & 1u) != 0;
+  }();
+  return have;
+}
+
+// ---- AVX512-BF16 --------------------------------------------------------------------------
+
+// 16 lanes of fp32 from p (the first `count`, the rest zero).
+PARM_AVX512_BF16 inline __m512 load16(const float* p, int64_t count) {
+  if (count >= 16) return _mm512_loadu_ps(p);
+  if (count <= 0) return _mm512_setzero_ps();
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), p);
+}
+
+// bf16 pairs (lo[i], hi[i]) as 16 dwords: lane i = lo[i] | hi[i] << 16.
+PARM_AVX512_BF16 inline __m512i pairs16(__m512 lo, __m512 hi) {
+  // cvtne2ps: words 0..15 = lo, 16..31 = hi; interleave them.
+  const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                       8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, both);
+}
+
+// r[i] lane j becomes r[j] lane i (16 x 16 dwords: unpacks within 128-bit lanes, then lane
+// shuffles). GCC 12's unpack intrinsics start from _mm512_undefined and warn about it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+PARM_AVX512_BF16 inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+      t[8 * i + j + 4] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+#pragma GCC diagnostic pop
+
+PARM_AVX512_BF16 void pack_a_avx512(bool trans, int64_t m, int64_t k, const float* a, int64_t lda,
+                                    uint16_t* packed) {
+  const int64_t kp = round_up(k, kTileK);
+  if (!trans) {
+    for (int64_t i = 0; i < m; ++i) {
+      const float* src = a + i * lda;
+      uint16_t* row = packed + i * kp;
+      for (int64_t j = 0; j < kp; j += 32) {
+        const __m512 lo = load16(src + j, k - j), hi = load16(src + j + 16, k - j - 16);
+        _mm512_storeu_si512(row + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+      }
+    }
+    return;
+  }
+  // op(A)[i][j] = a[j * lda + i]: stored rows j, j + 1 give the pairs (i, j..j+1) of 16 i;
+  // 16 such pairs of rows, transposed, are 16 rows of 32 packed values.
+  for (int64_t i0 = 0; i0 < m; i0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, m - i0);
+    for (int64_t j0 = 0; j0 < kp; j0 += 32) {
+      __m512i v[16];
+      for (int64_t q = 0; q < 16; ++q) {
+        const int64_t j = j0 + 2 * q;
+        const __m512 lo = j < k ? load16(a + j * lda + i0, rows) : _mm512_setzero_ps();
+        const __m512 hi = j + 1 < k ? load16(a + (j + 1) * lda + i0, rows) : _mm512_setzero_ps();
+        v[q] = pairs16(lo, hi);
+      }
+      transpose16(v);
+      for (int64_t i = 0; i < rows; ++i) _mm512_storeu_si512(packed + (i0 + i) * kp + j0, v[i]);
+    }
+  }
+}
+
+PARM_AVX512_BF16 void pack_b_avx512(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,
+                                    uint16_t* packed) {
+  const int64_t np = round_up(n, kTileRows), kp = round_up(k, kTileK), pairs = kp / 2;
+  if (!trans) {
+    // Stored rows 2p and 2p + 1, columns j0..j0+15: one 64-byte row of panel j0 / 16. Pairs
+    // outermost, so b is read row after row.
+    for (int64_t p = 0; p < pairs; ++p)
+      for (int64_t jp = 0; jp < np / kTileRows; ++jp) {
+        const int64_t j0 = jp * kTileRows, width = std::min<int64_t>(kTileRows, n - j0);
+        const __m512 lo = 2 * p < k ? load16(b + 2 * p * ldb + j0, width) : _mm512_setzero_ps();
+        const __m512 hi =
+            2 * p + 1 < k ? load16(b + (2 * p + 1) * ldb + j0, width) : _mm512_setzero_ps();
+        _mm512_storeu_si512(packed + (jp * pairs + p) * 2 * kTileRows, pairs16(lo, hi));
+      }
+    return;
+  }
+  for (int64_t jp = 0; jp < np / kTileRows; ++jp) {
+    uint16_t* panel = packed + jp * pairs * 2 * kTileRows;
+    const int64_t j0 = jp * kTileRows, width = std::min<int64_t>(kTileRows, n - j0);
+    // op(B)[kk][j] = b[j * ldb + kk]: stored row j gives column j's pairs p0..p0+15; the 16
+    // columns' pairs, transposed, are 16 panel rows.
+    for (int64_t kk = 0; kk < kp; kk += 32) {
+      __m512i v[16];
+      for (int64_t jj = 0; jj < 16; ++jj) {
+        const float* src = b + (j0 + jj) * ldb;
+        v[jj] = jj < width ? reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
+                                 load16(src + kk + 16, k - kk - 16), load16(src + kk, k - kk)))
+                           : _mm512_setzero_si512();
+      }
+      transpose16(v);
+      for (int64_t q = 0; q < 16; ++q)
+        _mm512_storeu_si512(panel + (kk / 2 + q) * 2 * kTileRows, v[q]);
+    }
+  }
+}
+
+// ---- scalar ------------------------------------------------------------------------------
+
+void pack_a_scalar(bool trans, int64_t m, int64_t k, const float* a, int64_t lda,
+                   uint16_t* packed) {
+  const int64_t kp = round_up(k, kTileK);
+  constexpr int64_t kB = 32;  // transposed reads in 32 x 32 blocks
+  for (int64_t i0 = 0; i0 < m; i0 += kB)
+    for (int64_t j0 = 0; j0 < k; j0 += kB) {
+      const int64_t i1 = std::min(m, i0 + kB), j1 = std::min(k, j0 + kB);
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j)
+          packed[i * kp + j] = to_bf16(trans ? a[j * lda + i] : a[i * lda + j]);
+    }
+  for (int64_t i = 0; i < m; ++i)
+    std::fill(packed + i * kp + k, packed + (i + 1) * kp, uint16_t{0});
+}
+
+void pack_b_scalar(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,
+                   uint16_t* packed) {
+  const int64_t np = round_up(n, kTileRows), kp = round_up(k, kTileK), pairs = kp / 2;
+  // Panel jp, pair p, column jj, half t: op(B)[2p + t][16 jp + jj].
+  for (int64_t jp = 0; jp < np / kTileRows; ++jp) {
+    uint16_t* panel = packed + jp * pairs * 2 * kTileRows;
+    const int64_t j0 = jp * kTileRows, width = std::min<int64_t>(kTileRows, n - j0);
+    std::fill(panel, panel + pairs * 2 * kTileRows, uint16_t{0});
+    for (int64_t kk = 0; kk < k; ++kk) {
+      uint16_t* row = panel + (kk / 2) * 2 * kTileRows + (kk & 1);
+      for (int64_t jj = 0; jj < width; ++jj)
+        row[jj * 2] = to_bf16(trans ? b[(j0 + jj) * ldb + kk] : b[kk * ldb + j0 + jj]);
+    }
+  }
+}
+
+}  // namespace
+
+int64_t bf16_packed_a_size(int64_t m, int64_t k) {
+  return round_up(m, kTileRows) * round_up(k, kTileK);
+}
+
+int64_t bf16_packed_b_size(int64_t k, int64_t n) {
+  return round_up(n, kTileRows) * round_up(k, kTileK);
+}
+
+void bf16_pack_a(bool trans, int64_t m, int64_t k, const float* a, int64_t lda,
+                 uint16_t* packed) {
+  PARM_CHECK(m >= 0 && k >= 0 && lda >= std::max<int64_t>(1, trans ? m : k),
+             "bf16_pack_a: m = {}, k = {}, trans = {}, lda = {}", m, k, trans, lda);
+  const int64_t mp = round_up(m, kTileRows), kp = round_up(k, kTileK);
+  if (have_avx512_bf16() && !detail::bf16_portable_forced())
+    pack_a_avx512(trans, m, k, a, lda, packed);
+  else
+    pack_a_scalar(trans, m, k, a, lda, packed);
+  std::fill(packed + m * kp, packed + mp * kp, uint16_t{0});
+}
+
+void bf16_pack_b(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,
+                 uint16_t* packed) {
+  PARM_CHECK(k >= 0 && n >= 0 && ldb >= std::max<int64_t>(1, trans ? k : n),
+             "bf16_pack_b: k = {}, n = {}, trans = {}, ldb = {}", k, n, trans, ldb);
+  if (have_avx512_bf16() && !detail::bf16_portable_forced())
+    pack_b_avx512(trans, k, n, b, ldb, packed);
+  else
+    pack_b_scalar(trans, k, n, b, ldb, packed);
+}
+
+}  // namespace parm::cpu

@@ -1,0 +1,164 @@
+// The bf16 GEMM: argument checks, the choice between the AMX kernel (gemm_bf16_amx.cpp) and
+// the portable one below, the convenience form over fp32 operands, and what `parm info`
+// says about the CPU's bf16 support.
+#include <oneapi/dnnl/dnnl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cpuid.h>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/bf16_detail.h"
+#include "kernels/cpu/dnnl_check.h"
+#include "kernels/cpu/gemm_args.h"
+#include "kernels/cpu/kernels.h"
+#include "parm/error.h"
+
+namespace parm::cpu {
+
+using detail::from_bf16;
+using detail::kTileK;
+using detail::kTileRows;
+using detail::round_up;
+
+namespace {
+
+std::atomic<Bf16Kernel> g_kernel{Bf16Kernel::kAuto};
+
+// The same sums as the AMX kernel, one row of C and one 16-column panel at a time, in fp32
+// (products of two bf16 values are exact in fp32; only the order of the sum differs).
+void gemm_bf16_portable(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
+                        float* c, int64_t ldc, bool accumulate) {
+  const int64_t kp = round_up(k, kTileK), pairs = kp / 2;
+  const int64_t panels = round_up(n, kTileRows) / kTileRows;
+  for (int64_t i = 0; i < m; ++i) {
+    const uint16_t* arow = a + i * kp;
+    for (int64_t jp = 0; jp < panels; ++jp) {
+      const uint16_t* panel = b + jp * pairs * 2 * kTileRows;
+      float acc[kTileRows] = {};
+      for (int64_t p = 0; p < pairs; ++p) {
+        const float a0 = from_bf16(arow[2 * p]), a1 = from_bf16(arow[2 * p + 1]);
+        const uint16_t* row = panel + p * 2 * kTileRows;
+        for (int64_t jj = 0; jj < kTileRows; ++jj)
+          acc[jj] += a0 * from_bf16(row[2 * jj]) + a1 * from_bf16(row[2 * jj + 1]);
+      }
+      const int64_t j0 = jp * kTileRows, width = std::min<int64_t>(kTileRows, n - j0);
+      float* out = c + i * ldc + j0;
+      for (int64_t jj = 0; jj < width; ++jj) out[jj] = (accumulate ? out[jj] : 0.0f) + acc[jj];
+    }
+  }
+}
+
+bool use_amx() {
+  const Bf16Kernel forced = g_kernel.load(std::memory_order_relaxed);
+  return forced == Bf16Kernel::kAmx || (forced == Bf16Kernel::kAuto && detail::amx_usable());
+}
+
+// Per thread, grown to the largest operands seen (the steady state allocates nothing).
+struct PackScratch {
+  std::vector<uint16_t> a, b;
+};
+
+}  // namespace
+
+bool detail::bf16_portable_forced() {
+  return g_kernel.load(std::memory_order_relaxed) == Bf16Kernel::kPortable;
+}
+
+void set_bf16_kernel(Bf16Kernel kernel) {
+  PARM_CONFIG_CHECK(kernel != Bf16Kernel::kAmx || detail::amx_usable(),
+                    "bf16 kernel: AMX requested, but this CPU or kernel offers no AMX bf16 "
+                    "tiles ({})",
+                    cpu_bf16_capability());
+  g_kernel.store(kernel, std::memory_order_relaxed);
+}
+
+const char* bf16_kernel_name() {
+  return use_amx() ? "parm AMX tiles (amx_bf16, fp32 accumulation)"
+                   : "parm portable C++ (no AMX: bf16 widened to fp32, fp32 accumulation)";
+}
+
+const char* cpu_bf16_capability() {
+  static const std::string text = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    bool avx512_bf16 = false, amx_bf16 = false;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0) {
+      amx_bf16 = ((edx >> 22) & 1u) && ((edx >> 24) & 1u);
+      if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0) avx512_bf16 = (eax >> 5) & 1u;
+    }
+    std::string s = fmt::format("avx512_bf16 {}, amx_bf16 {}", avx512_bf16 ? "yes" : "no",
+                                amx_bf16 ? "yes" : "no");
+    if (amx_bf16) s += detail::amx_usable() ? " (tiles granted)" : " (tiles refused by the OS)";
+    return s;
+  }();
+  return text.c_str();
+}
+
+std::string onednn_bf16_matmul_impl() {
+  // A 256^3 bf16 x bf16 -> fp32 matmul: oneDNN names the implementation it picks.
+  dnnl_engine_t engine = nullptr;
+  PARM_DNNL_CHECK(dnnl_engine_create(&engine, dnnl_cpu, 0));
+  const dnnl_dims_t dims = {256, 256};
+  dnnl_memory_desc_t a_md, b_md, c_md;
+  dnnl_primitive_desc_t pd = nullptr;
+  std::string impl;
+  try {
+    PARM_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&a_md, 2, dims, dnnl_bf16, dnnl_ab));
+    PARM_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&b_md, 2, dims, dnnl_bf16, dnnl_ab));
+    PARM_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&c_md, 2, dims, dnnl_f32, dnnl_ab));
+    dnnl_matmul_desc_t desc;
+    PARM_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md));
+    const dnnl_status_t st = dnnl_primitive_desc_create(&pd, &desc, nullptr, engine, nullptr);
+    if (st != dnnl_success) {
+      impl = fmt::format("none (oneDNN status {})", dnnl_status2str(st));
+    } else {
+      const char* info = nullptr;
+      PARM_DNNL_CHECK(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &info));
+      impl = info != nullptr ? info : "unknown";
+    }
+  } catch (...) {
+    if (pd != nullptr) dnnl_primitive_desc_destroy(pd);
+    dnnl_engine_destroy(engine);
+    throw;
+  }
+  if (pd != nullptr) dnnl_primitive_desc_destroy(pd);
+  dnnl_engine_destroy(engine);
+  return impl;
+}
+
+void gemm_bf16_packed(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
+                      float* c, int64_t ldc, bool accumulate) {
+  PARM_CHECK(m >= 0 && n >= 0 && k >= 0 && ldc >= std::max<int64_t>(1, n),
+             "gemm_bf16: m = {}, n = {}, k = {}, ldc = {}", m, n, k, ldc);
+  if (detail::gemm_done_without_products("gemm_bf16", m, n, k, a, b, c, ldc, accumulate)) return;
+  if (use_amx())
+    detail::gemm_bf16_amx(m, n, k, a, b, c, ldc, accumulate);
+  else
+    gemm_bf16_portable(m, n, k, a, b, c, ldc, accumulate);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  thread_local PackScratch scratch;
+  if (m == 0 || n == 0 || k == 0) {
+    gemm_bf16_packed(m, n, k, nullptr, nullptr, c, ldc, accumulate);
+    return;
+  }
+  const auto a_size = static_cast<size_t>(bf16_packed_a_size(m, k));
+  const auto b_size = static_cast<size_t>(bf16_packed_b_size(k, n));
+  if (scratch.a.size() < a_size) scratch.a.resize(a_size);
+  if (scratch.b.size() < b_size) scratch.b.resize(b_size);
+  bf16_pack_a(trans_a, m, k, a, lda, scratch.a.data());
+  bf16_pack_b(trans_b, k, n, b, ldb, scratch.b.data());
+  gemm_bf16_packed(m, n, k, scratch.a.data(), scratch.b.data(), c, ldc, accumulate);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+               const float* b, float* c, bool accumulate) {
+  const auto ld = [](int64_t width) { return std::max<int64_t>(1, width); };
+  gemm_bf16(trans_a, trans_b, m, n, k, a, ld(trans_a ? m : k), b, ld(trans_b ? k : n), c, ld(n),
+            accumulate);
+}
+
+}  // namespace parm::cpu

@@ -1,0 +1,155 @@
+// The bf16 GEMM on AMX tiles. Eight tiles: C0..C3 (a 32 x 32 fp32 block of C), A0, A1 (its
+// 32 rows x 32 k of packed A) and B0, B1 (16 k pairs x 32 columns of packed B). Each 32-wide
+// step of k is four tile loads and four TDPBF16PS (fp32 accumulation inside the tiles).
+// C tiles that stick out of C (m or n not a multiple of 16) go through a 16 x 16 scratch
+// tile on the stack, so nothing is read or written outside C.
+//
+// Only the functions marked PARM_AMX are compiled for AMX; they run after amx_usable().
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cpuid.h>
+
+#include "kernels/cpu/bf16_detail.h"
+
+#define PARM_AMX __attribute__((target("amx-tile,amx-bf16")))
+
+namespace parm::cpu::detail {
+namespace {
+
+// The 64-byte tile configuration (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig make_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  return cfg;
+}
+
+// One C tile: where it is written and its row stride in bytes.
+struct CTile {
+  float* ptr;
+  int64_t stride;
+};
+
+// The MT x NT tiles (each 1 or 2) of a C block over the whole of k; c[ti * 2 + tj] is tile
+// (ti, tj) of the block.
+template <int MT, int NT>
+PARM_AMX void block(const uint16_t* a, int64_t a_stride, const uint16_t* b0, const uint16_t* b1,
+                    int64_t kp, const CTile* c, bool load) {
+  if (load) {
+    _tile_loadd(0, c[0].ptr, c[0].stride);
+    if constexpr (NT > 1) _tile_loadd(1, c[1].ptr, c[1].stride);
+    if constexpr (MT > 1) _tile_loadd(2, c[2].ptr, c[2].stride);
+    if constexpr (MT > 1 && NT > 1) _tile_loadd(3, c[3].ptr, c[3].stride);
+  } else {
+    _tile_zero(0);
+    if constexpr (NT > 1) _tile_zero(1);
+    if constexpr (MT > 1) _tile_zero(2);
+    if constexpr (MT > 1 && NT > 1) _tile_zero(3);
+  }
+  const uint16_t* a1 = a + (a_stride / 2) * kTileRows;
+  for (int64_t kk = 0; kk < kp; kk += kTileK) {
+    _tile_loadd(4, a + kk, a_stride);
+    if constexpr (MT > 1) _tile_loadd(5, a1 + kk, a_stride);
+    _tile_loadd(6, b0 + kk * kTileRows, 64);
+    if constexpr (NT > 1) _tile_loadd(7, b1 + kk * kTileRows, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT > 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT > 1) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (MT > 1 && NT > 1) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c[0].ptr, c[0].stride);
+  if constexpr (NT > 1) _tile_stored(1, c[1].ptr, c[1].stride);
+  if constexpr (MT > 1) _tile_stored(2, c[2].ptr, c[2].stride);
+  if constexpr (MT > 1 && NT > 1) _tile_stored(3, c[3].ptr, c[3].stride);
+}
+
+PARM_AMX void load_config(const TileConfig& cfg) { _tile_loadconfig(&cfg); }
+PARM_AMX void release_tiles() { _tile_release(); }
+
+}  // namespace
+
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool amx_bf16 = (edx >> 22) & 1u, amx_tile = (edx >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+    // Linux hands out the 8 KiB tile state only on request (ARCH_REQ_XCOMP_PERM for
+    // XFEATURE_XTILEDATA); an older kernel refuses and AMX stays off.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
+}
+
+void gemm_bf16_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
+                   float* c, int64_t ldc, bool accumulate) {
+  const int64_t mp = round_up(m, kTileRows), np = round_up(n, kTileRows);
+  const int64_t kp = round_up(k, kTileK);
+  const int64_t a_stride = kp * 2, panel = kp * kTileRows;  // bytes; elements per B panel
+  // Columns of B per pass over A: about 512 KiB of B's panels stay in L2 while A's 32-row
+  // blocks (each reused across the pass's panels from L1) stream by.
+  const int64_t cols_per_pass = std::max<int64_t>(32, (524288 / a_stride) / 32 * 32);
+  static const TileConfig config = make_config();
+  load_config(config);  // per call: other code (oneDNN) may have loaded its own in between
+  alignas(64) float scratch[4][kTileRows * kTileRows];
+  for (int64_t j0 = 0; j0 < np; j0 += cols_per_pass) {
+    const int64_t j1 = std::min(np, j0 + cols_per_pass);
+    for (int64_t i = 0; i < mp; i += 2 * kTileRows) {
+      const int mt = mp - i >= 2 * kTileRows ? 2 : 1;
+      for (int64_t j = j0; j < j1; j += 2 * kTileRows) {
+        const int nt = j1 - j >= 2 * kTileRows ? 2 : 1;
+        CTile tiles[4] = {};
+        bool edge[4] = {};
+        for (int ti = 0; ti < mt; ++ti)
+          for (int tj = 0; tj < nt; ++tj) {
+            const int t = ti * 2 + tj;
+            const int64_t r0 = i + ti * kTileRows, c0 = j + tj * kTileRows;
+            edge[t] = r0 + kTileRows > m || c0 + kTileRows > n;
+            if (!edge[t]) {
+              tiles[t] = {c + r0 * ldc + c0, ldc * 4};
+              continue;
+            }
+            tiles[t] = {scratch[t], kTileRows * 4};
+            std::fill(scratch[t], scratch[t] + kTileRows * kTileRows, 0.0f);
+            if (accumulate)
+              for (int64_t r = r0; r < std::min(m, r0 + kTileRows); ++r)
+                for (int64_t q = c0; q < std::min(n, c0 + kTileRows); ++q)
+                  scratch[t][(r - r0) * kTileRows + (q - c0)] = c[r * ldc + q];
+          }
+        const uint16_t* ab = a + i * kp;
+        const uint16_t* b0 = b + (j / kTileRows) * panel;
+        const uint16_t* b1 = b0 + panel;
+        if (mt == 2 && nt == 2) block<2, 2>(ab, a_stride, b0, b1, kp, tiles, accumulate);
+        else if (mt == 2) block<2, 1>(ab, a_stride, b0, b1, kp, tiles, accumulate);
+        else if (nt == 2) block<1, 2>(ab, a_stride, b0, b1, kp, tiles, accumulate);
+        else block<1, 1>(ab, a_stride, b0, b1, kp, tiles, accumulate);
+        for (int ti = 0; ti < mt; ++ti)
+          for (int tj = 0; tj < nt; ++tj) {
+            const int t = ti * 2 + tj;
+            if (!edge[t]) continue;
+            const int64_t r0 = i + ti * kTileRows, c0 = j + tj * kTileRows;
+            for (int64_t r = r0; r < std::min(m, r0 + kTileRows); ++r)
+              for (int64_t q = c0; q < std::min(n, c0 + kTileRows); ++q)
+                c[r * ldc + q] = scratch[t][(r - r0) * kTileRows + (q - c0)];
+          }
+      }
+    }
+  }
+  release_tiles();
+}
+
+}  // namespace parm::cpu::detail

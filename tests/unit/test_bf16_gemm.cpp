@@ -1,0 +1,140 @@
+// The bf16 GEMM (kernels.h): both kernels (AMX where this CPU has it, and the portable one)
+// against an fp64 sum over the bf16-rounded operands, over shapes that leave every kind of
+// partial tile, all four transpositions and both accumulate modes; and checks that the
+// operands really are rounded to bf16 (the result differs from fp32 by the rounding, and
+// by no more).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/kernels.h"
+#include "parm/error.h"
+#include "parm/rng.h"
+
+namespace parm::cpu {
+namespace {
+
+float round_bf16(float f) {
+  // Round to nearest even at 16 bits (the operands here are finite).
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+std::vector<float> normal(int64_t n, uint64_t stream) {
+  Rng rng(777, stream);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = rng.normal();
+  return v;
+}
+
+// Forces one kernel for a scope.
+struct KernelScope {
+  explicit KernelScope(Bf16Kernel k) { set_bf16_kernel(k); }
+  ~KernelScope() { set_bf16_kernel(Bf16Kernel::kAuto); }
+};
+
+std::vector<Bf16Kernel> kernels() {
+  std::vector<Bf16Kernel> out = {Bf16Kernel::kPortable};
+  try {
+    set_bf16_kernel(Bf16Kernel::kAmx);
+    out.push_back(Bf16Kernel::kAmx);
+  } catch (const InvalidConfig&) {
+  }
+  set_bf16_kernel(Bf16Kernel::kAuto);
+  return out;
+}
+
+// Stored operand layout for gemm(): A (m, k) or (k, m), B (k, n) or (n, k); lda/ldb with a
+// gap of 3 so the packing honours the leading dimension.
+TEST(GemmBf16, MatchesFp64OverRoundedOperandsForEveryTileEdge) {
+  const int64_t ms[] = {1, 16, 17, 33, 64};
+  const int64_t ns[] = {1, 15, 16, 33, 48};
+  const int64_t ks[] = {1, 31, 32, 70};
+  for (Bf16Kernel kernel : kernels()) {
+    KernelScope scope(kernel);
+    for (int64_t m : ms)
+      for (int64_t n : ns)
+        for (int64_t k : ks)
+          for (int t = 0; t < 8; ++t) {
+            const bool ta = t & 1, tb = t & 2, acc = t & 4;
+            const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 3, ldc = n + 2;
+            const auto a = normal((ta ? k : m) * lda, 1), b = normal((tb ? n : k) * ldb, 2);
+            const auto c0 = normal(m * ldc, 3);
+            std::vector<float> c = c0;
+            gemm_bf16(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, acc);
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j) {
+                double want = acc ? c0[i * ldc + j] : 0.0, mag = std::fabs(want);
+                for (int64_t p = 0; p < k; ++p) {
+                  const double x = round_bf16(ta ? a[p * lda + i] : a[i * lda + p]);
+                  const double y = round_bf16(tb ? b[j * ldb + p] : b[p * ldb + j]);
+                  want += x * y;
+                  mag += std::fabs(x * y);
+                }
+                // fp32 accumulation of k exact products: (k + 1) u |terms|, doubled.
+                const double bound = 2.0 * (k + 1) * 0x1p-24 * mag + 1e-30;
+                ASSERT_NEAR(c[i * ldc + j], want, bound)
+                    << bf16_kernel_name() << " m=" << m << " n=" << n << " k=" << k
+                    << " ta=" << ta << " tb=" << tb << " acc=" << acc << " at " << i << "," << j;
+              }
+            // Padding columns of C are never written.
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = n; j < ldc; ++j) ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
+          }
+  }
+}
+
+// A row of 1 + 2^-9 (not a bf16 value: it rounds to 1) against a column of ones: fp32 gives
+// k (1 + 2^-9) exactly, bf16 gives exactly k.
+TEST(GemmBf16, RoundsOperandsToBf16) {
+  for (Bf16Kernel kernel : kernels()) {
+    KernelScope scope(kernel);
+    const int64_t k = 64;
+    std::vector<float> a(k, 1.0f + 0x1p-9f), b(k, 1.0f), c(1, -1.0f), c32(1, -1.0f);
+    gemm_bf16(false, false, 1, 1, k, a.data(), b.data(), c.data(), false);
+    gemm(false, false, 1, 1, k, a.data(), b.data(), c32.data(), false);
+    EXPECT_EQ(c[0], static_cast<float>(k)) << bf16_kernel_name();
+    EXPECT_EQ(c32[0], static_cast<float>(k) * (1.0f + 0x1p-9f));
+  }
+}
+
+// Random operands: bf16 differs from fp32 by about the operands' rounding (2^-9 relative
+// each, so a few 2^-9 of sum |a b| in the worst case), and more than fp32's own error.
+TEST(GemmBf16, DiffersFromFp32ByTheOperandRoundingOnly) {
+  const int64_t m = 40, n = 48, k = 256;
+  const auto a = normal(m * k, 4), b = normal(k * n, 5);
+  std::vector<float> c(m * n), c32(m * n);
+  gemm_bf16(false, false, m, n, k, a.data(), b.data(), c.data(), false);
+  gemm(false, false, m, n, k, a.data(), b.data(), c32.data(), false);
+  double max_rel = 0.0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double mag = 0.0;
+      for (int64_t p = 0; p < k; ++p) mag += std::fabs(a[i * k + p] * b[p * n + j]);
+      const double rel = std::fabs(c[i * n + j] - c32[i * n + j]) / mag;
+      EXPECT_LE(rel, 2.0 * 0x1p-8) << "at " << i << "," << j;
+      max_rel = std::max(max_rel, rel);
+    }
+  EXPECT_GT(max_rel, 64 * 0x1p-24) << "no bf16 rounding seen: are the operands fp32?";
+}
+
+TEST(GemmBf16, EmptySumsAndNames) {
+  std::vector<float> c(6, 5.0f);
+  gemm_bf16(false, false, 2, 3, 0, nullptr, nullptr, c.data(), true);
+  EXPECT_EQ(c[0], 5.0f);
+  gemm_bf16(false, false, 2, 3, 0, nullptr, nullptr, c.data(), false);
+  EXPECT_EQ(c[5], 0.0f);
+  EXPECT_NE(std::string(cpu_bf16_capability()).find("amx_bf16"), std::string::npos);
+  EXPECT_FALSE(onednn_bf16_matmul_impl().empty());
+}
+
+}  // namespace
+}  // namespace parm::cpu
