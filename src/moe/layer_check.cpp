@@ -41,7 +41,7 @@ std::vector<std::pair<std::string, const std::vector<S>*>> named(const ref::MoeP
 }
 
 
-Shape param_shape(const ref::MoeShape& s, const std::string& name) {
+Shape param_shape(const MoeShape& s, const std::string& name) {
   if (name == "wg") return {s.model_dim, s.experts};
   if (name == "w1") return {s.experts, s.model_dim, s.hidden};
   if (name == "b1") return {s.experts, s.hidden};
@@ -108,7 +108,7 @@ std::vector<float> group_input(const LayerCheckOptions& o, int group) {
 
 // The whole parameters as the check loads them (o.skew and o.force_ties applied).
 ref::MoeParams<float> check_params(const LayerCheckOptions& o) {
-  const ref::MoeShape& sh = o.shape;
+  const MoeShape& sh = o.shape;
   auto params = ref::init_params<float>(sh, o.seed);
   const int64_t M = sh.model_dim, E = sh.experts;
   if (o.skew != 0.0f)
@@ -188,11 +188,11 @@ DumpRouting gather_layer_routing(Topology& topo, const moe::GateRouting& r, bool
 
 }  // namespace
 
-std::vector<float> check_input(const ref::MoeShape& shape, uint64_t seed, int group) {
+std::vector<float> check_input(const MoeShape& shape, uint64_t seed, int group) {
   return ref::init_input<float>(shape, seed + kGroupSeedStride * static_cast<uint64_t>(group + 1));
 }
 
-std::vector<float> check_dout(const ref::MoeShape& shape, uint64_t seed, int group) {
+std::vector<float> check_dout(const MoeShape& shape, uint64_t seed, int group) {
   Tensor t({shape.tokens, shape.model_dim});
   fill_normal(t, seed + kGroupSeedStride * static_cast<uint64_t>(group + 1), kStreamDout, 0.0f,
               1.0f);
@@ -204,7 +204,7 @@ double default_tolerance(Precision precision) {
 }
 
 LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
-  const ref::MoeShape& sh = o.shape;
+  const MoeShape& sh = o.shape;
   const Layout& l = topo.layout();
   const int group = group_coord(l, Group::kMp, topo.world_rank()).index;
   const int mp_rank = topo.comm(Group::kMp).rank();

@@ -20,7 +20,7 @@
 namespace parm {
 
 struct LayerCheckOptions {
-  ref::MoeShape shape;  // T per MP group
+  MoeShape shape;  // T per MP group
   schedule::Kind kind = schedule::Kind::kS1;
   bool fuse = false;  // S1/S2: fused collectives
   int chunks = 4;
@@ -76,8 +76,8 @@ struct LayerCheckResult {
 LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& options);
 
 // The input, output gradient and seeds the check (and bench-layer) use for MP group g.
-std::vector<float> check_input(const ref::MoeShape& shape, uint64_t seed, int group);
-std::vector<float> check_dout(const ref::MoeShape& shape, uint64_t seed, int group);
+std::vector<float> check_input(const MoeShape& shape, uint64_t seed, int group);
+std::vector<float> check_dout(const MoeShape& shape, uint64_t seed, int group);
 
 // --dump writes into dump_dir (world rank 0), besides manifest.json, which lists every file
 // with its shape, dtype and meaning, the run's config and, under "sources", each source's

@@ -24,9 +24,6 @@
 
 namespace parm::ref {
 
-// The oracle takes the layer's shape (layer/shape.h).
-using parm::MoeShape;
-
 // ---- Parameters ------------------------------------------------------------------------
 
 template <typename S>

@@ -33,7 +33,7 @@ std::map<std::string, double> counted(Topology& topo) {
 
 TEST(GpuLayer, EveryScheduleAndLayoutMatchesTheOracle) {
   // Capacity 1.1 drops choices; an uneven T / E exercises partial segments.
-  const auto s = ref::MoeShape::of(48, 32, 64, 8, 2, "1.1");
+  const auto s = MoeShape::of(48, 32, 64, 8, 2, "1.1");
   int checked = 0;
   for (const test::LayerCase& c : test::layer_cases(s))
     for (Precision p : {Precision::kFp32, Precision::kBf16}) {
@@ -60,7 +60,7 @@ TEST(GpuLayer, EveryScheduleAndLayoutMatchesTheOracle) {
 }
 
 TEST(GpuLayer, CountsTheSameBytesAsTheCpu) {
-  const auto s = ref::MoeShape::of(40, 16, 32, 8, 2, "1.1");
+  const auto s = MoeShape::of(40, 16, 32, 8, 2, "1.1");
   for (const test::LayerCase& c : test::layer_cases(s)) {
     std::map<std::string, double> bytes[2];
     for (int d = 0; d < 2; ++d) {
@@ -82,7 +82,7 @@ TEST(GpuLayer, CountsTheSameBytesAsTheCpu) {
 
 TEST(GpuLayer, ExpertsComputeTheFilledRowsOnly) {
   // f = 8: most slots are empty; the GPU experts must compute exactly the kept choices.
-  const auto s = ref::MoeShape::of(32, 16, 32, 4, 2, "8");
+  const auto s = MoeShape::of(32, 16, 32, 4, 2, "8");
   for (const test::LayerCase& c : test::layer_cases(s)) {
     TopologyOptions o = c.layout;
     o.device = Device::kCuda;

@@ -55,7 +55,7 @@ struct LayerCase {
 };
 
 // Every (layout, schedule, fuse) of this world size that can run `s`.
-inline std::vector<LayerCase> layer_cases(const ref::MoeShape& s, double timeout_s = 120.0) {
+inline std::vector<LayerCase> layer_cases(const MoeShape& s, double timeout_s = 120.0) {
   using schedule::Kind;
   std::vector<LayerCase> out;
   for (const TopologyOptions& o : all_layouts(timeout_s)) {

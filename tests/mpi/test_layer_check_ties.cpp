@@ -17,9 +17,9 @@ namespace {
 
 using schedule::Kind;
 
-ref::MoeShape tie_shape() {
+MoeShape tie_shape() {
   // T per MP group divisible by N_MP in {1, 2, 3, 4, 8}; H by N_ESP in the same.
-  return ref::MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, 2, "1.0");
+  return MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, 2, "1.0");
 }
 
 LayerCheckOptions options(const test::LayerCase& c, bool force_ties) {

@@ -39,7 +39,7 @@ TEST(LayerSteadyState, NoHeapAllocationAndRepeatableResults) {
     auto topo = Topology::create(opts);
     // T, H, E divisible by every N_MP, N_ESP, N_EP up to 8 that divides the world; with
     // f = 1.1 some choices drop.
-    const auto s = ref::MoeShape::of(48, 16, 48, 24, 2, "1.1");
+    const auto s = MoeShape::of(48, 16, 48, 24, 2, "1.1");
     if (s.tokens % opts.mp != 0 || s.experts % opts.ep != 0 || s.hidden % opts.esp != 0) continue;
     const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
     const auto params = ref::init_params<float>(s, 5);
@@ -104,7 +104,7 @@ TEST(LayerWork, ExpertsComputeTheFilledRowsOnly) {
   for (const TopologyOptions& opts : test::all_layouts()) {
     auto topo = Topology::create(opts);
     const Layout& l = topo->layout();
-    auto s = ref::MoeShape::of(48, 8, 48, 24, 2, "1.0");
+    auto s = MoeShape::of(48, 8, 48, 24, 2, "1.0");
     if (s.tokens % l.mp != 0 || s.experts % l.ep != 0 || s.hidden % l.esp != 0) continue;
     const int group = group_coord(l, Group::kMp, topo->world_rank()).index;
     auto x = check_input(s, 9, group);

@@ -154,7 +154,7 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
   topt.ep = test::world_size();
   auto topo = Topology::create(topt);
   // E not divisible by N_EP (when N_EP > 1).
-  const auto s = ref::MoeShape::of(16, 8, 16, test::world_size() * 2 + 1, 1, "1.0");
+  const auto s = MoeShape::of(16, 8, 16, test::world_size() * 2 + 1, 1, "1.0");
   if (test::world_size() > 1) {
     try {
       MoeLayer layer(*topo, s, Kind::kS1);
@@ -165,7 +165,7 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
     }
   }
   const Layout l = make_layout(4, 2, 1, 4);
-  ref::MoeShape ok = s;
+  MoeShape ok = s;
   ok.experts = 4;
   try {
     schedule::validate({ok, l, 0}, Kind::kBaseline);
@@ -182,7 +182,7 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
 TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
   for (const Layout3& lay : sweep_layouts()) {
     auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
-    const auto s = ref::MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, 2, "1.1");
+    const auto s = MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, 2, "1.1");
     const auto params = ref::init_params<float>(s, 5);
     const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
     auto x = check_input(s, 5, group);
@@ -229,7 +229,7 @@ struct Volumes {
   Bytes forward, backward;
 };
 
-Volumes spec_volumes(Kind kind, const ref::MoeShape& s, const Layout& l) {
+Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l) {
   const double E = s.experts, M = s.model_dim, T = s.tokens, N = l.mp, nep = l.ep;
   const double C = capacity(s.topk, s.capacity_factor, s.tokens, s.experts);
   const double C1 = capacity(s.topk, s.capacity_factor, s.tokens / l.mp, s.experts);
@@ -293,7 +293,7 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
   }
   for (const Layout3& lay : layouts) {
     auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
-    const auto s = ref::MoeShape::of(40, 8, 16, 8, 2, "1.1");  // C not divisible by N: Cp pads
+    const auto s = MoeShape::of(40, 8, 16, 8, 2, "1.1");  // C not divisible by N: Cp pads
     for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
     for (bool fuse : {false, true}) {
       if (!allowed(kind, lay)) continue;

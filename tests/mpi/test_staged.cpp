@@ -27,7 +27,7 @@ struct LayerRun {
   std::map<std::string, double> bytes;
 };
 
-LayerRun run_layer(const TopologyOptions& o, const ref::MoeShape& s, Kind kind, bool fuse) {
+LayerRun run_layer(const TopologyOptions& o, const MoeShape& s, Kind kind, bool fuse) {
   auto topo = Topology::create(o);
   MoeLayer layer(*topo, s, kind, fuse, 2);
   layer.load_whole(ref::init_params<float>(s, 5));
@@ -57,7 +57,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 TEST(Staged, EveryScheduleAndLayoutMatchesTheUnstagedRun) {
-  const auto s = ref::MoeShape::of(24, 8, 16, 4, 2, "1.1");
+  const auto s = MoeShape::of(24, 8, 16, 4, 2, "1.1");
   int runs = 0;
   for (const test::LayerCase& c : test::layer_cases(s)) {
     TopologyOptions o = c.layout;

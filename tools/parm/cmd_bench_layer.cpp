@@ -200,13 +200,13 @@ struct LayerInputs {
   std::vector<float> x, dout;
 };
 
-LayerInputs make_inputs(const Topology& topo, const ref::MoeShape& shape, uint64_t seed) {
+LayerInputs make_inputs(const Topology& topo, const MoeShape& shape, uint64_t seed) {
   const int group = group_coord(topo.layout(), Group::kMp, topo.world_rank()).index;
   return {ref::init_params<float>(shape, seed), check_input(shape, seed, group),
           check_dout(shape, seed, group)};
 }
 
-Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind, bool fuse,
+Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
                  int chunks, Precision precision, bool step_timing, LayerInputs& in, int iters,
                  int warmup,
                  const schedule::Schedule** schedule_out = nullptr,
@@ -258,7 +258,7 @@ Measured measure(Topology& topo, const ref::MoeShape& shape, schedule::Kind kind
 
 // Prints every candidate's predicted time and returns the chosen one.
 perfmodel::Candidate choose_auto(const BenchLayerFlags& f, const Topology& topo,
-                                 const ref::MoeShape& shape, bool root) {
+                                 const MoeShape& shape, bool root) {
   const auto profile = load_profile_for_auto(f.layer, "--schedule auto / --fuse auto");
   const auto kinds = f.layer.schedules();
   const auto fuse_modes = f.layer.fuse_modes(true);
@@ -281,7 +281,7 @@ perfmodel::Candidate choose_auto(const BenchLayerFlags& f, const Topology& topo,
 }
 
 int run_bench_layer(const BenchLayerFlags& f) {
-  const ref::MoeShape shape = f.layer.shape();
+  const MoeShape shape = f.layer.shape();
   auto kinds = f.layer.schedules();
   auto fuse_modes = f.layer.fuse_modes(true);
   PARM_CONFIG_CHECK(f.iters >= 1, "--iters {} must be at least 1", f.iters);

@@ -17,7 +17,7 @@ struct CheckLayerFlags {
 };
 
 int run_check_layer(const CheckLayerFlags& f) {
-  const ref::MoeShape shape = f.layer.shape();
+  const MoeShape shape = f.layer.shape();
   const auto kinds = f.layer.schedules();
   const auto fuse_modes = f.layer.fuse_modes(true);
   PARM_CONFIG_CHECK(f.tolerance >= 0, "--tolerance {} must be positive", f.tolerance);

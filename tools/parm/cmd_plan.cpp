@@ -48,7 +48,7 @@ int run_plan(PlanFlags f) {
                     rpn, f.devices_per_node);
   const int dpn = f.devices_per_node > 0 ? f.devices_per_node : rpn;
   const auto profile = perfmodel::read_profile(f.layer.profile);
-  const ref::MoeShape shape = f.layer.shape();
+  const MoeShape shape = f.layer.shape();
   const auto target = perfmodel::make_target(f.world, f.layer.layout.mp, f.layer.layout.ep,
                                              f.layer.layout.esp, dpn);
   const auto kinds = f.layer.schedules();

@@ -44,8 +44,8 @@ void LayerFlags::add_profile_to(CLI::App* app) {
                   "--fuse auto");
 }
 
-ref::MoeShape LayerFlags::shape() const {
-  const auto s = ref::MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
+MoeShape LayerFlags::shape() const {
+  const auto s = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
   s.validate();
   return s;
 }

@@ -35,7 +35,7 @@ struct LayerFlags {
   void add_profile_to(CLI::App* app);
   // --schedule auto or --fuse auto: the cost model picks (needs --profile).
   bool wants_auto() const { return schedule == "auto" || fuse == "auto"; }
-  ref::MoeShape shape() const;  // validated
+  MoeShape shape() const;  // validated
   // The layout, device and communicator choice; refuses a device / precision / comm that
   // cannot run here.
   TopologyOptions topology() const;
