@@ -1,0 +1,78 @@
+"""Parm: the Mixture-of-Experts layer and its schedules (SPEC.md) from Python.
+
+Run a script under MPI (``mpirun -np N /usr/bin/python3 script.py``), call ``parm.init``
+once, then build ``parm.torch.MoE`` layers::
+
+    import parm, parm.torch
+    parm.init(mp=1, ep=2, esp=1)
+    moe = parm.torch.MoE(model_dim=512, hidden=2048, experts=8, schedule="s2")
+    y = moe(x)                        # x: (T, M) or (B, L, M) float32
+    loss = task_loss(y) + 0.01 * moe.l_aux
+
+Parm's errors arrive as Python exceptions: an invalid configuration or layout raises
+ValueError, a watchdog timeout parm.TimeoutError, any other failure RuntimeError, each with
+Parm's message. Everything but ``init`` raises RuntimeError before ``parm.init``.
+"""
+import atexit
+
+from . import _core
+
+TimeoutError = _core.TimeoutError  # a subclass of the built-in TimeoutError
+
+__all__ = ["init", "rank", "world_size", "group_ranks", "group_rank", "layout", "device",
+           "initialized", "TimeoutError"]
+
+
+def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300):
+    """Starts MPI (first call) and builds the topology of this job over every rank:
+    N_MP = mp for the dense part, N_EP = ep and N_ESP = esp for the experts (SPEC §1).
+    Collective: every rank calls it with the same values. A later call replaces the
+    topology for the layers built after it. ranks_per_node: emulate nodes of that many
+    ranks (None: the real nodes). timeout: seconds every operation may take before
+    parm.TimeoutError."""
+    for name, v in (("mp", mp), ("ep", ep), ("esp", esp)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"parm.init: {name} must be an int, got {v!r}")
+    if ranks_per_node is not None and (not isinstance(ranks_per_node, int) or ranks_per_node < 1):
+        raise ValueError(f"parm.init: ranks_per_node must be None or an int >= 1, got {ranks_per_node!r}")
+    _core.init(mp, ep, esp, 0 if ranks_per_node is None else ranks_per_node, str(device),
+               float(timeout))
+
+
+def initialized():
+    """True once parm.init succeeded."""
+    return _core.initialized()
+
+
+def rank():
+    """This process's rank in the job."""
+    return _core.rank()
+
+
+def world_size():
+    """The number of ranks in the job."""
+    return _core.world_size()
+
+
+def group_ranks(group):
+    """World ranks of this rank's group `group` ("world", "dp", "mp", "ep", "esp", "edp"),
+    in group-rank order."""
+    return _core.group_ranks(group)
+
+
+def group_rank(group):
+    """This rank's position in its group `group`."""
+    return _core.group_rank(group)
+
+
+def layout():
+    """The sizes of every dimension: {"world", "mp", "ep", "esp", "dp", "edp"}."""
+    return _core.layout()
+
+
+def device():
+    """The device the layers compute on: "cpu" or "cuda"."""
+    return _core.device()
+
+
+atexit.register(_core.finalize)

@@ -1,0 +1,282 @@
+"""parm.torch.MoE against a pure-PyTorch fp64 MoE written here from SPEC.md §2.
+
+Run under mpirun at any world size (CTest: 1, 2 and 4 ranks); every rank runs every case of
+the layouts its world size allows. For each case the layer's output, l_aux, input gradient
+and every parameter gradient must match the reference within check-layer's fp32 tolerance
+(max |error| / max |reference| <= 2e-4). Then bad input must raise, never crash or hang.
+Exits non-zero on the first failure (a rank that fails makes mpirun end the others).
+"""
+import math
+import sys
+
+import torch
+
+import parm
+import parm.torch
+
+TOL = 2e-4  # check-layer's fp32 tolerance (moe/layer_check.h)
+M, H, E, T = 8, 12, 4, 16  # T: tokens per MP group
+DL_AUX = 0.5  # weight of l_aux in the loss, so its gradient path is checked
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"rank {parm.rank() if parm.initialized() else '?'}: FAIL {what}", flush=True)
+
+
+def raises(exc, fn, what, contains=None):
+    try:
+        fn()
+    except exc as e:
+        if contains is not None and contains not in str(e):
+            check(False, f"{what}: message {str(e)!r} lacks {contains!r}")
+        return
+    except Exception as e:  # noqa: BLE001 - the wrong kind is the failure reported
+        check(False, f"{what}: raised {type(e).__name__} ({e}), expected {exc.__name__}")
+        return
+    check(False, f"{what}: did not raise {exc.__name__}")
+
+
+# ---- the reference (SPEC §2), fp64, autograd for the backward pass ---------------------
+
+def gelu(x):
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def capacity(k, f, tokens, experts):
+    """C = ceil(k f T / E) in integers, f a decimal string."""
+    whole, _, frac = f.partition(".")
+    num, den = int(whole + frac), 10 ** len(frac)
+    return -(-(k * num * tokens) // (den * experts))
+
+
+def reference_moe(x, w, k, f, slices):
+    """out (T, M), l_aux and the number of dropped choices for x (T, M) and whole weights
+    w; the gate runs per slice of T / slices tokens (S1's gate calls)."""
+    tokens, experts = x.shape[0], w["wg"].shape[1]
+    p = torch.softmax(x @ w["wg"], dim=1)
+    # Top-k, ties to the lower expert index: a stable sort of -p keeps index order on ties.
+    idx = torch.sort(-p.detach(), dim=1, stable=True).indices[:, :k]
+    top = p.gather(1, idx)
+    weight = top / top.sum(dim=1, keepdim=True) if k > 1 else top
+    per = tokens // slices
+    cap = capacity(k, f, per, experts)
+    kept = torch.zeros(tokens, k, dtype=torch.bool)
+    for s in range(slices):  # GShard order: all 1st choices in token order, then 2nd, ...
+        fill = [0] * experts
+        for j in range(k):
+            for t in range(s * per, (s + 1) * per):
+                e = int(idx[t, j])
+                if fill[e] < cap:
+                    fill[e] += 1
+                    kept[t, j] = True
+    out = torch.zeros_like(x)
+    for e in range(experts):
+        rows, choice = torch.nonzero((idx == e) & kept, as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        y = gelu(x[rows] @ w["w1"][e] + w["b1"][e]) @ w["w2"][e] + w["b2"][e]
+        out = out.index_add(0, rows, weight[rows, choice].unsqueeze(1) * y)
+    frac = torch.bincount(idx[:, 0], minlength=experts).double() / tokens
+    l_aux = experts * (frac * p.mean(dim=0)).sum()
+    return out, l_aux, int((~kept).sum())
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / max(float(b.abs().max()), 1e-30))
+
+
+# ---- the equivalence cases --------------------------------------------------------------
+
+def whole_weights(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"wg": torch.randn(M, E, generator=g) / math.sqrt(M),
+            "w1": torch.randn(E, M, H, generator=g) / math.sqrt(M),
+            "b1": 0.1 * torch.randn(E, H, generator=g),
+            "w2": torch.randn(E, H, M, generator=g) / math.sqrt(H),
+            "b2": 0.1 * torch.randn(E, M, generator=g)}
+
+
+def group_data(seed, group):
+    g = torch.Generator().manual_seed(1000 * seed + group)
+    return torch.randn(T, M, generator=g), torch.randn(T, M, generator=g)
+
+
+def run_case(layout, schedule, fuse, k, f, seed):
+    mp = layout[0]
+    name = f"layout {layout} {schedule} fuse={fuse} k={k} f={f}"
+    moe = parm.torch.MoE(M, H, E, topk=k, capacity_factor=f, schedule=schedule, fuse=fuse,
+                         seed=seed)
+    weights = whole_weights(seed)
+    moe.load_state_dict(weights)  # whole tensors into this layout
+    sd = moe.state_dict()
+    for n, t in weights.items():
+        check(sd[n].shape == t.shape and torch.equal(sd[n], t),
+              f"{name}: state_dict()['{n}'] is not the whole tensor loaded")
+
+    groups = parm.world_size() // mp
+    mine = parm.rank() // mp  # MP groups are contiguous blocks of mp ranks
+    x, dout = group_data(seed, mine)
+    x = x.clone().requires_grad_(True)
+    out = moe(x)
+    (out * dout).sum().add(DL_AUX * moe.l_aux).backward()
+    check(moe.l_aux.dim() == 0, f"{name}: l_aux is not 0-d")
+
+    # The reference for every MP group: expert gradients are compared summed over them.
+    slices = mp if schedule == "s1" else 1
+    w64 = {n: t.double().requires_grad_(True) for n, t in weights.items()}
+    drops = 0
+    for g in range(groups):
+        xg, dg = group_data(seed, g)
+        xg = xg.double().requires_grad_(True)
+        ro, rl, dropped = reference_moe(xg, w64, k, f, slices)
+        drops += dropped
+        wg_before = w64["wg"].grad.clone() if w64["wg"].grad is not None else 0
+        (ro * dg.double()).sum().add(DL_AUX * rl).backward()
+        if g == mine:
+            ref_out, ref_laux, ref_dx = ro.detach(), rl.detach(), xg.grad
+            ref_dwg = w64["wg"].grad - wg_before
+    errs = {"out": rel_err(out.detach(), ref_out),
+            "l_aux": abs(float(moe.l_aux) - float(ref_laux)) / max(1.0, abs(float(ref_laux))),
+            "dx": rel_err(x.grad, ref_dx),
+            "dwg": rel_err(moe.wg.grad, ref_dwg)}
+    grads = moe.whole_tensors(grads=True)
+    for n in ("w1", "b1", "w2", "b2"):
+        errs["d" + n] = rel_err(grads[n], w64[n].grad)
+    for n, e in errs.items():
+        check(e <= TOL, f"{name}: {n} error {e:.3g} > {TOL}")
+    return drops
+
+
+def layouts(world):
+    return {1: [(1, 1, 1)],
+            2: [(1, 2, 1), (2, 1, 2), (2, 2, 1)],
+            4: [(2, 2, 2), (4, 1, 4), (1, 4, 1), (2, 1, 2)]}.get(world, [(1, world, 1)])
+
+
+def schedules(layout):
+    mp, _, esp = layout
+    out = [("s1", "off"), ("s1", "on"), ("s2", "off"), ("s2", "on")]
+    if mp == 1 or esp == 1 or esp == mp:
+        out.insert(0, ("baseline", "off"))
+    return out
+
+
+def equivalence(world):
+    cases = 0
+    for layout in layouts(world):
+        parm.init(*layout)
+        for schedule, fuse in schedules(layout):
+            for k in (1, 2, 3):
+                # "0.5": drops (checked below); "4.0": C >= T_gate, nothing drops.
+                for f in ("0.5", "4.0"):
+                    drops = run_case(layout, schedule, fuse, k, f, seed=7 + k)
+                    check((drops > 0) == (f == "0.5"),
+                          f"layout {layout} {schedule} k={k} f={f}: {drops} drops")
+                    cases += 1
+    return cases
+
+
+# ---- gradcheck (one rank) ------------------------------------------------------------------
+
+def gradcheck():
+    """torch.autograd.gradcheck on a tiny layer: x and every parameter against finite
+    differences (fp32, so with fp32-sized steps and tolerances; "4.0": nothing drops, and
+    the steps are too small to change the routing)."""
+    parm.init()
+    moe = parm.torch.MoE(4, 6, 3, topk=2, capacity_factor="4.0", schedule="s2", fuse="off",
+                         seed=3)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(5), requires_grad=True)
+
+    def fn(x, *params):
+        moe._layer = None  # a fresh C++ layer per call: gradcheck runs forwards between a
+        # forward and its backward, and a layer keeps the state of its last forward only
+        out, l_aux = parm.torch._MoEFunction.apply(x, moe._layer_for(x.shape[0]), *params)
+        return out, l_aux
+
+    params = [getattr(moe, n) for n in ("wg", "w1", "b1", "w2", "b2")]
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "not double precision": fp32 is what Parm computes
+        ok = torch.autograd.gradcheck(fn, (x, *params), eps=1e-3, atol=2e-3, rtol=2e-2,
+                                      raise_exception=False)
+    check(ok, "torch.autograd.gradcheck on a tiny single-rank layer")
+
+
+# ---- bad input ----------------------------------------------------------------------------
+
+def bad_input(world):
+    parm.init(1, world, 1)
+    moe = parm.torch.MoE(M, H, E, topk=2, schedule="s2", fuse="off")
+    x = torch.randn(T, M)
+    raises(ValueError, lambda: moe(x.double()), "float64 input", "float32")
+    raises(ValueError, lambda: moe(torch.randn(M, T).t()), "non-contiguous input",
+           "contiguous")
+    raises(ValueError, lambda: moe(torch.randn(T, M + 1)), "wrong model dim", "shape")
+    raises(ValueError, lambda: moe(torch.randn(T * M)), "1-D input", "shape")
+    raises(ValueError, lambda: moe(torch.randn(0, M)), "no tokens", "no tokens")
+    raises(TypeError, lambda: moe(x.numpy()), "numpy input", "torch.Tensor")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s3"), "schedule name", "s3")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, fuse="maybe"), "fuse name", "maybe")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E), "auto without a profile", "profile")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, topk=E + 1, schedule="s2"), "k > E")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, capacity_factor=1.2, schedule="s2"),
+           "float capacity factor", "decimal string")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, capacity_factor="1.2.3", schedule="s2")(x),
+           "bad capacity factor")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, precision="fp8", schedule="s2")(x),
+           "bad precision")
+    # Experts not divisible by ep, the layout refused with the valid values named.
+    if world > 1:
+        raises(ValueError, lambda: parm.torch.MoE(M, H, world + 1, schedule="s2"),
+               "experts % ep", "multiple of ep")
+    raises(ValueError, lambda: parm.init(mp=world + 1), "invalid layout")
+    raises(ValueError, lambda: parm.init(mp=0), "mp 0")
+    raises(ValueError, lambda: parm.init(device="tpu"), "device name", "tpu")
+    raises(ValueError, lambda: moe(x.half()), "float16 input", "float32")
+    # A state dict of the wrong whole shape.
+    sd = moe.state_dict()
+    sd["w1"] = torch.zeros(E, M, H + 1)
+    raises(ValueError, lambda: moe.load_state_dict(sd), "state_dict shape", "w1")
+    # Backward of a stale forward: the layer keeps only its last forward's state.
+    y1 = moe(x.clone().requires_grad_(True))
+    moe(x)
+    raises(RuntimeError, lambda: y1.sum().backward(), "stale backward", "backward")
+    # The layer computes on the parameters' own memory (no copy): zeroed w2 and b2 give a
+    # zero output.
+    with torch.no_grad():
+        moe.w2.zero_()
+        moe.b2.zero_()
+    check(float(moe(x).abs().max()) == 0.0, "the layer did not read the parameters' memory")
+
+
+def before_init():
+    raises(RuntimeError, parm.rank, "parm.rank() before init", "parm.init")
+    raises(RuntimeError, lambda: parm.group_ranks("ep"), "group_ranks before init",
+           "parm.init")
+    raises(RuntimeError, lambda: parm.torch.MoE(M, H, E), "MoE before init", "parm.init")
+
+
+def main():
+    before_init()
+    parm.init()
+    world = parm.world_size()
+    check(parm.group_ranks("world") == list(range(world)), "group_ranks('world')")
+    raises(ValueError, lambda: parm.group_ranks("xp"), "group name", "xp")
+    cases = equivalence(world)
+    if world == 1:
+        gradcheck()
+    bad_input(world)
+    ok = not failures
+    if parm.rank() == 0:
+        print(f"test_torch_moe: world {world}: {cases} equivalence cases, "
+              f"{'passed' if ok else f'{len(failures)} failures'}", flush=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
