@@ -1,13 +1,8 @@
 # Sets PARM_HAVE_CUDA (and enables the CUDA language, targets CUDA::cudart, CUDA::cublas,
 # NCCL::nccl) from PARM_CUDA = AUTO | ON | OFF.
 set(PARM_HAVE_CUDA OFF)
-if(PARM_CUDA STREQUAL "AUTO")
-  set(parm_cuda_required OFF)
-elseif(PARM_CUDA)
-  set(parm_cuda_required ON)
-else()
-  return()
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/optional.cmake)
+parm_optional(PARM_CUDA parm_cuda_required)
 
 set(parm_cuda_missing "")
 find_package(CUDAToolkit QUIET)

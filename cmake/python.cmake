@@ -3,13 +3,8 @@
 # on PATH may be another interpreter without Debian's torch and numpy); set
 # Python_EXECUTABLE to build for another.
 set(PARM_HAVE_PYTHON OFF)
-if(PARM_PYTHON STREQUAL "AUTO")
-  set(parm_python_required OFF)
-elseif(PARM_PYTHON)
-  set(parm_python_required ON)
-else()
-  return()
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/optional.cmake)
+parm_optional(PARM_PYTHON parm_python_required)
 
 if(NOT Python_EXECUTABLE AND EXISTS /usr/bin/python3)
   set(Python_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "The python3 the module is built for")
