@@ -227,6 +227,13 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release nogil;
     c.allreduce(ptr(p), static_cast<size_t>(n));
   });
+  // Tests: throws Parm's error of `kind` ("timeout", "config", "error") with `message`, to
+  // check the translation into Python exceptions without a stuck job.
+  m.def("_throw_for_test", [](const std::string& kind, const std::string& message) {
+    if (kind == "timeout") throw Timeout(message);
+    if (kind == "config") throw InvalidConfig(message);
+    throw Error(message);
+  });
   m.def("init_params", &init_params);
   m.def("choose_schedule", &choose_schedule);
 

@@ -106,11 +106,11 @@ def group_data(seed, group):
     return torch.randn(T, M, generator=g), torch.randn(T, M, generator=g)
 
 
-def run_case(layout, schedule, fuse, k, f, seed):
+def run_case(layout, schedule, fuse, k, f, seed, precision="fp32"):
     mp = layout[0]
-    name = f"layout {layout} {schedule} fuse={fuse} k={k} f={f}"
+    name = f"layout {layout} {schedule} fuse={fuse} k={k} f={f} {precision}"
     moe = parm.torch.MoE(M, H, E, topk=k, capacity_factor=f, schedule=schedule, fuse=fuse,
-                         seed=seed)
+                         seed=seed, precision=precision)
     weights = whole_weights(seed)
     moe.load_state_dict(weights)  # whole tensors into this layout
     sd = moe.state_dict()
@@ -179,6 +179,40 @@ def equivalence(world):
                           f"layout {layout} {schedule} k={k} f={f}: {drops} drops")
                     cases += 1
     return cases
+
+
+# ---- bf16, and a state dict moved between layouts ---------------------------------------
+
+def bf16(world):
+    """precision="bf16" (CPU bf16 expert products) against the fp64 reference at the bf16
+    tolerance of check-layer (2e-2)."""
+    global TOL
+    layout = (2, world // 2, 2) if world >= 4 else (1, world, 1)
+    parm.init(*layout)
+    saved, TOL = TOL, 2e-2
+    try:
+        for k in (1, 2):
+            run_case(layout, "s2", "on", k, "0.5", seed=11, precision="bf16")
+    finally:
+        TOL = saved
+
+
+def state_dict_across_layouts(world):
+    """A state dict saved under one layout loads under another and gives the same output
+    for the same x (every rank feeds the same x, so every MP group's output is comparable)."""
+    if world < 4:
+        return
+    x = torch.randn(T, M, generator=torch.Generator().manual_seed(99))
+    parm.init(2, 2, 2)
+    a = parm.torch.MoE(M, H, E, topk=2, capacity_factor="1.0", schedule="s2", fuse="on",
+                       seed=21)
+    sd, out_a = a.state_dict(), a(x).detach()
+    parm.init(1, 4, 1)
+    b = parm.torch.MoE(M, H, E, topk=2, capacity_factor="1.0", schedule="baseline", seed=22)
+    b.load_state_dict(sd)
+    out_b = b(x).detach()
+    check(rel_err(out_b, out_a) <= TOL, f"state dict (2, 2, 2) -> (1, 4, 1): output error "
+                                        f"{rel_err(out_b, out_a):.3g}")
 
 
 # ---- gradcheck (one rank) ------------------------------------------------------------------
@@ -254,6 +288,17 @@ def bad_input(world):
     check(float(moe(x).abs().max()) == 0.0, "the layer did not read the parameters' memory")
 
 
+def exceptions():
+    """Parm's error classes arrive as these Python exceptions, with Parm's message."""
+    raises(parm.TimeoutError, lambda: parm._core._throw_for_test("timeout", "rank 3 stuck"),
+           "Timeout", "rank 3 stuck")
+    check(issubclass(parm.TimeoutError, TimeoutError), "parm.TimeoutError is a TimeoutError")
+    raises(ValueError, lambda: parm._core._throw_for_test("config", "bad mp"), "InvalidConfig",
+           "bad mp")
+    raises(RuntimeError, lambda: parm._core._throw_for_test("error", "broken"), "Error",
+           "broken")
+
+
 def before_init():
     raises(RuntimeError, parm.rank, "parm.rank() before init", "parm.init")
     raises(RuntimeError, lambda: parm.group_ranks("ep"), "group_ranks before init",
@@ -263,11 +308,14 @@ def before_init():
 
 def main():
     before_init()
+    exceptions()
     parm.init()
     world = parm.world_size()
     check(parm.group_ranks("world") == list(range(world)), "group_ranks('world')")
     raises(ValueError, lambda: parm.group_ranks("xp"), "group name", "xp")
     cases = equivalence(world)
+    bf16(world)
+    state_dict_across_layouts(world)
     if world == 1:
         gradcheck()
     bad_input(world)
