@@ -221,12 +221,12 @@ PYBIND11_MODULE(_core, m) {
     return group_coord(t.layout(), parse_group(group), t.world_rank()).rank;
   });
   m.def("device", [] { return std::string(device_name(topology("parm.device()").device())); });
-  // Sum of n floats at host address p over the world (in place).
-  m.def("allreduce_sum", [](uintptr_t p, int64_t n) {
-    Communicator& c = topology("parm.allreduce_sum()").host_comm(Group::kWorld);
+  // Sum of n floats at host address p over this rank's group `group` (in place).
+  m.def("allreduce_sum", [](uintptr_t p, int64_t n, const std::string& group) {
+    Communicator& c = topology("parm.allreduce_sum()").host_comm(parse_group(group));
     py::gil_scoped_release nogil;
     c.allreduce(ptr(p), static_cast<size_t>(n));
-  });
+  }, py::arg("p"), py::arg("n"), py::arg("group") = "world");
   // Tests: throws Parm's error of `kind` ("timeout", "config", "error") with `message`, to
   // check the translation into Python exceptions without a stuck job.
   m.def("_throw_for_test", [](const std::string& kind, const std::string& message) {

@@ -20,7 +20,7 @@ from . import _core
 TimeoutError = _core.TimeoutError  # a subclass of the built-in TimeoutError
 
 __all__ = ["init", "rank", "world_size", "group_ranks", "group_rank", "layout", "device",
-           "initialized", "TimeoutError"]
+           "initialized", "allreduce_sum", "TimeoutError"]
 
 
 def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300):
@@ -68,6 +68,20 @@ def group_rank(group):
 def layout():
     """The sizes of every dimension: {"world", "mp", "ep", "esp", "dp", "edp"}."""
     return _core.layout()
+
+
+def allreduce_sum(tensor, group="world"):
+    """Sums a contiguous float32 CPU torch tensor over this rank's group `group` in place
+    (Parm's host communicator of that group, with its watchdog): what data-parallel training
+    needs for the gradients (dense ones over "world" or "dp", expert shards over "edp").
+    Collective over the group."""
+    if tensor.dtype.__str__() != "torch.float32" or tensor.device.type != "cpu" \
+            or not tensor.is_contiguous():
+        raise ValueError(f"parm.allreduce_sum: needs a contiguous float32 CPU tensor, got "
+                         f"{tensor.dtype} on {tensor.device}"
+                         f"{'' if tensor.is_contiguous() else ', not contiguous'}")
+    _core.allreduce_sum(tensor.data_ptr(), tensor.numel(), group)
+    return tensor
 
 
 def device():
