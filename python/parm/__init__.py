@@ -75,7 +75,9 @@ def allreduce_sum(tensor, group="world"):
     (Parm's host communicator of that group, with its watchdog): what data-parallel training
     needs for the gradients (dense ones over "world" or "dp", expert shards over "edp").
     Collective over the group."""
-    if tensor.dtype.__str__() != "torch.float32" or tensor.device.type != "cpu" \
+    import torch  # parm itself runs without torch; this helper takes torch tensors
+
+    if tensor.dtype != torch.float32 or tensor.device.type != "cpu" \
             or not tensor.is_contiguous():
         raise ValueError(f"parm.allreduce_sum: needs a contiguous float32 CPU tensor, got "
                          f"{tensor.dtype} on {tensor.device}"

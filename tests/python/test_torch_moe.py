@@ -272,6 +272,10 @@ def bad_input(world):
     raises(ValueError, lambda: parm.init(mp=0), "mp 0")
     raises(ValueError, lambda: parm.init(device="tpu"), "device name", "tpu")
     raises(ValueError, lambda: moe(x.half()), "float16 input", "float32")
+    raises(ValueError, lambda: parm.allreduce_sum(torch.zeros(2, dtype=torch.float64)),
+           "allreduce_sum of float64", "float32")
+    raises(ValueError, lambda: parm.allreduce_sum(torch.zeros(2), "xp"), "allreduce_sum group",
+           "xp")
     # A state dict of the wrong whole shape.
     sd = moe.state_dict()
     sd["w1"] = torch.zeros(E, M, H + 1)
