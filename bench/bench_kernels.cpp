@@ -3,18 +3,21 @@
 // `of_peak` counter; the bf16 expert products against the best 1024^3 bf16 GEMM), the
 // memory-bound kernels against a large-array triad/copy (the `of_mem_bw` counter). Working
 // sets below the last-level cache size can exceed 1 there. Besides the kernels of
-// kernels.h: the six expert products in fp32 (ExpertGemm) and bf16 (ExpertGemmBf16) and the
+// kernels.h: the six expert products in fp32 (ExpertGemm), bf16 (ExpertGemmBf16) and, as the
+// yardstick of the bf16 kernel, oneDNN's own bf16 matmul on them (ExpertGemmOnednnBf16), and the
 // MoE dispatch/combine forward and backward (moe_ops.h) at the reference MoE configuration.
 //
 //   OMP_NUM_THREADS=1 build/parm_kernel_bench [--benchmark_filter=Gemm]
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -209,7 +212,50 @@ void BM_ExpertGemmBf16(benchmark::State& state, ExpertProduct product) {
                              g.trans_b ? " tb" : "", g.accumulate ? " acc" : "",
                              parm::cpu::bf16_kernel_name()));
 }
-// The six products, fp32 (BM_ExpertGemm) and bf16 (BM_ExpertGemmBf16).
+// The yardstick of BM_ExpertGemmBf16: oneDNN's bf16 x bf16 -> fp32 matmul primitive on the
+// same product (its AMX brgemm here), the weights-side operand in the layout oneDNN prefers
+// (reordered once, as a packed weight), created before the loop: its best case.
+void BM_ExpertGemmOnednnBf16(benchmark::State& state, ExpertProduct product) {
+  using dnnl::memory;
+  const int64_t h = state.range(0);
+  const parm::moe::GemmCall g = parm::moe::expert_gemm(product, kR, kM, h);
+  const auto bf16 = memory::data_type::bf16, f32 = memory::data_type::f32;
+  const auto tag = [](bool trans) { return trans ? memory::format_tag::ba : memory::format_tag::ab; };
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const memory::desc a_f32({g.m, g.k}, f32, tag(g.trans_a)), b_f32({g.k, g.n}, f32, tag(g.trans_b));
+  const memory::desc a_md({g.m, g.k}, bf16, tag(g.trans_a));
+  const memory::desc c_md({g.m, g.n}, f32, memory::format_tag::ab);
+  const memory::desc b_any({g.k, g.n}, bf16, memory::format_tag::any);
+  dnnl::primitive_attr attr;
+  if (g.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_any, c_md), attr, engine);
+  std::vector<float> a = random_vector(g.m * g.k, 21), b = random_vector(g.k * g.n, 22);
+  std::vector<float> c(static_cast<size_t>(g.m * g.n), 0.0f);
+  memory a_src(a_f32, engine, a.data()), b_src(b_f32, engine, b.data());
+  memory a_mem(a_md, engine), b_mem(pd.weights_desc(), engine), c_mem(c_md, engine, c.data());
+  dnnl::reorder(a_src, a_mem).execute(stream, a_src, a_mem);
+  dnnl::reorder(b_src, b_mem).execute(stream, b_src, b_mem);
+  const dnnl::matmul matmul(pd);
+  const std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}};
+  for (auto _ : state) {
+    matmul.execute(stream, args);
+    stream.wait();
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  set_flop_counters(state, g.flops(), /*bf16=*/true);
+  state.SetLabel(fmt::format("m={} n={} k={}{}{}{} oneDNN {}", g.m, g.n, g.k,
+                             g.trans_a ? " ta" : "", g.trans_b ? " tb" : "",
+                             g.accumulate ? " acc" : "", pd.impl_info_str()));
+}
+// The six products, fp32 (BM_ExpertGemm) bf16 (BM_ExpertGemmBf16) and oneDNN bf16
+// (BM_ExpertGemmOnednnBf16).
 #define PARM_EXPERT_GEMM(fn, row_name, product) \
   BENCHMARK_CAPTURE(fn, row_name, product)       \
       ->ArgName("H")                             \
@@ -226,6 +272,7 @@ void BM_ExpertGemmBf16(benchmark::State& state, ExpertProduct product) {
   PARM_EXPERT_GEMM(fn, bwd_dx_dact_W1T, ExpertProduct::kDX)
 PARM_EXPERT_GEMMS(BM_ExpertGemm);
 PARM_EXPERT_GEMMS(BM_ExpertGemmBf16);
+PARM_EXPERT_GEMMS(BM_ExpertGemmOnednnBf16);
 #undef PARM_EXPERT_GEMMS
 #undef PARM_EXPERT_GEMM
 

@@ -53,7 +53,37 @@ std::vector<Bf16Kernel> kernels() {
 }
 
 // Stored operand layout for gemm(): A (m, k) or (k, m), B (k, n) or (n, k); lda/ldb with a
-// gap of 3 so the packing honours the leading dimension.
+// gap of 3 so the packing honours the leading dimension. Checks C against an fp64 sum over
+// the rounded operands, for all four transpositions and both accumulate modes.
+void expect_matches_fp64(int64_t m, int64_t n, int64_t k) {
+  for (int t = 0; t < 8; ++t) {
+    const bool ta = t & 1, tb = t & 2, acc = t & 4;
+    const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 3, ldc = n + 2;
+    const auto a = normal((ta ? k : m) * lda, 1), b = normal((tb ? n : k) * ldb, 2);
+    const auto c0 = normal(m * ldc, 3);
+    std::vector<float> c = c0;
+    gemm_bf16(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, acc);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double want = acc ? c0[i * ldc + j] : 0.0, mag = std::fabs(want);
+        for (int64_t p = 0; p < k; ++p) {
+          const double x = round_bf16(ta ? a[p * lda + i] : a[i * lda + p]);
+          const double y = round_bf16(tb ? b[j * ldb + p] : b[p * ldb + j]);
+          want += x * y;
+          mag += std::fabs(x * y);
+        }
+        // fp32 accumulation of k exact products: (k + 1) u |terms|, doubled.
+        const double bound = 2.0 * (k + 1) * 0x1p-24 * mag + 1e-30;
+        ASSERT_NEAR(c[i * ldc + j], want, bound)
+            << bf16_kernel_name() << " m=" << m << " n=" << n << " k=" << k << " ta=" << ta
+            << " tb=" << tb << " acc=" << acc << " at " << i << "," << j;
+      }
+    // Padding columns of C are never written.
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = n; j < ldc; ++j) ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
+  }
+}
+
 TEST(GemmBf16, MatchesFp64OverRoundedOperandsForEveryTileEdge) {
   const int64_t ms[] = {1, 16, 17, 33, 64};
   const int64_t ns[] = {1, 15, 16, 33, 48};
@@ -62,33 +92,20 @@ TEST(GemmBf16, MatchesFp64OverRoundedOperandsForEveryTileEdge) {
     KernelScope scope(kernel);
     for (int64_t m : ms)
       for (int64_t n : ns)
-        for (int64_t k : ks)
-          for (int t = 0; t < 8; ++t) {
-            const bool ta = t & 1, tb = t & 2, acc = t & 4;
-            const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 3, ldc = n + 2;
-            const auto a = normal((ta ? k : m) * lda, 1), b = normal((tb ? n : k) * ldb, 2);
-            const auto c0 = normal(m * ldc, 3);
-            std::vector<float> c = c0;
-            gemm_bf16(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, acc);
-            for (int64_t i = 0; i < m; ++i)
-              for (int64_t j = 0; j < n; ++j) {
-                double want = acc ? c0[i * ldc + j] : 0.0, mag = std::fabs(want);
-                for (int64_t p = 0; p < k; ++p) {
-                  const double x = round_bf16(ta ? a[p * lda + i] : a[i * lda + p]);
-                  const double y = round_bf16(tb ? b[j * ldb + p] : b[p * ldb + j]);
-                  want += x * y;
-                  mag += std::fabs(x * y);
-                }
-                // fp32 accumulation of k exact products: (k + 1) u |terms|, doubled.
-                const double bound = 2.0 * (k + 1) * 0x1p-24 * mag + 1e-30;
-                ASSERT_NEAR(c[i * ldc + j], want, bound)
-                    << bf16_kernel_name() << " m=" << m << " n=" << n << " k=" << k
-                    << " ta=" << ta << " tb=" << tb << " acc=" << acc << " at " << i << "," << j;
-              }
-            // Padding columns of C are never written.
-            for (int64_t i = 0; i < m; ++i)
-              for (int64_t j = n; j < ldc; ++j) ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
-          }
+        for (int64_t k : ks) ASSERT_NO_FATAL_FAILURE(expect_matches_fp64(m, n, k));
+  }
+}
+
+// Shapes past the AMX kernel's cache blocks (k in blocks of 1024, columns in passes of
+// 512): several k blocks with a partial last one (C carried from one block to the next,
+// edge tiles included), several column passes with a partial last one, rows not a multiple
+// of 16 or 32.
+TEST(GemmBf16, MatchesFp64AcrossCacheBlocks) {
+  for (Bf16Kernel kernel : kernels()) {
+    KernelScope scope(kernel);
+    ASSERT_NO_FATAL_FAILURE(expect_matches_fp64(47, 530, 1100));
+    ASSERT_NO_FATAL_FAILURE(expect_matches_fp64(33, 1040, 40));
+    ASSERT_NO_FATAL_FAILURE(expect_matches_fp64(17, 20, 2090));
   }
 }
 

@@ -85,10 +85,11 @@ PARM_AVX512_BF16 void pack_a_avx512(bool trans, int64_t m, int64_t k, const floa
   if (!trans) {
     for (int64_t i = 0; i < m; ++i) {
       const float* src = a + i * lda;
-      uint16_t* row = packed + i * kp;
+      uint16_t* row = packed + detail::packed_a_offset(i, 0, kp);
       for (int64_t j = 0; j < kp; j += 32) {
         const __m512 lo = load16(src + j, k - j), hi = load16(src + j + 16, k - j - 16);
-        _mm512_storeu_si512(row + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+        _mm512_storeu_si512(row + j * kTileRows,
+                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
       }
     }
     return;
@@ -106,7 +107,8 @@ PARM_AVX512_BF16 void pack_a_avx512(bool trans, int64_t m, int64_t k, const floa
         v[q] = pairs16(lo, hi);
       }
       transpose16(v);
-      for (int64_t i = 0; i < rows; ++i) _mm512_storeu_si512(packed + (i0 + i) * kp + j0, v[i]);
+      uint16_t* tile = packed + detail::packed_a_offset(i0, j0, kp);
+      for (int64_t i = 0; i < rows; ++i) _mm512_storeu_si512(tile + i * kTileK, v[i]);
     }
   }
 }
@@ -158,10 +160,10 @@ void pack_a_scalar(bool trans, int64_t m, int64_t k, const float* a, int64_t lda
       const int64_t i1 = std::min(m, i0 + kB), j1 = std::min(k, j0 + kB);
       for (int64_t i = i0; i < i1; ++i)
         for (int64_t j = j0; j < j1; ++j)
-          packed[i * kp + j] = to_bf16(trans ? a[j * lda + i] : a[i * lda + j]);
+          packed[detail::packed_a_offset(i, j, kp)] = to_bf16(trans ? a[j * lda + i] : a[i * lda + j]);
     }
   for (int64_t i = 0; i < m; ++i)
-    std::fill(packed + i * kp + k, packed + (i + 1) * kp, uint16_t{0});
+    for (int64_t j = k; j < kp; ++j) packed[detail::packed_a_offset(i, j, kp)] = 0;
 }
 
 void pack_b_scalar(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,
@@ -199,7 +201,12 @@ void bf16_pack_a(bool trans, int64_t m, int64_t k, const float* a, int64_t lda,
     pack_a_avx512(trans, m, k, a, lda, packed);
   else
     pack_a_scalar(trans, m, k, a, lda, packed);
-  std::fill(packed + m * kp, packed + mp * kp, uint16_t{0});
+  // Padding rows m..mp of the last 16-row block: 64 bytes in each of its tiles.
+  for (int64_t i = m; i < mp; ++i)
+    for (int64_t j = 0; j < kp; j += kTileK) {
+      uint16_t* row = packed + detail::packed_a_offset(i, j, kp);
+      std::fill(row, row + kTileK, uint16_t{0});
+    }
 }
 
 void bf16_pack_b(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,

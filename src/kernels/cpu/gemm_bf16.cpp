@@ -33,12 +33,13 @@ void gemm_bf16_portable(int64_t m, int64_t n, int64_t k, const uint16_t* a, cons
   const int64_t kp = round_up(k, kTileK), pairs = kp / 2;
   const int64_t panels = round_up(n, kTileRows) / kTileRows;
   for (int64_t i = 0; i < m; ++i) {
-    const uint16_t* arow = a + i * kp;
+    const uint16_t* arow = a + detail::packed_a_offset(i, 0, kp);  // k chunks 512 apart
     for (int64_t jp = 0; jp < panels; ++jp) {
       const uint16_t* panel = b + jp * pairs * 2 * kTileRows;
       float acc[kTileRows] = {};
       for (int64_t p = 0; p < pairs; ++p) {
-        const float a0 = from_bf16(arow[2 * p]), a1 = from_bf16(arow[2 * p + 1]);
+        const uint16_t* ak = arow + (2 * p / kTileK) * kTileRows * kTileK + 2 * p % kTileK;
+        const float a0 = from_bf16(ak[0]), a1 = from_bf16(ak[1]);
         const uint16_t* row = panel + p * 2 * kTileRows;
         for (int64_t jj = 0; jj < kTileRows; ++jj)
           acc[jj] += a0 * from_bf16(row[2 * jj]) + a1 * from_bf16(row[2 * jj + 1]);

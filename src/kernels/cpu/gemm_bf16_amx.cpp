@@ -1,6 +1,11 @@
 // The bf16 GEMM on AMX tiles. Eight tiles: C0..C3 (a 32 x 32 fp32 block of C), A0, A1 (its
 // 32 rows x 32 k of packed A) and B0, B1 (16 k pairs x 32 columns of packed B). Each 32-wide
-// step of k is four tile loads and four TDPBF16PS (fp32 accumulation inside the tiles).
+// step of k is four tile loads (1 KiB contiguous each) and four TDPBF16PS (fp32 accumulation
+// inside the tiles).
+// Cache blocking: k in blocks of kBlockK, columns in passes of kPassCols. Within a k block
+// the 32-row block of A (64 KiB at most) is reused across the pass's column blocks, and the
+// pass's B panels (1 MiB at most) from L2 across the row blocks; C is stored and reloaded
+// once per k block (4 KiB per 32 x 32 x 1024 products).
 // C tiles that stick out of C (m or n not a multiple of 16) go through a 16 x 16 scratch
 // tile on the stack, so nothing is read or written outside C.
 //
@@ -43,11 +48,11 @@ struct CTile {
   int64_t stride;
 };
 
-// The MT x NT tiles (each 1 or 2) of a C block over the whole of k; c[ti * 2 + tj] is tile
-// (ti, tj) of the block.
+// The MT x NT tiles (each 1 or 2) of a C block over k in [k0, k1); c[ti * 2 + tj] is tile
+// (ti, tj) of the block; a points at the block's first 16-row block of packed A.
 template <int MT, int NT>
-PARM_AMX void block(const uint16_t* a, int64_t a_stride, const uint16_t* b0, const uint16_t* b1,
-                    int64_t kp, const CTile* c, bool load) {
+PARM_AMX void block(const uint16_t* a, const uint16_t* b0, const uint16_t* b1, int64_t kp,
+                    int64_t k0, int64_t k1, const CTile* c, bool load) {
   if (load) {
     _tile_loadd(0, c[0].ptr, c[0].stride);
     if constexpr (NT > 1) _tile_loadd(1, c[1].ptr, c[1].stride);
@@ -59,10 +64,11 @@ PARM_AMX void block(const uint16_t* a, int64_t a_stride, const uint16_t* b0, con
     if constexpr (MT > 1) _tile_zero(2);
     if constexpr (MT > 1 && NT > 1) _tile_zero(3);
   }
-  const uint16_t* a1 = a + (a_stride / 2) * kTileRows;
-  for (int64_t kk = 0; kk < kp; kk += kTileK) {
-    _tile_loadd(4, a + kk, a_stride);
-    if constexpr (MT > 1) _tile_loadd(5, a1 + kk, a_stride);
+  // Packed A: the 16-row block below starts kp * 16 values further; tile kk at kk * 16.
+  const uint16_t* a1 = a + kp * kTileRows;
+  for (int64_t kk = k0; kk < k1; kk += kTileK) {
+    _tile_loadd(4, a + kk * kTileRows, 64);
+    if constexpr (MT > 1) _tile_loadd(5, a1 + kk * kTileRows, 64);
     _tile_loadd(6, b0 + kk * kTileRows, 64);
     if constexpr (NT > 1) _tile_loadd(7, b1 + kk * kTileRows, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -98,54 +104,58 @@ bool amx_usable() {
 void gemm_bf16_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
                    float* c, int64_t ldc, bool accumulate) {
   const int64_t mp = round_up(m, kTileRows), np = round_up(n, kTileRows);
-  const int64_t kp = round_up(k, kTileK);
-  const int64_t a_stride = kp * 2, panel = kp * kTileRows;  // bytes; elements per B panel
-  // Columns of B per pass over A: about 512 KiB of B's panels stay in L2 while A's 32-row
-  // blocks (each reused across the pass's panels from L1) stream by.
-  const int64_t cols_per_pass = std::max<int64_t>(32, (524288 / a_stride) / 32 * 32);
+  const int64_t kp = round_up(k, kTileK), panel = kp * kTileRows;  // values per B panel
+  // Measured on the expert products (R = 512, M = 512, H = 2048) and 1024^3, one thread:
+  // 1024 x 512 ran as fast as or up to 20% faster than 256 x 256, 256 x 1024 and 512 x 512;
+  // the A layout mattered more (see packed_a_offset).
+  constexpr int64_t kBlockK = 1024, kPassCols = 512;
   static const TileConfig config = make_config();
   load_config(config);  // per call: other code (oneDNN) may have loaded its own in between
   alignas(64) float scratch[4][kTileRows * kTileRows];
-  for (int64_t j0 = 0; j0 < np; j0 += cols_per_pass) {
-    const int64_t j1 = std::min(np, j0 + cols_per_pass);
-    for (int64_t i = 0; i < mp; i += 2 * kTileRows) {
-      const int mt = mp - i >= 2 * kTileRows ? 2 : 1;
-      for (int64_t j = j0; j < j1; j += 2 * kTileRows) {
-        const int nt = j1 - j >= 2 * kTileRows ? 2 : 1;
-        CTile tiles[4] = {};
-        bool edge[4] = {};
-        for (int ti = 0; ti < mt; ++ti)
-          for (int tj = 0; tj < nt; ++tj) {
-            const int t = ti * 2 + tj;
-            const int64_t r0 = i + ti * kTileRows, c0 = j + tj * kTileRows;
-            edge[t] = r0 + kTileRows > m || c0 + kTileRows > n;
-            if (!edge[t]) {
-              tiles[t] = {c + r0 * ldc + c0, ldc * 4};
-              continue;
+  for (int64_t k0 = 0; k0 < kp; k0 += kBlockK) {
+    const int64_t k1 = std::min(kp, k0 + kBlockK);
+    const bool load = accumulate || k0 > 0;
+    for (int64_t j0 = 0; j0 < np; j0 += kPassCols) {
+      const int64_t j1 = std::min(np, j0 + kPassCols);
+      for (int64_t i = 0; i < mp; i += 2 * kTileRows) {
+        const int mt = mp - i >= 2 * kTileRows ? 2 : 1;
+        for (int64_t j = j0; j < j1; j += 2 * kTileRows) {
+          const int nt = j1 - j >= 2 * kTileRows ? 2 : 1;
+          CTile tiles[4] = {};
+          bool edge[4] = {};
+          for (int ti = 0; ti < mt; ++ti)
+            for (int tj = 0; tj < nt; ++tj) {
+              const int t = ti * 2 + tj;
+              const int64_t r0 = i + ti * kTileRows, c0 = j + tj * kTileRows;
+              edge[t] = r0 + kTileRows > m || c0 + kTileRows > n;
+              if (!edge[t]) {
+                tiles[t] = {c + r0 * ldc + c0, ldc * 4};
+                continue;
+              }
+              tiles[t] = {scratch[t], kTileRows * 4};
+              std::fill(scratch[t], scratch[t] + kTileRows * kTileRows, 0.0f);
+              if (load)
+                for (int64_t r = r0; r < std::min(m, r0 + kTileRows); ++r)
+                  for (int64_t q = c0; q < std::min(n, c0 + kTileRows); ++q)
+                    scratch[t][(r - r0) * kTileRows + (q - c0)] = c[r * ldc + q];
             }
-            tiles[t] = {scratch[t], kTileRows * 4};
-            std::fill(scratch[t], scratch[t] + kTileRows * kTileRows, 0.0f);
-            if (accumulate)
+          const uint16_t* ab = a + i * kp;
+          const uint16_t* b0 = b + (j / kTileRows) * panel;
+          const uint16_t* b1 = b0 + panel;
+          if (mt == 2 && nt == 2) block<2, 2>(ab, b0, b1, kp, k0, k1, tiles, load);
+          else if (mt == 2) block<2, 1>(ab, b0, b1, kp, k0, k1, tiles, load);
+          else if (nt == 2) block<1, 2>(ab, b0, b1, kp, k0, k1, tiles, load);
+          else block<1, 1>(ab, b0, b1, kp, k0, k1, tiles, load);
+          for (int ti = 0; ti < mt; ++ti)
+            for (int tj = 0; tj < nt; ++tj) {
+              const int t = ti * 2 + tj;
+              if (!edge[t]) continue;
+              const int64_t r0 = i + ti * kTileRows, c0 = j + tj * kTileRows;
               for (int64_t r = r0; r < std::min(m, r0 + kTileRows); ++r)
                 for (int64_t q = c0; q < std::min(n, c0 + kTileRows); ++q)
-                  scratch[t][(r - r0) * kTileRows + (q - c0)] = c[r * ldc + q];
-          }
-        const uint16_t* ab = a + i * kp;
-        const uint16_t* b0 = b + (j / kTileRows) * panel;
-        const uint16_t* b1 = b0 + panel;
-        if (mt == 2 && nt == 2) block<2, 2>(ab, a_stride, b0, b1, kp, tiles, accumulate);
-        else if (mt == 2) block<2, 1>(ab, a_stride, b0, b1, kp, tiles, accumulate);
-        else if (nt == 2) block<1, 2>(ab, a_stride, b0, b1, kp, tiles, accumulate);
-        else block<1, 1>(ab, a_stride, b0, b1, kp, tiles, accumulate);
-        for (int ti = 0; ti < mt; ++ti)
-          for (int tj = 0; tj < nt; ++tj) {
-            const int t = ti * 2 + tj;
-            if (!edge[t]) continue;
-            const int64_t r0 = i + ti * kTileRows, c0 = j + tj * kTileRows;
-            for (int64_t r = r0; r < std::min(m, r0 + kTileRows); ++r)
-              for (int64_t q = c0; q < std::min(n, c0 + kTileRows); ++q)
-                c[r * ldc + q] = scratch[t][(r - r0) * kTileRows + (q - c0)];
-          }
+                  c[r * ldc + q] = scratch[t][(r - r0) * kTileRows + (q - c0)];
+            }
+        }
       }
     }
   }

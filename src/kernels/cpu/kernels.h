@@ -46,8 +46,9 @@ int gemm_threads();
 // bf16 values are stored as uint16_t (the upper half of the fp32 bit pattern) and rounded from
 // fp32 to nearest even. The GEMM reads its operands packed, so that a weight packed once
 // serves every call of a step:
-//   packed A: op(A) (m, k) row-major, rows padded to a multiple of 16 and columns to a
-//             multiple of 32 with zeros (bf16_packed_a_size(m, k) values);
+//   packed A: op(A) (m, k), rows padded to a multiple of 16 and columns to a multiple of
+//             32 with zeros, as 16 x 32 tiles of 1 KiB each (bf16_packed_a_size(m, k)
+//             values);
 //   packed B: op(B) (k, n) as 16-column panels, each (k / 2, 16, 2): pairs of consecutive k
 //             side by side (the AMX / VNNI layout), k padded to 32 and n to 16 with zeros.
 // The kernel runs on the calling thread: AMX tiles where the CPU and OS offer them, else a
