@@ -254,6 +254,47 @@ void BM_ExpertGemmOnednnBf16(benchmark::State& state, ExpertProduct product) {
                              g.trans_a ? " ta" : "", g.trans_b ? " tb" : "",
                              g.accumulate ? " acc" : "", pd.impl_info_str()));
 }
+// The layer's bf16 expert products for one pass (forward and backward) of 4 experts x kR
+// rows, as Bf16ExpertProducts runs them: the weights packed once per pass, the row operands
+// per call. Against BM_ExpertProductsBf16Floor (the same GEMMs on operands packed before the
+// clock, as bench-layer's floor): the difference is the packing.
+void BM_ExpertPassBf16(benchmark::State& state) {
+  constexpr int64_t kExperts = 4;
+  const int64_t h = kH;
+  const std::vector<float> w1 = random_vector(kExperts * kM * h, 31),
+                           w2 = random_vector(kExperts * h * kM, 32);
+  const std::vector<float> x = random_vector(kR * kM, 33), act = random_vector(kR * h, 34),
+                           dy = random_vector(kR * kM, 35);
+  std::vector<float> pre(static_cast<size_t>(kR * h)), out(static_cast<size_t>(kR * kM));
+  std::vector<float> dact(pre.size()), dx(out.size()), dw1(w1.size()), dw2(w2.size());
+  parm::moe::Bf16ExpertProducts products;
+  products.reserve(kExperts, kR, kM, h);
+  for (auto _ : state) {
+    products.pack_forward_weights(w1.data(), w2.data());
+    for (int64_t e = 0; e < kExperts; ++e) {
+      products.fc1_forward(e, kR, x.data(), pre.data());
+      products.fc2_forward(e, kR, act.data(), out.data());
+    }
+    products.pack_backward_weights(w1.data(), w2.data());
+    for (int64_t e = 0; e < kExperts; ++e) {
+      products.fc2_backward(e, kR, act.data(), dy.data(), dw2.data() + e * h * kM, dact.data());
+      products.fc1_backward(e, kR, x.data(), act.data(), dw1.data() + e * kM * h, dx.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  set_flop_counters(state, kExperts * parm::moe::expert_product_flops(kR, kM, h), true);
+}
+BENCHMARK(BM_ExpertPassBf16)->UseRealTime()->MinTime(0.5);
+void BM_ExpertProductsBf16Floor(benchmark::State& state) {
+  const std::vector<int64_t> rows(4, kR);
+  for (auto _ : state) {
+    const double us = parm::moe::time_expert_products_us(rows, kM, kH, 1, parm::Precision::kBf16);
+    state.SetIterationTime(us * 1e-6);
+  }
+  set_flop_counters(state, 4 * parm::moe::expert_product_flops(kR, kM, kH), true);
+}
+BENCHMARK(BM_ExpertProductsBf16Floor)->UseManualTime()->MinTime(0.5);
+
 // The six products, fp32 (BM_ExpertGemm) bf16 (BM_ExpertGemmBf16) and oneDNN bf16
 // (BM_ExpertGemmOnednnBf16).
 #define PARM_EXPERT_GEMM(fn, row_name, product) \

@@ -57,6 +57,7 @@ void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, i
                         cpu::bf16_packed_a_size(hl, max_rows),
                         cpu::bf16_packed_a_size(M, max_rows)})),
             0);
+  a2_.assign(n(cpu::bf16_packed_a_size(max_rows, hl)), 0);
   b_.assign(n(std::max(cpu::bf16_packed_b_size(max_rows, M),
                        cpu::bf16_packed_b_size(max_rows, hl))),
             0);
@@ -124,8 +125,45 @@ void Bf16ExpertProducts::fc1_backward(int64_t e, int64_t rows, const float* x, c
                        a_.data(), b_.data());
 }
 
+// Rows per block of the fused steps: a multiple of 16 (packed A's row blocks) and of 2 (B's
+// pairs); 32 rows of Hl = 2048 fp32 are 256 KiB, in L2 while they are packed.
+constexpr int64_t kFuseRows = 32;
+
+void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre,
+                                               const float* b1, float* act, float* out) {
+  const int64_t M = model_dim_, hl = hidden_;
+  for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
+    const int64_t nr = std::min(kFuseRows, rows - r0);
+    cpu::bias_gelu(pre + r0 * hl, b1, act + r0 * hl, nr, hl);
+    // Row block r0 of packed A starts after the packed A of r0 rows.
+    cpu::bf16_pack_a(false, nr, hl, act + r0 * hl, hl,
+                     a_.data() + cpu::bf16_packed_a_size(r0, hl));
+  }
+  cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
+}
+
+void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* x,
+                                                    const float* pre, const float* b1,
+                                                    float* dact, float* db1, float* dw1,
+                                                    float* dx) {
+  const int64_t M = model_dim_, hl = hidden_;
+  for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
+    const int64_t nr = std::min(kFuseRows, rows - r0);
+    float* d = dact + r0 * hl;
+    cpu::bias_gelu_backward(pre + r0 * hl, b1, d, d, db1, nr, hl);
+    // dpre as A (for dx) and as rows r0.. of B (for dW1)
+    cpu::bf16_pack_a(false, nr, hl, d, hl, a2_.data() + cpu::bf16_packed_a_size(r0, hl));
+    cpu::bf16_pack_b_rows(r0, nr, rows, hl, d, hl, b_.data());
+  }
+  // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T
+  cpu::bf16_pack_a(true, M, rows, x, M, a_.data());
+  cpu::gemm_bf16_packed(M, hl, rows, a_.data(), b_.data(), dw1, hl, true);
+  cpu::gemm_bf16_packed(rows, M, hl, a2_.data(), w1t_.data() + e * w_stride_, dx, M, false);
+}
+
 int64_t Bf16ExpertProducts::held_bytes() const {
-  size_t n = a_.size() + b_.size() + w1_.size() + w2_.size() + w2t_.size() + w1t_.size();
+  size_t n = a_.size() + a2_.size() + b_.size() + w1_.size() + w2_.size() + w2t_.size() +
+             w1t_.size();
   return static_cast<int64_t>(n * sizeof(uint16_t));
 }
 

@@ -73,12 +73,24 @@ class Bf16ExpertProducts {
                     float* dact);
   void fc1_backward(int64_t e, int64_t rows, const float* x, const float* dpre, float* dw1,
                     float* dx);
+  // Fused with the elementwise step between the two products, a block of rows at a time so
+  // that each block is packed while still in cache (one pass over the (R, Hl) arrays less):
+  // act = gelu(pre + b1) (fp32, kept for the backward pass) and out = act W2, as
+  // cpu::bias_gelu then fc2_forward.
+  void bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre, const float* b1,
+                             float* act, float* out);
+  // dpre = gelu'(pre + b1) dact in place of dact, db1 += its column sums, then fc1_backward
+  // from dpre: as cpu::bias_gelu_backward then fc1_backward.
+  void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* x, const float* pre,
+                                  const float* b1, float* dact, float* db1, float* dw1,
+                                  float* dx);
   int64_t held_bytes() const;
 
  private:
   int64_t experts_ = 0, max_rows_ = 0, model_dim_ = 0, hidden_ = 0;
   int64_t w_stride_ = 0;  // values per expert in each packed weight buffer
   std::vector<uint16_t> a_, b_;  // packed row operands of the product being run
+  std::vector<uint16_t> a2_;     // a second packed A: dpre, packed beside x^T
   // Per expert, packed as B: W1 (M, Hl) and W2 (Hl, M) for the forward pass, W2^T (M, Hl)
   // and W1^T (Hl, M) for the backward pass.
   std::vector<uint16_t> w1_, w2_, w2t_, w1t_;

@@ -98,12 +98,13 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     else
       fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
     clock.lap("expert products");
-    cpu::bias_gelu(pre, w.b1.data() + e * hl, act, n, hl);
-    clock.lap("bias + GeLU");
-    if (bf16)
-      ws.bf16.fc2_forward(e, n, act, ws.out_rows.data());
-    else
+    if (bf16) {  // bias + GeLU fused with packing act (timed as products)
+      ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, act, ws.out_rows.data());
+    } else {
+      cpu::bias_gelu(pre, w.b1.data() + e * hl, act, n, hl);
+      clock.lap("bias + GeLU");
       fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
+    }
     clock.lap("expert products");
     if (add_b2) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, n, M);
     clock.lap("bias + GeLU");
@@ -141,14 +142,17 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
     else
       fc2_backward(n, M, hl, act, dy, w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
     clock.lap("expert products");
-    cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
-                            hl);
-    clock.lap("GeLU + bias backward");
-    if (bf16)
-      ws.bf16.fc1_backward(e, n, x, dact, dw.w1.data() + e * M * hl, ws.out_rows.data());
-    else
+    if (bf16) {  // GeLU + bias backward fused with packing dpre (timed as products)
+      ws.bf16.gelu_backward_fc1_backward(e, n, x, pre, w.b1.data() + e * hl, dact,
+                                         dw.b1.data() + e * hl, dw.w1.data() + e * M * hl,
+                                         ws.out_rows.data());
+    } else {
+      cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
+                              hl);
+      clock.lap("GeLU + bias backward");
       fc1_backward(n, M, hl, x, dact, w.w1.data() + e * M * hl, dw.w1.data() + e * M * hl,
                    ws.out_rows.data());
+    }
     clock.lap("expert products");
     scatter_filled(ws.out_rows.data(), blocks, e_loc, slots, e, fills, M, din);
     clock.lap("rows in/out");

@@ -3,7 +3,7 @@
 # expert and dense products, fp32 accumulation, master weights and optimizer) follows the
 # fp32 losses of the same run, on 2 ranks (ep = 2) and on the main job's layout (4 ranks,
 # mp = esp = ep = 2); the losses are not bit-identical (the bf16 products did run); `parm
-# info` and bench-layer name the bf16 kernel. The 100-step gpt2-moe-tiny comparison is too
+# info` and bench-layer name the bf16 kernel; MFU divides by the bf16 GEMM rate at bf16. The 100-step gpt2-moe-tiny comparison is too
 # slow for CI: docs/bf16-cpu.md reports it.
 #   bash train_bf16.sh <path to parm> <source dir>
 source "$(dirname "$0")/lib/checks.bash" "$@"
@@ -38,6 +38,10 @@ for layout in "2 --mp 1 --ep 2 --esp 1" "4 --mp 2 --ep 2 --esp 2"; do
     out=$(prun -n "$n" -- train --config gpt2-moe-tiny --steps 40 --micro-batch 2 \
           --eval-every 0 "$@" --precision $p --metrics "$tmp/$p.jsonl")
     check "train np$n $* --precision $p" 0 $? "summary" "$out"
+    # MFU divides by the rate of the products that run: the bf16 kernel's at bf16.
+    want="GFLOP/s per rank (measured at start)"
+    [ $p = bf16 ] && want="GFLOP/s per rank (bf16 GEMM measured at start, parm "
+    check "train np$n --precision $p: MFU against the $p GEMM rate" 0 0 "$want" "$out"
   done
   out=$(track "$tmp/fp32.jsonl" "$tmp/bf16.jsonl" 2>&1)
   check "np$n $*: bf16 follows fp32 ($out)" 0 0 "tracks:" "$out"

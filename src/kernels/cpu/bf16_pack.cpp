@@ -113,20 +113,27 @@ PARM_AVX512_BF16 void pack_a_avx512(bool trans, int64_t m, int64_t k, const floa
   }
 }
 
+// Pairs [p0, p1) of op(B) (k, n) not transposed into packed B; b points at stored row 2 p0.
+PARM_AVX512_BF16 void pack_b_pairs_avx512(int64_t p0, int64_t p1, int64_t k, int64_t n,
+                                          const float* b, int64_t ldb, uint16_t* packed) {
+  const int64_t np = round_up(n, kTileRows), pairs = round_up(k, kTileK) / 2;
+  // Stored rows 2p and 2p + 1, columns j0..j0+15: one 64-byte row of panel j0 / 16. Pairs
+  // outermost, so b is read row after row.
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t jp = 0; jp < np / kTileRows; ++jp) {
+      const int64_t j0 = jp * kTileRows, width = std::min<int64_t>(kTileRows, n - j0);
+      const float* row = b + 2 * (p - p0) * ldb + j0;
+      const __m512 lo = 2 * p < k ? load16(row, width) : _mm512_setzero_ps();
+      const __m512 hi = 2 * p + 1 < k ? load16(row + ldb, width) : _mm512_setzero_ps();
+      _mm512_storeu_si512(packed + (jp * pairs + p) * 2 * kTileRows, pairs16(lo, hi));
+    }
+}
+
 PARM_AVX512_BF16 void pack_b_avx512(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,
                                     uint16_t* packed) {
   const int64_t np = round_up(n, kTileRows), kp = round_up(k, kTileK), pairs = kp / 2;
   if (!trans) {
-    // Stored rows 2p and 2p + 1, columns j0..j0+15: one 64-byte row of panel j0 / 16. Pairs
-    // outermost, so b is read row after row.
-    for (int64_t p = 0; p < pairs; ++p)
-      for (int64_t jp = 0; jp < np / kTileRows; ++jp) {
-        const int64_t j0 = jp * kTileRows, width = std::min<int64_t>(kTileRows, n - j0);
-        const __m512 lo = 2 * p < k ? load16(b + 2 * p * ldb + j0, width) : _mm512_setzero_ps();
-        const __m512 hi =
-            2 * p + 1 < k ? load16(b + (2 * p + 1) * ldb + j0, width) : _mm512_setzero_ps();
-        _mm512_storeu_si512(packed + (jp * pairs + p) * 2 * kTileRows, pairs16(lo, hi));
-      }
+    pack_b_pairs_avx512(0, pairs, k, n, b, ldb, packed);
     return;
   }
   for (int64_t jp = 0; jp < np / kTileRows; ++jp) {
@@ -166,18 +173,20 @@ void pack_a_scalar(bool trans, int64_t m, int64_t k, const float* a, int64_t lda
     for (int64_t j = k; j < kp; ++j) packed[detail::packed_a_offset(i, j, kp)] = 0;
 }
 
-void pack_b_scalar(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,
-                   uint16_t* packed) {
-  const int64_t np = round_up(n, kTileRows), kp = round_up(k, kTileK), pairs = kp / 2;
+// Pairs [p0, p1) of op(B); b points at op(B) row 2 p0 (stored row, or column when trans).
+void pack_b_scalar(bool trans, int64_t p0, int64_t p1, int64_t k, int64_t n, const float* b,
+                   int64_t ldb, uint16_t* packed) {
+  const int64_t np = round_up(n, kTileRows), pairs = round_up(k, kTileK) / 2;
   // Panel jp, pair p, column jj, half t: op(B)[2p + t][16 jp + jj].
   for (int64_t jp = 0; jp < np / kTileRows; ++jp) {
     uint16_t* panel = packed + jp * pairs * 2 * kTileRows;
     const int64_t j0 = jp * kTileRows, width = std::min<int64_t>(kTileRows, n - j0);
-    std::fill(panel, panel + pairs * 2 * kTileRows, uint16_t{0});
-    for (int64_t kk = 0; kk < k; ++kk) {
+    std::fill(panel + p0 * 2 * kTileRows, panel + p1 * 2 * kTileRows, uint16_t{0});
+    for (int64_t kk = 2 * p0; kk < std::min(k, 2 * p1); ++kk) {
       uint16_t* row = panel + (kk / 2) * 2 * kTileRows + (kk & 1);
+      const int64_t q = kk - 2 * p0;
       for (int64_t jj = 0; jj < width; ++jj)
-        row[jj * 2] = to_bf16(trans ? b[(j0 + jj) * ldb + kk] : b[kk * ldb + j0 + jj]);
+        row[jj * 2] = to_bf16(trans ? b[(j0 + jj) * ldb + q] : b[q * ldb + j0 + jj]);
     }
   }
 }
@@ -216,7 +225,23 @@ void bf16_pack_b(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,
   if (have_avx512_bf16() && !detail::bf16_portable_forced())
     pack_b_avx512(trans, k, n, b, ldb, packed);
   else
-    pack_b_scalar(trans, k, n, b, ldb, packed);
+    pack_b_scalar(trans, 0, round_up(k, kTileK) / 2, k, n, b, ldb, packed);
+}
+
+void bf16_pack_b_rows(int64_t k0, int64_t rows, int64_t k, int64_t n, const float* b,
+                      int64_t ldb, uint16_t* packed) {
+  PARM_CHECK(k0 >= 0 && k0 % kTileK == 0 && rows >= 0 && k0 + rows <= k && n >= 0 &&
+                 ldb >= std::max<int64_t>(1, n),
+             "bf16_pack_b_rows: k0 = {} (a multiple of {}), rows = {}, k = {}, n = {}, ldb = {}",
+             k0, kTileK, rows, k, n, ldb);
+  // The last block also zeroes the padding pairs up to round_up(k, 32).
+  const int64_t p0 = k0 / 2, p1 = k0 + rows == k ? round_up(k, kTileK) / 2 : (k0 + rows + 1) / 2;
+  PARM_CHECK(k0 + rows == k || rows % 2 == 0,
+             "bf16_pack_b_rows: rows = {} must be even unless the block ends at k = {}", rows, k);
+  if (have_avx512_bf16() && !detail::bf16_portable_forced())
+    pack_b_pairs_avx512(p0, p1, k, n, b, ldb, packed);
+  else
+    pack_b_scalar(false, p0, p1, k, n, b, ldb, packed);
 }
 
 }  // namespace parm::cpu

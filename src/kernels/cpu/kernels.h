@@ -61,6 +61,14 @@ void bf16_pack_a(bool trans, int64_t m, int64_t k, const float* a, int64_t lda, 
 // Rounds op(B) (fp32 (k, n), stored (n, k) when trans) into packed B. Overwrites all
 // bf16_packed_b_size(k, n) values of `packed`.
 void bf16_pack_b(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb, uint16_t* packed);
+// Rows k0 .. k0 + rows - 1 of op(B) (fp32, not transposed; b points at row k0) into packed B
+// of the whole (k, n) operand, the rest of `packed` untouched: B packed a block of rows at a
+// time while each block is still in cache. k0 a multiple of 32, rows even unless the block
+// ends at k (that block also writes the padding up to round_up(k, 32)).
+// Packed A needs no such call: its 16-row blocks are independent, so bf16_pack_a of rows
+// i0 .. i0 + 15 (i0 a multiple of 16) at packed + i0 * round_up(k, 32) writes that block.
+void bf16_pack_b_rows(int64_t k0, int64_t rows, int64_t k, int64_t n, const float* b,
+                      int64_t ldb, uint16_t* packed);
 // C (m, n) = A B (accumulate == false) or C += A B, packed operands, C fp32 row-major (ldc).
 void gemm_bf16_packed(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
                       float* c, int64_t ldc, bool accumulate);
