@@ -229,7 +229,8 @@ def gradcheck():
     def fn(x, *params):
         moe._layer = None  # a fresh C++ layer per call: gradcheck runs forwards between a
         # forward and its backward, and a layer keeps the state of its last forward only
-        out, l_aux = parm.torch._MoEFunction.apply(x, moe._layer_for(x.shape[0]), *params)
+        out, l_aux = parm.torch._MoEFunction.apply(x, moe._layer_for(x.shape[0]), None,
+                                                    *params)
         return out, l_aux
 
     params = [getattr(moe, n) for n in ("wg", "w1", "b1", "w2", "b2")]
