@@ -62,7 +62,18 @@ void init(int mp, int ep, int esp, int ranks_per_node, const std::string& device
   current_topology() = Topology::create(o);
 }
 
-void finalize() {
+// Set once a collective of this process failed (Timeout, CommError): MPI may still hold its
+// requests, so the process cannot finalize MPI cleanly.
+bool& comm_failed() {
+  static bool failed = false;
+  return failed;
+}
+
+// At exit: MPI_Finalize, or, after a failed collective or when `abort` (the script ended on
+// an uncaught exception), MPI_Abort, which ends every rank of the job so that none waits
+// for this one.
+void finalize(bool abort) {
+  if (mpi_started() && (abort || comm_failed())) process::abort_job(1);
   current_topology().reset();
   if (mpi_started()) process::finalize();
 }
@@ -204,7 +215,11 @@ PYBIND11_MODULE(_core, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Timeout& e) {
+      comm_failed() = true;
       timeout_error(e.what());
+    } catch (const CommError& e) {
+      comm_failed() = true;
+      PyErr_SetString(PyExc_RuntimeError, e.what());
     } catch (const InvalidConfig& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const Error& e) {
@@ -214,7 +229,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("init", &init, py::arg("mp"), py::arg("ep"), py::arg("esp"), py::arg("ranks_per_node"),
         py::arg("device"), py::arg("timeout"));
-  m.def("finalize", &finalize);
+  m.def("finalize", &finalize, py::arg("abort") = false);
   m.def("initialized", [] { return current_topology() != nullptr; });
   m.def("rank", [] { return topology("parm.rank()").world_rank(); });
   m.def("world_size", [] { return topology("parm.world_size()").layout().world; });
@@ -242,10 +257,10 @@ PYBIND11_MODULE(_core, m) {
   // CUDA builds: the GPU of this rank and its compute stream (for t.__dlpack__(stream=)).
   m.def("cuda_device", &py_dlpack::cuda_ordinal);
   m.def("cuda_stream", &py_dlpack::cuda_stream);
-  // Tests: throws Parm's error of `kind` ("timeout", "config", "error") with `message`, to
-  // check the translation into Python exceptions without a stuck job.
+  // Tests: throws Parm's error of `kind` ("config", "error") with `message`, to check the
+  // translation into Python exceptions (a Timeout comes from a real stuck collective:
+  // tests/python/stuck_collective.py).
   m.def("_throw_for_test", [](const std::string& kind, const std::string& message) {
-    if (kind == "timeout") throw Timeout(message);
     if (kind == "config") throw InvalidConfig(message);
     throw Error(message);
   });

@@ -11,9 +11,12 @@ once, then build ``parm.torch.MoE`` layers::
 
 Parm's errors arrive as Python exceptions: an invalid configuration or layout raises
 ValueError, a watchdog timeout parm.TimeoutError, any other failure RuntimeError, each with
-Parm's message. Everything but ``init`` raises RuntimeError before ``parm.init``.
+Parm's message. Everything but ``init`` raises RuntimeError before ``parm.init``. A script
+that ends on an uncaught exception, or after a collective failed (timed out), ends the whole
+job at exit (MPI_Abort, exit code 1), so no other rank waits for it.
 """
 import atexit
+import sys
 
 from . import _core
 
@@ -111,4 +114,22 @@ def device():
     return _core.device()
 
 
-atexit.register(_core.finalize)
+_uncaught = False  # the script is ending on an uncaught exception
+
+
+def _note_uncaught(kind, value, tb, _previous=sys.excepthook):
+    global _uncaught
+    _uncaught = True
+    _previous(kind, value, tb)
+
+
+def _at_exit():
+    # After an uncaught exception or a failed collective the other ranks may be waiting for
+    # this one: MPI_Abort ends the whole job (exit code 1) instead of leaving them to hang.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _core.finalize(abort=_uncaught)
+
+
+sys.excepthook = _note_uncaught
+atexit.register(_at_exit)

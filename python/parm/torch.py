@@ -24,23 +24,30 @@ _PARAMS = ("wg", "w1", "b1", "w2", "b2")
 _OP = "parm.torch.MoE"
 
 
+def _flat(t):
+    """t as (T, M) where its memory allows; otherwise t itself, which Parm refuses naming
+    its strides."""
+    return t.view(-1, t.shape[-1]) if t.is_contiguous() else t
+
+
 def _dl(tensors, names):
     return [_dlpack(t, n, _OP) for t, n in zip(tensors, names)]
 
 
 class _MoEFunction(torch.autograd.Function):
     """out, l_aux = layer(x) with the parameters as inputs, so that autograd sees them (and
-    refuses a backward after they were changed in place). out: None (a new tensor) or the
-    tensor to write the output into (marked modified in place)."""
+    refuses a backward after they were changed in place). x: (T, M) or (B, L, M); out: None
+    (a new tensor) or the tensor of x's shape to write the output into (marked modified in
+    place)."""
 
     @staticmethod
     def forward(ctx, x, layer, out, *params):
         layer.set_params(*_dl(params, _PARAMS))
         if out is None:
-            out = torch.empty_like(x)
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
         else:
             ctx.mark_dirty(out)
-        l_aux = layer.forward(_dlpack(x, "x", _OP), _dlpack(out, "out", _OP))
+        l_aux = layer.forward(_dlpack(_flat(x), "x", _OP), _dlpack(_flat(out), "out", _OP))
         ctx.layer = layer
         ctx.forward_id = layer.forwards()
         ctx.save_for_backward(*params)
@@ -56,8 +63,8 @@ class _MoEFunction(torch.autograd.Function):
         grads = [torch.empty_like(p) for p in params]
         dx = torch.empty_like(dout)
         layer.set_grads(*_dl(grads, _PARAMS))
-        layer.backward(ctx.forward_id, _dlpack(dout, "the output gradient", _OP),
-                       float(dl_aux), _dlpack(dx, "the input gradient", _OP))
+        layer.backward(ctx.forward_id, _dlpack(_flat(dout), "the output gradient", _OP),
+                       float(dl_aux), _dlpack(_flat(dx), "the input gradient", _OP))
         return (dx, None, None, *grads)
 
 
@@ -178,16 +185,14 @@ class MoE(torch.nn.Module):
             if not isinstance(out, torch.Tensor) or out.shape != x.shape:
                 raise ValueError(f"{_OP}: out must be a tensor of x's shape {tuple(x.shape)}, "
                                  f"got {tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-            if out.requires_grad:
-                raise ValueError(f"{_OP}: out must not require grad (it is overwritten)")
-        # (T, M) views where the memory allows; otherwise the tensor goes as it is and Parm
-        # refuses it, naming its strides.
-        flat = lambda t: t.view(tokens, self.model_dim) if t.is_contiguous() else t  # noqa: E731
+            if out.requires_grad or out._base is not None:
+                raise ValueError(f"{_OP}: out must be a tensor that does not require grad and "
+                                 f"is not a view of another (autograd's rule for a tensor a "
+                                 f"function overwrites and returns with another output)")
         layer = self._layer_for(tokens)
-        y, l_aux = _MoEFunction.apply(flat(x), layer, None if out is None else flat(out),
-                                      *[getattr(self, n) for n in _PARAMS])
+        y, l_aux = _MoEFunction.apply(x, layer, out, *[getattr(self, n) for n in _PARAMS])
         self.l_aux = l_aux
-        return y.view(x.shape)
+        return y
 
     def extra_repr(self):
         return (f"model_dim={self.model_dim}, hidden={self.hidden}, experts={self.experts}, "
