@@ -75,7 +75,8 @@ def backward_of(dout):
 
 def report(label, fwd, bwd, extra=""):
     if parm.rank() == 0:
-        print(f"{label:<21} {fwd:9.2f} {bwd:9.2f} {fwd + bwd:9.2f}{extra}", flush=True)
+        print(f"{label:<21} {fwd:9.2f} {bwd:9.2f} {fwd + bwd:9.2f}   torch threads "
+              f"{torch.get_num_threads()}{extra}", flush=True)
 
 
 def main():

@@ -13,6 +13,7 @@
 
 #include "comm/process.h"
 #include "dlpack_tensor.h"
+#include "kernels/cpu/kernels.h"
 #include "moe/moe_layer.h"
 #include "moe/reference_moe.h"
 #include "parm/error.h"
@@ -254,6 +255,9 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release nogil;
     c.allreduce(v.data(), static_cast<size_t>(v.numel()));
   }, py::arg("tensor"), py::arg("group") = "world");
+  // Threads of the CPU GEMMs (for every thread of the process; OpenMP's count of the thread
+  // that calls them is set to it, which torch's intra-op count in that thread is too).
+  m.def("set_gemm_threads", &cpu::set_gemm_threads);
   // CUDA builds: the GPU of this rank and its compute stream (for t.__dlpack__(stream=)).
   m.def("cuda_device", &py_dlpack::cuda_ordinal);
   m.def("cuda_stream", &py_dlpack::cuda_stream);

@@ -38,6 +38,12 @@ def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300):
             raise ValueError(f"parm.init: {name} must be an int, got {v!r}")
     if ranks_per_node is not None and (not isinstance(ranks_per_node, int) or ranks_per_node < 1):
         raise ValueError(f"parm.init: ranks_per_node must be None or an int >= 1, got {ranks_per_node!r}")
+    if device == "cuda":
+        import torch  # the layer's tensors are torch's: its CUDA must be there too
+
+        if not torch.cuda.is_available():
+            raise ValueError("parm.init(device='cuda'): this torch has no usable CUDA "
+                             "(torch.cuda.is_available() is False); use device='cpu'")
     _core.init(mp, ep, esp, 0 if ranks_per_node is None else ranks_per_node, str(device),
                float(timeout))
     global _cuda_stream
@@ -45,8 +51,6 @@ def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300):
     if _core.device() == "cuda":
         # torch's "cuda" is then this rank's GPU, and tensors cross on Parm's stream.
         _cuda_stream = _core.cuda_stream()
-        import torch
-
         torch.cuda.set_device(_core.cuda_device())
 
 

@@ -24,6 +24,21 @@ _PARAMS = ("wg", "w1", "b1", "w2", "b2")
 _OP = "parm.torch.MoE"
 
 
+_gemm_threads = None  # what Parm's CPU GEMMs were last told
+
+
+def _follow_torch_threads():
+    """Parm's CPU GEMMs run with torch's intra-op thread count (torch.get_num_threads(): set
+    by torch.set_num_threads or OMP_NUM_THREADS; torchrun and scripts/parmrun set 1 per
+    rank). Both run on the process's one OpenMP runtime, whose count per calling thread is
+    shared: Parm setting its own (1 per rank by default) would change torch's."""
+    global _gemm_threads
+    n = torch.get_num_threads()
+    if n != _gemm_threads:
+        _core.set_gemm_threads(n)
+        _gemm_threads = n
+
+
 def _flat(t):
     """t as (T, M) where its memory allows; otherwise t itself, which Parm refuses naming
     its strides."""
@@ -42,6 +57,7 @@ class _MoEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, layer, out, *params):
+        _follow_torch_threads()
         layer.set_params(*_dl(params, _PARAMS))
         if out is None:
             out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -62,6 +78,7 @@ class _MoEFunction(torch.autograd.Function):
         dout = dout.contiguous()
         grads = [torch.empty_like(p) for p in params]
         dx = torch.empty_like(dout)
+        _follow_torch_threads()
         layer.set_grads(*_dl(grads, _PARAMS))
         layer.backward(ctx.forward_id, _dlpack(_flat(dout), "the output gradient", _OP),
                        float(dl_aux), _dlpack(_flat(dx), "the input gradient", _OP))

@@ -8,6 +8,7 @@ Exits non-zero on the first failure (a rank that fails makes mpirun end the othe
 """
 import ctypes
 import math
+import os
 import sys
 
 import torch
@@ -273,6 +274,9 @@ def bad_input(world):
     raises(ValueError, lambda: parm.init(mp=world + 1), "invalid layout")
     raises(ValueError, lambda: parm.init(mp=0), "mp 0")
     raises(ValueError, lambda: parm.init(device="tpu"), "device name", "tpu")
+    # No GPU here (CPU torch, CPU build): device="cuda" is refused before anything starts.
+    if not torch.cuda.is_available():
+        raises(ValueError, lambda: parm.init(device="cuda"), "cuda without a GPU", "cuda")
     raises(ValueError, lambda: moe(x.half()), "float16 input", "float32")
     raises(ValueError, lambda: parm.allreduce_sum(torch.zeros(2, dtype=torch.float64)),
            "allreduce_sum of float64", "float32")
@@ -384,6 +388,23 @@ def zero_copy(world):
     raises(ValueError, lambda: moe(x), "float64 parameter", "w1")
 
 
+def threads():
+    """Parm's GEMMs follow torch's thread count and leave it as it was (they share the
+    process's OpenMP runtime, whose count per thread Parm would otherwise set to 1 on its
+    first GEMM when OMP_NUM_THREADS is unset). Runs before any other layer: Parm reads the
+    variable on its first GEMM, which is unset here for that (torch read it at import)."""
+    os.environ.pop("OMP_NUM_THREADS", None)
+    moe = parm.torch.MoE(M, H, E, topk=2, schedule="s2", fuse="off")
+    before = torch.get_num_threads()
+    for n in (2, 1):
+        torch.set_num_threads(n)
+        x = torch.randn(T, M, requires_grad=True)
+        moe(x).sum().backward()
+        check(torch.get_num_threads() == n,
+              f"torch threads {n} became {torch.get_num_threads()} after a forward+backward")
+    torch.set_num_threads(before)
+
+
 def exceptions():
     """Parm's error classes arrive as these Python exceptions, with Parm's message."""
     check(issubclass(parm.TimeoutError, TimeoutError), "parm.TimeoutError is a TimeoutError")
@@ -404,6 +425,7 @@ def main():
     before_init()
     exceptions()
     parm.init()
+    threads()
     world = parm.world_size()
     check(parm.group_ranks("world") == list(range(world)), "group_ranks('world')")
     raises(ValueError, lambda: parm.group_ranks("xp"), "group name", "xp")
