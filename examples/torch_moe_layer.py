@@ -92,6 +92,10 @@ def main():
     ap.add_argument("--capacity-factor", default="1.2")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--ab", metavar="SCHEDULE:FUSE",
+                    help="instead: the binding's overhead in this process, passes alternating "
+                         "between parm.torch.MoE and its C++ layer driven directly (tensors "
+                         "allocated once, no autograd: what `parm bench-layer` runs)")
     ap.add_argument("--runs", default="all",
                     help="comma-separated schedule:fuse pairs (e.g. s2:off,s2:on), 'plain' for "
                          "the plain-PyTorch layer, or 'all' (every schedule of the layout, "
@@ -121,7 +125,11 @@ def main():
               f"passes; ms = median over passes of the max over ranks", flush=True)
         print(f"# threads: torch {torch.get_num_threads()}, OMP_NUM_THREADS="
               f"{os.environ.get('OMP_NUM_THREADS', '(unset)')}", flush=True)
-        print(f"{'layer':<21} {'forward':>9} {'backward':>9} {'total':>9}")
+        if not a.ab:
+            print(f"{'layer':<21} {'forward':>9} {'backward':>9} {'total':>9}")
+    if a.ab:
+        ab_overhead(a, x, dout, *a.ab.split(":"))
+        return
     for schedule, fuse in runs:
         if schedule == "plain":
             run_plain(a, x, dout)
@@ -130,6 +138,8 @@ def main():
                              capacity_factor=a.capacity_factor, schedule=schedule, fuse=fuse)
 
         def forward():
+            for p in moe.parameters():  # as optimizer.zero_grad(set_to_none=True) does
+                p.grad = None
             out = moe(x)
             return out, moe.l_aux
 
@@ -137,6 +147,65 @@ def main():
         # schedule_used: what ran ("+fused" only where the schedule has a collective to fuse
         # on this layout).
         report(f"parm {schedule} fuse {fuse}", fwd, bwd, f"   ran {moe.schedule_used}")
+
+
+def ab_overhead(a, x, dout, schedule, fuse):
+    """parm.torch.MoE against the same C++ layer driven through parm._core directly, pass
+    by pass alternating (which goes first alternates too), so that the machine's load
+    changes both alike; prints both medians and the median of the per-pass ratios."""
+    moe = parm.torch.MoE(a.model_dim, a.hidden, a.experts, topk=a.topk,
+                         capacity_factor=a.capacity_factor, schedule=schedule, fuse=fuse)
+    layer = moe._layer_for(x.shape[0])
+    names = ("wg", "w1", "b1", "w2", "b2")
+    params = [getattr(moe, n).detach() for n in names]
+    grads = [torch.zeros_like(p) for p in params]
+    out, dx = torch.empty_like(x), torch.empty_like(x)
+    cap = lambda t: t.__dlpack__()  # noqa: E731  (borrowed: reusable)
+    caps_p, caps_g = [cap(t) for t in params], [cap(t) for t in grads]
+    cap_x, cap_out, cap_dout, cap_dx = cap(x), cap(out), cap(dout), cap(dx)
+    module_backward = backward_of(dout)
+
+    def module_pass():
+        for p in moe.parameters():
+            p.grad = None
+        barrier()
+        t0 = time.perf_counter()
+        y = (moe(x), moe.l_aux)
+        t1 = time.perf_counter()
+        barrier()
+        t2 = time.perf_counter()
+        module_backward(y)
+        return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3
+
+    def raw_pass():
+        barrier()
+        t0 = time.perf_counter()
+        layer.set_params(*caps_p)
+        layer.forward(cap_x, cap_out)
+        t1 = time.perf_counter()
+        barrier()
+        t2 = time.perf_counter()
+        layer.set_grads(*caps_g)
+        layer.backward(layer.forwards(), cap_dout, 0.01, cap_dx)
+        return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3
+
+    mod, raw = [], []
+    for i in range(a.warmup + a.iters):
+        first, second = (module_pass, raw_pass) if i % 2 == 0 else (raw_pass, module_pass)
+        r1, r2 = first(), second()
+        m, r = (r1, r2) if i % 2 == 0 else (r2, r1)
+        if i >= a.warmup:
+            mod.append(m[0] + m[1])
+            raw.append(r[0] + r[1])
+    mod, raw = max_over_ranks(mod), max_over_ranks(raw)
+    ratios = [m / r for m, r in zip(mod, raw)]
+    if parm.rank() == 0:
+        print(f"# {schedule} fuse {fuse}, forward+backward, median of {a.iters} passes each, "
+              f"alternating; ms = max over ranks", flush=True)
+        print(f"{'C++ layer via _core':<21} {statistics.median(raw):9.2f}")
+        print(f"{'parm.torch.MoE':<21} {statistics.median(mod):9.2f}")
+        print(f"{'ratio (per pass)':<21} {statistics.median(ratios):9.3f}   min "
+              f"{min(ratios):.3f} max {max(ratios):.3f}", flush=True)
 
 
 def run_plain(a, x, dout):
