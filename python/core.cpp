@@ -14,6 +14,7 @@
 #include "comm/process.h"
 #include "dlpack_tensor.h"
 #include "kernels/cpu/kernels.h"
+#include "tensor_pool.h"
 #include "moe/moe_layer.h"
 #include "moe/reference_moe.h"
 #include "parm/error.h"
@@ -255,6 +256,12 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release nogil;
     c.allreduce(v.data(), static_cast<size_t>(v.numel()));
   }, py::arg("tensor"), py::arg("group") = "world");
+  // A float32 tensor of `shape` on the layer's device whose memory Parm owns (tensor_pool.h),
+  // as a DLPack capsule for torch.utils.dlpack.from_dlpack.
+  m.def("empty", [](const std::vector<int64_t>& shape) {
+    return py_dlpack::take(shape, topology("parm._core.empty()").device());
+  });
+  m.def("pooled", &py_dlpack::pooled);
   // Threads of the CPU GEMMs (for every thread of the process; OpenMP's count of the thread
   // that calls them is set to it, which torch's intra-op count in that thread is too).
   m.def("set_gemm_threads", &cpu::set_gemm_threads);

@@ -13,6 +13,7 @@ callers; the output is written straight into the returned tensor.
 import math
 
 import torch
+import torch.utils.dlpack
 
 from . import _core, _dlpack
 
@@ -45,6 +46,13 @@ def _flat(t):
     return t.view(-1, t.shape[-1]) if t.is_contiguous() else t
 
 
+def _empty(shape):
+    """An uninitialised float32 tensor on the layer's device in memory Parm owns and reuses
+    once torch frees the tensor (python/tensor_pool.h): already-mapped memory for the
+    outputs and gradients the layer writes, without copies."""
+    return torch.utils.dlpack.from_dlpack(_core.empty(list(shape)))
+
+
 def _dl(tensors, names):
     return [_dlpack(t, n, _OP) for t, n in zip(tensors, names)]
 
@@ -60,7 +68,7 @@ class _MoEFunction(torch.autograd.Function):
         _follow_torch_threads()
         layer.set_params(*_dl(params, _PARAMS))
         if out is None:
-            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            out = _empty(x.shape)
         else:
             ctx.mark_dirty(out)
         l_aux = layer.forward(_dlpack(_flat(x), "x", _OP), _dlpack(_flat(out), "out", _OP))
@@ -76,8 +84,8 @@ class _MoEFunction(torch.autograd.Function):
         # Autograd's incoming gradient may be an expanded or strided view; the layer reads
         # (T, M) row-major (the one copy here, and only for such a view).
         dout = dout.contiguous()
-        grads = [torch.empty_like(p) for p in params]
-        dx = torch.empty_like(dout)
+        grads = [_empty(p.shape) for p in params]
+        dx = _empty(dout.shape)
         _follow_torch_threads()
         layer.set_grads(*_dl(grads, _PARAMS))
         layer.backward(ctx.forward_id, _dlpack(_flat(dout), "the output gradient", _OP),

@@ -352,6 +352,14 @@ def zero_copy(world):
     y3.sum().backward()
     check(x3.grad is not None and bool(torch.isfinite(x3.grad).all()),
           "backward through an out= forward gave no input gradient")
+    # Without out=, the output is memory Parm owns, handed over by DLPack: freed by torch, it
+    # returns to Parm's pool, and the next forward's output is that same memory.
+    y = moe(x)
+    p1 = y.data_ptr()
+    del y
+    y = moe(x)
+    check(y.data_ptr() == p1, "the output is not the memory Parm owns and reuses")
+    del y
     # A new output per forward: an earlier one is not overwritten by the next forward.
     y1 = moe(x).detach()
     y1_copy = y1.clone()
