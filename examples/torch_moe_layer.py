@@ -14,6 +14,13 @@ and the medians over --iters passes are printed (total = forward + backward). De
 reference configuration T 1024 per rank, M 512, H 2048, E 8, k 2, f 1.2. With the package
 built but not installed, set PYTHONPATH=build/python.
 
+The three timings of issue 17 in one go (2 ranks, the reference configuration; compare them
+as ratios within one run, interleaved, on a shared machine):
+    scripts/parmrun -n 2 -- bench-layer --ep 2 --tokens 1024 --model-dim 512 --hidden 2048 \
+        --experts 8 --topk 2 --capacity-factor 1.2 --schedule s2 --fuse off --iters 8 --warmup 2
+    mpirun -np 2 ... examples/torch_moe_layer.py --ep 2 --runs s2:off,plain --iters 8 --warmup 2
+and the binding's own overhead, in one process (--ab s2:off).
+
 Threads: run it with OMP_NUM_THREADS set as for `parm bench-layer` (scripts/parmrun sets 1
 per rank). torch's and Parm's GEMMs share the process's OpenMP runtime; the line "# threads"
 says what torch runs with.
