@@ -18,6 +18,10 @@ else()
   if(NOT pybind11_FOUND)
     list(APPEND parm_python_missing "pybind11 (pybind11-dev)")
   endif()
+  find_path(PARM_DLPACK_INCLUDE_DIR dlpack/dlpack.h)  # tensors cross as DLPack capsules
+  if(NOT PARM_DLPACK_INCLUDE_DIR)
+    list(APPEND parm_python_missing "the DLPack header (libdlpack-dev)")
+  endif()
 endif()
 
 if(parm_python_missing)

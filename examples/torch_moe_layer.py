@@ -7,10 +7,23 @@ plain PyTorch (bench/torch_moe_layer.py's layer, every expert on every rank) run
      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \\
        mpirun -np 2 --oversubscribe --bind-to none /usr/bin/python3 examples/torch_moe_layer.py --ep 2)
 
-Each pass is a forward, then a backward of (out * dout).sum() + 0.01 * l_aux (as `parm
-bench-layer`), after a barrier; the median over --iters passes of rank 0 is printed, per
-schedule. Defaults: the reference configuration T 1024 per rank, M 512, H 2048, E 8, k 2,
-f 1.2. With the package built but not installed, set PYTHONPATH=build/python.
+Timed as `parm bench-layer` times the C++ layer, so the numbers compare: per pass a
+barrier, the forward, a barrier, the backward of out with gradient dout and of l_aux with
+0.01 (torch.autograd.backward); each of the two times is the max over ranks of that pass,
+and the medians over --iters passes are printed (total = forward + backward). Defaults: the
+reference configuration T 1024 per rank, M 512, H 2048, E 8, k 2, f 1.2. With the package
+built but not installed, set PYTHONPATH=build/python.
+
+The three timings of issue 17 in one go (2 ranks, the reference configuration; compare them
+as ratios within one run, interleaved, on a shared machine):
+    scripts/parmrun -n 2 -- bench-layer --ep 2 --tokens 1024 --model-dim 512 --hidden 2048 \
+        --experts 8 --topk 2 --capacity-factor 1.2 --schedule s2 --fuse off --iters 8 --warmup 2
+    mpirun -np 2 ... examples/torch_moe_layer.py --ep 2 --runs s2:off,plain --iters 8 --warmup 2
+and the binding's own overhead, in one process (--ab s2:off).
+
+Threads: run it with OMP_NUM_THREADS set as for `parm bench-layer` (scripts/parmrun sets 1
+per rank). torch's and Parm's GEMMs share the process's OpenMP runtime; the line "# threads"
+says what torch runs with.
 """
 import argparse
 import os
@@ -31,15 +44,46 @@ def barrier():
     parm.allreduce_sum(torch.zeros(1))
 
 
-def time_passes(run, iters, warmup):
-    times = []
+def max_over_ranks(ms):
+    """Per pass, the max over ranks of this rank's times ms (one per pass)."""
+    world, rank = parm.world_size(), parm.rank()
+    t = torch.zeros(len(ms), world)
+    t[:, rank] = torch.tensor(ms)
+    parm.allreduce_sum(t)
+    return t.max(dim=1).values.tolist()
+
+
+def time_passes(forward, backward, iters, warmup):
+    """Medians (ms) of the forward and of the backward, each the max over ranks per pass."""
+    fwd, bwd = [], []
     for i in range(warmup + iters):
         barrier()
         t0 = time.perf_counter()
-        run()
+        y = forward()
+        t1 = time.perf_counter()
+        barrier()
+        t2 = time.perf_counter()
+        backward(y)
+        t3 = time.perf_counter()
         if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+            fwd.append((t1 - t0) * 1e3)
+            bwd.append((t3 - t2) * 1e3)
+    return statistics.median(max_over_ranks(fwd)), statistics.median(max_over_ranks(bwd))
+
+
+def backward_of(dout):
+    dl_aux = torch.tensor(0.01)  # what `parm bench-layer` passes as dLoss/dl_aux
+
+    def backward(y):
+        out, l_aux = y
+        torch.autograd.backward([out, l_aux], [dout, dl_aux])
+    return backward
+
+
+def report(label, fwd, bwd, extra=""):
+    if parm.rank() == 0:
+        print(f"{label:<21} {fwd:9.2f} {bwd:9.2f} {fwd + bwd:9.2f}   torch threads "
+              f"{torch.get_num_threads()}{extra}", flush=True)
 
 
 def main():
@@ -55,6 +99,14 @@ def main():
     ap.add_argument("--capacity-factor", default="1.2")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--ab", metavar="SCHEDULE:FUSE",
+                    help="instead: the binding's overhead in this process, passes alternating "
+                         "between parm.torch.MoE and its C++ layer driven directly (tensors "
+                         "allocated once, no autograd: what `parm bench-layer` runs)")
+    ap.add_argument("--runs", default="all",
+                    help="comma-separated schedule:fuse pairs (e.g. s2:off,s2:on), 'plain' for "
+                         "the plain-PyTorch layer, or 'all' (every schedule of the layout, "
+                         "then plain)")
     a = ap.parse_args()
 
     parm.init(mp=a.mp, ep=a.ep, esp=a.esp)
@@ -66,41 +118,117 @@ def main():
     dout = torch.randn(T, a.model_dim, generator=gen)
 
     lay = parm.layout()
-    runs = [("s1", "off"), ("s1", "on"), ("s2", "off"), ("s2", "on")]
-    if lay["mp"] == 1 or lay["esp"] == 1 or lay["esp"] == lay["mp"]:
-        runs.insert(0, ("baseline", "off"))
+    if a.runs == "all":
+        runs = [("s1", "off"), ("s1", "on"), ("s2", "off"), ("s2", "on")]
+        if lay["mp"] == 1 or lay["esp"] == 1 or lay["esp"] == lay["mp"]:
+            runs.insert(0, ("baseline", "off"))
+        runs.append(("plain", None))
+    else:
+        runs = [tuple(r.split(":")) if r != "plain" else ("plain", None)
+                for r in a.runs.split(",")]
     if root:
         print(f"# layout {lay}, T {T} per MP group, M {a.model_dim}, H {a.hidden}, "
               f"E {a.experts}, k {a.topk}, f {a.capacity_factor}; median of {a.iters} "
-              f"forward+backward passes, rank 0", flush=True)
-        print(f"{'layer':<21} {'ms':>9}")
+              f"passes; ms = median over passes of the max over ranks", flush=True)
+        print(f"# threads: torch {torch.get_num_threads()}, OMP_NUM_THREADS="
+              f"{os.environ.get('OMP_NUM_THREADS', '(unset)')}", flush=True)
+        if not a.ab:
+            print(f"{'layer':<21} {'forward':>9} {'backward':>9} {'total':>9}")
+    if a.ab:
+        ab_overhead(a, x, dout, *a.ab.split(":"))
+        return
     for schedule, fuse in runs:
+        if schedule == "plain":
+            run_plain(a, x, dout)
+            continue
         moe = parm.torch.MoE(a.model_dim, a.hidden, a.experts, topk=a.topk,
                              capacity_factor=a.capacity_factor, schedule=schedule, fuse=fuse)
 
-        def run():
+        def forward():
+            for p in moe.parameters():  # as optimizer.zero_grad(set_to_none=True) does
+                p.grad = None
             out = moe(x)
-            (out * dout).sum().add(0.01 * moe.l_aux).backward()
+            return out, moe.l_aux
 
-        ms = time_passes(run, a.iters, a.warmup)
-        if root:
-            # schedule_used: what ran ("+fused" only where the schedule has a collective to
-            # fuse on this layout).
-            label = f"parm {schedule} fuse {fuse}"
-            print(f"{label:<21} {ms:9.2f}   ran {moe.schedule_used}", flush=True)
+        fwd, bwd = time_passes(forward, backward_of(dout), a.iters, a.warmup)
+        # schedule_used: what ran ("+fused" only where the schedule has a collective to fuse
+        # on this layout).
+        report(f"parm {schedule} fuse {fuse}", fwd, bwd, f"   ran {moe.schedule_used}")
 
-    # The plain-PyTorch layer of the same maths, every expert on every rank, on its T tokens.
+
+def ab_overhead(a, x, dout, schedule, fuse):
+    """parm.torch.MoE against the same C++ layer driven through parm._core directly, pass
+    by pass alternating (which goes first alternates too), so that the machine's load
+    changes both alike; prints both medians and the median of the per-pass ratios."""
+    moe = parm.torch.MoE(a.model_dim, a.hidden, a.experts, topk=a.topk,
+                         capacity_factor=a.capacity_factor, schedule=schedule, fuse=fuse)
+    layer = moe._layer_for(x.shape[0])
+    names = ("wg", "w1", "b1", "w2", "b2")
+    params = [getattr(moe, n).detach() for n in names]
+    grads = [torch.zeros_like(p) for p in params]
+    out, dx = torch.empty_like(x), torch.empty_like(x)
+    cap = lambda t: t.__dlpack__()  # noqa: E731  (borrowed: reusable)
+    caps_p, caps_g = [cap(t) for t in params], [cap(t) for t in grads]
+    cap_x, cap_out, cap_dout, cap_dx = cap(x), cap(out), cap(dout), cap(dx)
+    module_backward = backward_of(dout)
+
+    def module_pass():
+        for p in moe.parameters():
+            p.grad = None
+        barrier()
+        t0 = time.perf_counter()
+        y = (moe(x), moe.l_aux)
+        t1 = time.perf_counter()
+        barrier()
+        t2 = time.perf_counter()
+        module_backward(y)
+        return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3
+
+    def raw_pass():
+        barrier()
+        t0 = time.perf_counter()
+        layer.set_params(*caps_p)
+        layer.forward(cap_x, cap_out)
+        t1 = time.perf_counter()
+        barrier()
+        t2 = time.perf_counter()
+        layer.set_grads(*caps_g)
+        layer.backward(layer.forwards(), cap_dout, 0.01, cap_dx)
+        return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3
+
+    mod, raw = [], []
+    for i in range(a.warmup + a.iters):
+        first, second = (module_pass, raw_pass) if i % 2 == 0 else (raw_pass, module_pass)
+        r1, r2 = first(), second()
+        m, r = (r1, r2) if i % 2 == 0 else (r2, r1)
+        if i >= a.warmup:
+            mod.append(m[0] + m[1])
+            raw.append(r[0] + r[1])
+    mod, raw = max_over_ranks(mod), max_over_ranks(raw)
+    ratios = [m / r for m, r in zip(mod, raw)]
+    if parm.rank() == 0:
+        print(f"# {schedule} fuse {fuse}, forward+backward, median of {a.iters} passes each, "
+              f"alternating; ms = max over ranks", flush=True)
+        print(f"{'C++ layer via _core':<21} {statistics.median(raw):9.2f}")
+        print(f"{'parm.torch.MoE':<21} {statistics.median(mod):9.2f}")
+        print(f"{'ratio (per pass)':<21} {statistics.median(ratios):9.3f}   min "
+              f"{min(ratios):.3f} max {max(ratios):.3f}", flush=True)
+
+
+def run_plain(a, x, dout):
+    """The plain-PyTorch layer of the same maths, every expert on every rank, on its T
+    tokens."""
+    T = x.shape[0]
     params = plain.init_params(a.model_dim, a.hidden, a.experts, "cpu", torch.float32,
                                torch.Generator().manual_seed(0))
     C = plain.capacity(a.topk, a.capacity_factor, T, a.experts)
 
-    def run_plain():
+    def forward_plain():
         out, l_aux, _ = plain.moe_forward(x, params, a.topk, C)
-        (out * dout).sum().add(0.01 * l_aux).backward()
+        return out, l_aux
 
-    ms = time_passes(run_plain, a.iters, a.warmup)
-    if root:
-        print(f"{'plain PyTorch':<21} {ms:9.2f}", flush=True)
+    fwd, bwd = time_passes(forward_plain, backward_of(dout), a.iters, a.warmup)
+    report("plain PyTorch", fwd, bwd)
 
 
 if __name__ == "__main__":

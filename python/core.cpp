@@ -1,7 +1,8 @@
 // parm._core: the C++ side of the Python package (pybind11). The process (MPI) and its
-// topology, and the MoE layer over memory the caller owns: every tensor crosses as a data
-// pointer of a contiguous float32 buffer whose shape, dtype and device the Python side
-// (parm/torch.py) checked; nothing is copied here beyond what MoeLayer itself does.
+// topology, and the MoE layer over memory the caller owns: every tensor crosses as a DLPack
+// capsule, checked here (dtype, device, contiguity, shape; dlpack_tensor.h) and used in
+// place. Results are written into the caller's tensors (MoeLayer::forward_into /
+// backward_into), so nothing is copied here beyond what MoeLayer itself does.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +12,9 @@
 #include <vector>
 
 #include "comm/process.h"
+#include "dlpack_tensor.h"
+#include "kernels/cpu/kernels.h"
+#include "tensor_pool.h"
 #include "moe/moe_layer.h"
 #include "moe/reference_moe.h"
 #include "parm/error.h"
@@ -60,12 +64,24 @@ void init(int mp, int ep, int esp, int ranks_per_node, const std::string& device
   current_topology() = Topology::create(o);
 }
 
-void finalize() {
+// Set once a collective of this process failed (Timeout, CommError): MPI may still hold its
+// requests, so the process cannot finalize MPI cleanly.
+bool& comm_failed() {
+  static bool failed = false;
+  return failed;
+}
+
+// At exit: MPI_Finalize, or, after a failed collective or when `abort` (the script ended on
+// an uncaught exception), MPI_Abort, which ends every rank of the job so that none waits
+// for this one.
+void finalize(bool abort) {
+  if (mpi_started() && (abort || comm_failed())) process::abort_job(1);
   current_topology().reset();
   if (mpi_started()) process::finalize();
 }
 
-float* ptr(uintptr_t p) { return reinterpret_cast<float*>(p); }
+using py_dlpack::view;
+constexpr const char* kLayerOp = "parm.torch.MoE";
 
 // One MoE layer for T tokens per MP group, over caller-owned parameters and gradients.
 class PyLayer {
@@ -92,54 +108,61 @@ class PyLayer {
            (layer_->schedule().fused ? "+fused" : "");
   }
 
-  // The layer computes on these buffers (views; the caller keeps them alive and unmoved).
-  void set_params(uintptr_t wg, uintptr_t w1, uintptr_t b1, uintptr_t w2, uintptr_t b2) {
-    point(layer_->params(), wg, w1, b1, w2, b2);
+  // The layer computes on these tensors' memory (the caller keeps them alive and unmoved
+  // while the layer uses them).
+  void set_params(const py::capsule& wg, const py::capsule& w1, const py::capsule& b1,
+                  const py::capsule& w2, const py::capsule& b2) {
+    point(layer_->params(), "", wg, w1, b1, w2, b2);
   }
-  void set_grads(uintptr_t wg, uintptr_t w1, uintptr_t b1, uintptr_t w2, uintptr_t b2) {
-    point(layer_->grads(), wg, w1, b1, w2, b2);
+  void set_grads(const py::capsule& wg, const py::capsule& w1, const py::capsule& b1,
+                 const py::capsule& w2, const py::capsule& b2) {
+    point(layer_->grads(), "gradient of ", wg, w1, b1, w2, b2);
   }
 
-  // out (T, M) for x (T, M); returns l_aux.
-  float forward(uintptr_t x, uintptr_t out) {
-    const auto& s = layer_->shape();
-    const Device d = layer_->device();
+  // out (T, M) for x (T, M), written into out's memory; returns l_aux.
+  float forward(const py::capsule& x, const py::capsule& out) {
+    const Tensor xv = view(x, kLayerOp, "x", device(), tokens_shape());
+    const Tensor ov = view(out, kLayerOp, "the output", device(), tokens_shape());
     {
       py::gil_scoped_release nogil;
-      const Tensor& y = layer_->forward(Tensor::view(ptr(x), {s.tokens, s.model_dim}, d));
-      Tensor::view(ptr(out), y.shape(), d).copy_from(y);
+      layer_->forward_into(xv, ov);
     }
     ++forwards_;
     return layer_->l_aux();
   }
-  // dx (T, M) for dout (T, M) of forward number `forward_id`; the gradients go into the
-  // buffers of set_grads (overwritten, not accumulated).
-  void backward(int64_t forward_id, uintptr_t dout, float dl_aux, uintptr_t dx) {
+  // dx (T, M), written into dx's memory, for dout (T, M) of forward number `forward_id`; the
+  // gradients go into the tensors of set_grads (overwritten, not accumulated).
+  void backward(int64_t forward_id, const py::capsule& dout, float dl_aux,
+                const py::capsule& dx) {
     if (forward_id != forwards_)
       throw Error(fmt::format(
           "parm.torch.MoE: backward of forward {} but the layer has run forward {} since; "
           "the layer keeps the state of its last forward only, so call backward before the "
           "next forward with the same number of tokens",
           forward_id, forwards_));
-    const auto& s = layer_->shape();
-    const Device d = layer_->device();
+    const Tensor dv = view(dout, kLayerOp, "the output gradient", device(), tokens_shape());
+    const Tensor dxv = view(dx, kLayerOp, "the input gradient", device(), tokens_shape());
     py::gil_scoped_release nogil;
     layer_->zero_grad();
-    const Tensor& g = layer_->backward(Tensor::view(ptr(dout), {s.tokens, s.model_dim}, d),
-                                       dl_aux);
-    Tensor::view(ptr(dx), g.shape(), d).copy_from(g);
+    layer_->backward_into(dv, dl_aux, dxv);
   }
   int64_t forwards() const { return forwards_; }
 
  private:
-  static void point(MoeLayerParams& p, uintptr_t wg, uintptr_t w1, uintptr_t b1, uintptr_t w2,
-                    uintptr_t b2) {
-    const Device d = p.wg.device();
-    p.wg = Tensor::view(ptr(wg), p.wg.shape(), d);
-    p.experts.w1 = Tensor::view(ptr(w1), p.experts.w1.shape(), d);
-    p.experts.b1 = Tensor::view(ptr(b1), p.experts.b1.shape(), d);
-    p.experts.w2 = Tensor::view(ptr(w2), p.experts.w2.shape(), d);
-    p.experts.b2 = Tensor::view(ptr(b2), p.experts.b2.shape(), d);
+  Device device() const { return layer_->device(); }
+  Shape tokens_shape() const { return {layer_->shape().tokens, layer_->shape().model_dim}; }
+  // Points p at the five tensors after checking all of them (p is left as it was when one
+  // is refused). prefix: "" or "gradient of ", for the messages.
+  void point(MoeLayerParams& p, const std::string& prefix, const py::capsule& wg,
+             const py::capsule& w1, const py::capsule& b1, const py::capsule& w2,
+             const py::capsule& b2) const {
+    auto v = [&](const py::capsule& c, const char* name, const Tensor& now) {
+      return view(c, kLayerOp, (prefix + name).c_str(), device(), now.shape());
+    };
+    MoeLayerParams n{v(wg, "wg", p.wg),
+                     {v(w1, "w1", p.experts.w1), v(b1, "b1", p.experts.b1),
+                      v(w2, "w2", p.experts.w2), v(b2, "b2", p.experts.b2)}};
+    p = n;
   }
 
   std::shared_ptr<Topology> topo_;
@@ -150,17 +173,18 @@ class PyLayer {
 // The whole parameters of seed `seed` (as check-layer and the trainer draw them) into
 // caller buffers of the whole shapes.
 void init_params(int64_t model_dim, int64_t hidden, int64_t experts, uint64_t seed,
-                 uintptr_t wg, uintptr_t w1, uintptr_t b1, uintptr_t w2, uintptr_t b2) {
+                 const py::capsule& wg, const py::capsule& w1, const py::capsule& b1,
+                 const py::capsule& w2, const py::capsule& b2) {
+  const int64_t M = model_dim, H = hidden, E = experts;
+  Tensor dst[] = {view(wg, kLayerOp, "wg", Device::kCpu, {M, E}),
+                  view(w1, kLayerOp, "w1", Device::kCpu, {E, M, H}),
+                  view(b1, kLayerOp, "b1", Device::kCpu, {E, H}),
+                  view(w2, kLayerOp, "w2", Device::kCpu, {E, H, M}),
+                  view(b2, kLayerOp, "b2", Device::kCpu, {E, M})};
   const MoeShape shape = MoeShape::of(1, model_dim, hidden, experts, 1, "1");
   const auto p = ref::init_params<float>(shape, seed);
-  auto put = [](const std::vector<float>& v, uintptr_t dst) {
-    std::copy(v.begin(), v.end(), ptr(dst));
-  };
-  put(p.wg, wg);
-  put(p.w1, w1);
-  put(p.b1, b1);
-  put(p.w2, w2);
-  put(p.b2, b2);
+  const std::vector<float>* src[] = {&p.wg, &p.w1, &p.b1, &p.w2, &p.b2};
+  for (size_t i = 0; i < 5; ++i) std::copy(src[i]->begin(), src[i]->end(), dst[i].data());
 }
 
 // The cost model's pick among `kinds` x `fuse_modes` for this shape on the current topology
@@ -193,7 +217,11 @@ PYBIND11_MODULE(_core, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Timeout& e) {
+      comm_failed() = true;
       timeout_error(e.what());
+    } catch (const CommError& e) {
+      comm_failed() = true;
+      PyErr_SetString(PyExc_RuntimeError, e.what());
     } catch (const InvalidConfig& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const Error& e) {
@@ -203,7 +231,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("init", &init, py::arg("mp"), py::arg("ep"), py::arg("esp"), py::arg("ranks_per_node"),
         py::arg("device"), py::arg("timeout"));
-  m.def("finalize", &finalize);
+  m.def("finalize", &finalize, py::arg("abort") = false);
   m.def("initialized", [] { return current_topology() != nullptr; });
   m.def("rank", [] { return topology("parm.rank()").world_rank(); });
   m.def("world_size", [] { return topology("parm.world_size()").layout().world; });
@@ -221,16 +249,29 @@ PYBIND11_MODULE(_core, m) {
     return group_coord(t.layout(), parse_group(group), t.world_rank()).rank;
   });
   m.def("device", [] { return std::string(device_name(topology("parm.device()").device())); });
-  // Sum of n floats at host address p over this rank's group `group` (in place).
-  m.def("allreduce_sum", [](uintptr_t p, int64_t n, const std::string& group) {
+  // Sum of a float32 CPU tensor over this rank's group `group`, in place.
+  m.def("allreduce_sum", [](const py::capsule& t, const std::string& group) {
     Communicator& c = topology("parm.allreduce_sum()").host_comm(parse_group(group));
+    Tensor v = view(t, "parm.allreduce_sum", "the tensor", Device::kCpu);
     py::gil_scoped_release nogil;
-    c.allreduce(ptr(p), static_cast<size_t>(n));
-  }, py::arg("p"), py::arg("n"), py::arg("group") = "world");
-  // Tests: throws Parm's error of `kind` ("timeout", "config", "error") with `message`, to
-  // check the translation into Python exceptions without a stuck job.
+    c.allreduce(v.data(), static_cast<size_t>(v.numel()));
+  }, py::arg("tensor"), py::arg("group") = "world");
+  // A float32 tensor of `shape` on the layer's device whose memory Parm owns (tensor_pool.h),
+  // as a DLPack capsule for torch.utils.dlpack.from_dlpack.
+  m.def("empty", [](const std::vector<int64_t>& shape) {
+    return py_dlpack::take(shape, topology("parm._core.empty()").device());
+  });
+  m.def("pooled", &py_dlpack::pooled);
+  // Threads of the CPU GEMMs (for every thread of the process; OpenMP's count of the thread
+  // that calls them is set to it, which torch's intra-op count in that thread is too).
+  m.def("set_gemm_threads", &cpu::set_gemm_threads);
+  // CUDA builds: the GPU of this rank and its compute stream (for t.__dlpack__(stream=)).
+  m.def("cuda_device", &py_dlpack::cuda_ordinal);
+  m.def("cuda_stream", &py_dlpack::cuda_stream);
+  // Tests: throws Parm's error of `kind` ("config", "error") with `message`, to check the
+  // translation into Python exceptions (a Timeout comes from a real stuck collective:
+  // tests/python/stuck_collective.py).
   m.def("_throw_for_test", [](const std::string& kind, const std::string& message) {
-    if (kind == "timeout") throw Timeout(message);
     if (kind == "config") throw InvalidConfig(message);
     throw Error(message);
   });

@@ -11,9 +11,12 @@ once, then build ``parm.torch.MoE`` layers::
 
 Parm's errors arrive as Python exceptions: an invalid configuration or layout raises
 ValueError, a watchdog timeout parm.TimeoutError, any other failure RuntimeError, each with
-Parm's message. Everything but ``init`` raises RuntimeError before ``parm.init``.
+Parm's message. Everything but ``init`` raises RuntimeError before ``parm.init``. A script
+that ends on an uncaught exception, or after a collective failed (timed out), ends the whole
+job at exit (MPI_Abort, exit code 1), so no other rank waits for it.
 """
 import atexit
+import sys
 
 from . import _core
 
@@ -35,8 +38,39 @@ def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300):
             raise ValueError(f"parm.init: {name} must be an int, got {v!r}")
     if ranks_per_node is not None and (not isinstance(ranks_per_node, int) or ranks_per_node < 1):
         raise ValueError(f"parm.init: ranks_per_node must be None or an int >= 1, got {ranks_per_node!r}")
+    if device == "cuda":
+        import torch  # the layer's tensors are torch's: its CUDA must be there too
+
+        if not torch.cuda.is_available():
+            raise ValueError("parm.init(device='cuda'): this torch has no usable CUDA "
+                             "(torch.cuda.is_available() is False); use device='cpu'")
     _core.init(mp, ep, esp, 0 if ranks_per_node is None else ranks_per_node, str(device),
                float(timeout))
+    global _cuda_stream
+    _cuda_stream = None
+    if _core.device() == "cuda":
+        # torch's "cuda" is then this rank's GPU, and tensors cross on Parm's stream.
+        _cuda_stream = _core.cuda_stream()
+        torch.cuda.set_device(_core.cuda_device())
+
+
+_cuda_stream = None  # Parm's compute stream (an int, DLPack's convention) under device="cuda"
+
+
+def _dlpack(tensor, what, op):
+    """tensor's DLPack capsule for parm._core, which checks it (dtype, device, contiguity,
+    shape) and uses its memory in place: borrowed, tensor keeps owning the memory. A CUDA
+    tensor is exported for Parm's compute stream, so that stream first waits for the work
+    torch queued on the tensor (the DLPack stream protocol of tensor.__dlpack__)."""
+    import torch  # parm itself runs without torch; tensors are torch's
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{op}: {what} must be a torch.Tensor, got {type(tensor).__name__}")
+    stream = _cuda_stream if tensor.device.type == "cuda" else None
+    try:
+        return tensor.detach().__dlpack__(stream)
+    except (RuntimeError, TypeError) as e:  # sparse layouts, conjugate bit, ...
+        raise ValueError(f"{op}: {what} cannot be shared with Parm: {e}") from None
 
 
 def initialized():
@@ -74,15 +108,8 @@ def allreduce_sum(tensor, group="world"):
     """Sums a contiguous float32 CPU torch tensor over this rank's group `group` in place
     (Parm's host communicator of that group, with its watchdog): what data-parallel training
     needs for the gradients (dense ones over "world" or "dp", expert shards over "edp").
-    Collective over the group."""
-    import torch  # parm itself runs without torch; this helper takes torch tensors
-
-    if tensor.dtype != torch.float32 or tensor.device.type != "cpu" \
-            or not tensor.is_contiguous():
-        raise ValueError(f"parm.allreduce_sum: needs a contiguous float32 CPU tensor, got "
-                         f"{tensor.dtype} on {tensor.device}"
-                         f"{'' if tensor.is_contiguous() else ', not contiguous'}")
-    _core.allreduce_sum(tensor.data_ptr(), tensor.numel(), group)
+    Collective over the group. Anything else is refused with ValueError."""
+    _core.allreduce_sum(_dlpack(tensor, "the tensor", "parm.allreduce_sum"), group)
     return tensor
 
 
@@ -91,4 +118,22 @@ def device():
     return _core.device()
 
 
-atexit.register(_core.finalize)
+_uncaught = False  # the script is ending on an uncaught exception
+
+
+def _note_uncaught(kind, value, tb, _previous=sys.excepthook):
+    global _uncaught
+    _uncaught = True
+    _previous(kind, value, tb)
+
+
+def _at_exit():
+    # After an uncaught exception or a failed collective the other ranks may be waiting for
+    # this one: MPI_Abort ends the whole job (exit code 1) instead of leaving them to hang.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _core.finalize(abort=_uncaught)
+
+
+sys.excepthook = _note_uncaught
+atexit.register(_at_exit)

@@ -1,50 +1,77 @@
 """parm.torch.MoE: Parm's distributed MoE layer (SPEC §2, schedules of SPEC §3) as a
 torch.nn.Module.
 
-Tensors cross into Parm as data pointers, without copies: the input, the parameters and
-the buffers the outputs and gradients are written into are the caller's torch tensors.
-They must be contiguous float32 tensors on parm.device(); anything else is refused with a
-ValueError (nothing is converted silently). The C++ layer copies x into its own step buffer
-and the output out of it, as it does for its other callers.
+Tensors cross into Parm as DLPack capsules, without copies: the input, the parameters, and
+the tensors the output, the input gradient and the parameter gradients are written into are
+torch tensors whose memory Parm computes on in place. Parm checks each (parm/_core:
+python/dlpack_tensor.cpp): a contiguous float32 tensor on parm.device() (device="cuda":
+this rank's GPU) of the expected shape; anything else is refused with a ValueError naming
+what is wrong (nothing is converted or made contiguous silently). The C++ layer copies x
+into its own step buffer (it keeps it for the backward pass), as it does for its other
+callers; the output is written straight into the returned tensor.
 """
 import math
 
 import torch
+import torch.utils.dlpack
 
-from . import _core
+from . import _core, _dlpack
 
 _SCHEDULES = ("auto", "baseline", "s1", "s2")
 _FUSE = ("auto", "on", "off")
 _PARAMS = ("wg", "w1", "b1", "w2", "b2")
 
 
-def _check_tensor(name, t, device):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"parm.torch.MoE: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32:
-        raise ValueError(f"parm.torch.MoE: {name} has dtype {t.dtype}; the layer takes "
-                         f"torch.float32 (convert with .float())")
-    if t.device.type != device:
-        raise ValueError(f"parm.torch.MoE: {name} is on {t.device}; the layer computes on "
-                         f"{device} (parm.init(device=...))")
-    if not t.is_contiguous():
-        raise ValueError(f"parm.torch.MoE: {name} with shape {tuple(t.shape)} and strides "
-                         f"{t.stride()} is not contiguous; pass x.contiguous()")
+_OP = "parm.torch.MoE"
 
 
-def _ptrs(tensors):
-    return [t.data_ptr() for t in tensors]
+_gemm_threads = None  # what Parm's CPU GEMMs were last told
+
+
+def _follow_torch_threads():
+    """Parm's CPU GEMMs run with torch's intra-op thread count (torch.get_num_threads(): set
+    by torch.set_num_threads or OMP_NUM_THREADS; torchrun and scripts/parmrun set 1 per
+    rank). Both run on the process's one OpenMP runtime, whose count per calling thread is
+    shared: Parm setting its own (1 per rank by default) would change torch's."""
+    global _gemm_threads
+    n = torch.get_num_threads()
+    if n != _gemm_threads:
+        _core.set_gemm_threads(n)
+        _gemm_threads = n
+
+
+def _flat(t):
+    """t as (T, M) where its memory allows; otherwise t itself, which Parm refuses naming
+    its strides."""
+    return t.view(-1, t.shape[-1]) if t.is_contiguous() else t
+
+
+def _empty(shape):
+    """An uninitialised float32 tensor on the layer's device in memory Parm owns and reuses
+    once torch frees the tensor (python/tensor_pool.h): already-mapped memory for the
+    outputs and gradients the layer writes, without copies."""
+    return torch.utils.dlpack.from_dlpack(_core.empty(list(shape)))
+
+
+def _dl(tensors, names):
+    return [_dlpack(t, n, _OP) for t, n in zip(tensors, names)]
 
 
 class _MoEFunction(torch.autograd.Function):
     """out, l_aux = layer(x) with the parameters as inputs, so that autograd sees them (and
-    refuses a backward after they were changed in place)."""
+    refuses a backward after they were changed in place). x: (T, M) or (B, L, M); out: None
+    (a new tensor) or the tensor of x's shape to write the output into (marked modified in
+    place)."""
 
     @staticmethod
-    def forward(ctx, x, layer, *params):
-        layer.set_params(*_ptrs(params))
-        out = torch.empty_like(x)
-        l_aux = layer.forward(x.data_ptr(), out.data_ptr())
+    def forward(ctx, x, layer, out, *params):
+        _follow_torch_threads()
+        layer.set_params(*_dl(params, _PARAMS))
+        if out is None:
+            out = _empty(x.shape)
+        else:
+            ctx.mark_dirty(out)
+        l_aux = layer.forward(_dlpack(_flat(x), "x", _OP), _dlpack(_flat(out), "out", _OP))
         ctx.layer = layer
         ctx.forward_id = layer.forwards()
         ctx.save_for_backward(*params)
@@ -52,15 +79,18 @@ class _MoEFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dl_aux):
-        params = ctx.saved_tensors
+        params = ctx.saved_tensors  # what the layer's last forward (ctx.forward_id) read
         layer = ctx.layer
+        # Autograd's incoming gradient may be an expanded or strided view; the layer reads
+        # (T, M) row-major (the one copy here, and only for such a view).
         dout = dout.contiguous()
-        grads = [torch.empty_like(p) for p in params]
-        dx = torch.empty_like(dout)
-        layer.set_params(*_ptrs(params))
-        layer.set_grads(*_ptrs(grads))
-        layer.backward(ctx.forward_id, dout.data_ptr(), float(dl_aux), dx.data_ptr())
-        return (dx, None, *grads)
+        grads = [_empty(p.shape) for p in params]
+        dx = _empty(dout.shape)
+        _follow_torch_threads()
+        layer.set_grads(*_dl(grads, _PARAMS))
+        layer.backward(ctx.forward_id, _dlpack(_flat(dout), "the output gradient", _OP),
+                       float(dl_aux), _dlpack(_flat(dx), "the input gradient", _OP))
+        return (dx, None, None, *grads)
 
 
 class MoE(torch.nn.Module):
@@ -75,9 +105,12 @@ class MoE(torch.nn.Module):
     expert products, "fp32" or "bf16". seed: the parameters' initial values (the same draws
     as `parm check-layer --seed`).
 
-    forward(x): x (T, M) or (B, L, M), the tokens of this rank's MP group (the same x on
-    every rank of the group); returns the output of the same shape and sets self.l_aux, the
-    auxiliary loss, a 0-d tensor in the autograd graph.
+    forward(x, out=None): x (T, M) or (B, L, M), the tokens of this rank's MP group (the
+    same x on every rank of the group); returns the output of the same shape and sets
+    self.l_aux, the auxiliary loss, a 0-d tensor in the autograd graph. The layer writes the
+    output straight into the returned tensor's memory: a new one, or `out` (a contiguous
+    float32 tensor of x's shape on the layer's device that does not require grad) when
+    given, which is then returned (modified in place).
 
     Parameters: wg (M, E) whole on every rank; w1 (E/ep, M, H/esp), b1 (E/ep, H/esp),
     w2 (E/ep, H/esp, M), b2 (E/ep, M): this rank's expert shards. Their .grad is this rank's
@@ -137,7 +170,7 @@ class MoE(torch.nn.Module):
         self.schedule_used = None  # what the last forward ran: "s2+fused", "baseline", ...
 
         whole = self._empty_whole()
-        _core.init_params(model_dim, hidden, experts, seed, *_ptrs(whole.values()))
+        _core.init_params(model_dim, hidden, experts, seed, *_dl(whole.values(), _PARAMS))
         shards = self._shards_of(whole)
         for name in _PARAMS:
             setattr(self, name, torch.nn.Parameter(shards[name].to(self._device).contiguous()))
@@ -164,21 +197,27 @@ class MoE(torch.nn.Module):
         self.schedule_used = layer.schedule_name()
         return layer
 
-    def forward(self, x):
-        _check_tensor("x", x, self._device)
+    def forward(self, x, out=None):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{_OP}: x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() not in (2, 3) or x.shape[-1] != self.model_dim:
-            raise ValueError(f"parm.torch.MoE: x has shape {tuple(x.shape)}; the layer takes "
+            raise ValueError(f"{_OP}: x has shape {tuple(x.shape)}; the layer takes "
                              f"(T, {self.model_dim}) or (B, L, {self.model_dim})")
-        x2 = x.view(-1, self.model_dim)
-        if x2.shape[0] < 1:
-            raise ValueError(f"parm.torch.MoE: x has shape {tuple(x.shape)}: no tokens")
-        params = [getattr(self, n) for n in _PARAMS]
-        for n, p in zip(_PARAMS, params):
-            _check_tensor(n, p, self._device)
-        layer = self._layer_for(x2.shape[0])
-        out, l_aux = _MoEFunction.apply(x2, layer, *params)
+        tokens = x.numel() // self.model_dim
+        if tokens < 1:
+            raise ValueError(f"{_OP}: x has shape {tuple(x.shape)}: no tokens")
+        if out is not None:
+            if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+                raise ValueError(f"{_OP}: out must be a tensor of x's shape {tuple(x.shape)}, "
+                                 f"got {tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+            if out.requires_grad or out._base is not None:
+                raise ValueError(f"{_OP}: out must be a tensor that does not require grad and "
+                                 f"is not a view of another (autograd's rule for a tensor a "
+                                 f"function overwrites and returns with another output)")
+        layer = self._layer_for(tokens)
+        y, l_aux = _MoEFunction.apply(x, layer, out, *[getattr(self, n) for n in _PARAMS])
         self.l_aux = l_aux
-        return out.view(x.shape)
+        return y
 
     def extra_repr(self):
         return (f"model_dim={self.model_dim}, hidden={self.hidden}, experts={self.experts}, "
@@ -221,7 +260,7 @@ class MoE(torch.nn.Module):
             if self._esp_rank == 0:
                 dst["b2"].copy_(src["b2"])
         for n in ("w1", "b1", "w2", "b2"):
-            _core.allreduce_sum(whole[n].data_ptr(), whole[n].numel())
+            _core.allreduce_sum(_dlpack(whole[n], n, _OP))
         whole["wg"] = src["wg"].clone()
         return whole
 

@@ -227,6 +227,38 @@ const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux) {
   return dbufs_[static_cast<size_t>(schedule_.input)];
 }
 
+namespace {
+// Runs pass() with the tensor in `slot` replaced by `target` (same shape and device), and
+// puts the layer's own back afterwards, also when pass() throws.
+template <class Pass>
+void with_buffer(Tensor& slot, const Tensor& target, const char* what, Pass pass) {
+  PARM_CHECK(target.shape() == slot.shape() && target.device() == slot.device(),
+             "MoE layer {}: {} on {} given, the layer writes {} on {}", what,
+             shape_str(target.shape()), device_name(target.device()), shape_str(slot.shape()),
+             device_name(slot.device()));
+  struct Restore {
+    Tensor& slot;
+    Tensor own;
+    ~Restore() { slot = own; }
+  } restore{slot, slot};
+  slot = target;
+  pass();
+}
+}  // namespace
+
+void MoeLayer::forward_into(const Tensor& x, const Tensor& out) {
+  // The input buffer is read again by the backward pass, so it must stay the layer's own.
+  PARM_CHECK(schedule_.output != schedule_.input, "MoE layer: the schedule's output is its input");
+  with_buffer(bufs_[static_cast<size_t>(schedule_.output)], out, "output",
+              [&] { forward(x); });
+}
+
+void MoeLayer::backward_into(const Tensor& dout, float dl_aux, const Tensor& dx) {
+  PARM_CHECK(schedule_.output != schedule_.input, "MoE layer: the schedule's output is its input");
+  with_buffer(dbufs_[static_cast<size_t>(schedule_.input)], dx, "input gradient",
+              [&] { backward(dout, dl_aux); });
+}
+
 void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {
   const auto i = static_cast<size_t>(&s - schedule_.steps.data());
   const Move move = schedule::step_move(s.kind, backward);

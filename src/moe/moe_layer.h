@@ -60,6 +60,11 @@ class MoeLayer {
   // dx (T, M) for dout (T, M) and the gradient dl_aux of the loss with respect to l_aux.
   // Accumulates (+=) the parameter gradients; the returned dx lives until the next call.
   const Tensor& backward(const Tensor& dout, float dl_aux);
+  // The same passes with their result written into `out` / `dx` (shape (T, M), on the
+  // layer's device; e.g. a view of a caller's memory) in place of the layer's own buffer,
+  // so the caller gets it without a copy. The layer keeps no reference to `out` / `dx`.
+  void forward_into(const Tensor& x, const Tensor& out);
+  void backward_into(const Tensor& dout, float dl_aux, const Tensor& dx);
   void zero_grad();
 
   // Per-step timing (default on). On a device it waits for the GPU after every step; off,

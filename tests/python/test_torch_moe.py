@@ -6,7 +6,9 @@ and every parameter gradient must match the reference within check-layer's fp32 
 (max |error| / max |reference| <= 2e-4). Then bad input must raise, never crash or hang.
 Exits non-zero on the first failure (a rank that fails makes mpirun end the others).
 """
+import ctypes
 import math
+import os
 import sys
 
 import torch
@@ -229,7 +231,8 @@ def gradcheck():
     def fn(x, *params):
         moe._layer = None  # a fresh C++ layer per call: gradcheck runs forwards between a
         # forward and its backward, and a layer keeps the state of its last forward only
-        out, l_aux = parm.torch._MoEFunction.apply(x, moe._layer_for(x.shape[0]), *params)
+        out, l_aux = parm.torch._MoEFunction.apply(x, moe._layer_for(x.shape[0]), None,
+                                                    *params)
         return out, l_aux
 
     params = [getattr(moe, n) for n in ("wg", "w1", "b1", "w2", "b2")]
@@ -271,6 +274,9 @@ def bad_input(world):
     raises(ValueError, lambda: parm.init(mp=world + 1), "invalid layout")
     raises(ValueError, lambda: parm.init(mp=0), "mp 0")
     raises(ValueError, lambda: parm.init(device="tpu"), "device name", "tpu")
+    # No GPU here (CPU torch, CPU build): device="cuda" is refused before anything starts.
+    if not torch.cuda.is_available():
+        raises(ValueError, lambda: parm.init(device="cuda"), "cuda without a GPU", "cuda")
     raises(ValueError, lambda: moe(x.half()), "float16 input", "float32")
     raises(ValueError, lambda: parm.allreduce_sum(torch.zeros(2, dtype=torch.float64)),
            "allreduce_sum of float64", "float32")
@@ -292,10 +298,123 @@ def bad_input(world):
     check(float(moe(x).abs().max()) == 0.0, "the layer did not read the parameters' memory")
 
 
+# ---- zero copy through DLPack --------------------------------------------------------------
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLManagedTensor(ctypes.Structure):  # dlpack.h (0.x): DLTensor, manager_ctx, deleter
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_keep = []  # the hand-made capsules' structs (they have no deleter)
+
+
+def dl_capsule(t, shape, device_type=1, device_id=0, byte_offset=0, name=b"dltensor"):
+    """A hand-made float32 DLPack capsule over t's memory (null strides: compact row-major),
+    claiming the given device: what a producer other than torch (or a GPU tensor) hands in."""
+    dims = (ctypes.c_int64 * len(shape))(*shape)
+    m = _DLManagedTensor(t.data_ptr(), _DLDevice(device_type, device_id), len(shape),
+                         _DLDataType(2, 32, 1), dims, None, byte_offset, None, None)
+    _keep.append((m, dims, name))
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                   ctypes.c_void_p]
+    return new(ctypes.addressof(m), name, None)
+
+
+def zero_copy(world):
+    """The layer writes its output into memory the caller's tensor owns, reads the caller's
+    memory in place, and refuses what it cannot use in place."""
+    parm.init(1, world, 1)
+    moe = parm.torch.MoE(M, H, E, topk=2, schedule="s2", fuse="off", seed=5)
+    x = torch.randn(T, M, generator=torch.Generator().manual_seed(3))
+    # out=: the returned tensor is the caller's, written by the layer.
+    buf = torch.full((T, M), float("nan"))
+    y = moe(x, out=buf)
+    check(y.data_ptr() == buf.data_ptr(), "out=: the output is not the caller's tensor")
+    ref = moe(x).detach()
+    check(torch.equal(buf, ref), "out=: the caller's tensor does not hold the output")
+    # (B, L, M) with out= of that shape, and a backward through it.
+    x3 = x.view(2, T // 2, M).clone().requires_grad_(True)
+    buf3 = torch.empty(2, T // 2, M)
+    y3 = moe(x3, out=buf3)
+    check(y3.data_ptr() == buf3.data_ptr() and torch.equal(buf3.view(T, M), ref),
+          "out= (B, L, M): not the caller's tensor or not the output")
+    y3.sum().backward()
+    check(x3.grad is not None and bool(torch.isfinite(x3.grad).all()),
+          "backward through an out= forward gave no input gradient")
+    # Without out=, the output is memory Parm owns, handed over by DLPack: freed by torch, it
+    # returns to Parm's pool, and the next forward's output is that same memory.
+    y = moe(x)
+    p1 = y.data_ptr()
+    del y
+    y = moe(x)
+    check(y.data_ptr() == p1, "the output is not the memory Parm owns and reuses")
+    del y
+    # A new output per forward: an earlier one is not overwritten by the next forward.
+    y1 = moe(x).detach()
+    y1_copy = y1.clone()
+    moe(2 * x)
+    check(torch.equal(y1, y1_copy), "a later forward overwrote an earlier output")
+    # A DLPack capsule's memory is written in place, at its byte offset: a hand-made capsule
+    # (no strides) over all but the first 4 floats of a tensor receives the output.
+    layer = moe._layer_for(T)
+    big = torch.full((T * M + 4,), float("nan"))
+    layer.forward(dl_capsule(x, [T, M]), dl_capsule(big, [T, M], byte_offset=16))
+    check(bool(big[:4].isnan().all()) and torch.equal(big[4:].view(T, M), ref),
+          "a forward into a DLPack capsule at byte offset 16 missed its memory")
+    # Refusals, from Parm's checks of the DLTensor.
+    raises(ValueError, lambda: layer.forward(dl_capsule(x, [T, M], device_type=2),
+                                             dl_capsule(buf, [T, M])),
+           "x on a GPU (DLPack device cuda)", "cuda:0")
+    raises(ValueError, lambda: layer.forward(dl_capsule(x, [T, M]), dl_capsule(buf, [M, T])),
+           "output of the wrong shape", "shape")
+    raises(ValueError, lambda: layer.forward(dl_capsule(x, [T, M], name=b"used_dltensor"),
+                                             dl_capsule(buf, [T, M])),
+           "a consumed capsule", "used_dltensor")
+    raises(ValueError, lambda: moe(x, out=torch.empty(M, T).t().clone(
+        memory_format=torch.preserve_format)), "non-contiguous out", "contiguous")
+    raises(ValueError, lambda: moe(x, out=torch.empty(2 * T, M)[:T]), "out a view", "view")
+    raises(ValueError, lambda: moe(x, out=torch.empty(T, M, dtype=torch.float64)),
+           "float64 out", "float32")
+    raises(ValueError, lambda: moe(x, out=torch.empty(T, M + 1)), "out of another shape", "out")
+    raises(ValueError, lambda: moe(torch.randn(2, M, T // 2).transpose(1, 2)),
+           "non-contiguous (B, L, M) input", "strides")
+    raises(ValueError, lambda: moe(x.to(torch.bfloat16)), "bfloat16 input", "bfloat16")
+    raises(ValueError, lambda: moe(torch.empty(T, M, device="meta")), "input on device meta")
+    with torch.no_grad():
+        moe.w1.data = moe.w1.data.double()
+    raises(ValueError, lambda: moe(x), "float64 parameter", "w1")
+
+
+def threads():
+    """Parm's GEMMs follow torch's thread count and leave it as it was (they share the
+    process's OpenMP runtime, whose count per thread Parm would otherwise set to 1 on its
+    first GEMM when OMP_NUM_THREADS is unset). Runs before any other layer: Parm reads the
+    variable on its first GEMM, which is unset here for that (torch read it at import)."""
+    os.environ.pop("OMP_NUM_THREADS", None)
+    moe = parm.torch.MoE(M, H, E, topk=2, schedule="s2", fuse="off")
+    before = torch.get_num_threads()
+    for n in (2, 1):
+        torch.set_num_threads(n)
+        x = torch.randn(T, M, requires_grad=True)
+        moe(x).sum().backward()
+        check(torch.get_num_threads() == n,
+              f"torch threads {n} became {torch.get_num_threads()} after a forward+backward")
+    torch.set_num_threads(before)
+
+
 def exceptions():
     """Parm's error classes arrive as these Python exceptions, with Parm's message."""
-    raises(parm.TimeoutError, lambda: parm._core._throw_for_test("timeout", "rank 3 stuck"),
-           "Timeout", "rank 3 stuck")
     check(issubclass(parm.TimeoutError, TimeoutError), "parm.TimeoutError is a TimeoutError")
     raises(ValueError, lambda: parm._core._throw_for_test("config", "bad mp"), "InvalidConfig",
            "bad mp")
@@ -314,6 +433,7 @@ def main():
     before_init()
     exceptions()
     parm.init()
+    threads()
     world = parm.world_size()
     check(parm.group_ranks("world") == list(range(world)), "group_ranks('world')")
     raises(ValueError, lambda: parm.group_ranks("xp"), "group name", "xp")
@@ -323,6 +443,7 @@ def main():
     if world == 1:
         gradcheck()
     bad_input(world)
+    zero_copy(world)
     ok = not failures
     if parm.rank() == 0:
         print(f"test_torch_moe: world {world}: {cases} equivalence cases, "
