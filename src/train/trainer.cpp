@@ -102,10 +102,16 @@ std::string schedule_name(const model::LayerSchedule& s, const TrainConfig& c,
 
 TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   validate(cfg);
+  PARM_CONFIG_CHECK(cfg.parallel.pp == 1,
+                    "parallel.pp {}: this trainer holds the whole model on every rank, without "
+                    "pipeline stages; valid parallel.pp: 1",
+                    cfg.parallel.pp);
   TopologyOptions topt;
   topt.mp = cfg.parallel.mp;
   topt.ep = cfg.parallel.ep;
   topt.esp = cfg.parallel.esp;
+  topt.pp = cfg.parallel.pp;
+  topt.order = cfg.parallel.order;
   topt.ranks_per_node = cfg.parallel.ranks_per_node;
   topt.timeout_s = cfg.parallel.timeout_s;
   topt.device = parse_device(cfg.parallel.device);
