@@ -134,10 +134,6 @@ void print_stages(Topology& topo, model::Model& model, const std::vector<model::
 
 TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   validate(cfg);
-  PARM_CONFIG_CHECK(cfg.parallel.pp == 1,
-                    "parallel.pp {}: this trainer holds the whole model on every rank, without "
-                    "pipeline stages; valid parallel.pp: 1",
-                    cfg.parallel.pp);
   TopologyOptions topt;
   topt.mp = cfg.parallel.mp;
   topt.ep = cfg.parallel.ep;
