@@ -173,7 +173,11 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   const nlohmann::json model_json = model_config_json(cfg.model);
 
   TrainResult result;
-  for (const auto& s : model->schedules()) result.schedules.push_back(schedule_name(s, cfg, lay));
+  // Every MoE layer's, also those of other pipeline stages (model->schedules() has this
+  // stage's).
+  for (int64_t i = 0; i < model::num_moe_blocks(cfg.model); ++i)
+    result.schedules.push_back(
+        schedule_name(schedules[schedules.size() == 1 ? 0 : static_cast<size_t>(i)], cfg, lay));
   std::string gemm_source;
   result.gemm_gflops = gemm_gflops_for_mfu(cfg.loop.profile, world, gemm_source);
 
