@@ -103,6 +103,8 @@ class Model {
   // where lm_denominator is the number of counted positions of the whole global batch
   // (so that summing the gradients over micro-batches and DP replicas gives the gradient of
   // the global mean). Accumulates (+=) every Param::grad; does not reduce over dp/edp.
+  // forward_backward and forward need the whole model (pp = 1); a pipeline stage runs
+  // stage_forward / stage_backward (train/pipeline.h) and refuses them.
   virtual LossParts forward_backward(const Batch& batch, double lm_denominator,
                                      float loss_scale) = 0;
   // Forward only (evaluation).
