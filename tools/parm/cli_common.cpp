@@ -36,6 +36,10 @@ TopologyOptions LayoutFlags::topology() const {
   return o;
 }
 
+Layout LayoutFlags::layout(int world) const {
+  return make_layout(world, mp, ep, esp, pp, order);
+}
+
 void LayoutFlags::refuse_pp(const char* command) const {
   PARM_CONFIG_CHECK(pp == 1,
                     "{} runs one MoE layer on every rank, inside one pipeline stage: --pp {} has "

@@ -22,6 +22,8 @@ struct LayoutFlags {
 
   void add_to(CLI::App* app);
   TopologyOptions topology() const;
+  // The layout these flags give on `world` ranks (validated: refuses a bad layout or order).
+  Layout layout(int world) const;
   // The commands that run one MoE layer (or its collectives) on every rank: a pp > 1 has no
   // meaning there (the layer lives inside one stage), so it is refused before any work.
   void refuse_pp(const char* command) const;

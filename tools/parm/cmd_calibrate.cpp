@@ -66,6 +66,7 @@ int run_calibrate(CalibrateFlags f) {
       std::fflush(stdout);
     }
   };
+  f.layout.refuse_pp("calibrate");
   TopologyOptions o = f.layout.topology();
   int detected_nodes = 1;
   if (o.ranks_per_node == 0) {
