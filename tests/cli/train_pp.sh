@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pipeline-parallel training end to end (issue 21): (a) 10 steps under pp = 2 and 4 (with
-# mp, esp, ep > 1 in some) follow the single-process losses within train.sh's tolerance and
+# mp, esp, ep > 1 in some, one with pp innermost) follow the single-process losses within train.sh's tolerance and
 # print the bubble against 1F1B's; (b) a run saved under pp 2 resumes bit-exactly under pp 2
 # and on the single-process losses under pp 1 and pp 4; (c) a rank killed mid-job ends it
 # with a message naming the rank and its stage; (d) a bad --pp-split is refused.
@@ -23,12 +23,13 @@ train() { prun -n "$1" -- train --config "$tmp/cfg.json" "${@:2}"; }
 compare() { python3 "$src/tests/cli/lib/compare_losses.py" "$@" 2>&1; }
 tol=2e-4  # train.sh's: fp32 sums in another order
 
-# (a) The single process accumulates the 4 micro-batches of each step.
+# (a) The single process accumulates the 4 micro-batches of each step. The last layout puts
+# pp innermost (each stage on every other rank).
 out=$(train 1 --grad-accum 4 --metrics "$tmp/ref.jsonl")
 check "single-process reference" 0 $? "summary" "$out"
 # "<ranks> <micro-batches per replica: 4 / N_DP> <layout>"
 for layout in "2 4 --pp 2" "4 4 --pp 4" "4 4 --pp 2 --mp 2 --esp 2" "4 2 --pp 2 --ep 2" \
-              "2 4 --pp 2 --pp-split 1,3"; do
+              "2 4 --pp 2 --pp-split 1,3" "4 4 --pp 2 --mp 2 --esp 2 --order pp-mp-esp-ep-dp"; do
   set -- $layout
   n=$1
   accum=$2
