@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline-parallel training end to end (issue 21): (a) 10 steps under pp = 2 and 4 (with
-# mp, esp, ep > 1 in some, one with pp innermost) follow the single-process losses within train.sh's tolerance and
-# print the bubble against 1F1B's; (b) a run saved under pp 2 resumes bit-exactly under pp 2
-# and on the single-process losses under pp 1 and pp 4; (c) a rank killed mid-job ends it
+# mp, esp, ep > 1 in some, one with pp innermost) follow the single-process losses within
+# train.sh's tolerance and print the bubble against 1F1B's; (b) a run saved under pp 2
+# resumes bit-exactly under pp 2 and on the single-process losses under pp 1 and pp 4; (c) a rank killed mid-job ends it
 # with a message naming the rank and its stage; (d) a bad --pp-split is refused.
 #   bash train_pp.sh <path to parm> <source dir>
 source "$(dirname "$0")/lib/checks.bash" "$@"
