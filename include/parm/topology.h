@@ -1,10 +1,15 @@
-// Rank layout (SPEC §1) and the communicator of every group.
+// Rank layout (SPEC §1, docs/layout.md) and the communicator of every group.
 //
-// Dense part:  P = N_DP x N_MP. MP groups are contiguous blocks of N_MP ranks; DP is the
-//              stride-N_MP dimension.
-// MoE part:    P = N_EDP x N_EP x N_ESP. ESP groups are contiguous blocks of N_ESP ranks;
-//              EP is the stride-N_ESP dimension inside a block of N_EP x N_ESP ranks; EDP is
-//              the stride-(N_EP x N_ESP) dimension.
+// A layout is (dp, pp, mp, ep, esp) with an order: the nesting of the groups from innermost
+// to outermost, named by "mp", "esp", "ep", "dp", "pp" (default "mp-esp-ep-dp-pp").
+// Dense part:  P = N_DP x N_MP x N_PP, its dimensions nested as mp, dp, pp appear in the order.
+// MoE part:    P = N_EDP x N_EP x N_ESP x N_PP, nested as esp, ep, dp (standing for edp), pp
+//              appear in the order.
+// A rank's coordinates are the mixed-radix digits of its world rank, innermost digit first.
+// With the default order: MP groups are contiguous blocks of N_MP ranks and DP the stride-N_MP
+// dimension; ESP groups are contiguous blocks of N_ESP ranks, EP the stride-N_ESP dimension
+// inside a block of N_EP x N_ESP ranks, EDP the stride-(N_EP x N_ESP) dimension; the pp
+// stages are contiguous blocks of world/N_PP ranks (stage s = ranks [s*P/N_PP, (s+1)*P/N_PP)).
 // The layout maths is pure (testable without MPI); Topology adds the MPI communicators.
 #pragma once
 
@@ -18,23 +23,34 @@
 
 namespace parm {
 
-enum class Group { kWorld, kDp, kMp, kEp, kEsp, kEdp, kNumGroups };
+enum class Group { kWorld, kDp, kMp, kEp, kEsp, kEdp, kPp, kNumGroups };
 constexpr int kNumGroups = static_cast<int>(Group::kNumGroups);
-const char* group_name(Group g);  // "world", "dp", "mp", "ep", "esp", "edp"
+const char* group_name(Group g);  // "world", "dp", "mp", "ep", "esp", "edp", "pp"
 // Parses a group name; throws InvalidConfig listing the valid names.
 Group parse_group(const std::string& name);
 
+// The names an order nests, and the default order (SPEC §1 with pp outermost).
+constexpr int kOrderLength = 5;
+constexpr const char* kDefaultOrder = "mp-esp-ep-dp-pp";
+
 struct Layout {
   int world = 1;
-  int mp = 1, ep = 1, esp = 1;
-  int dp = 1, edp = 1;  // derived
+  int mp = 1, ep = 1, esp = 1, pp = 1;
+  int dp = 1, edp = 1;  // derived: world / (mp x pp) and world / (ep x esp x pp)
+  // Innermost first, each of kMp, kEsp, kEp, kDp, kPp once; kDp names the dp dimension of the
+  // dense part and the edp dimension of the MoE part.
+  std::array<Group, kOrderLength> order{Group::kMp, Group::kEsp, Group::kEp, Group::kDp,
+                                        Group::kPp};
 
   int group_size(Group g) const;
+  std::string order_name() const;  // e.g. "mp-esp-ep-dp-pp"
 };
 
-// Validates and derives dp and edp. Throws InvalidConfig naming the broken constraint and the
-// values that would be valid.
-Layout make_layout(int world, int mp, int ep, int esp);
+// Validates and derives dp and edp. `order` names the nesting innermost first ("mp-esp-ep-dp-pp";
+// a name whose size is 1 may be left out). Throws InvalidConfig naming the broken constraint
+// and the values (or orders) that would be valid.
+Layout make_layout(int world, int mp, int ep, int esp, int pp = 1,
+                   const std::string& order = kDefaultOrder);
 
 // Where a world rank sits in group g: `index` numbers the group instances, `rank` is the
 // position inside the group.
@@ -45,6 +61,13 @@ struct GroupCoord {
 GroupCoord group_coord(const Layout& layout, Group g, int world_rank);
 // World ranks of the members of `world_rank`'s group g, in group-rank order.
 std::vector<int> group_members(const Layout& layout, Group g, int world_rank);
+// The pipeline stage of a world rank, in [0, pp): its rank in its pp group. The pp group of a
+// rank holds the ranks at the same position in every other dimension, one per stage, in stage
+// order: group_members(layout, Group::kPp, r)[s] is r's peer in stage s.
+int stage_of(const Layout& layout, int world_rank);
+// True when the ESP groups are the MP groups (same ranks, same positions): what the baseline
+// with N_ESP = N_MP > 1 needs (its ESP shards read the MP group's duplicated tokens).
+bool esp_groups_are_mp_groups(const Layout& layout);
 
 // Node of each world rank when ranks_per_node emulates a cluster.
 std::vector<int> emulated_nodes(int world, int ranks_per_node);
@@ -60,7 +83,8 @@ const char* comm_backend_name(CommBackend b);  // "auto", "mpi", "nccl"
 CommBackend parse_comm_backend(const std::string& name);
 
 struct TopologyOptions {
-  int mp = 1, ep = 1, esp = 1;
+  int mp = 1, ep = 1, esp = 1, pp = 1;
+  std::string order = kDefaultOrder;  // see make_layout
   int ranks_per_node = 0;   // 0: detect with MPI_COMM_TYPE_SHARED
   double timeout_s = 300.0; // watchdog deadline of every operation
   // Build a one-rank topology over MPI_COMM_SELF (every group of size 1; mp, ep, esp must be

@@ -78,7 +78,7 @@ std::unique_ptr<Topology> Topology::create(const TopologyOptions& o) {
   PARM_MPI_CHECK(MPI_Comm_rank(base, &rank));
   PARM_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &job_rank));
   std::unique_ptr<Topology> t(new Topology());
-  t->layout_ = make_layout(world, o.mp, o.ep, o.esp);
+  t->layout_ = make_layout(world, o.mp, o.ep, o.esp, o.pp, o.order);
   t->world_rank_ = rank;
   // Host communicators of a cuda run tell device pointers apart (and refuse them); those of
   // a CPU run make no CUDA call.

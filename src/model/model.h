@@ -59,6 +59,33 @@ struct LossParts {
   double aux_loss = 0.0;      // sum over MoE layers of l_aux
 };
 
+// ---- Pipeline stages ---------------------------------------------------------------------
+// Under --pp N the blocks are split into N stages of consecutive blocks; the first stage also
+// holds the embeddings, the last the final LN, the head and the loss. The tied word embedding
+// (wte) lives on both the first and the last stage (Megatron's embedding group): its two
+// copies get the sum of both stages' gradients (Model::sum_tied_grads) and stay equal.
+
+// The part of the model one stage holds: blocks [begin, end).
+struct StageBlocks {
+  int stage = 0, num_stages = 1;
+  int64_t begin = 0, end = 0;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == num_stages - 1; }
+};
+StageBlocks stage_blocks(const std::vector<int64_t>& split, int stage);
+
+struct PipelineOptions {
+  // Blocks per stage, first to last (empty: balanced); model/pp_split.h checks it.
+  std::vector<int64_t> split;
+  int slots = 1;               // activation slots: micro-batches in flight on this stage
+};
+
+// A parameter of the whole model as checkpoints name it, held on this stage or not.
+struct ParamSpec {
+  std::string name;
+  Shape whole_shape;
+};
+
 // Per-MoE-layer schedule choice (the training run may pick one per layer).
 struct LayerSchedule {
   schedule::Kind kind = schedule::Kind::kS1;
@@ -76,10 +103,41 @@ class Model {
   // where lm_denominator is the number of counted positions of the whole global batch
   // (so that summing the gradients over micro-batches and DP replicas gives the gradient of
   // the global mean). Accumulates (+=) every Param::grad; does not reduce over dp/edp.
+  // forward_backward and forward need the whole model (pp = 1); a pipeline stage runs
+  // stage_forward / stage_backward (train/pipeline.h) and refuses them.
   virtual LossParts forward_backward(const Batch& batch, double lm_denominator,
                                      float loss_scale) = 0;
   // Forward only (evaluation).
   virtual LossParts forward(const Batch& batch) = 0;
+
+  // ---- One pipeline stage (forward_backward and forward are both passes of a one-stage
+  // model). A micro-batch's forward and backward use the same activation slot, in
+  // [0, PipelineOptions::slots); its activations stay there until that slot's next forward.
+  virtual const StageBlocks& stage() const = 0;
+  // Every parameter of the whole model in the fixed order of params() on one stage (the same
+  // on every layout): the checkpoint's tensor list.
+  virtual std::vector<ParamSpec> all_param_specs() const = 0;
+  // Where a non-first stage's incoming activation (T, M) goes before stage_forward(slot).
+  virtual Tensor& stage_input(int slot) = 0;
+  // Forward of one micro-batch through this stage's blocks (the first stage embeds
+  // batch.tokens; the others read stage_input(slot)). The last stage runs the head: the lm
+  // loss, and with `with_grad` the loss gradient for stage_backward (lm_denominator and
+  // loss_scale as forward_backward). Returns the lm loss (last stage; 0 elsewhere) and the
+  // l_aux of this stage's MoE layers.
+  virtual LossParts stage_forward(int slot, const Batch& batch, double lm_denominator,
+                                  float loss_scale, bool with_grad) = 0;
+  // The outgoing activation (T, M) of slot's last forward (non-last stages).
+  virtual const Tensor& stage_output(int slot) const = 0;
+  // Backward of slot's micro-batch from dy (T, M), the gradient at stage_output (ignored on
+  // the last stage, which starts from its loss). Accumulates (+=) every Param::grad; returns
+  // the gradient at the stage input (non-first stages), valid until the next call.
+  virtual const Tensor& stage_backward(int slot, const Batch& batch, const Tensor& dy,
+                                       float loss_scale) = 0;
+  // Sums the tied wte gradient of the first and last stage into both copies (point-to-point
+  // over pp). Nothing to do on other stages or under one stage.
+  virtual void sum_tied_grads() = 0;
+  // Bytes of activations this stage keeps for backward passes, all slots together.
+  virtual int64_t activation_bytes() const = 0;
   // The MoE layers' schedules, in block order.
   virtual std::vector<LayerSchedule> schedules() const = 0;
   // Per-step time split of the last forward_backward (microseconds): compute vs communication.
@@ -103,8 +161,10 @@ void validate_model(const ModelConfig& config, const Layout& layout,
 
 // The MoE layers compute on topo.device() with expert products at `precision`; the dense
 // part, the optimizer and checkpoints stay on the host.
+// Under pp > 1 the model is this rank's stage (topo's pp rank) of `pipeline.split`.
 std::unique_ptr<Model> make_model(Topology& topo, const ModelConfig& config,
                                   const std::vector<LayerSchedule>& moe_schedules,
-                                  int64_t micro_batch, Precision precision = Precision::kFp32);
+                                  int64_t micro_batch, Precision precision = Precision::kFp32,
+                                  const PipelineOptions& pipeline = {});
 
 }  // namespace parm::model

@@ -24,6 +24,7 @@
 #include "model/blocks.h"
 #include "model/init.h"
 #include "model/model.h"
+#include "model/pp_split.h"
 #include "model/tp.h"
 #include "moe/moe_layer.h"
 #include "parm/error.h"
@@ -33,6 +34,9 @@ namespace parm::model {
 namespace {
 
 constexpr float kLnEps = 1e-5f;
+// The tag of the tied-embedding gradient exchange on the pp group (the activations travel
+// with their own tags: train/pipeline.h).
+constexpr int kTiedGradTag = 7;
 
 // host += the device tensors' values (through `stage`, host tensors of the same shapes).
 void add_moe_grads(const MoeLayerParams& device, MoeLayerParams& stage, MoeLayerParams& host) {
@@ -46,6 +50,29 @@ void add_moe_grads(const MoeLayerParams& device, MoeLayerParams& stage, MoeLayer
   add(stage.experts.w2, host.experts.w2);
   add(stage.experts.b2, host.experts.b2);
 }
+
+// The activations one micro-batch leaves in a block for its backward pass. A pipeline stage
+// keeps one set per micro-batch in flight (activation slot); every other stage buffer is
+// scratch shared by the slots.
+struct BlockActs {
+  MoeLayer* moe = nullptr;         // the slot's MoE layer (it keeps its own step buffers)
+  Tensor moe_out, moe_dx;          // (T, M) MoE layer on a device: its output / input grad
+  Tensor ln1, ln1_mean, ln1_rstd;  // (T, M), (T), (T)
+  Tensor qkv;                      // (3, T, Ml): q, k, v of the local heads
+  Tensor probs;                    // (B, Hl, L, L)
+  Tensor att;                      // (T, Ml)
+  Tensor res_mid;                  // (T, M) x + attention
+  Tensor ln2, ln2_mean, ln2_rstd;  // (T, M), (T), (T)
+  Tensor fc_pre, fc_act;           // (T, Fl) dense blocks only
+
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (const Tensor* t : {&moe_out, &moe_dx, &ln1, &ln1_mean, &ln1_rstd, &qkv, &probs, &att,
+                            &res_mid, &ln2, &ln2_mean, &ln2_rstd, &fc_pre, &fc_act})
+      n += t->bytes();
+    return n;
+  }
+};
 
 struct Block {
   bool is_moe = false;
@@ -62,7 +89,9 @@ struct Block {
   Param* fc1_b = nullptr;   // local (Fl) of whole (F)
   Param* fc2_w = nullptr;   // local (Fl, M) of whole (F, M)
   Param* fc2_b = nullptr;   // (M), replicated
-  std::unique_ptr<MoeLayer> moe;
+  // One MoE layer per activation slot; slots 1.. share slot 0's parameter and gradient
+  // tensors (a Tensor copy shares storage), so they differ only in their step buffers.
+  std::vector<std::unique_ptr<MoeLayer>> moes;
   LayerSchedule sched;
   // MoE layer on a device (train --device cuda): the model's parameters, optimizer and
   // checkpoints stay on the host; these host tensors are what the MoE Params alias. Each
@@ -70,22 +99,15 @@ struct Block {
   // layer's output and input gradient come back to the host in moe_out / moe_dx.
   MoeLayerParams host_params, host_grads;
   MoeLayerParams grad_stage;  // the layer's gradients copied to the host, before the add
-  Tensor moe_out, moe_dx;     // (T, M)
 
-  // activations kept for backward
-  Tensor ln1, ln1_mean, ln1_rstd;  // (T, M), (T), (T)
-  Tensor qkv;                      // (3, T, Ml): q, k, v of the local heads
-  Tensor probs;                    // (B, Hl, L, L)
-  Tensor att;                      // (T, Ml)
-  Tensor res_mid;                  // (T, M) x + attention
-  Tensor ln2, ln2_mean, ln2_rstd;  // (T, M), (T), (T)
-  Tensor fc_pre, fc_act;           // (T, Fl) dense blocks only
+  std::vector<BlockActs> slots;  // by activation slot
+  BlockActs a;                   // the selected slot's (handles sharing its storage)
 };
 
 class Transformer final : public Model {
  public:
   Transformer(Topology& topo, const ModelConfig& c, const std::vector<LayerSchedule>& scheds,
-              int64_t micro_batch, Precision precision);
+              int64_t micro_batch, Precision precision, const StageBlocks& stage, int slots);
 
   std::vector<Param*> params() override {
     std::vector<Param*> out;
@@ -105,16 +127,41 @@ class Transformer final : public Model {
   double last_compute_us() const override { return last_compute_us_; }
   double flops_per_step(int64_t tokens) const override;
 
+  const StageBlocks& stage() const override { return stage_; }
+  std::vector<ParamSpec> all_param_specs() const override { return specs_; }
+  Tensor& stage_input(int slot) override { return res_slots_[checked(slot)].front(); }
+  LossParts stage_forward(int slot, const Batch& batch, double lm_denominator, float loss_scale,
+                          bool with_grad) override;
+  const Tensor& stage_output(int slot) const override {
+    return res_slots_[checked(slot)].back();
+  }
+  const Tensor& stage_backward(int slot, const Batch& batch, const Tensor& dy,
+                               float loss_scale) override;
+  void sum_tied_grads() override;
+  int64_t activation_bytes() const override;
+
  private:
+  // Registers a parameter of the whole model; allocates it only when this stage holds the
+  // part being built (holding_), else returns null.
   Param* add(const std::string& name, Shape whole, std::vector<Split> splits,
              std::vector<Group> replicated, Group reduce, bool decay);
   Param* add_alias(const std::string& name, Shape whole, std::vector<Split> splits,
                    std::vector<Group> replicated, Group reduce, bool decay, Tensor value,
                    Tensor grad);
-  void init_weight(Param* p, float stddev) { init_param_normal(*p, c_.seed, 0.0f, stddev); }
-  void init_bias(Param* p) { init_param_normal(*p, c_.seed, 0.0f, c_.init_bias_std); }
-  void init_gain(Param* p) { init_param_normal(*p, c_.seed, 1.0f, c_.init_bias_std); }
+  void init(Param* p, float mean, float stddev) {
+    if (p != nullptr) init_param_normal(*p, c_.seed, mean, stddev);
+  }
+  void init_weight(Param* p, float stddev) { init(p, 0.0f, stddev); }
+  void init_bias(Param* p) { init(p, 0.0f, c_.init_bias_std); }
+  void init_gain(Param* p) { init(p, 1.0f, c_.init_bias_std); }
+  void build_moe(Block& b, int64_t micro_batch, Precision precision);
 
+  size_t checked(int slot) const {
+    PARM_CHECK(slot >= 0 && slot < slots_, "activation slot {} of a stage with {} slots", slot,
+               slots_);
+    return static_cast<size_t>(slot);
+  }
+  void select_slot(int slot);
   void check_batch(const Batch& batch) const;
   void forward_body(const Batch& batch);
   double head_forward(const Batch& batch, float grad_scale, bool with_grad);
@@ -123,6 +170,12 @@ class Transformer final : public Model {
   void block_backward(Block& b, float dl_aux);  // dres_: d(out) in, d(in) out
   double moe_comm_us(bool with_backward) const;
 
+  Topology& topo_;
+  StageBlocks stage_;
+  int slots_ = 1;
+  bool holding_ = true;          // the parameters being registered live on this stage
+  std::vector<ParamSpec> specs_; // every parameter of the whole model, in order
+  int head_slot_ = -1;           // the slot whose head activations and dlogits are kept
   ModelConfig c_;
   TensorParallel tp_;
   // Precision of the dense products (bf16 on the CPU at --precision bf16; the host's dense
@@ -143,7 +196,9 @@ class Transformer final : public Model {
   Param* dec_b_ = nullptr;    // (V)
 
   // activations
-  std::vector<Tensor> res_;       // num_layers + 1 of (T, M): the residual stream
+  std::vector<std::vector<Tensor>> res_slots_;  // by slot: the residual stream at the stage's
+                                                // block boundaries, blocks + 1 of (T, M)
+  std::vector<Tensor> res_;       // the selected slot's (handles sharing its storage)
   Tensor lnf_, lnf_mean_, lnf_rstd_;  // (T, M), (T), (T)
   std::vector<int64_t> sel_;      // (Tc) rows with a target
   std::vector<int32_t> sel_tgt_;  // (Tc) their targets
@@ -165,7 +220,7 @@ class Transformer final : public Model {
 
 Param* Transformer::add(const std::string& name, Shape whole, std::vector<Split> splits,
                         std::vector<Group> replicated, Group reduce, bool decay) {
-  const Shape local = local_shape(whole, splits);
+  const Shape local = holding_ ? local_shape(whole, splits) : Shape{0};
   return add_alias(name, std::move(whole), std::move(splits), std::move(replicated), reduce,
                    decay, Tensor(local), Tensor(local));
 }
@@ -173,6 +228,8 @@ Param* Transformer::add(const std::string& name, Shape whole, std::vector<Split>
 Param* Transformer::add_alias(const std::string& name, Shape whole, std::vector<Split> splits,
                               std::vector<Group> replicated, Group reduce, bool decay,
                               Tensor value, Tensor grad) {
+  specs_.push_back({name, whole});
+  if (!holding_) return nullptr;
   auto p = std::make_unique<Param>();
   p->name = name;
   p->whole_shape = std::move(whole);
@@ -190,12 +247,29 @@ Param* Transformer::add_alias(const std::string& name, Shape whole, std::vector<
   return params_.back().get();
 }
 
+// One MoE layer per activation slot, slots 1.. sharing slot 0's parameters and gradients.
+void Transformer::build_moe(Block& b, int64_t micro_batch, Precision precision) {
+  for (int k = 0; k < slots_; ++k) {
+    b.moes.push_back(std::make_unique<MoeLayer>(topo_, moe_shape(c_, micro_batch), b.sched.kind,
+                                                b.sched.fuse, b.sched.chunks, precision));
+    if (k > 0) {
+      b.moes[static_cast<size_t>(k)]->params() = b.moes[0]->params();
+      b.moes[static_cast<size_t>(k)]->grads() = b.moes[0]->grads();
+    }
+    b.slots[static_cast<size_t>(k)].moe = b.moes.back().get();
+  }
+}
+
 Transformer::Transformer(Topology& topo, const ModelConfig& c,
                          const std::vector<LayerSchedule>& scheds, int64_t micro_batch,
-                         Precision precision)
-    : c_(c),
+                         Precision precision, const StageBlocks& stage, int slots)
+    : topo_(topo),
+      stage_(stage),
+      slots_(slots),
+      c_(c),
       tp_(topo.host_comm(Group::kMp)),
       dense_(topo.device() == Device::kCpu ? precision : Precision::kFp32) {
+  PARM_CHECK(slots >= 1, "a stage needs at least one activation slot, got {}", slots);
   const Layout& lay = topo.layout();
   const int mp = lay.mp, mpr = topo.host_comm(Group::kMp).rank();
   B_ = micro_batch;
@@ -209,18 +283,28 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
   D_ = M_ / c.num_heads;
   const std::vector<Group> kRep = {Group::kDp, Group::kMp};  // replicated dense
   const std::vector<Group> kMpSplit = {Group::kDp};          // split over mp
+  // The tied word embedding: one copy on the first stage, one on the last; the first owns it.
+  std::vector<Group> kRepTied = kRep;
+  if (stage.num_stages > 1) kRepTied.push_back(Group::kPp);
   // A residual projection's init is scaled down by the number of residual additions (GPT-2).
   const float proj_std = c.init_std / std::sqrt(2.0f * static_cast<float>(c.num_layers));
+  auto make_acts = [&](auto&& fill) {
+    for (int k = 0; k < slots_; ++k) fill(k);
+  };
 
-  wte_ = add("wte.weight", {V_, M_}, {}, kRep, Group::kDp, true);
+  holding_ = stage.first() || stage.last();
+  wte_ = add("wte.weight", {V_, M_}, {}, kRepTied, Group::kDp, true);
+  holding_ = stage.first();
   wpe_ = add("wpe.weight", {L_, M_}, {}, kRep, Group::kDp, true);
   init_weight(wte_, c.init_std);
   init_weight(wpe_, c.init_std);
 
   int moe_index = 0;
-  blocks_.resize(static_cast<size_t>(c.num_layers));
+  blocks_.resize(static_cast<size_t>(stage.end - stage.begin));
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    Block& b = blocks_[static_cast<size_t>(i)];
+    holding_ = i >= stage.begin && i < stage.end;
+    Block scratch;  // a block of another stage: its parameters are registered, not built
+    Block& b = holding_ ? blocks_[static_cast<size_t>(i - stage.begin)] : scratch;
     const std::string pre = "blocks." + std::to_string(i) + ".";
     b.is_moe = is_moe_block(c, i);
     b.ln1_w = add(pre + "ln1.weight", {M_}, {}, kRep, Group::kDp, false);
@@ -240,16 +324,22 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     init_gain(b.ln2_w);
     init_bias(b.ln2_b);
 
-    b.ln1 = Tensor({T_, M_});
-    b.ln1_mean = Tensor({T_});
-    b.ln1_rstd = Tensor({T_});
-    b.qkv = Tensor({3, T_, Ml_});
-    b.probs = Tensor({B_, Hl_, L_, L_});
-    b.att = Tensor({T_, Ml_});
-    b.res_mid = Tensor({T_, M_});
-    b.ln2 = Tensor({T_, M_});
-    b.ln2_mean = Tensor({T_});
-    b.ln2_rstd = Tensor({T_});
+    if (holding_) {
+      b.slots.resize(static_cast<size_t>(slots_));
+      make_acts([&](int k) {
+        BlockActs& a = b.slots[static_cast<size_t>(k)];
+        a.ln1 = Tensor({T_, M_});
+        a.ln1_mean = Tensor({T_});
+        a.ln1_rstd = Tensor({T_});
+        a.qkv = Tensor({3, T_, Ml_});
+        a.probs = Tensor({B_, Hl_, L_, L_});
+        a.att = Tensor({T_, Ml_});
+        a.res_mid = Tensor({T_, M_});
+        a.ln2 = Tensor({T_, M_});
+        a.ln2_mean = Tensor({T_});
+        a.ln2_rstd = Tensor({T_});
+      });
+    }
 
     if (!b.is_moe) {
       const int64_t F = c.ffn_hidden;
@@ -261,8 +351,11 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
       init_bias(b.fc1_b);
       init_weight(b.fc2_w, proj_std);
       init_bias(b.fc2_b);
-      b.fc_pre = Tensor({T_, Fl_});
-      b.fc_act = Tensor({T_, Fl_});
+      if (holding_)
+        make_acts([&](int k) {
+          b.slots[static_cast<size_t>(k)].fc_pre = Tensor({T_, Fl_});
+          b.slots[static_cast<size_t>(k)].fc_act = Tensor({T_, Fl_});
+        });
       continue;
     }
 
@@ -270,23 +363,31 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
               : scheds.size() == 1 ? scheds[0]
                                    : scheds[static_cast<size_t>(moe_index)];
     ++moe_index;
-    b.moe = std::make_unique<MoeLayer>(topo, moe_shape(c, micro_batch), b.sched.kind,
-                                       b.sched.fuse, b.sched.chunks, precision);
-    MoeLayer& m = *b.moe;
-    MoeLayerParams* values = &m.params();
-    MoeLayerParams* grads = &m.grads();
-    if (m.device() != Device::kCpu) {
-      b.host_params = params_on(m.params(), Device::kCpu);
-      b.host_grads = params_on(m.grads(), Device::kCpu);
-      b.grad_stage = params_on(m.grads(), Device::kCpu);
-      b.moe_out = Tensor({T_, M_});
-      b.moe_dx = Tensor({T_, M_});
-      values = &b.host_params;
-      grads = &b.host_grads;
-    }
     const int64_t E = c.experts, H = c.expert_hidden;
     const int ep = lay.ep, esp = lay.esp;
-    const int epr = static_cast<int>(m.first_expert() / (E / ep)), espr = m.esp_rank();
+    MoeLayerParams none;  // another stage's layer: names and shapes only
+    MoeLayerParams* values = &none;
+    MoeLayerParams* grads = &none;
+    int epr = 0, espr = 0;
+    if (holding_) {
+      build_moe(b, micro_batch, precision);
+      MoeLayer& m = *b.moes[0];
+      values = &m.params();
+      grads = &m.grads();
+      if (m.device() != Device::kCpu) {
+        b.host_params = params_on(m.params(), Device::kCpu);
+        b.host_grads = params_on(m.grads(), Device::kCpu);
+        b.grad_stage = params_on(m.grads(), Device::kCpu);
+        make_acts([&](int k) {
+          b.slots[static_cast<size_t>(k)].moe_out = Tensor({T_, M_});
+          b.slots[static_cast<size_t>(k)].moe_dx = Tensor({T_, M_});
+        });
+        values = &b.host_params;
+        grads = &b.host_grads;
+      }
+      epr = static_cast<int>(m.first_expert() / (E / ep));
+      espr = m.esp_rank();
+    }
     auto& mp_ = *values;
     auto& mg = *grads;
     Param* wg = add_alias(pre + "moe.gate.weight", {M_, E}, {}, kRep, Group::kDp, true, mp_.wg,
@@ -306,9 +407,10 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     init_bias(b1);
     init_weight(w2, proj_std);
     init_bias(b2);
-    m.zero_grad();
+    if (holding_) b.moes[0]->zero_grad();
   }
 
+  holding_ = stage.last();
   lnf_w_ = add("lnf.weight", {M_}, {}, kRep, Group::kDp, false);
   lnf_b_ = add("lnf.bias", {M_}, {}, kRep, Group::kDp, false);
   init_gain(lnf_w_);
@@ -324,22 +426,33 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     init_gain(hln_w_);
     init_bias(hln_b_);
     init_bias(dec_b_);
-    hd_pre_ = Tensor({T_, M_});
-    hd_act_ = Tensor({T_, M_});
-    hd_ln_ = Tensor({T_, M_});
-    hd_mean_ = Tensor({T_});
-    hd_rstd_ = Tensor({T_});
+    if (holding_) {
+      hd_pre_ = Tensor({T_, M_});
+      hd_act_ = Tensor({T_, M_});
+      hd_ln_ = Tensor({T_, M_});
+      hd_mean_ = Tensor({T_});
+      hd_rstd_ = Tensor({T_});
+    }
   }
+  holding_ = true;
   for (auto& p : params_) p->grad.zero();
 
-  for (int64_t i = 0; i <= c.num_layers; ++i) res_.emplace_back(Shape{T_, M_});
-  lnf_ = Tensor({T_, M_});
-  lnf_mean_ = Tensor({T_});
-  lnf_rstd_ = Tensor({T_});
-  sel_.reserve(static_cast<size_t>(T_));
-  sel_tgt_.reserve(static_cast<size_t>(T_));
-  hsel_ = Tensor({T_, M_});
-  logits_ = Tensor({T_, V_});
+  for (int k = 0; k < slots_; ++k) {
+    res_slots_.emplace_back();
+    for (int64_t i = stage.begin; i <= stage.end; ++i) res_slots_.back().emplace_back(Shape{T_, M_});
+  }
+  select_slot(0);
+  if (stage.last()) {
+    lnf_ = Tensor({T_, M_});
+    lnf_mean_ = Tensor({T_});
+    lnf_rstd_ = Tensor({T_});
+    sel_.reserve(static_cast<size_t>(T_));
+    sel_tgt_.reserve(static_cast<size_t>(T_));
+    hsel_ = Tensor({T_, M_});
+    logits_ = Tensor({T_, V_});
+    dh1_ = Tensor({T_, M_});
+    dh2_ = Tensor({T_, M_});
+  }
   dres_ = Tensor({T_, M_});
   dtmp_ = Tensor({T_, M_});
   dln_ = Tensor({T_, M_});
@@ -347,8 +460,12 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
   datt_ = Tensor({T_, Ml_});
   dfc_ = Tensor({T_, std::max<int64_t>(Fl_, 1)});
   dscores_ = Tensor({L_, L_});
-  dh1_ = Tensor({T_, M_});
-  dh2_ = Tensor({T_, M_});
+}
+
+void Transformer::select_slot(int slot) {
+  const size_t k = checked(slot);
+  for (Block& b : blocks_) b.a = b.slots[k];
+  res_ = res_slots_[k];
 }
 
 void Transformer::check_batch(const Batch& batch) const {
@@ -366,58 +483,62 @@ void Transformer::check_batch(const Batch& batch) const {
 void Transformer::block_forward(Block& b, const Tensor& in, Tensor& out) {
   const int64_t T = T_, M = M_, Ml = Ml_;
   // attention: LN1 -> [f] -> QKV (column-parallel) -> core -> proj (row-parallel) -> [g]
-  cpu::layernorm_forward(in.data(), b.ln1_w->value.data(), b.ln1_b->value.data(), b.ln1.data(),
-                         b.ln1_mean.data(), b.ln1_rstd.data(), T, M, kLnEps);
+  cpu::layernorm_forward(in.data(), b.ln1_w->value.data(), b.ln1_b->value.data(), b.a.ln1.data(),
+                         b.a.ln1_mean.data(), b.a.ln1_rstd.data(), T, M, kLnEps);
   for (int64_t c = 0; c < 3; ++c)
-    linear_forward(b.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
-                   b.qkv_b->value.data() + c * Ml, b.qkv.data() + c * T * Ml, T, M, Ml, dense_);
+    linear_forward(b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+                   b.qkv_b->value.data() + c * Ml, b.a.qkv.data() + c * T * Ml, T, M, Ml, dense_);
   const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2, dense_};
-  attention_forward(as, b.qkv.data(), b.qkv.data() + T * Ml, b.qkv.data() + 2 * T * Ml,
-                    b.probs.data(), b.att.data());
+  attention_forward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
+                    b.a.probs.data(), b.a.att.data());
   Tensor& partial = dtmp_;  // (T, M)
-  linear_forward(b.att.data(), b.proj_w->value.data(), nullptr, partial.data(), T, Ml, M, dense_);
+  linear_forward(b.a.att.data(), b.proj_w->value.data(), nullptr, partial.data(), T, Ml, M, dense_);
   tp_.g_forward(partial.data(), T * M);
   {
     const float* x = in.data();
     const float* p = partial.data();
     const float* bias = b.proj_b->value.data();
-    float* h = b.res_mid.data();
+    float* h = b.a.res_mid.data();
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < M; ++j) h[t * M + j] = x[t * M + j] + p[t * M + j] + bias[j];
   }
   // FFN: LN2 -> dense MLP (fc1 column-parallel, fc2 row-parallel) or MoE
-  cpu::layernorm_forward(b.res_mid.data(), b.ln2_w->value.data(), b.ln2_b->value.data(),
-                         b.ln2.data(), b.ln2_mean.data(), b.ln2_rstd.data(), T, M, kLnEps);
+  cpu::layernorm_forward(b.a.res_mid.data(), b.ln2_w->value.data(), b.ln2_b->value.data(),
+                         b.a.ln2.data(), b.a.ln2_mean.data(), b.a.ln2_rstd.data(), T, M, kLnEps);
   const float* ffn = nullptr;
   if (b.is_moe) {
-    if (b.moe_out.empty()) {
-      ffn = b.moe->forward(b.ln2).data();
+    if (b.a.moe_out.empty()) {
+      ffn = b.a.moe->forward(b.a.ln2).data();
     } else {
-      copy_params(b.host_params, b.moe->params());
-      b.moe_out.copy_from(b.moe->forward(b.ln2));
-      ffn = b.moe_out.data();
+      copy_params(b.host_params, b.a.moe->params());
+      b.a.moe_out.copy_from(b.a.moe->forward(b.a.ln2));
+      ffn = b.a.moe_out.data();
     }
   } else {
-    linear_forward(b.ln2.data(), b.fc1_w->value.data(), nullptr, b.fc_pre.data(), T, M, Fl_,
+    linear_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_,
                    dense_);
-    cpu::bias_gelu_forward(b.fc_pre.data(), b.fc1_b->value.data(), b.fc_act.data(), T, Fl_);
-    linear_forward(b.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M,
+    cpu::bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
+    linear_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M,
                    dense_);
     tp_.g_forward(partial.data(), T * M);
     cpu::add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
     ffn = partial.data();
   }
-  const float* h = b.res_mid.data();
+  const float* h = b.a.res_mid.data();
   float* y = out.data();
   for (int64_t i = 0; i < T * M; ++i) y[i] = h[i] + ffn[i];
 }
 
+// The selected slot's forward through this stage: the embeddings (first stage) or the
+// stage input already in res_[0], the blocks, and the final LN (last stage).
 void Transformer::forward_body(const Batch& batch) {
-  embedding_forward(batch.tokens.data(), wte_->value.data(), wpe_->value.data(), res_[0].data(),
-                    B_, L_, M_, V_);
+  if (stage_.first())
+    embedding_forward(batch.tokens.data(), wte_->value.data(), wpe_->value.data(),
+                      res_[0].data(), B_, L_, M_, V_);
   for (size_t i = 0; i < blocks_.size(); ++i) block_forward(blocks_[i], res_[i], res_[i + 1]);
-  cpu::layernorm_forward(res_.back().data(), lnf_w_->value.data(), lnf_b_->value.data(),
-                         lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), T_, M_, kLnEps);
+  if (stage_.last())
+    cpu::layernorm_forward(res_.back().data(), lnf_w_->value.data(), lnf_b_->value.data(),
+                           lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), T_, M_, kLnEps);
 }
 
 // Runs the LM head on the rows that have a target and returns the sum of their losses; with
@@ -485,26 +606,26 @@ void Transformer::block_backward(Block& b, float dl_aux) {
   // FFN. dres_ = d out = d (res_mid + ffn).
   const float* dffn_in = nullptr;  // (T, M) gradient at LN2's output, complete on the MP group
   if (b.is_moe) {
-    if (b.moe_dx.empty()) {
-      dffn_in = b.moe->backward(dres_, dl_aux).data();
+    if (b.a.moe_dx.empty()) {
+      dffn_in = b.a.moe->backward(dres_, dl_aux).data();
     } else {
-      b.moe->zero_grad();  // the layer's gradients are this call's alone, added to the host's
-      b.moe_dx.copy_from(b.moe->backward(dres_, dl_aux));
-      add_moe_grads(b.moe->grads(), b.grad_stage, b.host_grads);
-      dffn_in = b.moe_dx.data();
+      b.a.moe->zero_grad();  // the layer's gradients are this call's alone, added to the host's
+      b.a.moe_dx.copy_from(b.a.moe->backward(dres_, dl_aux));
+      add_moe_grads(b.a.moe->grads(), b.grad_stage, b.host_grads);
+      dffn_in = b.a.moe_dx.data();
     }
   } else {
     // [g] backward is the identity: dres_ is complete, so is the bias gradient.
-    linear_backward(dres_.data(), b.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
+    linear_backward(dres_.data(), b.a.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
                     b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false, dense_);
-    cpu::gelu_backward(b.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
-    linear_backward(dfc_.data(), b.ln2.data(), b.fc1_w->value.data(), dln_.data(),
+    cpu::gelu_backward(b.a.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
+    linear_backward(dfc_.data(), b.a.ln2.data(), b.fc1_w->value.data(), dln_.data(),
                     b.fc1_w->grad.data(), b.fc1_b->grad.data(), T, M, Fl_, false, dense_);
     tp_.f_backward(dln_.data(), T * M);  // [f] backward: sum the partial input gradients
     dffn_in = dln_.data();
   }
-  cpu::layernorm_backward(dffn_in, b.res_mid.data(), b.ln2_w->value.data(), b.ln2_mean.data(),
-                          b.ln2_rstd.data(), dtmp_.data(), b.ln2_w->grad.data(),
+  cpu::layernorm_backward(dffn_in, b.a.res_mid.data(), b.ln2_w->value.data(), b.a.ln2_mean.data(),
+                          b.a.ln2_rstd.data(), dtmp_.data(), b.ln2_w->grad.data(),
                           b.ln2_b->grad.data(), T, M);
   {
     float* d = dres_.data();
@@ -512,19 +633,19 @@ void Transformer::block_backward(Block& b, float dl_aux) {
     for (int64_t i = 0; i < T * M; ++i) d[i] += a[i];
   }
   // Attention. dres_ = d res_mid.
-  linear_backward(dres_.data(), b.att.data(), b.proj_w->value.data(), datt_.data(),
+  linear_backward(dres_.data(), b.a.att.data(), b.proj_w->value.data(), datt_.data(),
                   b.proj_w->grad.data(), b.proj_b->grad.data(), T, Ml, M, false, dense_);
   const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2, dense_};
-  attention_backward(as, b.qkv.data(), b.qkv.data() + T * Ml, b.qkv.data() + 2 * T * Ml,
-                     b.probs.data(), datt_.data(), dqkv_.data(), dqkv_.data() + T * Ml,
+  attention_backward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
+                     b.a.probs.data(), datt_.data(), dqkv_.data(), dqkv_.data() + T * Ml,
                      dqkv_.data() + 2 * T * Ml, dscores_.data());
   for (int64_t c = 0; c < 3; ++c)
-    linear_backward(dqkv_.data() + c * T * Ml, b.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+    linear_backward(dqkv_.data() + c * T * Ml, b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
                     dln_.data(), b.qkv_w->grad.data() + c * M * Ml,
                     b.qkv_b->grad.data() + c * Ml, T, M, Ml, /*accumulate_dx=*/c > 0, dense_);
   tp_.f_backward(dln_.data(), T * M);
-  cpu::layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.ln1_mean.data(),
-                          b.ln1_rstd.data(), dtmp_.data(), b.ln1_w->grad.data(),
+  cpu::layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.a.ln1_mean.data(),
+                          b.a.ln1_rstd.data(), dtmp_.data(), b.ln1_w->grad.data(),
                           b.ln1_b->grad.data(), T, M);
   {
     float* d = dres_.data();
@@ -537,42 +658,78 @@ double Transformer::moe_comm_us(bool with_backward) const {
   double us = 0.0;
   for (const Block& b : blocks_) {
     if (!b.is_moe) continue;
-    const auto& steps = b.moe->schedule().steps;
+    const auto& steps = b.a.moe->schedule().steps;
     for (size_t i = 0; i < steps.size(); ++i) {
       if (!schedule::is_collective(steps[i].kind)) continue;
-      us += b.moe->forward_step_us()[i];
-      if (with_backward) us += b.moe->backward_step_us()[i];
+      us += b.a.moe->forward_step_us()[i];
+      if (with_backward) us += b.a.moe->backward_step_us()[i];
     }
   }
   return us;
 }
 
-LossParts Transformer::forward_backward(const Batch& batch, double lm_denominator,
-                                        float loss_scale) {
+LossParts Transformer::stage_forward(int slot, const Batch& batch, double lm_denominator,
+                                     float loss_scale, bool with_grad) {
   check_batch(batch);
-  const double t0 = now_us();
-  tp_.comm_us = 0.0;
+  select_slot(slot);
   LossParts out;
   forward_body(batch);
   for (const Block& b : blocks_)
-    if (b.is_moe) out.aux_loss += static_cast<double>(b.moe->l_aux());
+    if (b.is_moe) out.aux_loss += static_cast<double>(b.a.moe->l_aux());
+  if (!stage_.last()) return out;
   const int64_t counted =
       static_cast<int64_t>(std::count_if(batch.targets.begin(), batch.targets.end(),
                                          [](int32_t y) { return y >= 0; }));
-  PARM_CHECK(counted == 0 || lm_denominator > 0.0,
+  PARM_CHECK(!with_grad || counted == 0 || lm_denominator > 0.0,
              "lm_denominator {} must be positive when the batch has {} targets", lm_denominator,
              counted);
   const float grad_scale =
-      counted == 0 ? 0.0f : static_cast<float>(static_cast<double>(loss_scale) / lm_denominator);
-  out.lm_loss_sum = head_forward(batch, grad_scale, true);
+      !with_grad || counted == 0
+          ? 0.0f
+          : static_cast<float>(static_cast<double>(loss_scale) / lm_denominator);
+  out.lm_loss_sum = head_forward(batch, grad_scale, with_grad);
   out.num_targets = counted;
-  head_backward();
+  head_slot_ = with_grad ? slot : -1;
+  return out;
+}
+
+const Tensor& Transformer::stage_backward(int slot, const Batch& batch, const Tensor& dy,
+                                          float loss_scale) {
+  check_batch(batch);
+  select_slot(slot);
+  if (stage_.last()) {
+    // The head's activations and dlogits are kept for one slot: 1F1B's last stage runs each
+    // micro-batch's backward right after its forward.
+    PARM_CHECK(head_slot_ == slot,
+               "stage {}: backward of slot {}, but the loss gradient held is slot {}'s",
+               stage_.stage, slot, head_slot_);
+    head_backward();
+    head_slot_ = -1;
+  } else {
+    PARM_CHECK(dy.numel() == T_ * M_, "stage {}: output gradient of {} values, expected {}",
+               stage_.stage, dy.numel(), T_ * M_);
+    dres_.copy_from(dy);
+  }
   // Each MoE layer's l_aux enters the loss as loss_scale * aux_loss_coeff * l_aux; every MP
   // rank computed the same l_aux and passes the same complete gradient (SPEC §3 contract).
   const float dl_aux = loss_scale * c_.aux_loss_coeff;
   for (size_t i = blocks_.size(); i-- > 0;) block_backward(blocks_[i], dl_aux);
-  embedding_backward(batch.tokens.data(), dres_.data(), wte_->grad.data(), wpe_->grad.data(), B_,
-                     L_, M_);
+  if (stage_.first())
+    embedding_backward(batch.tokens.data(), dres_.data(), wte_->grad.data(), wpe_->grad.data(),
+                       B_, L_, M_);
+  return dres_;
+}
+
+LossParts Transformer::forward_backward(const Batch& batch, double lm_denominator,
+                                        float loss_scale) {
+  PARM_CHECK(stage_.num_stages == 1,
+             "forward_backward runs a whole model; stage {} of {} runs stage_forward and "
+             "stage_backward",
+             stage_.stage, stage_.num_stages);
+  const double t0 = now_us();
+  tp_.comm_us = 0.0;
+  const LossParts out = stage_forward(0, batch, lm_denominator, loss_scale, true);
+  stage_backward(0, batch, dres_, loss_scale);
   const double total = now_us() - t0;
   last_comm_us_ = tp_.comm_us + moe_comm_us(true);
   last_compute_us_ = std::max(0.0, total - last_comm_us_);
@@ -580,18 +737,50 @@ LossParts Transformer::forward_backward(const Batch& batch, double lm_denominato
 }
 
 LossParts Transformer::forward(const Batch& batch) {
-  check_batch(batch);
-  LossParts out;
-  forward_body(batch);
-  for (const Block& b : blocks_)
-    if (b.is_moe) out.aux_loss += static_cast<double>(b.moe->l_aux());
-  out.lm_loss_sum = head_forward(batch, 0.0f, false);
-  out.num_targets = static_cast<int64_t>(sel_.size());
-  return out;
+  PARM_CHECK(stage_.num_stages == 1,
+             "forward runs a whole model; stage {} of {} runs stage_forward", stage_.stage,
+             stage_.num_stages);
+  return stage_forward(0, batch, 0.0, 0.0f, false);
+}
+
+void Transformer::sum_tied_grads() {
+  const int p = stage_.num_stages;
+  if (p == 1 || !(stage_.first() || stage_.last())) return;
+  // Both copies end with mine + theirs; a + b == b + a in fp32, so they stay equal.
+  Communicator& pp = topo_.host_comm(Group::kPp);
+  const int peer = stage_.first() ? p - 1 : 0;
+  Tensor theirs(wte_->grad.shape());
+  const auto n = static_cast<size_t>(wte_->grad.numel());
+  std::vector<RequestPtr> reqs;
+  reqs.push_back(pp.irecv(theirs.data(), n, DType::kF32, peer, kTiedGradTag));
+  reqs.push_back(pp.isend(wte_->grad.data(), n, DType::kF32, peer, kTiedGradTag));
+  wait_all(reqs);
+  float* g = wte_->grad.data();
+  for (size_t i = 0; i < n; ++i) g[i] += theirs[static_cast<int64_t>(i)];
+}
+
+int64_t Transformer::activation_bytes() const {
+  int64_t n = 0;
+  for (const auto& res : res_slots_)
+    for (const Tensor& t : res) n += t.bytes();
+  for (const Block& b : blocks_) {
+    for (const BlockActs& a : b.slots) n += a.bytes();
+    // A slot's MoE layer holds its step buffers; parameters and gradients are slot 0's.
+    for (const auto& m : b.moes) {
+      const MoeLayerParams& p = b.moes[0]->params();
+      n += m->held_bytes() - 2 * (p.wg.bytes() + p.experts.w1.bytes() + p.experts.b1.bytes() +
+                                  p.experts.w2.bytes() + p.experts.b2.bytes());
+    }
+  }
+  for (const Tensor* t : {&lnf_, &lnf_mean_, &lnf_rstd_, &hsel_, &hd_pre_, &hd_act_, &hd_ln_,
+                          &hd_mean_, &hd_rstd_, &logits_})
+    n += t->bytes();
+  return n;
 }
 
 // Model FLOPs of this rank (MFU convention: useful work only, no duplicated or padded work):
-// 3 x the forward GEMM FLOPs of the whole model for `tokens` tokens of the MP group (backward
+// 3 x the forward GEMM FLOPs of this stage's part of the model (its blocks; the head on the
+// last stage) for `tokens` tokens of the MP group (backward
 // = 2 x forward), divided by the N_MP ranks that share those tokens. Forward per token:
 //   attention   2*M*3M (QKV) + 2*2*L*M (scores and probs*V, full L x L as computed)
 //               + 2*M*M (projection)
@@ -611,8 +800,10 @@ double Transformer::flops_per_step(int64_t tokens) const {
     else
       per_token += 4 * M * static_cast<double>(c_.ffn_hidden);
   }
-  per_token += 2 * M * static_cast<double>(V_);
-  if (c_.arch == Arch::kBert) per_token += 2 * M * M;
+  if (stage_.last()) {
+    per_token += 2 * M * static_cast<double>(V_);
+    if (c_.arch == Arch::kBert) per_token += 2 * M * M;
+  }
   return 3.0 * per_token * static_cast<double>(tokens) / static_cast<double>(tp_.size());
 }
 
@@ -620,9 +811,15 @@ double Transformer::flops_per_step(int64_t tokens) const {
 
 std::unique_ptr<Model> make_model(Topology& topo, const ModelConfig& config,
                                   const std::vector<LayerSchedule>& moe_schedules,
-                                  int64_t micro_batch, Precision precision) {
+                                  int64_t micro_batch, Precision precision,
+                                  const PipelineOptions& pipeline) {
   validate_model(config, topo.layout(), moe_schedules, micro_batch);
-  return std::make_unique<Transformer>(topo, config, moe_schedules, micro_batch, precision);
+  const int pp = topo.layout().pp;
+  const std::vector<int64_t> split =
+      parse_pp_split(pp_split_text(pipeline.split), pp, config.num_layers);
+  const StageBlocks stage = stage_blocks(split, topo.host_comm(Group::kPp).rank());
+  return std::make_unique<Transformer>(topo, config, moe_schedules, micro_batch, precision,
+                                       stage, pipeline.slots);
 }
 
 }  // namespace parm::model

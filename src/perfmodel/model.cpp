@@ -11,7 +11,8 @@ namespace parm::perfmodel {
 using schedule::Kind;
 using schedule::StepKind;
 
-Target make_target(int world, int mp, int ep, int esp, int devices_per_node) {
+Target make_target(int world, int mp, int ep, int esp, int devices_per_node,
+                   const std::string& order) {
   PARM_CONFIG_CHECK(mp >= 1 && ep >= 1 && esp >= 1,
                     "--mp {} --ep {} --esp {}: every group size must be at least 1", mp, ep, esp);
   PARM_CONFIG_CHECK(devices_per_node >= 0, "--devices-per-node {} must be at least 0 (0: one node)",
@@ -24,7 +25,7 @@ Target make_target(int world, int mp, int ep, int esp, int devices_per_node) {
     if (devices_per_node > 0 && world > devices_per_node) world = std::lcm(world, devices_per_node);
   }
   Target t;
-  t.layout = make_layout(world, mp, ep, esp);
+  t.layout = make_layout(world, mp, ep, esp, 1, order);
   if (devices_per_node == 0 || devices_per_node >= world)
     t.node_of_rank.assign(static_cast<size_t>(world), 0);
   else

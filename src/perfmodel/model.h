@@ -36,8 +36,11 @@ struct Target {
   std::vector<int> node_of_rank;  // size layout.world
 };
 // world = 0: the smallest world that fits the layout (lcm(mp, ep * esp)). devices_per_node
-// = 0: all ranks on one node. Throws InvalidConfig for an invalid layout or node size.
-Target make_target(int world, int mp, int ep, int esp, int devices_per_node);
+// = 0: all ranks on one node. `order` nests the groups (docs/layout.md): it decides which
+// ranks a group holds, and so its link. Throws InvalidConfig for an invalid layout, order
+// or node size.
+Target make_target(int world, int mp, int ep, int esp, int devices_per_node,
+                   const std::string& order = kDefaultOrder);
 // The machine this job runs on.
 Target target_of(const Topology& topo);
 // Intra-node when every instance of the group lies within one node; inter otherwise (the

@@ -76,6 +76,14 @@ Grid grid_from_json(const nlohmann::json& j, const std::string& origin) {
   Grid g;
   g.name = j.contains("name") ? r.text(j, "", "name") : origin;
   if (j.contains("chunks")) g.chunks = static_cast<int>(r.integer(j, "", "chunks", 1));
+  if (j.contains("order")) {
+    g.order = r.text(j, "", "order");
+    try {
+      make_layout(1, 1, 1, 1, 1, g.order);  // the names; each layout checks the rest
+    } catch (const InvalidConfig& e) {
+      r.fail("'order': {}", e.what());
+    }
+  }
   auto ints = [&](const char* key) {
     std::vector<int64_t> v;
     const auto& a = r.array(j, "", key);
@@ -135,7 +143,8 @@ std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid) {
     row.baseline_ms = row.s1_ms = row.s1_fused_ms = row.s2_ms = row.s2_fused_ms = kNaN;
     row.speedup = kNaN;
     try {
-      const Target t = make_target(world, c.mp, c.ep, c.esp, cluster.devices_per_node);
+      const Target t =
+          make_target(world, c.mp, c.ep, c.esp, cluster.devices_per_node, grid.order);
       const MoeShape shape = c.shape();
       const auto cands = predict_candidates(cluster.profile, shape, t, grid.chunks,
                                             {Kind::kBaseline, Kind::kS1, Kind::kS2},
@@ -157,7 +166,7 @@ std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid) {
       if (!std::isnan(row.baseline_ms))
         row.speedup = row.baseline_ms / row.auto_ms;
       else
-        row.note = "no baseline for this layout (N_MP > 1, N_ESP not in {1, N_MP})";
+        row.note = "no baseline for this layout (N_MP > 1, N_ESP not 1 and the ESP groups not the MP groups)";
       row.evaluated = true;
     } catch (const InvalidConfig& e) {
       row.note = fmt::format("skipped on {} ({} devices): {}", cluster.name, world, e.what());

@@ -39,11 +39,13 @@ struct GridConfig {
 };
 
 // A grid file: lists for "B", "L", "M", "H", "E", "k", "f", "N_MP", "N_ESP", "N_EP" and an
-// optional "chunks" (default 4). The configurations are their cartesian product, in that
-// key order with N_EP varying fastest.
+// optional "chunks" (default 4) and "order" (the nesting of the groups, docs/layout.md; default
+// mp-esp-ep-dp-pp). The configurations are their cartesian product, in that key order with
+// N_EP varying fastest.
 struct Grid {
   std::string name;
   int chunks = 4;
+  std::string order = kDefaultOrder;
   std::vector<GridConfig> configs;
 };
 Grid grid_from_json(const nlohmann::json& j, const std::string& origin);

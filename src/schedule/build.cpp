@@ -217,10 +217,11 @@ void validate(const LayerSpec& spec, Kind kind, const SizeNames& names) {
                     "group's tokens over its ranks); use a multiple of {}",
                     names.tokens, sh.tokens, l.mp, l.mp);
   PARM_CONFIG_CHECK(supports(kind, l),
-                    "the {} is defined for N_MP = 1, N_ESP = 1 or N_ESP = N_MP, got --mp {} "
-                    "--esp {}; valid --esp values with --mp {}: 1, {}; or use --schedule s1 or "
-                    "s2 for this layout",
-                    kind_name(kind), l.mp, l.esp, l.mp, l.mp);
+                    "the {} is defined for N_MP = 1, N_ESP = 1 or N_ESP = N_MP with the ESP "
+                    "groups the MP groups, got --mp {} --esp {} --order {}; valid --esp values "
+                    "with --mp {}: 1, {} (with mp and esp nested alike, as in {}); or use "
+                    "--schedule s1 or s2 for this layout",
+                    kind_name(kind), l.mp, l.esp, l.order_name(), l.mp, l.mp, kDefaultOrder);
 }
 
 Schedule build(const LayerSpec& spec, Kind kind) {

@@ -24,7 +24,7 @@ Kind parse_kind(const std::string& name) {
 }
 
 bool supports(Kind kind, const Layout& l) {
-  return kind != Kind::kBaseline || l.mp == 1 || l.esp == 1 || l.esp == l.mp;
+  return kind != Kind::kBaseline || l.mp == 1 || l.esp == 1 || esp_groups_are_mp_groups(l);
 }
 
 namespace {

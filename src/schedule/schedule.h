@@ -20,7 +20,8 @@ const char* kind_name(Kind k);  // "baseline", "s1", "s2"
 Kind parse_kind(const std::string& name);
 
 // Whether schedule `kind` exists on `layout` (SPEC §3): S1 and S2 on every layout; the
-// baseline (DeepSpeed-MoE) when N_MP = 1, N_ESP = 1 or N_ESP = N_MP.
+// baseline (DeepSpeed-MoE) when N_MP = 1, N_ESP = 1 or the ESP groups are the MP groups
+// (N_ESP = N_MP, and an --order that nests them alike).
 bool supports(Kind kind, const Layout& layout);
 
 // The kinds of step; their meaning is in step_info's table below.

@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <filesystem>
+#include <map>
 
 #include "core/fault.h"
 #include "parm/error.h"
@@ -28,24 +29,37 @@ void agree(Communicator& world, const std::string& error_on_root) {
   if (!error.empty()) throw InvalidConfig(error);
 }
 
+// One tensor of the checkpoint; param and local are null on ranks of other pipeline stages.
 struct Entry {
   TensorSpec spec;
   Tensor* local;
   const model::Param* param;
 };
 
-std::vector<Entry> entries(const std::vector<model::Param*>& params, AdamW& opt) {
+std::vector<Entry> entries(const std::vector<model::ParamSpec>& all,
+                           const std::vector<model::Param*>& params, AdamW& opt) {
+  std::map<std::string, size_t> held;  // name -> index in params
+  for (size_t i = 0; i < params.size(); ++i) held[params[i]->name] = i;
+  PARM_CHECK(held.size() == params.size(), "parameter names are not unique");
   std::vector<Entry> out;
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto* p = params[i];
+  for (size_t i = 0; i < all.size(); ++i) {
+    const model::ParamSpec& ps = all[i];
+    const auto it = held.find(ps.name);
+    const model::Param* p = it == held.end() ? nullptr : params[it->second];
+    PARM_CHECK(p == nullptr || p->whole_shape == ps.whole_shape,
+               "parameter {} is {} here but {} in the model's list", ps.name,
+               shape_str(p == nullptr ? Shape{} : p->whole_shape), shape_str(ps.whole_shape));
     const std::string base = fmt::format("tensors/{:04d}", i);
-    auto add = [&](const char* kind, Tensor* local) {
-      out.push_back({{p->name, kind, p->whole_shape, fmt::format("{}.{}.bin", base, kind)},
+    auto add = [&](const char* kind, std::vector<Tensor>* moments) {
+      Tensor* local = nullptr;
+      if (p != nullptr)
+        local = moments == nullptr ? &params[it->second]->value : &(*moments)[it->second];
+      out.push_back({{ps.name, kind, ps.whole_shape, fmt::format("{}.{}.bin", base, kind)},
                      local, p});
     };
-    add("param", &p->value);
-    add("adam_m", &opt.first_moments()[i]);
-    add("adam_v", &opt.second_moments()[i]);
+    add("param", nullptr);
+    add("adam_m", &opt.first_moments());
+    add("adam_v", &opt.second_moments());
   }
   return out;
 }
@@ -59,6 +73,7 @@ std::vector<TensorSpec> specs(const std::vector<Entry>& es) {
 }  // namespace
 
 std::string save_checkpoint(Topology& topo, const std::string& save_dir,
+                            const std::vector<model::ParamSpec>& all,
                             const std::vector<model::Param*>& params, AdamW& optimizer,
                             const CheckpointState& state) {
   Communicator& world = topo.host_comm(Group::kWorld);
@@ -79,8 +94,8 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
   agree(world, error);
   nlohmann::json tensors = nlohmann::json::array();
   int written = 0;
-  for (const Entry& e : entries(params, optimizer)) {
-    const Tensor whole = gather_whole(topo, *e.param, *e.local);
+  for (const Entry& e : entries(all, params, optimizer)) {
+    const Tensor whole = gather_whole(topo, e.spec.shape, e.param, e.local);
     if (!root) continue;
     fault::before_checkpoint_file(written, name);
     const size_t bytes = static_cast<size_t>(whole.bytes());
@@ -96,7 +111,8 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
     header.optimizer_steps = optimizer.steps_taken();
     header.data_position = state.data_position;
     header.model_config = state.model_config;
-    const nlohmann::json layout = {{"world", l.world}, {"mp", l.mp}, {"ep", l.ep}, {"esp", l.esp}};
+    const nlohmann::json layout = {{"world", l.world}, {"mp", l.mp}, {"ep", l.ep},
+                                   {"esp", l.esp},     {"pp", l.pp}};
     write_file_atomic((tmp_dir / "manifest.json").string(),
                       manifest_json(header, layout, std::move(tensors)).dump(1) + "\n");
     std::error_code ec;
@@ -109,11 +125,12 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
 }
 
 CheckpointState load_checkpoint(Topology& topo, const std::string& path,
+                                const std::vector<model::ParamSpec>& all,
                                 const std::vector<model::Param*>& params, AdamW& optimizer,
                                 const nlohmann::json& model_config) {
   Communicator& world = topo.host_comm(Group::kWorld);
   const bool root = topo.world_rank() == 0;
-  const std::vector<Entry> es = entries(params, optimizer);
+  const std::vector<Entry> es = entries(all, params, optimizer);
   std::string error, folder;
   Manifest manifest;
   if (root) {
@@ -153,6 +170,7 @@ CheckpointState load_checkpoint(Topology& topo, const std::string& path,
     }
     agree(world, error);
     world.broadcast(whole.data(), static_cast<size_t>(whole.numel()), DType::kF32, 0);
+    if (e.local == nullptr) continue;  // another pipeline stage's
     Tensor local(e.local->shape());
     model::copy_shard_from_whole(whole, e.param->splits, local);
     loaded.emplace_back(e.local, std::move(local));

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/param.h"
+#include "model/model.h"
 #include "train/optimizer.h"
 
 namespace parm::train {
@@ -24,8 +24,12 @@ struct CheckpointState {
   nlohmann::json model_config; // must match on load
 };
 
+// `all`: every parameter of the whole model (Model::all_param_specs), the checkpoint's tensor
+// list in the same order on every layout; `params`: those this rank holds (its pipeline
+// stage's), with `optimizer` over them.
 // Collective over the world. Returns the checkpoint's folder.
 std::string save_checkpoint(Topology& topo, const std::string& save_dir,
+                            const std::vector<model::ParamSpec>& all,
                             const std::vector<model::Param*>& params, AdamW& optimizer,
                             const CheckpointState& state);
 
@@ -35,6 +39,7 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
 // model and optimizer are overwritten only when all of them passed. Throws InvalidConfig
 // naming the file, the tensor and the field, identically on every rank.
 CheckpointState load_checkpoint(Topology& topo, const std::string& path,
+                                const std::vector<model::ParamSpec>& all,
                                 const std::vector<model::Param*>& params, AdamW& optimizer,
                                 const nlohmann::json& model_config);
 

@@ -4,7 +4,10 @@
 #include <limits>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "layer/shape.h"
+#include "model/pp_split.h"
 #include "parm/device.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
@@ -167,6 +170,28 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
   p.get("mp", c.parallel.mp);
   p.get("ep", c.parallel.ep);
   p.get("esp", c.parallel.esp);
+  p.get("pp", c.parallel.pp);
+  p.get("order", c.parallel.order);
+  // pp_split: "3,3,3,3" as on the command line, or [3, 3, 3, 3].
+  nlohmann::json split;
+  p.get("pp_split", split);
+  if (split.is_array()) {
+    std::vector<std::string> items;
+    for (const auto& v : split) {
+      PARM_CONFIG_CHECK(v.is_number_unsigned(),
+                        "{}: parallel.pp_split {} must hold whole block counts, e.g. [3, 3]",
+                        origin, split.dump());
+      items.push_back(std::to_string(v.get<uint64_t>()));
+    }
+    c.parallel.pp_split = fmt::format("{}", fmt::join(items, ","));
+  } else if (split.is_string()) {
+    c.parallel.pp_split = split.get<std::string>();
+  } else {
+    PARM_CONFIG_CHECK(split.is_null(),
+                      "{}: parallel.pp_split {} must be a string \"3,3\" or an array [3, 3] "
+                      "of blocks per stage",
+                      origin, split.dump());
+  }
   p.get("schedule", c.parallel.schedule);
   p.get("fuse", c.parallel.fuse);
   p.get("chunks", c.parallel.chunks);
@@ -238,6 +263,8 @@ void validate(const TrainConfig& c) {
   PARM_CONFIG_CHECK(p.fuse == "on" || p.fuse == "off" || p.fuse == "auto",
                     "parallel.fuse '{}' is not valid; use on, off or auto", p.fuse);
   PARM_CONFIG_CHECK(p.chunks >= 1, "parallel.chunks {} must be at least 1", p.chunks);
+  PARM_CONFIG_CHECK(p.pp >= 1, "parallel.pp {} must be at least 1", p.pp);
+  model::parse_pp_split(p.pp_split, p.pp, m.num_layers);  // the order needs the world size
   // Names first (their messages list the valid ones), then whether they can run here.
   const Device device = parse_device(p.device);
   const Precision precision = parse_precision(p.precision);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
+#include "parm/topology.h"
 #include "train/optimizer.h"
 
 namespace parm::train {
@@ -34,7 +35,9 @@ struct LoopConfig {
 };
 
 struct ParallelConfig {
-  int mp = 1, ep = 1, esp = 1;
+  int mp = 1, ep = 1, esp = 1, pp = 1;
+  std::string order = kDefaultOrder;  // the nesting of the groups (docs/layout.md)
+  std::string pp_split;  // blocks per stage, "3,3,3,3" ("" = balanced; model/pp_split.h)
   std::string schedule = "s1";  // baseline | s1 | s2 | auto
   std::string fuse = "on";      // on | off | auto
   int chunks = 4;

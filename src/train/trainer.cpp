@@ -13,9 +13,11 @@
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "parm/timer.h"
+#include "model/pp_split.h"
 #include "train/checkpoint.h"
 #include "perfmodel/model.h"
 #include "train/loss_chart.h"
+#include "train/pipeline.h"
 
 namespace parm::train {
 namespace {
@@ -112,6 +114,36 @@ std::string schedule_name(const model::LayerSchedule& s, const TrainConfig& c,
   return std::string(schedule::kind_name(s.kind)) + (fused ? "+fused" : "");
 }
 
+// One line per pipeline stage (collective over the world; printed on world rank 0): the world
+// ranks it runs on (so that a rank named by a failure maps to its stage), its blocks, its
+// activation slots and the memory it holds for them, and its parameters with their gradients
+// and AdamW moments (4 copies).
+void print_stages(Topology& topo, model::Model& model, const std::vector<model::Param*>& params,
+                  int num_micro, bool print) {
+  const model::StageBlocks& s = model.stage();
+  int64_t param_bytes = 0;
+  for (const auto* p : params) param_bytes += 4 * p->value.bytes();
+  Communicator& pp = topo.host_comm(Group::kPp);
+  std::vector<double> mine = {static_cast<double>(s.begin), static_cast<double>(s.end),
+                              static_cast<double>(model.activation_bytes()),
+                              static_cast<double>(param_bytes)};
+  std::vector<double> all(mine.size() * static_cast<size_t>(pp.size()));
+  pp.allgather(mine.data(), all.data(), mine.size());
+  if (!print) return;
+  const Layout& lay = topo.layout();
+  for (int k = 0; k < pp.size(); ++k) {
+    std::vector<int> ranks;
+    for (int r = 0; r < lay.world; ++r)
+      if (stage_of(lay, r) == k) ranks.push_back(r);
+    const double* v = all.data() + k * mine.size();
+    std::printf("pp stage %d of %d (world ranks %s): blocks %g..%g%s%s, %d activation slots "
+                "%.2f MiB, parameters + grads + AdamW %.2f MiB\n",
+                k, pp.size(), fmt::format("{}", fmt::join(ranks, ",")).c_str(), v[0], v[1] - 1,
+                k == 0 ? " + embeddings" : "", k == pp.size() - 1 ? " + head" : "",
+                pipeline_slots(k, pp.size(), num_micro), v[2] / (1 << 20), v[3] / (1 << 20));
+  }
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, bool verbose) {
@@ -120,6 +152,8 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   topt.mp = cfg.parallel.mp;
   topt.ep = cfg.parallel.ep;
   topt.esp = cfg.parallel.esp;
+  topt.pp = cfg.parallel.pp;
+  topt.order = cfg.parallel.order;
   topt.ranks_per_node = cfg.parallel.ranks_per_node;
   topt.timeout_s = cfg.parallel.timeout_s;
   topt.device = parse_device(cfg.parallel.device);
@@ -137,21 +171,35 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                                  cfg.model.arch == model::Arch::kGpt2 ? data::Objective::kCausal
                                                                       : data::Objective::kMasked,
                                  cfg.model.seq_len, cfg.model.seed);
-  auto model = model::make_model(*topo, cfg.model, schedules, cfg.loop.micro_batch,
-                                 parse_precision(cfg.parallel.precision));
+  const int pp = lay.pp;
+  const int stage = topo->host_comm(Group::kPp).rank();
+  const int64_t accum = cfg.loop.grad_accum, micro = cfg.loop.micro_batch;
+  model::PipelineOptions pipe;
+  pipe.split = model::parse_pp_split(cfg.parallel.pp_split, pp, cfg.model.num_layers);
+  pipe.slots = pipeline_slots(stage, pp, static_cast<int>(accum));
+  auto model = model::make_model(*topo, cfg.model, schedules, micro,
+                                 parse_precision(cfg.parallel.precision), pipe);
   const auto params = model->params();
+  const auto all_params = model->all_param_specs();
+  std::unique_ptr<PipelineRunner> pipeline;
+  if (pp > 1) pipeline = std::make_unique<PipelineRunner>(*topo, *model, static_cast<int>(accum));
   AdamW opt(params);
   const nlohmann::json model_json = model_config_json(cfg.model);
 
   TrainResult result;
-  for (const auto& s : model->schedules()) result.schedules.push_back(schedule_name(s, cfg, lay));
+  // Every MoE layer's, also those of other pipeline stages (model->schedules() has this
+  // stage's).
+  for (int64_t i = 0; i < model::num_moe_blocks(cfg.model); ++i)
+    result.schedules.push_back(
+        schedule_name(schedules[schedules.size() == 1 ? 0 : static_cast<size_t>(i)], cfg, lay));
   std::string gemm_source;
   result.gemm_gflops = gemm_gflops_for_mfu(
       cfg.loop.profile, parse_precision(cfg.parallel.precision), world, gemm_source);
 
   int64_t step = 0, data_position = 0;
   if (!cfg.loop.resume.empty()) {
-    const CheckpointState st = load_checkpoint(*topo, cfg.loop.resume, params, opt, model_json);
+    const CheckpointState st =
+        load_checkpoint(*topo, cfg.loop.resume, all_params, params, opt, model_json);
     step = st.step;
     data_position = st.data_position;
     if (root && verbose)
@@ -161,7 +209,6 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   }
   OptimConfig optim = cfg.optim;
   optim.total_steps = cfg.loop.steps;
-  const int64_t accum = cfg.loop.grad_accum, micro = cfg.loop.micro_batch;
   const int64_t global_batch = micro * accum * dp;
   const int64_t tokens_per_step = global_batch * cfg.model.seq_len;
 
@@ -178,21 +225,26 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                 static_cast<long long>(cfg.model.model_dim),
                 static_cast<long long>(cfg.model.experts), cfg.model.topk,
                 cfg.model.capacity_factor.c_str());
-    std::printf("layout: %d ranks, dp=%d mp=%d | edp=%d ep=%d esp=%d; global batch %lld x %lld "
-                "tokens; corpus %s (%zu train / %zu val bytes); MFU against %.1f GFLOP/s per rank (%s)\n",
-                lay.world, lay.dp, lay.mp, lay.edp, lay.ep, lay.esp,
+    std::printf("layout: %d ranks, pp=%d x (dp=%d mp=%d | edp=%d ep=%d esp=%d), order %s; global "
+                "batch %lld x %lld tokens; corpus %s (%zu train / %zu val bytes); MFU against "
+                "%.1f GFLOP/s per rank (%s)\n",
+                lay.world, lay.pp, lay.dp, lay.mp, lay.edp, lay.ep, lay.esp,
+                lay.order_name().c_str(),
                 static_cast<long long>(global_batch), static_cast<long long>(cfg.model.seq_len),
                 corpus.name.c_str(), corpus.train.size(), corpus.val.size(), result.gemm_gflops,
                 gemm_source.c_str());
   }
+  if (pp > 1) print_stages(*topo, *model, params, static_cast<int>(accum), root && verbose);
 
   auto evaluate = [&]() {
     double sums[2] = {0.0, 0.0};
     for (int64_t i = 0; i < cfg.loop.eval_batches; ++i) {
-      const auto parts = model->forward(source.val_batch(i * dp + dp_rank, micro));
+      const model::Batch b = source.val_batch(i * dp + dp_rank, micro);
+      const auto parts = pipeline ? pipeline->forward(b) : model->forward(b);
       sums[0] += parts.lm_loss_sum;
       sums[1] += static_cast<double>(parts.num_targets);
     }
+    if (pipeline) topo->host_comm(Group::kPp).allreduce(sums, 2);  // the last stage's
     topo->host_comm(Group::kDp).allreduce(sums, 2);
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
@@ -212,15 +264,28 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     }
     topo->host_comm(Group::kDp).allreduce(counts, 1);
     double sums[2] = {0.0, 0.0};  // lm loss sum, aux loss sum
-    double comm_us = 0.0, compute_us = 0.0;
-    for (const auto& b : batches) {
-      const auto parts = model->forward_backward(b, std::max(1.0, counts[0]), 1.0f);
-      sums[0] += parts.lm_loss_sum;
-      sums[1] += parts.aux_loss;
-      comm_us += model->last_comm_us();
-      compute_us += model->last_compute_us();
+    double comm_us = 0.0, compute_us = 0.0, bubble_us = 0.0;
+    if (pipeline) {
+      // The stage's time not spent waiting for its neighbours counts as compute.
+      const double tp0 = now_us();
+      const auto parts = pipeline->run(batches, std::max(1.0, counts[0]), 1.0f);
+      bubble_us = pipeline->last_recv_wait_us();
+      sums[0] = parts.lm_loss_sum;
+      sums[1] = parts.aux_loss;
+      comm_us += bubble_us;
+      compute_us += now_us() - tp0 - bubble_us;
+      topo->host_comm(Group::kPp).allreduce(sums, 2);  // lm: the last stage's; aux: every stage's
+    } else {
+      for (const auto& b : batches) {
+        const auto parts = model->forward_backward(b, std::max(1.0, counts[0]), 1.0f);
+        sums[0] += parts.lm_loss_sum;
+        sums[1] += parts.aux_loss;
+        comm_us += model->last_comm_us();
+        compute_us += model->last_compute_us();
+      }
     }
     const double t_sync = now_us();
+    model->sum_tied_grads();
     reduce_gradients(*topo, params);
     const double norm = global_grad_norm(*topo, params);
     const double clip =
@@ -243,6 +308,12 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     m.step_ms = times[0] / 1e3;
     m.comm_ms = times[1] / 1e3;
     m.compute_ms = times[2] / 1e3;
+    if (pipeline) {
+      // The mean over ranks of the share of the step each spent waiting on pp.recv.
+      double share = bubble_us / step_us;
+      world.allreduce(&share, 1);
+      m.bubble = share / lay.world;
+    }
     m.tokens_per_s = static_cast<double>(tokens_per_step) / (times[0] / 1e6);
     const double flops =
         model->flops_per_step(micro * cfg.model.seq_len) * static_cast<double>(accum);
@@ -258,11 +329,16 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       result.history.push_back(m);
       if (verbose && ((step + 1) % cfg.loop.log_every == 0 || last || m.val_loss >= 0)) {
         std::string val = m.val_loss >= 0 ? fmt::format(" val {:.4f}", m.val_loss) : "";
+        const std::string bubble =
+            pipeline ? fmt::format("  bubble {:.1f}% (1F1B {:.1f}%)", 100.0 * m.bubble,
+                                   100.0 * one_f_one_b_bubble(pp, static_cast<int>(accum)))
+                     : "";
         std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f  lr %.2e  |g| %.3f  %7.0f tok/s  "
-                    "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%  moe %s\n",
+                    "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%%s  moe %s\n",
                     static_cast<long long>(m.step), static_cast<long long>(cfg.loop.steps),
                     m.loss, val.c_str(), m.aux_loss, m.lr, m.grad_norm, m.tokens_per_s,
-                    m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, schedules_line.c_str());
+                    m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, bubble.c_str(),
+                    schedules_line.c_str());
         std::fflush(stdout);
       }
       if (metrics != nullptr) {
@@ -272,6 +348,10 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                                {"comm_ms", m.comm_ms}, {"compute_ms", m.compute_ms},
                                {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}};
         if (m.val_loss >= 0) line["val_loss"] = m.val_loss;
+        if (pipeline) {
+          line["bubble"] = m.bubble;
+          line["bubble_1f1b"] = one_f_one_b_bubble(pp, static_cast<int>(accum));
+        }
         const std::string text = line.dump() + "\n";
         std::fwrite(text.data(), 1, text.size(), metrics);  // one write per line
         std::fflush(metrics);
@@ -281,8 +361,8 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                           ((cfg.loop.save_every > 0 && (step + 1) % cfg.loop.save_every == 0) ||
                            last);
     if (save_now) {
-      const std::string where = save_checkpoint(*topo, cfg.loop.save_dir, params, opt,
-                                                {step + 1, data_position, model_json});
+      const std::string where = save_checkpoint(*topo, cfg.loop.save_dir, all_params, params,
+                                                opt, {step + 1, data_position, model_json});
       if (root && verbose) std::printf("saved %s\n", where.c_str());
     }
   }

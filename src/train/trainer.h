@@ -22,6 +22,8 @@ struct StepMetrics {
   double compute_ms = 0.0;
   double tokens_per_s = 0.0;
   double mfu = 0.0;        // model FLOPs / (step time x ranks x measured GEMM rate)
+  double bubble = 0.0;     // pp > 1: mean over ranks of the share of the step spent waiting
+                           // on pp.recv
 };
 
 struct TrainResult {

@@ -48,11 +48,25 @@ if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: cuda is refused before 
   expect 2 "use --device cpu" -- -n 1 -- train --device cuda --steps 1
 fi
 expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp
+# Pipeline stages and the order (docs/layout.md).
+expect 2 "world size 4 is not divisible by --pp 3" -- -n 4 -- info --pp 3
+expect 2 "stage size 2 (world size 4 / --pp 2) is not divisible by --mp 4" -- -n 4 -- info --pp 2 --mp 4
+expect 2 "--order 'tp-dp-ep': unknown name 'tp'" -- -n 4 -- info --mp 2 --ep 2 --order tp-dp-ep
+expect 2 "valid orders for this layout: dp-ep-mp, dp-mp-ep, ep-dp-mp, ep-mp-dp, mp-dp-ep, mp-ep-dp" -- -n 4 -- info --mp 2 --ep 2 --order mp-dp
+expect 2 "names 'ep' twice" -- -n 4 -- info --ep 2 --order ep-dp-ep
+expect 2 "different pipeline stages" -- -n 8 -- info --mp 2 --ep 2 --pp 2 --order mp-pp-ep-dp
+expect 2 "with the ESP groups the MP groups, got --mp 2 --esp 2 --order mp-ep-esp-dp-pp" -- -n 8 -- check-layer --mp 2 --ep 2 --esp 2 --order mp-ep-esp-dp --schedule baseline
+expect 2 "check-layer runs one MoE layer on every rank, inside one pipeline stage: --pp 2" -- -n 2 -- check-layer --pp 2
+expect 2 "bench-layer runs one MoE layer on every rank, inside one pipeline stage: --pp 2" -- -n 2 -- bench-layer --pp 2
+expect 2 "--pp-split '2,1' sums to 3 blocks, not the model's 4" -- -n 2 -- train --pp 2 --pp-split 2,1 --steps 1
+expect 2 "--pp-split '2,2' names 2 stages but --pp is 4" -- -n 4 -- train --pp 4 --pp-split 2,2 --steps 1
+expect 2 "--pp 8 exceeds the model's 4 blocks" -- -n 8 -- train --pp 8 --steps 1
 expect 2 "top-k must be in [1, E = 8], got k = 9" -- -n 1 -- check-layer --topk 9 --experts 8
 expect 2 "The following argument was not expected: --bogus" -- -n 1 -- info --bogus
 expect 2 "-n needs a positive rank count" -- -n 0 -- info
 # A good run passes.
 expect 0 "PASS" -- -n 2 -- check-layer --ep 2 --tokens 32 --model-dim 8 --hidden 16 --experts 4
+expect 0 "order:  mp-dp-ep-esp-pp" -- -n 4 -- info --mp 2 --ep 2 --order mp-dp-ep
 
 echo "$((run - fails)) passed, $fails failed"
 [ "$fails" -eq 0 ]

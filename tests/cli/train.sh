@@ -35,20 +35,7 @@ train() {  # train <ranks> <log> <parm train args...>
 }
 
 # compare <a.jsonl> <b.jsonl> <rel tol> [first step]: losses equal step by step.
-compare() {
-  python3 - "$@" <<'PY'
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
-b = [json.loads(l) for l in open(sys.argv[2])]
-tol = float(sys.argv[3]); first = int(sys.argv[4]) if len(sys.argv) > 4 else 1
-la = {r["step"]: r["loss"] for r in a}; lb = {r["step"]: r["loss"] for r in b}
-steps = sorted(s for s in la if s >= first and s in lb)
-if not steps: print("no common steps"); sys.exit(1)
-worst = max(abs(la[s] - lb[s]) / abs(lb[s]) for s in steps)
-print(f"steps {steps[0]}..{steps[-1]}: max relative loss difference {worst:.3e} (tolerance {tol:g})")
-sys.exit(0 if worst <= tol else 1)
-PY
-}
+compare() { python3 "$src/tests/cli/lib/compare_losses.py" "$@"; }
 
 # (a) Equivalence with the single-process run. A DP run of N_DP replicas accumulating 4/N_DP
 # micro-batches each equals one process accumulating 4 (the same micro-batches, gated the

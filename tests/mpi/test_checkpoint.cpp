@@ -91,14 +91,16 @@ TEST_F(Checkpoint, SaveAndLoadGoOverTheWorldCommunicatorBitExact) {
   const size_t num_tensors = 3 * a.model->params().size();
 
   topo->reset_stats();
-  save_checkpoint(*topo, dir, a.model->params(), *a.opt, {7, 40, cfg});
+  save_checkpoint(*topo, dir, a.model->all_param_specs(), a.model->params(), *a.opt,
+                  {7, 40, cfg});
   // One gather per tensor, rank 0's verdict on the folder, the closing barrier.
   EXPECT_EQ(world.stats().op(CommOp::kAllReduce).calls, static_cast<int64_t>(num_tensors));
   EXPECT_GE(world.stats().op(CommOp::kBroadcast).calls, 1);
   EXPECT_EQ(world.stats().op(CommOp::kBarrier).calls, 1);
 
   topo->reset_stats();
-  const CheckpointState st = load_checkpoint(*topo, dir, b.model->params(), *b.opt, cfg);
+  const CheckpointState st =
+      load_checkpoint(*topo, dir, b.model->all_param_specs(), b.model->params(), *b.opt, cfg);
   EXPECT_GE(world.stats().op(CommOp::kBroadcast).calls, static_cast<int64_t>(num_tensors));
   EXPECT_EQ(st.step, 7);
   EXPECT_EQ(st.data_position, 40);
@@ -116,7 +118,8 @@ TEST_F(Checkpoint, SaveAndLoadGoOverTheWorldCommunicatorBitExact) {
 // matching checksum: the loader used to copy the whole file into the shape-sized buffer.
 TEST_F(Checkpoint, BytesThatDisagreeWithTheShapeAreRefusedOnEveryRank) {
   const std::string folder =
-      save_checkpoint(*topo, dir, a.model->params(), *a.opt, {7, 24, cfg});
+      save_checkpoint(*topo, dir, a.model->all_param_specs(), a.model->params(), *a.opt,
+                      {7, 24, cfg});
   b.opt->set_steps_taken(9);
   std::string tensor;
   if (world.rank() == 0) {
@@ -133,7 +136,7 @@ TEST_F(Checkpoint, BytesThatDisagreeWithTheShapeAreRefusedOnEveryRank) {
   world.barrier();
   std::string msg;
   try {
-    load_checkpoint(*topo, folder, b.model->params(), *b.opt, cfg);
+    load_checkpoint(*topo, folder, b.model->all_param_specs(), b.model->params(), *b.opt, cfg);
   } catch (const InvalidConfig& e) {
     msg = e.what();
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 
 #include "mpi_test_util.h"
 #include "parm/error.h"
@@ -43,29 +44,69 @@ std::vector<TopologyOptions> collective_layouts() {
   return out;
 }
 
-TEST(Topology, CommunicatorsMatchLayoutForEveryLayout) {
+// Every group's communicator holds the layout's members in group-rank order.
+void expect_communicators_match_layout(const TopologyOptions& o) {
   const int p = world_size(), me = world_rank();
+  auto topo = Topology::create(o);
+  const Layout& l = topo->layout();
+  EXPECT_EQ(topo->num_nodes(), p / o.ranks_per_node);
+  for (int gi = 0; gi < kNumGroups; ++gi) {
+    const Group g = static_cast<Group>(gi);
+    Communicator& c = topo->comm(g);
+    const auto members = group_members(l, g, me);
+    ASSERT_EQ(c.size(), static_cast<int>(members.size())) << group_name(g);
+    ASSERT_EQ(c.rank(), group_coord(l, g, me).rank) << group_name(g);
+    std::vector<int32_t> got(members.size());
+    const int32_t mine = me;
+    c.allgather(&mine, got.data(), 1);
+    EXPECT_EQ(std::vector<int>(got.begin(), got.end()), members)
+        << "layout mp=" << o.mp << " ep=" << o.ep << " esp=" << o.esp << " pp=" << o.pp
+        << " order " << l.order_name() << " group " << group_name(g);
+    const auto nodes = emulated_nodes(p, o.ranks_per_node);
+    EXPECT_EQ(c.intra_node(), group_is_intra_node(l, g, me, nodes)) << group_name(g);
+  }
+  EXPECT_EQ(topo->comm(Group::kPp).rank(), stage_of(l, me));
+}
+
+TEST(Topology, CommunicatorsMatchLayoutForEveryLayout) {
+  const int p = world_size();
   for (auto o : test::all_layouts()) {
     o.ranks_per_node = p % 2 == 0 ? 2 : 1;
-    auto topo = Topology::create(o);
-    const Layout& l = topo->layout();
-    EXPECT_EQ(topo->num_nodes(), p / o.ranks_per_node);
-    for (int gi = 0; gi < kNumGroups; ++gi) {
-      const Group g = static_cast<Group>(gi);
-      Communicator& c = topo->comm(g);
-      const auto members = group_members(l, g, me);
-      ASSERT_EQ(c.size(), static_cast<int>(members.size())) << group_name(g);
-      ASSERT_EQ(c.rank(), group_coord(l, g, me).rank) << group_name(g);
-      std::vector<int32_t> got(members.size());
-      const int32_t mine = me;
-      c.allgather(&mine, got.data(), 1);
-      EXPECT_EQ(std::vector<int>(got.begin(), got.end()), members)
-          << "layout mp=" << o.mp << " ep=" << o.ep << " esp=" << o.esp << " group "
-          << group_name(g);
-      const auto nodes = emulated_nodes(p, o.ranks_per_node);
-      EXPECT_EQ(c.intra_node(), group_is_intra_node(l, g, me, nodes)) << group_name(g);
+    expect_communicators_match_layout(o);
+  }
+}
+
+// pp stages and orders other than the default: the pp communicator joins one rank per stage,
+// and every group follows the order.
+TEST(Topology, CommunicatorsFollowPpAndOrder) {
+  const int p = world_size();
+  int cases = 0;
+  for (int pp : {1, 2, 4}) {
+    if (p % pp) continue;
+    const int stage = p / pp;
+    for (auto [mp, ep, esp] : {std::tuple{1, 1, 1}, {2, 2, 1}, {2, 1, 2}, {1, 2, 2}, {stage, 1, stage}}) {
+      if (stage % mp || stage % (ep * esp)) continue;
+      for (const char* order : {"mp-esp-ep-dp-pp", "mp-dp-ep-esp-pp", "pp-mp-esp-ep-dp",
+                                "dp-pp-ep-esp-mp"}) {
+        try {
+          make_layout(p, mp, ep, esp, pp, order);
+        } catch (const InvalidConfig&) {
+          continue;  // the unit tests check which orders a layout refuses
+        }
+        TopologyOptions o;
+        o.mp = mp;
+        o.ep = ep;
+        o.esp = esp;
+        o.pp = pp;
+        o.order = order;
+        o.ranks_per_node = p % 2 == 0 ? 2 : 1;
+        o.timeout_s = 60;
+        expect_communicators_match_layout(o);
+        ++cases;
+      }
     }
   }
+  EXPECT_GE(cases, p == 1 ? 4 : 8);
 }
 
 TEST(Topology, DetectsOneSharedMemoryNode) {

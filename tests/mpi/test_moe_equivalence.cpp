@@ -24,17 +24,71 @@ constexpr double kTolerance = 2e-4;
 
 struct Layout3 {
   int mp, ep, esp;
+  int pp = 1;
+  const char* order = kDefaultOrder;
+
+  Layout layout() const { return make_layout(test::world_size(), mp, ep, esp, pp, order); }
+  std::string str() const {
+    return fmt::format("mp={} ep={} esp={} pp={} order {}", mp, ep, esp, pp, layout().order_name());
+  }
 };
 
+// The layer runs inside one pipeline stage: under pp > 1 each stage is an independent copy
+// (its own MP groups, inputs and expert shards), and the oracle sums over all MP groups.
+std::unique_ptr<Topology> topology_of(const Layout3& l) {
+  TopologyOptions o;
+  o.mp = l.mp;
+  o.ep = l.ep;
+  o.esp = l.esp;
+  o.pp = l.pp;
+  o.order = l.order;
+  o.timeout_s = 120.0;
+  return Topology::create(o);
+}
+
+// Nests every group differently from the default: dp and edp innermost, mp and esp outermost
+// (both at stride P / N, so with N_ESP = N_MP the ESP groups are still the MP groups).
+constexpr const char* kReversedOrder = "dp-ep-esp-mp-pp";
+// MP innermost, ESP outermost: with N_ESP = N_MP > 1 the ESP groups are not the MP groups
+// (the baseline is refused there; S1 and S2 must not depend on them coinciding).
+constexpr const char* kEspApartOrder = "mp-ep-dp-esp-pp";
+// pp innermost: each stage strided over the world (valid for every layout).
+constexpr const char* kPpInnerOrder = "pp-dp-ep-esp-mp";
+
+// Each layout under the default order and the reversed one; a few under other orders and
+// with two pipeline stages.
 std::vector<Layout3> sweep_layouts() {
+  std::vector<Layout3> base;
   switch (test::world_size()) {
-    case 1: return {{1, 1, 1}};
-    case 2: return {{1, 2, 1}, {2, 1, 2}, {2, 2, 1}, {1, 1, 2}, {1, 1, 1}};
-    case 3: return {{1, 3, 1}, {3, 1, 3}};
-    case 4: return {{2, 2, 2}, {4, 1, 4}, {1, 4, 1}, {2, 2, 1}, {2, 1, 2}, {2, 1, 4}, {1, 2, 2}};
-    case 8: return {{2, 4, 2}, {4, 2, 4}, {2, 2, 2}, {1, 8, 1}, {2, 4, 1}};
+    case 1: base = {{1, 1, 1}}; break;
+    case 2: base = {{1, 2, 1}, {2, 1, 2}, {2, 2, 1}, {1, 1, 2}, {1, 1, 1}}; break;
+    case 3: base = {{1, 3, 1}, {3, 1, 3}}; break;
+    case 4: base = {{2, 2, 2}, {4, 1, 4}, {1, 4, 1}, {2, 2, 1}, {2, 1, 2}, {2, 1, 4}, {1, 2, 2}};
+      break;
+    case 8: base = {{2, 4, 2}, {4, 2, 4}, {2, 2, 2}, {1, 8, 1}, {2, 4, 1}}; break;
     default: return {};
   }
+  std::vector<Layout3> out;
+  for (const Layout3& l : base) {
+    out.push_back(l);
+    if (test::world_size() > 1) out.push_back({l.mp, l.ep, l.esp, 1, kReversedOrder});
+  }
+  switch (test::world_size()) {
+    case 2: out.push_back({1, 1, 1, 2}); break;
+    case 4:
+      out.push_back({2, 2, 2, 1, kEspApartOrder});
+      out.push_back({2, 2, 1, 1, "mp-dp-ep"});  // 2 nodes x 2: MP inside, EP across
+      out.push_back({2, 1, 2, 2});
+      out.push_back({1, 2, 1, 2, kPpInnerOrder});
+      break;
+    case 8:
+      out.push_back({2, 4, 2, 1, kEspApartOrder});
+      out.push_back({2, 2, 2, 2});
+      out.push_back({2, 2, 1, 2, kPpInnerOrder});
+      break;
+    default: break;
+  }
+  return out;
 }
 
 struct Case {
@@ -55,7 +109,7 @@ constexpr Case kCases[] = {
 };
 
 bool allowed(Kind kind, const Layout3& l) {
-  return schedule::supports(kind, {.mp = l.mp, .ep = l.ep, .esp = l.esp});
+  return schedule::supports(kind, l.layout());
 }
 
 // The check of one case on T = 24 tokens per MP group (3 pipeline chunks when fused).
@@ -78,7 +132,7 @@ LayerCheckOptions case_options(const Case& c, Kind kind, bool fuse, int64_t expe
 TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
   int64_t checks = 0, with_drops = 0, without_drops = 0;
   for (const Layout3& lay : sweep_layouts()) {
-    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    auto topo = topology_of(lay);
     const int64_t experts = test::world_size() == 3 ? 6 : 8;
     for (const Case& c : kCases) {
       for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
@@ -94,7 +148,7 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
         std::string detail;
         for (const auto& e : r.errors)
           detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
-        EXPECT_TRUE(r.passed) << "mp=" << lay.mp << " ep=" << lay.ep << " esp=" << lay.esp
+        EXPECT_TRUE(r.passed) << lay.str()
                               << " " << schedule::kind_name(kind) << (fuse ? " fused" : "")
                               << " [" << c.name
                               << "] routing " << (r.routing_matches ? "ok" : "DIFFERS")
@@ -103,7 +157,7 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
         if (kind == Kind::kS1 && std::string(c.f) == "8.0") {
           o.whole_oracle = true;
           const LayerCheckResult w = check_layer(*topo, o);
-          EXPECT_TRUE(w.passed) << "S1 vs the whole-layer oracle, mp=" << lay.mp;
+          EXPECT_TRUE(w.passed) << "S1 vs the whole-layer oracle, " << lay.str();
         }
       }
     }
@@ -119,7 +173,7 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
 TEST(Equivalence, Bf16EveryScheduleEveryLayoutWithinTheBf16Tolerance) {
   int64_t checks = 0;
   for (const Layout3& lay : sweep_layouts()) {
-    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    auto topo = topology_of(lay);
     const int64_t experts = test::world_size() == 3 ? 6 : 8;
     for (const Case& c : {kCases[1], kCases[3]}) {
       for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
@@ -138,8 +192,8 @@ TEST(Equivalence, Bf16EveryScheduleEveryLayoutWithinTheBf16Tolerance) {
           detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
           if (e.name == "out") out_error = e.max_rel;
         }
-        const std::string where = fmt::format("mp={} ep={} esp={} {}{} [{}]:{}", lay.mp, lay.ep,
-                                              lay.esp, schedule::kind_name(kind),
+        const std::string where = fmt::format("{} {}{} [{}]:{}", lay.str(),
+                                              schedule::kind_name(kind),
                                               fuse ? " fused" : "", c.name, detail);
         EXPECT_TRUE(r.passed) << where;
         EXPECT_GT(out_error, 1e-5) << where << ": no bf16 rounding in the output";
@@ -181,7 +235,7 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
 // every gradient, over the suite's layouts, for chunk counts 1, 2 and more than rows.
 TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
   for (const Layout3& lay : sweep_layouts()) {
-    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    auto topo = topology_of(lay);
     const auto s = MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, 2, "1.1");
     const auto params = ref::init_params<float>(s, 5);
     const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
@@ -201,8 +255,8 @@ TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
         fused.zero_grad();
         const Tensor out1 = fused.forward(xt).clone();
         const Tensor dx1 = fused.backward(dt, 0.5f).clone();
-        const std::string where = fmt::format("mp={} ep={} esp={} {} chunks {} ({})", lay.mp,
-                                              lay.ep, lay.esp, schedule::kind_name(kind), chunks,
+        const std::string where = fmt::format("{} {} chunks {} ({})", lay.str(),
+                                              schedule::kind_name(kind), chunks,
                                               fused.schedule().fused ? "fused" : "nothing to fuse");
         auto same = [](const Tensor& a, const Tensor& b) {
           return a.numel() == b.numel() &&
@@ -286,13 +340,17 @@ std::string show(const Bytes& b) {
 TEST(Bytes, CountedBytesMatchSpecTable) {
   std::vector<Layout3> layouts;
   switch (test::world_size()) {
-    case 2: layouts = {{2, 1, 2}}; break;
-    case 4: layouts = {{2, 2, 2}, {2, 2, 1}, {4, 1, 4}}; break;
-    case 8: layouts = {{2, 4, 2}, {4, 2, 4}}; break;
+    case 2: layouts = {{2, 1, 2}, {2, 1, 2, 1, kReversedOrder}}; break;
+    case 4:
+      layouts = {{2, 2, 2}, {2, 2, 1}, {4, 1, 4}, {2, 2, 2, 1, kReversedOrder},
+                 {2, 2, 2, 1, kEspApartOrder},
+                 {2, 2, 1, 1, "mp-dp-ep"}};  // MP inside a node, EP across nodes
+      break;
+    case 8: layouts = {{2, 4, 2}, {4, 2, 4}, {2, 4, 2, 1, kReversedOrder}}; break;
     default: GTEST_SKIP() << "byte layouts are defined for 2, 4 and 8 ranks";
   }
   for (const Layout3& lay : layouts) {
-    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    auto topo = topology_of(lay);
     const auto s = MoeShape::of(40, 8, 16, 8, 2, "1.1");  // C not divisible by N: Cp pads
     for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
     for (bool fuse : {false, true}) {
@@ -309,7 +367,7 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
                      0.5f);
       const Bytes bwd = counted(*topo);
       const Volumes want = spec_volumes(kind, s, topo->layout());
-      const std::string where = fmt::format("mp={} ep={} esp={} {}{}", lay.mp, lay.ep, lay.esp,
+      const std::string where = fmt::format("{} {}{}", lay.str(),
                                             schedule::kind_name(kind), fuse ? " fused" : "");
       // The step list itself predicts what the communicator counts.
       for (bool backward : {false, true}) {

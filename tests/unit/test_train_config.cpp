@@ -30,7 +30,7 @@ TEST(TrainConfig, ShippedConfigsLoadAndValidate) {
     EXPECT_EQ(c.name, entry.path().stem().string());
     ++n;
   }
-  EXPECT_EQ(n, 4);  // gpt2-moe-tiny, bert-moe-tiny, gpt2-small-moe, bert-base-moe
+  EXPECT_EQ(n, 5);  // gpt2-moe-tiny(-pp), bert-moe-tiny, gpt2-small-moe, bert-base-moe
 }
 
 TEST(TrainConfig, DefaultsAndSections) {

@@ -260,7 +260,7 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
 perfmodel::Candidate choose_auto(const BenchLayerFlags& f, const Topology& topo,
                                  const MoeShape& shape, bool root) {
   const auto profile = load_profile_for_auto(f.layer, "--schedule auto / --fuse auto");
-  const auto kinds = f.layer.schedules();
+  const auto kinds = f.layer.schedules(topo.layout());
   const auto fuse_modes = f.layer.fuse_modes(true);
   const auto target = perfmodel::target_of(topo);
   const auto cands = perfmodel::predict_candidates(profile, shape, target, f.layer.chunks, kinds,
@@ -282,7 +282,8 @@ perfmodel::Candidate choose_auto(const BenchLayerFlags& f, const Topology& topo,
 
 int run_bench_layer(const BenchLayerFlags& f) {
   const MoeShape shape = f.layer.shape();
-  auto kinds = f.layer.schedules();
+  f.layer.layout.refuse_pp("bench-layer");
+  auto kinds = f.layer.schedules(f.layer.layout.layout(world_size()));
   auto fuse_modes = f.layer.fuse_modes(true);
   PARM_CONFIG_CHECK(f.iters >= 1, "--iters {} must be at least 1", f.iters);
   PARM_CONFIG_CHECK(f.warmup >= 0, "--warmup {} must be at least 0", f.warmup);

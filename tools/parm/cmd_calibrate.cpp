@@ -66,10 +66,11 @@ int run_calibrate(CalibrateFlags f) {
       std::fflush(stdout);
     }
   };
+  f.layout.refuse_pp("calibrate");
   TopologyOptions o = f.layout.topology();
   int detected_nodes = 1;
   if (o.ranks_per_node == 0) {
-    auto probe = Topology::create({1, 1, 1, 0, o.timeout_s});
+    auto probe = Topology::create({.timeout_s = o.timeout_s});
     detected_nodes = probe->num_nodes();
     // One machine has no inter-node group: emulate two nodes so that the inter-node entries
     // are measured (over shared memory) on groups the layout calls inter-node.

@@ -18,7 +18,8 @@ struct CheckLayerFlags {
 
 int run_check_layer(const CheckLayerFlags& f) {
   const MoeShape shape = f.layer.shape();
-  const auto kinds = f.layer.schedules();
+  f.layer.layout.refuse_pp("check-layer");
+  const auto kinds = f.layer.schedules(f.layer.layout.layout(world_size()));
   const auto fuse_modes = f.layer.fuse_modes(true);
   PARM_CONFIG_CHECK(f.tolerance >= 0, "--tolerance {} must be positive", f.tolerance);
   const Precision precision = f.layer.precision_kind();

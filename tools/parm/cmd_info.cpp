@@ -11,7 +11,8 @@
 namespace parm::cli {
 namespace {
 
-constexpr Group kShownGroups[] = {Group::kMp, Group::kDp, Group::kEp, Group::kEsp, Group::kEdp};
+constexpr Group kShownGroups[] = {Group::kMp, Group::kDp, Group::kEp,
+                                  Group::kEsp, Group::kEdp, Group::kPp};
 
 int run_info(const LayoutFlags& flags) {
   auto topo = Topology::create(flags.topology());
@@ -35,8 +36,11 @@ int run_info(const LayoutFlags& flags) {
               topo->nodes_emulated() ? "emulated by --ranks-per-node" : "detected by shared memory");
   for (int n = 0; n < topo->num_nodes(); ++n)
     std::printf("  node %d: %s\n", n, topo->node_names()[static_cast<size_t>(n)].c_str());
-  std::printf("layout: dense dp=%d x mp=%d | moe edp=%d x ep=%d x esp=%d\n", l.dp, l.mp, l.edp,
-              l.ep, l.esp);
+  std::printf("layout: pp=%d stages | dense dp=%d x mp=%d | moe edp=%d x ep=%d x esp=%d\n",
+              l.pp, l.dp, l.mp, l.edp, l.ep, l.esp);
+  std::printf("order:  %s (innermost first; dense nests mp, dp, pp and moe esp, ep, edp, pp "
+              "in this order; docs/layout.md)\n",
+              l.order_name().c_str());
   std::vector<int> node_of(static_cast<size_t>(l.world));
   for (int r = 0; r < l.world; ++r) node_of[static_cast<size_t>(r)] = topo->node_of(r);
 
@@ -54,7 +58,8 @@ int run_info(const LayoutFlags& flags) {
   }
   std::printf("ranks:\n");
   for (int r = 0; r < l.world; ++r) {
-    std::string line = fmt::format("  rank {:<3} node {:<2}", r, node_of[static_cast<size_t>(r)]);
+    std::string line = fmt::format("  rank {:<3} node {:<2} stage {:<2}", r,
+                                   node_of[static_cast<size_t>(r)], stage_of(l, r));
     for (Group g : kShownGroups) {
       line += fmt::format("  {}=[{}]:{}", group_name(g), fmt::join(group_members(l, g, r), ","),
                           group_is_intra_node(l, g, r, node_of) ? "intra" : "inter");

@@ -49,9 +49,10 @@ int run_plan(PlanFlags f) {
   const int dpn = f.devices_per_node > 0 ? f.devices_per_node : rpn;
   const auto profile = perfmodel::read_profile(f.layer.profile);
   const MoeShape shape = f.layer.shape();
+  f.layer.layout.refuse_pp("plan");
   const auto target = perfmodel::make_target(f.world, f.layer.layout.mp, f.layer.layout.ep,
-                                             f.layer.layout.esp, dpn);
-  const auto kinds = f.layer.schedules();
+                                             f.layer.layout.esp, dpn, f.layer.layout.order);
+  const auto kinds = f.layer.schedules(target.layout);
   const auto fuse_modes = f.layer.fuse_modes(true);
   const auto cands = perfmodel::predict_candidates(profile, shape, target, f.layer.chunks, kinds,
                                                    fuse_modes);
@@ -65,9 +66,10 @@ int run_plan(PlanFlags f) {
   const Layout& l = target.layout;
   const int nodes = target.node_of_rank.back() + 1;
   std::printf("# parm plan: %s\n", shape.str().c_str());
-  std::printf("# target: %d devices on %d node(s) of %d; mp=%d ep=%d esp=%d (dp=%d edp=%d); "
-              "links: mp %s, ep %s, esp %s\n",
+  std::printf("# target: %d devices on %d node(s) of %d; mp=%d ep=%d esp=%d (dp=%d edp=%d), "
+              "order %s; links: mp %s, ep %s, esp %s\n",
               l.world, nodes, l.world / nodes, l.mp, l.ep, l.esp, l.dp, l.edp,
+              l.order_name().c_str(),
               perfmodel::link_name(perfmodel::group_link(target, Group::kMp)),
               perfmodel::link_name(perfmodel::group_link(target, Group::kEp)),
               perfmodel::link_name(perfmodel::group_link(target, Group::kEsp)));
@@ -123,6 +125,7 @@ int run_plan(PlanFlags f) {
   if (!f.json.empty()) {
     nlohmann::json cfg = f.layer.config_json();
     cfg["world"] = l.world;
+    cfg["order"] = l.order_name();
     cfg["devices_per_node"] = dpn;
     write_file_atomic(f.json, nlohmann::json{{"config", cfg},
                                              {"candidates", out},

@@ -15,12 +15,16 @@ namespace parm::cli {
 namespace {
 
 struct SimulateFlags {
-  std::string cluster, grid, out;
+  std::string cluster, grid, out, order;
 };
 
 int run_simulate(const SimulateFlags& f) {
   const auto cluster = perfmodel::read_cluster(f.cluster);
-  const auto grid = perfmodel::read_grid(f.grid);
+  auto grid = perfmodel::read_grid(f.grid);
+  if (!f.order.empty()) {
+    make_layout(1, 1, 1, 1, 1, f.order);  // the names; each layout checks the rest
+    grid.order = f.order;
+  }
   if (world_rank() != 0) return 0;
   std::error_code ec;
   std::filesystem::create_directories(f.out, ec);
@@ -33,7 +37,8 @@ int run_simulate(const SimulateFlags& f) {
   nlohmann::json doc = s.to_json();
   doc["cluster"] = {{"file", f.cluster}, {"name", cluster.name}, {"nodes", cluster.nodes},
                     {"devices_per_node", cluster.devices_per_node}};
-  doc["grid"] = {{"file", f.grid}, {"name", grid.name}, {"chunks", grid.chunks}};
+  doc["grid"] = {{"file", f.grid}, {"name", grid.name}, {"chunks", grid.chunks},
+                 {"order", grid.order}};
   doc["baseline_rule"] =
       "speedup = baseline / auto where the baseline exists (N_MP = 1, N_ESP = 1 or N_ESP = "
       "N_MP); other layouts get no speedup and are left out of its statistics";
@@ -43,9 +48,9 @@ int run_simulate(const SimulateFlags& f) {
                              fmt::format("{}: auto vs baseline over {} ({} configurations)",
                                          cluster.name, grid.name, s.with_baseline)));
   std::printf("# parm simulate: cluster %s (%d node(s) x %d devices), grid %s (%zu "
-              "configurations, %d chunks)\n",
+              "configurations, %d chunks, order %s)\n",
               cluster.name.c_str(), cluster.nodes, cluster.devices_per_node, grid.name.c_str(),
-              grid.configs.size(), grid.chunks);
+              grid.configs.size(), grid.chunks, grid.order.c_str());
   std::printf("%s", s.str().c_str());
   std::printf("wrote %s, %s, %s\n", csv.c_str(), js.c_str(), svg.c_str());
   return 0;
@@ -60,6 +65,9 @@ Command add_simulate(CLI::App& root) {
   app->add_option("--cluster", f->cluster, "cluster file (configs/clusters/*.json)")->required();
   app->add_option("--grid", f->grid, "grid file (configs/grids/*.json)")->required();
   app->add_option("--out", f->out, "output directory")->required();
+  app->add_option("--order", f->order,
+                  "nesting of the groups, innermost first (docs/layout.md); overrides the "
+                  "grid's \"order\" (default mp-esp-ep-dp-pp)");
   return {app, [f] { return run_simulate(*f); }};
 }
 

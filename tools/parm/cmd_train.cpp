@@ -15,10 +15,10 @@ namespace {
 struct TrainFlags {
   std::string config;
   int64_t steps = -1, micro_batch = -1, grad_accum = -1, eval_every = -1, save_every = -1;
-  int mp = -1, ep = -1, esp = -1, chunks = -1, ranks_per_node = -1;
+  int mp = -1, ep = -1, esp = -1, pp = -1, chunks = -1, ranks_per_node = -1;
   double lr = -1, timeout_s = -1;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
-  std::string device, precision, comm;
+  std::string device, precision, comm, order, pp_split;
   std::string resume;
   CLI::Option* resume_opt = nullptr;
 };
@@ -50,6 +50,9 @@ int run_train(TrainFlags& f) {
   if (f.mp > 0) p.mp = f.mp;
   if (f.ep > 0) p.ep = f.ep;
   if (f.esp > 0) p.esp = f.esp;
+  if (f.pp > 0) p.pp = f.pp;
+  if (!f.order.empty()) p.order = f.order;
+  if (!f.pp_split.empty()) p.pp_split = f.pp_split;
   if (f.chunks > 0) p.chunks = f.chunks;
   if (f.ranks_per_node >= 0) p.ranks_per_node = f.ranks_per_node;
   if (f.timeout_s > 0) p.timeout_s = f.timeout_s;
@@ -91,6 +94,12 @@ Command add_train(CLI::App& root) {
   app->add_option("--mp", f->mp, "model (tensor) parallel size");
   app->add_option("--ep", f->ep, "expert parallel size");
   app->add_option("--esp", f->esp, "expert sharding size");
+  app->add_option("--pp", f->pp, "pipeline parallel size (stages)")->check(CLI::PositiveNumber);
+  app->add_option("--pp-split", f->pp_split,
+                  "blocks per pipeline stage, first to last, e.g. 3,3,3,3 (default: balanced)");
+  app->add_option("--order", f->order,
+                  "nesting of the groups, innermost first: mp, esp, ep, dp, pp joined by '-' "
+                  "(default mp-esp-ep-dp-pp; docs/layout.md)");
   app->add_option("--schedule", f->schedule, "MoE schedule: baseline, s1, s2 or auto");
   app->add_option("--fuse", f->fuse, "fused collectives: on, off or auto");
   app->add_option("--chunks", f->chunks, "pipeline depth of the fused collectives");

@@ -50,7 +50,7 @@ MoeShape LayerFlags::shape() const {
   return s;
 }
 
-std::vector<schedule::Kind> LayerFlags::schedules() const {
+std::vector<schedule::Kind> LayerFlags::schedules(const Layout& lay) const {
   using schedule::Kind;
   if (schedule != "all" && schedule != "auto") {
     try {
@@ -63,7 +63,7 @@ std::vector<schedule::Kind> LayerFlags::schedules() const {
   // "all": the schedules that exist on the layout (no baseline where it is not defined).
   std::vector<Kind> out;
   for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
-    if (schedule::supports(kind, {.mp = layout.mp, .ep = layout.ep, .esp = layout.esp}))
+    if (schedule::supports(kind, lay))
       out.push_back(kind);
   return out;
 }
@@ -83,7 +83,7 @@ bool LayerFlags::fused_run_repeats(schedule::Kind kind, bool fuse,
 }
 
 nlohmann::json LayerFlags::config_json() const {
-  return {{"mp", layout.mp}, {"ep", layout.ep}, {"esp", layout.esp},
+  return {{"mp", layout.mp}, {"ep", layout.ep}, {"esp", layout.esp}, {"order", layout.order},
           {"tokens", tokens}, {"model_dim", model_dim}, {"hidden", hidden},
           {"experts", experts}, {"topk", topk}, {"capacity_factor", capacity_factor},
           {"schedule", schedule}, {"seed", seed}, {"fuse", fuse}, {"chunks", chunks},

@@ -41,7 +41,7 @@ struct LayerFlags {
   TopologyOptions topology() const;
   Precision precision_kind() const { return parse_precision(precision); }
   // "all" (and "auto": the candidates): those valid for the layout.
-  std::vector<schedule::Kind> schedules() const;
+  std::vector<schedule::Kind> schedules(const Layout& layout) const;
   // The fuse settings to run: {true}, {false} or {false, true} ("both" when allowed; "auto":
   // the candidates, when allowed).
   std::vector<bool> fuse_modes(bool allow_both) const;

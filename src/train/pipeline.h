@@ -1,0 +1,54 @@
+// Runs a step's micro-batches through this rank's pipeline stage under the 1F1B schedule
+// (train/pipeline_schedule.h): activations go forward and their gradients back as
+// point-to-point messages on the pp group's host communicator (counted as pp.send /
+// pp.recv, bounded by its deadline). Receives are posted as soon as their buffer is free;
+// sends never block the stage (waited before their buffer is reused).
+//
+// Every stage of a pp group passes the same micro-batches (each rank reads them itself: the
+// first stage needs the tokens, the last the targets).
+#pragma once
+
+#include <vector>
+
+#include "model/model.h"
+#include "train/pipeline_schedule.h"
+
+namespace parm::train {
+
+class PipelineRunner {
+ public:
+  // num_micro: micro-batches per step (--grad-accum); the model must have been built with
+  // pipeline_slots(stage, p, num_micro) activation slots.
+  PipelineRunner(Topology& topo, model::Model& model, int num_micro);
+
+  // Forward and backward of every micro-batch (batches.size() == num_micro), accumulating
+  // (+=) the stage's gradients (lm_denominator, loss_scale: as Model::forward_backward).
+  // Returns the stage's loss parts summed over the micro-batches: the lm loss on the last
+  // stage, the l_aux of its own MoE layers on every stage.
+  model::LossParts run(const std::vector<model::Batch>& batches, double lm_denominator,
+                       float loss_scale);
+  // Forward only of one micro-batch through all stages (evaluation); loss parts as run().
+  model::LossParts forward(const model::Batch& batch);
+
+  // Wall time the last run() spent waiting for pp.recv (the stage idle: the bubble).
+  double last_recv_wait_us() const { return recv_wait_us_; }
+  const std::vector<PipeStep>& steps() const { return steps_; }
+
+ private:
+  // Waits for r (when set), the receive of step st, and counts the wait as idle time. A
+  // Timeout is rethrown naming the rank and stage that did not send.
+  void wait_recv(RequestPtr& r, const PipeStep& st);
+
+  Communicator& pp_;
+  model::Model& model_;
+  model::StageBlocks stage_;
+  int num_micro_ = 1;
+  int slots_ = 1;
+  std::vector<PipeStep> steps_;
+  std::vector<int> peer_world_rank_;  // by stage: the world rank of this rank's pp peer
+  std::vector<Tensor> dy_;       // by slot: the incoming output gradient (T, M)
+  std::vector<Tensor> dx_send_;  // by slot: the outgoing input gradient (T, M)
+  double recv_wait_us_ = 0.0;
+};
+
+}  // namespace parm::train

@@ -1,0 +1,53 @@
+#include "train/pipeline_schedule.h"
+
+#include <algorithm>
+
+#include "parm/error.h"
+
+namespace parm::train {
+
+int pipeline_slots(int stage, int num_stages, int num_micro) {
+  return std::min(num_stages - stage, num_micro);
+}
+
+std::vector<PipeStep> one_f_one_b(int stage, int num_stages, int num_micro) {
+  PARM_CONFIG_CHECK(num_stages >= 1 && stage >= 0 && stage < num_stages,
+                    "pipeline stage {} is not one of 0..{}", stage, num_stages - 1);
+  PARM_CONFIG_CHECK(num_micro >= 1, "a pipeline step needs at least 1 micro-batch, got {}",
+                    num_micro);
+  const int slots = pipeline_slots(stage, num_stages, num_micro);
+  const int warmup = std::min(num_stages - stage - 1, num_micro);
+  std::vector<PipeStep> out;
+  out.reserve(static_cast<size_t>(2 * num_micro));
+  int next_f = 0, next_b = 0;
+  auto forward = [&] {
+    out.push_back({PipeOp::kForward, next_f, next_f % slots});
+    ++next_f;
+  };
+  auto backward = [&] {
+    out.push_back({PipeOp::kBackward, next_b, next_b % slots});
+    ++next_b;
+  };
+  for (int i = 0; i < warmup; ++i) forward();
+  while (next_f < num_micro) {
+    forward();
+    backward();
+  }
+  while (next_b < num_micro) backward();
+  return out;
+}
+
+double one_f_one_b_bubble(int num_stages, int num_micro) {
+  return static_cast<double>(num_stages - 1) / static_cast<double>(num_micro + num_stages - 1);
+}
+
+std::string steps_str(const std::vector<PipeStep>& steps) {
+  std::string s;
+  for (const PipeStep& p : steps) {
+    if (!s.empty()) s += ' ';
+    s += (p.op == PipeOp::kForward ? 'F' : 'B') + std::to_string(p.micro);
+  }
+  return s;
+}
+
+}  // namespace parm::train
