@@ -74,13 +74,15 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   PARM_CONFIG_CHECK(o.warmup >= 0, "--warmup {} must be at least 0", o.warmup);
   const auto grid = read_grid(o.grid_path);
   const int rpn = o.topology.ranks_per_node;
+  // The grid's order, unless the command line gave one (as in parm simulate).
+  const std::string order = o.topology.order != kDefaultOrder ? o.topology.order : grid.order;
   log(fmt::format("# parm bench-layer --sweep {}: {} configurations in the grid, {} ranks{}; "
                   "profile {}; {} iters + {} warmup per schedule; ms = median over iterations of "
                   "the max over ranks (forward + backward), the schedules' iterations "
-                  "interleaved",
+                  "interleaved; order {}",
                   o.grid_path, grid.configs.size(), o.world,
                   rpn > 0 ? fmt::format(", {} per emulated node", rpn) : "", o.profile_path,
-                  o.iters, o.warmup));
+                  o.iters, o.warmup, order));
   nlohmann::json configs = nlohmann::json::array();
   std::vector<double> ratios, rel_errors;
   int64_t measured_configs = 0, correct = 0, within5 = 0, skipped = 0;
@@ -92,8 +94,9 @@ nlohmann::json validate_sweep(const SweepOptions& o,
     std::vector<Candidate> cands;
     std::unique_ptr<Topology> topo;
     try {
-      make_layout(o.world, c.mp, c.ep, c.esp);
+      make_layout(o.world, c.mp, c.ep, c.esp, 1, order);
       TopologyOptions to = o.topology;
+      to.order = order;
       to.mp = c.mp;
       to.ep = c.ep;
       to.esp = c.esp;

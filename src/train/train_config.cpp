@@ -264,7 +264,8 @@ void validate(const TrainConfig& c) {
                     "parallel.fuse '{}' is not valid; use on, off or auto", p.fuse);
   PARM_CONFIG_CHECK(p.chunks >= 1, "parallel.chunks {} must be at least 1", p.chunks);
   PARM_CONFIG_CHECK(p.pp >= 1, "parallel.pp {} must be at least 1", p.pp);
-  model::parse_pp_split(p.pp_split, p.pp, m.num_layers);  // the order needs the world size
+  // (The order needs the world size: Topology::create checks it.)
+  model::parse_pp_split(p.pp_split, p.pp, m.num_layers, "--pp-split (parallel.pp_split)");
   // Names first (their messages list the valid ones), then whether they can run here.
   const Device device = parse_device(p.device);
   const Precision precision = parse_precision(p.precision);

@@ -295,13 +295,20 @@ int run_bench_layer(const BenchLayerFlags& f) {
   const Layout& l = topo->layout();
   const bool root = topo->world_rank() == 0;
 
-  if (root)
+  if (root) {
     std::printf("# parm bench-layer: %s on %d ranks (mp=%d ep=%d esp=%d dp=%d edp=%d, %d "
                 "node(s)); device %s, %s, communicator %s; %d iters + %d warmup; ms = median "
                 "(max) over iterations of the max over ranks\n",
                 shape.str().c_str(), l.world, l.mp, l.ep, l.esp, l.dp, l.edp, topo->num_nodes(),
                 device_name(topo->device()), precision_name(precision), topo->comm_backend(),
                 f.iters, f.warmup);
+    // Which groups cross nodes: what --order changes.
+    const auto target = perfmodel::target_of(*topo);
+    std::printf("# order %s: mp %s, ep %s, esp %s\n", l.order_name().c_str(),
+                perfmodel::link_name(perfmodel::group_link(target, Group::kMp)),
+                perfmodel::link_name(perfmodel::group_link(target, Group::kEp)),
+                perfmodel::link_name(perfmodel::group_link(target, Group::kEsp)));
+  }
   if (root && precision == Precision::kBf16 && topo->device() == Device::kCpu)
     std::printf("# bf16 products: %s (cpu: %s)\n", cpu::bf16_kernel_name(),
                 cpu::cpu_bf16_capability());
@@ -410,6 +417,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
 }
 
 int run_sweep(const BenchLayerFlags& f) {
+  f.layer.layout.refuse_pp("bench-layer --sweep");
   perfmodel::SweepOptions o;
   o.grid_path = f.sweep;
   o.profile = load_profile_for_auto(f.layer, "--sweep");
@@ -443,7 +451,8 @@ Command add_bench_layer(CLI::App& root) {
   app->add_option("--sweep", f->sweep,
                   "grid file (configs/grids/*.json): measure every schedule of every "
                   "configuration that fits this job and compare with the model (--profile); "
-                  "the grid replaces the layer and layout flags except --ranks-per-node");
+                  "the grid replaces the layer and layout flags except --ranks-per-node (and "
+                  "--order, which overrides the grid's \"order\")");
   return {app, [f] { return f->sweep.empty() ? run_bench_layer(*f) : run_sweep(*f); }};
 }
 
