@@ -30,6 +30,18 @@ LineFit fit_through_origin(const std::vector<double>& x, const std::vector<doubl
 // sizes that carry the bytes.
 LineFit fit_anchored(const std::vector<double>& x, const std::vector<double>& y);
 
+// Lines with one common slope: series i (samples x[i], y[i]) lies on y = a_i + b x. Each line
+// is anchored at its smallest x as in fit_anchored; b is the least-squares slope (>= 0)
+// pooled over every series. r2 over all samples. Throws as fit_anchored per series.
+struct PooledFit {
+  std::vector<double> intercepts;  // a_i (>= 0)
+  double slope = 0.0;              // b
+  double r2 = 0.0;
+  int64_t samples = 0;
+};
+PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
+                              const std::vector<std::vector<double>>& y);
+
 // 1 - SS_res / SS_tot of `predicted` against `measured` (1 when SS_tot is 0 and the
 // prediction is exact, 0 when it is not).
 double r_squared(const std::vector<double>& measured, const std::vector<double>& predicted);

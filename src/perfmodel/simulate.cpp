@@ -47,7 +47,10 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
     CommFit f;
     f.alpha_us = r.number(e, path, "alpha_us", 0.0, true);
     f.beta_us_per_byte = r.number(e, path, "beta_us_per_byte", 0.0, true);
+    if (e.contains("alpha_per_rank_us"))
+      f.alpha_per_rank_us = r.number(e, path, "alpha_per_rank_us", 0.0, true);
     f.source = "assumed";
+    f.alpha_per_rank_source = "assumed";
     for (auto& fit : p.comm[static_cast<size_t>(link)]) fit = f;
   }
   const auto& g = r.object(j, "", "gemm");
