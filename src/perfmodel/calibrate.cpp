@@ -365,6 +365,51 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
       ff.r2, ff.samples, meas.empty() ? 0.0 : ratio_sum / static_cast<double>(meas.size()));
 }
 
+// A collective after computation against both alone, interleaved: 8 x (GEMM 128^3, then a
+// 4 KiB alltoall on group g) per iteration, against 8 GEMMs and 8 alltoalls timed apart.
+// step_sync = (chain - GEMMs - alltoalls) / 8, >= 0.
+void calibrate_step_sync(Topology& topo, Group g, const CalibrateOptions& o, Calibration& cal,
+                         const Logger& log) {
+  Communicator& c = topo.comm(g);
+  Communicator& world = topo.host_comm(Group::kWorld);
+  constexpr int kSteps = 8;
+  constexpr int64_t kDim = 128;
+  const size_t count = 1024 / static_cast<size_t>(c.size()) + 1;
+  std::vector<float> send(count * static_cast<size_t>(c.size()), 1.0f), recv(send.size());
+  std::vector<float> a(kDim * kDim, 0.5f), b(kDim * kDim, 0.25f), out(kDim * kDim);
+  auto gemm = [&] { cpu::gemm(false, false, kDim, kDim, kDim, a.data(), b.data(), out.data(), false); };
+  auto a2a = [&] { c.alltoall(send.data(), recv.data(), count); };
+  std::vector<double> chain, gemms, a2as;
+  const int iters = std::max(o.iters, 5);
+  for (int it = 0; it < o.warmup + iters; ++it) {
+    double t[3];
+    for (int kind = 0; kind < 3; ++kind) {
+      world.barrier();
+      const double t0 = now_us();
+      for (int s = 0; s < kSteps; ++s) {
+        if (kind != 2) gemm();
+        if (kind != 1) a2a();
+      }
+      t[kind] = now_us() - t0;
+    }
+    if (it < o.warmup) continue;
+    chain.push_back(t[0]);
+    gemms.push_back(t[1]);
+    a2as.push_back(t[2]);
+  }
+  auto slowest_median = [&](std::vector<double> v) {
+    return median(max_over_ranks(world, std::move(v)));
+  };
+  const double tc = slowest_median(chain), tg = slowest_median(gemms), ta = slowest_median(a2as);
+  SyncFit& f = cal.profile.step_sync;
+  f.us = std::max(0.0, (tc - tg - ta) / kSteps);
+  f.samples = iters;
+  f.source = topo.nodes_emulated() ? "emulated" : "measured";
+  log("  step sync on {} ({} ranks): {:.1f} us per collective step (chain {:.0f} us, GEMMs "
+      "{:.0f} us, alltoalls {:.0f} us, {} steps)  [{} iters]",
+      group_name(g), c.size(), f.us, tc, tg, ta, kSteps, iters);
+}
+
 void calibrate_gemm(Communicator& world, const CalibrateOptions& o, Calibration& cal, const Logger& log) {
   struct Shape {
     bool ta, tb;
@@ -513,6 +558,8 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   }
   log("fused collectives ({} chunks):", o.chunks);
   calibrate_fused(topo, o, cal, log);
+  log("collective after computation:");
+  calibrate_step_sync(topo, l.ep > 1 ? Group::kEp : Group::kWorld, o, cal, log);
   log("GEMM (all ranks at once, as in the layer):");
   calibrate_gemm(topo.host_comm(Group::kWorld), o, cal, log);
   log("memory-bound kernels:");

@@ -269,10 +269,11 @@ struct Pricer {
         piece.push_back(alpha + (us - alpha) / sc.chunks);
         links.push_back(sp.link);
       }
-      const double t = fused && !parts.empty()
-                           ? fused_us(piece, links, sc.chunks, prof.fused.overlap,
-                                      prof.fused.per_piece_us)
-                           : sum;
+      double t = fused && !piece.empty()
+                     ? fused_us(piece, links, sc.chunks, prof.fused.overlap,
+                                prof.fused.per_piece_us)
+                     : sum;
+      if (!piece.empty()) t += prof.step_sync.us;  // the ranks meet once per step
       (bwd ? c.bwd_us : c.fwd_us) += t;
     }
     local_copies(s, c);

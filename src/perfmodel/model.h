@@ -15,6 +15,8 @@
 //                   all run at once) of (n - local_r) / (n - 1): how many ranks' worth of bus
 //                   bytes cross that node's link, which they share.
 // The two parts add: both are driven by the same cores (no overlap measured here).
+// Every collective step and direction adds step_sync (profile.h): the ranks' rendezvous
+// after computation, which back-to-back collective timings never see.
 // Expert rows: balanced routing unless the busiest rank's filled rows are known
 // (RoutedRows, from a measured forward pass): then R = those rows / local experts.
 // Fused step with parts p_1..p_K in the stage order of its pipeline (the description in

@@ -83,6 +83,8 @@ nlohmann::json profile_to_json(const Profile& p) {
   j["fused"] = {{"overlap", p.fused.overlap}, {"per_piece_us", p.fused.per_piece_us},
                 {"r2", p.fused.r2},
                 {"samples", p.fused.samples}, {"source", p.fused.source}};
+  j["step_sync"] = {{"us", p.step_sync.us}, {"samples", p.step_sync.samples},
+                    {"source", p.step_sync.source}};
   write_rate_fits(p.gemm, "gflops", &GemmFit::gflops, gemm_class_name, j["gemm"]);
   write_rate_fits(p.mem, "gbps", &MemFit::gbps, mem_class_name, j["memory"]);
   return j;
@@ -139,6 +141,10 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
   p.fused.r2 = r.number(fu, "fused", "r2", -INFINITY, true, 1.0);
   p.fused.samples = r.integer(fu, "fused", "samples", 0);
   p.fused.source = r.text(fu, "fused", "source");
+  const auto& sy = r.object(j, "", "step_sync");
+  p.step_sync.us = r.number(sy, "step_sync", "us", 0.0, true);
+  p.step_sync.samples = r.integer(sy, "step_sync", "samples", 0);
+  p.step_sync.source = r.text(sy, "step_sync", "source");
   read_rate_fits(r, j, "gemm", "gflops", &GemmFit::gflops, gemm_class_name, p.gemm);
   read_rate_fits(r, j, "memory", "gbps", &MemFit::gbps, mem_class_name, p.mem);
   return p;

@@ -97,6 +97,16 @@ struct FusedFit {
   std::string source = "assumed";
 };
 
+// The rendezvous of a collective step that follows computation: ranks arrive at different
+// times and a loaded or oversubscribed machine has descheduled some of them, which a
+// collective timed back to back (the collective fits) never pays. Added once per collective
+// step and direction (model.h).
+struct SyncFit {
+  double us = 0.0;
+  int64_t samples = 0;
+  std::string source = "assumed";
+};
+
 struct Profile {
   // 2: per-group-size latency (alpha_per_rank_us), inter beta per byte over a node's link,
   // group_sizes and per-term sources. Version 1 files are refused (their inter beta meant
@@ -105,6 +115,7 @@ struct Profile {
   nlohmann::json machine = nlohmann::json::object();  // hostname, cores, cpu, mpi, onednn...
   std::array<std::array<CommFit, kModelOps.size()>, kNumLinks> comm{};
   FusedFit fused;
+  SyncFit step_sync;
   std::array<GemmFit, kNumGemmClasses> gemm{};
   std::array<MemFit, kNumMemClasses> mem{};
 
@@ -127,6 +138,7 @@ struct Profile {
 //                  "alpha_per_rank_source"}, "allgather", "reduce_scatter", "alltoall"},
 //                  "inter": {...}},
 //  "fused": {"overlap", "per_piece_us", "r2", "samples", "source"},
+//  "step_sync": {"us", "samples", "source"},
 //  "gemm": {"expert_nn": {"alpha_us", "gflops", "r2", "samples", "source"}, "expert_tn",
 //           "expert_nt", "gate"},
 //  "memory": {"copy": {"alpha_us", "gbps", "r2", "samples", "source"}, "gelu"}}

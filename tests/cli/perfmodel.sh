@@ -28,7 +28,7 @@ check "plan prints every candidate" 0 $rc "== s2+fused" "$out"
 check "plan names the links" 0 $rc "links: mp intra, ep inter, esp intra" "$out"
 check "plan makes a choice" 0 $rc "choice: " "$out"
 
-sed 's/"version": 1/"version": 7/' "$tmp/p.json" >"$tmp/v7.json"
+sed 's/"version": 2/"version": 7/' "$tmp/p.json" >"$tmp/v7.json"
 out="$(prun -n 1 -- plan $layer --profile "$tmp/v7.json")"; rc=$?
 check "a profile of another version is refused" 2 $rc "'version' is 7" "$out"
 

@@ -346,6 +346,25 @@ TEST(PerfModel, CollectiveUsOfEachTerm) {
                    14.0 + 0.3);
 }
 
+// Every collective step pays the rendezvous once per direction, a fused one too.
+TEST(PerfModel, StepSyncOncePerCollectiveStep) {
+  Profile p = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const Prediction plain = predict_kind(p, shape, t, Kind::kS1, true);
+  p.step_sync.us = 7.0;
+  const Prediction synced = predict_kind(p, shape, t, Kind::kS1, true);
+  int stepped = 0;
+  for (size_t i = 0; i < plain.steps.size(); ++i) {
+    const auto& a = plain.steps[i];
+    const auto& b = synced.steps[i];
+    EXPECT_DOUBLE_EQ(b.fwd_us - a.fwd_us, a.fwd_parts.empty() ? 0.0 : 7.0) << a.label;
+    EXPECT_DOUBLE_EQ(b.bwd_us - a.bwd_us, a.bwd_parts.empty() ? 0.0 : 7.0) << a.label;
+    stepped += !a.fwd_parts.empty();
+  }
+  EXPECT_GE(stepped, 3);
+}
+
 // The experts step prices the busiest rank's rows where the routing is known.
 TEST(PerfModel, ImbalancedFillsPriceTheBusiestRank) {
   Profile p = comm_only_profile(0.0, 0.0, 0.0, 0.0);
@@ -387,6 +406,7 @@ Profile sample_profile() {
       v += 1.0;
     }
   p.fused = FusedFit{0.75, 3.5, 0.9, 24, "emulated"};
+  p.step_sync = SyncFit{42.0, 10, "measured"};
   for (auto& g : p.gemm) {
     g = GemmFit{v, 10.0 * v, 0.95, 54, "measured"};
     v += 1.0;
@@ -419,6 +439,8 @@ TEST(Profile, WriteReadRoundTrip) {
   EXPECT_DOUBLE_EQ(q.fused.overlap, 0.75);
   EXPECT_DOUBLE_EQ(q.fused.per_piece_us, 3.5);
   EXPECT_EQ(q.fused.source, "emulated");
+  EXPECT_DOUBLE_EQ(q.step_sync.us, 42.0);
+  EXPECT_EQ(q.step_sync.source, "measured");
   for (size_t c = 0; c < p.gemm.size(); ++c) {
     EXPECT_DOUBLE_EQ(q.gemm[c].gflops, p.gemm[c].gflops);
     EXPECT_DOUBLE_EQ(q.gemm[c].alpha_us, p.gemm[c].alpha_us);
