@@ -93,6 +93,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   std::vector<double> ratios, rel_errors;
   std::map<std::string, std::vector<double>> by_schedule;  // relative errors per schedule
   std::vector<std::string> wrong;                          // configurations auto got wrong
+  std::vector<double> speedups;  // measured baseline / auto, where there is a baseline
   std::vector<double> twins;  // |t_a / t_b - 1| of candidates with the same step list
   int64_t measured_configs = 0, correct = 0, within5 = 0, skipped = 0;
   for (size_t ci = 0; ci < grid.configs.size(); ++ci) {
@@ -173,6 +174,10 @@ nlohmann::json validate_sweep(const SweepOptions& o,
     cj["regret"] = ratio;
     configs.push_back(cj);
     cj["auto_is_fastest"] = chosen == oracle || same_list;
+    if (cands[0].kind == schedule::Kind::kBaseline) {
+      cj["auto_over_baseline"] = meas[0] / meas[chosen];
+      speedups.push_back(meas[0] / meas[chosen]);
+    }
     if (chosen != oracle && !same_list)
       wrong.push_back(fmt::format("[{}] {}: auto {}, fastest {}, regret {:.3f}", ci, desc,
                                   cands[chosen].pred.name(), cands[oracle].pred.name(), ratio));
@@ -203,6 +208,12 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       {"predictions_compared", rel_errors.size()},
       {"median_abs_relative_error_by_schedule", nlohmann::json::object()},
       {"wrong_choices", wrong},
+      {"speedup_auto_over_baseline",
+       {{"count", speedups.size()},
+        {"min", speedups.empty() ? NAN : *std::min_element(speedups.begin(), speedups.end())},
+        {"median", median(speedups)},
+        {"max", max_of(speedups)},
+        {"share_above_1_13", share_above(speedups, 1.13)}}},
       {"same_schedule_spread", {{"pairs", twins.size()},
                                 {"median", median(twins)},
                                 {"max", max_of(twins)}}}};
@@ -222,6 +233,11 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   for (const auto& [name, errs] : by_schedule)
     per += fmt::format("  {} {:.1f}%", name, 100.0 * median(errs));
   log("median error by schedule:" + per);
+  if (!speedups.empty())
+    log(fmt::format("measured speedup of auto over the baseline: min {:.3f}, median {:.3f}, max "
+                    "{:.3f}; above 1.13x in {:.1f}% of {} configurations",
+                    *std::min_element(speedups.begin(), speedups.end()), median(speedups),
+                    max_of(speedups), 100.0 * share_above(speedups, 1.13), speedups.size()));
   if (!twins.empty())
     log(fmt::format("noise floor: candidates with the same step list (priced alike) measured "
                     "{:.1f}% apart (median over {} pairs, max {:.1f}%)",
