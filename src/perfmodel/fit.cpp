@@ -87,9 +87,15 @@ PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
   for (size_t s = 0; s < x.size(); ++s) {
     PARM_CHECK_EQ(x[s].size(), y[s].size());
     PARM_CHECK(x[s].size() >= 2, "a line fit needs at least 2 samples, got {}", x[s].size());
-    first[s] = static_cast<size_t>(std::min_element(x[s].begin(), x[s].end()) - x[s].begin());
+    // The anchor: of the two smallest sizes, the one timed faster (a loaded machine only
+    // ever adds time, so one delayed smallest sample must not become the latency).
+    std::vector<size_t> order(x[s].size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return x[s][a] < x[s][b]; });
+    first[s] = y[s][order[1]] < y[s][order[0]] ? order[1] : order[0];
     // Through (x_first, y_first): y = y_first + b (x - x_first).
     for (size_t i = 0; i < x[s].size(); ++i) {
+      if (x[s][i] < x[s][first[s]]) continue;  // the delayed smallest sample
       const double dx = x[s][i] - x[s][first[s]];
       sxy += dx * (y[s][i] - y[s][first[s]]);
       sxx += dx * dx;

@@ -31,8 +31,10 @@ LineFit fit_through_origin(const std::vector<double>& x, const std::vector<doubl
 LineFit fit_anchored(const std::vector<double>& x, const std::vector<double>& y);
 
 // Lines with one common slope: series i (samples x[i], y[i]) lies on y = a_i + b x. Each line
-// is anchored at its smallest x as in fit_anchored; b is the least-squares slope (>= 0)
-// pooled over every series. r2 over all samples. Throws as fit_anchored per series.
+// is anchored at the faster-timed of its two smallest x (a delay on a loaded machine only
+// adds time; a smaller sample left out then); b is the least-squares slope (>= 0) through
+// the anchors pooled over every series. r2 over all samples. Throws as fit_anchored per series. fit_anchored is the case of
+// one series.
 struct PooledFit {
   std::vector<double> intercepts;  // a_i (>= 0)
   double slope = 0.0;              // b

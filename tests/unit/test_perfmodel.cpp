@@ -671,6 +671,11 @@ TEST(Fit, PooledAnchoredLines) {
   EXPECT_NEAR(g.slope, 2.0, 1e-12);
   EXPECT_NEAR(g.intercepts[1], 10.0, 1e-12);
   EXPECT_THROW(fit_anchored_pooled({{1}}, {{1}}), Error);
+  // A delayed smallest sample (1000 instead of 12 on y = 10 + 2x) does not set the latency:
+  // the line is anchored at the second size, timed faster.
+  const auto h = fit_anchored_pooled({{1, 2, 4, 8}}, {{1000, 14, 18, 26}});
+  EXPECT_NEAR(h.intercepts[0], 10.0, 1e-9);
+  EXPECT_NEAR(h.slope, 2.0, 1e-9);
 }
 
 TEST(Fit, LineAndOrigin) {
