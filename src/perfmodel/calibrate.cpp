@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <ctime>
 #include <fstream>
 #include <thread>
@@ -49,6 +50,25 @@ nlohmann::json describe_machine() {
 }
 
 namespace {
+
+// Three variants run(0), run(1), run(2) timed as time_all_ranks does, their iterations
+// interleaved (so that load changes hit them alike); the three medians of the slowest rank.
+template <typename Fn>
+std::array<double, 3> time_three_interleaved(Communicator& world, int warmup, int iters,
+                                             Fn&& run) {
+  std::array<std::vector<double>, 3> t;
+  for (int it = 0; it < warmup + iters; ++it)
+    for (int v = 0; v < 3; ++v) {
+      world.barrier();
+      const double t0 = now_us();
+      run(v);
+      const double dt = now_us() - t0;
+      if (it >= warmup) t[static_cast<size_t>(v)].push_back(dt);
+    }
+  std::array<double, 3> out;
+  for (size_t v = 0; v < 3; ++v) out[v] = median(max_over_ranks(world, std::move(t[v])));
+  return out;
+}
 
 // Times `fn` on every rank at once (after a world barrier), warmup + iters times; returns
 // the median over iterations of the slowest rank's time.
@@ -276,32 +296,17 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
     std::vector<float> a(row, 1.0f), mid(row, 0.0f);
     std::vector<float> b(static_cast<size_t>(n_esp) * row, 1.0f);
     for (bool dispatch : {true, false}) {
-      std::vector<double> tf, t1, t2;
-      for (int it = 0; it < o.warmup + o.iters; ++it) {
-        double t[3];
-        for (int op = 0; op < 3; ++op) {
-          world.barrier();
-          const double t0 = now_us();
-          if (dispatch) {
-            if (op == 0) fused_dispatch(ep, esp, a.data(), b.data(), block, W);
-            if (op == 1) ep.alltoall(a.data(), mid.data(), block);
-            if (op == 2) esp.allgather(mid.data(), b.data(), row);
-          } else {
-            if (op == 0) fused_combine(esp, ep, b.data(), a.data(), block, W);
-            if (op == 1) esp.reduce_scatter(b.data(), mid.data(), row);
-            if (op == 2) ep.alltoall(mid.data(), a.data(), block);
-          }
-          t[op] = now_us() - t0;
+      const auto [f, p1, p2] = time_three_interleaved(world, o.warmup, o.iters, [&](int op) {
+        if (dispatch) {
+          if (op == 0) fused_dispatch(ep, esp, a.data(), b.data(), block, W);
+          if (op == 1) ep.alltoall(a.data(), mid.data(), block);
+          if (op == 2) esp.allgather(mid.data(), b.data(), row);
+        } else {
+          if (op == 0) fused_combine(esp, ep, b.data(), a.data(), block, W);
+          if (op == 1) esp.reduce_scatter(b.data(), mid.data(), row);
+          if (op == 2) ep.alltoall(mid.data(), a.data(), block);
         }
-        if (it < o.warmup) continue;
-        tf.push_back(t[0]);
-        t1.push_back(t[1]);
-        t2.push_back(t[2]);
-      }
-      auto slowest_median = [&](std::vector<double> v) {
-        return median(max_over_ranks(world, std::move(v)));
-      };
-      const double f = slowest_median(tf), p1 = slowest_median(t1), p2 = slowest_median(t2);
+      });
       // Stages in pipeline order: dispatch = ep alltoall, esp allgather; combine = esp
       // reduce_scatter, ep alltoall.
       const double alpha_a = collective_alpha_us(
@@ -379,28 +384,13 @@ void calibrate_step_sync(Topology& topo, Group g, const CalibrateOptions& o, Cal
   std::vector<float> a(kDim * kDim, 0.5f), b(kDim * kDim, 0.25f), out(kDim * kDim);
   auto gemm = [&] { cpu::gemm(false, false, kDim, kDim, kDim, a.data(), b.data(), out.data(), false); };
   auto a2a = [&] { c.alltoall(send.data(), recv.data(), count); };
-  std::vector<double> chain, gemms, a2as;
   const int iters = std::max(o.iters, 5);
-  for (int it = 0; it < o.warmup + iters; ++it) {
-    double t[3];
-    for (int kind = 0; kind < 3; ++kind) {
-      world.barrier();
-      const double t0 = now_us();
-      for (int s = 0; s < kSteps; ++s) {
-        if (kind != 2) gemm();
-        if (kind != 1) a2a();
-      }
-      t[kind] = now_us() - t0;
+  const auto [tc, tg, ta] = time_three_interleaved(world, o.warmup, iters, [&](int kind) {
+    for (int s = 0; s < kSteps; ++s) {
+      if (kind != 2) gemm();  // 0: the chain, 1: GEMMs alone, 2: alltoalls alone
+      if (kind != 1) a2a();
     }
-    if (it < o.warmup) continue;
-    chain.push_back(t[0]);
-    gemms.push_back(t[1]);
-    a2as.push_back(t[2]);
-  }
-  auto slowest_median = [&](std::vector<double> v) {
-    return median(max_over_ranks(world, std::move(v)));
-  };
-  const double tc = slowest_median(chain), tg = slowest_median(gemms), ta = slowest_median(a2as);
+  });
   SyncFit& f = cal.profile.step_sync;
   f.us = std::max(0.0, (tc - tg - ta) / kSteps);
   f.samples = iters;
