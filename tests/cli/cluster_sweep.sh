@@ -13,13 +13,8 @@ SRC=${2:?usage: cluster_sweep.sh <path-to-parm> <source-dir>}
 CLUSTER=$SRC/scripts/cluster
 PY=/usr/bin/python3
 
-skip() { echo "SKIP: $*"; exit 77; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-[ "$(id -u)" -eq 0 ] || skip "needs root to create network namespaces (running as uid $(id -u))"
-unshare --net --uts --mount -- true 2>/dev/null ||
-  skip "creating namespaces is not permitted here (unshare --net --uts --mount failed)"
-[ -x "$PARM" ] || fail "no parm binary at $PARM"
+# shellcheck source=lib/cluster_prereq.bash
+source "$(dirname "$0")/lib/cluster_prereq.bash"
 
 # A state dir of our own (not cluster.sh's: CTest may run both at once).
 PARM_CLUSTER_DIR=/tmp/parm-cluster-sweep-test.$(realpath "$PARM" | md5sum | cut -c1-10)
