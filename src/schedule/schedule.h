@@ -84,6 +84,14 @@ Move step_move(StepKind k, bool backward);
 struct BufferSpec {
   std::string name;
   Shape shape;
+  // A buffer of expert rows (the dispatch and combine paths): segments of `slots` rows, one
+  // per expert (and block), each holding its routed rows first; 0: not segmented. Under
+  // dropless routing only the routed rows of such buffers travel (comm/row_exchange.h).
+  int64_t slots = 0;
+  // The buffer whose per-segment fill counts this one has (the combine path mirrors the
+  // dispatch path); -1: its counts come from its own step (dispatch, or the exchange that
+  // carries them).
+  int fills_like = -1;
 };
 
 // Buffer id of the gate weight's gradient, for kShareDup steps on a parameter (S1's dWg).
@@ -139,6 +147,7 @@ struct Schedule {
   bool adds_b2 = true;         // this rank adds b2 (ESP rank 0 of its group)
   int64_t gate_weight_numel = 0;  // M * E
   bool fused = false;          // uses fused collectives
+  bool dropless = false;       // capacity factor none: segmented exchanges move routed rows only
   int chunks = 1;              // their pipeline depth
 
   std::string describe() const;  // one line per step

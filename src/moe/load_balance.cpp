@@ -1,0 +1,48 @@
+#include "moe/load_balance.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace parm {
+namespace {
+
+double max_over_mean(const std::vector<double>& v) {
+  double sum = 0.0, mx = 0.0;
+  for (double x : v) {
+    sum += x;
+    mx = std::max(mx, x);
+  }
+  return sum > 0.0 ? mx * static_cast<double>(v.size()) / sum : 0.0;
+}
+
+}  // namespace
+
+std::string LoadImbalance::str() const {
+  return fmt::format("max/mean per expert {:.3f}, per rank {:.3f}", expert_max_over_mean,
+                     rank_max_over_mean);
+}
+
+LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer) {
+  Communicator& world = topo.host_comm(Group::kWorld);
+  const auto& sc = layer.schedule();
+  const auto E = static_cast<size_t>(layer.shape().experts);
+  // Routed choices per expert of this rank's gate call, unless an MP peer gates the same
+  // tokens (every schedule but S1 gates the MP group's T tokens on each of its ranks).
+  std::vector<double> per_expert(E, 0.0);
+  const bool counts = sc.gate_tokens != sc.total_tokens || topo.comm(Group::kMp).rank() == 0;
+  if (counts) {
+    const auto& fill = layer.backend().fill();
+    for (size_t e = 0; e < per_expert.size(); ++e) per_expert[e] = static_cast<double>(fill[e]);
+  }
+  world.allreduce(per_expert.data(), per_expert.size());
+  std::vector<double> per_rank(static_cast<size_t>(world.size()), 0.0);
+  double mine = 0.0;
+  for (int64_t r : layer.expert_rows()) mine += static_cast<double>(r);
+  per_rank[static_cast<size_t>(world.rank())] = mine;
+  world.allreduce(per_rank.data(), per_rank.size());
+  return {max_over_mean(per_expert), max_over_mean(per_rank)};
+}
+
+}  // namespace parm
