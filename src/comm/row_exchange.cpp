@@ -7,7 +7,7 @@ namespace parm {
 namespace {
 
 float* seg_rows(const Segments& s, int64_t i, int64_t row_elems) {
-  return s.data + i * s.slots * row_elems;
+  return s.data + (s.first != nullptr ? s.first[i] : i * s.slots) * row_elems;
 }
 
 int64_t fill_of(const Segments& s, int64_t i) {
@@ -26,8 +26,12 @@ int64_t Segments::routed_rows() const {
 }
 
 void RowExchange::reset(int n) {
-  sends_.resize(static_cast<size_t>(n));
-  recvs_.resize(static_cast<size_t>(n));
+  // Grown only: groups of different sizes share the lists, and a shrink would free the
+  // inner lists' storage (an allocation on every later call).
+  if (sends_.size() < static_cast<size_t>(n)) {
+    sends_.resize(static_cast<size_t>(n));
+    recvs_.resize(static_cast<size_t>(n));
+  }
   for (auto& v : sends_) v.clear();  // capacity kept
   for (auto& v : recvs_) v.clear();
 }

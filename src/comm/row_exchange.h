@@ -26,12 +26,14 @@ namespace parm {
 constexpr int kRowExchangeTag = kFusedTagBase - 2;
 
 // A segmented buffer: `count` segments of `slots` rows of `row_elems` floats; segment i's
-// first fill[i] rows are routed (0 <= fill[i] <= slots).
+// first fill[i] rows are routed (0 <= fill[i] <= slots). With `first`, segment i starts at
+// row first[i] instead of i * slots (a view that cuts each segment's routed rows in parts).
 struct Segments {
   float* data = nullptr;
   int64_t slots = 0;
   const int32_t* fill = nullptr;
   int64_t count = 0;
+  const int64_t* first = nullptr;
   int64_t routed_rows() const;
 };
 

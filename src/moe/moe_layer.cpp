@@ -126,13 +126,18 @@ int64_t MoeLayer::held_bytes() const {
 void MoeLayer::slice_fills(const Step& s) {
   // S2's "keep my slots": MP rank j keeps slots [j*cs, (j+1)*cs) of every expert, so its
   // fill is the part of the expert's filled prefix that falls there.
+  // Dropless: MP rank j keeps part j of every expert's routed rows (dropless_part), so the
+  // ranks share the rows evenly.
   const auto& in = fills(s.in);
   auto& out = fills(s.out);
   const int64_t cs = s.chunk / shape_.model_dim;
-  const int64_t lo = topo_.comm(s.group).rank() * cs;
+  Communicator& c = topo_.comm(s.group);
+  const int64_t lo = c.rank() * cs;
   out.resize(in.size());
   for (size_t i = 0; i < in.size(); ++i)
-    out[i] = static_cast<int32_t>(std::clamp<int64_t>(in[i] - lo, 0, cs));
+    out[i] = static_cast<int32_t>(
+        schedule_.dropless ? schedule::dropless_part(in[i], c.rank(), c.size()).rows
+                           : std::clamp<int64_t>(in[i] - lo, 0, cs));
 }
 
 void MoeLayer::post_fills(Group g, bool gather, const std::vector<int32_t>& in,
@@ -263,14 +268,18 @@ Segments MoeLayer::segments(int id, bool grad, int64_t split) {
              "buffer {} ({}) has {} fill counts for segments of {} rows", spec.name,
              shape_str(t.shape()), f.size(), spec.slots);
   if (split == 1) return seg;
-  // Segment e's routed prefix, cut into `split` pieces of cs rows.
-  const int64_t cs = spec.slots / split;
   view_fills_.resize(f.size() * static_cast<size_t>(split));
+  view_first_.resize(view_fills_.size());
   for (size_t e = 0; e < f.size(); ++e)
-    for (int64_t j = 0; j < split; ++j)
-      view_fills_[e * static_cast<size_t>(split) + static_cast<size_t>(j)] =
-          static_cast<int32_t>(std::clamp<int64_t>(f[e] - j * cs, 0, cs));
-  return {t.data(), cs, view_fills_.data(), seg.count * split};
+    for (int64_t j = 0; j < split; ++j) {
+      const schedule::RowPart part = schedule::dropless_part(f[e], j, split);
+      const size_t v = e * static_cast<size_t>(split) + static_cast<size_t>(j);
+      view_fills_[v] = static_cast<int32_t>(part.rows);
+      view_first_[v] = static_cast<int64_t>(e) * spec.slots + part.first;
+    }
+  Segments view{t.data(), spec.slots / split, view_fills_.data(), seg.count * split};
+  view.first = view_first_.data();
+  return view;
 }
 
 void MoeLayer::run_dropless_move(const Step& s, Move move, bool backward) {

@@ -102,7 +102,8 @@ class MoeLayer {
   // Dropless: step s's move on the routed rows of its segmented buffers only.
   void run_dropless_move(const schedule::Step& s, schedule::Move move, bool backward);
   // Buffer id's data (or gradient) as segments; `split` > 1 views each segment as `split`
-  // segments of slots / split rows (an S2 MP gather's (E, N_MP, Cs) side).
+  // parts of its routed rows, part j being dropless_part(fill, j, split) (an S2 MP gather's
+  // (E, N_MP, Cs) side).
   Segments segments(int id, bool grad, int64_t split = 1);
   bool segmented(int id) const {
     return id >= 0 && schedule_.buffers[static_cast<size_t>(id)].slots > 0;
@@ -136,6 +137,7 @@ class MoeLayer {
   MetadataExchange meta_;
   RowExchange rows_;                // dropless exchanges
   std::vector<int32_t> view_fills_; // fill counts of a split view (segments())
+  std::vector<int64_t> view_first_; // and the first row of each of its parts
   Tensor row_scratch_;              // dropless reductions' received rows
   Tensor gather_scratch_;      // permutation scratch of interleaved allgathers (the largest)
   float l_aux_ = 0.0f;

@@ -182,6 +182,18 @@ struct SizeNames {
   const char* tokens = "--tokens";
 };
 
+// Dropless S2: MP rank j of n keeps rows [first, first + rows) of an expert's `routed` rows,
+// first = floor(j * routed / n): the ranks share every expert's rows evenly (with a capacity
+// factor it keeps slots [j*Cs, (j+1)*Cs) instead, SPEC §3).
+struct RowPart {
+  int64_t first = 0;
+  int64_t rows = 0;
+};
+inline RowPart dropless_part(int64_t routed, int64_t j, int64_t n) {
+  const int64_t lo = j * routed / n, hi = (j + 1) * routed / n;
+  return {lo, hi - lo};
+}
+
 // Checks the layer against the layout and the schedule (E % N_EP, H % N_ESP, T % N_MP;
 // supports(kind, layout)). Throws InvalidConfig naming the constraint and valid values.
 void validate(const LayerSpec& spec, Kind kind, const SizeNames& names = {});

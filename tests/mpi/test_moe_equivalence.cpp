@@ -346,9 +346,9 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
 
 namespace dropless {
 
-// D[r][e]: rows for expert e in world rank r's dispatch exchange: the routed choices of its
-// gate call (S1: its token slice; baseline, S2: the MP group's T), for S2 cut to its MP
-// rank's Cs slots of every expert. Computed from the routing (not from the layer's counts).
+// D[r][e]: rows for expert e in world rank r's dispatch exchange: the routed choices n_e of
+// its gate call (S1: its token slice; baseline, S2: the MP group's T), for S2 MP rank j's
+// share floor((j+1) n_e / N_MP) - floor(j n_e / N_MP) of them. Computed from the routing (not from the layer's counts).
 std::vector<std::vector<double>> dispatch_rows(Topology& topo, MoeLayer& layer) {
   const auto& sc = layer.schedule();
   const auto& r = layer.routing();
@@ -356,10 +356,11 @@ std::vector<std::vector<double>> dispatch_rows(Topology& topo, MoeLayer& layer) 
   std::vector<double> mine(static_cast<size_t>(E), 0.0);
   for (size_t i = 0; i < r.expert.size(); ++i)
     if (r.row[i] >= 0) mine[static_cast<size_t>(r.expert[i])] += 1.0;
-  if (sc.exchange_slots < sc.dispatch_slots) {  // S2 (and its baseline form): my Cs slots
-    const double cs = static_cast<double>(sc.exchange_slots);
-    const double lo = topo.comm(Group::kMp).rank() * cs;
-    for (double& v : mine) v = std::clamp(v - lo, 0.0, cs);
+  if (sc.exchange_slots < sc.dispatch_slots) {  // S2 (and its baseline form): my share
+    const int64_t j = topo.comm(Group::kMp).rank(), n = topo.comm(Group::kMp).size();
+    for (double& v : mine)
+      v = static_cast<double>((static_cast<int64_t>(v) * (j + 1)) / n -
+                              (static_cast<int64_t>(v) * j) / n);
   }
   Communicator& world = topo.host_comm(Group::kWorld);
   std::vector<double> all(mine.size() * static_cast<size_t>(world.size()));
