@@ -57,6 +57,19 @@ void RowExchange::run(Communicator& c, CommOp op, double start_us) {
   c.record(op, received, now_us() - start_us);
 }
 
+void RowExchange::pair(int p, int me, const Segments& src, int64_t s, const Segments& dst,
+                       int64_t d, int64_t row_elems, RowOps& ops) {
+  const size_t peer = static_cast<size_t>(p);
+  if (p == me) {
+    PARM_CHECK_EQ(fill_of(src, s), fill_of(dst, d));
+    ops.copy(seg_rows(dst, d, row_elems), seg_rows(src, s, row_elems),
+             fill_of(src, s) * row_elems);
+    return;
+  }
+  sends_[peer].push_back({seg_rows(src, s, row_elems), fill_of(src, s) * row_elems});
+  recvs_[peer].push_back({seg_rows(dst, d, row_elems), fill_of(dst, d) * row_elems});
+}
+
 void RowExchange::alltoall(Communicator& c, const Segments& src, const Segments& dst,
                            int64_t row_elems, RowOps& ops) {
   const double t0 = now_us();
@@ -67,16 +80,7 @@ void RowExchange::alltoall(Communicator& c, const Segments& src, const Segments&
   const int64_t per = src.count / n;
   reset(n);
   for (int p = 0; p < n; ++p)
-    for (int64_t i = p * per; i < (p + 1) * per; ++i) {
-      if (p == me) {
-        PARM_CHECK_EQ(fill_of(src, i), fill_of(dst, i));
-        ops.copy(seg_rows(dst, i, row_elems), seg_rows(src, i, row_elems),
-                 fill_of(src, i) * row_elems);
-        continue;
-      }
-      sends_[p].push_back({seg_rows(src, i, row_elems), fill_of(src, i) * row_elems});
-      recvs_[p].push_back({seg_rows(dst, i, row_elems), fill_of(dst, i) * row_elems});
-    }
+    for (int64_t i = p * per; i < (p + 1) * per; ++i) pair(p, me, src, i, dst, i, row_elems, ops);
   run(c, CommOp::kAllToAllv, t0);
 }
 
@@ -93,15 +97,7 @@ void RowExchange::allgather(Communicator& c, const Segments& src, const Segments
   for (int p = 0; p < n; ++p)
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t i = 0; i < inner; ++i) {
-        const int64_t s = o * inner + i, d = (o * n + p) * inner + i;
-        if (p == me) {
-          PARM_CHECK_EQ(fill_of(src, s), fill_of(dst, d));
-          ops.copy(seg_rows(dst, d, row_elems), seg_rows(src, s, row_elems),
-                   fill_of(src, s) * row_elems);
-          continue;
-        }
-        sends_[p].push_back({seg_rows(src, s, row_elems), fill_of(src, s) * row_elems});
-        recvs_[p].push_back({seg_rows(dst, d, row_elems), fill_of(dst, d) * row_elems});
+        pair(p, me, src, o * inner + i, dst, (o * n + p) * inner + i, row_elems, ops);
       }
   run(c, CommOp::kAllGather, t0);
 }

@@ -75,6 +75,10 @@ class RowExchange {
   // this rank, waits, and records one call of `op` with the bytes received.
   void run(Communicator& c, CommOp op, double start_us);
   void reset(int n);
+  // Source segment s goes to destination segment d on peer p: listed for run(), or copied
+  // locally when p is this rank (`me`).
+  void pair(int p, int me, const Segments& src, int64_t s, const Segments& dst, int64_t d,
+            int64_t row_elems, RowOps& ops);
 
   std::vector<std::vector<Range>> sends_, recvs_;  // by peer
   std::vector<RequestPtr> requests_;

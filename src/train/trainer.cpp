@@ -10,6 +10,7 @@
 #include "core/fault.h"
 #include "data/batches.h"
 #include "kernels/cpu/kernels.h"
+#include "moe/load_balance.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "parm/timer.h"
@@ -235,6 +236,16 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     world.allreduce(&total_flops, 1);
     m.mfu = total_flops / (times[0] / 1e6) / (result.gemm_gflops * 1e9 * lay.world);
     const bool last = step + 1 == cfg.loop.steps;
+    // The load imbalance of this step's last micro-batch, worst over the MoE layers
+    // (collective: every rank, before evaluation routes other tokens).
+    LoadImbalance imbalance;
+    if ((step + 1) % cfg.loop.log_every == 0 || last)
+      for (MoeLayer* layer : model->moe_layers()) {
+        const LoadImbalance li = load_imbalance(*topo, *layer);
+        auto& worst = imbalance;
+        worst.expert_max_over_mean = std::max(worst.expert_max_over_mean, li.expert_max_over_mean);
+        worst.rank_max_over_mean = std::max(worst.rank_max_over_mean, li.rank_max_over_mean);
+      }
     if ((cfg.loop.eval_every > 0 && (step + 1) % cfg.loop.eval_every == 0) || last)
       m.val_loss = evaluate();
     if (last) result.final_val_loss = m.val_loss;
@@ -244,10 +255,11 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       if (verbose && ((step + 1) % cfg.loop.log_every == 0 || last || m.val_loss >= 0)) {
         std::string val = m.val_loss >= 0 ? fmt::format(" val {:.4f}", m.val_loss) : "";
         std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f  lr %.2e  |g| %.3f  %7.0f tok/s  "
-                    "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%  moe %s\n",
+                    "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%  moe %s  load %s\n",
                     static_cast<long long>(m.step), static_cast<long long>(cfg.loop.steps),
                     m.loss, val.c_str(), m.aux_loss, m.lr, m.grad_norm, m.tokens_per_s,
-                    m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, schedules_line.c_str());
+                    m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, schedules_line.c_str(),
+                    imbalance.str().c_str());
         std::fflush(stdout);
       }
       if (metrics != nullptr) {
@@ -257,6 +269,10 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                                {"comm_ms", m.comm_ms}, {"compute_ms", m.compute_ms},
                                {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}};
         if (m.val_loss >= 0) line["val_loss"] = m.val_loss;
+        if (imbalance.expert_max_over_mean > 0) {
+          line["load_expert_max_over_mean"] = imbalance.expert_max_over_mean;
+          line["load_rank_max_over_mean"] = imbalance.rank_max_over_mean;
+        }
         const std::string text = line.dump() + "\n";
         std::fwrite(text.data(), 1, text.size(), metrics);  // one write per line
         std::fflush(metrics);
