@@ -57,7 +57,6 @@ constexpr Case kCases[] = {
     // Dropless: variable-size exchanges of the routed rows only.
     {"k2 dropless", 2, "none", 0.0f},
     {"k1 dropless skewed: expert 0 takes most, others none", 1, "none", 3.0f},
-    {"k3 dropless skewed", 3, "none", 3.0f},
 };
 
 bool allowed(Kind kind, const Layout3& l) {
