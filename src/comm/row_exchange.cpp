@@ -36,7 +36,8 @@ void RowExchange::reset(int n) {
   for (auto& v : recvs_) v.clear();
 }
 
-void RowExchange::run(Communicator& c, CommOp op, double start_us) {
+void RowExchange::run(Communicator& c, CommOp op, double start_us, RowOps& ops) {
+  ops.sync();
   const int n = c.size(), me = c.rank();
   double received = 0.0;
   for (int p = 0; p < n; ++p) {
@@ -81,7 +82,7 @@ void RowExchange::alltoall(Communicator& c, const Segments& src, const Segments&
   reset(n);
   for (int p = 0; p < n; ++p)
     for (int64_t i = p * per; i < (p + 1) * per; ++i) pair(p, me, src, i, dst, i, row_elems, ops);
-  run(c, CommOp::kAllToAllv, t0);
+  run(c, CommOp::kAllToAllv, t0, ops);
 }
 
 void RowExchange::allgather(Communicator& c, const Segments& src, const Segments& dst,
@@ -99,7 +100,7 @@ void RowExchange::allgather(Communicator& c, const Segments& src, const Segments
       for (int64_t i = 0; i < inner; ++i) {
         pair(p, me, src, o * inner + i, dst, (o * n + p) * inner + i, row_elems, ops);
       }
-  run(c, CommOp::kAllGather, t0);
+  run(c, CommOp::kAllGather, t0, ops);
 }
 
 void RowExchange::keep(Communicator& c, const Segments& src, const Segments& dst,
@@ -137,7 +138,7 @@ void RowExchange::reduce_scatter(Communicator& c, const Segments& src, const Seg
       off += fill_of(dst, i) * row_elems;
     }
   }
-  run(c, CommOp::kReduceScatter, t0);
+  run(c, CommOp::kReduceScatter, t0, ops);
   int64_t off = 0;
   for (int64_t i = 0; i < S; ++i) {
     const int64_t len = fill_of(dst, i) * row_elems;
@@ -170,7 +171,7 @@ void RowExchange::allreduce(Communicator& c, const Segments& buf, float* scratch
     }
     off += len;
   }
-  run(c, CommOp::kAllReduce, t0);
+  run(c, CommOp::kAllReduce, t0, ops);
   off = 0;
   for (int64_t i = 0; i < buf.count; ++i) {
     const int64_t len = fill_of(buf, i) * row_elems;

@@ -43,6 +43,9 @@ class RowOps {
   virtual ~RowOps() = default;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;  // dst = src
   virtual void add(float* dst, const float* src, int64_t n) = 0;   // dst += src
+  // Waits for the copies queued so far (a device's copies may be asynchronous): called
+  // before messages read what they wrote.
+  virtual void sync() = 0;
 };
 
 class RowExchange {
@@ -73,7 +76,7 @@ class RowExchange {
   };
   // Posts the messages of ranges_[p] (send: sends_, recv: recvs_) to / from every peer but
   // this rank, waits, and records one call of `op` with the bytes received.
-  void run(Communicator& c, CommOp op, double start_us);
+  void run(Communicator& c, CommOp op, double start_us, RowOps& ops);
   void reset(int n);
   // Source segment s goes to destination segment d on peer p: listed for run(), or copied
   // locally when p is this rank (`me`).

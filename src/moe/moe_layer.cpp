@@ -26,6 +26,7 @@ class BackendRowOps final : public RowOps {
   void add(float* dst, const float* src, int64_t n) override {
     if (n > 0) b_.add(dst, src, n);
   }
+  void sync() override { b_.sync(); }
 
  private:
   moe::LayerBackend& b_;
