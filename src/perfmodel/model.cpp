@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "comm/fused_plan.h"
+#include "perfmodel/dropless_price.h"
 #include "parm/error.h"
 
 namespace parm::perfmodel {
@@ -232,8 +233,9 @@ struct Pricer {
 
   // Local copies the executor does around a collective step (slices, interleaves).
   void local_copies(const schedule::Step& s, StepCost& c) const {
-    c.fwd_us += copy(schedule::local_copy_bytes(sc, s, false));
-    c.bwd_us += copy(schedule::local_copy_bytes(sc, s, true));
+    const double share = dropless_share(sc, s, shape, target.load_max_over_mean);
+    c.fwd_us += copy(share * schedule::local_copy_bytes(sc, s, false));
+    c.bwd_us += copy(share * schedule::local_copy_bytes(sc, s, true));
   }
 
   void collectives(const schedule::Step& s, StepCost& c) const {
@@ -257,7 +259,9 @@ struct Pricer {
       std::vector<double> piece;
       std::vector<Link> links;
       double sum = 0.0;
-      for (const auto& p : parts) {
+      const double share = dropless_share(sc, s, shape, target.load_max_over_mean);
+      for (auto& p : parts) {
+        p.bus_bytes *= share;
         // The fill counts (a few int32 per expert) are posted beside the data collective;
         // their latency hides behind it, so they are not priced.
         if (p.op == CommOp::kMetadata) continue;

@@ -49,6 +49,7 @@ namespace parm::perfmodel {
 struct Target {
   Layout layout;
   std::vector<int> node_of_rank;  // size layout.world
+  double load_max_over_mean = 1.0;  // dropless: busiest rank's routed rows / the mean
 };
 // world = 0: the smallest world that fits the layout (lcm(mp, ep * esp)). devices_per_node
 // = 0: all ranks on one node. `order` nests the groups (docs/layout.md): it decides which

@@ -15,6 +15,7 @@
 #include "layer_flags.h"
 #include "moe/expert_products.h"
 #include "moe/layer_check.h"
+#include "moe/load_balance.h"
 #include "moe/moe_layer.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
@@ -332,6 +333,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
         measure(*topo, shape, kind, fuse, f.layer.chunks, precision, f.breakdown, in, f.iters,
                 f.warmup, &scp, &layer);
     const auto& sc = *scp;
+    const LoadImbalance imbalance = load_imbalance(*topo, *layer);  // collective
     const double total = m.total();
     if (kind == schedule::Kind::kBaseline) baseline_total = total;
     if (!root) continue;
@@ -344,6 +346,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
                 static_cast<long long>(sc.gate_tokens), static_cast<long long>(sc.capacity),
                 static_cast<long long>(sc.dispatch_slots),
                 static_cast<long long>(sc.exchange_slots));
+    std::printf("  load imbalance: %s\n", imbalance.str().c_str());
     std::printf("  bytes forward (rank 0): %s\n", bytes_line(m.bytes_fwd).c_str());
     std::printf("  bytes backward (rank 0):%s\n", bytes_line(m.bytes_bwd).c_str());
     nlohmann::json row = {
@@ -355,7 +358,10 @@ int run_bench_layer(const BenchLayerFlags& f) {
         {"bytes_forward", m.bytes_fwd},
         {"bytes_backward", m.bytes_bwd},
         {"capacity", sc.capacity},
-        {"gate_tokens", sc.gate_tokens}};
+        {"gate_tokens", sc.gate_tokens},
+        {"dropless", sc.dropless},
+        {"load_imbalance", {{"expert_max_over_mean", imbalance.expert_max_over_mean},
+                            {"rank_max_over_mean", imbalance.rank_max_over_mean}}}};
     const double ratio = total / m.floor.ms;
     std::printf("  floor %.3f ms (expert products over the filled rows alone: %lld rows on "
                 "the busiest rank, %lld on all; %.1f GFLOP/s on the slowest rank; rank 0 "
