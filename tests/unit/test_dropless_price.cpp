@@ -14,7 +14,10 @@ using schedule::Kind;
 Profile bytes_profile() {
   Profile p;
   for (auto& links : p.comm)
-    for (auto& f : links) f = CommFit{0.0, 1e-6, 1.0, 0, 2, "test"};
+    for (auto& f : links) {
+      f = CommFit{};
+      f.beta_us_per_byte = 1e-6;
+    }
   for (auto& g : p.gemm) g = GemmFit{0.0, 1e15, 1.0, 0, "test"};
   for (auto& m : p.mem) m = MemFit{0.0, 1e15, 1.0, 0, "test"};
   return p;
