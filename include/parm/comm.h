@@ -95,8 +95,9 @@ using RequestPtr = std::unique_ptr<Request>;
 // Waits for all; throws the first failure after trying the rest.
 void wait_all(std::vector<RequestPtr>& requests);
 
-// Point-to-point tags at and above this value belong to the fused collectives; the one just
-// below it to the metadata exchange (src/comm/metadata.h).
+// Point-to-point tags at and above this value belong to the fused collectives; the two just
+// below it to the metadata exchange (src/comm/metadata.h) and the dropless row exchanges
+// (src/comm/row_exchange.h).
 constexpr int kFusedTagBase = 16384;
 
 // Where a buffer lives. Each communicator moves buffers of one space (memory_space()).
@@ -151,8 +152,9 @@ class Communicator {
   RequestPtr ialltoallv(const void* send, const size_t* send_counts, const size_t* send_displs,
                         void* recv, const size_t* recv_counts, const size_t* recv_displs,
                         DType dtype);
-  // Tags >= kFusedTagBase - 1 are reserved: the fused collectives (src/comm/fused.cpp) and
-  // the metadata exchange (src/comm/metadata.h, kMetadataTag = kFusedTagBase - 1).
+  // Tags >= kFusedTagBase - 2 are reserved: the fused collectives (src/comm/fused.cpp), the
+  // metadata exchange (src/comm/metadata.h, kMetadataTag = kFusedTagBase - 1) and the
+  // dropless row exchanges (src/comm/row_exchange.h, kRowExchangeTag = kFusedTagBase - 2).
   RequestPtr isend(const void* buf, size_t count, DType dtype, int peer, int tag);
   RequestPtr irecv(void* buf, size_t count, DType dtype, int peer, int tag);
   RequestPtr ibarrier() { return do_ibarrier(); }

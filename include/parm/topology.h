@@ -87,8 +87,8 @@ struct TopologyOptions {
   std::string order = kDefaultOrder;  // see make_layout
   int ranks_per_node = 0;   // 0: detect with MPI_COMM_TYPE_SHARED
   double timeout_s = 300.0; // watchdog deadline of every operation
-  // Build a one-rank topology over MPI_COMM_SELF (every group of size 1; mp, ep, esp must be
-  // 1): a single-process reference model inside a multi-rank job. Not collective.
+  // Build a one-rank topology over MPI_COMM_SELF (every group of size 1; mp, ep, esp, pp must
+  // be 1): a single-process reference model inside a multi-rank job. Not collective.
   bool self_only = false;
   // Where the buffers of comm(g) live; host_comm(g) always moves host memory over MPI.
   Device device = Device::kCpu;

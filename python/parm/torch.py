@@ -98,7 +98,8 @@ class MoE(torch.nn.Module):
     E experts y = gelu(x W1 + b1) W2 + b2, distributed over parm.init's layout.
 
     model_dim M, hidden H (each expert's FFN width), experts E, topk k, capacity_factor f (a
-    decimal string, kept exact: C = ceil(k f T / E)). schedule: "baseline", "s1", "s2", or
+    decimal string, kept exact: C = ceil(k f T / E); None: dropless, no token dropped).
+    schedule: "baseline", "s1", "s2", or
     "auto" (the cost model picks per token count; needs profile=, a cost profile from
     `parm calibrate --out FILE`). fuse: fused dispatch/combine collectives for S1/S2, "on",
     "off" or "auto" (the cost model with a profile; "on" without one). precision: of the
@@ -130,9 +131,12 @@ class MoE(torch.nn.Module):
                         ("topk", topk), ("seed", seed)):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ValueError(f"parm.torch.MoE: {name} must be an int, got {v!r}")
+        if capacity_factor is None:
+            capacity_factor = "none"  # dropless routing
         if not isinstance(capacity_factor, str):
             raise ValueError(f"parm.torch.MoE: capacity_factor must be a decimal string such "
-                             f"as \"1.2\" (kept exact), got {capacity_factor!r}")
+                             f"as \"1.2\" (kept exact), or None for dropless routing, got "
+                             f"{capacity_factor!r}")
         if schedule not in _SCHEDULES:
             raise ValueError(f"parm.torch.MoE: schedule {schedule!r} is not valid; use one of "
                              f"{', '.join(_SCHEDULES)}")

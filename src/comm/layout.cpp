@@ -45,12 +45,6 @@ int Layout::group_size(Group g) const {
   return 0;
 }
 
-std::string Layout::order_name() const {
-  std::vector<std::string> names;
-  for (Group g : order) names.emplace_back(group_name(g));
-  return fmt::format("{}", fmt::join(names, "-"));
-}
-
 namespace {
 
 // One dimension of a decomposition of the world: the group it spans and its size.
@@ -109,7 +103,8 @@ int order_size(const Layout& l, Group g) {
   return g == Group::kDp ? std::max(l.dp, l.edp) : l.group_size(g);
 }
 
-std::string join_order(const std::vector<Group>& order) {
+template <typename Groups>
+std::string join_order(const Groups& order) {
   std::vector<std::string> names;
   for (Group g : order) names.emplace_back(group_name(g));
   return fmt::format("{}", fmt::join(names, "-"));
@@ -180,6 +175,8 @@ std::array<Group, kOrderLength> parse_order(const Layout& l, const std::string& 
 
 
 }  // namespace
+
+std::string Layout::order_name() const { return join_order(order); }
 
 Layout make_layout(int world, int mp, int ep, int esp, int pp, const std::string& order) {
   PARM_CONFIG_CHECK(world >= 1, "world size {} must be at least 1", world);

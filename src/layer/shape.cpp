@@ -1,5 +1,7 @@
 #include "layer/shape.h"
 
+#include <limits>
+
 #include "parm/error.h"
 
 namespace parm {
@@ -12,7 +14,7 @@ bool is_digit(char c) { return c >= '0' && c <= '9'; }
 [[noreturn]] void refuse(std::string_view text, std::string_view why) {
   throw InvalidConfig(fmt::format(
       "capacity factor '{}' is not valid: {}; write a positive decimal such as 1, 1.25, "
-      "0.5 or 2.0 (digits with at most one '.', digits on both sides of it, at most {} "
+      "0.5 or 2.0, or none for dropless routing (digits with at most one '.', digits on both sides of it, at most {} "
       "digits, no sign or exponent)",
       text, why, kMaxDigits));
 }
@@ -20,6 +22,7 @@ bool is_digit(char c) { return c >= '0' && c <= '9'; }
 }  // namespace
 
 CapacityFactor CapacityFactor::parse(std::string_view text) {
+  if (text == "none") return none();
   if (text.empty()) refuse(text, "it is empty");
   if (text.front() == '-') refuse(text, "it is negative");
   const size_t dot = text.find('.');
@@ -47,7 +50,13 @@ CapacityFactor CapacityFactor::parse(std::string_view text) {
   return f;
 }
 
+double CapacityFactor::value() const {
+  if (dropless) return std::numeric_limits<double>::infinity();
+  return static_cast<double>(num) / static_cast<double>(den);
+}
+
 std::string CapacityFactor::str() const {
+  if (dropless) return "none";
   int decimals = 0;
   int64_t q = den;
   while (q > 1 && q % 10 == 0) {
@@ -63,6 +72,7 @@ int64_t capacity(int k, CapacityFactor f, int64_t tokens, int64_t experts) {
   PARM_CONFIG_CHECK(k >= 1, "capacity: top-k must be >= 1, got k = {}", k);
   PARM_CONFIG_CHECK(tokens >= 0, "capacity: token count must be >= 0, got {}", tokens);
   PARM_CONFIG_CHECK(experts >= 1, "capacity: expert count must be >= 1, got {}", experts);
+  if (f.dropless) return tokens;  // a token's k choices are k distinct experts
   PARM_CONFIG_CHECK(f.num >= 0 && f.den >= 1,
                     "capacity: factor {}/{} must have num >= 0 and den >= 1", f.num, f.den);
   int64_t numer = 0, denom = 0;
@@ -92,7 +102,8 @@ void MoeShape::validate(int num_slices) const {
   PARM_CONFIG_CHECK(topk >= 1 && topk <= experts,
                     "MoE shape {}: top-k must be in [1, E = {}], got k = {}", str(), experts,
                     topk);
-  PARM_CONFIG_CHECK(capacity_factor.num >= 1 && capacity_factor.den >= 1,
+  PARM_CONFIG_CHECK(capacity_factor.dropless ||
+                        (capacity_factor.num >= 1 && capacity_factor.den >= 1),
                     "MoE shape {}: capacity factor must be > 0", str());
   PARM_CONFIG_CHECK(num_slices >= 1, "MoE shape {}: num_slices must be >= 1, got {}", str(),
                     num_slices);

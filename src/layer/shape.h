@@ -18,15 +18,19 @@ namespace parm {
 struct CapacityFactor {
   int64_t num = 1;  // p
   int64_t den = 1;  // q >= 1; a power of ten when parsed, not reduced ("1.2" -> 12/10)
+  bool dropless = false;  // "none": nothing drops (num, den unused)
+
+  static CapacityFactor none() { return {0, 1, true}; }
 
   // Parses a positive decimal: digits, optionally '.' and more digits ("1", "1.25",
-  // "0.5", "2.0"), at most 18 digits in all. No sign, exponent, blanks, "1." or ".5".
-  // Throws parm::InvalidConfig naming the bad text and the valid form.
+  // "0.5", "2.0"), at most 18 digits in all, or "none" (dropless). No sign, exponent,
+  // blanks, "1." or ".5". Throws parm::InvalidConfig naming the bad text and the valid form.
   static CapacityFactor parse(std::string_view text);
 
-  double value() const { return static_cast<double>(num) / static_cast<double>(den); }
+  // f as a double; dropless: +infinity.
+  double value() const;
   // The decimal it was parsed from ("2.0" -> "2.0"); "num/den" when den is not a power
-  // of ten.
+  // of ten; "none" when dropless.
   std::string str() const;
 
   bool operator==(const CapacityFactor&) const = default;  // field-wise: 12/10 != 6/5
@@ -34,7 +38,7 @@ struct CapacityFactor {
 
 // Slots per expert for one gate call that sees `tokens` tokens:
 // C = ceil(k * num * tokens / (den * experts)), in integers. No minimum (0 when tokens is
-// 0). Throws parm::InvalidConfig for k < 1, tokens < 0, experts < 1, a factor with
+// 0). Dropless: C = tokens (see above). Throws parm::InvalidConfig for k < 1, tokens < 0, experts < 1, a factor with
 // num < 0 or den < 1, or a product that does not fit in int64.
 int64_t capacity(int k, CapacityFactor f, int64_t tokens, int64_t experts);
 
@@ -49,7 +53,7 @@ struct MoeShape {
   // The shape from its sizes; f is a decimal ("1.2"), parsed exactly (CapacityFactor::parse).
   static MoeShape of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const std::string& f);
 
-  // Throws parm::InvalidConfig unless T, M, H, E >= 1, 1 <= k <= E, f > 0,
+  // Throws parm::InvalidConfig unless T, M, H, E >= 1, 1 <= k <= E, f > 0 (or none),
   // num_slices >= 1 and T % num_slices == 0.
   void validate(int num_slices = 1) const;
   std::string str() const;  // "T=8 M=4 H=6 E=4 k=2 f=1.25"

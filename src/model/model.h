@@ -13,6 +13,10 @@
 #include "parm/topology.h"
 #include "schedule/schedule.h"
 
+namespace parm {
+class MoeLayer;
+}  // namespace parm
+
 namespace parm::model {
 
 enum class Arch { kGpt2, kBert };
@@ -96,6 +100,8 @@ struct LayerSchedule {
 class Model {
  public:
   virtual ~Model() = default;
+  // The MoE layers, in block order (their routing: the load imbalance the trainer reports).
+  virtual std::vector<MoeLayer*> moe_layers() { return {}; }
   // All trainable parameters of this rank, in a fixed order (the same names on every layout).
   virtual std::vector<Param*> params() = 0;
   // Forward and backward of one micro-batch: the loss being differentiated is

@@ -22,13 +22,14 @@ std::string pp_split_text(const std::vector<int64_t>& split) {
   return fmt::format("{}", fmt::join(split, ","));
 }
 
-std::vector<int64_t> parse_pp_split(const std::string& text, int pp, int64_t blocks) {
+std::vector<int64_t> parse_pp_split(const std::string& text, int pp, int64_t blocks,
+                                    const std::string& what) {
   const std::vector<int64_t> balanced = balanced_pp_split(pp, blocks);
   if (text.empty()) return balanced;
   const std::string valid = fmt::format(
-      "a valid --pp-split is {} positive block counts (one per stage, first to last), "
+      "a valid {} is {} positive block counts (one per stage, first to last), "
       "comma-separated, summing to the model's {} blocks, e.g. {}",
-      pp, blocks, pp_split_text(balanced));
+      what, pp, blocks, pp_split_text(balanced));
   std::vector<int64_t> split;
   size_t pos = 0;
   while (pos <= text.size()) {
@@ -36,20 +37,20 @@ std::vector<int64_t> parse_pp_split(const std::string& text, int pp, int64_t blo
     const std::string item = text.substr(pos, comma - pos);
     bool digits = !item.empty() && item.size() <= 12;
     for (char ch : item) digits = digits && ch >= '0' && ch <= '9';
-    PARM_CONFIG_CHECK(digits, "--pp-split '{}': '{}' is not a block count; {}", text, item,
+    PARM_CONFIG_CHECK(digits, "{} '{}': '{}' is not a block count; {}", what, text, item,
                       valid);
     split.push_back(std::stoll(item));
-    PARM_CONFIG_CHECK(split.back() >= 1, "--pp-split '{}': stage {} holds {} blocks; {}", text,
+    PARM_CONFIG_CHECK(split.back() >= 1, "{} '{}': stage {} holds {} blocks; {}", what, text,
                       split.size() - 1, split.back(), valid);
     pos = comma + 1;
   }
   PARM_CONFIG_CHECK(static_cast<int>(split.size()) == pp,
-                    "--pp-split '{}' names {} stages but --pp is {}; {}", text, split.size(), pp,
+                    "{} '{}' names {} stages but --pp is {}; {}", what, text, split.size(), pp,
                     valid);
   int64_t sum = 0;
   for (int64_t b : split) sum += b;
-  PARM_CONFIG_CHECK(sum == blocks, "--pp-split '{}' sums to {} blocks, not the model's {}; {}",
-                    text, sum, blocks, valid);
+  PARM_CONFIG_CHECK(sum == blocks, "{} '{}' sums to {} blocks, not the model's {}; {}",
+                    what, text, sum, blocks, valid);
   return split;
 }
 

@@ -15,8 +15,9 @@ std::vector<int64_t> balanced_pp_split(int pp, int64_t blocks);
 
 // Parses "3,3,3,3": pp positive block counts, comma-separated, summing to `blocks`; "" gives
 // the balanced split. Throws InvalidConfig naming what is wrong and the valid form (with the
-// balanced split as an example).
-std::vector<int64_t> parse_pp_split(const std::string& text, int pp, int64_t blocks);
+// balanced split as an example); `what` names the setting in them.
+std::vector<int64_t> parse_pp_split(const std::string& text, int pp, int64_t blocks,
+                                    const std::string& what = "--pp-split");
 
 // "3,3,3,3".
 std::string pp_split_text(const std::vector<int64_t>& split);

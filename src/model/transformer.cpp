@@ -117,6 +117,12 @@ class Transformer final : public Model {
   LossParts forward_backward(const Batch& batch, double lm_denominator,
                              float loss_scale) override;
   LossParts forward(const Batch& batch) override;
+  std::vector<MoeLayer*> moe_layers() override {
+    std::vector<MoeLayer*> out;
+    for (Block& b : blocks_)
+      if (b.is_moe) out.push_back(b.a.moe != nullptr ? b.a.moe : b.moes.front().get());
+    return out;
+  }
   std::vector<LayerSchedule> schedules() const override {
     std::vector<LayerSchedule> out;
     for (const Block& b : blocks_)

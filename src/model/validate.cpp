@@ -77,7 +77,8 @@ void validate_model(const ModelConfig& c, const Layout& l,
   PARM_CONFIG_CHECK(c.topk >= 1 && c.topk <= c.experts, "topk {} must be in [1, experts = {}]",
                     c.topk, c.experts);
   const CapacityFactor f = CapacityFactor::parse(c.capacity_factor);
-  PARM_CONFIG_CHECK(f.num > 0, "capacity_factor {} must be positive", c.capacity_factor);
+  PARM_CONFIG_CHECK(f.dropless || f.num > 0,
+                    "capacity_factor {} must be positive, or none (dropless)", c.capacity_factor);
   PARM_CONFIG_CHECK(std::isfinite(c.aux_loss_coeff) && c.aux_loss_coeff >= 0.0f,
                     "aux_loss_coeff {} must be >= 0", c.aux_loss_coeff);
   PARM_CONFIG_CHECK(moe_schedules.size() <= 1 ||

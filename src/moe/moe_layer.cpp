@@ -16,6 +16,22 @@ using schedule::StepKind;
 
 namespace {
 
+// The local copies and sums of the dropless exchanges, on the layer's backend.
+class BackendRowOps final : public RowOps {
+ public:
+  explicit BackendRowOps(moe::LayerBackend& b) : b_(b) {}
+  void copy(float* dst, const float* src, int64_t n) override {
+    if (n > 0) b_.take_chunk(src, 1, 1, 0, n, dst);
+  }
+  void add(float* dst, const float* src, int64_t n) override {
+    if (n > 0) b_.add(dst, src, n);
+  }
+  void sync() override { b_.sync(); }
+
+ private:
+  moe::LayerBackend& b_;
+};
+
 MoeLayerParams make_params(const MoeShape& shape, int64_t e_loc, int64_t hl, Device d) {
   const int64_t M = shape.model_dim, E = shape.experts;
   MoeLayerParams p;
@@ -84,6 +100,17 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
       if (schedule::step_move(s.kind, backward) == Move::kAllGather && s.outer > 1)
         scratch = std::max(scratch, bufs_[static_cast<size_t>(backward ? s.in : s.out)].numel());
   if (scratch > 0) gather_scratch_ = Tensor({scratch}, device);
+  // Dropless reductions receive every peer's routed rows: at most n x the buffer.
+  int64_t rows_scratch = 0;
+  if (schedule_.dropless)
+    for (const Step& s : schedule_.steps)
+      for (bool backward : {false, true}) {
+        const Move m = schedule::step_move(s.kind, backward);
+        if ((m == Move::kReduceScatter || m == Move::kAllReduce) && segmented(s.in))
+          rows_scratch = std::max(rows_scratch, bufs_[static_cast<size_t>(backward ? s.in : s.out)].numel() *
+                                                    topo_.comm(s.group).size());
+      }
+  if (rows_scratch > 0) row_scratch_ = Tensor({rows_scratch}, device);
 }
 
 int64_t MoeLayer::held_bytes() const {
@@ -93,19 +120,25 @@ int64_t MoeLayer::held_bytes() const {
          p->experts.w2.bytes() + p->experts.b2.bytes();
   for (const auto* list : {&bufs_, &dbufs_})
     for (const Tensor& t : *list) b += t.bytes();
-  return b + dwg_call_.bytes() + gather_scratch_.bytes() + backend_->held_bytes();
+  return b + dwg_call_.bytes() + gather_scratch_.bytes() + row_scratch_.bytes() +
+         backend_->held_bytes();
 }
 
 void MoeLayer::slice_fills(const Step& s) {
   // S2's "keep my slots": MP rank j keeps slots [j*cs, (j+1)*cs) of every expert, so its
   // fill is the part of the expert's filled prefix that falls there.
+  // Dropless: MP rank j keeps part j of every expert's routed rows (dropless_part), so the
+  // ranks share the rows evenly.
   const auto& in = fills(s.in);
   auto& out = fills(s.out);
   const int64_t cs = s.chunk / shape_.model_dim;
-  const int64_t lo = topo_.comm(s.group).rank() * cs;
+  Communicator& c = topo_.comm(s.group);
+  const int64_t lo = c.rank() * cs;
   out.resize(in.size());
   for (size_t i = 0; i < in.size(); ++i)
-    out[i] = static_cast<int32_t>(std::clamp<int64_t>(in[i] - lo, 0, cs));
+    out[i] = static_cast<int32_t>(
+        schedule_.dropless ? schedule::dropless_part(in[i], c.rank(), c.size()).rows
+                           : std::clamp<int64_t>(in[i] - lo, 0, cs));
 }
 
 void MoeLayer::post_fills(Group g, bool gather, const std::vector<int32_t>& in,
@@ -259,9 +292,72 @@ void MoeLayer::backward_into(const Tensor& dout, float dl_aux, const Tensor& dx)
               [&] { backward(dout, dl_aux); });
 }
 
+Segments MoeLayer::segments(int id, bool grad, int64_t split) {
+  const auto& spec = schedule_.buffers[static_cast<size_t>(id)];
+  Tensor& t = grad ? dbufs_[static_cast<size_t>(id)] : bufs_[static_cast<size_t>(id)];
+  const auto& f = fills(id);
+  Segments seg{t.data(), spec.slots, f.data(), static_cast<int64_t>(f.size())};
+  PARM_CHECK(seg.count * spec.slots * shape_.model_dim == t.numel(),
+             "buffer {} ({}) has {} fill counts for segments of {} rows", spec.name,
+             shape_str(t.shape()), f.size(), spec.slots);
+  if (split == 1) return seg;
+  view_fills_.resize(f.size() * static_cast<size_t>(split));
+  view_first_.resize(view_fills_.size());
+  for (size_t e = 0; e < f.size(); ++e)
+    for (int64_t j = 0; j < split; ++j) {
+      const schedule::RowPart part = schedule::dropless_part(f[e], j, split);
+      const size_t v = e * static_cast<size_t>(split) + static_cast<size_t>(j);
+      view_fills_[v] = static_cast<int32_t>(part.rows);
+      view_first_[v] = static_cast<int64_t>(e) * spec.slots + part.first;
+    }
+  Segments view{t.data(), spec.slots / split, view_fills_.data(), seg.count * split};
+  view.first = view_first_.data();
+  return view;
+}
+
+void MoeLayer::run_dropless_move(const Step& s, Move move, bool backward) {
+  Communicator& c = topo_.comm(s.group);
+  const int64_t M = shape_.model_dim;
+  const int n = c.size();
+  BackendRowOps ops(*backend_);
+  const int from = backward ? s.out : s.in, to = backward ? s.in : s.out;
+  // The fill counts travel ahead of the rows they size.
+  if (!backward && s.carries_fills && (move == Move::kAllGather || move == Move::kAllToAll)) {
+    post_fills(s.group, move == Move::kAllGather, fills(s.in), fills(s.out));
+    meta_.wait();
+  }
+  switch (move) {
+    case Move::kKeepChunk:
+      if (!backward) slice_fills(s);
+      RowExchange::keep(c, segments(from, backward, s.outer > 1 ? n : 1),
+                        segments(to, backward), s.outer, M, ops);
+      break;
+    case Move::kAllGather:
+      rows_.allgather(c, segments(from, backward), segments(to, backward, s.outer > 1 ? n : 1),
+                      s.outer, M, ops);
+      break;
+    case Move::kAllToAll: rows_.alltoall(c, segments(from, backward), segments(to, backward), M, ops); break;
+    case Move::kReduceScatter:
+      rows_.reduce_scatter(c, segments(from, backward), segments(to, backward),
+                           row_scratch_.data(), M, ops);
+      break;
+    case Move::kAllReduce: rows_.allreduce(c, segments(from, backward), row_scratch_.data(), M, ops); break;
+    default: PARM_CHECK(false, "step '{}' has no dropless form", s.label);
+  }
+}
+
 void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {
   const auto i = static_cast<size_t>(&s - schedule_.steps.data());
   const Move move = schedule::step_move(s.kind, backward);
+  if (schedule_.dropless && !backward && s.out >= 0) {
+    const int like = schedule_.buffers[static_cast<size_t>(s.out)].fills_like;
+    if (like >= 0) fills(s.out) = fills(like);  // the combine path mirrors the dispatch path
+  }
+  if (schedule_.dropless && segmented(s.in) && segmented(s.out) && move != Move::kCompute &&
+      move != Move::kNone) {
+    run_dropless_move(s, move, backward);
+    return;
+  }
   if (move == Move::kCompute) {
     if (backward)
       compute_backward(s, dl_aux, &bwd_phases_[i]);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/metadata.h"
+#include "comm/row_exchange.h"
 #include "moe/backend.h"
 #include "moe/moe_ops.h"
 #include "moe/reference_moe.h"
@@ -117,6 +118,15 @@ class MoeLayer {
   void post_fills(Group g, bool gather, const std::vector<int32_t>& in,
                   std::vector<int32_t>& out);
   std::vector<int32_t>& fills(int id) { return fills_[static_cast<size_t>(id)]; }
+  // Dropless: step s's move on the routed rows of its segmented buffers only.
+  void run_dropless_move(const schedule::Step& s, schedule::Move move, bool backward);
+  // Buffer id's data (or gradient) as segments; `split` > 1 views each segment as `split`
+  // parts of its routed rows, part j being dropless_part(fill, j, split) (an S2 MP gather's
+  // (E, N_MP, Cs) side).
+  Segments segments(int id, bool grad, int64_t split = 1);
+  bool segmented(int id) const {
+    return id >= 0 && schedule_.buffers[static_cast<size_t>(id)].slots > 0;
+  }
   // mine (outer, chunk) = this rank's part of full (outer, c.size(), chunk).
   void keep_chunk(Communicator& c, int64_t outer, const Tensor& full, Tensor& mine);
   // AllGather of (outer, chunk) parts into (outer, n, chunk) on every rank of c.
@@ -156,6 +166,10 @@ class MoeLayer {
   std::vector<std::vector<int32_t>> fills_;
   std::vector<int32_t> fills_stage_;  // the fused dispatch's EP-exchanged counts
   MetadataExchange meta_;
+  RowExchange rows_;                // dropless exchanges
+  std::vector<int32_t> view_fills_; // fill counts of a split view (segments())
+  std::vector<int64_t> view_first_; // and the first row of each of its parts
+  Tensor row_scratch_;              // dropless reductions' received rows
   Tensor gather_scratch_;      // permutation scratch of interleaved allgathers (the largest)
   float l_aux_ = 0.0f;
   bool step_timing_ = true;

@@ -72,7 +72,8 @@ bool MoeLayer::run_split_steps() {
     const Step& s = schedule_.steps[i];
     ++split_.done;
     const double t0 = now_us();
-    if (schedule::step_move(s.kind, backward) != Move::kAllToAll) {
+    // Dropless exchanges (alltoallv of the routed rows, comm/row_exchange.h) run in one piece.
+    if (schedule::step_move(s.kind, backward) != Move::kAllToAll || schedule_.dropless) {
       run_step(s, backward, split_.dl_aux);
       if (!timed) continue;
       backend_->sync();

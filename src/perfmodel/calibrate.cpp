@@ -3,9 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <ctime>
 #include <fstream>
 #include <thread>
+
+#include <fmt/ranges.h>
 
 #include "comm/fused.h"
 #include "comm/process.h"
@@ -48,6 +51,25 @@ nlohmann::json describe_machine() {
 
 namespace {
 
+// Three variants run(0), run(1), run(2) timed as time_all_ranks does, their iterations
+// interleaved (so that load changes hit them alike); the three medians of the slowest rank.
+template <typename Fn>
+std::array<double, 3> time_three_interleaved(Communicator& world, int warmup, int iters,
+                                             Fn&& run) {
+  std::array<std::vector<double>, 3> t;
+  for (int it = 0; it < warmup + iters; ++it)
+    for (int v = 0; v < 3; ++v) {
+      world.barrier();
+      const double t0 = now_us();
+      run(v);
+      const double dt = now_us() - t0;
+      if (it >= warmup) t[static_cast<size_t>(v)].push_back(dt);
+    }
+  std::array<double, 3> out;
+  for (size_t v = 0; v < 3; ++v) out[v] = median(max_over_ranks(world, std::move(t[v])));
+  return out;
+}
+
 // Times `fn` on every rank at once (after a world barrier), warmup + iters times; returns
 // the median over iterations of the slowest rank's time.
 template <typename Fn>
@@ -63,27 +85,6 @@ double time_all_ranks(Communicator& world, int warmup, int iters, Fn&& fn) {
   return median(max_over_ranks(world, t));
 }
 
-// True when every instance of group g lies in one node.
-bool intra_everywhere(Topology& topo, Group g) {
-  const Layout& l = topo.layout();
-  std::vector<int> node_of(static_cast<size_t>(l.world));
-  for (int r = 0; r < l.world; ++r) node_of[static_cast<size_t>(r)] = topo.node_of(r);
-  for (int r = 0; r < l.world; ++r)
-    if (group_coord(l, g, r).rank == 0 && !group_is_intra_node(l, g, r, node_of)) return false;
-  return true;
-}
-
-// The first group (in this order) of more than one rank that is (not) intra-node.
-Group find_group(Topology& topo, bool intra, bool& found) {
-  for (Group g : {Group::kEsp, Group::kMp, Group::kEp, Group::kDp, Group::kEdp, Group::kWorld})
-    if (topo.layout().group_size(g) > 1 && intra_everywhere(topo, g) == intra) {
-      found = true;
-      return g;
-    }
-  found = false;
-  return Group::kWorld;
-}
-
 void run_op(Communicator& c, CommOp op, size_t count, std::vector<float>& send,
             std::vector<float>& recv) {
   switch (op) {
@@ -97,7 +98,7 @@ void run_op(Communicator& c, CommOp op, size_t count, std::vector<float>& send,
 
 std::vector<int64_t> sizes(const CalibrateOptions& o) {
   std::vector<int64_t> s;
-  for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= 2) s.push_back(b);
+  for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= 4) s.push_back(b);
   return s;
 }
 
@@ -109,40 +110,157 @@ struct Logger {
   }
 };
 
-void calibrate_link(Topology& topo, Group g, Link link, const std::string& source,
-                    const CalibrateOptions& o, Calibration& cal, const Logger& log) {
-  Communicator& c = topo.comm(g);
-  Communicator& world = topo.host_comm(Group::kWorld);
-  const int n = c.size();
-  for (CommOp op : kModelOps) {
-    std::vector<double> xs, ys;
-    for (int64_t bytes : sizes(o)) {
-      const size_t elems = static_cast<size_t>(bytes) / sizeof(float);
-      const size_t count = op == CommOp::kAllReduce ? elems : elems / static_cast<size_t>(n);
-      if (count == 0) continue;
-      const size_t total = op == CommOp::kAllReduce ? count : count * static_cast<size_t>(n);
-      std::vector<float> send(total, 1.0f), recv(total, 0.0f);
-      const double us = time_all_ranks(world, o.warmup, o.iters, [&] { run_op(c, op, count, send, recv); });
-      const double real = static_cast<double>(total * sizeof(float));
-      const double bus = bus_bytes(op, n, op == CommOp::kAllReduce ? real : real / n);
-      xs.push_back(bus);
-      ys.push_back(us);
-      cal.samples.push_back({fmt::format("{}.{}", link_name(link), comm_op_name(op)), bus, us});
-    }
-    // The sizes span decades: the smallest fixes the latency, the large ones the bandwidth.
-    const LineFit f = fit_anchored(xs, ys);
-    CommFit& e = cal.profile.collective(link, op);
-    e.alpha_us = f.intercept;
-    e.beta_us_per_byte = f.slope;
-    e.r2 = f.r2;
-    e.samples = f.samples;
-    e.group_size = n;
-    e.source = source;
-    log("  {:<5} {:<14} on {:<4} ({} ranks): alpha {:8.2f} us  beta {:.3e} us/B ({:6.2f} GB/s "
-        "bus)  r2 {:.4f}  [{} sizes]",
-        link_name(link), comm_op_name(op), group_name(g), n, e.alpha_us, e.beta_us_per_byte,
-        e.beta_us_per_byte > 0 ? 1e-3 / e.beta_us_per_byte : 0.0, e.r2, e.samples);
+// One group calibrated: a layout whose group g has the span wanted.
+struct GroupShape {
+  int mp = 1, ep = 1, esp = 1;
+  Group group = Group::kWorld;
+};
+
+// The groups that pin down the collective terms (model.h), for nodes of R ranks:
+//   intra: groups of 2 and of R ranks inside a node (mp) -> alpha, alpha_per_rank, beta;
+//   inter: one rank per node (ep over esp = R: every rank of a node sends across its link
+//          at once, link_share R, intra_share 0) and the whole world (n = world, R ranks of
+//          a node in each instance: both shares between 0 and R) -> alpha(n) at two sizes
+//          and the link's beta.
+std::vector<GroupShape> shapes_to_measure(int world, int per_node, int nodes) {
+  std::vector<GroupShape> out;
+  for (int s : {2, per_node})
+    if (s >= 2 && per_node % s == 0 && (out.empty() || out.back().mp != s))
+      out.push_back({s, 1, 1, Group::kMp});
+  if (nodes >= 2) {
+    out.push_back({1, nodes, per_node, Group::kEp});
+    if (world > nodes) out.push_back({1, 1, 1, Group::kWorld});
   }
+  return out;
+}
+
+struct ShapeSamples {
+  GroupSpan span;
+  std::vector<double> bus, us;
+};
+
+// alpha(n) = alpha_us + alpha_per_rank_us (n - 2) through the latencies fitted per group size.
+void fit_alpha_over_sizes(const std::vector<ShapeSamples>& shapes,
+                          const std::vector<double>& alpha_of_shape, CommFit& e) {
+  std::vector<double> xs, ys;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    xs.push_back(shapes[i].span.size - 2.0);
+    ys.push_back(alpha_of_shape[i]);
+    e.group_sizes.push_back(shapes[i].span.size);
+  }
+  std::sort(e.group_sizes.begin(), e.group_sizes.end());
+  e.group_sizes.erase(std::unique(e.group_sizes.begin(), e.group_sizes.end()),
+                      e.group_sizes.end());
+  if (e.group_sizes.size() >= 2) {
+    const LineFit f = fit_line(xs, ys);
+    e.alpha_us = f.intercept;
+    e.alpha_per_rank_us = f.slope;
+    return;
+  }
+  double sum = 0.0;
+  for (double y : ys) sum += y;
+  e.alpha_us = sum / static_cast<double>(ys.size());
+  e.alpha_per_rank_us = 0.0;
+  e.alpha_per_rank_source = fmt::format("assumed 0 (measured at one group size, {})",
+                                        e.group_sizes.empty() ? 0 : e.group_sizes[0]);
+}
+
+// Fits one (link, op) entry from the samples of its groups: the bytes term of model.h
+// (intra: beta * bus; inter: beta_intra * intra_share * bus, known from the intra fit, plus
+// beta * link_share * bus), one slope pooled over the groups with a latency per group, then
+// the latencies over the group sizes.
+void fit_link_op(Link link, CommOp op, const std::vector<ShapeSamples>& shapes,
+                 const std::string& source, Profile& prof) {
+  const double beta_intra = prof.collective(Link::kIntra, op).beta_us_per_byte;
+  std::vector<std::vector<double>> xs, ys;
+  for (const auto& sh : shapes) {
+    std::vector<double> x, y;
+    for (size_t i = 0; i < sh.bus.size(); ++i) {
+      const double known = link == Link::kInter ? beta_intra * sh.span.intra_share * sh.bus[i] : 0.0;
+      x.push_back(link == Link::kInter ? sh.span.link_share * sh.bus[i] : sh.bus[i]);
+      y.push_back(sh.us[i] - known);
+    }
+    xs.push_back(std::move(x));
+    ys.push_back(std::move(y));
+  }
+  const PooledFit pf = fit_anchored_pooled(xs, ys);
+  CommFit& e = prof.collective(link, op);
+  e = CommFit{};
+  e.beta_us_per_byte = pf.slope;
+  e.source = source;
+  e.alpha_per_rank_source = source;
+  fit_alpha_over_sizes(shapes, pf.intercepts, e);
+  // r2 of the final formula over every sample.
+  std::vector<double> meas, pred;
+  for (const auto& sh : shapes)
+    for (size_t i = 0; i < sh.bus.size(); ++i) {
+      meas.push_back(sh.us[i]);
+      pred.push_back(collective_us(prof, op, sh.span, sh.bus[i]));
+    }
+  e.r2 = r_squared(meas, pred);
+  e.samples = static_cast<int64_t>(meas.size());
+}
+
+// Measures every op on every group shape (each its own topology over the same ranks) and
+// fits the intra entries, then the inter ones (which use the intra beta).
+void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
+                           const CalibrateOptions& o, Calibration& cal, const Logger& log,
+                           bool& has_intra, bool& has_inter) {
+  const Target here = target_of(topo);
+  const int world = here.layout.world, nodes = topo.num_nodes();
+  const int per_node = world % nodes == 0 ? world / nodes : 0;
+  std::array<std::vector<ShapeSamples>, kNumLinks * kModelOps.size()> by_entry;
+  auto entry = [](Link l, size_t o) { return static_cast<size_t>(l) * kModelOps.size() + o; };
+  for (const GroupShape& gs : shapes_to_measure(world, per_node, nodes)) {
+    TopologyOptions to = topo_options;
+    to.mp = gs.mp;
+    to.ep = gs.ep;
+    to.esp = gs.esp;
+    auto t = Topology::create(to);
+    const GroupSpan sp = group_span(target_of(*t), gs.group);
+    Communicator& c = t->comm(gs.group);
+    Communicator& w = t->host_comm(Group::kWorld);
+    const int n = c.size();
+    log("  {} group {} ({} ranks; intra share {:.3f}, link share {:.3f}):", link_name(sp.link),
+        group_name(gs.group), n, sp.intra_share, sp.link_share);
+    for (size_t oi = 0; oi < kModelOps.size(); ++oi) {
+      const CommOp op = kModelOps[oi];
+      ShapeSamples ss;
+      ss.span = sp;
+      for (int64_t bytes : sizes(o)) {
+        const size_t elems = static_cast<size_t>(bytes) / sizeof(float);
+        const size_t count = op == CommOp::kAllReduce ? elems : elems / static_cast<size_t>(n);
+        if (count == 0) continue;
+        const size_t total = op == CommOp::kAllReduce ? count : count * static_cast<size_t>(n);
+        std::vector<float> send(total, 1.0f), recv(total, 0.0f);
+        const double us =
+            time_all_ranks(w, o.warmup, o.iters, [&] { run_op(c, op, count, send, recv); });
+        const double real = static_cast<double>(total * sizeof(float));
+        const double bus = bus_bytes(op, n, op == CommOp::kAllReduce ? real : real / n);
+        ss.bus.push_back(bus);
+        ss.us.push_back(us);
+        cal.samples.push_back(
+            {fmt::format("{}.{}.n{}", link_name(sp.link), comm_op_name(op), n), bus, us});
+      }
+      if (ss.bus.size() >= 2) by_entry[entry(sp.link, oi)].push_back(std::move(ss));
+    }
+  }
+  const std::string inter_source = topo.nodes_emulated() ? "emulated" : "measured";
+  for (Link link : {Link::kIntra, Link::kInter})
+    for (size_t oi = 0; oi < kModelOps.size(); ++oi) {
+      const auto& shapes = by_entry[entry(link, oi)];
+      if (shapes.empty()) continue;
+      (link == Link::kIntra ? has_intra : has_inter) = true;
+      fit_link_op(link, kModelOps[oi], shapes,
+                  link == Link::kIntra ? std::string("measured") : inter_source, cal.profile);
+      const CommFit& e = cal.profile.collective(link, kModelOps[oi]);
+      log("  {:<5} {:<14} alpha {:8.2f} us + {:7.2f} us/rank beyond 2  beta {:.3e} us/B "
+          "({:7.3f} GB/s{})  r2 {:.4f}  [{} samples, sizes {}]",
+          link_name(link), comm_op_name(kModelOps[oi]), e.alpha_us, e.alpha_per_rank_us,
+          e.beta_us_per_byte, e.beta_us_per_byte > 0 ? 1e-3 / e.beta_us_per_byte : 0.0,
+          link == Link::kInter ? " per node link" : " bus", e.r2, e.samples,
+          fmt::join(e.group_sizes, ","));
+    }
 }
 
 // Fused dispatch and combine on (ep, esp), each against its two parts run one after the
@@ -164,8 +282,9 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
     log("  fused: not measured (needs --ep > 1 and --esp > 1); overlap assumed 1");
     return;
   }
-  const Link ep_link = intra_everywhere(topo, Group::kEp) ? Link::kIntra : Link::kInter;
-  const Link esp_link = intra_everywhere(topo, Group::kEsp) ? Link::kIntra : Link::kInter;
+  const Target here = target_of(topo);
+  const GroupSpan ep_span = group_span(here, Group::kEp), esp_span = group_span(here, Group::kEsp);
+  const Link ep_link = ep_span.link, esp_link = esp_span.link;
   const Profile& prof = cal.profile;
   const int n_ep = ep.size(), n_esp = esp.size(), W = o.chunks;
   std::vector<double> meas, serial, piped;
@@ -177,42 +296,28 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
     std::vector<float> a(row, 1.0f), mid(row, 0.0f);
     std::vector<float> b(static_cast<size_t>(n_esp) * row, 1.0f);
     for (bool dispatch : {true, false}) {
-      std::vector<double> tf, t1, t2;
-      for (int it = 0; it < o.warmup + o.iters; ++it) {
-        double t[3];
-        for (int op = 0; op < 3; ++op) {
-          world.barrier();
-          const double t0 = now_us();
-          if (dispatch) {
-            if (op == 0) fused_dispatch(ep, esp, a.data(), b.data(), block, W);
-            if (op == 1) ep.alltoall(a.data(), mid.data(), block);
-            if (op == 2) esp.allgather(mid.data(), b.data(), row);
-          } else {
-            if (op == 0) fused_combine(esp, ep, b.data(), a.data(), block, W);
-            if (op == 1) esp.reduce_scatter(b.data(), mid.data(), row);
-            if (op == 2) ep.alltoall(mid.data(), a.data(), block);
-          }
-          t[op] = now_us() - t0;
+      const auto [f, p1, p2] = time_three_interleaved(world, o.warmup, o.iters, [&](int op) {
+        if (dispatch) {
+          if (op == 0) fused_dispatch(ep, esp, a.data(), b.data(), block, W);
+          if (op == 1) ep.alltoall(a.data(), mid.data(), block);
+          if (op == 2) esp.allgather(mid.data(), b.data(), row);
+        } else {
+          if (op == 0) fused_combine(esp, ep, b.data(), a.data(), block, W);
+          if (op == 1) esp.reduce_scatter(b.data(), mid.data(), row);
+          if (op == 2) ep.alltoall(mid.data(), a.data(), block);
         }
-        if (it < o.warmup) continue;
-        tf.push_back(t[0]);
-        t1.push_back(t[1]);
-        t2.push_back(t[2]);
-      }
-      auto slowest_median = [&](std::vector<double> v) {
-        return median(max_over_ranks(world, std::move(v)));
-      };
-      const double f = slowest_median(tf), p1 = slowest_median(t1), p2 = slowest_median(t2);
+      });
       // Stages in pipeline order: dispatch = ep alltoall, esp allgather; combine = esp
       // reduce_scatter, ep alltoall.
-      const CommFit& fa = prof.collective(dispatch ? ep_link : esp_link,
-                                          dispatch ? CommOp::kAllToAll : CommOp::kReduceScatter);
-      const CommFit& fb = prof.collective(dispatch ? esp_link : ep_link,
-                                          dispatch ? CommOp::kAllGather : CommOp::kAllToAll);
+      const double alpha_a = collective_alpha_us(
+          prof, dispatch ? CommOp::kAllToAll : CommOp::kReduceScatter,
+          dispatch ? ep_span : esp_span);
+      const double alpha_b = collective_alpha_us(
+          prof, dispatch ? CommOp::kAllGather : CommOp::kAllToAll, dispatch ? esp_span : ep_span);
       auto piece = [&](double t, double alpha) {
         return alpha + std::max(0.0, t - alpha) / W;
       };
-      const std::vector<double> c = {piece(p1, fa.alpha_us), piece(p2, fb.alpha_us)};
+      const std::vector<double> c = {piece(p1, alpha_a), piece(p2, alpha_b)};
       const std::vector<Link> links = dispatch ? std::vector<Link>{ep_link, esp_link}
                                                : std::vector<Link>{esp_link, ep_link};
       meas.push_back(f);
@@ -263,6 +368,36 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
       "in sequence: {:.3f} on average",
       n_ep, link_name(ep_link), n_esp, link_name(esp_link), W, ff.overlap, raw, ff.per_piece_us,
       ff.r2, ff.samples, meas.empty() ? 0.0 : ratio_sum / static_cast<double>(meas.size()));
+}
+
+// A collective after computation against both alone, interleaved: 8 x (GEMM 128^3, then a
+// 4 KiB alltoall on group g) per iteration, against 8 GEMMs and 8 alltoalls timed apart.
+// step_sync = (chain - GEMMs - alltoalls) / 8, >= 0.
+void calibrate_step_sync(Topology& topo, Group g, const CalibrateOptions& o, Calibration& cal,
+                         const Logger& log) {
+  Communicator& c = topo.comm(g);
+  Communicator& world = topo.host_comm(Group::kWorld);
+  constexpr int kSteps = 8;
+  constexpr int64_t kDim = 128;
+  const size_t count = 1024 / static_cast<size_t>(c.size()) + 1;
+  std::vector<float> send(count * static_cast<size_t>(c.size()), 1.0f), recv(send.size());
+  std::vector<float> a(kDim * kDim, 0.5f), b(kDim * kDim, 0.25f), out(kDim * kDim);
+  auto gemm = [&] { cpu::gemm(false, false, kDim, kDim, kDim, a.data(), b.data(), out.data(), false); };
+  auto a2a = [&] { c.alltoall(send.data(), recv.data(), count); };
+  const int iters = std::max(o.iters, 5);
+  const auto [tc, tg, ta] = time_three_interleaved(world, o.warmup, iters, [&](int kind) {
+    for (int s = 0; s < kSteps; ++s) {
+      if (kind != 2) gemm();  // 0: the chain, 1: GEMMs alone, 2: alltoalls alone
+      if (kind != 1) a2a();
+    }
+  });
+  SyncFit& f = cal.profile.step_sync;
+  f.us = std::max(0.0, (tc - tg - ta) / kSteps);
+  f.samples = iters;
+  f.source = topo.nodes_emulated() ? "emulated" : "measured";
+  log("  step sync on {} ({} ranks): {:.1f} us per collective step (chain {:.0f} us, GEMMs "
+      "{:.0f} us, alltoalls {:.0f} us, {} steps)  [{} iters]",
+      group_name(g), c.size(), f.us, tc, tg, ta, kSteps, iters);
 }
 
 void calibrate_gemm(Communicator& world, const CalibrateOptions& o, Calibration& cal, const Logger& log) {
@@ -370,7 +505,8 @@ void calibrate_memory(Communicator& world, const CalibrateOptions& o, Calibratio
 
 }  // namespace
 
-Calibration calibrate(Topology& topo, const CalibrateOptions& o,
+Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
+                      const CalibrateOptions& o,
                       const std::function<void(const std::string&)>& log_fn) {
   PARM_CONFIG_CHECK(o.min_bytes >= 64 && o.max_bytes >= 2 * o.min_bytes,
                     "calibrate: --min-bytes {} must be >= 64 and --max-bytes {} at least twice "
@@ -394,14 +530,9 @@ Calibration calibrate(Topology& topo, const CalibrateOptions& o,
   cal.profile.machine["fused_chunks"] = o.chunks;
 
   bool has_intra = false, has_inter = false;
-  const Group gi = find_group(topo, true, has_intra);
-  const Group go = find_group(topo, false, has_inter);
-  log("collectives ({} to {} bytes per rank, x2 steps; {} iters):", o.min_bytes, o.max_bytes,
+  log("collectives ({} to {} bytes per rank, x4 steps; {} iters):", o.min_bytes, o.max_bytes,
       o.iters);
-  if (has_intra) calibrate_link(topo, gi, Link::kIntra, "measured", o, cal, log);
-  if (has_inter)
-    calibrate_link(topo, go, Link::kInter, topo.nodes_emulated() ? "emulated" : "measured", o,
-                   cal, log);
+  calibrate_collectives(topo, topo_options, o, cal, log, has_intra, has_inter);
   // A machine with only one kind of link: the other is copied and marked "assumed".
   if (!has_intra || !has_inter) {
     const Link have = has_intra ? Link::kIntra : Link::kInter;
@@ -417,6 +548,8 @@ Calibration calibrate(Topology& topo, const CalibrateOptions& o,
   }
   log("fused collectives ({} chunks):", o.chunks);
   calibrate_fused(topo, o, cal, log);
+  log("collective after computation:");
+  calibrate_step_sync(topo, l.ep > 1 ? Group::kEp : Group::kWorld, o, cal, log);
   log("GEMM (all ranks at once, as in the layer):");
   calibrate_gemm(topo.host_comm(Group::kWorld), o, cal, log);
   log("memory-bound kernels:");

@@ -78,23 +78,53 @@ LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y, boo
   return f;
 }
 
-LineFit fit_anchored(const std::vector<double>& x, const std::vector<double>& y) {
+PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
+                              const std::vector<std::vector<double>>& y) {
   PARM_CHECK_EQ(x.size(), y.size());
-  PARM_CHECK(x.size() >= 2, "a line fit needs at least 2 samples, got {}", x.size());
-  const size_t first =
-      static_cast<size_t>(std::min_element(x.begin(), x.end()) - x.begin());
-  // Through (x_first, y_first): y = y_first + b (x - x_first).
+  PARM_CHECK(!x.empty(), "a pooled fit needs at least one series");
+  std::vector<size_t> first(x.size());
   double sxy = 0.0, sxx = 0.0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double dx = x[i] - x[first];
-    sxy += dx * (y[i] - y[first]);
-    sxx += dx * dx;
+  for (size_t s = 0; s < x.size(); ++s) {
+    PARM_CHECK_EQ(x[s].size(), y[s].size());
+    PARM_CHECK(x[s].size() >= 2, "a line fit needs at least 2 samples, got {}", x[s].size());
+    // The anchor: of the two smallest sizes, the one timed faster (a loaded machine only
+    // ever adds time, so one delayed smallest sample must not become the latency).
+    std::vector<size_t> order(x[s].size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return x[s][a] < x[s][b]; });
+    first[s] = y[s][order[1]] < y[s][order[0]] ? order[1] : order[0];
+    // Through (x_first, y_first): y = y_first + b (x - x_first).
+    for (size_t i = 0; i < x[s].size(); ++i) {
+      if (x[s][i] < x[s][first[s]]) continue;  // the delayed smallest sample
+      const double dx = x[s][i] - x[s][first[s]];
+      sxy += dx * (y[s][i] - y[s][first[s]]);
+      sxx += dx * dx;
+    }
   }
   PARM_CHECK(sxx > 0.0, "a line fit needs samples at more than one x");
-  LineFit f;
+  PooledFit f;
   f.slope = std::max(0.0, sxy / sxx);
-  f.intercept = std::max(0.0, y[first] - f.slope * x[first]);
-  finish(f, x, y);
+  std::vector<double> all_y, all_pred;
+  for (size_t s = 0; s < x.size(); ++s) {
+    const double a = std::max(0.0, y[s][first[s]] - f.slope * x[s][first[s]]);
+    f.intercepts.push_back(a);
+    for (size_t i = 0; i < x[s].size(); ++i) {
+      all_y.push_back(y[s][i]);
+      all_pred.push_back(a + f.slope * x[s][i]);
+    }
+  }
+  f.samples = static_cast<int64_t>(all_y.size());
+  f.r2 = r_squared(all_y, all_pred);
+  return f;
+}
+
+LineFit fit_anchored(const std::vector<double>& x, const std::vector<double>& y) {
+  const PooledFit p = fit_anchored_pooled({x}, {y});
+  LineFit f;
+  f.intercept = p.intercepts[0];
+  f.slope = p.slope;
+  f.r2 = p.r2;
+  f.samples = p.samples;
   return f;
 }
 

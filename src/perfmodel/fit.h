@@ -30,6 +30,20 @@ LineFit fit_through_origin(const std::vector<double>& x, const std::vector<doubl
 // sizes that carry the bytes.
 LineFit fit_anchored(const std::vector<double>& x, const std::vector<double>& y);
 
+// Lines with one common slope: series i (samples x[i], y[i]) lies on y = a_i + b x. Each line
+// is anchored at the faster-timed of its two smallest x (a delay on a loaded machine only
+// adds time; a smaller sample left out then); b is the least-squares slope (>= 0) through
+// the anchors pooled over every series. r2 over all samples. Throws as fit_anchored per series. fit_anchored is the case of
+// one series.
+struct PooledFit {
+  std::vector<double> intercepts;  // a_i (>= 0)
+  double slope = 0.0;              // b
+  double r2 = 0.0;
+  int64_t samples = 0;
+};
+PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
+                              const std::vector<std::vector<double>>& y);
+
 // 1 - SS_res / SS_tot of `predicted` against `measured` (1 when SS_tot is 0 and the
 // prediction is exact, 0 when it is not).
 double r_squared(const std::vector<double>& measured, const std::vector<double>& predicted);

@@ -1,9 +1,11 @@
 #include "perfmodel/model.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 #include "comm/fused_plan.h"
+#include "perfmodel/dropless_price.h"
 #include "parm/error.h"
 
 namespace parm::perfmodel {
@@ -46,6 +48,55 @@ Link group_link(const Target& t, Group g) {
         !group_is_intra_node(t.layout, g, r, t.node_of_rank))
       return Link::kInter;
   return Link::kIntra;
+}
+
+GroupSpan span_of_instances(const std::vector<std::vector<int>>& nodes_of_instance) {
+  PARM_CHECK(!nodes_of_instance.empty() && !nodes_of_instance[0].empty(),
+             "a group span needs at least one instance of at least one rank");
+  GroupSpan sp;
+  sp.size = static_cast<int>(nodes_of_instance[0].size());
+  const int n = sp.size;
+  if (n == 1) return sp;
+  std::map<int, double> crossing;  // node -> ranks' worth of bus bytes over its link
+  double intra = 0.0;
+  bool spans = false;
+  for (const auto& inst : nodes_of_instance) {
+    PARM_CHECK_EQ(static_cast<int>(inst.size()), n);
+    for (int node : inst) {
+      const int local = static_cast<int>(std::count(inst.begin(), inst.end(), node));
+      intra = std::max(intra, static_cast<double>(local - 1) / (n - 1));
+      crossing[node] += static_cast<double>(n - local) / (n - 1);
+      spans = spans || local < n;
+    }
+  }
+  if (!spans) return sp;  // intra: intra_share 1, nothing crosses a link
+  sp.link = Link::kInter;
+  sp.intra_share = intra;
+  for (const auto& [node, c] : crossing) sp.link_share = std::max(sp.link_share, c);
+  return sp;
+}
+
+GroupSpan group_span(const Target& t, Group g) {
+  std::vector<std::vector<int>> inst;
+  for (int r = 0; r < t.layout.world; ++r) {
+    if (group_coord(t.layout, g, r).rank != 0) continue;
+    std::vector<int> nodes;
+    for (int m : group_members(t.layout, g, r))
+      nodes.push_back(t.node_of_rank[static_cast<size_t>(m)]);
+    inst.push_back(std::move(nodes));
+  }
+  return span_of_instances(inst);
+}
+
+double collective_alpha_us(const Profile& prof, CommOp op, const GroupSpan& sp) {
+  return prof.collective(sp.link, op).alpha(sp.size);
+}
+
+double collective_us(const Profile& prof, CommOp op, const GroupSpan& sp, double bus_bytes) {
+  const double beta_intra = prof.collective(Link::kIntra, op).beta_us_per_byte;
+  if (sp.link == Link::kIntra) return collective_alpha_us(prof, op, sp) + beta_intra * bus_bytes;
+  return collective_alpha_us(prof, op, sp) + beta_intra * sp.intra_share * bus_bytes +
+         prof.collective(Link::kInter, op).beta_us_per_byte * sp.link_share * bus_bytes;
 }
 
 std::string Prediction::name() const {
@@ -101,6 +152,7 @@ struct Pricer {
   const schedule::Schedule& sc;
   const MoeShape& shape;
   const Target& target;
+  const RoutedRows& routed;
 
   double numel(int id) const {
     return static_cast<double>(shape_numel(sc.buffers[static_cast<size_t>(id)].shape));
@@ -152,9 +204,12 @@ struct Pricer {
         const double slots = static_cast<double>(sc.exchange_slots);
         const double per_segment = std::min(
             slots, kept() / E / static_cast<double>(sc.dispatch_slots / sc.exchange_slots));
-        const double R = static_cast<double>(sc.expert_blocks) * per_segment;
         const double R_pad = static_cast<double>(sc.expert_blocks) * slots;
         const double e_loc = E / l.ep, hl = static_cast<double>(shape.hidden) / l.esp;
+        // The busiest rank sets the pace: its measured rows where known.
+        const double R = routed.busiest_rank_rows > 0.0
+                             ? std::min(R_pad, routed.busiest_rank_rows / e_loc)
+                             : static_cast<double>(sc.expert_blocks) * per_segment;
         // Per expert: gather rows, x W1, bias + GeLU (reads x W1, writes act), act W2, [+ b2],
         // scatter rows and zero the empty slots.
         c.fwd_us = e_loc * (gemm(GemmClass::kExpertNN, R, hl, M) +
@@ -178,8 +233,9 @@ struct Pricer {
 
   // Local copies the executor does around a collective step (slices, interleaves).
   void local_copies(const schedule::Step& s, StepCost& c) const {
-    c.fwd_us += copy(schedule::local_copy_bytes(sc, s, false));
-    c.bwd_us += copy(schedule::local_copy_bytes(sc, s, true));
+    const double share = dropless_share(sc, s, shape, target.load_max_over_mean);
+    c.fwd_us += copy(share * schedule::local_copy_bytes(sc, s, false));
+    c.bwd_us += copy(share * schedule::local_copy_bytes(sc, s, true));
   }
 
   void collectives(const schedule::Step& s, StepCost& c) const {
@@ -203,21 +259,26 @@ struct Pricer {
       std::vector<double> piece;
       std::vector<Link> links;
       double sum = 0.0;
-      for (const auto& p : parts) {
+      const double share = dropless_share(sc, s, shape, target.load_max_over_mean);
+      for (auto& p : parts) {
+        p.bus_bytes *= share;
         // The fill counts (a few int32 per expert) are posted beside the data collective;
         // their latency hides behind it, so they are not priced.
         if (p.op == CommOp::kMetadata) continue;
-        const Link link = group_link(target, p.group);
-        const CommFit& f = prof.collective(link, p.op);
-        out.push_back({p.group, p.op, link, p.bus_bytes, f.us(p.bus_bytes)});
-        sum += out.back().us;
-        piece.push_back(f.alpha_us + f.beta_us_per_byte * p.bus_bytes / sc.chunks);
-        links.push_back(link);
+        const GroupSpan sp = group_span(target, p.group);
+        const double us = collective_us(prof, p.op, sp, p.bus_bytes);
+        out.push_back({p.group, p.op, sp.link, p.bus_bytes, us});
+        sum += us;
+        // A piece pays the whole latency and 1/W of the bytes.
+        const double alpha = collective_alpha_us(prof, p.op, sp);
+        piece.push_back(alpha + (us - alpha) / sc.chunks);
+        links.push_back(sp.link);
       }
-      const double t = fused && !parts.empty()
-                           ? fused_us(piece, links, sc.chunks, prof.fused.overlap,
-                                      prof.fused.per_piece_us)
-                           : sum;
+      double t = fused && !piece.empty()
+                     ? fused_us(piece, links, sc.chunks, prof.fused.overlap,
+                                prof.fused.per_piece_us)
+                     : sum;
+      if (!piece.empty()) t += prof.step_sync.us;  // the ranks meet once per step
       (bwd ? c.bwd_us : c.fwd_us) += t;
     }
     local_copies(s, c);
@@ -227,8 +288,8 @@ struct Pricer {
 }  // namespace
 
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,
-                   const MoeShape& shape, const Target& target) {
-  Pricer pr{profile, sc, shape, target};
+                   const MoeShape& shape, const Target& target, const RoutedRows& routed) {
+  Pricer pr{profile, sc, shape, target, routed};
   Prediction p;
   p.kind = sc.kind;
   p.fused = sc.fused;

@@ -2,8 +2,23 @@
 // executor (MoeLayer) runs — for the forward and the backward pass, and picks the fastest
 // schedule. Pure: no MPI, so any layout (a 32-GPU cluster, say) can be priced on one process.
 //
-// Collective part (group g on link L, op o, bus bytes b from schedule::collective_parts):
-//     t = alpha[L][o] + beta[L][o] * b
+// Collective part (group g of n ranks, op o, bus bytes b per rank from
+// schedule::collective_parts; collective_us):
+//     alpha(n)   = alpha[L][o] + alpha_per_rank[L][o] * (n - 2)
+//     intra:  t = alpha_intra(n) + beta_intra[o] * b
+//     inter:  t = alpha_inter(n) + beta_intra[o] * intra_share * b
+//                                + beta_inter[o] * link_share * b
+// where (group_span) local_r = members of r's group on r's node,
+//     intra_share = max over ranks r of (local_r - 1) / (n - 1): the part of r's bus bytes
+//                   exchanged with peers on its own node,
+//     link_share  = max over nodes of the sum over its ranks r (every instance of g: they
+//                   all run at once) of (n - local_r) / (n - 1): how many ranks' worth of bus
+//                   bytes cross that node's link, which they share.
+// The two parts add: both are driven by the same cores (no overlap measured here).
+// Every collective step and direction adds step_sync (profile.h): the ranks' rendezvous
+// after computation, which back-to-back collective timings never see.
+// Expert rows: balanced routing unless the busiest rank's filled rows are known
+// (RoutedRows, from a measured forward pass): then R = those rows / local experts.
 // Fused step with parts p_1..p_K in the stage order of its pipeline (the description in
 // src/comm/fused_plan.h, which both executors run: W = chunks pieces through K stages in
 // W + K - 1 lock-step steps). A part's per-piece time is c_i = alpha_i + beta_i * b_i / W.
@@ -34,6 +49,7 @@ namespace parm::perfmodel {
 struct Target {
   Layout layout;
   std::vector<int> node_of_rank;  // size layout.world
+  double load_max_over_mean = 1.0;  // dropless: busiest rank's routed rows / the mean
 };
 // world = 0: the smallest world that fits the layout (lcm(mp, ep * esp)). devices_per_node
 // = 0: all ranks on one node. `order` nests the groups (docs/layout.md): it decides which
@@ -46,6 +62,30 @@ Target target_of(const Topology& topo);
 // Intra-node when every instance of the group lies within one node; inter otherwise (the
 // slowest instance sets the pace). Groups of one rank are intra.
 Link group_link(const Target& target, Group g);
+
+// How the instances of group g sit on the nodes: the terms of the collective formula above.
+struct GroupSpan {
+  int size = 1;               // n
+  Link link = Link::kIntra;   // group_link
+  double intra_share = 1.0;   // max over ranks of (local - 1) / (n - 1); 1 for an intra group
+  double link_share = 0.0;    // max over nodes of sum over its ranks of (n - local) / (n - 1)
+};
+GroupSpan group_span(const Target& target, Group g);
+// A span from the node of each member of every instance of a group, one list per instance
+// (the form calibration knows its groups in). Throws for an empty or uneven list.
+GroupSpan span_of_instances(const std::vector<std::vector<int>>& nodes_of_instance);
+
+// The collective formula above: t (us) of op on a group with that span, b bus bytes per rank.
+double collective_us(const Profile& profile, CommOp op, const GroupSpan& span, double bus_bytes);
+// Its latency part alpha(n) alone (what each fused piece pays in full).
+double collective_alpha_us(const Profile& profile, CommOp op, const GroupSpan& span);
+
+// Measured routing, where it is known: the filled expert rows (sum over the local experts,
+// MoeLayer::expert_rows) of the busiest rank in a forward pass of this schedule. 0: unknown
+// (the balanced-router expectation is priced).
+struct RoutedRows {
+  double busiest_rank_rows = 0.0;
+};
 
 struct PartCost {
   Group group;
@@ -79,7 +119,7 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& li
 
 // Prices `sc` (built for `shape` on target.layout) step by step.
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,
-                   const MoeShape& shape, const Target& target);
+                   const MoeShape& shape, const Target& target, const RoutedRows& routed = {});
 
 struct Candidate {
   schedule::Kind kind;

@@ -71,13 +71,20 @@ nlohmann::json profile_to_json(const Profile& p) {
     for (size_t o = 0; o < kModelOps.size(); ++o) {
       const CommFit& f = p.comm[static_cast<size_t>(l)][o];
       j["collectives"][link_name(static_cast<Link>(l))][comm_op_name(kModelOps[o])] = {
-          {"alpha_us", f.alpha_us}, {"beta_us_per_byte", f.beta_us_per_byte},
-          {"r2", f.r2},             {"samples", f.samples},
-          {"group_size", f.group_size}, {"source", f.source}};
+          {"alpha_us", f.alpha_us},
+          {"alpha_per_rank_us", f.alpha_per_rank_us},
+          {"beta_us_per_byte", f.beta_us_per_byte},
+          {"r2", f.r2},
+          {"samples", f.samples},
+          {"group_sizes", f.group_sizes},
+          {"source", f.source},
+          {"alpha_per_rank_source", f.alpha_per_rank_source}};
     }
   j["fused"] = {{"overlap", p.fused.overlap}, {"per_piece_us", p.fused.per_piece_us},
                 {"r2", p.fused.r2},
                 {"samples", p.fused.samples}, {"source", p.fused.source}};
+  j["step_sync"] = {{"us", p.step_sync.us}, {"samples", p.step_sync.samples},
+                    {"source", p.step_sync.source}};
   write_rate_fits(p.gemm, "gflops", &GemmFit::gflops, gemm_class_name, j["gemm"]);
   write_rate_fits(p.mem, "gbps", &MemFit::gbps, mem_class_name, j["memory"]);
   return j;
@@ -91,6 +98,12 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
            "`parm calibrate --out FILE`)",
            Profile::kVersion);
   const auto& v = j.at("version");
+  if (v.is_number_integer() && v.get<int64_t>() == 1)
+    r.fail("'version' is 1: a version 1 profile has one latency per link for every group size "
+           "and prices the inter-node link per bus byte of one group, which this parm "
+           "(profile version {}) cannot reinterpret; re-run `parm calibrate --out FILE` on the "
+           "machine (or cluster) it describes",
+           Profile::kVersion);
   if (!v.is_number_integer() || v.get<int64_t>() != Profile::kVersion)
     r.fail("'version' is {}, but this parm reads profile version {} only; re-run `parm "
            "calibrate --out FILE`",
@@ -108,11 +121,18 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
       const std::string epath = path + "." + oname;
       CommFit& f = p.comm[static_cast<size_t>(l)][o];
       f.alpha_us = r.number(e, epath, "alpha_us", 0.0, true);
+      f.alpha_per_rank_us = r.number(e, epath, "alpha_per_rank_us", 0.0, true);
       f.beta_us_per_byte = r.number(e, epath, "beta_us_per_byte", 0.0, true);
       f.r2 = r.number(e, epath, "r2", -INFINITY, true, 1.0);
       f.samples = r.integer(e, epath, "samples", 0);
-      f.group_size = static_cast<int>(r.integer(e, epath, "group_size", 0, INT32_MAX));
+      const auto& sizes = r.at(e, epath, "group_sizes");
+      if (!sizes.is_array())
+        r.fail("'{}.group_sizes' must be a JSON list of group sizes, got {}", epath, sizes.dump());
+      for (size_t i = 0; i < sizes.size(); ++i)
+        f.group_sizes.push_back(static_cast<int>(
+            r.integer_value(sizes[i], fmt::format("{}.group_sizes[{}]", epath, i), 2, INT32_MAX)));
       f.source = r.text(e, epath, "source");
+      f.alpha_per_rank_source = r.text(e, epath, "alpha_per_rank_source");
     }
   }
   const auto& fu = r.object(j, "", "fused");
@@ -121,6 +141,10 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
   p.fused.r2 = r.number(fu, "fused", "r2", -INFINITY, true, 1.0);
   p.fused.samples = r.integer(fu, "fused", "samples", 0);
   p.fused.source = r.text(fu, "fused", "source");
+  const auto& sy = r.object(j, "", "step_sync");
+  p.step_sync.us = r.number(sy, "step_sync", "us", 0.0, true);
+  p.step_sync.samples = r.integer(sy, "step_sync", "samples", 0);
+  p.step_sync.source = r.text(sy, "step_sync", "source");
   read_rate_fits(r, j, "gemm", "gflops", &GemmFit::gflops, gemm_class_name, p.gemm);
   read_rate_fits(r, j, "memory", "gbps", &MemFit::gbps, mem_class_name, p.mem);
   return p;

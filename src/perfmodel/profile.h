@@ -4,16 +4,23 @@
 //
 // Units: times in microseconds, sizes in bytes, rates in GB/s and GFLOP/s (1e9).
 //
-//   collective on link L, op o:  t_us = alpha_us + beta_us_per_byte * bus_bytes(o, n, size)
-//                                (bus bytes carry the (n-1)/n volume factors; comm.h)
+//   collective on link L, op o, group of n ranks (model.h: collective_us):
+//     alpha(n) = alpha_us + alpha_per_rank_us * (n - 2)
+//     intra:  t_us = alpha(n) + beta_us_per_byte * bus_bytes
+//     inter:  t_us = alpha(n) + beta_intra * intra_share * bus_bytes
+//                             + beta_us_per_byte * link_share * bus_bytes
+//   (bus bytes carry the (n-1)/n volume factors, comm.h; an inter beta is per byte through
+//   one node's link, shared by every rank of the node that sends across it)
 //   GEMM of class c (m, n, k):   t_us = alpha_us + 2 m n k / (gflops * 1e3)
 //   memory-bound kernel class c: t_us = alpha_us + bytes / (gbps * 1e3)
 //   fused collective:            see model.h (overlap in [0, 1])
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,13 +53,15 @@ const char* mem_class_name(MemClass c);  // "copy", "gelu"
 // Where an entry came from: "measured", "emulated" (measured over shared memory on groups
 // that --ranks-per-node labels inter-node), "assumed" (copied or taken from a datasheet).
 struct CommFit {
-  double alpha_us = 0.0;
-  double beta_us_per_byte = 0.0;
+  double alpha_us = 0.0;           // latency of a group of 2 ranks
+  double alpha_per_rank_us = 0.0;  // latency added by each rank beyond 2
+  double beta_us_per_byte = 0.0;   // intra: per bus byte; inter: per byte over a node's link
   double r2 = 1.0;
   int64_t samples = 0;
-  int group_size = 0;  // ranks of the group it was measured on (0: not measured)
-  std::string source = "assumed";
-  double us(double bus_bytes) const { return alpha_us + beta_us_per_byte * bus_bytes; }
+  std::vector<int> group_sizes;    // sizes of the groups it was measured on (empty: none)
+  std::string source = "assumed";  // of alpha_us and beta_us_per_byte
+  std::string alpha_per_rank_source = "assumed";
+  double alpha(int n) const { return alpha_us + alpha_per_rank_us * std::max(0, n - 2); }
 };
 
 struct GemmFit {
@@ -88,11 +97,25 @@ struct FusedFit {
   std::string source = "assumed";
 };
 
+// The rendezvous of a collective step that follows computation: ranks arrive at different
+// times and a loaded or oversubscribed machine has descheduled some of them, which a
+// collective timed back to back (the collective fits) never pays. Added once per collective
+// step and direction (model.h).
+struct SyncFit {
+  double us = 0.0;
+  int64_t samples = 0;
+  std::string source = "assumed";
+};
+
 struct Profile {
-  static constexpr int kVersion = 1;
+  // 2: per-group-size latency (alpha_per_rank_us), inter beta per byte over a node's link,
+  // group_sizes and per-term sources. Version 1 files are refused (their inter beta meant
+  // per bus byte of one group, which version 2 cannot reinterpret without the layout).
+  static constexpr int kVersion = 2;
   nlohmann::json machine = nlohmann::json::object();  // hostname, cores, cpu, mpi, onednn...
   std::array<std::array<CommFit, kModelOps.size()>, kNumLinks> comm{};
   FusedFit fused;
+  SyncFit step_sync;
   std::array<GemmFit, kNumGemmClasses> gemm{};
   std::array<MemFit, kNumMemClasses> mem{};
 
@@ -109,11 +132,13 @@ struct Profile {
 };
 
 // JSON form (see docs/perfmodel.md):
-// {"version": 1, "machine": {...},
-//  "collectives": {"intra": {"allreduce": {"alpha_us", "beta_us_per_byte", "r2", "samples",
-//                  "group_size", "source"}, "allgather", "reduce_scatter", "alltoall"},
+// {"version": 2, "machine": {...},
+//  "collectives": {"intra": {"allreduce": {"alpha_us", "alpha_per_rank_us",
+//                  "beta_us_per_byte", "r2", "samples", "group_sizes": [n, ...], "source",
+//                  "alpha_per_rank_source"}, "allgather", "reduce_scatter", "alltoall"},
 //                  "inter": {...}},
 //  "fused": {"overlap", "per_piece_us", "r2", "samples", "source"},
+//  "step_sync": {"us", "samples", "source"},
 //  "gemm": {"expert_nn": {"alpha_us", "gflops", "r2", "samples", "source"}, "expert_tn",
 //           "expert_nt", "gate"},
 //  "memory": {"copy": {"alpha_us", "gbps", "r2", "samples", "source"}, "gelu"}}

@@ -47,7 +47,10 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
     CommFit f;
     f.alpha_us = r.number(e, path, "alpha_us", 0.0, true);
     f.beta_us_per_byte = r.number(e, path, "beta_us_per_byte", 0.0, true);
+    if (e.contains("alpha_per_rank_us"))
+      f.alpha_per_rank_us = r.number(e, path, "alpha_per_rank_us", 0.0, true);
     f.source = "assumed";
+    f.alpha_per_rank_source = "assumed";
     for (auto& fit : p.comm[static_cast<size_t>(link)]) fit = f;
   }
   const auto& g = r.object(j, "", "gemm");
@@ -61,6 +64,7 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
   mf.alpha_us = r.number(m, "memory", "alpha_us", 0.0, true);
   p.mem.fill(mf);
   p.fused.overlap = r.number(j, "", "fused_overlap", kMinOverlap, true, 1.0);
+  if (j.contains("step_sync_us")) p.step_sync.us = r.number(j, "", "step_sync_us", 0.0, true);
   if (j.contains("fused_per_piece_us"))
     p.fused.per_piece_us = r.number(j, "", "fused_per_piece_us", 0.0, true);
   return c;
@@ -177,6 +181,12 @@ std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid) {
 }
 
 
+double share_above(const std::vector<double>& v, double mark) {
+  if (v.empty()) return kNaN;
+  return static_cast<double>(std::count_if(v.begin(), v.end(), [&](double x) { return x > mark; })) /
+         static_cast<double>(v.size());
+}
+
 SimSummary summarize(const std::vector<SimRow>& rows) {
   SimSummary s;
   std::vector<double> sp;
@@ -202,6 +212,7 @@ SimSummary summarize(const std::vector<SimRow>& rows) {
     double lg = 0.0;
     for (double v : sp) lg += std::log(v);
     s.speedup_geomean = std::exp(lg / static_cast<double>(sp.size()));
+    s.share_above_1_13 = share_above(sp, 1.13);
   }
   return s;
 }
@@ -214,7 +225,8 @@ nlohmann::json SimSummary::to_json() const {
           {"with_baseline", with_baseline},
           {"speedup_auto_over_baseline",
            {{"min", speedup_min}, {"median", speedup_median}, {"max", speedup_max},
-            {"geomean", speedup_geomean}, {"count", with_baseline}}},
+            {"geomean", speedup_geomean}, {"count", with_baseline},
+            {"share_above_1_13", share_above_1_13}}},
           {"choice_share",
            {{"baseline", share(choose_baseline)}, {"s1", share(choose_s1)},
             {"s2", share(choose_s2)}, {"fused", share(choose_fused)},
@@ -231,8 +243,9 @@ std::string SimSummary::str() const {
       evaluated, skipped, with_baseline);
   if (with_baseline > 0)
     out += fmt::format("speedup of auto over baseline: min {:.3f}  median {:.3f}  max {:.3f}  "
-                       "(geomean {:.3f})\n",
-                       speedup_min, speedup_median, speedup_max, speedup_geomean);
+                       "(geomean {:.3f}); above 1.13x: {:.1f}%\n",
+                       speedup_min, speedup_median, speedup_max, speedup_geomean,
+                       100.0 * share_above_1_13);
   out += fmt::format("auto chose: s1 {:.1f}%  s2 {:.1f}%  baseline {:.1f}%  |  fused {:.1f}%  "
                      "unfused {:.1f}%\n",
                      pct(choose_s1), pct(choose_s2), pct(choose_baseline), pct(choose_fused),

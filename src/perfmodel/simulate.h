@@ -67,6 +67,7 @@ struct SimRow {
 struct SimSummary {
   int64_t configs = 0, evaluated = 0, skipped = 0, with_baseline = 0;
   double speedup_min = 0, speedup_median = 0, speedup_max = 0, speedup_geomean = 0;
+  double share_above_1_13 = 0;  // of the configurations with a baseline (the paper's mark)
   int64_t choose_baseline = 0, choose_s1 = 0, choose_s2 = 0, choose_fused = 0,
           choose_unfused = 0;
   nlohmann::json to_json() const;
@@ -74,6 +75,8 @@ struct SimSummary {
 };
 
 std::vector<SimRow> simulate(const ClusterSpec& cluster, const Grid& grid);
+// Share of `values` above `mark` (NaN for none): the speedup tables' "above 1.13x".
+double share_above(const std::vector<double>& values, double mark);
 SimSummary summarize(const std::vector<SimRow>& rows);
 // Header + one line per row (every row of the grid, skipped ones with empty times).
 std::string sim_csv(const std::vector<SimRow>& rows);

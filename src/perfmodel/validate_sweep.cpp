@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 
 #include "moe/layer_check.h"
@@ -11,13 +12,17 @@
 #include "parm/timer.h"
 #include "perfmodel/model.h"
 #include "perfmodel/simulate.h"
+#include "schedule/schedule.h"
 
 namespace parm::perfmodel {
 namespace {
 
-// Median forward and backward time (ms, max over ranks per iteration) of one candidate.
+// Median forward and backward time (ms, max over ranks per iteration) of one candidate, and
+// the filled expert rows of its busiest rank (the routing is the same in every iteration:
+// fixed parameters and input).
 struct Totals {
   double fwd = 0.0, bwd = 0.0;
+  double busiest_rank_rows = 0.0;
   double total() const { return fwd + bwd; }
 };
 
@@ -56,9 +61,12 @@ std::vector<Totals> measure_interleaved(Topology& topo, const MoeShape& shape,
       bwd[i].push_back((t3 - t2) / 1e3);
     }
   std::vector<Totals> out;
-  for (size_t i = 0; i < layers.size(); ++i)
-    out.push_back(
-        {median(max_over_ranks(world, fwd[i])), median(max_over_ranks(world, bwd[i]))});
+  for (size_t i = 0; i < layers.size(); ++i) {
+    double rows = 0.0;
+    for (int64_t r : layers[i]->expert_rows()) rows += static_cast<double>(r);
+    out.push_back({median(max_over_ranks(world, fwd[i])), median(max_over_ranks(world, bwd[i])),
+                   max_over_ranks(world, std::vector<double>{rows})[0]});
+  }
   return out;
 }
 
@@ -74,15 +82,21 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   PARM_CONFIG_CHECK(o.warmup >= 0, "--warmup {} must be at least 0", o.warmup);
   const auto grid = read_grid(o.grid_path);
   const int rpn = o.topology.ranks_per_node;
+  // The grid's order, unless the command line gave one (as in parm simulate).
+  const std::string order = o.topology.order != kDefaultOrder ? o.topology.order : grid.order;
   log(fmt::format("# parm bench-layer --sweep {}: {} configurations in the grid, {} ranks{}; "
                   "profile {}; {} iters + {} warmup per schedule; ms = median over iterations of "
                   "the max over ranks (forward + backward), the schedules' iterations "
-                  "interleaved",
+                  "interleaved; order {}",
                   o.grid_path, grid.configs.size(), o.world,
                   rpn > 0 ? fmt::format(", {} per emulated node", rpn) : "", o.profile_path,
-                  o.iters, o.warmup));
+                  o.iters, o.warmup, order));
   nlohmann::json configs = nlohmann::json::array();
   std::vector<double> ratios, rel_errors;
+  std::map<std::string, std::vector<double>> by_schedule;  // relative errors per schedule
+  std::vector<std::string> wrong;                          // configurations auto got wrong
+  std::vector<double> speedups;  // measured baseline / auto, where there is a baseline
+  std::vector<double> twins;  // |t_a / t_b - 1| of candidates with the same step list
   int64_t measured_configs = 0, correct = 0, within5 = 0, skipped = 0;
   for (size_t ci = 0; ci < grid.configs.size(); ++ci) {
     const auto& c = grid.configs[ci];
@@ -92,8 +106,9 @@ nlohmann::json validate_sweep(const SweepOptions& o,
     std::vector<Candidate> cands;
     std::unique_ptr<Topology> topo;
     try {
-      make_layout(o.world, c.mp, c.ep, c.esp);
+      make_layout(o.world, c.mp, c.ep, c.esp, 1, order);
       TopologyOptions to = o.topology;
+      to.order = order;
       to.mp = c.mp;
       to.ep = c.ep;
       to.esp = c.esp;
@@ -107,8 +122,18 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       log(fmt::format("[{}] {}: skipped ({})", ci, desc, e.what()));
       continue;
     }
-    const size_t chosen = choose(cands);
     const auto totals = measure_interleaved(*topo, shape, cands, grid.chunks, o);
+    // The routing is now known: price each candidate's expert rows from its busiest rank
+    // (the choice depends on the routing, not on any measured time).
+    std::vector<double> balanced_ms;
+    const Target target = target_of(*topo);
+    for (size_t i = 0; i < cands.size(); ++i) {
+      balanced_ms.push_back(cands[i].pred.total_us() / 1e3);
+      const auto sc = schedule::build({shape, target.layout, 0, cands[i].fuse, grid.chunks},
+                                      cands[i].kind);
+      cands[i].pred = predict(o.profile, sc, shape, target, {totals[i].busiest_rank_rows});
+    }
+    const size_t chosen = choose(cands);
     std::vector<double> meas;
     nlohmann::json cj = {{"id", ci}, {"B", c.B}, {"L", c.L}, {"T", c.tokens()}, {"M", c.M},
                          {"H", c.H}, {"E", c.E}, {"k", c.k}, {"f", c.f}, {"N_MP", c.mp},
@@ -126,26 +151,49 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                            {"predicted_bwd_ms", cand.pred.bwd_us / 1e3},
                            {"measured_ms", m.total()},
                            {"measured_fwd_ms", m.fwd},
-                           {"measured_bwd_ms", m.bwd}});
+                           {"measured_bwd_ms", m.bwd},
+                           {"predicted_balanced_ms", balanced_ms[i]},
+                           {"busiest_rank_expert_rows", m.busiest_rank_rows}});
+      by_schedule[cand.pred.name()].push_back(rel_errors.back());
     }
     const size_t oracle =
         static_cast<size_t>(std::min_element(meas.begin(), meas.end()) - meas.begin());
     const double ratio = meas[chosen] / meas[oracle];
     ++measured_configs;
-    correct += chosen == oracle ? 1 : 0;
+    // Candidates priced exactly alike run the same step list (the baseline is S2 unfused
+    // where N_ESP = 1): picking either is right, and their measured spread is the noise.
+    const bool same_list = cands[chosen].pred.total_us() == cands[oracle].pred.total_us();
+    correct += chosen == oracle || same_list ? 1 : 0;
+    for (size_t i = 0; i < cands.size(); ++i)
+      for (size_t j = i + 1; j < cands.size(); ++j)
+        if (cands[i].pred.total_us() == cands[j].pred.total_us())
+          twins.push_back(std::abs(meas[i] / meas[j] - 1.0));
     within5 += ratio <= 1.05 ? 1 : 0;
     ratios.push_back(ratio);
     cj["candidates"] = cand_json;
     cj["auto"] = cands[chosen].pred.name();
     cj["fastest"] = cands[oracle].pred.name();
     cj["auto_over_fastest"] = ratio;
+    cj["regret"] = ratio;
     configs.push_back(cj);
-    std::string line;
+    cj["auto_is_fastest"] = chosen == oracle || same_list;
+    if (cands[0].kind == schedule::Kind::kBaseline) {
+      cj["auto_over_baseline"] = meas[0] / meas[chosen];
+      speedups.push_back(meas[0] / meas[chosen]);
+    }
+    if (chosen != oracle && !same_list)
+      wrong.push_back(fmt::format("[{}] {}: auto {}, fastest {}, regret {:.3f}", ci, desc,
+                                  cands[chosen].pred.name(), cands[oracle].pred.name(), ratio));
+    std::string table = fmt::format("[{}] {}\n    {:<10} {:>10} {:>10} {:>7}", ci, desc,
+                                    "schedule", "pred ms", "meas ms", "error");
     for (size_t i = 0; i < cands.size(); ++i)
-      line += fmt::format("  {} {:.1f}/{:.1f}", cands[i].pred.name(),
-                          cands[i].pred.total_us() / 1e3, meas[i]);
-    log(fmt::format("[{}] {} | pred/meas ms:{} | auto {}, fastest {}, auto/fastest {:.3f}", ci,
-                    desc, line, cands[chosen].pred.name(), cands[oracle].pred.name(), ratio));
+      table += fmt::format("\n    {:<10} {:>10.2f} {:>10.2f} {:>+6.0f}%{}{}",
+                           cands[i].pred.name(), cands[i].pred.total_us() / 1e3, meas[i],
+                           100.0 * (cands[i].pred.total_us() / 1e3 - meas[i]) / meas[i],
+                           i == chosen ? "  <- auto" : "", i == oracle ? "  <- fastest" : "");
+    table += fmt::format("\n    auto {}, fastest {}, regret (auto / fastest) {:.3f}",
+                         cands[chosen].pred.name(), cands[oracle].pred.name(), ratio);
+    log(table);
   }
   auto share = [&](int64_t n) {
     return measured_configs ? static_cast<double>(n) / static_cast<double>(measured_configs) : 0.0;
@@ -160,7 +208,20 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       {"auto_over_fastest", {{"median", median(ratios)}, {"worst", max_of(ratios)}}},
       {"median_abs_relative_error", median(rel_errors)},
       {"abs_relative_error_max", max_of(rel_errors)},
-      {"predictions_compared", rel_errors.size()}};
+      {"predictions_compared", rel_errors.size()},
+      {"median_abs_relative_error_by_schedule", nlohmann::json::object()},
+      {"wrong_choices", wrong},
+      {"speedup_auto_over_baseline",
+       {{"count", speedups.size()},
+        {"min", speedups.empty() ? NAN : *std::min_element(speedups.begin(), speedups.end())},
+        {"median", median(speedups)},
+        {"max", max_of(speedups)},
+        {"share_above_1_13", share_above(speedups, 1.13)}}},
+      {"same_schedule_spread", {{"pairs", twins.size()},
+                                {"median", median(twins)},
+                                {"max", max_of(twins)}}}};
+  for (const auto& [name, errs] : by_schedule)
+    summary["median_abs_relative_error_by_schedule"][name] = median(errs);
   log(fmt::format("\n# sweep summary: {} configurations measured ({} skipped)", measured_configs,
                   skipped));
   log(fmt::format("selection accuracy (auto = measured fastest): {:.1f}% ({} of {}); auto "
@@ -171,6 +232,21 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   log(fmt::format("median |predicted - measured| / measured: {:.1f}% over {} (config, schedule) "
                   "pairs (max {:.1f}%)",
                   100.0 * median(rel_errors), rel_errors.size(), 100.0 * max_of(rel_errors)));
+  std::string per;
+  for (const auto& [name, errs] : by_schedule)
+    per += fmt::format("  {} {:.1f}%", name, 100.0 * median(errs));
+  log("median error by schedule:" + per);
+  if (!speedups.empty())
+    log(fmt::format("measured speedup of auto over the baseline: min {:.3f}, median {:.3f}, max "
+                    "{:.3f}; above 1.13x in {:.1f}% of {} configurations",
+                    *std::min_element(speedups.begin(), speedups.end()), median(speedups),
+                    max_of(speedups), 100.0 * share_above(speedups, 1.13), speedups.size()));
+  if (!twins.empty())
+    log(fmt::format("noise floor: candidates with the same step list (priced alike) measured "
+                    "{:.1f}% apart (median over {} pairs, max {:.1f}%)",
+                    100.0 * median(twins), twins.size(), 100.0 * max_of(twins)));
+  log(fmt::format("configurations where auto is not the measured fastest: {}", wrong.size()));
+  for (const auto& w : wrong) log("  " + w);
   return {{"grid", o.grid_path},   {"profile", o.profile_path}, {"world", o.world},
           {"ranks_per_node", rpn}, {"iters", o.iters},          {"warmup", o.warmup},
           {"chunks", grid.chunks}, {"summary", summary},        {"configs", configs}};

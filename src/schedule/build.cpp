@@ -15,6 +15,13 @@ class Builder {
     s_.buffers.push_back({std::move(name), std::move(shape)});
     return static_cast<int>(s_.buffers.size()) - 1;
   }
+  // Marks buffer `id` as expert rows in segments of `slots` (fill counts like `like`).
+  void segmented(int id, int64_t slots, int like = -1) {
+    auto& b = s_.buffers[static_cast<size_t>(id)];
+    if (b.slots > 0) return;  // a collective left out on a group of one returned its input
+    b.slots = slots;
+    b.fills_like = like;
+  }
   void compute(StepKind kind, int in, int out, std::string label) {
     s_.steps.push_back({kind, Group::kWorld, in, out, 1, 0, std::move(label)});
   }
@@ -51,6 +58,7 @@ int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, bool stats_
     b.collective(StepKind::kSumDup, Group::kMp, stats, "", {}, "l_aux statistics allreduce");
   b.compute(StepKind::kAuxLoss, stats, -1, "l_aux");
   const int disp = b.buffer("dispatch", {sh.experts, slots, sh.model_dim});
+  b.segmented(disp, slots);
   b.compute(StepKind::kDispatch, tokens, disp, "dispatch");
   return disp;
 }
@@ -58,15 +66,16 @@ int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, bool stats_
 // AllToAll(ep), AllGather(esp), experts, ReduceScatter(esp), AllToAll(ep) on (E, slots, M);
 // with spec.fuse, the two pairs as the dispatch and combine collectives. S2 passes its MP
 // AllGather (mp_outer > 0) so that it joins the combine collective when fused; the return
-// value is then the gathered (E, N_MP * slots, M) buffer.
+// value is then the gathered (E, N_MP * slots, M) buffer, whose fill counts are those of
+// `mp_source` (the dispatch buffer before the MP slice).
 int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
-                    int64_t mp_outer = 0, int64_t mp_chunk = 0) {
+                    int64_t mp_outer = 0, int64_t mp_chunk = 0, int mp_source = -1) {
   const Layout& l = spec.layout;
   const int64_t E = spec.shape.experts, M = spec.shape.model_dim, e_loc = E / l.ep;
   const int64_t block = e_loc * slots * M;
   const bool mp_part = mp_outer > 0 && l.mp > 1;
   Schedule& s = b.schedule();
-  int gathered;
+  int gathered, recv = disp;
   if (spec.fuse && l.ep > 1 && l.esp > 1) {
     gathered = b.buffer("esp_gathered", {l.esp, l.ep, e_loc, slots, M});
     Step st{StepKind::kFusedDispatch, Group::kEp, disp, gathered, 1, 0, "fused dispatch (ep alltoall + esp allgather)"};
@@ -75,14 +84,17 @@ int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
     st.carries_fills = true;
     s.steps.push_back(st);
   } else {
-    const int recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
-                                  {l.ep, e_loc, slots, M}, "dispatch alltoall");
+    recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
+                        {l.ep, e_loc, slots, M}, "dispatch alltoall");
     b.carries_fills(recv);
+    b.segmented(recv, slots);
     gathered = b.collective(StepKind::kGatherShard, Group::kEsp, recv, "esp_gathered",
                             {l.esp, l.ep, e_loc, slots, M}, "esp allgather");
     b.carries_fills(gathered);
+    b.segmented(gathered, slots);
   }
   const int y = b.buffer("expert_out", {l.esp * l.ep, e_loc, slots, M});
+  b.segmented(y, slots, gathered);
   b.compute(StepKind::kExperts, gathered, y, "experts");
   const int parts = (l.esp > 1) + (l.ep > 1) + (mp_part ? 1 : 0);
   if (spec.fuse && parts >= 2) {
@@ -103,11 +115,15 @@ int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
   }
   const int reduced = b.collective(StepKind::kReduceScatter, Group::kEsp, y, "esp_reduced",
                                    {l.ep, e_loc, slots, M}, "esp reduce_scatter");
+  b.segmented(reduced, slots, recv);
   const int back = b.collective(StepKind::kAllToAll, Group::kEp, reduced, "ep_back",
                                 {E, slots, M}, "combine alltoall");
+  b.segmented(back, slots, disp);
   if (mp_outer == 0) return back;
-  return b.collective(StepKind::kGatherDup, Group::kMp, back, "combine_in",
-                      {E, l.mp * slots, M}, "mp allgather", mp_outer, mp_chunk);
+  const int full = b.collective(StepKind::kGatherDup, Group::kMp, back, "combine_in",
+                                {E, l.mp * slots, M}, "mp allgather", mp_outer, mp_chunk);
+  b.segmented(full, l.mp * slots, mp_source);
+  return full;
 }
 
 // The baseline with N_ESP = N_MP > 1: every ESP shard already holds the same tokens.
@@ -117,12 +133,16 @@ int expert_exchange_duplicated(Builder& b, const LayerSpec& spec, int disp, int6
   const int recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
                                 {l.ep, e_loc, slots, M}, "dispatch alltoall");
   b.carries_fills(recv);
+  b.segmented(recv, slots);
   b.collective(StepKind::kShareDup, Group::kEsp, recv, "", {}, "esp shared input");
   const int y = b.buffer("expert_out", {l.ep, e_loc, slots, M});
+  b.segmented(y, slots, recv);
   b.compute(StepKind::kExperts, recv, y, "experts");
   b.collective(StepKind::kSumDup, Group::kEsp, y, "", {}, "esp allreduce");
-  return b.collective(StepKind::kAllToAll, Group::kEp, y, "ep_back", {E, slots, M},
-                      "combine alltoall");
+  const int back = b.collective(StepKind::kAllToAll, Group::kEp, y, "ep_back", {E, slots, M},
+                                "combine alltoall");
+  b.segmented(back, slots, disp);
+  return back;
 }
 
 Schedule build_s1(const LayerSpec& spec, Kind kind) {
@@ -170,7 +190,8 @@ Schedule build_s2(const LayerSpec& spec, Kind kind) {
   const int disp = gate_and_dispatch(b, spec, s.input, false, s.dispatch_slots);
   const int mine = b.collective(StepKind::kSlice, Group::kMp, disp, "dispatch_slice",
                                 {E, cs, M}, "mp slice slots", E, cs * M);
-  const int full = expert_exchange(b, spec, mine, cs, E, cs * M);
+  b.segmented(mine, cs);
+  const int full = expert_exchange(b, spec, mine, cs, E, cs * M, disp);
   s.output = b.buffer("out", {T, M});
   b.compute(StepKind::kCombine, full, s.output, "combine");
   return std::move(s);
@@ -228,11 +249,15 @@ Schedule build(const LayerSpec& spec, Kind kind) {
   validate(spec, kind);
   PARM_CONFIG_CHECK(spec.chunks >= 1, "--chunks {} must be at least 1", spec.chunks);
   LayerSpec sp = spec;
-  sp.fuse = spec.fuse && kind != Kind::kBaseline;  // the baseline is DeepSpeed-MoE's: unfused
+  // The baseline is DeepSpeed-MoE's: unfused. Dropless exchanges run their parts one after
+  // the other (comm/row_exchange.h has no pipelined form), so dropless is unfused too.
+  const bool dropless = spec.shape.capacity_factor.dropless;
+  sp.fuse = spec.fuse && kind != Kind::kBaseline && !dropless;
   Schedule s = kind == Kind::kS1   ? build_s1(sp, kind)
                : kind == Kind::kS2 ? build_s2(sp, kind)
                                    : build_baseline(sp);
   s.adds_b2 = spec.esp_rank == 0;
+  s.dropless = dropless;
   s.gate_weight_numel = spec.shape.model_dim * spec.shape.experts;
   for (const Step& st : s.steps)
     s.fused = s.fused || st.kind == StepKind::kFusedDispatch || st.kind == StepKind::kFusedCombine;

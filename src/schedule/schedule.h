@@ -85,6 +85,14 @@ Move step_move(StepKind k, bool backward);
 struct BufferSpec {
   std::string name;
   Shape shape;
+  // A buffer of expert rows (the dispatch and combine paths): segments of `slots` rows, one
+  // per expert (and block), each holding its routed rows first; 0: not segmented. Under
+  // dropless routing only the routed rows of such buffers travel (comm/row_exchange.h).
+  int64_t slots = 0;
+  // The buffer whose per-segment fill counts this one has (the combine path mirrors the
+  // dispatch path); -1: its counts come from its own step (dispatch, or the exchange that
+  // carries them).
+  int fills_like = -1;
 };
 
 // Buffer id of the gate weight's gradient, for kShareDup steps on a parameter (S1's dWg).
@@ -140,6 +148,7 @@ struct Schedule {
   bool adds_b2 = true;         // this rank adds b2 (ESP rank 0 of its group)
   int64_t gate_weight_numel = 0;  // M * E
   bool fused = false;          // uses fused collectives
+  bool dropless = false;       // capacity factor none: segmented exchanges move routed rows only
   int chunks = 1;              // their pipeline depth
 
   std::string describe() const;  // one line per step
@@ -173,6 +182,18 @@ struct SizeNames {
   const char* hidden = "--hidden";
   const char* tokens = "--tokens";
 };
+
+// Dropless S2: MP rank j of n keeps rows [first, first + rows) of an expert's `routed` rows,
+// first = floor(j * routed / n): the ranks share every expert's rows evenly (with a capacity
+// factor it keeps slots [j*Cs, (j+1)*Cs) instead, SPEC §3).
+struct RowPart {
+  int64_t first = 0;
+  int64_t rows = 0;
+};
+inline RowPart dropless_part(int64_t routed, int64_t j, int64_t n) {
+  const int64_t lo = j * routed / n, hi = (j + 1) * routed / n;
+  return {lo, hi - lo};
+}
 
 // Checks the layer against the layout and the schedule (E % N_EP, H % N_ESP, T % N_MP;
 // supports(kind, layout)). Throws InvalidConfig naming the constraint and valid values.

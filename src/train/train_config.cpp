@@ -95,7 +95,8 @@ nlohmann::json model_config_json(const model::ModelConfig& m) {
           {"experts", m.experts},
           {"expert_hidden", m.expert_hidden},
           {"topk", m.topk},
-          {"capacity_factor", m.capacity_factor},
+          {"capacity_factor", m.capacity_factor == "none" ? nlohmann::json(nullptr)
+                                                          : nlohmann::json(m.capacity_factor)},
           {"aux_loss_coeff", m.aux_loss_coeff},
           {"init_std", m.init_std},
           {"seed", m.seed}};
@@ -132,7 +133,15 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
   m.get("experts", c.model.experts);
   m.get("expert_hidden", c.model.expert_hidden);
   m.get("topk", c.model.topk);
-  m.get("capacity_factor", c.model.capacity_factor);
+  {
+    nlohmann::json f = c.model.capacity_factor;  // a decimal string, or null: dropless
+    m.get("capacity_factor", f);
+    PARM_CONFIG_CHECK(f.is_string() || f.is_null(),
+                      "{}: model.capacity_factor must be a decimal string such as \"1.25\", or "
+                      "null for dropless routing, got {}",
+                      origin, f.dump());
+    c.model.capacity_factor = f.is_null() ? "none" : f.get<std::string>();
+  }
   m.get("aux_loss_coeff", c.model.aux_loss_coeff);
   m.get("init_std", c.model.init_std);
   m.get("seed", c.model.seed);
@@ -267,7 +276,8 @@ void validate(const TrainConfig& c) {
   PARM_CONFIG_CHECK(p.pp >= 1, "parallel.pp {} must be at least 1", p.pp);
   PARM_CONFIG_CHECK(p.pp_overlap == "on" || p.pp_overlap == "off",
                     "parallel.pp_overlap '{}' is not valid; use on or off", p.pp_overlap);
-  model::parse_pp_split(p.pp_split, p.pp, m.num_layers);  // the order needs the world size
+  // (The order needs the world size: Topology::create checks it.)
+  model::parse_pp_split(p.pp_split, p.pp, m.num_layers, "--pp-split (parallel.pp_split)");
   // Names first (their messages list the valid ones), then whether they can run here.
   const Device device = parse_device(p.device);
   const Precision precision = parse_precision(p.precision);

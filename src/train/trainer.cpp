@@ -10,6 +10,7 @@
 #include "core/fault.h"
 #include "data/batches.h"
 #include "kernels/cpu/kernels.h"
+#include "moe/load_balance.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "parm/timer.h"
@@ -326,6 +327,21 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     world.allreduce(&total_flops, 1);
     m.mfu = total_flops / (times[0] / 1e6) / (result.gemm_gflops * 1e9 * lay.world);
     const bool last = step + 1 == cfg.loop.steps;
+    // The load imbalance of this step's last micro-batch, worst over the MoE layers
+    // (collective: every rank, before evaluation routes other tokens).
+    LoadImbalance imbalance;
+    if ((step + 1) % cfg.loop.log_every == 0 || last)
+      for (MoeLayer* layer : model->moe_layers()) {
+        const LoadImbalance li = load_imbalance(*topo, *layer);
+        auto& worst = imbalance;
+        worst.expert_max_over_mean = std::max(worst.expert_max_over_mean, li.expert_max_over_mean);
+        worst.rank_max_over_mean = std::max(worst.rank_max_over_mean, li.rank_max_over_mean);
+      }
+    if ((step + 1) % cfg.loop.log_every == 0 || last) {  // the worst stage's, on every rank
+      double worst[2] = {imbalance.expert_max_over_mean, imbalance.rank_max_over_mean};
+      world.allreduce(worst, 2, ReduceOp::kMax);
+      imbalance = {worst[0], worst[1]};
+    }
     if ((cfg.loop.eval_every > 0 && (step + 1) % cfg.loop.eval_every == 0) || last)
       m.val_loss = evaluate();
     if (last) result.final_val_loss = m.val_loss;
@@ -341,11 +357,11 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                                    m.moe_comm_ms)
                      : "";
         std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f  lr %.2e  |g| %.3f  %7.0f tok/s  "
-                    "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%%s  moe %s\n",
+                    "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%%s  moe %s  load %s\n",
                     static_cast<long long>(m.step), static_cast<long long>(cfg.loop.steps),
                     m.loss, val.c_str(), m.aux_loss, m.lr, m.grad_norm, m.tokens_per_s,
                     m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, bubble.c_str(),
-                    schedules_line.c_str());
+                    schedules_line.c_str(), imbalance.str().c_str());
         std::fflush(stdout);
       }
       if (metrics != nullptr) {
@@ -359,6 +375,10 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
           line["bubble"] = m.bubble;
           line["bubble_1f1b"] = one_f_one_b_bubble(pp, static_cast<int>(accum));
           line["moe_comm_ms"] = m.moe_comm_ms;
+        }
+        if (imbalance.expert_max_over_mean > 0) {
+          line["load_expert_max_over_mean"] = imbalance.expert_max_over_mean;
+          line["load_rank_max_over_mean"] = imbalance.rank_max_over_mean;
         }
         const std::string text = line.dump() + "\n";
         std::fwrite(text.data(), 1, text.size(), metrics);  // one write per line

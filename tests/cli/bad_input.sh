@@ -58,8 +58,8 @@ expect 2 "different pipeline stages" -- -n 8 -- info --mp 2 --ep 2 --pp 2 --orde
 expect 2 "with the ESP groups the MP groups, got --mp 2 --esp 2 --order mp-ep-esp-dp-pp" -- -n 8 -- check-layer --mp 2 --ep 2 --esp 2 --order mp-ep-esp-dp --schedule baseline
 expect 2 "check-layer runs one MoE layer on every rank, inside one pipeline stage: --pp 2" -- -n 2 -- check-layer --pp 2
 expect 2 "bench-layer runs one MoE layer on every rank, inside one pipeline stage: --pp 2" -- -n 2 -- bench-layer --pp 2
-expect 2 "--pp-split '2,1' sums to 3 blocks, not the model's 4" -- -n 2 -- train --pp 2 --pp-split 2,1 --steps 1
-expect 2 "--pp-split '2,2' names 2 stages but --pp is 4" -- -n 4 -- train --pp 4 --pp-split 2,2 --steps 1
+expect 2 "--pp-split (parallel.pp_split) '2,1' sums to 3 blocks, not the model's 4" -- -n 2 -- train --pp 2 --pp-split 2,1 --steps 1
+expect 2 "'2,2' names 2 stages but --pp is 4" -- -n 4 -- train --pp 4 --pp-split 2,2 --steps 1
 expect 2 "--pp 8 exceeds the model's 4 blocks" -- -n 8 -- train --pp 8 --steps 1
 expect 2 "top-k must be in [1, E = 8], got k = 9" -- -n 1 -- check-layer --topk 9 --experts 8
 expect 2 "The following argument was not expected: --bogus" -- -n 1 -- info --bogus

@@ -26,13 +26,8 @@ INFO_EXPECT=(
 # ...and it must have found 2 nodes on its own (no --ranks-per-node is passed).
 INFO_NODES_RE='2 nodes'
 
-skip() { echo "SKIP: $*"; exit 77; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-[ "$(id -u)" -eq 0 ] || skip "needs root to create network namespaces (running as uid $(id -u))"
-unshare --net --uts --mount -- true 2>/dev/null ||
-  skip "creating namespaces is not permitted here (unshare --net --uts --mount failed)"
-[ -x "$PARM" ] || fail "no parm binary at $PARM"
+# shellcheck source=lib/cluster_prereq.bash
+source "$(dirname "$0")/lib/cluster_prereq.bash"
 
 # A state dir of our own, so a user's cluster is never touched; named after the binary, so
 # a run that was killed outright (ctest's timeout) is cleaned up by the next one.

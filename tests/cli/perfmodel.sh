@@ -27,8 +27,13 @@ out="$(prun -n 1 -- plan $layer --mp 2 --ep 2 --esp 2 --devices-per-node 2 --pro
 check "plan prints every candidate" 0 $rc "== s2+fused" "$out"
 check "plan names the links" 0 $rc "links: mp intra, ep inter, esp intra" "$out"
 check "plan makes a choice" 0 $rc "choice: " "$out"
+# --order decides which groups cross nodes (docs/layout.md): MP inside a node, EP across.
+out="$(prun -n 1 -- plan $layer --mp 2 --ep 2 --world 4 --devices-per-node 2 --profile "$tmp/p.json")"; rc=$?
+check "plan: the default order keeps EP inside a node" 0 $rc "order mp-esp-ep-dp-pp; links: mp intra, ep intra" "$out"
+out="$(prun -n 1 -- plan $layer --mp 2 --ep 2 --world 4 --devices-per-node 2 --order mp-dp-ep --profile "$tmp/p.json")"; rc=$?
+check "plan follows --order" 0 $rc "order mp-dp-ep-esp-pp; links: mp intra, ep inter" "$out"
 
-sed 's/"version": 1/"version": 7/' "$tmp/p.json" >"$tmp/v7.json"
+sed 's/"version": 2/"version": 7/' "$tmp/p.json" >"$tmp/v7.json"
 out="$(prun -n 1 -- plan $layer --profile "$tmp/v7.json")"; rc=$?
 check "a profile of another version is refused" 2 $rc "'version' is 7" "$out"
 

@@ -81,7 +81,8 @@ perfmodel::Profile sample_profile() {
       f.beta_us_per_byte = 1e-3 * (1 + l);
       f.r2 = 0.99;
       f.samples = 12;
-      f.group_size = 2;
+      f.alpha_per_rank_us = 0.5;
+      f.group_sizes = {2, 4};
       f.source = "measured";
     }
   p.fused.overlap = 0.5;

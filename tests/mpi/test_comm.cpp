@@ -93,15 +93,9 @@ TEST(Topology, CommunicatorsFollowPpAndOrder) {
         } catch (const InvalidConfig&) {
           continue;  // the unit tests check which orders a layout refuses
         }
-        TopologyOptions o;
-        o.mp = mp;
-        o.ep = ep;
-        o.esp = esp;
-        o.pp = pp;
-        o.order = order;
-        o.ranks_per_node = p % 2 == 0 ? 2 : 1;
-        o.timeout_s = 60;
-        expect_communicators_match_layout(o);
+        expect_communicators_match_layout({.mp = mp, .ep = ep, .esp = esp, .pp = pp,
+                                           .order = order, .ranks_per_node = p % 2 == 0 ? 2 : 1,
+                                           .timeout_s = 60});
         ++cases;
       }
     }

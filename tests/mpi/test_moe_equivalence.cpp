@@ -3,7 +3,9 @@
 // bytes the communicator counted match SPEC §3's table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <map>
 #include <string>
 
@@ -36,14 +38,8 @@ struct Layout3 {
 // The layer runs inside one pipeline stage: under pp > 1 each stage is an independent copy
 // (its own MP groups, inputs and expert shards), and the oracle sums over all MP groups.
 std::unique_ptr<Topology> topology_of(const Layout3& l) {
-  TopologyOptions o;
-  o.mp = l.mp;
-  o.ep = l.ep;
-  o.esp = l.esp;
-  o.pp = l.pp;
-  o.order = l.order;
-  o.timeout_s = 120.0;
-  return Topology::create(o);
+  return Topology::create(
+      {.mp = l.mp, .ep = l.ep, .esp = l.esp, .pp = l.pp, .order = l.order, .timeout_s = 120.0});
 }
 
 // Nests every group differently from the default: dp and edp innermost, mp and esp outermost
@@ -55,9 +51,9 @@ constexpr const char* kEspApartOrder = "mp-ep-dp-esp-pp";
 // pp innermost: each stage strided over the world (valid for every layout).
 constexpr const char* kPpInnerOrder = "pp-dp-ep-esp-mp";
 
-// Each layout under the default order and the reversed one; a few under other orders and
-// with two pipeline stages.
-std::vector<Layout3> sweep_layouts() {
+// Each layout under the default order (and the reversed one with `reversed`); a few under
+// other orders and with two pipeline stages.
+std::vector<Layout3> sweep_layouts(bool reversed = true) {
   std::vector<Layout3> base;
   switch (test::world_size()) {
     case 1: base = {{1, 1, 1}}; break;
@@ -71,7 +67,7 @@ std::vector<Layout3> sweep_layouts() {
   std::vector<Layout3> out;
   for (const Layout3& l : base) {
     out.push_back(l);
-    if (test::world_size() > 1) out.push_back({l.mp, l.ep, l.esp, 1, kReversedOrder});
+    if (reversed && test::world_size() > 1) out.push_back({l.mp, l.ep, l.esp, 1, kReversedOrder});
   }
   switch (test::world_size()) {
     case 2: out.push_back({1, 1, 1, 2}); break;
@@ -106,6 +102,9 @@ constexpr Case kCases[] = {
     {"k3 heavy drops", 3, "0.5", 0.0f},
     {"k1 skewed: expert 0 overflows, others empty", 1, "1.25", 3.0f},
     {"k2 skewed", 2, "1.5", 3.0f},
+    // Dropless: variable-size exchanges of the routed rows only.
+    {"k2 dropless", 2, "none", 0.0f},
+    {"k1 dropless skewed: expert 0 takes most, others none", 1, "none", 3.0f},
 };
 
 bool allowed(Kind kind, const Layout3& l) {
@@ -145,6 +144,7 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
         const LayerCheckResult r = check_layer(*topo, o);
         ++checks;
         (r.dropped_choices > 0 ? with_drops : without_drops) += 1;
+        if (std::string(c.f) == "none") EXPECT_EQ(r.dropped_choices, 0) << c.name;
         std::string detail;
         for (const auto& e : r.errors)
           detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
@@ -154,7 +154,7 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
                               << "] routing " << (r.routing_matches ? "ok" : "DIFFERS")
                               << " dropped " << r.dropped_choices << ":" << detail;
         // S1 with nothing dropped also equals the whole (not per-slice) layer.
-        if (kind == Kind::kS1 && std::string(c.f) == "8.0") {
+        if (kind == Kind::kS1 && (std::string(c.f) == "8.0" || std::string(c.f) == "none")) {
           o.whole_oracle = true;
           const LayerCheckResult w = check_layer(*topo, o);
           EXPECT_TRUE(w.passed) << "S1 vs the whole-layer oracle, " << lay.str();
@@ -172,7 +172,7 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
 // rounding (~1e-3), far above what fp32 products leave (~1e-7).
 TEST(Equivalence, Bf16EveryScheduleEveryLayoutWithinTheBf16Tolerance) {
   int64_t checks = 0;
-  for (const Layout3& lay : sweep_layouts()) {
+  for (const Layout3& lay : sweep_layouts(false)) {  // the fp32 test runs the reversed order
     auto topo = topology_of(lay);
     const int64_t experts = test::world_size() == 3 ? 6 : 8;
     for (const Case& c : {kCases[1], kCases[3]}) {
@@ -234,7 +234,7 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
 // Fused collectives compute exactly what the unfused pairs compute: bit for bit, outputs and
 // every gradient, over the suite's layouts, for chunk counts 1, 2 and more than rows.
 TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
-  for (const Layout3& lay : sweep_layouts()) {
+  for (const Layout3& lay : sweep_layouts(false)) {
     auto topo = topology_of(lay);
     const auto s = MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, 2, "1.1");
     const auto params = ref::init_params<float>(s, 5);
@@ -390,6 +390,158 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
         EXPECT_NEAR(bwd.count(k) ? bwd.at(k) : -1, v, 1e-6 * v) << where << " backward " << k;
     }
   }
+}
+
+
+// ---- dropless bytes: docs/dropless.md's formulas of the routed counts ----------------------
+
+namespace dropless {
+
+// D[r][e]: rows for expert e in world rank r's dispatch exchange: the routed choices n_e of
+// its gate call (S1: its token slice; baseline, S2: the MP group's T), for S2 MP rank j's
+// share floor((j+1) n_e / N_MP) - floor(j n_e / N_MP) of them. Computed from the routing (not from the layer's counts).
+std::vector<std::vector<double>> dispatch_rows(Topology& topo, MoeLayer& layer) {
+  const auto& sc = layer.schedule();
+  const auto& r = layer.routing();
+  const int64_t E = layer.shape().experts;
+  std::vector<double> mine(static_cast<size_t>(E), 0.0);
+  for (size_t i = 0; i < r.expert.size(); ++i)
+    if (r.row[i] >= 0) mine[static_cast<size_t>(r.expert[i])] += 1.0;
+  if (sc.exchange_slots < sc.dispatch_slots) {  // S2 (and its baseline form): my share
+    const int64_t j = topo.comm(Group::kMp).rank(), n = topo.comm(Group::kMp).size();
+    for (double& v : mine)
+      v = static_cast<double>((static_cast<int64_t>(v) * (j + 1)) / n -
+                              (static_cast<int64_t>(v) * j) / n);
+  }
+  Communicator& world = topo.host_comm(Group::kWorld);
+  std::vector<double> all(mine.size() * static_cast<size_t>(world.size()));
+  world.allgather(mine.data(), all.data(), mine.size());
+  std::vector<std::vector<double>> d(static_cast<size_t>(world.size()));
+  for (size_t w = 0; w < d.size(); ++w)
+    d[w].assign(all.begin() + static_cast<ptrdiff_t>(w * mine.size()),
+                all.begin() + static_cast<ptrdiff_t>((w + 1) * mine.size()));
+  return d;
+}
+
+// The bytes of one pass (forward and backward move the same amounts, docs/dropless.md).
+Bytes formula_bytes(Kind kind, const MoeShape& s, const Layout& l, int me,
+                    const std::vector<std::vector<double>>& D) {
+  const double M = s.model_dim, f = 4.0;
+  const int64_t e_loc = s.experts / l.ep;
+  auto local = [&](int w) { return group_coord(l, Group::kEp, w).rank * e_loc; };
+  // R(w): routed rows world rank w's experts receive from its EP group.
+  auto R = [&](int w) {
+    double rows = 0;
+    for (int p : group_members(l, Group::kEp, w))
+      for (int64_t e = local(w); e < local(w) + e_loc; ++e) rows += D[p][e];
+    return rows;
+  };
+  Bytes b;
+  auto add = [&](const std::string& k, double rows) {
+    if (rows > 0) b[k] += rows * M * f;
+  };
+  if (l.ep > 1) {
+    double rows = R(me);
+    for (int64_t e = local(me); e < local(me) + e_loc; ++e) rows -= D[me][e];  // self-copy
+    for (int64_t e = 0; e < s.experts; ++e)
+      if (e < local(me) || e >= local(me) + e_loc) rows += D[me][e];
+    add("ep.alltoallv", rows);
+  }
+  const bool shared_esp_input = kind == Kind::kBaseline && l.esp == l.mp && l.mp > 1;
+  if (l.esp > 1) {
+    if (shared_esp_input) {
+      add("esp.allreduce", (l.esp - 1) * R(me));
+    } else {
+      double others = 0;
+      for (int q : group_members(l, Group::kEsp, me))
+        if (q != me) others += R(q);
+      add("esp.allgather", others);
+      add("esp.reduce_scatter", (l.esp - 1) * R(me));
+    }
+  }
+  const bool s2_form = kind == Kind::kS2 || (kind == Kind::kBaseline && l.esp == 1);
+  if (l.mp > 1 && s2_form) {
+    double others = 0;
+    for (int q : group_members(l, Group::kMp, me))
+      if (q != me)
+        for (double v : D[q]) others += v;
+    add("mp.allgather", others);
+  }
+  if (l.mp > 1 && !s2_form && !shared_esp_input)  // S1: token slices
+    add("mp.allgather", (l.mp - 1) * (s.tokens / l.mp));
+  return b;
+}
+
+}  // namespace dropless
+
+// Dropless: every exchange carries exactly the routed rows. The counted bytes equal the
+// formulas of docs/dropless.md evaluated on the routing, for even and skewed routing, and the
+// skewed case really is skewed (some expert gets nothing, the busiest more than 2x the mean).
+TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
+  std::vector<Layout3> layouts;
+  switch (test::world_size()) {
+    case 1: layouts = {{1, 1, 1}}; break;
+    case 2: layouts = {{2, 1, 2}, {1, 2, 1}}; break;
+    case 4: layouts = {{2, 2, 2}, {2, 2, 1}, {4, 1, 4}, {1, 2, 2}}; break;
+    case 8: layouts = {{2, 4, 2}, {4, 2, 4}}; break;
+    default: GTEST_SKIP() << "dropless byte layouts are defined for 1, 2, 4 and 8 ranks";
+  }
+  int64_t skewed_checked = 0;
+  for (const Layout3& lay : layouts) {
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    for (float skew : {0.0f, 3.0f}) {
+      auto s = MoeShape::of(40, 8, 16, 8, 2, "none");
+      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
+        if (!allowed(kind, lay)) continue;
+        MoeLayer layer(*topo, s, kind, false, 3);
+        auto params = ref::init_params<float>(s, 3);
+        for (int64_t m = 0; m < s.model_dim; ++m)
+          params.wg[static_cast<size_t>(m * s.experts)] += skew / s.model_dim;
+        layer.load_whole(params);
+        auto x = check_input(s, 3, 0);
+        for (float& v : x) v += skew;
+        const auto dout = check_dout(s, 3, 0);
+        topo->reset_stats();
+        layer.forward(Tensor::view(x.data(), {s.tokens, s.model_dim}));
+        Bytes fwd = counted(*topo);
+        topo->reset_stats();
+        layer.backward(Tensor::view(const_cast<float*>(dout.data()), {s.tokens, s.model_dim}),
+                       0.5f);
+        Bytes bwd = counted(*topo);
+        const auto D = dropless::dispatch_rows(*topo, layer);
+        Bytes want = dropless::formula_bytes(kind, s, topo->layout(), topo->world_rank(), D);
+        const Layout& l = topo->layout();
+        // Unchanged by dropless: the fill counts (forward), S1's statistics and dWg sums.
+        Bytes want_fwd = want, want_bwd = want;
+        const bool shared = kind == Kind::kBaseline && l.esp == l.mp && l.mp > 1;
+        if (l.ep > 1) want_fwd["ep.metadata"] = (l.ep - 1) * (s.experts / l.ep) * 4.0;
+        if (l.esp > 1 && !shared) want_fwd["esp.metadata"] = (l.esp - 1) * s.experts * 4.0;
+        const double N = l.mp;
+        if (kind == Kind::kS1 && l.mp > 1) {
+          want_fwd["mp.allreduce"] = 2 * (N - 1) / N * 2 * s.experts * 4.0;
+          want_bwd["mp.allreduce"] = 2 * (N - 1) / N * s.model_dim * s.experts * 4.0;
+        }
+        const std::string where = fmt::format("mp={} ep={} esp={} {} skew {}", lay.mp, lay.ep,
+                                              lay.esp, schedule::kind_name(kind), skew);
+        EXPECT_EQ(fwd, want_fwd) << where << " forward counted:" << show(fwd)
+                                 << " formulas:" << show(want_fwd);
+        EXPECT_EQ(bwd, want_bwd) << where << " backward counted:" << show(bwd)
+                                 << " formulas:" << show(want_bwd);
+        if (skew > 0) {
+          std::vector<double> per_expert(static_cast<size_t>(s.experts), 0.0);
+          for (const auto& d : D)
+            for (size_t e = 0; e < d.size(); ++e) per_expert[e] += d[e];
+          const double total = std::accumulate(per_expert.begin(), per_expert.end(), 0.0);
+          const double mx = *std::max_element(per_expert.begin(), per_expert.end());
+          const double mn = *std::min_element(per_expert.begin(), per_expert.end());
+          EXPECT_EQ(mn, 0.0) << where << ": no expert is left empty";
+          EXPECT_GT(mx, 2.0 * total / s.experts) << where << ": routing is not skewed";
+          ++skewed_checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(skewed_checked, 0);
 }
 
 }  // namespace

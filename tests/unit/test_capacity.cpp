@@ -28,6 +28,22 @@ TEST(Capacity, CeilAndEdges) {
   EXPECT_EQ(capacity(4, CapacityFactor::parse("2.0"), 1024, 8), 1024);
 }
 
+// Dropless: "none" parses, prints back, and gives C = T (a token's k choices are distinct
+// experts, so no expert can receive more than T): nothing drops whatever k and E are.
+TEST(Capacity, DroplessIsTokensPerExpert) {
+  const CapacityFactor f = CapacityFactor::parse("none");
+  EXPECT_TRUE(f.dropless);
+  EXPECT_EQ(f.str(), "none");
+  EXPECT_TRUE(std::isinf(f.value()));
+  EXPECT_FALSE(CapacityFactor::parse("1.2").dropless);
+  EXPECT_EQ(capacity(2, f, 40, 8), 40);
+  EXPECT_EQ(capacity(1, f, 7, 64), 7);
+  EXPECT_EQ(capacity(3, f, 0, 4), 0);
+  EXPECT_NO_THROW(MoeShape::of(8, 4, 4, 4, 2, "none").validate());
+  EXPECT_EQ(MoeShape::of(8, 4, 4, 4, 2, "none").str(), "T=8 M=4 H=4 E=4 k=2 f=none");
+  EXPECT_THROW(CapacityFactor::parse("None"), InvalidConfig);
+}
+
 TEST(Capacity, RefusesBadArguments) {
   const CapacityFactor f{1, 1};
   EXPECT_THROW(capacity(0, f, 10, 4), InvalidConfig);

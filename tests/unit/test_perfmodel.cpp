@@ -25,11 +25,20 @@ using schedule::Kind;
 using schedule::StepKind;
 
 // Compute is free (enormous rates, no alpha): only the collectives cost.
+CommFit comm_fit(double alpha, double beta, double alpha_per_rank = 0.0) {
+  CommFit f;
+  f.alpha_us = alpha;
+  f.alpha_per_rank_us = alpha_per_rank;
+  f.beta_us_per_byte = beta;
+  f.source = "test";
+  return f;
+}
+
 Profile comm_only_profile(double a_intra, double b_intra, double a_inter, double b_inter,
                           double overlap = 1.0) {
   Profile p;
-  for (auto& f : p.comm[0]) f = CommFit{a_intra, b_intra, 1.0, 0, 2, "test"};
-  for (auto& f : p.comm[1]) f = CommFit{a_inter, b_inter, 1.0, 0, 2, "test"};
+  for (auto& f : p.comm[0]) f = comm_fit(a_intra, b_intra);
+  for (auto& f : p.comm[1]) f = comm_fit(a_inter, b_inter);
   for (auto& g : p.gemm) g = GemmFit{0.0, 1e15, 1.0, 0, "test"};
   for (auto& m : p.mem) m = MemFit{0.0, 1e15, 1.0, 0, "test"};
   p.fused.overlap = overlap;
@@ -75,13 +84,13 @@ TEST(PerfModel, CollectiveStepsUseBusBytes) {
   const Target t = make_target(0, 2, 2, 2, 2);
   const Prediction s1 = predict_kind(prof, shape, t, Kind::kS1, false);
   // dispatch (E=4, C1=2, M=4) = 128 bytes; alltoall on 2 ranks: (n-1)/n of it = 64 bus bytes,
-  // over the inter-node ep link.
+  // over the inter-node ep link, which both ranks of a node cross at once (link share 2).
   const auto& a2a = step_named(s1, "dispatch alltoall");
   ASSERT_EQ(a2a.fwd_parts.size(), 1u);
   EXPECT_DOUBLE_EQ(a2a.fwd_parts[0].bus_bytes, 64.0);
   EXPECT_EQ(a2a.fwd_parts[0].link, Link::kInter);
-  EXPECT_DOUBLE_EQ(a2a.fwd_us, 100.0 + 1e-2 * 64.0);
-  EXPECT_DOUBLE_EQ(a2a.bwd_us, 100.0 + 1e-2 * 64.0);
+  EXPECT_DOUBLE_EQ(a2a.fwd_us, 100.0 + 1e-2 * 2 * 64.0);
+  EXPECT_DOUBLE_EQ(a2a.bwd_us, 100.0 + 1e-2 * 2 * 64.0);
   // esp allgather of the received (2, 2, 2, 4) = 128 bytes per rank: (n-1) * 128, intra; its
   // adjoint is a reduce_scatter of the same bus bytes.
   const auto& ag = step_named(s1, "esp allgather");
@@ -159,14 +168,15 @@ TEST(PerfModel, FusedStepPricedFromItsParts) {
   // The dispatch collective: ep alltoall (64 bus bytes, inter), then esp allgather (128,
   // intra), in 4 pieces.
   const auto& d = step_named(s1f, "fused dispatch (ep alltoall + esp allgather)");
-  const double ca = ae + be * 64.0 / 4, cb = ai + bi * 128.0 / 4;
+  // The ep link is shared by the node's 2 ranks (link share 2).
+  const double ca = ae + be * 2 * 64.0 / 4, cb = ai + bi * 128.0 / 4;
   EXPECT_NEAR(d.fwd_us, 4 * std::max(ca, cb) + std::min(ca, cb), 1e-9);
   // Backward: the combine collective (esp reduce_scatter, then ep alltoall), same volumes.
   EXPECT_NEAR(d.bwd_us, 4 * std::max(ca, cb) + std::min(ca, cb), 1e-9);
   // Unfused, the same parts cost their sum.
   const Prediction s1 = predict_kind(prof, shape, t, Kind::kS1, false);
   EXPECT_NEAR(step_named(s1, "dispatch alltoall").fwd_us + step_named(s1, "esp allgather").fwd_us,
-              (ae + be * 64) + (ai + bi * 128), 1e-9);
+              (ae + be * 2 * 64) + (ai + bi * 128), 1e-9);
 }
 
 // Every fused step, both directions: its priced parts in the stage order of the pipeline
@@ -283,6 +293,98 @@ TEST(PerfModel, ComputeStepsUseRatesAndShapes) {
   EXPECT_NEAR(step_named(s1, "experts").fwd_us, 2 * 2 * gemm, 1e-6);
 }
 
+// Groups on 2 nodes x 2 ranks (nodes {0, 0, 1, 1}), by hand (model.h):
+//   mp = {0,1}, {2,3}: inside a node.
+//   ep with esp = 2: {0,2}, {1,3}: n = 2, local 1 everywhere: nothing stays inside a node
+//     (intra share 0); node 0 carries ranks 0 and 1, each (2-1)/(2-1) = 1: link share 2.
+//   world: n = 4, local 2: intra share (2-1)/3 = 1/3; node 0: 2 x (4-2)/3 = 4/3.
+TEST(PerfModel, GroupSpanOfTwoNodesWithTwoRanksEach) {
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const GroupSpan mp = group_span(t, Group::kMp);
+  EXPECT_EQ(mp.link, Link::kIntra);
+  EXPECT_EQ(mp.size, 2);
+  EXPECT_DOUBLE_EQ(mp.intra_share, 1.0);
+  EXPECT_DOUBLE_EQ(mp.link_share, 0.0);
+  const GroupSpan ep = group_span(t, Group::kEp);
+  EXPECT_EQ(ep.link, Link::kInter);
+  EXPECT_DOUBLE_EQ(ep.intra_share, 0.0);
+  EXPECT_DOUBLE_EQ(ep.link_share, 2.0);
+  const GroupSpan world = group_span(t, Group::kWorld);
+  EXPECT_EQ(world.size, 4);
+  EXPECT_DOUBLE_EQ(world.intra_share, 1.0 / 3);
+  EXPECT_DOUBLE_EQ(world.link_share, 4.0 / 3);
+  // EP = 4 over (mp 2, esp 1) is the world group: the same span.
+  const GroupSpan ep4 = group_span(make_target(4, 2, 4, 1, 2), Group::kEp);
+  EXPECT_DOUBLE_EQ(ep4.link_share, 4.0 / 3);
+  // Uneven: 3 ranks on node 0, 1 on node 1. Node 0: 3 x (4-3)/3 = 1; node 1: (4-1)/3 = 1;
+  // intra share max(2/3, 0).
+  const GroupSpan uneven = span_of_instances({{0, 0, 0, 1}});
+  EXPECT_DOUBLE_EQ(uneven.link_share, 1.0);
+  EXPECT_DOUBLE_EQ(uneven.intra_share, 2.0 / 3);
+  // 2 nodes x 4 ranks, one rank per node in each of 4 instances: link share 4.
+  EXPECT_DOUBLE_EQ(span_of_instances({{0, 1}, {0, 1}, {0, 1}, {0, 1}}).link_share, 4.0);
+}
+
+TEST(PerfModel, CollectiveUsOfEachTerm) {
+  Profile p = comm_only_profile(0.0, 0.0, 0.0, 0.0);
+  p.collective(Link::kIntra, CommOp::kAllToAll) = comm_fit(10.0, 1e-3, 2.0);
+  p.collective(Link::kInter, CommOp::kAllToAll) = comm_fit(100.0, 1e-2, 10.0);
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const double b = 300.0;
+  // mp (intra, n = 2): 10 + 1e-3 * 300.
+  EXPECT_DOUBLE_EQ(collective_us(p, CommOp::kAllToAll, group_span(t, Group::kMp), b), 10.3);
+  // ep (one rank per node): 100 + 1e-2 * 2 * 300.
+  EXPECT_DOUBLE_EQ(collective_us(p, CommOp::kAllToAll, group_span(t, Group::kEp), b), 106.0);
+  // world (n = 4): alpha 100 + 10 * 2; 1e-3 * 1/3 * 300 inside; 1e-2 * 4/3 * 300 across.
+  EXPECT_NEAR(collective_us(p, CommOp::kAllToAll, group_span(t, Group::kWorld), b),
+              120.0 + 0.1 + 4.0, 1e-12);
+  EXPECT_DOUBLE_EQ(collective_alpha_us(p, CommOp::kAllToAll, group_span(t, Group::kWorld)),
+                   120.0);
+  // An intra group of 4 (one node): alpha 10 + 2 * 2.
+  const Target one = make_target(4, 4, 1, 1, 0);
+  EXPECT_DOUBLE_EQ(collective_us(p, CommOp::kAllToAll, group_span(one, Group::kMp), b),
+                   14.0 + 0.3);
+}
+
+// Every collective step pays the rendezvous once per direction, a fused one too.
+TEST(PerfModel, StepSyncOncePerCollectiveStep) {
+  Profile p = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const Prediction plain = predict_kind(p, shape, t, Kind::kS1, true);
+  p.step_sync.us = 7.0;
+  const Prediction synced = predict_kind(p, shape, t, Kind::kS1, true);
+  int stepped = 0;
+  for (size_t i = 0; i < plain.steps.size(); ++i) {
+    const auto& a = plain.steps[i];
+    const auto& b = synced.steps[i];
+    EXPECT_DOUBLE_EQ(b.fwd_us - a.fwd_us, a.fwd_parts.empty() ? 0.0 : 7.0) << a.label;
+    EXPECT_DOUBLE_EQ(b.bwd_us - a.bwd_us, a.bwd_parts.empty() ? 0.0 : 7.0) << a.label;
+    stepped += !a.fwd_parts.empty();
+  }
+  EXPECT_GE(stepped, 3);
+}
+
+// The experts step prices the busiest rank's rows where the routing is known.
+TEST(PerfModel, ImbalancedFillsPriceTheBusiestRank) {
+  Profile p = comm_only_profile(0.0, 0.0, 0.0, 0.0);
+  p.gemm_fit(GemmClass::kExpertNN) = GemmFit{2.0, 1.0, 1.0, 0, "t"};  // 1e3 flop/us
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const auto sc = schedule::build({shape, t.layout, 0, false, 4}, Kind::kS1);
+  auto experts_fwd = [&](double rows) {
+    return step_named(predict(p, sc, shape, t, {rows}), "experts").fwd_us;
+  };
+  auto two_gemms = [](double R) { return 2 * (2.0 + 2.0 * R * 4 * 4 / 1e3); };
+  // Balanced: 8 rows per local expert (16 on the rank): routed 16 prices the same.
+  EXPECT_NEAR(experts_fwd(0.0), 2 * two_gemms(8), 1e-9);
+  EXPECT_NEAR(experts_fwd(16.0), 2 * two_gemms(8), 1e-9);
+  // Imbalanced: the busiest rank filled 10 rows (5 per local expert), another 6.
+  EXPECT_NEAR(experts_fwd(10.0), 2 * two_gemms(5), 1e-9);
+  // Never more rows than the exchange layout holds (blocks 4 x slots 2 = 8 per expert).
+  EXPECT_NEAR(experts_fwd(40.0), 2 * two_gemms(8), 1e-9);
+}
+
 // ---- profile file ----
 
 std::string temp_path(const std::string& name) {
@@ -295,10 +397,16 @@ Profile sample_profile() {
   double v = 1.0;
   for (auto& link : p.comm)
     for (auto& f : link) {
-      f = CommFit{v, v * 1e-4, 0.99, 12, 2, "measured"};
+      f = comm_fit(v, v * 1e-4, v / 10);
+      f.r2 = 0.99;
+      f.samples = 12;
+      f.group_sizes = {2, 4};
+      f.source = "measured";
+      f.alpha_per_rank_source = "assumed 0 (measured at one group size, 2)";
       v += 1.0;
     }
   p.fused = FusedFit{0.75, 3.5, 0.9, 24, "emulated"};
+  p.step_sync = SyncFit{42.0, 10, "measured"};
   for (auto& g : p.gemm) {
     g = GemmFit{v, 10.0 * v, 0.95, 54, "measured"};
     v += 1.0;
@@ -323,12 +431,16 @@ TEST(Profile, WriteReadRoundTrip) {
       EXPECT_DOUBLE_EQ(q.comm[l][o].beta_us_per_byte, p.comm[l][o].beta_us_per_byte);
       EXPECT_DOUBLE_EQ(q.comm[l][o].r2, p.comm[l][o].r2);
       EXPECT_EQ(q.comm[l][o].samples, p.comm[l][o].samples);
-      EXPECT_EQ(q.comm[l][o].group_size, p.comm[l][o].group_size);
+      EXPECT_DOUBLE_EQ(q.comm[l][o].alpha_per_rank_us, p.comm[l][o].alpha_per_rank_us);
+      EXPECT_EQ(q.comm[l][o].group_sizes, p.comm[l][o].group_sizes);
       EXPECT_EQ(q.comm[l][o].source, p.comm[l][o].source);
+      EXPECT_EQ(q.comm[l][o].alpha_per_rank_source, p.comm[l][o].alpha_per_rank_source);
     }
   EXPECT_DOUBLE_EQ(q.fused.overlap, 0.75);
   EXPECT_DOUBLE_EQ(q.fused.per_piece_us, 3.5);
   EXPECT_EQ(q.fused.source, "emulated");
+  EXPECT_DOUBLE_EQ(q.step_sync.us, 42.0);
+  EXPECT_EQ(q.step_sync.source, "measured");
   for (size_t c = 0; c < p.gemm.size(); ++c) {
     EXPECT_DOUBLE_EQ(q.gemm[c].gflops, p.gemm[c].gflops);
     EXPECT_DOUBLE_EQ(q.gemm[c].alpha_us, p.gemm[c].alpha_us);
@@ -336,7 +448,7 @@ TEST(Profile, WriteReadRoundTrip) {
   for (size_t c = 0; c < p.mem.size(); ++c) EXPECT_DOUBLE_EQ(q.mem[c].gbps, p.mem[c].gbps);
   // The JSON names its entries by link and op.
   const auto j = profile_to_json(p);
-  EXPECT_EQ(j.at("version"), 1);
+  EXPECT_EQ(j.at("version"), 2);
   EXPECT_DOUBLE_EQ(j.at("collectives").at("inter").at("alltoall").at("alpha_us").get<double>(),
                    p.collective(Link::kInter, CommOp::kAllToAll).alpha_us);
 }
@@ -357,15 +469,29 @@ bool has(const std::string& s, const std::string& part) {
 
 TEST(Profile, RefusesWrongVersion) {
   auto j = profile_to_json(sample_profile());
-  j["version"] = 2;
+  j["version"] = 3;
   const std::string m = refusal(j, "prof.json");
   EXPECT_TRUE(has(m, "prof.json")) << m;
-  EXPECT_TRUE(has(m, "'version' is 2")) << m;
-  EXPECT_TRUE(has(m, "version 1")) << m;
+  EXPECT_TRUE(has(m, "'version' is 3")) << m;
+  EXPECT_TRUE(has(m, "version 2")) << m;
+  // A version 1 profile (one latency per link, inter beta per bus byte of one group) is
+  // refused with the reason and what to do.
+  j["version"] = 1;
+  const std::string v1 = refusal(j, "old.json");
+  EXPECT_TRUE(has(v1, "old.json")) << v1;
+  EXPECT_TRUE(has(v1, "'version' is 1")) << v1;
+  EXPECT_TRUE(has(v1, "re-run `parm calibrate --out FILE`")) << v1;
+  j["version"] = 2;
+  j["collectives"]["intra"]["alltoall"]["group_sizes"] = {1};
+  EXPECT_TRUE(has(refusal(j), "'collectives.intra.alltoall.group_sizes[0]' = 1 is out of range"))
+      << refusal(j);
+  j["collectives"]["intra"]["alltoall"].erase("alpha_per_rank_us");
+  EXPECT_TRUE(has(refusal(j), "missing entry 'collectives.intra.alltoall.alpha_per_rank_us'"))
+      << refusal(j);
   j.erase("version");
   EXPECT_TRUE(has(refusal(j), "missing entry 'version'")) << refusal(j);
-  j["version"] = "1";
-  EXPECT_TRUE(has(refusal(j), "'version' is \"1\"")) << refusal(j);
+  j["version"] = "2";
+  EXPECT_TRUE(has(refusal(j), "'version' is \"2\"")) << refusal(j);
 }
 
 TEST(Profile, RefusesMissingEntries) {
@@ -487,10 +613,11 @@ TEST(Simulator, CsvOfSmallGrid) {
   EXPECT_EQ(r[12], "intra");  // mp
   EXPECT_EQ(r[14], "inter");  // ep: ranks {0, 2} on two nodes
   // By hand: T = 8, C = ceil(8 / 4) = 2. The baseline moves, each way, two ep alltoalls of
-  // the (4, 2, 4) dispatch buffer (128 bytes -> 64 bus bytes, inter) and one esp allreduce
-  // of (2, 2, 2, 4) = 128 bytes (-> 128 bus bytes, intra):
-  //   per pass 2 (100 + 0.1 * 64) + (10 + 0.01 * 128) = 224.08 us; twice = 0.44816 ms.
-  EXPECT_NEAR(std::stod(r[15]), 0.44816, 1e-4);
+  // the (4, 2, 4) dispatch buffer (128 bytes -> 64 bus bytes, inter, through a node link
+  // both ranks of the node share: link share 2) and one esp allreduce of (2, 2, 2, 4) = 128
+  // bytes (-> 128 bus bytes, intra):
+  //   per pass 2 (100 + 0.1 * 2 * 64) + (10 + 0.01 * 128) = 236.88 us; twice = 0.47376 ms.
+  EXPECT_NEAR(std::stod(r[15]), 0.47376, 1e-4);
   // N_ESP = 2 with N_EP = 4 needs 8 devices: skipped, with empty times and a reason.
   const auto skipped = csv_fields(lines[1 + 3]);
   EXPECT_EQ(skipped[15], "");
@@ -528,6 +655,27 @@ TEST(Simulator, RefusesBadFiles) {
   g = small_grid();
   g["k"] = {0};
   EXPECT_THROW(grid_from_json(g, "g.json"), InvalidConfig);
+}
+
+TEST(Fit, PooledAnchoredLines) {
+  // Two series on y = 1 + 2x and y = 5 + 2x: one slope, an intercept each.
+  const auto f = fit_anchored_pooled({{1, 2, 4}, {10, 20}}, {{3, 5, 9}, {25, 45}});
+  EXPECT_NEAR(f.slope, 2.0, 1e-12);
+  ASSERT_EQ(f.intercepts.size(), 2u);
+  EXPECT_NEAR(f.intercepts[0], 1.0, 1e-12);
+  EXPECT_NEAR(f.intercepts[1], 5.0, 1e-12);
+  EXPECT_NEAR(f.r2, 1.0, 1e-12);
+  EXPECT_EQ(f.samples, 5);
+  // Slopes 1 and 3 (equal spreads): the pooled slope is 2, each line through its anchor.
+  const auto g = fit_anchored_pooled({{0, 1}, {0, 1}}, {{0, 1}, {10, 13}});
+  EXPECT_NEAR(g.slope, 2.0, 1e-12);
+  EXPECT_NEAR(g.intercepts[1], 10.0, 1e-12);
+  EXPECT_THROW(fit_anchored_pooled({{1}}, {{1}}), Error);
+  // A delayed smallest sample (1000 instead of 12 on y = 10 + 2x) does not set the latency:
+  // the line is anchored at the second size, timed faster.
+  const auto h = fit_anchored_pooled({{1, 2, 4, 8}}, {{1000, 14, 18, 26}});
+  EXPECT_NEAR(h.intercepts[0], 10.0, 1e-9);
+  EXPECT_NEAR(h.slope, 2.0, 1e-9);
 }
 
 TEST(Fit, LineAndOrigin) {

@@ -3,6 +3,7 @@
 
 #include "parm/error.h"
 #include "perfmodel/model.h"
+#include "perfmodel/simulate.h"
 
 namespace parm::perfmodel {
 namespace {
@@ -19,6 +20,31 @@ TEST(PerfmodelOrder, GroupLinksFollowTheOrder) {
   EXPECT_EQ(group_link(apart, Group::kEp), Link::kInter);
   EXPECT_EQ(group_link(apart, Group::kEdp), Link::kIntra);
   EXPECT_THROW(make_target(4, 2, 2, 1, 2, "mp-dp"), InvalidConfig);
+}
+
+// parm simulate: a grid's "order" decides the links of every configuration.
+TEST(PerfmodelOrder, SimulateFollowsTheGridOrder) {
+  const ClusterSpec cluster = read_cluster(PARM_SOURCE_DIR "/configs/clusters/cluster-32gpu.json");
+  auto grid_json = nlohmann::json::parse(R"({"B": [2], "L": [64], "M": [64], "H": [128],
+      "E": [8], "k": [1], "f": ["1.0"], "N_MP": [2], "N_ESP": [1], "N_EP": [2]})");
+  const Grid def = grid_from_json(grid_json, "grid");
+  EXPECT_EQ(def.order, "mp-esp-ep-dp-pp");
+  const auto rows = simulate(cluster, def);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].ep_link, Link::kIntra);  // the EP groups are the MP groups
+  grid_json["order"] = "mp-dp-ep";
+  const auto apart = simulate(cluster, grid_from_json(grid_json, "grid"));
+  ASSERT_TRUE(apart[0].evaluated) << apart[0].note;
+  EXPECT_EQ(apart[0].mp_link, Link::kIntra);
+  EXPECT_EQ(apart[0].ep_link, Link::kInter);
+  EXPECT_NE(apart[0].s1_ms, rows[0].s1_ms);
+  grid_json["order"] = "mp-tp";
+  try {
+    grid_from_json(grid_json, "grid");
+    FAIL() << "order mp-tp accepted";
+  } catch (const InvalidConfig& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown name 'tp'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "parm/error.h"
+#include "parm/fileio.h"
 #include "train/optimizer.h"
 #include "train/train_config.h"
 
@@ -31,6 +32,24 @@ TEST(TrainConfig, ShippedConfigsLoadAndValidate) {
     ++n;
   }
   EXPECT_EQ(n, 5);  // gpt2-moe-tiny(-pp), bert-moe-tiny, gpt2-small-moe, bert-base-moe
+}
+
+// Dropless routing: "capacity_factor": null in both tiny model configs (and "none" as text);
+// it is written back as null; a number is refused naming the valid forms.
+TEST(TrainConfig, DroplessIsNullInEitherModelConfig) {
+  for (const char* name : {"gpt2-moe-tiny", "bert-moe-tiny"}) {
+    nlohmann::json j = nlohmann::json::parse(
+        read_file(std::string(PARM_SOURCE_DIR "/configs/") + name + ".json"));
+    j["model"]["capacity_factor"] = nullptr;
+    const TrainConfig c = parse_train_config(j, name);
+    EXPECT_NO_THROW(validate(c)) << name;
+    EXPECT_EQ(c.model.capacity_factor, "none") << name;
+    const nlohmann::json written = model_config_json(c.model);
+    EXPECT_TRUE(written["capacity_factor"].is_null()) << name;
+    EXPECT_EQ(parse_train_config({{"model", written}}, name).model.capacity_factor, "none")
+        << name;
+  }
+  expect_refused(R"({"model": {"capacity_factor": 1.25}})", "or null for dropless routing");
 }
 
 TEST(TrainConfig, DefaultsAndSections) {

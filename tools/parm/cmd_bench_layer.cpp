@@ -15,6 +15,7 @@
 #include "layer_flags.h"
 #include "moe/expert_products.h"
 #include "moe/layer_check.h"
+#include "moe/load_balance.h"
 #include "moe/moe_layer.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
@@ -295,13 +296,20 @@ int run_bench_layer(const BenchLayerFlags& f) {
   const Layout& l = topo->layout();
   const bool root = topo->world_rank() == 0;
 
-  if (root)
+  if (root) {
     std::printf("# parm bench-layer: %s on %d ranks (mp=%d ep=%d esp=%d dp=%d edp=%d, %d "
                 "node(s)); device %s, %s, communicator %s; %d iters + %d warmup; ms = median "
                 "(max) over iterations of the max over ranks\n",
                 shape.str().c_str(), l.world, l.mp, l.ep, l.esp, l.dp, l.edp, topo->num_nodes(),
                 device_name(topo->device()), precision_name(precision), topo->comm_backend(),
                 f.iters, f.warmup);
+    // Which groups cross nodes: what --order changes.
+    const auto target = perfmodel::target_of(*topo);
+    std::printf("# order %s: mp %s, ep %s, esp %s\n", l.order_name().c_str(),
+                perfmodel::link_name(perfmodel::group_link(target, Group::kMp)),
+                perfmodel::link_name(perfmodel::group_link(target, Group::kEp)),
+                perfmodel::link_name(perfmodel::group_link(target, Group::kEsp)));
+  }
   if (root && precision == Precision::kBf16 && topo->device() == Device::kCpu)
     std::printf("# bf16 products: %s (cpu: %s)\n", cpu::bf16_kernel_name(),
                 cpu::cpu_bf16_capability());
@@ -325,6 +333,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
         measure(*topo, shape, kind, fuse, f.layer.chunks, precision, f.breakdown, in, f.iters,
                 f.warmup, &scp, &layer);
     const auto& sc = *scp;
+    const LoadImbalance imbalance = load_imbalance(*topo, *layer);  // collective
     const double total = m.total();
     if (kind == schedule::Kind::kBaseline) baseline_total = total;
     if (!root) continue;
@@ -337,6 +346,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
                 static_cast<long long>(sc.gate_tokens), static_cast<long long>(sc.capacity),
                 static_cast<long long>(sc.dispatch_slots),
                 static_cast<long long>(sc.exchange_slots));
+    std::printf("  load imbalance: %s\n", imbalance.str().c_str());
     std::printf("  bytes forward (rank 0): %s\n", bytes_line(m.bytes_fwd).c_str());
     std::printf("  bytes backward (rank 0):%s\n", bytes_line(m.bytes_bwd).c_str());
     nlohmann::json row = {
@@ -348,7 +358,10 @@ int run_bench_layer(const BenchLayerFlags& f) {
         {"bytes_forward", m.bytes_fwd},
         {"bytes_backward", m.bytes_bwd},
         {"capacity", sc.capacity},
-        {"gate_tokens", sc.gate_tokens}};
+        {"gate_tokens", sc.gate_tokens},
+        {"dropless", sc.dropless},
+        {"load_imbalance", {{"expert_max_over_mean", imbalance.expert_max_over_mean},
+                            {"rank_max_over_mean", imbalance.rank_max_over_mean}}}};
     const double ratio = total / m.floor.ms;
     std::printf("  floor %.3f ms (expert products over the filled rows alone: %lld rows on "
                 "the busiest rank, %lld on all; %.1f GFLOP/s on the slowest rank; rank 0 "
@@ -410,6 +423,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
 }
 
 int run_sweep(const BenchLayerFlags& f) {
+  f.layer.layout.refuse_pp("bench-layer --sweep");
   perfmodel::SweepOptions o;
   o.grid_path = f.sweep;
   o.profile = load_profile_for_auto(f.layer, "--sweep");
@@ -443,7 +457,8 @@ Command add_bench_layer(CLI::App& root) {
   app->add_option("--sweep", f->sweep,
                   "grid file (configs/grids/*.json): measure every schedule of every "
                   "configuration that fits this job and compare with the model (--profile); "
-                  "the grid replaces the layer and layout flags except --ranks-per-node");
+                  "the grid replaces the layer and layout flags except --ranks-per-node (and "
+                  "--order, which overrides the grid's \"order\")");
   return {app, [f] { return f->sweep.empty() ? run_bench_layer(*f) : run_sweep(*f); }};
 }
 

@@ -33,10 +33,15 @@ void print_table(const perfmodel::Profile& p) {
                   fmt::format("{}.{}", link_name(link), comm_op_name(op)).c_str(), f.alpha_us,
                   f.beta_us_per_byte, f.beta_us_per_byte > 0 ? 1e-3 / f.beta_us_per_byte : 0.0,
                   f.r2, static_cast<long long>(f.samples), f.source.c_str());
+      std::printf("%-26s %10.2f %14s %12s %8s %7s  %s\n", "  + per rank beyond 2",
+                  f.alpha_per_rank_us, "-", "-", "", "", f.alpha_per_rank_source.c_str());
     }
   std::printf("%-26s %10.2f %14s %9.3f ovl  %8.4f %7lld  %s\n", "fused (per piece, overlap)",
               p.fused.per_piece_us, "-", p.fused.overlap, p.fused.r2,
               static_cast<long long>(p.fused.samples), p.fused.source.c_str());
+  std::printf("%-26s %10.2f %14s %12s %8s %7lld  %s\n", "step sync (per step)", p.step_sync.us,
+              "-", "-", "", static_cast<long long>(p.step_sync.samples),
+              p.step_sync.source.c_str());
   for (int c = 0; c < kNumGemmClasses; ++c) {
     const GemmFit& f = p.gemm[static_cast<size_t>(c)];
     std::printf("%-26s %10.2f %14s %6.2f GFLOP/s %8.4f %7lld  %s\n",
@@ -102,7 +107,7 @@ int run_calibrate(CalibrateFlags f) {
                   topo->num_nodes(), topo->nodes_emulated() ? " (emulated)" : "", l.mp, l.ep,
                   l.esp));
   const double t0 = now_us();
-  const auto cal = perfmodel::calibrate(*topo, f.options, say);
+  const auto cal = perfmodel::calibrate(*topo, o, f.options, say);
   if (!root) return 0;
   print_table(cal.profile);
   perfmodel::write_profile(cal.profile, f.out);
@@ -125,7 +130,7 @@ Command add_calibrate(CLI::App& root) {
   auto& o = f->options;
   app->add_option("--out", f->out, "profile file to write (JSON)")->required();
   app->add_option("--min-bytes", o.min_bytes, "smallest collective buffer per rank");
-  app->add_option("--max-bytes", o.max_bytes, "largest collective buffer per rank (x2 steps)");
+  app->add_option("--max-bytes", o.max_bytes, "largest collective buffer per rank (x4 steps)");
   app->add_option("--iters", o.iters, "timed iterations per collective size");
   app->add_option("--warmup", o.warmup, "untimed iterations per collective size");
   app->add_option("--chunks", o.chunks, "pipeline depth of the fused collectives measured");

@@ -116,7 +116,7 @@ Command add_train(CLI::App& root) {
   app->add_option("--comm", f->comm,
                   "what moves the MoE layers' device buffers: auto, nccl, or mpi (staged "
                   "through host memory)");
-  app->add_option("--capacity-factor", f->capacity_factor, "MoE capacity factor");
+  app->add_option("--capacity-factor", f->capacity_factor, "MoE capacity factor (a decimal), or none: dropless routing");
   app->add_option("--corpus", f->corpus, "kjv or file:PATH");
   app->add_option("--ranks-per-node", f->ranks_per_node, "emulate nodes of this many ranks");
   app->add_option("--timeout", f->timeout_s, "watchdog seconds per communication");

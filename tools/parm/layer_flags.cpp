@@ -13,7 +13,7 @@ void LayerFlags::add_to(CLI::App* app) {
   app->add_option("--hidden", hidden, "expert hidden dimension H");
   app->add_option("--experts", experts, "number of experts E");
   app->add_option("--topk", topk, "experts per token k");
-  app->add_option("--capacity-factor", capacity_factor, "capacity factor f (a decimal)");
+  app->add_option("--capacity-factor", capacity_factor, "capacity factor f (a decimal), or none: dropless routing");
   app->add_option("--schedule", schedule,
                   "baseline, s1, s2, all, or auto (the cost model picks; needs --profile)");
   app->add_option("--seed", seed, "seed of the weights and inputs");

@@ -1,0 +1,90 @@
+// The variable-size exchanges of dropless routing (docs/dropless.md): collectives over
+// buffers of rows cut into segments (one per expert, or per expert and block), where only
+// the first fill[i] rows of segment i hold routed tokens. Only those rows travel: nothing
+// is padded to a maximum, and the counts (already known on both sides: they travel ahead
+// as metadata, or are the counts of an earlier buffer) size every message.
+//
+// Built, like the fused collectives, from uncounted point-to-point messages under the
+// communicator's watchdog; each call records one call of its collective (group, op) with
+// the bytes this rank received from others (self-copies excluded), so the byte counters
+// show exactly the routed rows. The reductions sum in group-rank order ((b0 + b1) + b2 ...),
+// as Communicator::reduce_scatter does. Local copies and sums go through RowOps, so the
+// buffers may live on any device the communicator moves.
+//
+// Steady state: the request list, the range lists and the caller's scratch are kept
+// between calls; nothing allocates once a call with the same group has run.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "parm/comm.h"
+
+namespace parm {
+
+// Point-to-point tag of the row exchanges (reserved, below the metadata tag).
+constexpr int kRowExchangeTag = kFusedTagBase - 2;
+
+// A segmented buffer: `count` segments of `slots` rows of `row_elems` floats; segment i's
+// first fill[i] rows are routed (0 <= fill[i] <= slots). With `first`, segment i starts at
+// row first[i] instead of i * slots (a view that cuts each segment's routed rows in parts).
+struct Segments {
+  float* data = nullptr;
+  int64_t slots = 0;
+  const int32_t* fill = nullptr;
+  int64_t count = 0;
+  const int64_t* first = nullptr;
+  int64_t routed_rows() const;
+};
+
+// The local data movement, on the buffers' device.
+class RowOps {
+ public:
+  virtual ~RowOps() = default;
+  virtual void copy(float* dst, const float* src, int64_t n) = 0;  // dst = src
+  virtual void add(float* dst, const float* src, int64_t n) = 0;   // dst += src
+  // Waits for the copies queued so far (a device's copies may be asynchronous): called
+  // before messages read what they wrote.
+  virtual void sync() = 0;
+};
+
+class RowExchange {
+ public:
+  // dst part p = src part p of peer p; src and dst have the same count, in c.size() parts.
+  void alltoall(Communicator& c, const Segments& src, const Segments& dst, int64_t row_elems,
+                RowOps& ops);
+  // dst = (outer, n, inner) segments, dst segment (o, p, i) = src segment (o, i) of peer p;
+  // src has outer * inner segments.
+  void allgather(Communicator& c, const Segments& src, const Segments& dst, int64_t outer,
+                 int64_t row_elems, RowOps& ops);
+  // dst = this rank's part of src (outer, n, inner) segments: dst (o, i) = src (o, me, i).
+  static void keep(Communicator& c, const Segments& src, const Segments& dst, int64_t outer,
+                   int64_t row_elems, RowOps& ops);
+  // dst = sum over peers p (in rank order) of peer p's src part `me`; src has n parts of
+  // dst.count segments. `scratch` holds at least (n - 1) * dst.routed_rows() rows.
+  void reduce_scatter(Communicator& c, const Segments& src, const Segments& dst,
+                      float* scratch, int64_t row_elems, RowOps& ops);
+  // buf = sum over peers (in rank order) of their buf (every rank has the same fills);
+  // `scratch` holds at least n * buf.routed_rows() rows.
+  void allreduce(Communicator& c, const Segments& buf, float* scratch, int64_t row_elems,
+                 RowOps& ops);
+
+ private:
+  struct Range {
+    float* data;
+    int64_t elems;
+  };
+  // Posts the messages of ranges_[p] (send: sends_, recv: recvs_) to / from every peer but
+  // this rank, waits, and records one call of `op` with the bytes received.
+  void run(Communicator& c, CommOp op, double start_us, RowOps& ops);
+  void reset(int n);
+  // Source segment s goes to destination segment d on peer p: listed for run(), or copied
+  // locally when p is this rank (`me`).
+  void pair(int p, int me, const Segments& src, int64_t s, const Segments& dst, int64_t d,
+            int64_t row_elems, RowOps& ops);
+
+  std::vector<std::vector<Range>> sends_, recvs_;  // by peer
+  std::vector<RequestPtr> requests_;
+};
+
+}  // namespace parm

@@ -1,0 +1,56 @@
+#include "moe/load_balance.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace parm {
+namespace {
+
+double max_over_mean(const std::vector<double>& v) {
+  double sum = 0.0, mx = 0.0;
+  for (double x : v) {
+    sum += x;
+    mx = std::max(mx, x);
+  }
+  return sum > 0.0 ? mx * static_cast<double>(v.size()) / sum : 0.0;
+}
+
+}  // namespace
+
+std::string LoadImbalance::str() const {
+  return fmt::format("max/mean per expert {:.3f}, per rank {:.3f}", expert_max_over_mean,
+                     rank_max_over_mean);
+}
+
+LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer) {
+  // The ranks that run this layer (one pipeline stage) are exactly the product of its
+  // esp, ep and edp groups: a sum (or max) over the three in turn covers the stage and
+  // nothing else, so stages with other MoE layers never take part.
+  const Group stage_groups[] = {Group::kEsp, Group::kEp, Group::kEdp};
+  const auto over_stage = [&](double* v, size_t n, ReduceOp op) {
+    for (Group g : stage_groups) topo.host_comm(g).allreduce(v, n, op);
+  };
+  const auto& sc = layer.schedule();
+  const auto E = static_cast<size_t>(layer.shape().experts);
+  // Routed choices per expert of this rank's gate call, unless an MP peer gates the same
+  // tokens (every schedule but S1 gates the MP group's T tokens on each of its ranks).
+  std::vector<double> per_expert(E, 0.0);
+  const bool counts = sc.gate_tokens != sc.total_tokens || topo.comm(Group::kMp).rank() == 0;
+  if (counts) {
+    const auto& fill = layer.backend().fill();
+    for (size_t e = 0; e < per_expert.size(); ++e) per_expert[e] = static_cast<double>(fill[e]);
+  }
+  over_stage(per_expert.data(), per_expert.size(), ReduceOp::kSum);
+  double mine = 0.0;
+  for (int64_t r : layer.expert_rows()) mine += static_cast<double>(r);
+  double rows[2] = {mine, mine};  // sum, max
+  over_stage(&rows[0], 1, ReduceOp::kSum);
+  over_stage(&rows[1], 1, ReduceOp::kMax);
+  const Layout& lay = topo.layout();
+  const double stage_ranks = static_cast<double>(lay.edp) * lay.ep * lay.esp;
+  return {max_over_mean(per_expert), rows[0] > 0.0 ? rows[1] * stage_ranks / rows[0] : 0.0};
+}
+
+}  // namespace parm

@@ -1,0 +1,23 @@
+// The load imbalance of an MoE layer's last forward pass, over the ranks that run it: how much more
+// the busiest expert and the busiest rank took than the average. A dropless exchange waits
+// for its busiest rank, so these ratios are what dropless routing costs over even routing.
+#pragma once
+
+#include <string>
+
+#include "moe/moe_layer.h"
+
+namespace parm {
+
+struct LoadImbalance {
+  double expert_max_over_mean = 0.0;  // routed choices per expert, over all gate calls
+  double rank_max_over_mean = 0.0;    // rows the experts of each rank computed
+  std::string str() const;            // "max/mean per expert 1.23, per rank 1.10"
+};
+
+// Collective over the ranks of the layer's pipeline stage (host; its esp, ep and edp
+// groups): each calls it after the same forward pass. The ranks of an MP group that gate
+// the same tokens (baseline, S2) count them once.
+LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer);
+
+}  // namespace parm

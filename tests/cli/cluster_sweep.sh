@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The cost model on an emulated 2-node cluster (scripts/cluster: 2 nodes x 2 ranks, 1 Gbit/s,
+# 50 us): a quick `calibrate` across the nodes, then `bench-layer --sweep` of a tiny grid.
+# Checks the profile's terms and sources and the report's structure, never timings.
+#
+#   bash tests/cli/cluster_sweep.sh <path-to-parm> <source-dir>
+#
+# Exit 77 (skip) only where namespaces cannot be made: not root, or `unshare --net` fails.
+set -euo pipefail
+
+PARM=${1:?usage: cluster_sweep.sh <path-to-parm> <source-dir>}
+SRC=${2:?usage: cluster_sweep.sh <path-to-parm> <source-dir>}
+CLUSTER=$SRC/scripts/cluster
+PY=/usr/bin/python3
+
+# shellcheck source=lib/cluster_prereq.bash
+source "$(dirname "$0")/lib/cluster_prereq.bash"
+
+# A state dir of our own (not cluster.sh's: CTest may run both at once).
+PARM_CLUSTER_DIR=/tmp/parm-cluster-sweep-test.$(realpath "$PARM" | md5sum | cut -c1-10)
+export PARM_CLUSTER_DIR
+export PARM_BIN=$PARM
+tmp=$(mktemp -d)
+"$CLUSTER" down >/dev/null
+trap '"$CLUSTER" down >/dev/null 2>&1 || echo "WARNING: cluster down failed in $PARM_CLUSTER_DIR" >&2; rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+"$CLUSTER" up --nodes 2 --ranks-per-node 2 --inter-gbit 1 --inter-latency-us 50
+
+out=$("$CLUSTER" run --timeout 300 -- calibrate --out "$tmp/p.json" --max-bytes 65536 \
+        --iters 2 --warmup 1 --gemm-rows 64,256 --gemm-model-dims 64 --gemm-hidden 128 \
+        --gemm-iters 1 2>&1) || fail "calibrate across the nodes failed:"$'\n'"$out"
+echo "$out" | tail -30
+# Both link classes measured on the real nodes: groups of 2 inside a node; one rank per
+# node (ep) and the world (4 ranks, 2 per node) across.
+"$PY" - "$tmp/p.json" <<'PY' || fail "the profile lacks a term or says the wrong source"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["version"] == 2, p["version"]
+for op in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
+    intra, inter = p["collectives"]["intra"][op], p["collectives"]["inter"][op]
+    assert intra["source"] == "measured", intra
+    assert intra["group_sizes"] == [2], intra
+    assert intra["alpha_per_rank_source"].startswith("assumed"), intra
+    assert inter["source"] == "measured", inter
+    assert inter["group_sizes"] == [2, 4], inter
+    assert inter["alpha_per_rank_source"] == "measured", inter
+    for k in ("alpha_us", "alpha_per_rank_us", "beta_us_per_byte"):
+        assert inter[k] >= 0 and intra[k] >= 0, (op, k)
+print("ok: profile version 2, intra measured at 2, inter at 2 and 4 ranks across the nodes")
+PY
+
+cat >"$tmp/grid.json" <<'GRID'
+{"name": "cluster-cli", "B": [2], "L": [16], "M": [16], "H": [32], "E": [4], "k": [2],
+ "f": ["1.2"], "N_MP": [2], "N_ESP": [1, 2], "N_EP": [2, 4], "chunks": 2}
+GRID
+out=$("$CLUSTER" run --timeout 300 -- bench-layer --sweep "$tmp/grid.json" --profile "$tmp/p.json" \
+        --iters 1 --warmup 0 --json "$tmp/sweep.json" 2>&1) ||
+  fail "bench-layer --sweep across the nodes failed:"$'\n'"$out"
+echo "$out"
+for want in "3 configurations measured (1 skipped)" "selection accuracy" "regret (auto / fastest)" \
+            "<- auto" "<- fastest" "median error by schedule" "noise floor"; do
+  grep -qF -- "$want" <<<"$out" || fail "the sweep report lacks '$want'"
+done
+"$PY" - "$tmp/sweep.json" <<'PY' || fail "the sweep JSON lacks a key"
+import json, sys
+r = json.load(open(sys.argv[1]))
+s = r["summary"]
+for k in ("selection_accuracy", "median_abs_relative_error", "wrong_choices",
+          "median_abs_relative_error_by_schedule", "same_schedule_spread"):
+    assert k in s, k
+assert "worst" in s["auto_over_fastest"] and "median" in s["auto_over_fastest"]
+assert s["configs_measured"] == 3 and len(r["configs"]) == 3, s
+assert r["ranks_per_node"] == 0  # nodes found by shared memory, not emulated
+for c in r["configs"]:
+    names = [x["schedule"] for x in c["candidates"]]
+    assert c["auto"] in names and c["fastest"] in names, c
+    assert c["regret"] >= 1.0 and c["regret"] == c["auto_over_fastest"], c
+    for x in c["candidates"]:
+        for k in ("predicted_ms", "measured_ms", "predicted_balanced_ms",
+                  "busiest_rank_expert_rows"):
+            assert x[k] > 0, (k, x)
+# N_ESP = 1: the baseline is S2 unfused, priced alike; that pair is the noise floor.
+assert s["same_schedule_spread"]["pairs"] >= 2, s["same_schedule_spread"]
+print("ok: sweep JSON has the summary keys and one row per configuration")
+PY
+echo "PASS"
