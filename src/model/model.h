@@ -139,6 +139,28 @@ class Model {
   // the gradient at the stage input (non-first stages), valid until the next call.
   virtual const Tensor& stage_backward(int slot, const Batch& batch, const Tensor& dy,
                                        float loss_scale) = 0;
+  // The same passes in pieces (train/pipeline.h's overlap): stopped wherever one of the
+  // stage's MoE layers has an AllToAll in flight (MoeLayer::start_forward), so that the
+  // caller runs another slot's pass meanwhile. start_stage_forward / start_stage_backward
+  // run slot's pass up to that point, resume_stage(slot) on to the next; each returns true
+  // while the pass is stopped, false once it has ended. Two slots' passes may be in flight
+  // together, a forward with a forward or with a backward (never two backwards: they share
+  // the gradient scratch). Every rank of the stage's MP / EP / ESP groups must run the same
+  // calls in the same order (the collectives are matched in that order). Bit-identical to
+  // stage_forward / stage_backward.
+  virtual bool start_stage_forward(int slot, const Batch& batch, double lm_denominator,
+                                   float loss_scale, bool with_grad) = 0;
+  virtual bool start_stage_backward(int slot, const Batch& batch, const Tensor& dy,
+                                    float loss_scale) = 0;
+  virtual bool resume_stage(int slot) = 0;
+  // Loss parts of slot's last ended forward (as stage_forward returns them).
+  virtual LossParts stage_loss(int slot) const = 0;
+  // The gradient at the stage input of the last ended backward (as stage_backward returns
+  // it), valid until the next backward starts.
+  virtual const Tensor& stage_input_grad() const = 0;
+  // Time slot's MoE layers spent in their collectives in their last forward (backward) pass
+  // (microseconds; a split AllToAll: its post and its wait).
+  virtual double stage_moe_comm_us(int slot, bool backward) const = 0;
   // Sums the tied wte gradient of the first and last stage into both copies (point-to-point
   // over pp). Nothing to do on other stages or under one stage.
   virtual void sum_tied_grads() = 0;

@@ -143,10 +143,49 @@ class Transformer final : public Model {
   }
   const Tensor& stage_backward(int slot, const Batch& batch, const Tensor& dy,
                                float loss_scale) override;
+  bool start_stage_forward(int slot, const Batch& batch, double lm_denominator,
+                           float loss_scale, bool with_grad) override {
+    return start_forward(slot, batch, lm_denominator, loss_scale, with_grad, true);
+  }
+  bool start_stage_backward(int slot, const Batch& batch, const Tensor& dy,
+                            float loss_scale) override {
+    return start_backward(slot, batch, dy, loss_scale, true);
+  }
+  bool resume_stage(int slot) override;
+  LossParts stage_loss(int slot) const override;
+  const Tensor& stage_input_grad() const override { return dres_; }
+  double stage_moe_comm_us(int slot, bool backward) const override;
   void sum_tied_grads() override;
   int64_t activation_bytes() const override;
 
  private:
+  // A slot's stage pass, stopped while one of its MoE layers has an AllToAll in flight
+  // (split passes) or run in one piece.
+  struct StagePass {
+    bool active = false, backward = false, split = false;
+    const Batch* batch = nullptr;
+    double lm_denominator = 0.0;
+    float loss_scale = 0.0f, dl_aux = 0.0f;
+    bool with_grad = false;
+    size_t done = 0;      // blocks done, in the pass's order
+    bool in_moe = false;  // the next block's MoE layer has an AllToAll in flight
+    LossParts out;        // forward: the pass's loss parts, once it has ended
+  };
+  bool start_forward(int slot, const Batch& batch, double lm_denominator, float loss_scale,
+                     bool with_grad, bool split);
+  bool start_backward(int slot, const Batch& batch, const Tensor& dy, float loss_scale,
+                      bool split);
+  // Runs slot's pass on (its slot selected) until an MoE AllToAll is in flight (true) or the
+  // pass has ended (false).
+  bool forward_piece(int slot);
+  bool backward_piece(int slot);
+  // The MoE pass of block b for the selected slot: in one piece, or started split. Null while
+  // the split pass has its AllToAll in flight; else the FFN output (input gradient) on the
+  // host.
+  const float* moe_forward(Block& b, bool split);
+  const float* moe_backward(Block& b, float dl_aux, bool split);
+  const float* moe_forward_result(Block& b, const Tensor& y);
+  const float* moe_backward_result(Block& b, const Tensor& dx);
   // Registers a parameter of the whole model; allocates it only when this stage holds the
   // part being built (holding_), else returns null.
   Param* add(const std::string& name, Shape whole, std::vector<Split> splits,
@@ -169,12 +208,17 @@ class Transformer final : public Model {
   }
   void select_slot(int slot);
   void check_batch(const Batch& batch) const;
-  void forward_body(const Batch& batch);
   double head_forward(const Batch& batch, float grad_scale, bool with_grad);
   void head_backward();
-  void block_forward(Block& b, const Tensor& in, Tensor& out);
-  void block_backward(Block& b, float dl_aux);  // dres_: d(out) in, d(in) out
-  double moe_comm_us(bool with_backward) const;
+  // A block's forward in three parts: attention and LN2 (b.a.ln2 ready), the dense FFN
+  // (its output), and the residual sum out = res_mid + ffn.
+  void block_attention(Block& b, const Tensor& in);
+  const float* dense_ffn_forward(Block& b);
+  void block_output(Block& b, const float* ffn, Tensor& out);
+  // A block's backward (dres_: d(out) in, d(in) out) in two parts: the dense FFN's (the
+  // gradient at LN2's output), and the rest from dffn_in, that gradient.
+  const float* dense_ffn_backward(Block& b);
+  void block_backward_rest(Block& b, const float* dffn_in);
 
   Topology& topo_;
   StageBlocks stage_;
@@ -222,6 +266,7 @@ class Transformer final : public Model {
   Tensor dh1_, dh2_;  // (T, M) head scratch
 
   double last_comm_us_ = 0.0, last_compute_us_ = 0.0;
+  std::vector<StagePass> passes_;  // by slot
 };
 
 Param* Transformer::add(const std::string& name, Shape whole, std::vector<Split> splits,
@@ -466,6 +511,7 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
   datt_ = Tensor({T_, Ml_});
   dfc_ = Tensor({T_, std::max<int64_t>(Fl_, 1)});
   dscores_ = Tensor({L_, L_});
+  passes_.resize(static_cast<size_t>(slots_));
 }
 
 void Transformer::select_slot(int slot) {
@@ -486,7 +532,7 @@ void Transformer::check_batch(const Batch& batch) const {
 
 // ---- forward ------------------------------------------------------------------------------
 
-void Transformer::block_forward(Block& b, const Tensor& in, Tensor& out) {
+void Transformer::block_attention(Block& b, const Tensor& in) {
   const int64_t T = T_, M = M_, Ml = Ml_;
   // attention: LN1 -> [f] -> QKV (column-parallel) -> core -> proj (row-parallel) -> [g]
   cpu::layernorm_forward(in.data(), b.ln1_w->value.data(), b.ln1_b->value.data(), b.a.ln1.data(),
@@ -511,40 +557,39 @@ void Transformer::block_forward(Block& b, const Tensor& in, Tensor& out) {
   // FFN: LN2 -> dense MLP (fc1 column-parallel, fc2 row-parallel) or MoE
   cpu::layernorm_forward(b.a.res_mid.data(), b.ln2_w->value.data(), b.ln2_b->value.data(),
                          b.a.ln2.data(), b.a.ln2_mean.data(), b.a.ln2_rstd.data(), T, M, kLnEps);
-  const float* ffn = nullptr;
-  if (b.is_moe) {
-    if (b.a.moe_out.empty()) {
-      ffn = b.a.moe->forward(b.a.ln2).data();
-    } else {
-      copy_params(b.host_params, b.a.moe->params());
-      b.a.moe_out.copy_from(b.a.moe->forward(b.a.ln2));
-      ffn = b.a.moe_out.data();
-    }
-  } else {
-    linear_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_,
-                   dense_);
-    cpu::bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
-    linear_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M,
-                   dense_);
-    tp_.g_forward(partial.data(), T * M);
-    cpu::add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
-    ffn = partial.data();
-  }
+}
+
+const float* Transformer::moe_forward(Block& b, bool split) {
+  if (!b.a.moe_out.empty()) copy_params(b.host_params, b.a.moe->params());
+  if (!split) return moe_forward_result(b, b.a.moe->forward(b.a.ln2));
+  if (b.a.moe->start_forward(b.a.ln2)) return nullptr;
+  return moe_forward_result(b, b.a.moe->pass_result());
+}
+
+const float* Transformer::moe_forward_result(Block& b, const Tensor& y) {
+  if (b.a.moe_out.empty()) return y.data();
+  b.a.moe_out.copy_from(y);
+  return b.a.moe_out.data();
+}
+
+const float* Transformer::dense_ffn_forward(Block& b) {
+  const int64_t T = T_, M = M_;
+  Tensor& partial = dtmp_;  // (T, M)
+  linear_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_,
+                 dense_);
+  cpu::bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
+  linear_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M,
+                 dense_);
+  tp_.g_forward(partial.data(), T * M);
+  cpu::add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
+  return partial.data();
+}
+
+void Transformer::block_output(Block& b, const float* ffn, Tensor& out) {
+  const int64_t T = T_, M = M_;
   const float* h = b.a.res_mid.data();
   float* y = out.data();
   for (int64_t i = 0; i < T * M; ++i) y[i] = h[i] + ffn[i];
-}
-
-// The selected slot's forward through this stage: the embeddings (first stage) or the
-// stage input already in res_[0], the blocks, and the final LN (last stage).
-void Transformer::forward_body(const Batch& batch) {
-  if (stage_.first())
-    embedding_forward(batch.tokens.data(), wte_->value.data(), wpe_->value.data(),
-                      res_[0].data(), B_, L_, M_, V_);
-  for (size_t i = 0; i < blocks_.size(); ++i) block_forward(blocks_[i], res_[i], res_[i + 1]);
-  if (stage_.last())
-    cpu::layernorm_forward(res_.back().data(), lnf_w_->value.data(), lnf_b_->value.data(),
-                           lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), T_, M_, kLnEps);
 }
 
 // Runs the LM head on the rows that have a target and returns the sum of their losses; with
@@ -606,30 +651,38 @@ void Transformer::head_backward() {
 
 // ---- backward -----------------------------------------------------------------------------
 
-void Transformer::block_backward(Block& b, float dl_aux) {
+// The FFN's gradient at LN2's output (T, M), complete on the MP group, from dres_ = d out =
+// d (res_mid + ffn).
+const float* Transformer::moe_backward(Block& b, float dl_aux, bool split) {
+  // On a device the layer's gradients are this call's alone, added to the host's after it.
+  if (!b.a.moe_dx.empty()) b.a.moe->zero_grad();
+  if (!split) return moe_backward_result(b, b.a.moe->backward(dres_, dl_aux));
+  if (b.a.moe->start_backward(dres_, dl_aux)) return nullptr;
+  return moe_backward_result(b, b.a.moe->pass_result());
+}
+
+const float* Transformer::moe_backward_result(Block& b, const Tensor& dx) {
+  if (b.a.moe_dx.empty()) return dx.data();
+  b.a.moe_dx.copy_from(dx);
+  add_moe_grads(b.a.moe->grads(), b.grad_stage, b.host_grads);
+  return b.a.moe_dx.data();
+}
+
+const float* Transformer::dense_ffn_backward(Block& b) {
+  const int64_t T = T_, M = M_;
+  // [g] backward is the identity: dres_ is complete, so is the bias gradient.
+  linear_backward(dres_.data(), b.a.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
+                  b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false, dense_);
+  cpu::gelu_backward(b.a.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
+  linear_backward(dfc_.data(), b.a.ln2.data(), b.fc1_w->value.data(), dln_.data(),
+                  b.fc1_w->grad.data(), b.fc1_b->grad.data(), T, M, Fl_, false, dense_);
+  tp_.f_backward(dln_.data(), T * M);  // [f] backward: sum the partial input gradients
+  return dln_.data();
+}
+
+void Transformer::block_backward_rest(Block& b, const float* dffn_in) {
   const int64_t T = T_, M = M_, Ml = Ml_;
   const Tensor& in = res_[static_cast<size_t>(&b - blocks_.data())];
-  // FFN. dres_ = d out = d (res_mid + ffn).
-  const float* dffn_in = nullptr;  // (T, M) gradient at LN2's output, complete on the MP group
-  if (b.is_moe) {
-    if (b.a.moe_dx.empty()) {
-      dffn_in = b.a.moe->backward(dres_, dl_aux).data();
-    } else {
-      b.a.moe->zero_grad();  // the layer's gradients are this call's alone, added to the host's
-      b.a.moe_dx.copy_from(b.a.moe->backward(dres_, dl_aux));
-      add_moe_grads(b.a.moe->grads(), b.grad_stage, b.host_grads);
-      dffn_in = b.a.moe_dx.data();
-    }
-  } else {
-    // [g] backward is the identity: dres_ is complete, so is the bias gradient.
-    linear_backward(dres_.data(), b.a.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
-                    b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false, dense_);
-    cpu::gelu_backward(b.a.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
-    linear_backward(dfc_.data(), b.a.ln2.data(), b.fc1_w->value.data(), dln_.data(),
-                    b.fc1_w->grad.data(), b.fc1_b->grad.data(), T, M, Fl_, false, dense_);
-    tp_.f_backward(dln_.data(), T * M);  // [f] backward: sum the partial input gradients
-    dffn_in = dln_.data();
-  }
   cpu::layernorm_backward(dffn_in, b.a.res_mid.data(), b.ln2_w->value.data(), b.a.ln2_mean.data(),
                           b.a.ln2_rstd.data(), dtmp_.data(), b.ln2_w->grad.data(),
                           b.ln2_b->grad.data(), T, M);
@@ -660,48 +713,102 @@ void Transformer::block_backward(Block& b, float dl_aux) {
   }
 }
 
-double Transformer::moe_comm_us(bool with_backward) const {
-  double us = 0.0;
-  for (const Block& b : blocks_) {
-    if (!b.is_moe) continue;
-    const auto& steps = b.a.moe->schedule().steps;
-    for (size_t i = 0; i < steps.size(); ++i) {
-      if (!schedule::is_collective(steps[i].kind)) continue;
-      us += b.a.moe->forward_step_us()[i];
-      if (with_backward) us += b.a.moe->backward_step_us()[i];
-    }
-  }
-  return us;
-}
-
 LossParts Transformer::stage_forward(int slot, const Batch& batch, double lm_denominator,
                                      float loss_scale, bool with_grad) {
+  start_forward(slot, batch, lm_denominator, loss_scale, with_grad, false);
+  return stage_loss(slot);
+}
+
+bool Transformer::start_forward(int slot, const Batch& batch, double lm_denominator,
+                                float loss_scale, bool with_grad, bool split) {
   check_batch(batch);
-  select_slot(slot);
-  LossParts out;
-  forward_body(batch);
-  for (const Block& b : blocks_)
-    if (b.is_moe) out.aux_loss += static_cast<double>(b.a.moe->l_aux());
-  if (!stage_.last()) return out;
+  StagePass& p = passes_[checked(slot)];
+  PARM_CHECK(!p.active, "stage {}: a pass of slot {} starts while its {} is in flight",
+             stage_.stage, slot, p.backward ? "backward" : "forward");
   const int64_t counted =
       static_cast<int64_t>(std::count_if(batch.targets.begin(), batch.targets.end(),
                                          [](int32_t y) { return y >= 0; }));
-  PARM_CHECK(!with_grad || counted == 0 || lm_denominator > 0.0,
+  PARM_CHECK(!stage_.last() || !with_grad || counted == 0 || lm_denominator > 0.0,
              "lm_denominator {} must be positive when the batch has {} targets", lm_denominator,
              counted);
+  p = StagePass{};
+  p.active = true;
+  p.split = split;
+  p.batch = &batch;
+  p.lm_denominator = lm_denominator;
+  p.loss_scale = loss_scale;
+  p.with_grad = with_grad;
+  select_slot(slot);
+  if (stage_.first())
+    embedding_forward(batch.tokens.data(), wte_->value.data(), wpe_->value.data(),
+                      res_[0].data(), B_, L_, M_, V_);
+  return forward_piece(slot);
+}
+
+// The selected slot's forward through this stage: the embeddings (first stage) or the
+// stage input already in res_[0], the blocks, and the final LN and the head (last stage).
+bool Transformer::forward_piece(int slot) {
+  StagePass& p = passes_[checked(slot)];
+  select_slot(slot);
+  while (p.done < blocks_.size()) {
+    Block& b = blocks_[p.done];
+    const float* ffn = nullptr;
+    if (p.in_moe) {
+      if (b.a.moe->resume()) return true;
+      ffn = moe_forward_result(b, b.a.moe->pass_result());
+    } else {
+      block_attention(b, res_[p.done]);
+      ffn = b.is_moe ? moe_forward(b, p.split) : dense_ffn_forward(b);
+    }
+    p.in_moe = ffn == nullptr;
+    if (p.in_moe) return true;
+    block_output(b, ffn, res_[p.done + 1]);
+    ++p.done;
+  }
+  p.active = false;
+  for (const Block& b : blocks_)
+    if (b.is_moe) p.out.aux_loss += static_cast<double>(b.a.moe->l_aux());
+  if (!stage_.last()) return false;
+  const Batch& batch = *p.batch;
+  cpu::layernorm_forward(res_.back().data(), lnf_w_->value.data(), lnf_b_->value.data(),
+                         lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), T_, M_, kLnEps);
+  const int64_t counted =
+      static_cast<int64_t>(std::count_if(batch.targets.begin(), batch.targets.end(),
+                                         [](int32_t y) { return y >= 0; }));
   const float grad_scale =
-      !with_grad || counted == 0
+      !p.with_grad || counted == 0
           ? 0.0f
-          : static_cast<float>(static_cast<double>(loss_scale) / lm_denominator);
-  out.lm_loss_sum = head_forward(batch, grad_scale, with_grad);
-  out.num_targets = counted;
-  head_slot_ = with_grad ? slot : -1;
-  return out;
+          : static_cast<float>(static_cast<double>(p.loss_scale) / p.lm_denominator);
+  p.out.lm_loss_sum = head_forward(batch, grad_scale, p.with_grad);
+  p.out.num_targets = counted;
+  head_slot_ = p.with_grad ? slot : -1;
+  return false;
+}
+
+LossParts Transformer::stage_loss(int slot) const {
+  const StagePass& p = passes_[checked(slot)];
+  PARM_CHECK(!p.active && !p.backward, "stage {}: loss of slot {} asked before its forward "
+             "has ended", stage_.stage, slot);
+  return p.out;
 }
 
 const Tensor& Transformer::stage_backward(int slot, const Batch& batch, const Tensor& dy,
                                           float loss_scale) {
+  start_backward(slot, batch, dy, loss_scale, false);
+  return dres_;
+}
+
+bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
+                                 float loss_scale, bool split) {
   check_batch(batch);
+  StagePass& p = passes_[checked(slot)];
+  PARM_CHECK(!p.active, "stage {}: a pass of slot {} starts while its {} is in flight",
+             stage_.stage, slot, p.backward ? "backward" : "forward");
+  // Every backward uses the one gradient scratch (dres_ ...): two are never in flight.
+  for (const StagePass& q : passes_)
+    PARM_CHECK(!(q.active && q.backward),
+               "stage {}: backward of slot {} while another backward is in flight",
+               stage_.stage, slot);
   select_slot(slot);
   if (stage_.last()) {
     // The head's activations and dlogits are kept for one slot: 1F1B's last stage runs each
@@ -716,14 +823,59 @@ const Tensor& Transformer::stage_backward(int slot, const Batch& batch, const Te
                stage_.stage, dy.numel(), T_ * M_);
     dres_.copy_from(dy);
   }
+  p = StagePass{};
+  p.active = true;
+  p.backward = true;
+  p.split = split;
+  p.batch = &batch;
   // Each MoE layer's l_aux enters the loss as loss_scale * aux_loss_coeff * l_aux; every MP
   // rank computed the same l_aux and passes the same complete gradient (SPEC §3 contract).
-  const float dl_aux = loss_scale * c_.aux_loss_coeff;
-  for (size_t i = blocks_.size(); i-- > 0;) block_backward(blocks_[i], dl_aux);
+  p.dl_aux = loss_scale * c_.aux_loss_coeff;
+  return backward_piece(slot);
+}
+
+bool Transformer::backward_piece(int slot) {
+  StagePass& p = passes_[checked(slot)];
+  select_slot(slot);
+  while (p.done < blocks_.size()) {
+    Block& b = blocks_[blocks_.size() - 1 - p.done];
+    const float* dffn_in = nullptr;
+    if (p.in_moe) {
+      if (b.a.moe->resume()) return true;
+      dffn_in = moe_backward_result(b, b.a.moe->pass_result());
+    } else {
+      dffn_in = b.is_moe ? moe_backward(b, p.dl_aux, p.split) : dense_ffn_backward(b);
+    }
+    p.in_moe = dffn_in == nullptr;
+    if (p.in_moe) return true;
+    block_backward_rest(b, dffn_in);
+    ++p.done;
+  }
+  p.active = false;
   if (stage_.first())
-    embedding_backward(batch.tokens.data(), dres_.data(), wte_->grad.data(), wpe_->grad.data(),
-                       B_, L_, M_);
-  return dres_;
+    embedding_backward(p.batch->tokens.data(), dres_.data(), wte_->grad.data(),
+                       wpe_->grad.data(), B_, L_, M_);
+  return false;
+}
+
+bool Transformer::resume_stage(int slot) {
+  const StagePass& p = passes_[checked(slot)];
+  PARM_CHECK(p.active && p.in_moe, "stage {}: resume of slot {}, which has no pass in flight",
+             stage_.stage, slot);
+  return p.backward ? backward_piece(slot) : forward_piece(slot);
+}
+
+double Transformer::stage_moe_comm_us(int slot, bool backward) const {
+  double us = 0.0;
+  for (const Block& b : blocks_) {
+    if (!b.is_moe) continue;
+    const MoeLayer& m = *b.slots[checked(slot)].moe;
+    const auto& steps = m.schedule().steps;
+    const auto& t = backward ? m.backward_step_us() : m.forward_step_us();
+    for (size_t i = 0; i < steps.size(); ++i)
+      if (schedule::is_collective(steps[i].kind)) us += t[i];
+  }
+  return us;
 }
 
 LossParts Transformer::forward_backward(const Batch& batch, double lm_denominator,
@@ -737,7 +889,7 @@ LossParts Transformer::forward_backward(const Batch& batch, double lm_denominato
   const LossParts out = stage_forward(0, batch, lm_denominator, loss_scale, true);
   stage_backward(0, batch, dres_, loss_scale);
   const double total = now_us() - t0;
-  last_comm_us_ = tp_.comm_us + moe_comm_us(true);
+  last_comm_us_ = tp_.comm_us + stage_moe_comm_us(0, false) + stage_moe_comm_us(0, true);
   last_compute_us_ = std::max(0.0, total - last_comm_us_);
   return out;
 }

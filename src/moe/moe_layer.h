@@ -68,6 +68,20 @@ class MoeLayer {
   void backward_into(const Tensor& dout, float dl_aux, const Tensor& dx);
   void zero_grad();
 
+  // The same passes in pieces, for a caller that computes something else while the layer's
+  // AllToAll moves tokens (train/pipeline.h's overlap of two micro-batches): the steps of
+  // forward() / backward(), but each AllToAll step is posted and left in flight.
+  // start_forward / start_backward take the input and run up to the first AllToAll;
+  // resume() waits for the one in flight and runs on to the next. Each returns true while an
+  // AllToAll is in flight (call resume() later), false once the pass has ended; its result
+  // is then pass_result() (what forward() / backward() return). Bit-identical to
+  // forward() / backward(). A step's time (forward_step_us ...) is its post plus its wait,
+  // not the caller's work in between (moe_layer_split.cpp).
+  bool start_forward(const Tensor& x);
+  bool start_backward(const Tensor& dout, float dl_aux);
+  bool resume();
+  const Tensor& pass_result() const;
+
   // Per-step timing (default on). On a device it waits for the GPU after every step; off,
   // the device work of consecutive steps overlaps their host work and the step times below
   // stay zero (the pass as a whole still ends with a wait).
@@ -118,6 +132,18 @@ class MoeLayer {
   // AllGather of (outer, chunk) parts into (outer, n, chunk) on every rank of c.
   void gather_interleaved(Communicator& c, const Tensor& mine, int64_t outer, int64_t chunk,
                           Tensor& full);
+  // The split pass (start_forward ...): runs its steps from split_.done on until an AllToAll
+  // is posted (true) or the pass has ended (false).
+  bool run_split_steps();
+  struct SplitPass {
+    bool active = false;
+    bool backward = false;
+    float dl_aux = 0.0f;
+    size_t done = 0;           // steps run (or posted), in the pass's order
+    RequestPtr in_flight;      // the posted AllToAll of step `posted`
+    size_t posted = 0;         // its index in schedule_.steps
+    double post_us = 0.0;      // the time its post took
+  };
 
   Topology& topo_;
   MoeShape shape_;
@@ -149,6 +175,7 @@ class MoeLayer {
   bool step_timing_ = true;
   std::vector<double> fwd_us_, bwd_us_;
   std::vector<moe::PhaseTimes> fwd_phases_, bwd_phases_;
+  SplitPass split_;
 };
 
 }  // namespace parm

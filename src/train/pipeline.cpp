@@ -20,13 +20,17 @@ void wait_if_set(RequestPtr& r) {
 
 }  // namespace
 
-PipelineRunner::PipelineRunner(Topology& topo, model::Model& model, int num_micro)
+PipelineRunner::PipelineRunner(Topology& topo, model::Model& model, int num_micro, bool overlap)
     : pp_(topo.host_comm(Group::kPp)), model_(model), stage_(model.stage()),
-      num_micro_(num_micro) {
+      num_micro_(num_micro), overlap_(overlap) {
   PARM_CHECK_EQ(pp_.size(), stage_.num_stages);
   PARM_CHECK_EQ(pp_.rank(), stage_.stage);
   slots_ = pipeline_slots(stage_.stage, stage_.num_stages, num_micro);
   steps_ = one_f_one_b(stage_.stage, stage_.num_stages, num_micro);
+  if (overlap)
+    groups_ = overlap_groups(stage_.stage, stage_.num_stages, num_micro);
+  else
+    for (int i = 0; i < static_cast<int>(steps_.size()); ++i) groups_.push_back({i});
   peer_world_rank_ = group_members(topo.layout(), Group::kPp, topo.world_rank());
   const Shape act = model.stage_input(0).shape();
   for (int k = 0; k < slots_; ++k) {
@@ -55,57 +59,108 @@ void PipelineRunner::wait_recv(RequestPtr& r, const PipeStep& st) {
   recv_wait_us_ += now_us() - t0;
 }
 
+struct PipelineRunner::StepRequests {
+  std::vector<RequestPtr> recv_act, recv_grad, send_act, send_grad;  // by slot
+  const std::vector<model::Batch>* batches = nullptr;
+  size_t n = 0;  // elements of one activation
+};
+
+namespace {
+void post_recv_act(Communicator& pp, model::Model& model, std::vector<RequestPtr>& recv_act,
+                   int micro, int slots, int prev, size_t n) {
+  const int k = micro % slots;
+  recv_act[static_cast<size_t>(k)] =
+      pp.irecv(model.stage_input(k).data(), n, DType::kF32, prev, kActivationTag);
+}
+}  // namespace
+
+bool PipelineRunner::start(const PipeStep& st, const model::Batch& batch, StepRequests& rq) {
+  const auto k = static_cast<size_t>(st.slot);
+  if (st.op == PipeOp::kForward) {
+    wait_recv(rq.recv_act[k], st);
+    wait_if_set(rq.send_act[k]);  // the slot's previous output has left
+    if (overlap_)
+      return model_.start_stage_forward(st.slot, batch, lm_denominator_, loss_scale_, true);
+    model_.stage_forward(st.slot, batch, lm_denominator_, loss_scale_, true);
+    return false;
+  }
+  wait_recv(rq.recv_grad[k], st);
+  if (overlap_) return model_.start_stage_backward(st.slot, batch, dy_[k], loss_scale_);
+  model_.stage_backward(st.slot, batch, dy_[k], loss_scale_);
+  return false;
+}
+
+void PipelineRunner::finish(const PipeStep& st, StepRequests& rq, model::LossParts& total) {
+  const auto k = static_cast<size_t>(st.slot);
+  const bool forward = st.op == PipeOp::kForward;
+  moe_comm_us_ += model_.stage_moe_comm_us(st.slot, !forward);
+  if (forward) {
+    const model::LossParts lp = model_.stage_loss(st.slot);
+    total.lm_loss_sum += lp.lm_loss_sum;
+    total.num_targets += lp.num_targets;
+    total.aux_loss += lp.aux_loss;
+    if (!stage_.last()) {
+      const int next = stage_.stage + 1;
+      rq.send_act[k] = pp_.isend(model_.stage_output(st.slot).data(), rq.n, DType::kF32, next,
+                                 kActivationTag);
+      rq.recv_grad[k] = pp_.irecv(dy_[k].data(), rq.n, DType::kF32, next, kGradientTag);
+    }
+    return;
+  }
+  if (stage_.first()) return;
+  wait_if_set(rq.send_grad[k]);
+  dx_send_[k].copy_from(model_.stage_input_grad());
+  rq.send_grad[k] =
+      pp_.isend(dx_send_[k].data(), rq.n, DType::kF32, stage_.stage - 1, kGradientTag);
+  // The slot is free: its next micro-batch's activation may arrive.
+  if (st.micro + slots_ < num_micro_)
+    post_recv_act(pp_, model_, rq.recv_act, st.micro + slots_, slots_, stage_.stage - 1, rq.n);
+}
+
 model::LossParts PipelineRunner::run(const std::vector<model::Batch>& batches,
                                      double lm_denominator, float loss_scale) {
   PARM_CHECK(static_cast<int>(batches.size()) == num_micro_,
              "pipeline step of {} micro-batches, but the runner was built for {}",
              batches.size(), num_micro_);
-  const bool first = stage_.first(), last = stage_.last();
-  const int prev = stage_.stage - 1, next = stage_.stage + 1;
-  const auto n = static_cast<size_t>(model_.stage_input(0).numel());
-  std::vector<RequestPtr> recv_act(static_cast<size_t>(slots_)),
-      recv_grad(static_cast<size_t>(slots_)), send_act(static_cast<size_t>(slots_)),
-      send_grad(static_cast<size_t>(slots_));
-  auto post_recv_act = [&](int micro) {
-    const int k = micro % slots_;
-    recv_act[static_cast<size_t>(k)] =
-        pp_.irecv(model_.stage_input(k).data(), n, DType::kF32, prev, kActivationTag);
-  };
+  lm_denominator_ = lm_denominator;
+  loss_scale_ = loss_scale;
+  StepRequests rq;
+  for (auto* list : {&rq.recv_act, &rq.recv_grad, &rq.send_act, &rq.send_grad})
+    list->resize(static_cast<size_t>(slots_));
+  rq.n = static_cast<size_t>(model_.stage_input(0).numel());
   recv_wait_us_ = 0.0;
-  if (!first)
-    for (int i = 0; i < slots_; ++i) post_recv_act(i);
+  moe_comm_us_ = 0.0;
+  overlapped_pieces_ = 0;
+  if (!stage_.first())
+    for (int i = 0; i < slots_; ++i)
+      post_recv_act(pp_, model_, rq.recv_act, i, slots_, stage_.stage - 1, rq.n);
 
   model::LossParts total;
-  for (const PipeStep& st : steps_) {
-    const auto k = static_cast<size_t>(st.slot);
-    const model::Batch& batch = batches[static_cast<size_t>(st.micro)];
-    if (st.op == PipeOp::kForward) {
-      wait_recv(recv_act[k], st);
-      wait_if_set(send_act[k]);  // the slot's previous output has left
-      const model::LossParts lp =
-          model_.stage_forward(st.slot, batch, lm_denominator, loss_scale, true);
-      total.lm_loss_sum += lp.lm_loss_sum;
-      total.num_targets += lp.num_targets;
-      total.aux_loss += lp.aux_loss;
-      if (!last) {
-        send_act[k] = pp_.isend(model_.stage_output(st.slot).data(), n, DType::kF32, next,
-                                kActivationTag);
-        recv_grad[k] = pp_.irecv(dy_[k].data(), n, DType::kF32, next, kGradientTag);
-      }
-    } else {
-      wait_recv(recv_grad[k], st);
-      const Tensor& dx = model_.stage_backward(st.slot, batch, dy_[k], loss_scale);
-      if (!first) {
-        wait_if_set(send_grad[k]);
-        dx_send_[k].copy_from(dx);
-        send_grad[k] = pp_.isend(dx_send_[k].data(), n, DType::kF32, prev, kGradientTag);
-        // The slot is free: its next micro-batch's activation may arrive.
-        if (st.micro + slots_ < num_micro_) post_recv_act(st.micro + slots_);
-      }
+  for (const auto& group : groups_) {
+    // Start the group's passes in order, then resume the stopped ones in turn, in that
+    // order, until all have ended: a fixed order, the same on every rank of the stage.
+    std::vector<const PipeStep*> stopped;
+    for (int j : group) {
+      const PipeStep& st = steps_[static_cast<size_t>(j)];
+      overlapped_pieces_ += stopped.empty() ? 0 : 1;
+      if (start(st, batches[static_cast<size_t>(st.micro)], rq))
+        stopped.push_back(&st);
+      else
+        finish(st, rq, total);
     }
+    while (!stopped.empty())
+      for (size_t i = 0; i < stopped.size();) {
+        overlapped_pieces_ += stopped.size() > 1 ? 1 : 0;
+        if (model_.resume_stage(stopped[i]->slot)) {
+          ++i;
+          continue;
+        }
+        finish(*stopped[i], rq, total);
+        stopped.erase(stopped.begin() + static_cast<std::ptrdiff_t>(i));
+      }
   }
   std::vector<RequestPtr> pending;
-  for (auto* list : {&send_act, &send_grad})
+  for (auto* list : {&rq.send_act, &rq.send_grad})
     for (auto& r : *list)
       if (r) pending.push_back(std::move(r));
   wait_all(pending);

@@ -37,6 +37,38 @@ std::vector<PipeStep> one_f_one_b(int stage, int num_stages, int num_micro) {
   return out;
 }
 
+std::vector<std::vector<int>> overlap_groups(int stage, int num_stages, int num_micro) {
+  const int n = static_cast<int>(one_f_one_b(stage, num_stages, num_micro).size());
+  const int warmup = std::min(num_stages - stage - 1, num_micro);
+  const int steady_end = warmup + 2 * (num_micro - warmup);  // F B pairs after the warm-up
+  std::vector<std::vector<int>> out;
+  int i = 0;
+  for (; i + 1 < warmup; i += 2) out.push_back({i, i + 1});
+  if (i < warmup) out.push_back({i++});
+  for (; i < steady_end; i += 2)
+    if (warmup > 0)
+      out.push_back({i, i + 1});
+    else
+      out.insert(out.end(), {{i}, {i + 1}});
+  for (; i < n; ++i) out.push_back({i});
+  return out;
+}
+
+std::string groups_str(const std::vector<PipeStep>& steps,
+                       const std::vector<std::vector<int>>& groups) {
+  std::string s;
+  for (const auto& g : groups) {
+    if (!s.empty()) s += ' ';
+    std::string one;
+    for (int j : g) {
+      if (!one.empty()) one += '+';
+      one += steps_str({steps.at(static_cast<size_t>(j))});
+    }
+    s += one;
+  }
+  return s;
+}
+
 double one_f_one_b_bubble(int num_stages, int num_micro) {
   return static_cast<double>(num_stages - 1) / static_cast<double>(num_micro + num_stages - 1);
 }

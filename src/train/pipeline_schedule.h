@@ -36,4 +36,18 @@ double one_f_one_b_bubble(int num_stages, int num_micro);
 // "F0 F1 B0 F2 B1 B2" (tests, messages).
 std::string steps_str(const std::vector<PipeStep>& steps);
 
+// The overlap (--pp-overlap on): which passes of one_f_one_b(stage, p, m) run together, their
+// MoE AllToAlls in flight while the other computes. Groups of indices into that list, in its
+// order: the warm-up forwards two by two (F0+F1, F2+F3, ...), then, on every stage but the
+// last, each steady-state forward with the backward after it (F(w+i)+B(i), w the warm-up
+// count); the rest alone. Never two backwards (they share the stage's gradient scratch), and
+// never a pair whose second pass waits for what the first sends: the last stage's F(i) B(i)
+// are one micro-batch, and its B(i)+F(i+1) would wait for stage p-2's F(i+1), which that
+// stage finishes only after B(i)'s gradient arrives.
+std::vector<std::vector<int>> overlap_groups(int stage, int num_stages, int num_micro);
+
+// "F0+F1 F2+B0 B1 ..." (tests, messages).
+std::string groups_str(const std::vector<PipeStep>& steps,
+                       const std::vector<std::vector<int>>& groups);
+
 }  // namespace parm::train

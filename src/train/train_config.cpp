@@ -201,6 +201,7 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
                       "of blocks per stage",
                       origin, split.dump());
   }
+  p.get("pp_overlap", c.parallel.pp_overlap);
   p.get("schedule", c.parallel.schedule);
   p.get("fuse", c.parallel.fuse);
   p.get("chunks", c.parallel.chunks);
@@ -273,6 +274,8 @@ void validate(const TrainConfig& c) {
                     "parallel.fuse '{}' is not valid; use on, off or auto", p.fuse);
   PARM_CONFIG_CHECK(p.chunks >= 1, "parallel.chunks {} must be at least 1", p.chunks);
   PARM_CONFIG_CHECK(p.pp >= 1, "parallel.pp {} must be at least 1", p.pp);
+  PARM_CONFIG_CHECK(p.pp_overlap == "on" || p.pp_overlap == "off",
+                    "parallel.pp_overlap '{}' is not valid; use on or off", p.pp_overlap);
   // (The order needs the world size: Topology::create checks it.)
   model::parse_pp_split(p.pp_split, p.pp, m.num_layers, "--pp-split (parallel.pp_split)");
   // Names first (their messages list the valid ones), then whether they can run here.

@@ -38,6 +38,8 @@ struct ParallelConfig {
   int mp = 1, ep = 1, esp = 1, pp = 1;
   std::string order = kDefaultOrder;  // the nesting of the groups (docs/layout.md)
   std::string pp_split;  // blocks per stage, "3,3,3,3" ("" = balanced; model/pp_split.h)
+  std::string pp_overlap = "off";  // on | off: two micro-batches' passes interleaved at their
+                                   // MoE AllToAlls (train/pipeline.h)
   std::string schedule = "s1";  // baseline | s1 | s2 | auto
   std::string fuse = "on";      // on | off | auto
   int chunks = 4;

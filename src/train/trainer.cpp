@@ -183,7 +183,9 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   const auto params = model->params();
   const auto all_params = model->all_param_specs();
   std::unique_ptr<PipelineRunner> pipeline;
-  if (pp > 1) pipeline = std::make_unique<PipelineRunner>(*topo, *model, static_cast<int>(accum));
+  if (pp > 1)
+    pipeline = std::make_unique<PipelineRunner>(*topo, *model, static_cast<int>(accum),
+                                                cfg.parallel.pp_overlap == "on");
   AdamW opt(params);
   const nlohmann::json model_json = model_config_json(cfg.model);
 
@@ -312,8 +314,11 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     if (pipeline) {
       // The mean over ranks of the share of the step each spent waiting on pp.recv.
       double share = bubble_us / step_us;
+      double moe_us = pipeline->last_moe_comm_us();
       world.allreduce(&share, 1);
+      world.allreduce(&moe_us, 1);
       m.bubble = share / lay.world;
+      m.moe_comm_ms = moe_us / lay.world / 1e3;
     }
     m.tokens_per_s = static_cast<double>(tokens_per_step) / (times[0] / 1e6);
     const double flops =
@@ -346,8 +351,10 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       if (verbose && ((step + 1) % cfg.loop.log_every == 0 || last || m.val_loss >= 0)) {
         std::string val = m.val_loss >= 0 ? fmt::format(" val {:.4f}", m.val_loss) : "";
         const std::string bubble =
-            pipeline ? fmt::format("  bubble {:.1f}% (1F1B {:.1f}%)", 100.0 * m.bubble,
-                                   100.0 * one_f_one_b_bubble(pp, static_cast<int>(accum)))
+            pipeline ? fmt::format("  bubble {:.1f}% (1F1B {:.1f}%)  moe-comm {:.1f} ms",
+                                   100.0 * m.bubble,
+                                   100.0 * one_f_one_b_bubble(pp, static_cast<int>(accum)),
+                                   m.moe_comm_ms)
                      : "";
         std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f  lr %.2e  |g| %.3f  %7.0f tok/s  "
                     "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%%s  moe %s  load %s\n",
@@ -367,6 +374,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
         if (pipeline) {
           line["bubble"] = m.bubble;
           line["bubble_1f1b"] = one_f_one_b_bubble(pp, static_cast<int>(accum));
+          line["moe_comm_ms"] = m.moe_comm_ms;
         }
         if (imbalance.expert_max_over_mean > 0) {
           line["load_expert_max_over_mean"] = imbalance.expert_max_over_mean;

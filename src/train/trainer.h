@@ -24,6 +24,8 @@ struct StepMetrics {
   double mfu = 0.0;        // model FLOPs / (step time x ranks x measured GEMM rate)
   double bubble = 0.0;     // pp > 1: mean over ranks of the share of the step spent waiting
                            // on pp.recv
+  double moe_comm_ms = 0.0;  // pp > 1: mean over ranks of the time the MoE layers spent in
+                             // their collectives (a split AllToAll: its post and its wait)
 };
 
 struct TrainResult {

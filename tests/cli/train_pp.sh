@@ -3,7 +3,8 @@
 # mp, esp, ep > 1 in some, one with pp innermost) follow the single-process losses within
 # train.sh's tolerance and print the bubble against 1F1B's; (b) a run saved under pp 2
 # resumes bit-exactly under pp 2 and on the single-process losses under pp 1 and pp 4; (c) a rank killed mid-job ends it
-# with a message naming the rank and its stage; (d) a bad --pp-split is refused.
+# with a message naming the rank and its stage; (d) a bad --pp-split is refused; (e)
+# --pp-overlap on is bit-exact against off.
 #   bash train_pp.sh <path to parm> <source dir>
 source "$(dirname "$0")/lib/checks.bash" "$@"
 
@@ -65,5 +66,17 @@ done
 # (d) A split that does not fit the 4 blocks.
 out=$(train 2 --pp 2 --pp-split 3,3)
 check "(d) --pp-split 3,3 refused" 1 $(($? != 0)) "--pp-split" "$out"
+
+# (e) --pp-overlap on (two micro-batches' passes interleaved at their EP AllToAlls) gives the
+# run without it bit for bit; the metrics line names the MoE collective time; a bad value is
+# refused.
+out=$(train 4 --pp 2 --ep 2 --grad-accum 4 --steps 4 --pp-overlap off --metrics "$tmp/ov0.jsonl")
+check "(e) pp 2 x ep 2 without overlap" 0 $? "moe-comm " "$out"
+out=$(train 4 --pp 2 --ep 2 --grad-accum 4 --steps 4 --pp-overlap on --metrics "$tmp/ov1.jsonl")
+check "(e) pp 2 x ep 2 with overlap" 0 $? "moe-comm " "$out"
+cmp=$(compare "$tmp/ov1.jsonl" "$tmp/ov0.jsonl" 0)
+check "(e) the overlap is bit-exact ($cmp)" 0 $? "max relative" "$cmp"
+out=$(train 2 --pp 2 --pp-overlap maybe)
+check "(e) --pp-overlap maybe refused" 1 $(($? != 0)) "parallel.pp_overlap 'maybe' is not valid; use on or off" "$out"
 
 finish

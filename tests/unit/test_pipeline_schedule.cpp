@@ -109,5 +109,81 @@ TEST(PipelineSchedule, AllStagesTogetherFinishWithTheOneFOneBBubble) {
     }
 }
 
+TEST(PipelineSchedule, OverlapGroupsHandWritten) {
+  // p = 4, m = 6: stage 0 pairs its 3 warm-up forwards two by two, then each forward with the
+  // backward after it; the last stage pairs nothing.
+  EXPECT_EQ(groups_str(one_f_one_b(0, 4, 6), overlap_groups(0, 4, 6)),
+            "F0+F1 F2 F3+B0 F4+B1 F5+B2 B3 B4 B5");
+  EXPECT_EQ(groups_str(one_f_one_b(1, 4, 6), overlap_groups(1, 4, 6)),
+            "F0+F1 F2+B0 F3+B1 F4+B2 F5+B3 B4 B5");
+  EXPECT_EQ(groups_str(one_f_one_b(2, 4, 6), overlap_groups(2, 4, 6)),
+            "F0 F1+B0 F2+B1 F3+B2 F4+B3 F5+B4 B5");
+  EXPECT_EQ(groups_str(one_f_one_b(3, 4, 6), overlap_groups(3, 4, 6)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
+  // Fewer micro-batches than stages: the forwards in pairs, the backwards alone.
+  EXPECT_EQ(groups_str(one_f_one_b(0, 4, 3), overlap_groups(0, 4, 3)), "F0+F1 F2 B0 B1 B2");
+  EXPECT_EQ(groups_str(one_f_one_b(0, 1, 2), overlap_groups(0, 1, 2)), "F0 B0 F1 B1");
+}
+
+// The overlap's groups cover the list once, in order; a group never holds two backwards, one
+// micro-batch twice or one slot twice; and all stages together finish even when a group's
+// passes wait for every input before any of them sends (the second pass's input is waited
+// for while the first is unfinished).
+TEST(PipelineSchedule, OverlapGroupsAreSafe) {
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m <= 10; ++m) {
+      std::vector<std::vector<PipeStep>> lists;
+      std::vector<std::vector<std::vector<int>>> groups;
+      for (int s = 0; s < p; ++s) {
+        lists.push_back(one_f_one_b(s, p, m));
+        groups.push_back(overlap_groups(s, p, m));
+        int expect = 0;
+        for (const auto& g : groups.back()) {
+          ASSERT_GE(g.size(), 1u);
+          ASSERT_LE(g.size(), 2u);
+          for (int j : g) ASSERT_EQ(j, expect++) << "p " << p << " m " << m << " stage " << s;
+          if (g.size() == 2) {
+            const PipeStep& a = lists.back()[static_cast<size_t>(g[0])];
+            const PipeStep& b = lists.back()[static_cast<size_t>(g[1])];
+            EXPECT_FALSE(a.op == PipeOp::kBackward && b.op == PipeOp::kBackward);
+            EXPECT_NE(a.micro, b.micro);
+            EXPECT_NE(a.slot, b.slot);
+          }
+        }
+        ASSERT_EQ(expect, 2 * m);
+      }
+      std::vector<size_t> next(static_cast<size_t>(p), 0);
+      std::map<std::tuple<int, int, int>, bool> done;  // (op, stage, micro) sent
+      bool progress = true;
+      while (progress) {
+        progress = false;
+        for (int s = 0; s < p; ++s) {
+          auto& i = next[static_cast<size_t>(s)];
+          const auto& gs = groups[static_cast<size_t>(s)];
+          if (i == gs.size()) continue;
+          bool ready = true;
+          for (int j : gs[i]) {
+            const PipeStep& st = lists[static_cast<size_t>(s)][static_cast<size_t>(j)];
+            const bool fwd = st.op == PipeOp::kForward;
+            const int peer = fwd ? s - 1 : s + 1;
+            if (peer >= 0 && peer < p && !done.count({fwd ? 0 : 1, peer, st.micro}))
+              ready = false;
+          }
+          if (!ready) continue;
+          for (int j : gs[i]) {
+            const PipeStep& st = lists[static_cast<size_t>(s)][static_cast<size_t>(j)];
+            done[{st.op == PipeOp::kForward ? 0 : 1, s, st.micro}] = true;
+          }
+          ++i;
+          progress = true;
+        }
+      }
+      for (int s = 0; s < p; ++s)
+        ASSERT_EQ(next[static_cast<size_t>(s)], groups[static_cast<size_t>(s)].size())
+            << "p " << p << " m " << m << ": stage " << s << " deadlocked at group "
+            << next[static_cast<size_t>(s)];
+    }
+}
+
 }  // namespace
 }  // namespace parm::train

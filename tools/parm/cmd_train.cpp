@@ -18,7 +18,7 @@ struct TrainFlags {
   int mp = -1, ep = -1, esp = -1, pp = -1, chunks = -1, ranks_per_node = -1;
   double lr = -1, timeout_s = -1;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
-  std::string device, precision, comm, order, pp_split;
+  std::string device, precision, comm, order, pp_split, pp_overlap;
   std::string resume;
   CLI::Option* resume_opt = nullptr;
 };
@@ -53,6 +53,7 @@ int run_train(TrainFlags& f) {
   if (f.pp > 0) p.pp = f.pp;
   if (!f.order.empty()) p.order = f.order;
   if (!f.pp_split.empty()) p.pp_split = f.pp_split;
+  if (!f.pp_overlap.empty()) p.pp_overlap = f.pp_overlap;
   if (f.chunks > 0) p.chunks = f.chunks;
   if (f.ranks_per_node >= 0) p.ranks_per_node = f.ranks_per_node;
   if (f.timeout_s > 0) p.timeout_s = f.timeout_s;
@@ -97,6 +98,9 @@ Command add_train(CLI::App& root) {
   app->add_option("--pp", f->pp, "pipeline parallel size (stages)")->check(CLI::PositiveNumber);
   app->add_option("--pp-split", f->pp_split,
                   "blocks per pipeline stage, first to last, e.g. 3,3,3,3 (default: balanced)");
+  app->add_option("--pp-overlap", f->pp_overlap,
+                  "on: a stage runs two micro-batches' passes together, one computing while "
+                  "the other's MoE AllToAll is in flight (docs/pipeline.md); default off");
   app->add_option("--order", f->order,
                   "nesting of the groups, innermost first: mp, esp, ep, dp, pp joined by '-' "
                   "(default mp-esp-ep-dp-pp; docs/layout.md)");
