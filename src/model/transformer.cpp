@@ -173,7 +173,7 @@ class Transformer final : public Model {
   double head_forward(const Batch& batch, float grad_scale, bool with_grad);
   void head_backward();
   void block_forward(Block& b, const Tensor& in, Tensor& out);
-  void block_backward(Block& b, float dl_aux);  // dres_: d(out) in, d(in) out
+  void block_backward(Block& b, float dl_aux, float dl_z);  // dres_: d(out) in, d(in) out
   double moe_comm_us(bool with_backward) const;
 
   Topology& topo_;
@@ -606,17 +606,17 @@ void Transformer::head_backward() {
 
 // ---- backward -----------------------------------------------------------------------------
 
-void Transformer::block_backward(Block& b, float dl_aux) {
+void Transformer::block_backward(Block& b, float dl_aux, float dl_z) {
   const int64_t T = T_, M = M_, Ml = Ml_;
   const Tensor& in = res_[static_cast<size_t>(&b - blocks_.data())];
   // FFN. dres_ = d out = d (res_mid + ffn).
   const float* dffn_in = nullptr;  // (T, M) gradient at LN2's output, complete on the MP group
   if (b.is_moe) {
     if (b.a.moe_dx.empty()) {
-      dffn_in = b.a.moe->backward(dres_, dl_aux).data();
+      dffn_in = b.a.moe->backward(dres_, dl_aux, dl_z).data();
     } else {
       b.a.moe->zero_grad();  // the layer's gradients are this call's alone, added to the host's
-      b.a.moe_dx.copy_from(b.a.moe->backward(dres_, dl_aux));
+      b.a.moe_dx.copy_from(b.a.moe->backward(dres_, dl_aux, dl_z));
       add_moe_grads(b.a.moe->grads(), b.grad_stage, b.host_grads);
       dffn_in = b.a.moe_dx.data();
     }
@@ -681,7 +681,10 @@ LossParts Transformer::stage_forward(int slot, const Batch& batch, double lm_den
   LossParts out;
   forward_body(batch);
   for (const Block& b : blocks_)
-    if (b.is_moe) out.aux_loss += static_cast<double>(b.a.moe->l_aux());
+    if (b.is_moe) {
+      out.aux_loss += static_cast<double>(b.a.moe->l_aux());
+      out.z_loss += static_cast<double>(b.a.moe->l_z());
+    }
   if (!stage_.last()) return out;
   const int64_t counted =
       static_cast<int64_t>(std::count_if(batch.targets.begin(), batch.targets.end(),
@@ -718,8 +721,10 @@ const Tensor& Transformer::stage_backward(int slot, const Batch& batch, const Te
   }
   // Each MoE layer's l_aux enters the loss as loss_scale * aux_loss_coeff * l_aux; every MP
   // rank computed the same l_aux and passes the same complete gradient (SPEC §3 contract).
+  // The router z-loss enters the same way with router_z_loss.
   const float dl_aux = loss_scale * c_.aux_loss_coeff;
-  for (size_t i = blocks_.size(); i-- > 0;) block_backward(blocks_[i], dl_aux);
+  const float dl_z = loss_scale * c_.router_z_loss;
+  for (size_t i = blocks_.size(); i-- > 0;) block_backward(blocks_[i], dl_aux, dl_z);
   if (stage_.first())
     embedding_backward(batch.tokens.data(), dres_.data(), wte_->grad.data(), wpe_->grad.data(),
                        B_, L_, M_);

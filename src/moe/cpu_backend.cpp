@@ -30,9 +30,12 @@ class CpuBackend final : public LayerBackend {
   float aux_loss(const float* stats, int64_t experts, int64_t total) override {
     return moe::aux_loss(stats, experts, total);
   }
+  float z_loss(const float* stats, int64_t experts, int64_t total) override {
+    return moe::z_loss(stats, experts, total);
+  }
   void aux_loss_backward(const float* stats, int64_t experts, int64_t total, float dl_aux,
-                         float* dstats) override {
-    moe::aux_loss_backward(stats, experts, total, dl_aux, dstats);
+                         float dl_z, float* dstats) override {
+    moe::aux_loss_backward(stats, experts, total, dl_aux, dl_z, dstats);
   }
 
   void dispatch_forward(const Tensor& x, Tensor& buf) override {

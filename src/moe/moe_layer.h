@@ -58,14 +58,16 @@ class MoeLayer {
   // out (T, M) for x (T, M); the returned tensor lives until the next forward().
   const Tensor& forward(const Tensor& x);
   float l_aux() const { return l_aux_; }
+  float l_z() const { return l_z_; }  // ST-MoE's router z-loss (CPU layers; 0 on a device)
   // dx (T, M) for dout (T, M) and the gradient dl_aux of the loss with respect to l_aux.
   // Accumulates (+=) the parameter gradients; the returned dx lives until the next call.
-  const Tensor& backward(const Tensor& dout, float dl_aux);
+  // dl_z: the gradient of the loss with respect to l_z (nonzero only on the CPU).
+  const Tensor& backward(const Tensor& dout, float dl_aux, float dl_z = 0.0f);
   // The same passes with their result written into `out` / `dx` (shape (T, M), on the
   // layer's device; e.g. a view of a caller's memory) in place of the layer's own buffer,
   // so the caller gets it without a copy. The layer keeps no reference to `out` / `dx`.
   void forward_into(const Tensor& x, const Tensor& out);
-  void backward_into(const Tensor& dout, float dl_aux, const Tensor& dx);
+  void backward_into(const Tensor& dout, float dl_aux, const Tensor& dx, float dl_z = 0.0f);
   void zero_grad();
 
   // Per-step timing (default on). On a device it waits for the GPU after every step; off,
@@ -146,6 +148,8 @@ class MoeLayer {
   Tensor row_scratch_;              // dropless reductions' received rows
   Tensor gather_scratch_;      // permutation scratch of interleaved allgathers (the largest)
   float l_aux_ = 0.0f;
+  float l_z_ = 0.0f;
+  float dl_z_ = 0.0f;  // of the backward pass running
   bool step_timing_ = true;
   std::vector<double> fwd_us_, bwd_us_;
   std::vector<moe::PhaseTimes> fwd_phases_, bwd_phases_;

@@ -210,9 +210,22 @@ void gate_forward(const MoeShape& shape, const std::vector<S>& wg, const std::ve
 }
 
 template <typename S>
+void row_logsumexp(int64_t experts, const std::vector<S>& logits, std::vector<S>& lse) {
+  const int64_t E = experts, rows = static_cast<int64_t>(logits.size()) / E;
+  lse.assign(static_cast<Size>(rows), S(0));
+  for (int64_t t = 0; t < rows; ++t) {
+    S mx = logits[t * E];
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, logits[t * E + e]);
+    S sum = S(0);
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(logits[t * E + e] - mx);
+    lse[t] = mx + std::log(sum);
+  }
+}
+
+template <typename S>
 void gate_backward(const MoeShape& shape, const std::vector<S>& wg, const std::vector<S>& x,
                    const std::vector<S>& probs, const std::vector<S>& dprobs,
-                   std::vector<S>& dx, std::vector<S>& dwg) {
+                   std::vector<S>& dx, std::vector<S>& dwg, const std::vector<S>* dlse) {
   const int64_t M = shape.model_dim, E = shape.experts;
   const int64_t rows = static_cast<int64_t>(x.size()) / M;
   check_size("probs (rows, E)", probs.size(), rows * E);
@@ -225,6 +238,8 @@ void gate_backward(const MoeShape& shape, const std::vector<S>& wg, const std::v
     S dot = S(0);
     for (int64_t e = 0; e < E; ++e) dot += dprobs[t * E + e] * probs[t * E + e];
     for (int64_t e = 0; e < E; ++e) dlogits[e] = probs[t * E + e] * (dprobs[t * E + e] - dot);
+    if (dlse)
+      for (int64_t e = 0; e < E; ++e) dlogits[e] += (*dlse)[t] * probs[t * E + e];
     for (int64_t m = 0; m < M; ++m) {
       S acc = S(0);
       for (int64_t e = 0; e < E; ++e) {
@@ -539,6 +554,11 @@ MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
     }
   }
   f.l_aux = aux_loss(f.aux, T);
+  // Router z-loss over all T tokens (the slices' sums add up to it).
+  row_logsumexp(E, f.logits, f.lse);
+  f.l_z = S(0);
+  for (int64_t t = 0; t < T; ++t) f.l_z += f.lse[t] * f.lse[t];
+  f.l_z /= static_cast<S>(T);
 
   // 4. Dispatch into (num_slices, E, C, M).
   dispatch_forward(shape, f.routing, x, f.dispatched);
@@ -565,7 +585,7 @@ MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
 
 template <typename S>
 MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
-                         const std::vector<S>& dout, S dl_aux) {
+                         const std::vector<S>& dout, S dl_aux, S dl_z) {
   const MoeShape& shape = fwd.shape;
   const Routing<S>& r = fwd.routing;
   params.check(shape);
@@ -612,8 +632,12 @@ MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
   // 7. l_aux -> probabilities (the counts carry no gradient).
   aux_loss_backward(fwd.aux, T, dl_aux, dprobs);
 
-  // 1. Gate: through the softmax into wg and x.
-  gate_backward(shape, params.wg, fwd.x, fwd.probs, dprobs, g.dx, g.dparams.wg);
+  // z-loss: d l_z / d lse_t = 2 lse_t / T.
+  std::vector<S> dlse(static_cast<Size>(T));
+  for (int64_t t = 0; t < T; ++t) dlse[t] = dl_z * S(2) * fwd.lse[t] / static_cast<S>(T);
+
+  // 1. Gate: through the softmax (and the log-sum-exp) into wg and x.
+  gate_backward(shape, params.wg, fwd.x, fwd.probs, dprobs, g.dx, g.dparams.wg, &dlse);
   return g;
 }
 
@@ -645,12 +669,14 @@ std::vector<S> from_tensor(const Tensor& t) {
   template MoeForward<S> moe_forward<S>(const MoeShape&, const MoeParams<S>&,                 \
                                         const std::vector<S>&, int);                          \
   template MoeGrads<S> moe_backward<S>(const MoeParams<S>&, const MoeForward<S>&,             \
-                                       const std::vector<S>&, S);                             \
+                                       const std::vector<S>&, S, S);                          \
   template void gate_forward<S>(const MoeShape&, const std::vector<S>&, const std::vector<S>&, \
                                 std::vector<S>&, std::vector<S>&);                            \
   template void gate_backward<S>(const MoeShape&, const std::vector<S>&,                      \
                                  const std::vector<S>&, const std::vector<S>&,                \
-                                 const std::vector<S>&, std::vector<S>&, std::vector<S>&);    \
+                                 const std::vector<S>&, std::vector<S>&, std::vector<S>&,     \
+                                 const std::vector<S>*);                                      \
+  template void row_logsumexp<S>(int64_t, const std::vector<S>&, std::vector<S>&);            \
   template void weight_backward<S>(const Routing<S>&, const std::vector<S>&, std::vector<S>&); \
   template void dispatch_forward<S>(const MoeShape&, const Routing<S>&, const std::vector<S>&, \
                                     std::vector<S>&);                                         \

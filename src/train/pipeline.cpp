@@ -87,6 +87,7 @@ model::LossParts PipelineRunner::run(const std::vector<model::Batch>& batches,
       total.lm_loss_sum += lp.lm_loss_sum;
       total.num_targets += lp.num_targets;
       total.aux_loss += lp.aux_loss;
+      total.z_loss += lp.z_loss;
       if (!last) {
         send_act[k] = pp_.isend(model_.stage_output(st.slot).data(), n, DType::kF32, next,
                                 kActivationTag);

@@ -246,7 +246,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       sums[1] += static_cast<double>(parts.num_targets);
     }
     if (pipeline) topo->host_comm(Group::kPp).allreduce(sums, 2);  // the last stage's
-    topo->host_comm(Group::kDp).allreduce(sums, 2);
+    topo->host_comm(Group::kDp).allreduce(sums, 3);
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
 
@@ -264,7 +264,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       for (int32_t t : batches.back().targets) counts[0] += t >= 0 ? 1.0 : 0.0;
     }
     topo->host_comm(Group::kDp).allreduce(counts, 1);
-    double sums[2] = {0.0, 0.0};  // lm loss sum, aux loss sum
+    double sums[3] = {0.0, 0.0, 0.0};  // lm loss sum, aux loss sum, z-loss sum
     double comm_us = 0.0, compute_us = 0.0, bubble_us = 0.0;
     if (pipeline) {
       // The stage's time not spent waiting for its neighbours counts as compute.
@@ -273,14 +273,16 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       bubble_us = pipeline->last_recv_wait_us();
       sums[0] = parts.lm_loss_sum;
       sums[1] = parts.aux_loss;
+      sums[2] = parts.z_loss;
       comm_us += bubble_us;
       compute_us += now_us() - tp0 - bubble_us;
-      topo->host_comm(Group::kPp).allreduce(sums, 2);  // lm: the last stage's; aux: every stage's
+      topo->host_comm(Group::kPp).allreduce(sums, 3);  // lm: the last stage's; aux: every stage's
     } else {
       for (const auto& b : batches) {
         const auto parts = model->forward_backward(b, std::max(1.0, counts[0]), 1.0f);
         sums[0] += parts.lm_loss_sum;
         sums[1] += parts.aux_loss;
+        sums[2] += parts.z_loss;
         comm_us += model->last_comm_us();
         compute_us += model->last_compute_us();
       }
@@ -295,13 +297,14 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     opt.step(optim, lr, clip);
     comm_us += now_us() - t_sync;
     data_position += global_batch;
-    topo->host_comm(Group::kDp).allreduce(sums, 2);
+    topo->host_comm(Group::kDp).allreduce(sums, 3);
     const double step_us = now_us() - t0;
 
     StepMetrics m;
     m.step = step + 1;
     m.loss = sums[0] / std::max(1.0, counts[0]);
     m.aux_loss = sums[1] / static_cast<double>(accum * dp);
+    m.z_loss = sums[2] / static_cast<double>(accum * dp);
     m.lr = lr;
     m.grad_norm = norm;
     double times[3] = {step_us, comm_us, compute_us};
@@ -349,10 +352,12 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
             pipeline ? fmt::format("  bubble {:.1f}% (1F1B {:.1f}%)", 100.0 * m.bubble,
                                    100.0 * one_f_one_b_bubble(pp, static_cast<int>(accum)))
                      : "";
-        std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f  lr %.2e  |g| %.3f  %7.0f tok/s  "
+        const std::string z =
+            cfg.model.router_z_loss > 0 ? fmt::format("  z {:.4f}", m.z_loss) : "";
+        std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f%s  lr %.2e  |g| %.3f  %7.0f tok/s  "
                     "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%%s  moe %s  load %s\n",
                     static_cast<long long>(m.step), static_cast<long long>(cfg.loop.steps),
-                    m.loss, val.c_str(), m.aux_loss, m.lr, m.grad_norm, m.tokens_per_s,
+                    m.loss, val.c_str(), m.aux_loss, z.c_str(), m.lr, m.grad_norm, m.tokens_per_s,
                     m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, bubble.c_str(),
                     schedules_line.c_str(), imbalance.str().c_str());
         std::fflush(stdout);
@@ -364,6 +369,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                                {"comm_ms", m.comm_ms}, {"compute_ms", m.compute_ms},
                                {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}};
         if (m.val_loss >= 0) line["val_loss"] = m.val_loss;
+        if (cfg.model.router_z_loss > 0) line["z_loss"] = m.z_loss;
         if (pipeline) {
           line["bubble"] = m.bubble;
           line["bubble_1f1b"] = one_f_one_b_bubble(pp, static_cast<int>(accum));

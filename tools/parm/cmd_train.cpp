@@ -17,6 +17,8 @@ struct TrainFlags {
   int64_t steps = -1, micro_batch = -1, grad_accum = -1, eval_every = -1, save_every = -1;
   int mp = -1, ep = -1, esp = -1, pp = -1, chunks = -1, ranks_per_node = -1;
   double lr = -1, timeout_s = -1;
+  float router_z_loss = 0.0f;
+  CLI::Option* router_z_loss_opt = nullptr;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
   std::string device, precision, comm, order, pp_split;
   std::string resume;
@@ -68,6 +70,7 @@ int run_train(TrainFlags& f) {
   if (!f.profile.empty()) l.profile = f.profile;
   if (!f.corpus.empty()) c.data.corpus = f.corpus;
   if (!f.capacity_factor.empty()) c.model.capacity_factor = f.capacity_factor;
+  if (f.router_z_loss_opt->count() > 0) c.model.router_z_loss = f.router_z_loss;
   if (f.resume_opt->count() > 0) {
     l.resume = f.resume.empty() ? l.save_dir : f.resume;
     PARM_CONFIG_CHECK(!l.resume.empty(),
@@ -113,6 +116,9 @@ Command add_train(CLI::App& root) {
                   "what moves the MoE layers' device buffers: auto, nccl, or mpi (staged "
                   "through host memory)");
   app->add_option("--capacity-factor", f->capacity_factor, "MoE capacity factor (a decimal), or none: dropless routing");
+  f->router_z_loss_opt = app->add_option(
+      "--router-z-loss", f->router_z_loss,
+      "ST-MoE router z-loss coefficient (mean over tokens of logsumexp(logits)^2; 0: off)");
   app->add_option("--corpus", f->corpus, "kjv or file:PATH");
   app->add_option("--ranks-per-node", f->ranks_per_node, "emulate nodes of this many ranks");
   app->add_option("--timeout", f->timeout_s, "watchdog seconds per communication");
