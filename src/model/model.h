@@ -41,6 +41,7 @@ struct ModelConfig {
   std::string capacity_factor = "1.25";
   float aux_loss_coeff = 0.01f;
   float router_z_loss = 0.0f;  // ST-MoE's z-loss coefficient (0: off)
+  float router_bias_update = 0.0f;  // DeepSeek-V3's router bias update rate (0: off)
   float init_std = 0.02f;
   uint64_t seed = 1;
   // Biases and layernorm shifts start at N(0, init_bias_std^2), layernorm gains at

@@ -16,6 +16,7 @@
 
 #include "moe/moe_ops.h"
 #include "moe/phase_times.h"
+#include "parm/error.h"
 #include "parm/device.h"
 #include "parm/tensor.h"
 
@@ -44,6 +45,12 @@ class LayerBackend {
   // routing for the calls below.
   virtual void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                             int64_t slots, float* stats, PhaseTimes* times) = 0;
+  // The router bias (E, host; null: none) of the gate calls that follow; the pointer is
+  // kept. A backend without one refuses a bias.
+  virtual void set_router_bias(const float* bias) {
+    PARM_CHECK(bias == nullptr, "the {} layer backend has no router bias",
+               device_name(device()));
+  }
   // Slots taken per expert by the last gate call (host).
   virtual const std::vector<int64_t>& fill() const = 0;
   // The last gate call's routing on the host (a copy on a device backend; for checks).

@@ -11,7 +11,8 @@
 namespace parm::moe {
 
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
-                  Tensor& probs, GateRouting& r, float* stats, PhaseTimes* times) {
+                  Tensor& probs, GateRouting& r, float* stats, PhaseTimes* times,
+                  const float* bias) {
   PhaseClock clock(times);
   const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
   PARM_CHECK_EQ(wg.rows(), M);
@@ -47,7 +48,16 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   r.weight.resize(n);
   r.row.resize(n);
   r.fill.assign(static_cast<size_t>(E), 0);
-  cpu::topk(probs.data(), rows, E, topk, r.expert.data(), r.prob.data());
+  if (bias == nullptr) {
+    cpu::topk(probs.data(), rows, E, topk, r.expert.data(), r.prob.data());
+  } else {
+    r.scores.resize(static_cast<size_t>(rows * E));
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t e = 0; e < E; ++e) r.scores[static_cast<size_t>(t * E + e)] = probs.row(t)[e] + bias[e];
+    cpu::topk(r.scores.data(), rows, E, topk, r.expert.data(), r.prob.data());
+    for (size_t i = 0; i < n; ++i)
+      r.prob[i] = probs.row(static_cast<int64_t>(i) / topk)[r.expert[i]];
+  }
   clock.lap("top-k");
   for (int64_t t = 0; t < rows; ++t) {
     const float* p = &r.prob[static_cast<size_t>(t * topk)];

@@ -224,6 +224,8 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   params64.b2 = to_double(params.b2);
 
   layer.load_whole(params);
+  if (!o.router_bias.empty()) layer.router_bias() = o.router_bias;
+  const std::vector<double> bias64(o.router_bias.begin(), o.router_bias.end());
   layer.zero_grad();
   Tensor xt = Tensor::view(const_cast<float*>(x.data()), {T, M});
   const Tensor out = layer.forward(xt).to(Device::kCpu);
@@ -237,7 +239,8 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   LayerCheckResult result;
   result.oracle_slices = o.kind == schedule::Kind::kS1 && !o.whole_oracle ? l.mp : 1;
   const auto fwd = ref::moe_forward<double>(sh, params64, to_double(x),
-                                            static_cast<int>(result.oracle_slices));
+                                            static_cast<int>(result.oracle_slices),
+                                            o.router_bias.empty() ? nullptr : &bias64);
   const auto grads = ref::moe_backward<double>(params64, fwd, to_double(dout), o.dl_aux,
                                                   static_cast<double>(o.dl_z));
 

@@ -58,7 +58,10 @@ class MoeLayer {
   // out (T, M) for x (T, M); the returned tensor lives until the next forward().
   const Tensor& forward(const Tensor& x);
   float l_aux() const { return l_aux_; }
-  float l_z() const { return l_z_; }  // ST-MoE's router z-loss (CPU layers; 0 on a device)
+  float l_z() const { return l_z_; }
+  // DeepSeek-V3's router bias (E): added to the probabilities for the top-k choice only.
+  // Zero at construction (then the gate runs unbiased); CPU layers only when nonzero.
+  std::vector<float>& router_bias() { return router_bias_; }  // ST-MoE's router z-loss (CPU layers; 0 on a device)
   // dx (T, M) for dout (T, M) and the gradient dl_aux of the loss with respect to l_aux.
   // Accumulates (+=) the parameter gradients; the returned dx lives until the next call.
   // dl_z: the gradient of the loss with respect to l_z (nonzero only on the CPU).
@@ -149,6 +152,7 @@ class MoeLayer {
   Tensor gather_scratch_;      // permutation scratch of interleaved allgathers (the largest)
   float l_aux_ = 0.0f;
   float l_z_ = 0.0f;
+  std::vector<float> router_bias_;
   float dl_z_ = 0.0f;  // of the backward pass running
   bool step_timing_ = true;
   std::vector<double> fwd_us_, bwd_us_;

@@ -28,14 +28,18 @@ struct GateRouting {
                                 //            -1 when dropped
   std::vector<int64_t> fill;    // (E) slots taken
   std::vector<float> lse;       // (tokens) log-sum-exp of the logits (the z-loss)
+  std::vector<float> scores;    // (tokens, E) probs + router bias (biased calls only)
 };
 
 // logits/probs (rows, E) = softmax(x (rows, M) wg (M, E)); top-k; combine weights; slots
 // in GShard order with `capacity`; stats (2E + 1) = [1st-choice counts (E), probability
 // sums (E), sum of the rows' log-sum-exp of the logits squared] of these rows. Overwrites probs, routing and stats. `times` (may be null) gets the phases
 // "gate products", "softmax", "top-k", "slots + statistics".
+// bias (E, may be null): DeepSeek-V3's router bias, added to the probabilities for the
+// top-k choice only; the combine weights are made of the unbiased probabilities.
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
-                  Tensor& probs, GateRouting& routing, float* stats, PhaseTimes* times = nullptr);
+                  Tensor& probs, GateRouting& routing, float* stats, PhaseTimes* times = nullptr,
+                  const float* bias = nullptr);
 
 // Adjoint of the gate: dweight (rows, k) from the combine, dstats (2E + 1) from l_aux and
 // the z-loss.

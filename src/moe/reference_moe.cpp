@@ -124,11 +124,15 @@ int64_t Routing<S>::num_dropped() const {
 }
 
 template <typename S>
-Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices) {
+Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices,
+                 const std::vector<S>* bias) {
   shape.validate(num_slices);
   const int64_t T = shape.tokens, E = shape.experts;
   const int k = shape.topk;
   check_size("probs (T, E)", probs.size(), T * E);
+  if (bias) check_size("router bias (E)", bias->size(), E);
+  // The choice's score: p, plus the router bias when given (the weights stay p's).
+  auto score = [&](const S* p, int64_t e) { return bias ? p[e] + (*bias)[e] : p[e]; };
 
   Routing<S> r;
   r.tokens = T;
@@ -151,7 +155,7 @@ Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_sli
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e) {
         if (taken[e]) continue;
-        if (best < 0 || p[e] > p[best]) best = e;
+        if (best < 0 || score(p, e) > score(p, best)) best = e;
       }
       taken[best] = true;
       r.expert[t * k + j] = static_cast<int32_t>(best);
@@ -526,7 +530,8 @@ void expert_bias_backward(int64_t model_dim, const std::vector<S>& dy, std::vect
 
 template <typename S>
 MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
-                          const std::vector<S>& x, int num_slices) {
+                          const std::vector<S>& x, int num_slices,
+                          const std::vector<S>* router_bias) {
   shape.validate(num_slices);
   params.check(shape);
   const int64_t T = shape.tokens, M = shape.model_dim, E = shape.experts;
@@ -540,7 +545,7 @@ MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
   // 1. Gate.
   gate_forward(shape, params.wg, x, f.logits, f.probs);
   // 2-3. Top-k, combine weights, capacity and slots, each slice on its own.
-  f.routing = route(shape, f.probs, num_slices);
+  f.routing = route(shape, f.probs, num_slices, router_bias);
   const int64_t C = f.routing.capacity, Ts = T / num_slices;
 
   // 7. l_aux from the statistics summed over the slices, divided by the total T.
@@ -665,9 +670,10 @@ std::vector<S> from_tensor(const Tensor& t) {
   template struct Routing<S>;                                                                 \
   template MoeParams<S> init_params<S>(const MoeShape&, uint64_t);                            \
   template std::vector<S> init_input<S>(const MoeShape&, uint64_t);                           \
-  template Routing<S> route<S>(const MoeShape&, const std::vector<S>&, int);                  \
+  template Routing<S> route<S>(const MoeShape&, const std::vector<S>&, int,                   \
+                              const std::vector<S>*);                                         \
   template MoeForward<S> moe_forward<S>(const MoeShape&, const MoeParams<S>&,                 \
-                                        const std::vector<S>&, int);                          \
+                                        const std::vector<S>&, int, const std::vector<S>*);   \
   template MoeGrads<S> moe_backward<S>(const MoeParams<S>&, const MoeForward<S>&,             \
                                        const std::vector<S>&, S, S);                          \
   template void gate_forward<S>(const MoeShape&, const std::vector<S>&, const std::vector<S>&, \

@@ -94,9 +94,11 @@ bool same_assignment(const Routing<A>& a, const Routing<B>& b) {
 
 // Top-k (ties to the lower expert index), combine weights (renormalised when k > 1,
 // before any drop), capacity and GShard slot filling (all 1st choices in token order,
-// then all 2nd choices, ...) per slice. probs (T, E).
+// then all 2nd choices, ...) per slice. probs (T, E). router_bias (E, may be null): added to
+// p for the choice only (DeepSeek-V3).
 template <typename S>
-Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices = 1);
+Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices = 1,
+                 const std::vector<S>* router_bias = nullptr);
 
 // ---- The layer -------------------------------------------------------------------------
 
@@ -142,7 +144,8 @@ struct MoeGrads {
 // out = fwd.out (T, M) and l_aux = fwd.l_aux for x (T, M).
 template <typename S>
 MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
-                          const std::vector<S>& x, int num_slices = 1);
+                          const std::vector<S>& x, int num_slices = 1,
+                          const std::vector<S>* router_bias = nullptr);
 
 // The exact adjoint of moe_forward for the loss gradient dout (T, M), dl_aux and dl_z.
 // Returns fresh gradients (i.e. overwrites; nothing accumulates across calls).

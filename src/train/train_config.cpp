@@ -98,7 +98,6 @@ nlohmann::json model_config_json(const model::ModelConfig& m) {
           {"capacity_factor", m.capacity_factor == "none" ? nlohmann::json(nullptr)
                                                           : nlohmann::json(m.capacity_factor)},
           {"aux_loss_coeff", m.aux_loss_coeff},
-          {"router_z_loss", m.router_z_loss},
           {"init_std", m.init_std},
           {"seed", m.seed}};
 }
@@ -145,6 +144,7 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
   }
   m.get("aux_loss_coeff", c.model.aux_loss_coeff);
   m.get("router_z_loss", c.model.router_z_loss);
+  m.get("router_bias_update", c.model.router_bias_update);
   m.get("init_std", c.model.init_std);
   m.get("seed", c.model.seed);
   m.finish();

@@ -295,6 +295,10 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
         optim.grad_clip > 0 && norm > optim.grad_clip ? optim.grad_clip / (norm + 1e-6) : 1.0;
     const double lr = lr_at(optim, step);
     opt.step(optim, lr, clip);
+    // DeepSeek-V3's router bias, from the loads of the step's last micro-batch.
+    if (cfg.model.router_bias_update > 0)
+      for (MoeLayer* layer : model->moe_layers())
+        update_router_bias(*topo, *layer, cfg.model.router_bias_update);
     comm_us += now_us() - t_sync;
     data_position += global_batch;
     topo->host_comm(Group::kDp).allreduce(sums, 3);

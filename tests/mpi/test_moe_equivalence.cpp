@@ -167,9 +167,10 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
   EXPECT_GT(without_drops, 0);
 }
 
-// --router-z-loss: with a nonzero dl_z every schedule (fused and not) on every layout of the
-// sweep matches the oracle, l_z and the z-loss's gradients included, with and without drops.
-TEST(Equivalence, RouterZLossEveryScheduleMatchesTheOracle) {
+// Every schedule (fused and not) on every layout of the sweep against the oracle, with and
+// without drops, the options set by `set`; `extra`: an error entry that must be there.
+template <class Set>
+void expect_every_schedule_matches(Set set, const char* extra) {
   int64_t checks = 0;
   for (const Layout3& lay : sweep_layouts(false)) {
     auto topo = topology_of(lay);
@@ -181,22 +182,44 @@ TEST(Equivalence, RouterZLossEveryScheduleMatchesTheOracle) {
           LayerCheckOptions o = case_options(c, kind, fuse, experts, 8, 24);
           o.seed = 13;
           o.tolerance = kTolerance;
-          o.dl_aux = 0.0f;  // the gate's gradient is then the combine's and the z-loss's
-          o.dl_z = 2.0f;
+          set(o);
           const LayerCheckResult r = check_layer(*topo, o);
           ++checks;
-          bool has_lz = false;
+          bool has_extra = extra == nullptr;
           std::string detail;
           for (const auto& e : r.errors) {
-            has_lz = has_lz || e.name == "l_z";
+            has_extra = has_extra || e.name == extra;
             detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
           }
-          EXPECT_TRUE(has_lz);
+          EXPECT_TRUE(has_extra) << extra;
           EXPECT_TRUE(r.passed) << lay.str() << " " << schedule::kind_name(kind)
-                                << (fuse ? " fused" : "") << " [" << c.name << "]:" << detail;
+                                << (fuse ? " fused" : "") << " [" << c.name << "] routing "
+                                << (r.routing_matches ? "ok" : "DIFFERS") << ":" << detail;
         }
   }
   EXPECT_GT(checks, 0);
+}
+
+// --router-z-loss: with a nonzero dl_z, l_z and the z-loss's gradients included.
+TEST(Equivalence, RouterZLossEveryScheduleMatchesTheOracle) {
+  expect_every_schedule_matches(
+      [](LayerCheckOptions& o) {
+        o.dl_aux = 0.0f;  // the gate's gradient is then the combine's and the z-loss's
+        o.dl_z = 2.0f;
+      },
+      "l_z");
+}
+
+// --router-bias-update: a layer with a router bias routes (and computes) as the oracle
+// given the same bias.
+TEST(Equivalence, RouterBiasEveryScheduleMatchesTheOracle) {
+  expect_every_schedule_matches(
+      [](LayerCheckOptions& o) {
+        o.router_bias.assign(static_cast<size_t>(o.shape.experts), 0.0f);
+        for (size_t e = 0; e < o.router_bias.size(); ++e)
+          o.router_bias[e] = 0.05f * static_cast<float>(e % 3) - 0.04f;
+      },
+      nullptr);
 }
 
 // --precision bf16 on the CPU: every schedule (fused and not) on every layout of the sweep,
