@@ -261,6 +261,7 @@ void Transformer::build_moe(Block& b, int64_t micro_batch, Precision precision) 
     if (k > 0) {
       b.moes[static_cast<size_t>(k)]->params() = b.moes[0]->params();
       b.moes[static_cast<size_t>(k)]->grads() = b.moes[0]->grads();
+      b.moes[static_cast<size_t>(k)]->share_router_bias(*b.moes[0]);
     }
     b.slots[static_cast<size_t>(k)].moe = b.moes.back().get();
   }

@@ -61,7 +61,7 @@ MoeLayerParams params_on(const MoeLayerParams& p, Device device) {
 
 MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
                    int chunks, Precision precision)
-    : topo_(topo), shape_(shape), router_bias_(static_cast<size_t>(shape.experts), 0.0f) {
+    : topo_(topo), shape_(shape), router_bias_(std::make_shared<std::vector<float>>(static_cast<size_t>(shape.experts), 0.0f)) {
   const Layout& l = topo.layout();
   const Device device = topo.device();
   esp_rank_ = topo.comm(Group::kEsp).rank();
@@ -440,8 +440,9 @@ void MoeLayer::compute_forward(const Step& s, moe::PhaseTimes* phases) {
   switch (s.kind) {
     case StepKind::kGate:
       backend_->set_router_bias(
-          std::any_of(router_bias_.begin(), router_bias_.end(), [](float b) { return b != 0.0f; })
-              ? router_bias_.data()
+          std::any_of(router_bias_->begin(), router_bias_->end(),
+                      [](float b) { return b != 0.0f; })
+              ? router_bias_->data()
               : nullptr);
       backend_->gate_forward(buf(s.in), params_.wg, shape_.topk, sc.capacity,
                              sc.dispatch_slots, buf(s.out).data(), phases);

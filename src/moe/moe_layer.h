@@ -61,7 +61,9 @@ class MoeLayer {
   float l_z() const { return l_z_; }
   // DeepSeek-V3's router bias (E): added to the probabilities for the top-k choice only.
   // Zero at construction (then the gate runs unbiased); CPU layers only when nonzero.
-  std::vector<float>& router_bias() { return router_bias_; }  // ST-MoE's router z-loss (CPU layers; 0 on a device)
+  std::vector<float>& router_bias() { return *router_bias_; }
+  // From now on this layer's router bias is `other`'s (one block's layers, one per slot).
+  void share_router_bias(MoeLayer& other) { router_bias_ = other.router_bias_; }  // ST-MoE's router z-loss (CPU layers; 0 on a device)
   // dx (T, M) for dout (T, M) and the gradient dl_aux of the loss with respect to l_aux.
   // Accumulates (+=) the parameter gradients; the returned dx lives until the next call.
   // dl_z: the gradient of the loss with respect to l_z (nonzero only on the CPU).
@@ -152,7 +154,7 @@ class MoeLayer {
   Tensor gather_scratch_;      // permutation scratch of interleaved allgathers (the largest)
   float l_aux_ = 0.0f;
   float l_z_ = 0.0f;
-  std::vector<float> router_bias_;
+  std::shared_ptr<std::vector<float>> router_bias_;
   float dl_z_ = 0.0f;  // of the backward pass running
   bool step_timing_ = true;
   std::vector<double> fwd_us_, bwd_us_;

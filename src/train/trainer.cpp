@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include <fmt/ranges.h>
 
@@ -145,6 +146,49 @@ void print_stages(Topology& topo, model::Model& model, const std::vector<model::
   }
 }
 
+// The MoE blocks before this pipeline stage's first block.
+int64_t moe_blocks_before(model::Model& m, const model::ModelConfig& c) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < m.stage().begin; ++i) n += model::is_moe_block(c, i) ? 1 : 0;
+  return n;
+}
+
+// The router bias of every MoE layer of the whole model (in block order, E numbers each),
+// the same on every rank: each stage puts in its own layers, -inf elsewhere, and a max over
+// the world picks them unchanged (a max moves no bits: resume is exact).
+nlohmann::json gather_router_bias(Communicator& world, model::Model& m,
+                                  const model::ModelConfig& c) {
+  const auto E = static_cast<size_t>(c.experts);
+  const auto n = static_cast<size_t>(model::num_moe_blocks(c));
+  std::vector<double> v(n * E, -std::numeric_limits<double>::infinity());
+  const auto first = static_cast<size_t>(moe_blocks_before(m, c));
+  const auto layers = m.moe_layers();
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (size_t e = 0; e < E; ++e) v[(first + l) * E + e] = layers[l]->router_bias()[e];
+  world.allreduce(v.data(), v.size(), ReduceOp::kMax);
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t l = 0; l < n; ++l) out.push_back(std::vector<double>(v.begin() + l * E, v.begin() + (l + 1) * E));
+  return out;
+}
+
+// Sets this stage's MoE layers' router bias from a checkpoint's (null: none saved, the
+// bias stays zero).
+void set_router_bias(model::Model& m, const model::ModelConfig& c, const nlohmann::json& saved,
+                     const std::string& where) {
+  if (saved.is_null()) return;
+  const int64_t n = model::num_moe_blocks(c);
+  bool ok = saved.is_array() && static_cast<int64_t>(saved.size()) == n;
+  for (size_t l = 0; ok && l < saved.size(); ++l)
+    ok = saved[l].is_array() && static_cast<int64_t>(saved[l].size()) == c.experts;
+  PARM_CONFIG_CHECK(ok, "checkpoint {}: router_bias must hold {} MoE layers of {} numbers, got {}",
+                    where, n, c.experts, saved.dump().substr(0, 200));
+  const auto first = static_cast<size_t>(moe_blocks_before(m, c));
+  const auto layers = m.moe_layers();
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (size_t e = 0; e < static_cast<size_t>(c.experts); ++e)
+      layers[l]->router_bias()[e] = static_cast<float>(saved[first + l][e].get<double>());
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, bool verbose) {
@@ -203,6 +247,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
         load_checkpoint(*topo, cfg.loop.resume, all_params, params, opt, model_json);
     step = st.step;
     data_position = st.data_position;
+    set_router_bias(*model, cfg.model, st.router_bias, cfg.loop.resume);
     if (root && verbose)
       std::printf("resumed from %s at step %lld (%lld sequences consumed)\n",
                   cfg.loop.resume.c_str(), static_cast<long long>(step),
@@ -391,8 +436,11 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                           ((cfg.loop.save_every > 0 && (step + 1) % cfg.loop.save_every == 0) ||
                            last);
     if (save_now) {
+      const nlohmann::json bias = cfg.model.router_bias_update > 0
+                                      ? gather_router_bias(world, *model, cfg.model)
+                                      : nlohmann::json();
       const std::string where = save_checkpoint(*topo, cfg.loop.save_dir, all_params, params,
-                                                opt, {step + 1, data_position, model_json});
+                                                opt, {step + 1, data_position, model_json, bias});
       if (root && verbose) std::printf("saved %s\n", where.c_str());
     }
   }
