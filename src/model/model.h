@@ -40,6 +40,8 @@ struct ModelConfig {
   int topk = 2;
   std::string capacity_factor = "1.25";
   float aux_loss_coeff = 0.01f;
+  float router_z_loss = 0.0f;  // ST-MoE's z-loss coefficient (0: off)
+  float router_bias_update = 0.0f;  // DeepSeek-V3's router bias update rate (0: off)
   float init_std = 0.02f;
   uint64_t seed = 1;
   // Biases and layernorm shifts start at N(0, init_bias_std^2), layernorm gains at
@@ -61,6 +63,7 @@ struct LossParts {
   double lm_loss_sum = 0.0;   // sum over this batch's counted positions of -log p(target)
   int64_t num_targets = 0;    // counted positions
   double aux_loss = 0.0;      // sum over MoE layers of l_aux
+  double z_loss = 0.0;        // sum over MoE layers of the router z-loss
 };
 
 // ---- Pipeline stages ---------------------------------------------------------------------
@@ -105,7 +108,8 @@ class Model {
   // All trainable parameters of this rank, in a fixed order (the same names on every layout).
   virtual std::vector<Param*> params() = 0;
   // Forward and backward of one micro-batch: the loss being differentiated is
-  //   loss_scale * (lm_loss_sum / lm_denominator + aux_loss_coeff * aux_loss)
+  //   loss_scale * (lm_loss_sum / lm_denominator + aux_loss_coeff * aux_loss
+  //                 + router_z_loss * z_loss)
   // where lm_denominator is the number of counted positions of the whole global batch
   // (so that summing the gradients over micro-batches and DP replicas gives the gradient of
   // the global mean). Accumulates (+=) every Param::grad; does not reduce over dp/edp.

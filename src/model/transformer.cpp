@@ -165,7 +165,7 @@ class Transformer final : public Model {
     bool active = false, backward = false, split = false;
     const Batch* batch = nullptr;
     double lm_denominator = 0.0;
-    float loss_scale = 0.0f, dl_aux = 0.0f;
+    float loss_scale = 0.0f, dl_aux = 0.0f, dl_z = 0.0f;
     bool with_grad = false;
     size_t done = 0;      // blocks done, in the pass's order
     bool in_moe = false;  // the next block's MoE layer has an AllToAll in flight
@@ -183,7 +183,7 @@ class Transformer final : public Model {
   // the split pass has its AllToAll in flight; else the FFN output (input gradient) on the
   // host.
   const float* moe_forward(Block& b, bool split);
-  const float* moe_backward(Block& b, float dl_aux, bool split);
+  const float* moe_backward(Block& b, float dl_aux, float dl_z, bool split);
   const float* moe_forward_result(Block& b, const Tensor& y);
   const float* moe_backward_result(Block& b, const Tensor& dx);
   // Registers a parameter of the whole model; allocates it only when this stage holds the
@@ -306,6 +306,7 @@ void Transformer::build_moe(Block& b, int64_t micro_batch, Precision precision) 
     if (k > 0) {
       b.moes[static_cast<size_t>(k)]->params() = b.moes[0]->params();
       b.moes[static_cast<size_t>(k)]->grads() = b.moes[0]->grads();
+      b.moes[static_cast<size_t>(k)]->share_router_bias(*b.moes[0]);
     }
     b.slots[static_cast<size_t>(k)].moe = b.moes.back().get();
   }
@@ -653,11 +654,11 @@ void Transformer::head_backward() {
 
 // The FFN's gradient at LN2's output (T, M), complete on the MP group, from dres_ = d out =
 // d (res_mid + ffn).
-const float* Transformer::moe_backward(Block& b, float dl_aux, bool split) {
+const float* Transformer::moe_backward(Block& b, float dl_aux, float dl_z, bool split) {
   // On a device the layer's gradients are this call's alone, added to the host's after it.
   if (!b.a.moe_dx.empty()) b.a.moe->zero_grad();
-  if (!split) return moe_backward_result(b, b.a.moe->backward(dres_, dl_aux));
-  if (b.a.moe->start_backward(dres_, dl_aux)) return nullptr;
+  if (!split) return moe_backward_result(b, b.a.moe->backward(dres_, dl_aux, dl_z));
+  if (b.a.moe->start_backward(dres_, dl_aux, dl_z)) return nullptr;
   return moe_backward_result(b, b.a.moe->pass_result());
 }
 
@@ -767,7 +768,10 @@ bool Transformer::forward_piece(int slot) {
   }
   p.active = false;
   for (const Block& b : blocks_)
-    if (b.is_moe) p.out.aux_loss += static_cast<double>(b.a.moe->l_aux());
+    if (b.is_moe) {
+      p.out.aux_loss += static_cast<double>(b.a.moe->l_aux());
+      p.out.z_loss += static_cast<double>(b.a.moe->l_z());
+    }
   if (!stage_.last()) return false;
   const Batch& batch = *p.batch;
   cpu::layernorm_forward(res_.back().data(), lnf_w_->value.data(), lnf_b_->value.data(),
@@ -830,7 +834,9 @@ bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
   p.batch = &batch;
   // Each MoE layer's l_aux enters the loss as loss_scale * aux_loss_coeff * l_aux; every MP
   // rank computed the same l_aux and passes the same complete gradient (SPEC §3 contract).
+  // The router z-loss enters the same way with router_z_loss.
   p.dl_aux = loss_scale * c_.aux_loss_coeff;
+  p.dl_z = loss_scale * c_.router_z_loss;
   return backward_piece(slot);
 }
 
@@ -844,7 +850,7 @@ bool Transformer::backward_piece(int slot) {
       if (b.a.moe->resume()) return true;
       dffn_in = moe_backward_result(b, b.a.moe->pass_result());
     } else {
-      dffn_in = b.is_moe ? moe_backward(b, p.dl_aux, p.split) : dense_ffn_backward(b);
+      dffn_in = b.is_moe ? moe_backward(b, p.dl_aux, p.dl_z, p.split) : dense_ffn_backward(b);
     }
     p.in_moe = dffn_in == nullptr;
     if (p.in_moe) return true;

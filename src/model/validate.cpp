@@ -81,6 +81,10 @@ void validate_model(const ModelConfig& c, const Layout& l,
                     "capacity_factor {} must be positive, or none (dropless)", c.capacity_factor);
   PARM_CONFIG_CHECK(std::isfinite(c.aux_loss_coeff) && c.aux_loss_coeff >= 0.0f,
                     "aux_loss_coeff {} must be >= 0", c.aux_loss_coeff);
+  PARM_CONFIG_CHECK(std::isfinite(c.router_z_loss) && c.router_z_loss >= 0.0f,
+                    "router_z_loss {} must be >= 0 (0: off)", c.router_z_loss);
+  PARM_CONFIG_CHECK(std::isfinite(c.router_bias_update) && c.router_bias_update >= 0.0f,
+                    "router_bias_update {} must be >= 0 (0: off)", c.router_bias_update);
   PARM_CONFIG_CHECK(moe_schedules.size() <= 1 ||
                         static_cast<int64_t>(moe_schedules.size()) == num_moe,
                     "{} MoE schedules given for {} MoE blocks: give one for all or one per block",

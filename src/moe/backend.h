@@ -16,6 +16,7 @@
 
 #include "moe/moe_ops.h"
 #include "moe/phase_times.h"
+#include "parm/error.h"
 #include "parm/device.h"
 #include "parm/tensor.h"
 
@@ -39,22 +40,30 @@ class LayerBackend {
   virtual Precision precision() const = 0;
 
   // ---- gate (moe_ops.h gate_forward / gate_backward, same phases) ----
-  // x (rows, M), wg (M, E); stats (2E) = [first-choice counts, probability sums]. Keeps the
+  // x (rows, M), wg (M, E); stats (2E + 1) = [first-choice counts, probability sums, sum of
+  // lse^2 (the z-loss; the CPU backend's, a device backend leaves it)]. Keeps the
   // routing for the calls below.
   virtual void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                             int64_t slots, float* stats, PhaseTimes* times) = 0;
+  // The router bias (E, host; null: none) of the gate calls that follow; the pointer is
+  // kept. A backend without one refuses a bias.
+  virtual void set_router_bias(const float* bias) {
+    PARM_CHECK(bias == nullptr, "the {} layer backend has no router bias",
+               device_name(device()));
+  }
   // Slots taken per expert by the last gate call (host).
   virtual const std::vector<int64_t>& fill() const = 0;
   // The last gate call's routing on the host (a copy on a device backend; for checks).
   virtual const GateRouting& routing() = 0;
-  // dstats (2E) from l_aux; the combine-weight gradients come from the last
+  // dstats (2E + 1) from l_aux and the z-loss; the combine-weight gradients come from the last
   // combine_backward. Accumulates dwg (M, E) and dx (rows, M).
   virtual void gate_backward(const Tensor& x, const Tensor& wg, const float* dstats,
                              Tensor& dwg, Tensor& dx, PhaseTimes* times) = 0;
-  // l_aux from stats (2E); its adjoint overwrites dstats (2E).
+  // l_aux and the z-loss from stats (2E + 1); their adjoint overwrites dstats (2E + 1).
   virtual float aux_loss(const float* stats, int64_t experts, int64_t total_tokens) = 0;
+  virtual float z_loss(const float* stats, int64_t experts, int64_t total_tokens) = 0;
   virtual void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens,
-                                 float dl_aux, float* dstats) = 0;
+                                 float dl_aux, float dl_z, float* dstats) = 0;
 
   // ---- dispatch / combine over the last routing (moe_ops.h) ----
   virtual void dispatch_forward(const Tensor& x, Tensor& buf) = 0;    // overwrites buf

@@ -19,8 +19,9 @@ class CpuBackend final : public LayerBackend {
 
   void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                     int64_t slots, float* stats, PhaseTimes* times) override {
-    moe::gate_forward(x, wg, topk, capacity, slots, probs_, routing_, stats, times);
+    moe::gate_forward(x, wg, topk, capacity, slots, probs_, routing_, stats, times, bias_);
   }
+  void set_router_bias(const float* bias) override { bias_ = bias; }
   const std::vector<int64_t>& fill() const override { return routing_.fill; }
   const GateRouting& routing() override { return routing_; }
   void gate_backward(const Tensor& x, const Tensor& wg, const float* dstats, Tensor& dwg,
@@ -30,9 +31,12 @@ class CpuBackend final : public LayerBackend {
   float aux_loss(const float* stats, int64_t experts, int64_t total) override {
     return moe::aux_loss(stats, experts, total);
   }
+  float z_loss(const float* stats, int64_t experts, int64_t total) override {
+    return moe::z_loss(stats, experts, total);
+  }
   void aux_loss_backward(const float* stats, int64_t experts, int64_t total, float dl_aux,
-                         float* dstats) override {
-    moe::aux_loss_backward(stats, experts, total, dl_aux, dstats);
+                         float dl_z, float* dstats) override {
+    moe::aux_loss_backward(stats, experts, total, dl_aux, dl_z, dstats);
   }
 
   void dispatch_forward(const Tensor& x, Tensor& buf) override {
@@ -92,6 +96,7 @@ class CpuBackend final : public LayerBackend {
 
  private:
   Tensor probs_, dprobs_;  // (gate rows, E)
+  const float* bias_ = nullptr;  // the layer's router bias (E), or none
   GateRouting routing_;
   std::vector<float> dweight_;
   ExpertWorkspace ws_;

@@ -1,5 +1,6 @@
 // Gate, routing and the l_aux statistics (SPEC §2 items 1-3 and 7).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
@@ -10,7 +11,8 @@
 namespace parm::moe {
 
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
-                  Tensor& probs, GateRouting& r, float* stats, PhaseTimes* times) {
+                  Tensor& probs, GateRouting& r, float* stats, PhaseTimes* times,
+                  const float* bias) {
   PhaseClock clock(times);
   const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
   PARM_CHECK_EQ(wg.rows(), M);
@@ -20,6 +22,18 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   PARM_CHECK(slots >= capacity, "dispatch slots {} below capacity {}", slots, capacity);
   cpu::gemm(false, false, rows, E, M, x.data(), wg.data(), probs.data(), false, kLayerGemm);
   clock.lap("gate products");
+  // The z-loss's log-sum-exp of each row's logits, read before the softmax overwrites them.
+  r.lse.resize(static_cast<size_t>(rows));
+  double zsum = 0.0;
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* l = probs.row(t);
+    const float mx = *std::max_element(l, l + E);
+    double s = 0.0;
+    for (int64_t e = 0; e < E; ++e) s += std::exp(static_cast<double>(l[e] - mx));
+    const double lse = mx + std::log(s);
+    r.lse[static_cast<size_t>(t)] = static_cast<float>(lse);
+    zsum += lse * lse;
+  }
   cpu::softmax_forward(probs.data(), probs.data(), rows, E);
   clock.lap("softmax");
 
@@ -34,7 +48,16 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   r.weight.resize(n);
   r.row.resize(n);
   r.fill.assign(static_cast<size_t>(E), 0);
-  cpu::topk(probs.data(), rows, E, topk, r.expert.data(), r.prob.data());
+  if (bias == nullptr) {
+    cpu::topk(probs.data(), rows, E, topk, r.expert.data(), r.prob.data());
+  } else {
+    r.scores.resize(static_cast<size_t>(rows * E));
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t e = 0; e < E; ++e) r.scores[static_cast<size_t>(t * E + e)] = probs.row(t)[e] + bias[e];
+    cpu::topk(r.scores.data(), rows, E, topk, r.expert.data(), r.prob.data());
+    for (size_t i = 0; i < n; ++i)
+      r.prob[i] = probs.row(static_cast<int64_t>(i) / topk)[r.expert[i]];
+  }
   clock.lap("top-k");
   for (int64_t t = 0; t < rows; ++t) {
     const float* p = &r.prob[static_cast<size_t>(t * topk)];
@@ -58,6 +81,7 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   float* count = stats;
   float* psum = stats + E;
   std::fill(stats, stats + 2 * E, 0.0f);
+  stats[2 * E] = static_cast<float>(zsum);
   for (int64_t t = 0; t < rows; ++t) {
     count[r.expert[static_cast<size_t>(t * topk)]] += 1.0f;
     const float* p = probs.row(t);
@@ -91,6 +115,14 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const
   }
   clock.lap("top-k + weights backward");
   cpu::softmax_backward(probs.data(), dprobs.data(), dprobs.data(), rows, E);
+  // z-loss: d(sum_t lse_t^2) / d logit[t, e] = 2 lse_t p[t, e].
+  if (const float dz = dstats[2 * E]; dz != 0.0f)
+    for (int64_t t = 0; t < rows; ++t) {
+      const float c = 2.0f * dz * r.lse[static_cast<size_t>(t)];
+      const float* p = probs.row(t);
+      float* dl = dprobs.row(t);
+      for (int64_t e = 0; e < E; ++e) dl[e] += c * p[e];
+    }
   clock.lap("softmax backward");
   cpu::gemm(true, false, M, E, rows, x.data(), dprobs.data(), dwg.data(), true, kLayerGemm);
   cpu::gemm(false, true, rows, M, E, dprobs.data(), wg.data(), dx.data(), true, kLayerGemm);
@@ -105,8 +137,13 @@ float aux_loss(const float* stats, int64_t E, int64_t total) {
   return static_cast<float>(E * sum);
 }
 
-void aux_loss_backward(const float* stats, int64_t E, int64_t total, float dl_aux,
+float z_loss(const float* stats, int64_t E, int64_t total) {
+  return total == 0 ? 0.0f : static_cast<float>(static_cast<double>(stats[2 * E]) / total);
+}
+
+void aux_loss_backward(const float* stats, int64_t E, int64_t total, float dl_aux, float dl_z,
                        float* dstats) {
+  dstats[2 * E] = total == 0 ? 0.0f : static_cast<float>(static_cast<double>(dl_z) / total);
   for (int64_t e = 0; e < E; ++e) {
     dstats[e] = 0.0f;
     dstats[E + e] = total == 0 ? 0.0f

@@ -224,20 +224,25 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   params64.b2 = to_double(params.b2);
 
   layer.load_whole(params);
+  if (!o.router_bias.empty()) layer.router_bias() = o.router_bias;
+  const std::vector<double> bias64(o.router_bias.begin(), o.router_bias.end());
   layer.zero_grad();
   Tensor xt = Tensor::view(const_cast<float*>(x.data()), {T, M});
   const Tensor out = layer.forward(xt).to(Device::kCpu);
   const float l_aux = layer.l_aux();
+  const float l_z = layer.l_z();
   const Tensor dx = layer.backward(Tensor::view(const_cast<float*>(dout.data()), {T, M}),
-                                   o.dl_aux)
+                                   o.dl_aux, o.dl_z)
                         .to(Device::kCpu);
   const Tensor dwg = layer.grads().wg.to(Device::kCpu);
 
   LayerCheckResult result;
   result.oracle_slices = o.kind == schedule::Kind::kS1 && !o.whole_oracle ? l.mp : 1;
   const auto fwd = ref::moe_forward<double>(sh, params64, to_double(x),
-                                            static_cast<int>(result.oracle_slices));
-  const auto grads = ref::moe_backward<double>(params64, fwd, to_double(dout), o.dl_aux);
+                                            static_cast<int>(result.oracle_slices),
+                                            o.router_bias.empty() ? nullptr : &bias64);
+  const auto grads = ref::moe_backward<double>(params64, fwd, to_double(dout), o.dl_aux,
+                                                  static_cast<double>(o.dl_z));
 
   // The layer's routing of its gate rows against the oracle's.
   const auto& r = layer.routing();
@@ -260,6 +265,9 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   const double laux64 = fwd.l_aux;
   errs.push_back({"l_aux", std::fabs(l_aux - laux64),
                   std::fabs(l_aux - laux64) / std::max(1.0, std::fabs(laux64)), false});
+  if (o.dl_z != 0.0f)
+    errs.push_back({"l_z", std::fabs(l_z - fwd.l_z),
+                    std::fabs(l_z - fwd.l_z) / std::max(1.0, std::fabs(fwd.l_z)), false});
   errs.push_back(compare("dwg", dwg.data(), grads.dparams.wg.data(),
                          grads.dparams.wg.size()));
 
@@ -372,7 +380,7 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
                 {"experts", sh.experts}, {"topk", sh.topk},
                 {"capacity_factor", sh.capacity_factor.str()}, {"mp", l.mp}, {"ep", l.ep},
                 {"esp", l.esp}, {"world", l.world}, {"mp_groups", l.world / l.mp},
-                {"seed", o.seed}, {"dl_aux", o.dl_aux}, {"skew", o.skew},
+                {"seed", o.seed}, {"dl_aux", o.dl_aux}, {"dl_z", o.dl_z}, {"skew", o.skew},
                 {"force_ties", o.force_ties}, {"precision", precision_name(o.precision)},
                 {"tolerance", o.tolerance}});
     }

@@ -26,6 +26,8 @@ struct LayerCheckOptions {
   int chunks = 4;
   uint64_t seed = 1;
   float dl_aux = 0.5f;       // gradient of the loss with respect to l_aux (checks its path)
+  float dl_z = 0.0f;         // and with respect to the router z-loss (--router-z-loss)
+  std::vector<float> router_bias;  // (E) the layer's router bias; empty: none
   double tolerance = 2e-4;   // on max |error| / max |oracle| of each tensor
   std::string dump_dir;      // non-empty: write .npy files and manifest.json there
   // > 0: uneven routing. Adds `skew` to every input element and skew / M to the gate

@@ -17,6 +17,11 @@ double max_over_mean(const std::vector<double>& v) {
   return sum > 0.0 ? mx * static_cast<double>(v.size()) / sum : 0.0;
 }
 
+// A sum (or max) over the layer's pipeline stage: its esp, ep and edp groups in turn.
+void over_stage(Topology& topo, double* v, size_t n, ReduceOp op) {
+  for (Group g : {Group::kEsp, Group::kEp, Group::kEdp}) topo.host_comm(g).allreduce(v, n, op);
+}
+
 }  // namespace
 
 std::string LoadImbalance::str() const {
@@ -24,14 +29,10 @@ std::string LoadImbalance::str() const {
                      rank_max_over_mean);
 }
 
-LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer) {
+std::vector<double> expert_loads(Topology& topo, MoeLayer& layer) {
   // The ranks that run this layer (one pipeline stage) are exactly the product of its
   // esp, ep and edp groups: a sum (or max) over the three in turn covers the stage and
   // nothing else, so stages with other MoE layers never take part.
-  const Group stage_groups[] = {Group::kEsp, Group::kEp, Group::kEdp};
-  const auto over_stage = [&](double* v, size_t n, ReduceOp op) {
-    for (Group g : stage_groups) topo.host_comm(g).allreduce(v, n, op);
-  };
   const auto& sc = layer.schedule();
   const auto E = static_cast<size_t>(layer.shape().experts);
   // Routed choices per expert of this rank's gate call, unless an MP peer gates the same
@@ -42,12 +43,30 @@ LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer) {
     const auto& fill = layer.backend().fill();
     for (size_t e = 0; e < per_expert.size(); ++e) per_expert[e] = static_cast<double>(fill[e]);
   }
-  over_stage(per_expert.data(), per_expert.size(), ReduceOp::kSum);
+  over_stage(topo, per_expert.data(), per_expert.size(), ReduceOp::kSum);
+  return per_expert;
+}
+
+void router_bias_step(const std::vector<double>& load, float rate, std::vector<float>& bias) {
+  PARM_CHECK_EQ(load.size(), bias.size());
+  double mean = 0.0;
+  for (double x : load) mean += x;
+  mean /= static_cast<double>(std::max<size_t>(load.size(), 1));
+  for (size_t e = 0; e < load.size(); ++e)
+    bias[e] += load[e] < mean ? rate : load[e] > mean ? -rate : 0.0f;
+}
+
+void update_router_bias(Topology& topo, MoeLayer& layer, float rate) {
+  router_bias_step(expert_loads(topo, layer), rate, layer.router_bias());
+}
+
+LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer) {
+  const std::vector<double> per_expert = expert_loads(topo, layer);
   double mine = 0.0;
   for (int64_t r : layer.expert_rows()) mine += static_cast<double>(r);
   double rows[2] = {mine, mine};  // sum, max
-  over_stage(&rows[0], 1, ReduceOp::kSum);
-  over_stage(&rows[1], 1, ReduceOp::kMax);
+  over_stage(topo, &rows[0], 1, ReduceOp::kSum);
+  over_stage(topo, &rows[1], 1, ReduceOp::kMax);
   const Layout& lay = topo.layout();
   const double stage_ranks = static_cast<double>(lay.edp) * lay.ep * lay.esp;
   return {max_over_mean(per_expert), rows[0] > 0.0 ? rows[1] * stage_ranks / rows[0] : 0.0};

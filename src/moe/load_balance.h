@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "moe/moe_layer.h"
 
@@ -19,5 +20,16 @@ struct LoadImbalance {
 // groups): each calls it after the same forward pass. The ranks of an MP group that gate
 // the same tokens (baseline, S2) count them once.
 LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer);
+
+// Routed choices per expert (E) of the layer's last forward pass, summed over its pipeline
+// stage as load_imbalance does (collective over the same ranks; the same on each).
+std::vector<double> expert_loads(Topology& topo, MoeLayer& layer);
+
+// DeepSeek-V3's auxiliary-loss-free balancing step: bias_e += rate * sign(mean load -
+// load_e) (0 where equal). bias and load have E elements.
+void router_bias_step(const std::vector<double>& load, float rate, std::vector<float>& bias);
+
+// router_bias_step on the layer's router bias with expert_loads (collective as those).
+void update_router_bias(Topology& topo, MoeLayer& layer, float rate);
 
 }  // namespace parm

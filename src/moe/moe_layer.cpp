@@ -61,7 +61,7 @@ MoeLayerParams params_on(const MoeLayerParams& p, Device device) {
 
 MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
                    int chunks, Precision precision)
-    : topo_(topo), shape_(shape) {
+    : topo_(topo), shape_(shape), router_bias_(std::make_shared<std::vector<float>>(static_cast<size_t>(shape.experts), 0.0f)) {
   const Layout& l = topo.layout();
   const Device device = topo.device();
   esp_rank_ = topo.comm(Group::kEsp).rank();
@@ -240,7 +240,11 @@ const Tensor& MoeLayer::forward(const Tensor& x) {
   return bufs_[static_cast<size_t>(schedule_.output)];
 }
 
-const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux) {
+const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux, float dl_z) {
+  PARM_CHECK(dl_z == 0.0f || device() == Device::kCpu,
+             "MoE layer: the router z-loss (dl_z {}) runs on the CPU only, this layer is on {}",
+             dl_z, device_name(device()));
+  dl_z_ = dl_z;
   for (size_t i = 0; i < dbufs_.size(); ++i)
     if (accumulated_[i]) dbufs_[i].zero();
   dwg_call_.zero();
@@ -286,10 +290,10 @@ void MoeLayer::forward_into(const Tensor& x, const Tensor& out) {
               [&] { forward(x); });
 }
 
-void MoeLayer::backward_into(const Tensor& dout, float dl_aux, const Tensor& dx) {
+void MoeLayer::backward_into(const Tensor& dout, float dl_aux, const Tensor& dx, float dl_z) {
   PARM_CHECK(schedule_.output != schedule_.input, "MoE layer: the schedule's output is its input");
   with_buffer(dbufs_[static_cast<size_t>(schedule_.input)], dx, "input gradient",
-              [&] { backward(dout, dl_aux); });
+              [&] { backward(dout, dl_aux, dl_z); });
 }
 
 Segments MoeLayer::segments(int id, bool grad, int64_t split) {
@@ -435,11 +439,17 @@ void MoeLayer::compute_forward(const Step& s, moe::PhaseTimes* phases) {
   auto buf = [&](int id) -> Tensor& { return bufs_[static_cast<size_t>(id)]; };
   switch (s.kind) {
     case StepKind::kGate:
+      backend_->set_router_bias(
+          std::any_of(router_bias_->begin(), router_bias_->end(),
+                      [](float b) { return b != 0.0f; })
+              ? router_bias_->data()
+              : nullptr);
       backend_->gate_forward(buf(s.in), params_.wg, shape_.topk, sc.capacity,
                              sc.dispatch_slots, buf(s.out).data(), phases);
       break;
     case StepKind::kAuxLoss:
       l_aux_ = backend_->aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
+      l_z_ = backend_->z_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
       break;
     case StepKind::kDispatch: {
       backend_->dispatch_forward(buf(s.in), buf(s.out));
@@ -472,7 +482,7 @@ void MoeLayer::compute_backward(const Step& s, float dl_aux, moe::PhaseTimes* ph
       break;
     case StepKind::kAuxLoss:
       backend_->aux_loss_backward(buf(s.in).data(), shape_.experts, sc.total_tokens, dl_aux,
-                                  dbuf(s.in).data());
+                                  dl_z_, dbuf(s.in).data());
       break;
     case StepKind::kDispatch: backend_->dispatch_backward(dbuf(s.out), dbuf(s.in)); break;
     case StepKind::kExperts:

@@ -58,14 +58,21 @@ class MoeLayer {
   // out (T, M) for x (T, M); the returned tensor lives until the next forward().
   const Tensor& forward(const Tensor& x);
   float l_aux() const { return l_aux_; }
+  float l_z() const { return l_z_; }
+  // DeepSeek-V3's router bias (E): added to the probabilities for the top-k choice only.
+  // Zero at construction (then the gate runs unbiased); CPU layers only when nonzero.
+  std::vector<float>& router_bias() { return *router_bias_; }
+  // From now on this layer's router bias is `other`'s (one block's layers, one per slot).
+  void share_router_bias(MoeLayer& other) { router_bias_ = other.router_bias_; }
   // dx (T, M) for dout (T, M) and the gradient dl_aux of the loss with respect to l_aux.
   // Accumulates (+=) the parameter gradients; the returned dx lives until the next call.
-  const Tensor& backward(const Tensor& dout, float dl_aux);
+  // dl_z: the gradient of the loss with respect to l_z (nonzero only on the CPU).
+  const Tensor& backward(const Tensor& dout, float dl_aux, float dl_z = 0.0f);
   // The same passes with their result written into `out` / `dx` (shape (T, M), on the
   // layer's device; e.g. a view of a caller's memory) in place of the layer's own buffer,
   // so the caller gets it without a copy. The layer keeps no reference to `out` / `dx`.
   void forward_into(const Tensor& x, const Tensor& out);
-  void backward_into(const Tensor& dout, float dl_aux, const Tensor& dx);
+  void backward_into(const Tensor& dout, float dl_aux, const Tensor& dx, float dl_z = 0.0f);
   void zero_grad();
 
   // The same passes in pieces, for a caller that computes something else while the layer's
@@ -78,7 +85,7 @@ class MoeLayer {
   // forward() / backward(). A step's time (forward_step_us ...) is its post plus its wait,
   // not the caller's work in between (moe_layer_split.cpp).
   bool start_forward(const Tensor& x);
-  bool start_backward(const Tensor& dout, float dl_aux);
+  bool start_backward(const Tensor& dout, float dl_aux, float dl_z = 0.0f);
   bool resume();
   const Tensor& pass_result() const;
 
@@ -172,6 +179,9 @@ class MoeLayer {
   Tensor row_scratch_;              // dropless reductions' received rows
   Tensor gather_scratch_;      // permutation scratch of interleaved allgathers (the largest)
   float l_aux_ = 0.0f;
+  float l_z_ = 0.0f;
+  std::shared_ptr<std::vector<float>> router_bias_;
+  float dl_z_ = 0.0f;  // of the backward pass running
   bool step_timing_ = true;
   std::vector<double> fwd_us_, bwd_us_;
   std::vector<moe::PhaseTimes> fwd_phases_, bwd_phases_;

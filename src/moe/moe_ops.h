@@ -27,16 +27,22 @@ struct GateRouting {
   std::vector<int64_t> row;     // (tokens, k) row e * slots + slot of the dispatch buffer;
                                 //            -1 when dropped
   std::vector<int64_t> fill;    // (E) slots taken
+  std::vector<float> lse;       // (tokens) log-sum-exp of the logits (the z-loss)
+  std::vector<float> scores;    // (tokens, E) probs + router bias (biased calls only)
 };
 
 // logits/probs (rows, E) = softmax(x (rows, M) wg (M, E)); top-k; combine weights; slots
-// in GShard order with `capacity`; stats (2E) = [1st-choice counts, probability sums] of
-// these rows. Overwrites probs, routing and stats. `times` (may be null) gets the phases
+// in GShard order with `capacity`; stats (2E + 1) = [1st-choice counts (E), probability
+// sums (E), sum of the rows' log-sum-exp of the logits squared] of these rows. Overwrites probs, routing and stats. `times` (may be null) gets the phases
 // "gate products", "softmax", "top-k", "slots + statistics".
+// bias (E, may be null): DeepSeek-V3's router bias, added to the probabilities for the
+// top-k choice only; the combine weights are made of the unbiased probabilities.
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
-                  Tensor& probs, GateRouting& routing, float* stats, PhaseTimes* times = nullptr);
+                  Tensor& probs, GateRouting& routing, float* stats, PhaseTimes* times = nullptr,
+                  const float* bias = nullptr);
 
-// Adjoint of the gate: dweight (rows, k) from the combine, dstats (2E) from l_aux.
+// Adjoint of the gate: dweight (rows, k) from the combine, dstats (2E + 1) from l_aux and
+// the z-loss.
 // dprobs is scratch (rows, E). Accumulates dwg (M, E) += x^T dlogits and
 // dx (rows, M) += dlogits wg^T. `times` (may be null): "top-k + weights backward",
 // "softmax backward", "gate products".
@@ -47,9 +53,12 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs,
 
 // l_aux = E * sum_e (count_e / T) (psum_e / T); stats = [count (E), psum (E)].
 float aux_loss(const float* stats, int64_t experts, int64_t total_tokens);
-// dstats (2E): no gradient for the counts, dpsum_e = dl_aux * E * count_e / T^2. Overwrites.
+// ST-MoE's z-loss = mean over the T tokens of lse^2 = stats[2E] / T.
+float z_loss(const float* stats, int64_t experts, int64_t total_tokens);
+// dstats (2E + 1): no gradient for the counts, dpsum_e = dl_aux * E * count_e / T^2, and
+// dstats[2E] = dl_z / T. Overwrites.
 void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens, float dl_aux,
-                       float* dstats);
+                       float dl_z, float* dstats);
 
 // buf (E * slots, M): kept choices' rows hold their token's x row, the rest zero. Overwrites.
 // Expert e's kept rows are its first routing.fill[e] slots (GShard order), so only the rows

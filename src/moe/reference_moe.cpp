@@ -124,11 +124,15 @@ int64_t Routing<S>::num_dropped() const {
 }
 
 template <typename S>
-Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices) {
+Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices,
+                 const std::vector<S>* bias) {
   shape.validate(num_slices);
   const int64_t T = shape.tokens, E = shape.experts;
   const int k = shape.topk;
   check_size("probs (T, E)", probs.size(), T * E);
+  if (bias) check_size("router bias (E)", bias->size(), E);
+  // The choice's score: p, plus the router bias when given (the weights stay p's).
+  auto score = [&](const S* p, int64_t e) { return bias ? p[e] + (*bias)[e] : p[e]; };
 
   Routing<S> r;
   r.tokens = T;
@@ -151,7 +155,7 @@ Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_sli
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e) {
         if (taken[e]) continue;
-        if (best < 0 || p[e] > p[best]) best = e;
+        if (best < 0 || score(p, e) > score(p, best)) best = e;
       }
       taken[best] = true;
       r.expert[t * k + j] = static_cast<int32_t>(best);
@@ -210,9 +214,22 @@ void gate_forward(const MoeShape& shape, const std::vector<S>& wg, const std::ve
 }
 
 template <typename S>
+void row_logsumexp(int64_t experts, const std::vector<S>& logits, std::vector<S>& lse) {
+  const int64_t E = experts, rows = static_cast<int64_t>(logits.size()) / E;
+  lse.assign(static_cast<Size>(rows), S(0));
+  for (int64_t t = 0; t < rows; ++t) {
+    S mx = logits[t * E];
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, logits[t * E + e]);
+    S sum = S(0);
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(logits[t * E + e] - mx);
+    lse[t] = mx + std::log(sum);
+  }
+}
+
+template <typename S>
 void gate_backward(const MoeShape& shape, const std::vector<S>& wg, const std::vector<S>& x,
                    const std::vector<S>& probs, const std::vector<S>& dprobs,
-                   std::vector<S>& dx, std::vector<S>& dwg) {
+                   std::vector<S>& dx, std::vector<S>& dwg, const std::vector<S>* dlse) {
   const int64_t M = shape.model_dim, E = shape.experts;
   const int64_t rows = static_cast<int64_t>(x.size()) / M;
   check_size("probs (rows, E)", probs.size(), rows * E);
@@ -225,6 +242,8 @@ void gate_backward(const MoeShape& shape, const std::vector<S>& wg, const std::v
     S dot = S(0);
     for (int64_t e = 0; e < E; ++e) dot += dprobs[t * E + e] * probs[t * E + e];
     for (int64_t e = 0; e < E; ++e) dlogits[e] = probs[t * E + e] * (dprobs[t * E + e] - dot);
+    if (dlse)
+      for (int64_t e = 0; e < E; ++e) dlogits[e] += (*dlse)[t] * probs[t * E + e];
     for (int64_t m = 0; m < M; ++m) {
       S acc = S(0);
       for (int64_t e = 0; e < E; ++e) {
@@ -511,7 +530,8 @@ void expert_bias_backward(int64_t model_dim, const std::vector<S>& dy, std::vect
 
 template <typename S>
 MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
-                          const std::vector<S>& x, int num_slices) {
+                          const std::vector<S>& x, int num_slices,
+                          const std::vector<S>* router_bias) {
   shape.validate(num_slices);
   params.check(shape);
   const int64_t T = shape.tokens, M = shape.model_dim, E = shape.experts;
@@ -525,7 +545,7 @@ MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
   // 1. Gate.
   gate_forward(shape, params.wg, x, f.logits, f.probs);
   // 2-3. Top-k, combine weights, capacity and slots, each slice on its own.
-  f.routing = route(shape, f.probs, num_slices);
+  f.routing = route(shape, f.probs, num_slices, router_bias);
   const int64_t C = f.routing.capacity, Ts = T / num_slices;
 
   // 7. l_aux from the statistics summed over the slices, divided by the total T.
@@ -539,6 +559,11 @@ MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
     }
   }
   f.l_aux = aux_loss(f.aux, T);
+  // Router z-loss over all T tokens (the slices' sums add up to it).
+  row_logsumexp(E, f.logits, f.lse);
+  f.l_z = S(0);
+  for (int64_t t = 0; t < T; ++t) f.l_z += f.lse[t] * f.lse[t];
+  f.l_z /= static_cast<S>(T);
 
   // 4. Dispatch into (num_slices, E, C, M).
   dispatch_forward(shape, f.routing, x, f.dispatched);
@@ -565,7 +590,7 @@ MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
 
 template <typename S>
 MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
-                         const std::vector<S>& dout, S dl_aux) {
+                         const std::vector<S>& dout, S dl_aux, S dl_z) {
   const MoeShape& shape = fwd.shape;
   const Routing<S>& r = fwd.routing;
   params.check(shape);
@@ -612,8 +637,12 @@ MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
   // 7. l_aux -> probabilities (the counts carry no gradient).
   aux_loss_backward(fwd.aux, T, dl_aux, dprobs);
 
-  // 1. Gate: through the softmax into wg and x.
-  gate_backward(shape, params.wg, fwd.x, fwd.probs, dprobs, g.dx, g.dparams.wg);
+  // z-loss: d l_z / d lse_t = 2 lse_t / T.
+  std::vector<S> dlse(static_cast<Size>(T));
+  for (int64_t t = 0; t < T; ++t) dlse[t] = dl_z * S(2) * fwd.lse[t] / static_cast<S>(T);
+
+  // 1. Gate: through the softmax (and the log-sum-exp) into wg and x.
+  gate_backward(shape, params.wg, fwd.x, fwd.probs, dprobs, g.dx, g.dparams.wg, &dlse);
   return g;
 }
 
@@ -641,16 +670,19 @@ std::vector<S> from_tensor(const Tensor& t) {
   template struct Routing<S>;                                                                 \
   template MoeParams<S> init_params<S>(const MoeShape&, uint64_t);                            \
   template std::vector<S> init_input<S>(const MoeShape&, uint64_t);                           \
-  template Routing<S> route<S>(const MoeShape&, const std::vector<S>&, int);                  \
+  template Routing<S> route<S>(const MoeShape&, const std::vector<S>&, int,                   \
+                              const std::vector<S>*);                                         \
   template MoeForward<S> moe_forward<S>(const MoeShape&, const MoeParams<S>&,                 \
-                                        const std::vector<S>&, int);                          \
+                                        const std::vector<S>&, int, const std::vector<S>*);   \
   template MoeGrads<S> moe_backward<S>(const MoeParams<S>&, const MoeForward<S>&,             \
-                                       const std::vector<S>&, S);                             \
+                                       const std::vector<S>&, S, S);                          \
   template void gate_forward<S>(const MoeShape&, const std::vector<S>&, const std::vector<S>&, \
                                 std::vector<S>&, std::vector<S>&);                            \
   template void gate_backward<S>(const MoeShape&, const std::vector<S>&,                      \
                                  const std::vector<S>&, const std::vector<S>&,                \
-                                 const std::vector<S>&, std::vector<S>&, std::vector<S>&);    \
+                                 const std::vector<S>&, std::vector<S>&, std::vector<S>&,     \
+                                 const std::vector<S>*);                                      \
+  template void row_logsumexp<S>(int64_t, const std::vector<S>&, std::vector<S>&);            \
   template void weight_backward<S>(const Routing<S>&, const std::vector<S>&, std::vector<S>&); \
   template void dispatch_forward<S>(const MoeShape&, const Routing<S>&, const std::vector<S>&, \
                                     std::vector<S>&);                                         \

@@ -94,9 +94,11 @@ bool same_assignment(const Routing<A>& a, const Routing<B>& b) {
 
 // Top-k (ties to the lower expert index), combine weights (renormalised when k > 1,
 // before any drop), capacity and GShard slot filling (all 1st choices in token order,
-// then all 2nd choices, ...) per slice. probs (T, E).
+// then all 2nd choices, ...) per slice. probs (T, E). router_bias (E, may be null): added to
+// p for the choice only (DeepSeek-V3).
 template <typename S>
-Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices = 1);
+Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices = 1,
+                 const std::vector<S>* router_bias = nullptr);
 
 // ---- The layer -------------------------------------------------------------------------
 
@@ -125,6 +127,8 @@ struct MoeForward {
   Routing<S> routing;
   AuxStats<S> aux;            // summed over the slices
   S l_aux = 0;
+  std::vector<S> lse;         // (T) log-sum-exp of each token's logits
+  S l_z = 0;                  // router z-loss: mean over the T tokens of lse^2
   std::vector<S> dispatched;  // (num_slices, E, C, M) expert inputs; unused slots zero
   std::vector<ExpertActs<S>> acts;  // [s * E + e]: expert e on slice s's C slots
   std::vector<S> expert_out;  // (num_slices, E, C, M) y_e, b2_e included, on every slot
@@ -140,13 +144,14 @@ struct MoeGrads {
 // out = fwd.out (T, M) and l_aux = fwd.l_aux for x (T, M).
 template <typename S>
 MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
-                          const std::vector<S>& x, int num_slices = 1);
+                          const std::vector<S>& x, int num_slices = 1,
+                          const std::vector<S>* router_bias = nullptr);
 
-// The exact adjoint of moe_forward for the loss gradient dout (T, M) and dl_aux.
+// The exact adjoint of moe_forward for the loss gradient dout (T, M), dl_aux and dl_z.
 // Returns fresh gradients (i.e. overwrites; nothing accumulates across calls).
 template <typename S>
 MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
-                         const std::vector<S>& dout, S dl_aux);
+                         const std::vector<S>& dout, S dl_aux, S dl_z = S(0));
 
 // ---- The steps, one per item of SPEC §2 (moe_forward/backward are made of these) -------
 
@@ -155,12 +160,16 @@ MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
 template <typename S>
 void gate_forward(const MoeShape& shape, const std::vector<S>& wg, const std::vector<S>& x,
                   std::vector<S>& logits, std::vector<S>& probs);
-//    dlogits = softmax adjoint of dprobs (rows, E); dwg (M, E) += x^T dlogits;
+//    dlogits = softmax adjoint of dprobs (rows, E), plus dlse_t * p[t, e] when dlse (rows)
+//    is given (d lse / d logit = p); dwg (M, E) += x^T dlogits;
 //    dx (rows, M) += dlogits wg^T. Accumulates dx and dwg.
 template <typename S>
 void gate_backward(const MoeShape& shape, const std::vector<S>& wg, const std::vector<S>& x,
                    const std::vector<S>& probs, const std::vector<S>& dprobs,
-                   std::vector<S>& dx, std::vector<S>& dwg);
+                   std::vector<S>& dx, std::vector<S>& dwg, const std::vector<S>* dlse = nullptr);
+//    lse (rows) = log-sum-exp of each row of logits (rows, E). Overwrites.
+template <typename S>
+void row_logsumexp(int64_t experts, const std::vector<S>& logits, std::vector<S>& lse);
 
 // 2. Adjoint of the combine weights: dprobs (T, E) += d weight / d p applied to
 //    dweight (T, k). With k > 1 the gradient flows through the normaliser, so every one of

@@ -185,7 +185,7 @@ struct Pricer {
         c.bwd_us = gemm(GemmClass::kGate, M, E, rows) + gemm(GemmClass::kGate, rows, M, E) +
                    copy(kF * 4 * rows * E);
         break;
-      case StepKind::kAuxLoss: break;  // 2E numbers
+      case StepKind::kAuxLoss: break;  // 2E + 1 numbers
       case StepKind::kDispatch:
         // zero the unfilled rows of (E, slots, M), copy the kept rows in | add them back to dx.
         c.fwd_us = copy(kF * (numel(s.out) - kept() * M + 2 * kept() * M));

@@ -52,7 +52,7 @@ class Builder {
 int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, bool stats_over_mp,
                       int64_t slots) {
   const auto& sh = spec.shape;
-  const int stats = b.buffer("aux_stats", {2 * sh.experts});
+  const int stats = b.buffer("aux_stats", {2 * sh.experts + 1});
   b.compute(StepKind::kGate, tokens, stats, "gate");
   if (stats_over_mp)
     b.collective(StepKind::kSumDup, Group::kMp, stats, "", {}, "l_aux statistics allreduce");

@@ -27,8 +27,8 @@ bool supports(Kind kind, const Layout& layout);
 // The kinds of step; their meaning is in step_info's table below.
 enum class StepKind {
   // compute (on the layer's backend)
-  kGate,      // in (rows, M) tokens -> out (2E) l_aux statistics; routing kept in the state
-  kAuxLoss,   // in (2E) statistics -> l_aux (total_tokens = the MP group's T)
+  kGate,      // in (rows, M) tokens -> out (2E + 1) l_aux and z-loss statistics; routing kept in the state
+  kAuxLoss,   // in (2E + 1) statistics -> l_aux and the z-loss (total_tokens = the MP group's T)
   kDispatch,  // in (rows, M) tokens -> out (E * slots, M)
   kExperts,   // in (blocks, E_loc, slots, M) -> out, same layout (the local ESP shards)
   kCombine,   // in (E * slots, M) -> out (rows, M)

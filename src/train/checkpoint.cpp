@@ -111,6 +111,7 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
     header.optimizer_steps = optimizer.steps_taken();
     header.data_position = state.data_position;
     header.model_config = state.model_config;
+    header.router_bias = state.router_bias;
     const nlohmann::json layout = {{"world", l.world}, {"mp", l.mp}, {"ep", l.ep},
                                    {"esp", l.esp},     {"pp", l.pp}};
     write_file_atomic((tmp_dir / "manifest.json").string(),
@@ -151,7 +152,8 @@ CheckpointState load_checkpoint(Topology& topo, const std::string& path,
       world, root ? nlohmann::json{{"step", manifest.step},
                                    {"optimizer_steps", manifest.optimizer_steps},
                                    {"data_position", manifest.data_position},
-                                   {"model_config", manifest.model_config}}
+                                   {"model_config", manifest.model_config},
+                                   {"router_bias", manifest.router_bias}}
                         .dump()
                   : std::string()));
 
@@ -182,6 +184,7 @@ CheckpointState load_checkpoint(Topology& topo, const std::string& path,
   st.step = header.at("step").get<int64_t>();
   st.data_position = header.at("data_position").get<int64_t>();
   st.model_config = header.at("model_config");
+  st.router_bias = header.at("router_bias");
   return st;
 }
 

@@ -22,6 +22,7 @@ struct CheckpointState {
   int64_t step = 0;            // optimizer steps done
   int64_t data_position = 0;   // training sequences consumed
   nlohmann::json model_config; // must match on load
+  nlohmann::json router_bias;  // per MoE layer of the whole model, E numbers; null: none
 };
 
 // `all`: every parameter of the whole model (Model::all_param_specs), the checkpoint's tensor

@@ -115,14 +115,16 @@ nlohmann::json tensor_entry(const TensorSpec& spec, const float* data) {
 
 nlohmann::json manifest_json(const Manifest& header, const nlohmann::json& saved_from_layout,
                              nlohmann::json tensors) {
-  return {{"format", kCheckpointFormat},
-          {"version", kCheckpointVersion},
-          {"step", header.step},
-          {"optimizer_steps", header.optimizer_steps},
-          {"data_position", header.data_position},
-          {"model_config", header.model_config},
-          {"saved_from_layout", saved_from_layout},
-          {"tensors", std::move(tensors)}};
+  nlohmann::json m = {{"format", kCheckpointFormat},
+                      {"version", kCheckpointVersion},
+                      {"step", header.step},
+                      {"optimizer_steps", header.optimizer_steps},
+                      {"data_position", header.data_position},
+                      {"model_config", header.model_config},
+                      {"saved_from_layout", saved_from_layout},
+                      {"tensors", std::move(tensors)}};
+  if (!header.router_bias.is_null()) m["router_bias"] = header.router_bias;
+  return m;
 }
 
 FileSizeFn file_sizes_in(const std::string& folder) {
@@ -202,6 +204,7 @@ Manifest validate_manifest(const nlohmann::json& m, const std::string& folder,
           "checkpoint {} was saved for a different model: model.{} is {} there but {} now",
           folder, key, saved.contains(key) ? shown(saved.at(key)) : "missing", shown(value)));
   out.model_config = saved;
+  if (m.contains("router_bias")) out.router_bias = m.at("router_bias");
   if (m.contains("saved_from_layout")) {
     const auto& l = m.at("saved_from_layout");
     if (!l.is_object())

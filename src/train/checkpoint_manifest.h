@@ -49,6 +49,7 @@ struct Manifest {
   int64_t optimizer_steps = 0;  // AdamW's step count (bias correction)
   int64_t data_position = 0;    // training sequences consumed
   nlohmann::json model_config;
+  nlohmann::json router_bias;   // per MoE layer, E numbers (--router-bias-update); null: none
   std::vector<TensorRecord> tensors;  // in the order of the specs validated against
 };
 

@@ -99,6 +99,7 @@ void PipelineRunner::finish(const PipeStep& st, StepRequests& rq, model::LossPar
     total.lm_loss_sum += lp.lm_loss_sum;
     total.num_targets += lp.num_targets;
     total.aux_loss += lp.aux_loss;
+    total.z_loss += lp.z_loss;
     if (!stage_.last()) {
       const int next = stage_.stage + 1;
       rq.send_act[k] = pp_.isend(model_.stage_output(st.slot).data(), rq.n, DType::kF32, next,

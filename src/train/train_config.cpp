@@ -143,6 +143,8 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
     c.model.capacity_factor = f.is_null() ? "none" : f.get<std::string>();
   }
   m.get("aux_loss_coeff", c.model.aux_loss_coeff);
+  m.get("router_z_loss", c.model.router_z_loss);
+  m.get("router_bias_update", c.model.router_bias_update);
   m.get("init_std", c.model.init_std);
   m.get("seed", c.model.seed);
   m.finish();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include <fmt/ranges.h>
 
@@ -145,6 +146,49 @@ void print_stages(Topology& topo, model::Model& model, const std::vector<model::
   }
 }
 
+// The MoE blocks before this pipeline stage's first block.
+int64_t moe_blocks_before(model::Model& m, const model::ModelConfig& c) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < m.stage().begin; ++i) n += model::is_moe_block(c, i) ? 1 : 0;
+  return n;
+}
+
+// The router bias of every MoE layer of the whole model (in block order, E numbers each),
+// the same on every rank: each stage puts in its own layers, -inf elsewhere, and a max over
+// the world picks them unchanged (a max moves no bits: resume is exact).
+nlohmann::json gather_router_bias(Communicator& world, model::Model& m,
+                                  const model::ModelConfig& c) {
+  const auto E = static_cast<size_t>(c.experts);
+  const auto n = static_cast<size_t>(model::num_moe_blocks(c));
+  std::vector<double> v(n * E, -std::numeric_limits<double>::infinity());
+  const auto first = static_cast<size_t>(moe_blocks_before(m, c));
+  const auto layers = m.moe_layers();
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (size_t e = 0; e < E; ++e) v[(first + l) * E + e] = layers[l]->router_bias()[e];
+  world.allreduce(v.data(), v.size(), ReduceOp::kMax);
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t l = 0; l < n; ++l) out.push_back(std::vector<double>(v.begin() + l * E, v.begin() + (l + 1) * E));
+  return out;
+}
+
+// Sets this stage's MoE layers' router bias from a checkpoint's (null: none saved, the
+// bias stays zero).
+void set_router_bias(model::Model& m, const model::ModelConfig& c, const nlohmann::json& saved,
+                     const std::string& where) {
+  if (saved.is_null()) return;
+  const int64_t n = model::num_moe_blocks(c);
+  bool ok = saved.is_array() && static_cast<int64_t>(saved.size()) == n;
+  for (size_t l = 0; ok && l < saved.size(); ++l)
+    ok = saved[l].is_array() && static_cast<int64_t>(saved[l].size()) == c.experts;
+  PARM_CONFIG_CHECK(ok, "checkpoint {}: router_bias must hold {} MoE layers of {} numbers, got {}",
+                    where, n, c.experts, saved.dump().substr(0, 200));
+  const auto first = static_cast<size_t>(moe_blocks_before(m, c));
+  const auto layers = m.moe_layers();
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (size_t e = 0; e < static_cast<size_t>(c.experts); ++e)
+      layers[l]->router_bias()[e] = static_cast<float>(saved[first + l][e].get<double>());
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, bool verbose) {
@@ -205,6 +249,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
         load_checkpoint(*topo, cfg.loop.resume, all_params, params, opt, model_json);
     step = st.step;
     data_position = st.data_position;
+    set_router_bias(*model, cfg.model, st.router_bias, cfg.loop.resume);
     if (root && verbose)
       std::printf("resumed from %s at step %lld (%lld sequences consumed)\n",
                   cfg.loop.resume.c_str(), static_cast<long long>(step),
@@ -248,7 +293,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       sums[1] += static_cast<double>(parts.num_targets);
     }
     if (pipeline) topo->host_comm(Group::kPp).allreduce(sums, 2);  // the last stage's
-    topo->host_comm(Group::kDp).allreduce(sums, 2);
+    topo->host_comm(Group::kDp).allreduce(sums, 3);
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
 
@@ -266,7 +311,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       for (int32_t t : batches.back().targets) counts[0] += t >= 0 ? 1.0 : 0.0;
     }
     topo->host_comm(Group::kDp).allreduce(counts, 1);
-    double sums[2] = {0.0, 0.0};  // lm loss sum, aux loss sum
+    double sums[3] = {0.0, 0.0, 0.0};  // lm loss sum, aux loss sum, z-loss sum
     double comm_us = 0.0, compute_us = 0.0, bubble_us = 0.0;
     if (pipeline) {
       // The stage's time not spent waiting for its neighbours counts as compute.
@@ -275,14 +320,16 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       bubble_us = pipeline->last_recv_wait_us();
       sums[0] = parts.lm_loss_sum;
       sums[1] = parts.aux_loss;
+      sums[2] = parts.z_loss;
       comm_us += bubble_us;
       compute_us += now_us() - tp0 - bubble_us;
-      topo->host_comm(Group::kPp).allreduce(sums, 2);  // lm: the last stage's; aux: every stage's
+      topo->host_comm(Group::kPp).allreduce(sums, 3);  // lm: the last stage's; aux: every stage's
     } else {
       for (const auto& b : batches) {
         const auto parts = model->forward_backward(b, std::max(1.0, counts[0]), 1.0f);
         sums[0] += parts.lm_loss_sum;
         sums[1] += parts.aux_loss;
+        sums[2] += parts.z_loss;
         comm_us += model->last_comm_us();
         compute_us += model->last_compute_us();
       }
@@ -295,15 +342,20 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
         optim.grad_clip > 0 && norm > optim.grad_clip ? optim.grad_clip / (norm + 1e-6) : 1.0;
     const double lr = lr_at(optim, step);
     opt.step(optim, lr, clip);
+    // DeepSeek-V3's router bias, from the loads of the step's last micro-batch.
+    if (cfg.model.router_bias_update > 0)
+      for (MoeLayer* layer : model->moe_layers())
+        update_router_bias(*topo, *layer, cfg.model.router_bias_update);
     comm_us += now_us() - t_sync;
     data_position += global_batch;
-    topo->host_comm(Group::kDp).allreduce(sums, 2);
+    topo->host_comm(Group::kDp).allreduce(sums, 3);
     const double step_us = now_us() - t0;
 
     StepMetrics m;
     m.step = step + 1;
     m.loss = sums[0] / std::max(1.0, counts[0]);
     m.aux_loss = sums[1] / static_cast<double>(accum * dp);
+    m.z_loss = sums[2] / static_cast<double>(accum * dp);
     m.lr = lr;
     m.grad_norm = norm;
     double times[3] = {step_us, comm_us, compute_us};
@@ -356,10 +408,12 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                                    100.0 * one_f_one_b_bubble(pp, static_cast<int>(accum)),
                                    m.moe_comm_ms)
                      : "";
-        std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f  lr %.2e  |g| %.3f  %7.0f tok/s  "
+        const std::string z =
+            cfg.model.router_z_loss > 0 ? fmt::format("  z {:.4f}", m.z_loss) : "";
+        std::printf("step %5lld/%lld  loss %.4f%s  aux %.4f%s  lr %.2e  |g| %.3f  %7.0f tok/s  "
                     "%7.1f ms (comm %.1f, compute %.1f)  MFU %.1f%%%s  moe %s  load %s\n",
                     static_cast<long long>(m.step), static_cast<long long>(cfg.loop.steps),
-                    m.loss, val.c_str(), m.aux_loss, m.lr, m.grad_norm, m.tokens_per_s,
+                    m.loss, val.c_str(), m.aux_loss, z.c_str(), m.lr, m.grad_norm, m.tokens_per_s,
                     m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, bubble.c_str(),
                     schedules_line.c_str(), imbalance.str().c_str());
         std::fflush(stdout);
@@ -371,6 +425,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                                {"comm_ms", m.comm_ms}, {"compute_ms", m.compute_ms},
                                {"tokens_per_s", m.tokens_per_s}, {"mfu", m.mfu}};
         if (m.val_loss >= 0) line["val_loss"] = m.val_loss;
+        if (cfg.model.router_z_loss > 0) line["z_loss"] = m.z_loss;
         if (pipeline) {
           line["bubble"] = m.bubble;
           line["bubble_1f1b"] = one_f_one_b_bubble(pp, static_cast<int>(accum));
@@ -389,8 +444,11 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                           ((cfg.loop.save_every > 0 && (step + 1) % cfg.loop.save_every == 0) ||
                            last);
     if (save_now) {
+      const nlohmann::json bias = cfg.model.router_bias_update > 0
+                                      ? gather_router_bias(world, *model, cfg.model)
+                                      : nlohmann::json();
       const std::string where = save_checkpoint(*topo, cfg.loop.save_dir, all_params, params,
-                                                opt, {step + 1, data_position, model_json});
+                                                opt, {step + 1, data_position, model_json, bias});
       if (root && verbose) std::printf("saved %s\n", where.c_str());
     }
   }

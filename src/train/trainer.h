@@ -14,6 +14,7 @@ struct StepMetrics {
   int64_t step = 0;        // 1-based: optimizer steps done
   double loss = 0.0;       // mean cross-entropy over the global batch (nats per target)
   double aux_loss = 0.0;   // mean over micro-batches of the summed l_aux of the MoE layers
+  double z_loss = 0.0;     // the same of the router z-loss
   double val_loss = -1.0;  // < 0: not evaluated at this step
   double lr = 0.0;
   double grad_norm = 0.0;

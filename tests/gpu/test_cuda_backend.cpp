@@ -221,9 +221,9 @@ TEST(CudaBackend, GateDispatchCombineMatchCpu) {
     // ---- gate forward ----
     Tensor probs({T, E});
     GateRouting r;
-    std::vector<float> stats(static_cast<size_t>(2 * E));
+    std::vector<float> stats(static_cast<size_t>(2 * E + 1));
     gate_forward(x, wg, k, c.capacity, c.slots, probs, r, stats.data());
-    Tensor stats_d = on_gpu(host_filled({2 * E}, kNaN));
+    Tensor stats_d = on_gpu(host_filled({2 * E + 1}, kNaN));
     backend->gate_forward(x_d, wg_d, k, c.capacity, c.slots, stats_d.data(), nullptr);
 
     EXPECT_EQ(backend->fill(), r.fill);
@@ -248,11 +248,11 @@ TEST(CudaBackend, GateDispatchCombineMatchCpu) {
     EXPECT_NEAR(backend->aux_loss(stats_d.data(), E, T), l_aux,
                 (static_cast<double>(T) + 24.0) * kU * std::fabs(l_aux) + 1e-30);
     const float dl_aux = 0.37f;
-    std::vector<float> dstats(static_cast<size_t>(2 * E));
-    aux_loss_backward(stats.data(), E, T, dl_aux, dstats.data());
-    Tensor dstats_d = on_gpu(host_filled({2 * E}, kNaN));
-    backend->aux_loss_backward(stats_d.data(), E, T, dl_aux, dstats_d.data());
-    expect_same_bits(dstats_d, Tensor::view(dstats.data(), {2 * E}), "dstats");
+    std::vector<float> dstats(static_cast<size_t>(2 * E + 1));
+    aux_loss_backward(stats.data(), E, T, dl_aux, 0.0f, dstats.data());
+    Tensor dstats_d = on_gpu(host_filled({2 * E + 1}, kNaN));
+    backend->aux_loss_backward(stats_d.data(), E, T, dl_aux, 0.0f, dstats_d.data());
+    expect_same_bits(dstats_d, Tensor::view(dstats.data(), {2 * E + 1}), "dstats");
 
     // ---- dispatch forward (the GPU buffer starts as NaN: every row must be written) ----
     Tensor buf({E * c.slots, M});

@@ -167,6 +167,61 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
   EXPECT_GT(without_drops, 0);
 }
 
+// Every schedule (fused and not) on every layout of the sweep against the oracle, with and
+// without drops, the options set by `set`; `extra`: an error entry that must be there.
+template <class Set>
+void expect_every_schedule_matches(Set set, const char* extra) {
+  int64_t checks = 0;
+  for (const Layout3& lay : sweep_layouts(false)) {
+    auto topo = topology_of(lay);
+    const int64_t experts = test::world_size() == 3 ? 6 : 8;
+    for (const Case& c : {kCases[1], kCases[5]})
+      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+        for (bool fuse : {false, true}) {
+          if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
+          LayerCheckOptions o = case_options(c, kind, fuse, experts, 8, 24);
+          o.seed = 13;
+          o.tolerance = kTolerance;
+          set(o);
+          const LayerCheckResult r = check_layer(*topo, o);
+          ++checks;
+          bool has_extra = extra == nullptr;
+          std::string detail;
+          for (const auto& e : r.errors) {
+            has_extra = has_extra || e.name == extra;
+            detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
+          }
+          EXPECT_TRUE(has_extra) << extra;
+          EXPECT_TRUE(r.passed) << lay.str() << " " << schedule::kind_name(kind)
+                                << (fuse ? " fused" : "") << " [" << c.name << "] routing "
+                                << (r.routing_matches ? "ok" : "DIFFERS") << ":" << detail;
+        }
+  }
+  EXPECT_GT(checks, 0);
+}
+
+// --router-z-loss: with a nonzero dl_z, l_z and the z-loss's gradients included.
+TEST(Equivalence, RouterZLossEveryScheduleMatchesTheOracle) {
+  expect_every_schedule_matches(
+      [](LayerCheckOptions& o) {
+        o.dl_aux = 0.0f;  // the gate's gradient is then the combine's and the z-loss's
+        o.dl_z = 2.0f;
+      },
+      "l_z");
+}
+
+// --router-bias-update: a layer with a router bias routes (and computes) as the oracle
+// given the same bias.
+TEST(Equivalence, RouterBiasEveryScheduleMatchesTheOracle) {
+  expect_every_schedule_matches(
+      [](LayerCheckOptions& o) {
+        o.router_bias.assign(static_cast<size_t>(o.shape.experts), 0.0f);
+        for (size_t e = 0; e < o.router_bias.size(); ++e)
+          o.router_bias[e] = 0.05f * static_cast<float>(e % 3) - 0.04f;
+      },
+      nullptr);
+}
+
 // --precision bf16 on the CPU: every schedule (fused and not) on every layout of the sweep,
 // within the bf16 tolerance; and the products really are bf16: the error is of bf16's
 // rounding (~1e-3), far above what fp32 products leave (~1e-7).
@@ -305,7 +360,8 @@ Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l) {
     both("ep.alltoall", 2 * E * C * M * (nep - 1) / nep);
     both("esp.allreduce", 2 * (N - 1) / N * E * C * M);
   } else if (kind == Kind::kS1) {
-    if (N > 1) v.forward["mp.allreduce"] = 2 * (N - 1) / N * 2 * E * f;
+    // The statistics: SPEC's 2E numbers and the router z-loss's sum of lse^2 beside them.
+    if (N > 1) v.forward["mp.allreduce"] = 2 * (N - 1) / N * (2 * E + 1) * f;
     if (N > 1) v.backward["mp.allreduce"] = 2 * (N - 1) / N * M * E * f;
     both("ep.alltoall", 2 * E * C1 * M * (nep - 1) / nep);
     if (esp_rows) both("esp.allgather", (N - 1) * E * C1 * M);
@@ -518,7 +574,7 @@ TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
         if (l.esp > 1 && !shared) want_fwd["esp.metadata"] = (l.esp - 1) * s.experts * 4.0;
         const double N = l.mp;
         if (kind == Kind::kS1 && l.mp > 1) {
-          want_fwd["mp.allreduce"] = 2 * (N - 1) / N * 2 * s.experts * 4.0;
+          want_fwd["mp.allreduce"] = 2 * (N - 1) / N * (2 * s.experts + 1) * 4.0;
           want_bwd["mp.allreduce"] = 2 * (N - 1) / N * s.model_dim * s.experts * 4.0;
         }
         const std::string where = fmt::format("mp={} ep={} esp={} {} skew {}", lay.mp, lay.ep,

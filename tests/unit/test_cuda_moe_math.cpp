@@ -359,7 +359,7 @@ TEST(CudaMoeMath, GateDispatchCombineMatchCpu) {
     // CPU oracle.
     Tensor probs({T, E});
     moe::GateRouting r;
-    std::vector<float> stats(static_cast<size_t>(2 * E), kNaN);
+    std::vector<float> stats(static_cast<size_t>(2 * E + 1), kNaN);
     moe::gate_forward(x, wg, k, c.capacity, c.slots, probs, r, stats.data());
 
     // Softmax (one thread per row) on the same logits.
@@ -406,6 +406,7 @@ TEST(CudaMoeMath, GateDispatchCombineMatchCpu) {
     for (size_t i = 0; i < dweight.size(); ++i)
       if (r.row[i] < 0) dweight[i] = 0.0f;  // what combine_backward leaves for drops
     std::vector<float> dstats = normal(2 * E, 6);
+    dstats.push_back(0.0f);  // no z-loss: the device gate has none
     Tensor dprobs({T, E}), dwg({M, E}), dx({T, M});
     moe::gate_backward(x, wg, probs, r, dweight, dstats.data(), dprobs, dwg, dx);
     std::vector<float> my_dp(static_cast<size_t>(T * E));

@@ -105,7 +105,7 @@ std::string fd_name(const ::testing::TestParamInfo<FdCase>& info) {
 
 class ReferenceMoeGradient : public ::testing::TestWithParam<FdCase> {};
 
-// L = sum(out * R) + c * l_aux; every gradient against central differences in fp64, with
+// L = sum(out * R) + c * l_aux + c_z * l_z (the router z-loss); every gradient against central differences in fp64, with
 // the routing (experts and slots) checked unchanged under every perturbation.
 TEST_P(ReferenceMoeGradient, MatchesCentralDifferences) {
   const FdCase c = GetParam();
@@ -113,7 +113,7 @@ TEST_P(ReferenceMoeGradient, MatchesCentralDifferences) {
   MoeParams<double> params = init_params<double>(shape, 1234);
   std::vector<double> x = init_input<double>(shape, 4321);
   const std::vector<double> R = uniform_vector(shape.tokens * shape.model_dim, 77, 1);
-  const double c_aux = 0.7;
+  const double c_aux = 0.7, c_z = 0.3;
 
   const MoeForward<double> fwd = moe_forward(shape, params, x, c.num_slices);
   if (c.drops) {
@@ -121,13 +121,13 @@ TEST_P(ReferenceMoeGradient, MatchesCentralDifferences) {
   } else {
     ASSERT_EQ(fwd.routing.num_dropped(), 0) << "case meant not to drop does";
   }
-  const MoeGrads<double> g = moe_backward(params, fwd, R, c_aux);
+  const MoeGrads<double> g = moe_backward(params, fwd, R, c_aux, c_z);
 
   int routing_changes = 0;
   auto loss = [&]() {
     const MoeForward<double> f = moe_forward(shape, params, x, c.num_slices);
     if (!same_assignment(f.routing, fwd.routing)) ++routing_changes;
-    double l = c_aux * f.l_aux;
+    double l = c_aux * f.l_aux + c_z * f.l_z;
     for (size_t i = 0; i < R.size(); ++i) l += f.out[i] * R[i];
     return l;
   };
@@ -165,6 +165,24 @@ INSTANTIATE_TEST_SUITE_P(
                       FdCase{6, 2, "1.25", 1, true}, FdCase{12, 2, "0.5", 2, true},
                       FdCase{12, 3, "0.75", 3, true}, FdCase{12, 1, "4", 2, false}),
     fd_name);
+
+// The router z-loss by hand: identity gate, so a token's logits are its x row.
+TEST(ReferenceMoeZLoss, MeanOfSquaredLogSumExp) {
+  const MoeShape shape = make_shape(2, 2, 4, 2, 1, "4");
+  const MoeParams<double> p = identity_gate_params(shape, true);
+  const std::vector<double> x = {0.0, 0.0, std::log(3.0), 0.0};
+  const MoeForward<double> f = moe_forward(shape, p, x);
+  const double lse0 = std::log(2.0), lse1 = std::log(4.0);
+  EXPECT_NEAR(f.l_z, (lse0 * lse0 + lse1 * lse1) / 2, 1e-12);
+  // Without dl_z the gradient is that of the rest alone.
+  const std::vector<double> dout(4, 0.0);
+  const MoeGrads<double> g0 = moe_backward(p, f, dout, 0.0);
+  const MoeGrads<double> g1 = moe_backward(p, f, dout, 0.0, 1.0);
+  for (double v : g0.dx) EXPECT_EQ(v, 0.0);
+  // dl_z / dx_t = 2 lse_t p_t / T (through the identity gate).
+  EXPECT_NEAR(g1.dx[2], 2 * lse1 * 0.75 / 2, 1e-12);
+  EXPECT_NEAR(g1.dx[3], 2 * lse1 * 0.25 / 2, 1e-12);
+}
 
 // ---- Hand-made routing -------------------------------------------------------------------
 

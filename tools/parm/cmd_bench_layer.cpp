@@ -199,6 +199,7 @@ Memory measure_memory(Communicator& world, const MoeLayer& layer) {
 struct LayerInputs {
   ref::MoeParams<float> params;
   std::vector<float> x, dout;
+  float dl_z = 0.0f;  // --router-z-loss
 };
 
 LayerInputs make_inputs(const Topology& topo, const MoeShape& shape, uint64_t seed) {
@@ -236,7 +237,7 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
     world.barrier();
     topo.reset_stats();
     const double t2 = now_us();
-    layer->backward(dt, 0.01f);
+    layer->backward(dt, 0.01f, in.dl_z);
     const double t3 = now_us();
     m.bytes_bwd = counted_bytes(topo);
     if (it < warmup) continue;
@@ -322,6 +323,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
                  {"predicted_total_ms", chosen.pred.total_us() / 1e3}};
   }
   LayerInputs in = make_inputs(*topo, shape, f.layer.seed);
+  in.dl_z = f.layer.router_z_loss;
   nlohmann::json results = nlohmann::json::array();
   double baseline_total = 0.0;
   for (auto kind : kinds)

@@ -48,6 +48,7 @@ int run_check_layer(const CheckLayerFlags& f) {
     o.tolerance = tolerance;
     o.precision = precision;
     o.dl_aux = f.dl_aux;
+    o.dl_z = f.layer.router_z_loss;
     o.dump_dir = f.dump;
     o.force_ties = f.force_ties;
     const LayerCheckResult r = check_layer(*topo, o);

@@ -14,9 +14,13 @@ namespace {
 
 struct TrainFlags {
   std::string config;
-  int64_t steps = -1, micro_batch = -1, grad_accum = -1, eval_every = -1, save_every = -1;
+  int64_t steps = -1, micro_batch = -1, grad_accum = -1, eval_every = -1, save_every = -1,
+          log_every = -1;
   int mp = -1, ep = -1, esp = -1, pp = -1, chunks = -1, ranks_per_node = -1;
   double lr = -1, timeout_s = -1;
+  float router_z_loss = 0.0f, router_bias_update = 0.0f;
+  CLI::Option* router_z_loss_opt = nullptr;
+  CLI::Option* router_bias_update_opt = nullptr;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
   std::string device, precision, comm, order, pp_split, pp_overlap;
   std::string resume;
@@ -46,6 +50,7 @@ int run_train(TrainFlags& f) {
   if (f.micro_batch >= 0) l.micro_batch = f.micro_batch;
   if (f.grad_accum >= 0) l.grad_accum = f.grad_accum;
   if (f.eval_every >= 0) l.eval_every = f.eval_every;
+  if (f.log_every >= 0) l.log_every = f.log_every;
   if (f.save_every >= 0) l.save_every = f.save_every;
   if (f.mp > 0) p.mp = f.mp;
   if (f.ep > 0) p.ep = f.ep;
@@ -69,6 +74,8 @@ int run_train(TrainFlags& f) {
   if (!f.profile.empty()) l.profile = f.profile;
   if (!f.corpus.empty()) c.data.corpus = f.corpus;
   if (!f.capacity_factor.empty()) c.model.capacity_factor = f.capacity_factor;
+  if (f.router_z_loss_opt->count() > 0) c.model.router_z_loss = f.router_z_loss;
+  if (f.router_bias_update_opt->count() > 0) c.model.router_bias_update = f.router_bias_update;
   if (f.resume_opt->count() > 0) {
     l.resume = f.resume.empty() ? l.save_dir : f.resume;
     PARM_CONFIG_CHECK(!l.resume.empty(),
@@ -91,6 +98,7 @@ Command add_train(CLI::App& root) {
   app->add_option("--micro-batch", f->micro_batch, "sequences per micro-batch per DP replica");
   app->add_option("--grad-accum", f->grad_accum, "micro-batches per step per DP replica");
   app->add_option("--eval-every", f->eval_every, "validation every N steps (0: at the end)");
+  app->add_option("--log-every", f->log_every, "progress line every N steps");
   app->add_option("--lr", f->lr, "peak learning rate");
   app->add_option("--mp", f->mp, "model (tensor) parallel size");
   app->add_option("--ep", f->ep, "expert parallel size");
@@ -117,6 +125,13 @@ Command add_train(CLI::App& root) {
                   "what moves the MoE layers' device buffers: auto, nccl, or mpi (staged "
                   "through host memory)");
   app->add_option("--capacity-factor", f->capacity_factor, "MoE capacity factor (a decimal), or none: dropless routing");
+  f->router_z_loss_opt = app->add_option(
+      "--router-z-loss", f->router_z_loss,
+      "ST-MoE router z-loss coefficient (mean over tokens of logsumexp(logits)^2; 0: off)");
+  f->router_bias_update_opt = app->add_option(
+      "--router-bias-update", f->router_bias_update,
+      "DeepSeek-V3 auxiliary-loss-free balancing: per-expert router bias for the top-k choice, "
+      "updated after each step by RATE x sign(mean load - load); 0: off");
   app->add_option("--corpus", f->corpus, "kjv or file:PATH");
   app->add_option("--ranks-per-node", f->ranks_per_node, "emulate nodes of this many ranks");
   app->add_option("--timeout", f->timeout_s, "watchdog seconds per communication");

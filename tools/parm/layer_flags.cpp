@@ -17,6 +17,10 @@ void LayerFlags::add_to(CLI::App* app) {
   app->add_option("--schedule", schedule,
                   "baseline, s1, s2, all, or auto (the cost model picks; needs --profile)");
   app->add_option("--seed", seed, "seed of the weights and inputs");
+  app->add_option("--router-z-loss", router_z_loss,
+                  "router z-loss coefficient: the gradient of the loss with respect to it "
+                  "in the backward passes (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--fuse", fuse,
                   "fused dispatch/combine collectives for s1/s2: on, off, both, or auto (the "
                   "cost model picks; needs --profile)");
@@ -86,6 +90,7 @@ nlohmann::json LayerFlags::config_json() const {
   return {{"mp", layout.mp}, {"ep", layout.ep}, {"esp", layout.esp}, {"order", layout.order},
           {"tokens", tokens}, {"model_dim", model_dim}, {"hidden", hidden},
           {"experts", experts}, {"topk", topk}, {"capacity_factor", capacity_factor},
+          {"router_z_loss", router_z_loss},
           {"schedule", schedule}, {"seed", seed}, {"fuse", fuse}, {"chunks", chunks},
           {"profile", profile}, {"device", device}, {"precision", precision},
           {"comm", comm}};

@@ -26,6 +26,7 @@ struct LayerFlags {
   std::string profile;      // cost profile for auto (parm calibrate --out FILE)
   int chunks = 4;
   uint64_t seed = 1;
+  float router_z_loss = 0.0f;     // z-loss coefficient: dl_z of the backward passes
   std::string device = "cpu";     // cpu | cuda
   std::string precision = "fp32"; // fp32 | bf16
   std::string comm = "auto";      // auto | mpi | nccl: what moves device buffers

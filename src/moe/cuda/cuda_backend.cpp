@@ -178,17 +178,21 @@ void CudaBackend::gate_backward(const Tensor& x, const Tensor& wg, const float* 
 }
 
 float CudaBackend::aux_loss(const float* stats, int64_t experts, int64_t total_tokens) {
-  stats_host_.resize(static_cast<size_t>(2 * experts));
+  stats_host_.resize(static_cast<size_t>(2 * experts + 1));
   device_copy(stats_host_.data(), stats, stats_host_.size() * sizeof(float));
   return moe::aux_loss(stats_host_.data(), experts, total_tokens);
 }
 
+// The device gate leaves the z-loss statistic alone (the layer refuses a z-loss here).
+float CudaBackend::z_loss(const float*, int64_t, int64_t) { return 0.0f; }
+
 void CudaBackend::aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens,
-                                    float dl_aux, float* dstats) {
-  stats_host_.resize(static_cast<size_t>(2 * experts));
-  dstats_host_.resize(static_cast<size_t>(2 * experts));
+                                    float dl_aux, float dl_z, float* dstats) {
+  stats_host_.resize(static_cast<size_t>(2 * experts + 1));
+  dstats_host_.resize(static_cast<size_t>(2 * experts + 1));
   device_copy(stats_host_.data(), stats, stats_host_.size() * sizeof(float));
-  moe::aux_loss_backward(stats_host_.data(), experts, total_tokens, dl_aux, dstats_host_.data());
+  moe::aux_loss_backward(stats_host_.data(), experts, total_tokens, dl_aux, dl_z,
+                         dstats_host_.data());
   device_copy(dstats, dstats_host_.data(), dstats_host_.size() * sizeof(float));
 }
 

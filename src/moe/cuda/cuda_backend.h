@@ -42,8 +42,9 @@ class CudaBackend final : public LayerBackend {
   void gate_backward(const Tensor& x, const Tensor& wg, const float* dstats, Tensor& dwg,
                      Tensor& dx, PhaseTimes* times) override;
   float aux_loss(const float* stats, int64_t experts, int64_t total_tokens) override;
+  float z_loss(const float* stats, int64_t experts, int64_t total_tokens) override;
   void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens,
-                         float dl_aux, float* dstats) override;
+                         float dl_aux, float dl_z, float* dstats) override;
 
   void dispatch_forward(const Tensor& x, Tensor& buf) override;
   void dispatch_backward(const Tensor& dbuf, Tensor& dx) override;
