@@ -80,6 +80,17 @@ inline Topology& self_topology() {
   return *topo;
 }
 
+// The job's topology for a pipeline layout (the default order).
+inline std::unique_ptr<Topology> pipe_topology(int mp, int ep, int esp, int pp) {
+  TopologyOptions o;
+  o.mp = mp;
+  o.ep = ep;
+  o.esp = esp;
+  o.pp = pp;
+  o.timeout_s = 120.0;
+  return Topology::create(o);
+}
+
 // The single-process model over n_dp micro-batches with gradient accumulation.
 struct Reference {
   double lm_loss_sum = 0.0;

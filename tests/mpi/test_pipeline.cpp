@@ -43,13 +43,7 @@ TEST(Pipeline, OneStepEqualsTheSingleProcessModel) {
   int64_t num_checked = 0;
   double worst = 0.0;
   for (const PipeCase& pc : pipe_cases()) {
-    TopologyOptions o;
-    o.mp = pc.mp;
-    o.ep = pc.ep;
-    o.esp = pc.esp;
-    o.pp = pc.pp;
-    o.timeout_s = 120.0;
-    auto topo = Topology::create(o);
+    auto topo = pipe_topology(pc.mp, pc.ep, pc.esp, pc.pp);
     const int n_dp = topo->layout().dp, r = topo->comm(Group::kDp).rank();
     const int stage = topo->comm(Group::kPp).rank();
     for (Arch arch : {Arch::kGpt2, Arch::kBert}) {

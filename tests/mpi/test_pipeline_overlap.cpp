@@ -79,13 +79,7 @@ TEST(PipelineOverlap, BitIdenticalToTheRunWithout) {
       {{schedule::Kind::kS1, false, 1}, {schedule::Kind::kS2, false, 1}},
       {{schedule::Kind::kS1, true, 2}, {schedule::Kind::kS1, false, 1}}};
   for (const OverlapCase& oc : cases) {
-    TopologyOptions o;
-    o.mp = oc.mp;
-    o.ep = oc.ep;
-    o.esp = oc.esp;
-    o.pp = oc.pp;
-    o.timeout_s = 120.0;
-    auto topo = Topology::create(o);
+    auto topo = pipe_topology(oc.mp, oc.ep, oc.esp, oc.pp);
     const int stage = topo->comm(Group::kPp).rank();
     for (Arch arch : {Arch::kGpt2, Arch::kBert})
       for (size_t si = 0; si <= schedule_sets.size(); ++si) {
