@@ -105,8 +105,8 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, f
 // probs (B, heads, L, L) for the backward pass, as the CPU oracle does, and at L <= 1024,
 // D = 64 the products run as tensor-core GEMMs while the fused softmax reads and writes each
 // score once. s.precision kBf16: bf16 operands (rounded into the workspace), fp32 results.
-// dscores: (L, L) scratch in the CPU contract; here it must hold (B, L, L) floats (one head's
-// scores for the whole batch).
+// dscores: the CPU's (L, L) scratch, not used here (may be null): one head's scores for the
+// whole batch, (B, L, L), live in the workspace.
 void attention_forward(const model::AttentionShape& s, const float* q, const float* k,
                        const float* v, float* probs, float* out);
 void attention_backward(const model::AttentionShape& s, const float* q, const float* k,
