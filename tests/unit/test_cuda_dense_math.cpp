@@ -371,7 +371,11 @@ TEST(CudaDenseMath, CrossEntropyLogSumExpMatchesCpu) {
     for (float offset : {0.0f, 1000.0f, -1000.0f}) {
       const int64_t n = 3;
       std::vector<float> logits = normals(n * vocab, 14, 4.0f, offset);
-      if (vocab > 10) logits[5] = offset + 60.0f;  // one dominant logit
+      if (vocab > 10) {
+        logits[5] = offset + 60.0f;  // one dominant logit
+        logits[2] = -INFINITY;  // masked logits (not targets), first in their threads' share
+        logits[vocab + 3] = -INFINITY;
+      }
       std::vector<int32_t> targets(n);
       for (int64_t r = 0; r < n; ++r) targets[r] = static_cast<int32_t>((r * 7919) % vocab);
       std::vector<float> dl(logits.size());

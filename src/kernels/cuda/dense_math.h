@@ -197,6 +197,7 @@ PARM_HD inline double log_d(double x) {
 #endif
 }
 PARM_HD inline void lse_add(LogSumExp& a, float x) {
+  if (x == -INFINITY) return;  // adds exp(-inf) = 0 (and -inf - -inf would be NaN)
   if (x > a.max) {
     a.sum = a.sum * static_cast<double>(exp_f(a.max - x)) + 1.0;  // exp(-inf) = 0 at the start
     a.max = x;
