@@ -4,7 +4,7 @@
 // against the CPU functions it must reproduce.
 //
 // The kernels compute the CPU source's expressions in its order, each operation rounded on its
-// own (dense_math.h mul_rn etc.). The CPU kernels run as GCC target clones whose AVX2 and
+// own (dense_math.h, mul_nc). The CPU kernels run as GCC target clones whose AVX2 and
 // AVX-512 versions contract a * b + c into FMAs, so the two may differ by a few ulp of the
 // terms: where only additions are involved (LayerNorm's mean, which shows the lane order) the
 // bits must be equal; elsewhere the tolerance is a few ulp of the size of the terms (kUlps),
@@ -73,21 +73,21 @@ float group_sum_host(int64_t n, F f) {
 void softmax_row_host(const float* x, float* y, int64_t n, int64_t zero_to, float scale) {
   float mx = -INFINITY;
   for (int64_t c = 0; c < n; ++c) {
-    const float v = mul_rn(x[c], scale);
+    const float v = mul_nc(x[c], scale);
     mx = v > mx ? v : mx;
   }
   std::vector<float> e(static_cast<size_t>(n));
-  for (int64_t c = 0; c < n; ++c) e[c] = exp_cpu(mul_rn(x[c], scale) - mx);
-  const float inv = div_rn(1.0f, group_sum_host(n, [&](int64_t c) { return e[c]; }));
-  for (int64_t c = 0; c < n; ++c) y[c] = mul_rn(e[c], inv);
+  for (int64_t c = 0; c < n; ++c) e[c] = exp_f32(mul_nc(x[c], scale) - mx);
+  const float inv = 1.0f / group_sum_host(n, [&](int64_t c) { return e[c]; });
+  for (int64_t c = 0; c < n; ++c) y[c] = mul_nc(e[c], inv);
   for (int64_t c = n; c < zero_to; ++c) y[c] = 0.0f;
 }
 
 // dense_rows.cuh softmax_backward_row on the host (dx may alias dy).
 void softmax_backward_row_host(const float* y, const float* dy, float* dx, int64_t n,
                                int64_t zero_to, float scale) {
-  const float dot = group_sum_host(n, [&](int64_t c) { return mul_rn(y[c], dy[c]); });
-  for (int64_t c = 0; c < n; ++c) dx[c] = mul_rn(mul_rn(y[c], dy[c] - dot), scale);
+  const float dot = group_sum_host(n, [&](int64_t c) { return mul_nc(y[c], dy[c]); });
+  for (int64_t c = 0; c < n; ++c) dx[c] = mul_nc(mul_nc(y[c], dy[c] - dot), scale);
   for (int64_t c = n; c < zero_to; ++c) dx[c] = 0.0f;
 }
 
@@ -105,7 +105,7 @@ TEST(CudaDenseMath, LayerNormForwardIsTheCpuKernelsBits) {
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x.data() + r * cols;
       const float mu =
-          mul_rn(group_sum_host(cols, [&](int64_t c) { return xr[c]; }), inv_count(cols));
+          mul_nc(group_sum_host(cols, [&](int64_t c) { return xr[c]; }), inv_count(cols));
       const float rs = rstd_of(group_sum_host(cols, [&](int64_t c) { return centred_square(xr[c], mu); }),
                                cols, 1e-5f);
       ASSERT_EQ(bits(mu), bits(mean[r])) << "cols " << cols << " row " << r;
@@ -137,11 +137,11 @@ TEST(CudaDenseMath, LayerNormBackwardDxIsTheCpuKernelsBits) {
       const float* dyr = dy.data() + r * cols;
       const float mu = mean[r], rs = rstd[r];
       const float mean_g =
-          mul_rn(group_sum_host(cols, [&](int64_t c) { return mul_rn(dyr[c], gamma[c]); }),
+          mul_nc(group_sum_host(cols, [&](int64_t c) { return mul_nc(dyr[c], gamma[c]); }),
                  inv_count(cols));
-      const float mean_gx = mul_rn(group_sum_host(cols,
+      const float mean_gx = mul_nc(group_sum_host(cols,
                                                   [&](int64_t c) {
-                                                    return mul_rn(mul_rn(dyr[c], gamma[c]),
+                                                    return mul_nc(mul_nc(dyr[c], gamma[c]),
                                                                   xhat(xr[c], mu, rs));
                                                   }),
                                    inv_count(cols));
@@ -166,24 +166,24 @@ TEST(CudaDenseMath, ExpIsTheCpuKernelsExp) {
     float y[2];
     cpu::softmax_forward(x, y, 1, 2);
     const float mx = a > 0.0f ? a : 0.0f;
-    const float e0 = exp_cpu(a - mx), e1 = exp_cpu(0.0f - mx);
-    const float inv = div_rn(1.0f, e0 + e1);
-    ASSERT_TRUE(close(mul_rn(e0, inv), y[0], 0.0, 4.0)) << "a = " << a;
-    ASSERT_TRUE(close(mul_rn(e1, inv), y[1], 0.0, 4.0)) << "a = " << a;
+    const float e0 = exp_f32(a - mx), e1 = exp_f32(0.0f - mx);
+    const float inv = 1.0f / (e0 + e1);
+    ASSERT_TRUE(close(mul_nc(e0, inv), y[0], 0.0, 4.0)) << "a = " << a;
+    ASSERT_TRUE(close(mul_nc(e1, inv), y[1], 0.0, 4.0)) << "a = " << a;
   }
   // Against exp in fp64: within 2 ulp where the result is normal; the specials as exp.
   for (int i = -8700; i <= 8800; ++i) {
     const float x = 0.01f * static_cast<float>(i);
     const double want = std::exp(static_cast<double>(x));
     if (want < 1.2e-38) continue;
-    EXPECT_NEAR(exp_cpu(x), want, 2.5 * 0x1p-23 * want) << "x = " << x;
+    EXPECT_NEAR(exp_f32(x), want, 2.5 * 0x1p-23 * want) << "x = " << x;
   }
-  EXPECT_EQ(exp_cpu(-INFINITY), 0.0f);
-  EXPECT_EQ(exp_cpu(INFINITY), INFINITY);
-  EXPECT_EQ(exp_cpu(-200.0f), 0.0f);
-  EXPECT_EQ(exp_cpu(100.0f), INFINITY);
-  EXPECT_TRUE(std::isnan(exp_cpu(std::numeric_limits<float>::quiet_NaN())));
-  EXPECT_TRUE(std::isnan(exp_cpu(-std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(exp_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(exp_f32(INFINITY), INFINITY);
+  EXPECT_EQ(exp_f32(-200.0f), 0.0f);
+  EXPECT_EQ(exp_f32(100.0f), INFINITY);
+  EXPECT_TRUE(std::isnan(exp_f32(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(exp_f32(-std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(CudaDenseMath, SoftmaxRowsAreTheCpuKernelsBits) {

@@ -17,7 +17,6 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/expert_kernels.h"  // add_bias, bias_gelu, to_bf16 (same contracts)
 #include "parm/device.h"
 
 namespace parm::model {
@@ -27,8 +26,10 @@ struct AttentionShape;
 namespace parm::cuda {
 
 // ---- fp32 <-> bf16 -----------------------------------------------------------------------
-// to_bf16 (fp32 -> bf16, nearest even) is in expert_kernels.h. y (n) = x (n) widened to fp32
-// (exact). Overwrites y.
+// y (n) = bf16(x (n)), rounded to nearest even (expert_kernels.cu defines it; the rounding is
+// expert_math.h f32_to_bf16, the CPU's). Overwrites y.
+void to_bf16(const float* x, uint16_t* y, int64_t n);
+// y (n) = x (n) widened to fp32 (exact). Overwrites y.
 void from_bf16(const uint16_t* x, float* y, int64_t n);
 
 // ---- Dense products (model::dense_gemm, model::linear_*) --------------------------------
@@ -50,14 +51,12 @@ void linear_backward(const float* dy, const float* x, const float* w, float* dx,
                      Precision p = Precision::kFp32);
 
 // ---- Bias and GeLU (cpu:: contracts) ------------------------------------------------------
-// add_bias(y, bias, rows, cols) and bias_gelu(pre, bias, act, act_bf16, rows, cols) are in
-// expert_kernels.h; these are the CPU forms that need no scratch argument.
+// y (rows, cols) += bias (cols) on every row.
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols);
 // dbias (cols) += column sums of dy (rows, cols), each column summed in a fixed order.
 void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t cols);
 // act = gelu(x + bias), x left as it is. Overwrites act.
-inline void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int64_t cols) {
-  bias_gelu(x, bias, act, nullptr, rows, cols);
-}
+void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int64_t cols);
 // dx = gelu'(x + bias) * dact (overwrites; may alias dact); dbias += column sums of dx.
 void bias_gelu_backward(const float* x, const float* bias, const float* dact, float* dx,
                         float* dbias, int64_t rows, int64_t cols);

@@ -3,10 +3,11 @@
 // same code for the CPU unit tests (tests/unit/test_cuda_dense_math.cpp), which check them
 // against the CPU kernels. No CUDA headers.
 //
-// Contraction: nvcc fuses a * b + c into one FMA (one rounding) where the CPU kernels round
-// the product first. mul_rn / add_rn / div_rn / sqrt_rn round each operation on its own
-// (__fmul_rn etc. on the GPU, which nvcc never contracts), so the functions below give the
-// CPU's bits where the CPU code computes the same expression in the same order.
+// Contraction: nvcc fuses a * b + c into one FMA (one rounding) where the baseline CPU code
+// rounds the product first; mul_nc (moe_math.h) rounds a product on its own (__fmul_rn on
+// the GPU, which nvcc never contracts), so the functions below compute the CPU source's
+// expressions in its order. Division and sqrt are IEEE-rounded on both sides (the build does
+// not use --use_fast_math). The exponential is moe_math.h's exp_f32, the CPU kernels' own.
 #pragma once
 
 #include <cmath>
@@ -14,37 +15,13 @@
 
 #include "kernels/cuda/gemm_args.h"
 #include "kernels/cuda/host_device.h"
+#include "kernels/cuda/expert_math.h"
+#include "kernels/cuda/moe_math.h"
 
 namespace parm::cuda::dense_math {
 
-PARM_HD inline float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-PARM_HD inline float add_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-PARM_HD inline float div_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-PARM_HD inline float sqrt_rn(float a) {
-#ifdef __CUDA_ARCH__
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
+using math::exp_f32;
+using math::mul_nc;
 
 // ---- The CPU's ordered row sums (kernels/cpu/vec_math.h sum_f32, layernorm.cpp) ----------
 // The CPU sums a row of n values in kLanes lanes: lane j adds elements j, j + kLanes, ... of
@@ -52,78 +29,46 @@ PARM_HD inline float sqrt_rn(float a) {
 // then the tail elements lane_span(n) .. n-1 one by one. The GPU runs lane j on thread j of
 // a group of kLanes threads and the rest on the group's first thread: the CPU's order, and
 // so its bits.
-inline constexpr int kLanes = 16;
+using math::kLanes;
 PARM_HD inline int64_t lane_span(int64_t n) { return n - n % kLanes; }
 
 // Lane `lane` of the sum of f(c) over c < n.
 template <class F>
 PARM_HD inline float lane_partial(int64_t n, int lane, F f) {
   float acc = 0.0f;
-  for (int64_t c = lane; c < lane_span(n); c += kLanes) acc = add_rn(acc, f(c));
+  for (int64_t c = lane; c < lane_span(n); c += kLanes) acc += f(c);
   return acc;
 }
 // The whole sum from the kLanes lane partials.
 template <class F>
 PARM_HD inline float finish_lanes(const float* lanes, int64_t n, F f) {
   float s = 0.0f;
-  for (int j = 0; j < kLanes; ++j) s = add_rn(s, lanes[j]);
-  for (int64_t c = lane_span(n); c < n; ++c) s = add_rn(s, f(c));
+  for (int j = 0; j < kLanes; ++j) s += lanes[j];
+  for (int64_t c = lane_span(n); c < n; ++c) s += f(c);
   return s;
 }
 
 // ---- LayerNorm (kernels/cpu/layernorm.cpp) -------------------------------------------------
 // mean = sum(x) * (1 / cols); var = sum((x - mean)^2) * (1 / cols) (biased, two passes);
 // rstd = 1 / sqrt(var + eps).
-PARM_HD inline float inv_count(int64_t cols) { return div_rn(1.0f, static_cast<float>(cols)); }
+PARM_HD inline float inv_count(int64_t cols) { return 1.0f / static_cast<float>(cols); }
 PARM_HD inline float centred_square(float x, float mean) {
   const float d = x - mean;
-  return mul_rn(d, d);
+  return mul_nc(d, d);
 }
 PARM_HD inline float rstd_of(float sum_sq, int64_t cols, float eps) {
-  return div_rn(1.0f, sqrt_rn(add_rn(mul_rn(sum_sq, inv_count(cols)), eps)));
+  return 1.0f / sqrtf(mul_nc(sum_sq, inv_count(cols)) + eps);
 }
-PARM_HD inline float xhat(float x, float mean, float rstd) { return mul_rn(x - mean, rstd); }
+PARM_HD inline float xhat(float x, float mean, float rstd) { return mul_nc(x - mean, rstd); }
 // y = (x - mean) * rstd * gamma + beta
 PARM_HD inline float layernorm_y(float x, float mean, float rstd, float gamma, float beta) {
-  return add_rn(mul_rn(xhat(x, mean, rstd), gamma), beta);
+  return mul_nc(xhat(x, mean, rstd), gamma) + beta;
 }
 // dx = rstd (dy gamma - mean_g - xhat mean_gx), mean_g = mean(dy gamma),
 // mean_gx = mean(dy gamma xhat).
 PARM_HD inline float layernorm_dx(float dy, float gamma, float xh, float rstd, float mean_g,
                                   float mean_gx) {
-  return mul_rn(rstd, mul_rn(dy, gamma) - mean_g - mul_rn(xh, mean_gx));
-}
-
-// ---- exp as the CPU kernels compute it (kernels/cpu/vec_math.h exp_f32) ---------------------
-// The same steps with each operation rounded on its own, so the GPU's softmax takes the CPU's
-// exponentials (within 2 ulp of exp). NaN stays NaN; exp(-inf) = 0, exp(+inf) = +inf.
-PARM_HD inline float exp_cpu(float x) {
-  constexpr float kLo = -104.0f;
-  constexpr float kHi = 89.0f;
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;
-  const bool nan = (float_to_bits(x) & 0x7fffffffu) > 0x7f800000u;
-  const float xc = nan ? (float_to_bits(x) >> 31 ? kLo : kHi) : (x < kLo ? kLo : (x > kHi ? kHi : x));
-  const float n = add_rn(mul_rn(xc, kLog2e), kRound) - kRound;
-  float r = xc - mul_rn(n, kLn2Hi);
-  r = r - mul_rn(n, kLn2Lo);
-  float p = add_rn(1.0f / 5040.0f, mul_rn(r, 1.0f / 40320.0f));
-  p = add_rn(1.0f / 720.0f, mul_rn(r, p));
-  p = add_rn(1.0f / 120.0f, mul_rn(r, p));
-  p = add_rn(1.0f / 24.0f, mul_rn(r, p));
-  p = add_rn(1.0f / 6.0f, mul_rn(r, p));
-  p = add_rn(0.5f, mul_rn(r, p));
-  p = add_rn(1.0f, mul_rn(r, p));
-  p = add_rn(1.0f, mul_rn(r, p));
-  const int32_t ni = static_cast<int32_t>(n);
-  const int32_t n1 = ni >> 1;
-  const int32_t n2 = ni - n1;
-  const float s1 = bits_to_float(static_cast<uint32_t>(n1 + 127) << 23);
-  const float s2 = bits_to_float(static_cast<uint32_t>(n2 + 127) << 23);
-  const float y = mul_rn(mul_rn(p, s1), s2);
-  return nan ? bits_to_float(float_to_bits(y) | 0x7fc00000u) : y;
+  return mul_nc(rstd, mul_nc(dy, gamma) - mean_g - mul_nc(xh, mean_gx));
 }
 
 // ---- Attention (model/attention.cpp) ---------------------------------------------------------
@@ -175,34 +120,13 @@ struct LogSumExp {
   float max = -INFINITY;
   double sum = 0.0;  // of exp(x - max)
 };
-PARM_HD inline float exp_f(float x) {
-#ifdef __CUDA_ARCH__
-  return expf(x);
-#else
-  return std::exp(x);
-#endif
-}
-PARM_HD inline double exp_d(double x) {
-#ifdef __CUDA_ARCH__
-  return ::exp(x);
-#else
-  return std::exp(x);
-#endif
-}
-PARM_HD inline double log_d(double x) {
-#ifdef __CUDA_ARCH__
-  return ::log(x);
-#else
-  return std::log(x);
-#endif
-}
 PARM_HD inline void lse_add(LogSumExp& a, float x) {
   if (x == -INFINITY) return;  // adds exp(-inf) = 0 (and -inf - -inf would be NaN)
   if (x > a.max) {
-    a.sum = a.sum * static_cast<double>(exp_f(a.max - x)) + 1.0;  // exp(-inf) = 0 at the start
+    a.sum = a.sum * static_cast<double>(expert_math::exp_f32(a.max - x)) + 1.0;  // exp(-inf) = 0 at the start
     a.max = x;
   } else {
-    a.sum += static_cast<double>(exp_f(x - a.max));
+    a.sum += static_cast<double>(expert_math::exp_f32(x - a.max));
   }
 }
 PARM_HD inline LogSumExp lse_merge(const LogSumExp& a, const LogSumExp& b) {
@@ -211,21 +135,21 @@ PARM_HD inline LogSumExp lse_merge(const LogSumExp& a, const LogSumExp& b) {
   LogSumExp r;
   if (a.max >= b.max) {
     r.max = a.max;
-    r.sum = a.sum + b.sum * static_cast<double>(exp_f(b.max - a.max));
+    r.sum = a.sum + b.sum * static_cast<double>(expert_math::exp_f32(b.max - a.max));
   } else {
     r.max = b.max;
-    r.sum = b.sum + a.sum * static_cast<double>(exp_f(a.max - b.max));
+    r.sum = b.sum + a.sum * static_cast<double>(expert_math::exp_f32(a.max - b.max));
   }
   return r;
 }
 // log(sum exp(x)) = log(sum) + max.
 PARM_HD inline double lse_value(const LogSumExp& a) {
-  return log_d(a.sum) + static_cast<double>(a.max);
+  return ::log(a.sum) + static_cast<double>(a.max);
 }
 // dlogits of one element: scale * exp(x - log_z), minus scale at the target.
 PARM_HD inline float ce_grad(float x, double log_z, float scale, bool is_target) {
-  const float p = static_cast<float>(exp_d(static_cast<double>(x) - log_z));
-  const float d = mul_rn(scale, p);
+  const float p = static_cast<float>(::exp(static_cast<double>(x) - log_z));
+  const float d = mul_nc(scale, p);
   return is_target ? d - scale : d;
 }
 
@@ -252,11 +176,11 @@ inline AdamWScalars adamw_scalars(double lr, double beta1, double beta2, double 
 }
 // One element: g scaled, then m, v, w in the CPU's expression order.
 PARM_HD inline void adamw_update(float& w, float g, float& m, float& v, const AdamWScalars& s) {
-  const float gj = mul_rn(g, s.grad_scale);
-  m = add_rn(mul_rn(s.beta1, m), mul_rn(1.0f - s.beta1, gj));
-  v = add_rn(mul_rn(s.beta2, v), mul_rn(mul_rn(1.0f - s.beta2, gj), gj));
-  const float denom = add_rn(mul_rn(sqrt_rn(v), s.inv_sqrt_bc2), s.eps);
-  w = mul_rn(w, s.decay) - div_rn(mul_rn(s.step_size, m), denom);
+  const float gj = mul_nc(g, s.grad_scale);
+  m = mul_nc(s.beta1, m) + mul_nc(1.0f - s.beta1, gj);
+  v = mul_nc(s.beta2, v) + mul_nc(mul_nc(1.0f - s.beta2, gj), gj);
+  const float denom = mul_nc(sqrtf(v), s.inv_sqrt_bc2) + s.eps;
+  w = mul_nc(w, s.decay) - mul_nc(s.step_size, m) / denom;
 }
 
 }  // namespace parm::cuda::dense_math

@@ -2,11 +2,12 @@
 // the CPU's order (dense_rows.cuh), so that mean, rstd, y, the softmax and their adjoints
 // take the CPU kernels' bits where the CPU rounds every operation on its own. The weight
 // gradients of layernorm_backward are column sums in a fixed chunked order (not the CPU's
-// row-by-row order, which would leave most of the GPU idle).
+// row-by-row order, which would leave most of the GPU idle; dense_columns.cuh).
 #include "kernels/cuda/dense_kernels.h"
 #include "kernels/cuda/dense_rows.cuh"
 #include "kernels/cuda/dense_scratch.h"
 #include "kernels/cuda/dense_checks.h"
+#include "kernels/cuda/dense_columns.cuh"
 
 namespace parm::cuda {
 namespace {
@@ -24,7 +25,7 @@ __global__ void layernorm_forward_kernel(const float* x, const float* __restrict
     float* yr = y + r * cols;
     auto value = [&](int64_t c) { return xr[c]; };
     const float mu =
-        mul_rn(group_sum(lane_partial(cols, lane, value), cols, mask, value), inv_count(cols));
+        mul_nc(group_sum(lane_partial(cols, lane, value), cols, mask, value), inv_count(cols));
     auto square = [&](int64_t c) { return centred_square(xr[c], mu); };
     const float rs = rstd_of(group_sum(lane_partial(cols, lane, square), cols, mask, square), cols,
                              eps);
@@ -48,72 +49,29 @@ __global__ void layernorm_dx_kernel(const float* dy, const float* x, const float
     float* dxr = dx + r * cols;
     const float mu = mean[r];
     const float rs = rstd[r];
-    auto g = [&](int64_t c) { return mul_rn(dyr[c], gamma[c]); };
-    auto gx = [&](int64_t c) { return mul_rn(mul_rn(dyr[c], gamma[c]), xhat(xr[c], mu, rs)); };
+    auto g = [&](int64_t c) { return mul_nc(dyr[c], gamma[c]); };
+    auto gx = [&](int64_t c) { return mul_nc(mul_nc(dyr[c], gamma[c]), xhat(xr[c], mu, rs)); };
     const float mean_g =
-        mul_rn(group_sum(lane_partial(cols, lane, g), cols, mask, g), inv_count(cols));
+        mul_nc(group_sum(lane_partial(cols, lane, g), cols, mask, g), inv_count(cols));
     const float mean_gx =
-        mul_rn(group_sum(lane_partial(cols, lane, gx), cols, mask, gx), inv_count(cols));
+        mul_nc(group_sum(lane_partial(cols, lane, gx), cols, mask, gx), inv_count(cols));
     __syncwarp(mask);  // dx may alias dy
     for (int64_t c = lane; c < cols; c += kLanes)
       dxr[c] = layernorm_dx(dyr[c], gamma[c], xhat(xr[c], mu, rs), rs, mean_g, mean_gx);
   }
 }
 
-// The weight gradients' column sums: partial_gamma / partial_beta (chunks, cols) hold the sums
-// of dy xhat and dy over each chunk of kColumnSumChunkRows rows (block y = chunk; each thread
-// sums rows y, y + 8, ... of its column in order, then a fixed tree adds the 8 sums).
-constexpr int kColTile = 32;
-constexpr int kRowThreads = 8;
-static_assert(kColTile * kRowThreads == kThreads, "column-sum block size");
-
-__global__ void layernorm_param_partials_kernel(const float* __restrict__ dy,
-                                                const float* __restrict__ x,
-                                                const float* __restrict__ mean,
-                                                const float* __restrict__ rstd,
-                                                float* partial_gamma, float* partial_beta,
-                                                int64_t rows, int64_t cols) {
-  __shared__ float tile_g[kRowThreads][kColTile + 1];
-  __shared__ float tile_b[kRowThreads][kColTile + 1];
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kColumnSumChunkRows;
-  const int64_t r1 = r0 + kColumnSumChunkRows < rows ? r0 + kColumnSumChunkRows : rows;
-  float sg = 0.0f, sb = 0.0f;
-  if (col < cols)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
-      const float d = dy[r * cols + col];
-      sg = add_rn(sg, mul_rn(d, xhat(x[r * cols + col], mean[r], rstd[r])));
-      sb = add_rn(sb, d);
-    }
-  tile_g[threadIdx.y][threadIdx.x] = sg;
-  tile_b[threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
-  for (int s = kRowThreads / 2; s > 0; s /= 2) {
-    if (static_cast<int>(threadIdx.y) < s) {
-      tile_g[threadIdx.y][threadIdx.x] += tile_g[threadIdx.y + s][threadIdx.x];
-      tile_b[threadIdx.y][threadIdx.x] += tile_b[threadIdx.y + s][threadIdx.x];
-    }
-    __syncthreads();
+// The weight gradients' summands of element i of row r: dy xhat (dgamma) and dy (dbeta).
+struct LayerNormParamGrads {
+  const float* dy;
+  const float* x;
+  const float* mean;
+  const float* rstd;
+  __device__ void operator()(int64_t r, int64_t, int64_t i, float* v) const {
+    v[0] = mul_nc(dy[i], xhat(x[i], mean[r], rstd[r]));
+    v[1] = dy[i];
   }
-  if (threadIdx.y == 0 && col < cols) {
-    partial_gamma[static_cast<int64_t>(blockIdx.y) * cols + col] = tile_g[0][threadIdx.x];
-    partial_beta[static_cast<int64_t>(blockIdx.y) * cols + col] = tile_b[0][threadIdx.x];
-  }
-}
-
-// out (cols) += the chunk partials of each column, in chunk order (both outputs at once).
-__global__ void column_finish2_kernel(const float* __restrict__ pa, const float* __restrict__ pb,
-                                      int64_t chunks, int64_t cols, float* out_a, float* out_b) {
-  for (int64_t c = thread_index(); c < cols; c += thread_stride()) {
-    float sa = 0.0f, sb = 0.0f;
-    for (int64_t j = 0; j < chunks; ++j) {
-      sa += pa[j * cols + c];
-      sb += pb[j * cols + c];
-    }
-    out_a[c] += sa;
-    out_b[c] += sb;
-  }
-}
+};
 
 __global__ void softmax_forward_kernel(const float* x, float* y, int64_t rows, int64_t cols) {
   for (int64_t r = group_index(); r < rows; r += group_stride())
@@ -144,18 +102,9 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
   check_sizes(rows >= 0 && cols > 0, "layernorm_backward", "rows, cols", {rows, cols},
               "rows >= 0, cols > 0");
   if (rows == 0) return;
-  const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
-  float* pg = dense::scratch_as<float>(Slot::kPartials, chunks * cols);
-  float* pb = dense::scratch_as<float>(Slot::kPartials2, chunks * cols);
-  cudaStream_t s = stream();
   // The column sums first: they read dy, which dx may overwrite.
-  const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile),
-                  static_cast<unsigned>(chunks));
-  layernorm_param_partials_kernel<<<grid, dim3(kColTile, kRowThreads), 0, s>>>(dy, x, mean, rstd,
-                                                                               pg, pb, rows, cols);
-  PARM_CUDA_CHECK_LAUNCH();
-  column_finish2_kernel<<<grid_for(cols), kThreads, 0, s>>>(pg, pb, chunks, cols, dgamma, dbeta);
-  PARM_CUDA_CHECK_LAUNCH();
+  column_sums<2>(LayerNormParamGrads{dy, x, mean, rstd}, rows, cols, dgamma, dbeta);
+  cudaStream_t s = stream();
   layernorm_dx_kernel<<<row_group_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, mean, rstd, dx,
                                                                   rows, cols);
   PARM_CUDA_CHECK_LAUNCH();

@@ -55,7 +55,7 @@ __global__ void sorted_run_add_kernel(const int64_t* __restrict__ keys,
       float acc = dst[key * cols + c];
       for (int64_t j = i; j < n && keys[j] == key; ++j) {
         const float s = src[static_cast<int64_t>(sources[j]) * cols + c];
-        acc = dense_math::add_rn(acc, scale == nullptr ? s : dense_math::mul_rn(scale[sources[j]], s));
+        acc += scale == nullptr ? s : dense_math::mul_nc(scale[sources[j]], s);
       }
       dst[key * cols + c] = acc;
     }

@@ -31,7 +31,7 @@ __device__ inline void softmax_row(const float* x, float* y, int64_t n, int64_t 
   const int64_t span = lane_span(n);
   float mx = -INFINITY;  // the CPU's max_f32: NaN never wins a comparison
   for (int64_t c = lane; c < n; c += kLanes) {
-    const float v = mul_rn(x[c], scale);
+    const float v = mul_nc(x[c], scale);
     mx = v > mx ? v : mx;
   }
 #pragma unroll
@@ -43,16 +43,16 @@ __device__ inline void softmax_row(const float* x, float* y, int64_t n, int64_t 
   // (read by every thread of the group) is written after the group has read it.
   float acc = 0.0f;
   for (int64_t c = lane; c < span; c += kLanes) {
-    const float e = exp_cpu(mul_rn(x[c], scale) - mx);
+    const float e = exp_f32(mul_nc(x[c], scale) - mx);
     y[c] = e;
-    acc = add_rn(acc, e);
+    acc += e;
   }
   const float sum =
-      group_sum(acc, n, mask, [&](int64_t c) { return exp_cpu(mul_rn(x[c], scale) - mx); });
+      group_sum(acc, n, mask, [&](int64_t c) { return exp_f32(mul_nc(x[c], scale) - mx); });
   __syncwarp(mask);
-  const float inv = div_rn(1.0f, sum);
-  for (int64_t c = lane; c < span; c += kLanes) y[c] = mul_rn(y[c], inv);
-  if (span + lane < n) y[span + lane] = mul_rn(exp_cpu(mul_rn(x[span + lane], scale) - mx), inv);
+  const float inv = 1.0f / sum;
+  for (int64_t c = lane; c < span; c += kLanes) y[c] = mul_nc(y[c], inv);
+  if (span + lane < n) y[span + lane] = mul_nc(exp_f32(mul_nc(x[span + lane], scale) - mx), inv);
   for (int64_t c = n + lane; c < zero_to; c += kLanes) y[c] = 0.0f;
 }
 
@@ -64,10 +64,10 @@ __device__ inline void softmax_backward_row(const float* y, const float* dy, flo
   const int lane = group_lane();
   const unsigned mask = group_mask();
   float acc = 0.0f;
-  for (int64_t c = lane; c < lane_span(n); c += kLanes) acc = add_rn(acc, mul_rn(y[c], dy[c]));
-  const float dot = group_sum(acc, n, mask, [&](int64_t c) { return mul_rn(y[c], dy[c]); });
+  for (int64_t c = lane; c < lane_span(n); c += kLanes) acc += mul_nc(y[c], dy[c]);
+  const float dot = group_sum(acc, n, mask, [&](int64_t c) { return mul_nc(y[c], dy[c]); });
   __syncwarp(mask);
-  for (int64_t c = lane; c < n; c += kLanes) dx[c] = mul_rn(mul_rn(y[c], dy[c] - dot), scale);
+  for (int64_t c = lane; c < n; c += kLanes) dx[c] = mul_nc(mul_nc(y[c], dy[c] - dot), scale);
   for (int64_t c = n + lane; c < zero_to; c += kLanes) dx[c] = 0.0f;
 }
 
