@@ -37,6 +37,14 @@ __global__ void bias_gelu_kernel(const float* __restrict__ pre, const float* __r
   }
 }
 
+template <class Index>
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, Index n,
+                                Index cols) {
+  const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    y[i] += bias[i % cols];
+}
+
 // True when every index of a grid-stride loop over n elements (up to n + the grid's stride)
 // fits in 32 bits.
 bool fits_u32(int64_t n) { return n + static_cast<int64_t>(grid_for(n)) * kThreads < (1LL << 32); }
@@ -197,6 +205,17 @@ void bias_gelu_backward(const float* pre, const float* bias, const float* dact, 
                         uint16_t* dpre_bf16, float* dbias, float* scratch, int64_t rows,
                         int64_t cols) {
   column_sums(pre, bias, dact, dpre, dpre_bf16, dbias, scratch, rows, cols, true);
+}
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return;
+  if (fits_u32(n))
+    add_bias_kernel<uint32_t><<<grid_for(n), kThreads, 0, stream()>>>(
+        y, bias, static_cast<uint32_t>(n), static_cast<uint32_t>(cols));
+  else
+    add_bias_kernel<int64_t><<<grid_for(n), kThreads, 0, stream()>>>(y, bias, n, cols);
+  PARM_CUDA_CHECK_LAUNCH();
 }
 
 void bias_backward(const float* dy, float* dbias, float* scratch, int64_t rows, int64_t cols) {

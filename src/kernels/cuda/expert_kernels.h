@@ -32,8 +32,7 @@ void bias_gelu_backward(const float* pre, const float* bias, const float* dact, 
                         uint16_t* dpre_bf16, float* dbias, float* scratch, int64_t rows,
                         int64_t cols);
 
-// y (rows, cols) += bias (cols) on every row (defined with the dense kernels,
-// dense_elementwise.cu).
+// y (rows, cols) += bias (cols) on every row.
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols);
 
 // dbias (cols) += column sums of dy (rows, cols). scratch as bias_gelu_backward.
