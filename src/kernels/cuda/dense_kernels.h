@@ -7,8 +7,8 @@
 //   - a kernel cannot throw: a token or target outside the vocabulary is recorded in a
 //     device flag that check_index_errors() reads later (it throws the CPU's message);
 //   - results that the CPU returns (the cross-entropy loss) go to a device scalar;
-//   - scratch that a reduction needs comes from a workspace this module owns (grow-only
-//     device memory; growing it frees the old block, which waits for the device).
+//   - scratch comes from a workspace this module owns (grow-only device memory, grown and
+//     freed stream-ordered: no host wait; dense_scratch.h).
 // Every sum is deterministic: a fixed order that depends only on the shapes, never float
 // atomics. The per-element maths is in dense_math.h, shared with the CPU unit tests.
 // CUDA builds only; no CUDA headers here. One host thread per process drives these (the
@@ -101,9 +101,13 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, f
 // Per head, one cuBLAS strided-batched product over the batch for each of q k^T, p v (and
 // the four backward products), and one fused kernel per pass for the scale, the causal mask
 // and the softmax (forward) or its adjoint (backward). Not a flash kernel: the contract keeps
-// probs (B, heads, L, L) for the backward pass, as the CPU oracle does, and at L <= 1024,
-// D = 64 the products run as tensor-core GEMMs while the fused softmax reads and writes each
-// score once. s.precision kBf16: bf16 operands (rounded into the workspace), fp32 results.
+// probs (B, heads, L, L) for the backward pass, as the CPU oracle does (so that every tensor
+// can be checked against it), and at GPT-2's lengths (L <= 1024, D = 64) the products are
+// tensor-core GEMMs (K = D or L) while the fused softmax reads and writes each score once per
+// pass: what a flash kernel would save is that traffic, 8 L^2 bytes per head and sequence per
+// pass, and the probs' memory. s.precision kBf16: bf16 operands (rounded into the
+// workspace), fp32 results. A call from outside parm::cuda must be qualified
+// (cuda::attention_forward): argument-dependent lookup also finds model::attention_forward.
 // dscores: the CPU's (L, L) scratch, not used here (may be null): one head's scores for the
 // whole batch, (B, L, L), live in the workspace.
 void attention_forward(const model::AttentionShape& s, const float* q, const float* k,
