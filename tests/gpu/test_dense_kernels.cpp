@@ -517,5 +517,28 @@ TEST(DenseKernels, SumOfSquaresMatchesCpu) {
   }
 }
 
+TEST(DenseKernels, BadShapesAreRefusedBeforeAnyWork) {
+  PARM_SKIP_WITHOUT_GPU();
+  try {
+    layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 0, 1e-5f);
+    ADD_FAILURE() << "cols = 0 was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cuda::layernorm_forward: (rows, cols) = (4, 0); valid: rows >= 0, cols > 0"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_THROW(adamw_step(nullptr, nullptr, nullptr, nullptr, 4, 1e-3, 0.9, 0.95, 1e-8, 0.1, 0,
+                          1.0, true),
+               Error);  // steps count from 1
+  EXPECT_THROW(cross_entropy(nullptr, nullptr, nullptr, 2, 0, 1.0f, nullptr), Error);
+  model::AttentionShape s;
+  s.batch = 1;
+  s.seq_len = 4;
+  s.heads = 1;
+  s.head_dim = 0;
+  EXPECT_THROW(parm::cuda::attention_forward(s, nullptr, nullptr, nullptr, nullptr, nullptr), Error);
+}
+
 }  // namespace
 }  // namespace parm::cuda

@@ -159,7 +159,7 @@ TEST(CudaDenseMath, LayerNormBackwardDxIsTheCpuKernelsBits) {
 
 TEST(CudaDenseMath, ExpIsTheCpuKernelsExp) {
   // softmax of a one-element row is exp(0) / exp(0); of [a, 0] it exposes exp(-a) through
-  // 1 / (1 + exp(-a)): compare exp_cpu with the CPU's exp inside its softmax at many points.
+  // 1 / (1 + exp(-a)): compare exp_f32 with the CPU's exp inside its softmax at many points.
   for (int i = -1200; i <= 1200; ++i) {
     const float a = 0.0937f * static_cast<float>(i);
     const float x[2] = {a, 0.0f};

@@ -7,15 +7,16 @@
 // rounds the product first; mul_nc (moe_math.h) rounds a product on its own (__fmul_rn on
 // the GPU, which nvcc never contracts), so the functions below compute the CPU source's
 // expressions in its order. Division and sqrt are IEEE-rounded on both sides (the build does
-// not use --use_fast_math). The exponential is moe_math.h's exp_f32, the CPU kernels' own.
+// not use --use_fast_math). The exponential is moe_math.h's exp_f32: the CPU kernels' exp as
+// their FMA clones (any AVX2 host) compute it.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/expert_math.h"
 #include "kernels/cuda/gemm_args.h"
 #include "kernels/cuda/host_device.h"
-#include "kernels/cuda/expert_math.h"
 #include "kernels/cuda/moe_math.h"
 
 namespace parm::cuda::dense_math {
@@ -27,8 +28,8 @@ using math::mul_nc;
 // The CPU sums a row of n values in kLanes lanes: lane j adds elements j, j + kLanes, ... of
 // the first lane_span(n) elements in order; then the lanes are added in order 0..kLanes-1,
 // then the tail elements lane_span(n) .. n-1 one by one. The GPU runs lane j on thread j of
-// a group of kLanes threads and the rest on the group's first thread: the CPU's order, and
-// so its bits.
+// a group of kLanes threads, and every thread of the group then adds the lanes and the tail
+// (dense_rows.cuh group_sum): the CPU's order, and so its sums' bits.
 using math::kLanes;
 PARM_HD inline int64_t lane_span(int64_t n) { return n - n % kLanes; }
 
