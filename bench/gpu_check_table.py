@@ -8,12 +8,17 @@ Reads from RESULTS_DIR
                                       schedule: forward_ms/backward_ms {median, max},
                                       floor_ms, time_over_floor, floor_gflops, ...)
   torch-bench.jsonl                   bench/torch_moe_layer.py's JSON lines
+  parm-shape-<i>.json                 the shapes stage: `bench-layer` at the GPU-layer issue's
+                                      shapes (1 rank, bf16)
 and prints every schedule of every Parm run, then one row per (precision, rank count):
 Parm's fastest schedule (forward + backward, the medians summed as bench-layer does), its
 floor (the expert products timed alone on the filled rows) and time / floor, the PyTorch
 layer's time on the same total tokens on the one GPU (N ranks x T tokens each) and
 PyTorch / Parm (> 1: Parm is faster). A missing or unreadable file gives a row of '-' and
-a note, never an exception: the table shows whatever the run produced.
+a note, never an exception: the table shows whatever the run produced. Last, one row per
+shape of the shapes stage: forward + backward ms, the floor, time / floor, the layer's and the
+floor's TFLOP/s (the six expert products over the filled rows, per ms of each), and the
+issue's target with how far the run is from it.
 """
 import argparse
 import glob
@@ -117,6 +122,90 @@ def build(res_dir):
     return summary, details, notes, torch_rows
 
 
+# The GPU-layer issue's targets, by (T, M, H, E, k): forward + backward ms at most, and the
+# floor's TFLOP/s at least (None: no floor target).
+SHAPE_TARGETS = {
+    (1024, 512, 2048, 8, 2): (0.45, None),
+    (8192, 1024, 4096, 16, 2): (1.9, 600.0),
+    (8192, 2048, 1024, 64, 8): (4.5, None),
+}
+
+
+def shape_key(cfg):
+    try:
+        return tuple(int(cfg[k]) for k in ("tokens", "model_dim", "hidden", "experts", "topk"))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def build_shapes(res_dir):
+    """(rows, notes) of the shapes stage: one row per parm-shape-<i>.json, in i order."""
+    rows, notes = [], []
+    paths = []
+    for path in glob.glob(os.path.join(res_dir, "parm-shape-*.json")):
+        m = re.search(r"-(\d+)\.json$", path)
+        if m:
+            paths.append((int(m.group(1)), path))
+    for _, path in sorted(paths):
+        name = os.path.basename(path)
+        try:
+            cfg, results = read_parm(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            notes.append(f"shapes: {name} unreadable: {e}")
+            continue
+        if not results:
+            notes.append(f"shapes: {name} holds no results")
+            continue
+        best = min(results, key=lambda r: r["total"])
+        key = shape_key(cfg)
+        row = {"shape": key, "schedule": best["name"], "ms": best["total"],
+               "floor_ms": best["floor"], "time_over_floor": best["tof"],
+               "floor_tflops": None, "tflops": None}
+        if isinstance(best["gflops"], (int, float)) and isinstance(best["floor"], (int, float)):
+            row["floor_tflops"] = best["gflops"] / 1e3
+            # The same FLOPs (the six products over the filled rows) per ms of the whole layer.
+            if best["total"] > 0:
+                row["tflops"] = best["gflops"] * best["floor"] / best["total"] / 1e3
+        target = SHAPE_TARGETS.get(key)
+        if target is not None:
+            row["target_ms"], row["target_floor_tflops"] = target
+            row["meets_ms"] = row["ms"] <= target[0]
+            row["ms_over_target"] = row["ms"] / target[0]
+            if target[1] is not None and row["floor_tflops"] is not None:
+                row["meets_floor"] = row["floor_tflops"] >= target[1]
+        else:
+            notes.append(f"shapes: {name} is shape {key}, which has no target")
+        rows.append(row)
+    return rows, notes
+
+
+def render_shapes(rows, notes):
+    lines = ["", "# GPU-layer issue shapes: bf16, 1 rank, forward + backward median ms; "
+             "TFLOP/s = the six expert products over the filled rows per ms"]
+    head = (f"{'T M H E k':<24}{'ms':>8}{'floor ms':>10}{'t/floor':>9}{'TFLOP/s':>9}"
+            f"{'floor TF/s':>11}  {'target':<28}")
+    lines.append(head)
+    lines.append("-" * len(head))
+    for r in rows:
+        shape = " ".join(str(v) for v in r["shape"]) if r["shape"] else "?"
+        if "target_ms" in r:
+            verdict = "met" if r["meets_ms"] else "MISSED"
+            target = f"<= {r['target_ms']} ms: {verdict} ({r['ms_over_target']:.2f}x)"
+            if "meets_floor" in r:
+                target += (f"; floor >= {r['target_floor_tflops']:.0f}: "
+                           + ("met" if r["meets_floor"] else "MISSED"))
+        else:
+            target = "-"
+        lines.append(f"{shape:<24}{fmt(r['ms'], '8.3f')}{fmt(r['floor_ms'], '10.3f')}"
+                     f"{fmt(r['time_over_floor'], '9.2f')}{fmt(r['tflops'], '9.0f')}"
+                     f"{fmt(r['floor_tflops'], '11.0f')}  {target}")
+    if not rows:
+        lines.append("(no parm-shape-*.json: the shapes stage failed or did not run)")
+    for n in notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
 def render(summary, details, notes, torch_rows):
     lines = []
     for title, rows in details:
@@ -164,10 +253,13 @@ def main():
     ap.add_argument("--json-out", help="also write the summary rows and notes as JSON")
     args = ap.parse_args()
     summary, details, notes, torch_rows = build(args.results_dir)
+    shape_rows, shape_notes = build_shapes(args.results_dir)
     print(render(summary, details, notes, torch_rows))
+    print(render_shapes(shape_rows, shape_notes))
     if args.json_out:
         with open(args.json_out, "w") as fh:
-            json.dump({"summary": summary, "notes": notes}, fh, indent=2)
+            json.dump({"summary": summary, "notes": notes, "shapes": shape_rows,
+                       "shape_notes": shape_notes}, fh, indent=2)
             fh.write("\n")
     return 0
 
