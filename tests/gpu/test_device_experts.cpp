@@ -622,6 +622,62 @@ TEST(CudaDeviceExperts, ReusedAcrossStepsWithDifferentFills) {
   }
 }
 
+// CUDA graphs: the same tensors and fills pass after pass (eager, captured, replayed twice)
+// give the eager pass's results, fp32 and bf16; other fills run eagerly and are still right;
+// the counts say what ran.
+TEST(CudaDeviceExperts, GraphsReplayTheEagerPass) {
+  PARM_SKIP_WITHOUT_GPU();
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(precision_name(p));
+    const int64_t blocks = 2, E = 3, slots = 7, M = 24, hl = 20;
+    DeviceExperts dev(E, blocks * slots, M, hl, p);
+    dev.set_graphs(true);
+    uint64_t st = 7000;
+    const ExpertShards w{gpu(host_normal({E, M, hl}, st++, 0.2f)), gpu(host_normal({E, hl}, st++, 0.1f)),
+                         gpu(host_normal({E, hl, M}, st++, 0.2f)), gpu(host_normal({E, M}, st++, 0.1f))};
+    const Shape layout = {blocks, E, slots, M};
+    const Tensor in = gpu(host_normal(layout, st++, 1.0f)), dout = gpu(host_normal(layout, st++, 1.0f));
+    Tensor out(layout, Device::kCuda), din(layout, Device::kCuda);
+    ExpertShards dw{Tensor({E, M, hl}, Device::kCuda), Tensor({E, hl}, Device::kCuda),
+                    Tensor({E, hl, M}, Device::kCuda), Tensor({E, M}, Device::kCuda)};
+    const std::vector<int32_t> fills = {7, 0, 3, 1, 5, 7}, other = {2, 7, 0, 0, 1, 6};
+    // One pass from zero gradients; returns out, din, dW1, db1, dW2, db2 on the host.
+    auto pass = [&](const std::vector<int32_t>& f) {
+      for (Tensor* t : {&dw.w1, &dw.b1, &dw.w2, &dw.b2}) device_zero(t->data(), t->bytes());
+      dev.forward(in, w, blocks, slots, f.data(), true, out);
+      dev.backward(dout, w, blocks, slots, f.data(), dw, din);
+      return std::vector<Tensor>{host(out), host(din), host(dw.w1), host(dw.b1), host(dw.w2), host(dw.b2)};
+    };
+    // The same launches, so the same numbers; a tolerance (not memcmp) in case cuBLAS picks
+    // another algorithm under capture. A wrong pointer baked into a graph is off by O(1).
+    const double tol = p == Precision::kFp32 ? kF32Tol : kBf16OutTol;
+    auto same = [tol](const std::vector<Tensor>& a, const std::vector<Tensor>& b, const char* what) {
+      for (size_t i = 0; i < a.size(); ++i)
+        expect_close(a[i].data(), b[i].data(), a[i].numel(), tol,
+                     std::string(what) + ": tensor " + std::to_string(i));
+    };
+    const std::vector<Tensor> eager = pass(fills);  // eager (first of its key)
+    same(pass(fills), eager, "captured pass");
+    same(pass(fills), eager, "replay 1");
+    same(pass(fills), eager, "replay 2");
+    EXPECT_FALSE(dev.forward_graphs().capture_failed()) << "the forward pass could not be captured";
+    EXPECT_FALSE(dev.backward_graphs().capture_failed()) << "the backward pass could not be captured";
+    EXPECT_EQ(dev.forward_graphs().eager(), 1);
+    EXPECT_EQ(dev.forward_graphs().captures(), 1);
+    EXPECT_EQ(dev.forward_graphs().replays(), 2);
+    EXPECT_EQ(dev.backward_graphs().replays(), 2);
+    // Other fills: eager, and the same as a DeviceExperts without graphs.
+    DeviceExperts plain(E, blocks * slots, M, hl, p);
+    const std::vector<Tensor> got = pass(other);
+    for (Tensor* t : {&dw.w1, &dw.b1, &dw.w2, &dw.b2}) device_zero(t->data(), t->bytes());
+    plain.forward(in, w, blocks, slots, other.data(), true, out);
+    plain.backward(dout, w, blocks, slots, other.data(), dw, din);
+    same(got, {host(out), host(din), host(dw.w1), host(dw.b1), host(dw.w2), host(dw.b2)},
+         "other fills");
+    EXPECT_EQ(dev.forward_graphs().eager(), 2);
+  }
+}
+
 TEST(CudaDeviceExperts, RefusesBadCalls) {
   PARM_SKIP_WITHOUT_GPU();
   DeviceExperts dev(2, 10, 8, 4, Precision::kFp32);

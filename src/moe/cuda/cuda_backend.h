@@ -113,6 +113,11 @@ class CudaBackend final : public LayerBackend {
   cuda::DeviceExperts experts_;
 };
 
+// PARM_CUDA_GRAPHS (0 / off, the default; 1 / on): whether the device experts run their
+// steady-state passes from CUDA graphs (device_experts.h). Throws InvalidConfig on any other
+// value.
+bool cuda_graphs_from_env();
+
 // The backend above behind the LayerBackend interface (make_backend calls it for cuda).
 std::unique_ptr<LayerBackend> make_cuda_backend(Precision precision, const BackendSizes& sizes);
 

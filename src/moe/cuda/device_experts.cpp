@@ -253,13 +253,70 @@ ProductOperands DeviceExperts::operands(const ExpertShards& w, ExpertShards* dw)
   return o;
 }
 
+void DeviceExperts::set_graphs(bool on) {
+  fwd_policy_.set_enabled(on);
+  bwd_policy_.set_enabled(on);
+  if (!on) {
+    fwd_graph_.reset();
+    bwd_graph_.reset();
+  }
+}
+
+namespace {
+
+// key = the pass's tensors, sizes and fills (pass_graphs.h); overwritten.
+void make_key(PassKey& key, std::initializer_list<const Tensor*> tensors,
+              std::initializer_list<int64_t> sizes, const int32_t* fills, int64_t num_fills) {
+  key.clear();
+  for (const Tensor* t : tensors) key.pointers.push_back(t->data());
+  key.sizes.assign(sizes.begin(), sizes.end());
+  key.fills.assign(fills, fills + num_fills);
+}
+
+}  // namespace
+
+void DeviceExperts::run_pass(GraphPolicy& policy, parm::cuda::StreamGraph& graph,
+                             const std::function<void()>& work) {
+  switch (policy.next(key_)) {
+    case GraphPolicy::Action::kReplay:
+      graph.launch();
+      return;
+    case GraphPolicy::Action::kCapture: {
+      const bool ok = graph.capture(work);
+      policy.captured(ok);
+      if (ok) {
+        graph.launch();
+        return;
+      }
+      break;  // run it eagerly
+    }
+    case GraphPolicy::Action::kEager:
+      break;
+  }
+  work();
+}
+
 void DeviceExperts::forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                             const int32_t* fills, bool add_b2, Tensor& out, PhaseTimes* times) {
   check_call(w, in, out, blocks, slots, fills, "forward");
-  const int64_t M = model_dim_, hl = hidden_;
-  const bool bf16 = precision_ == Precision::kBf16;
   count_rows(fills, blocks, e_loc_, rows_);
   have_forward_ = true;
+  if (times != nullptr || !fwd_policy_.enabled()) {
+    forward_work(in, w, blocks, slots, fills, add_b2, out, times);
+    return;
+  }
+  make_key(key_, {&in, &out, &w.w1, &w.b1, &w.w2, &w.b2},
+           {blocks, slots, add_b2 ? 1 : 0, static_cast<int64_t>(gemm_.mode())}, fills,
+           blocks * e_loc_);
+  run_pass(fwd_policy_, fwd_graph_,
+           [&] { forward_work(in, w, blocks, slots, fills, add_b2, out, nullptr); });
+}
+
+void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_t blocks,
+                                 int64_t slots, const int32_t* fills, bool add_b2, Tensor& out,
+                                 PhaseTimes* times) {
+  const int64_t M = model_dim_, hl = hidden_;
+  const bool bf16 = precision_ == Precision::kBf16;
   if (times != nullptr) device_sync();  // earlier queued work is not this step's
   PhaseClock clock(times);
   auto lap = [&](const char* phase) {
@@ -302,7 +359,6 @@ void DeviceExperts::backward(const Tensor& dout, const ExpertShards& w, int64_t 
                              int64_t slots, const int32_t* fills, ExpertShards& dw, Tensor& din,
                              PhaseTimes* times) {
   check_call(w, dout, din, blocks, slots, fills, "backward");
-  const int64_t M = model_dim_, hl = hidden_;
   PARM_CHECK(dw.w1.numel() == w.w1.numel() && dw.b1.numel() == w.b1.numel() &&
                  dw.w2.numel() == w.w2.numel() && dw.b2.numel() == w.b2.numel(),
              "device experts backward: gradients dW1 {} db1 {} dW2 {} db2 {} do not match the "
@@ -316,6 +372,20 @@ void DeviceExperts::backward(const Tensor& dout, const ExpertShards& w, int64_t 
     for (int64_t b = 0; b < blocks; ++b) n += fills[b * e_loc_ + e];
     PARM_CHECK_EQ(n, rows_[static_cast<size_t>(e)]);
   }
+  if (times != nullptr || !bwd_policy_.enabled()) {
+    backward_work(dout, w, blocks, slots, fills, dw, din, times);
+    return;
+  }
+  make_key(key_, {&dout, &din, &w.w1, &w.b1, &w.w2, &w.b2, &dw.w1, &dw.b1, &dw.w2, &dw.b2},
+           {blocks, slots, static_cast<int64_t>(gemm_.mode())}, fills, blocks * e_loc_);
+  run_pass(bwd_policy_, bwd_graph_,
+           [&] { backward_work(dout, w, blocks, slots, fills, dw, din, nullptr); });
+}
+
+void DeviceExperts::backward_work(const Tensor& dout, const ExpertShards& w, int64_t blocks,
+                                  int64_t slots, const int32_t* fills, ExpertShards& dw,
+                                  Tensor& din, PhaseTimes* times) {
+  const int64_t M = model_dim_, hl = hidden_;
   const bool bf16 = precision_ == Precision::kBf16;
   if (times != nullptr) device_sync();
   PhaseClock clock(times);

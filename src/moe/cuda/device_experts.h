@@ -10,6 +10,12 @@
 // non-null `times` the stream is synchronised before every phase lap so the phase times are
 // the GPU's (the phases are the CPU path's names).
 //
+// CUDA graphs (set_graphs(true); off by default): a pass called with the same key as the
+// pass before it (pass_graphs.h: the same tensors, sizes and fill counts), and no `times`,
+// is captured into a graph and launched; later passes with that key launch the graph again,
+// one launch instead of a dozen. Any other pass runs its launches as they are. A capture that
+// fails turns graphs off for that direction for good.
+//
 // Precision::kFp32: every buffer and product is fp32 (the CPU oracle's semantics).
 // Precision::kBf16: the rows between the products are bf16, as in every bf16 MoE: the
 // gathered x and dy, pre, act, the products' row outputs (out, dact, dx; bf16 C, rounded
@@ -21,11 +27,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "kernels/cuda/expert_kernels.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/graph.h"
+#include "moe/cuda/pass_graphs.h"
 #include "moe/moe_ops.h"
 #include "parm/device.h"
 #include "parm/tensor.h"
@@ -59,6 +68,10 @@ class DeviceExperts {
   Precision precision() const { return precision_; }
   // The grouped-GEMM helper (tests force its loop mode to compare the two paths).
   parm::cuda::GroupedGemm& grouped_gemm() { return gemm_; }
+  // CUDA graphs for the steady state (see above), and what they did so far.
+  void set_graphs(bool on);
+  const GraphPolicy& forward_graphs() const { return fwd_policy_; }
+  const GraphPolicy& backward_graphs() const { return bwd_policy_; }
 
  private:
   // A zero-filled device buffer of bf16 values (empty: data() is null).
@@ -73,6 +86,14 @@ class DeviceExperts {
                   int64_t slots, const int32_t* fills, const char* what) const;
   // The operands of the six products in this workspace (dw may be null in the forward pass).
   ProductOperands operands(const ExpertShards& w, ExpertShards* dw);
+  // The launches of each pass (after the checks; rows_ set), timed when times is not null.
+  void forward_work(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
+                    const int32_t* fills, bool add_b2, Tensor& out, PhaseTimes* times);
+  void backward_work(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
+                     const int32_t* fills, ExpertShards& dw, Tensor& din, PhaseTimes* times);
+  // Runs `work` as policy says for key_ (eagerly, captured then launched, or replayed).
+  void run_pass(GraphPolicy& policy, parm::cuda::StreamGraph& graph,
+                const std::function<void()>& work);
 
   int64_t e_loc_, max_rows_, model_dim_, hidden_;
   int64_t stride_m_, stride_h_;  // elements per expert of an (R, M) / (R, Hl) row buffer
@@ -95,6 +116,9 @@ class DeviceExperts {
   Bf16Buffer d_act_bf16_;          // dact, then dpre in place
   Bf16Buffer w1_bf16_, w2_bf16_;   // (E_loc, M, Hl), (E_loc, Hl, M)
   parm::cuda::GroupedGemm gemm_;
+  GraphPolicy fwd_policy_, bwd_policy_;
+  parm::cuda::StreamGraph fwd_graph_, bwd_graph_;
+  PassKey key_;  // the key of the pass being run (kept to reuse its memory)
   std::vector<parm::cuda::GemmProblem> problems_;  // (E_loc) reserved
 };
 
