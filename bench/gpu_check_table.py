@@ -8,8 +8,8 @@ Reads from RESULTS_DIR
                                       schedule: forward_ms/backward_ms {median, max},
                                       floor_ms, time_over_floor, floor_gflops, ...)
   torch-bench.jsonl                   bench/torch_moe_layer.py's JSON lines
-  parm-shape-<i>.json                 the shapes stage: `bench-layer` at the GPU-layer issue's
-                                      shapes (1 rank, bf16)
+  parm-shape-<i>[-graphs<0|1>].json   the shapes stage: `bench-layer` at the GPU-layer issue's
+                                      shapes (1 rank, bf16), CUDA graphs off (0) or on (1)
 and prints every schedule of every Parm run, then one row per (precision, rank count):
 Parm's fastest schedule (forward + backward, the medians summed as bench-layer does), its
 floor (the expert products timed alone on the filled rows) and time / floor, the PyTorch
@@ -139,14 +139,16 @@ def shape_key(cfg):
 
 
 def build_shapes(res_dir):
-    """(rows, notes) of the shapes stage: one row per parm-shape-<i>.json, in i order."""
+    """(rows, notes) of the shapes stage: one row per parm-shape-<i>[-graphs<g>].json, in
+    (i, g) order."""
     rows, notes = [], []
     paths = []
     for path in glob.glob(os.path.join(res_dir, "parm-shape-*.json")):
-        m = re.search(r"-(\d+)\.json$", path)
+        m = re.search(r"parm-shape-(\d+)(?:-graphs(\d))?\.json$", path)
         if m:
-            paths.append((int(m.group(1)), path))
-    for _, path in sorted(paths):
+            graphs = None if m.group(2) is None else m.group(2) == "1"
+            paths.append((int(m.group(1)), -1 if graphs is None else int(graphs), graphs, path))
+    for _, _, graphs, path in sorted(paths):
         name = os.path.basename(path)
         try:
             cfg, results = read_parm(path)
@@ -158,7 +160,7 @@ def build_shapes(res_dir):
             continue
         best = min(results, key=lambda r: r["total"])
         key = shape_key(cfg)
-        row = {"shape": key, "schedule": best["name"], "ms": best["total"],
+        row = {"shape": key, "graphs": graphs, "schedule": best["name"], "ms": best["total"],
                "floor_ms": best["floor"], "time_over_floor": best["tof"],
                "floor_tflops": None, "tflops": None}
         if isinstance(best["gflops"], (int, float)) and isinstance(best["floor"], (int, float)):
@@ -182,8 +184,8 @@ def build_shapes(res_dir):
 def render_shapes(rows, notes):
     lines = ["", "# GPU-layer issue shapes: bf16, 1 rank, forward + backward median ms; "
              "TFLOP/s = the six expert products over the filled rows per ms"]
-    head = (f"{'T M H E k':<24}{'ms':>8}{'floor ms':>10}{'t/floor':>9}{'TFLOP/s':>9}"
-            f"{'floor TF/s':>11}  {'target':<28}")
+    head = (f"{'T M H E k':<24}{'graphs':<8}{'ms':>8}{'floor ms':>10}{'t/floor':>9}"
+            f"{'TFLOP/s':>9}{'floor TF/s':>11}  {'target':<28}")
     lines.append(head)
     lines.append("-" * len(head))
     for r in rows:
@@ -196,7 +198,8 @@ def render_shapes(rows, notes):
                            + ("met" if r["meets_floor"] else "MISSED"))
         else:
             target = "-"
-        lines.append(f"{shape:<24}{fmt(r['ms'], '8.3f')}{fmt(r['floor_ms'], '10.3f')}"
+        graphs = {None: "-", True: "on", False: "off"}[r["graphs"]]
+        lines.append(f"{shape:<24}{graphs:<8}{fmt(r['ms'], '8.3f')}{fmt(r['floor_ms'], '10.3f')}"
                      f"{fmt(r['time_over_floor'], '9.2f')}{fmt(r['tflops'], '9.0f')}"
                      f"{fmt(r['floor_tflops'], '11.0f')}  {target}")
     if not rows:

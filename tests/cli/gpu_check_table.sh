@@ -25,7 +25,7 @@ shape_json() {
 JSON
 }
 shape_json "$r/parm-shape-1.json" 1024 512 2048 8 2 0.2 0.3 0.3 100000  # 0.5 ms > 0.45
-shape_json "$r/parm-shape-2.json" 8192 1024 4096 16 2 0.6 1.2 1.3 620000  # 1.8 ms <= 1.9
+shape_json "$r/parm-shape-2-graphs1.json" 8192 1024 4096 16 2 0.6 1.2 1.3 620000  # 1.8 ms <= 1.9
 echo 'not json' >"$r/parm-shape-3.json"
 # A real bench-layer JSON (the CPU path, a tiny shape without a target): the keys the table
 # reads are the ones bench-layer writes.
@@ -40,7 +40,7 @@ check "a shape over its time target is MISSED, by its ratio" 0 $rc \
   "<= 0.45 ms: MISSED (1.11x)" "$out"
 check "a shape under its targets is met" 0 $rc "<= 1.9 ms: met (0.95x); floor >= 600: met" "$out"
 check "the layer's TFLOP/s are the floor's FLOPs per ms of the layer" 0 $rc \
-  "8192 1024 4096 16 2        1.800     1.300     1.50      448        620" "$out"
+  "8192 1024 4096 16 2     on         1.800     1.300     1.50      448        620" "$out"
 check "an unreadable file is a note" 0 $rc "parm-shape-3.json unreadable" "$out"
 check "a real bench-layer JSON gives a row" 0 $rc "64 16 32 4 2" "$out"
 check "a shape without a target is a note" 0 $rc "has no target" "$out"
