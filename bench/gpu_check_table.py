@@ -52,6 +52,20 @@ def read_parm(path):
     return doc.get("config", {}), rows
 
 
+def load_parm(path, label, notes):
+    """read_parm(path), or None with a note (prefixed by label) when the file is unreadable
+    or holds no results."""
+    try:
+        cfg, rows = read_parm(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        notes.append(f"{label}: {os.path.basename(path)} unreadable: {e}")
+        return None
+    if not rows:
+        notes.append(f"{label}: {os.path.basename(path)} holds no results")
+        return None
+    return cfg, rows
+
+
 def read_torch(path):
     out = []
     if not os.path.exists(path):
@@ -85,14 +99,10 @@ def build(res_dir):
                 notes.append(f"{prec} np{np_}: no Parm result (parm-bench-{prec}-np{np_}.json "
                              "missing: that run failed or did not run)")
                 continue
-            try:
-                cfg, rows = read_parm(path)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                notes.append(f"{prec} np{np_}: {os.path.basename(path)} unreadable: {e}")
+            loaded = load_parm(path, f"{prec} np{np_}", notes)
+            if loaded is None:
                 continue
-            if not rows:
-                notes.append(f"{prec} np{np_}: {os.path.basename(path)} holds no results")
-                continue
+            cfg, rows = loaded
             world, mp = cfg.get("world", np_), cfg.get("mp", 1)
             tokens = cfg.get("tokens")
             comm = cfg.get("comm_backend") or cfg.get("comm")  # the one used, else the one asked
@@ -150,14 +160,10 @@ def build_shapes(res_dir):
             paths.append((int(m.group(1)), -1 if graphs is None else int(graphs), graphs, path))
     for _, _, graphs, path in sorted(paths):
         name = os.path.basename(path)
-        try:
-            cfg, results = read_parm(path)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            notes.append(f"shapes: {name} unreadable: {e}")
+        loaded = load_parm(path, "shapes", notes)
+        if loaded is None:
             continue
-        if not results:
-            notes.append(f"shapes: {name} holds no results")
-            continue
+        cfg, results = loaded
         best = min(results, key=lambda r: r["total"])
         key = shape_key(cfg)
         row = {"shape": key, "graphs": graphs, "schedule": best["name"], "ms": best["total"],

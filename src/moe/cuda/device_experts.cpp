@@ -222,29 +222,19 @@ ProductOperands DeviceExperts::operands(const ExpertShards& w, ExpertShards* dw)
   const bool bf16 = precision_ == Precision::kBf16;
   ProductOperands o;
   set_types(precision_, o);
-  if (bf16) {
-    o.x = in_bf16_.data();
-    o.w1 = w1_bf16_.data();
-    o.act = act_bf16_.data();
-    o.w2 = w2_bf16_.data();
-    o.dy = d_out_bf16_.data();
-    o.dpre = d_act_bf16_.data();
-    o.pre = pre_bf16_.data();
-    o.out = out_bf16_.data();
-    o.dact = d_act_bf16_.data();
-    o.dx = out_bf16_.data();
-  } else {
-    o.x = in_.data();
-    o.w1 = w.w1.data();
-    o.act = act_.data();
-    o.w2 = w.w2.data();
-    o.dy = d_out_.data();
-    o.dpre = d_act_.data();
-    o.pre = pre_.data();
-    o.out = out_rows_.data();
-    o.dact = d_act_.data();
-    o.dx = out_rows_.data();
-  }
+  // Each operand's buffer at the precision (the bf16 one, or the fp32 one).
+  auto pick = [bf16](void* b, void* f) { return bf16 ? b : f; };
+  auto pick_in = [bf16](const void* b, const void* f) { return bf16 ? b : f; };
+  o.x = pick_in(in_bf16_.data(), in_.data());
+  o.w1 = pick_in(w1_bf16_.data(), w.w1.data());
+  o.act = pick_in(act_bf16_.data(), act_.data());
+  o.w2 = pick_in(w2_bf16_.data(), w.w2.data());
+  o.dy = pick_in(d_out_bf16_.data(), d_out_.data());
+  o.dpre = pick_in(d_act_bf16_.data(), d_act_.data());
+  o.pre = pick(pre_bf16_.data(), pre_.data());
+  o.out = pick(out_bf16_.data(), out_rows_.data());
+  o.dact = pick(d_act_bf16_.data(), d_act_.data());
+  o.dx = pick(out_bf16_.data(), out_rows_.data());
   o.dw1 = dw != nullptr ? dw->w1.data() : nullptr;
   o.dw2 = dw != nullptr ? dw->w2.data() : nullptr;
   o.rows_m_stride = stride_m_;
