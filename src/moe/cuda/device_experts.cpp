@@ -457,14 +457,11 @@ double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int6
     return held.back().get();
   };
   auto input = [&](int64_t elements) -> const void* {
-    Tensor t({elements}, Device::kCuda);
-    parm::cuda::fill_pattern(t.data(), t.numel());
-    if (!bf16) {
-      held.emplace_back(std::make_shared<Tensor>(std::move(t)));
-      return static_cast<Tensor*>(held.back().get())->data();
-    }
+    auto* f = static_cast<float*>(buffer(elements, sizeof(float)));  // kept: queued work reads it
+    parm::cuda::fill_pattern(f, elements);
+    if (!bf16) return f;
     auto* h = static_cast<uint16_t*>(buffer(elements, sizeof(uint16_t)));
-    parm::cuda::to_bf16(t.data(), h, elements);
+    parm::cuda::to_bf16(f, h, elements);
     return h;
   };
   const int64_t rows_m = E * o.rows_m_stride, rows_h = E * o.rows_h_stride, wts = E * M * hl;
