@@ -157,7 +157,7 @@ DeviceExperts::DeviceExperts(int64_t e_loc, int64_t max_rows, int64_t M, int64_t
     return t;
   };
   const int64_t rows_m = e_loc * stride_m_, rows_h = e_loc * stride_h_;
-  d_out_ = device(rows_m);
+  block_rows_.assign(static_cast<size_t>(e_loc), 0);
   const int64_t launch = std::min(e_loc, parm::cuda::kMaxExpertsPerLaunch);
   col_scratch_ = device(launch * parm::cuda::column_sum_scratch_floats(max_rows, std::max(M, hl)));
   if (p == Precision::kBf16) {
@@ -171,6 +171,7 @@ DeviceExperts::DeviceExperts(int64_t e_loc, int64_t max_rows, int64_t M, int64_t
     w2_bf16_ = bf16_buffer(e_loc * hl * M);
   } else {
     in_ = device(rows_m);
+    d_out_ = device(rows_m);
     pre_ = device(rows_h);
     act_ = device(rows_h);
     out_rows_ = device(rows_m);
@@ -389,12 +390,24 @@ void DeviceExperts::backward_work(const Tensor& dout, const ExpertShards& w, int
   auto add = [&](const SegmentCopy& s) { batch.add(s); };
   float* scratch = col_scratch_.data();
 
-  // fp32 for db2's column sums, and bf16 for the products at Precision::kBf16.
-  plan_gather(dout.data(), blocks, e_loc_, slots, M, fills, d_out_.data(),
+  // Straight into the products' row layout, in their operand type.
+  plan_gather(dout.data(), blocks, e_loc_, slots, M, fills, bf16 ? nullptr : d_out_.data(),
               bf16 ? d_out_bf16_.data() : nullptr, stride_m_, add);
   batch.flush();
   lap("rows in/out");
-  parm::cuda::bias_backward(d_out_.data(), dw.b2.data(), scratch, expert_rows(M));
+  // db2 from the exchange layout itself (fp32 at every precision), block by block: in block b
+  // expert e's filled rows are the first fills[b * E_loc + e] slots of its segment.
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t e = 0; e < e_loc_; ++e)
+      block_rows_[static_cast<size_t>(e)] = fills[b * e_loc_ + e];
+    parm::cuda::ExpertRows r;
+    r.rows = block_rows_.data();
+    r.experts = e_loc_;
+    r.stride = slots * M;
+    r.cols = M;
+    parm::cuda::bias_backward(dout.data() + segment_offset(b, 0, e_loc_, slots, M), dw.b2.data(),
+                              scratch, r);
+  }
   lap("GeLU + bias backward");
   run_product(ExpertProduct::kDW2, rows_, M, hl, o, gemm_, problems_);
   run_product(ExpertProduct::kDAct, rows_, M, hl, o, gemm_, problems_);

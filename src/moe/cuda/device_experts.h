@@ -22,8 +22,8 @@
 // once from the fp32 sum) and dpre; W1 and W2 are rounded to bf16 once per forward call and
 // reused by the backward call. Every product accumulates in fp32; the weight gradients
 // accumulate into the fp32 dW, and the master weights, biases, bias gradients (column sums
-// of the fp32 dy and of dpre before its rounding) and the layer's input and output layouts
-// stay fp32.
+// of the layer's fp32 dy and of dpre before its rounding) and the layer's input and output
+// layouts stay fp32.
 #pragma once
 
 #include <cstdint>
@@ -108,9 +108,10 @@ class DeviceExperts {
   Tensor act_;       // (E_loc, R, Hl) gelu(pre + b1)
   Tensor out_rows_;  // (E_loc, R, M) forward outputs; dx in the backward pass
   Tensor d_act_;     // (E_loc, R, Hl) dact, then dpre in place
+  Tensor d_out_;     // (E_loc, R, M) the gathered output gradient
   // both precisions
-  Tensor d_out_;        // (E_loc, R, M) the gathered output gradient (db2 is its column sums)
-  Tensor col_scratch_;  // column-sum partials
+  Tensor col_scratch_;                // column-sum partials
+  std::vector<int64_t> block_rows_;   // (E_loc) one block's fill counts
   // bf16 (Precision::kBf16 only; empty at fp32), as the fp32 buffers above
   Bf16Buffer in_bf16_, pre_bf16_, act_bf16_, out_bf16_, d_out_bf16_;
   Bf16Buffer d_act_bf16_;          // dact, then dpre in place
