@@ -73,6 +73,8 @@ class CudaBackend final : public LayerBackend {
   // For checks: views of the device probabilities (rows, E) of the last gate_forward and
   // the combine-weight gradients (rows, k) of the last combine_backward.
   Tensor last_probs() const;
+  // The local experts (for checks: what their CUDA graphs did).
+  const cuda::DeviceExperts& device_experts() const { return experts_; }
   Tensor last_dweight() const;
 
  private:
