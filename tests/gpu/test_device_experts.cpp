@@ -336,7 +336,7 @@ TEST(CudaExpertKernels, MatchCpuKernelsOverAllExperts) {
       pre_bf = upload_bf16(pre, &pre_in);
       dact_bf = upload_bf16(dact, &dact_in);
     }
-    const Tensor d_pre = gpu(pre), d_dact_f32 = gpu(dact);
+    const Tensor d_pre = gpu(pre);
     const parm::cuda::Values pre_v = bf16_in ? parm::cuda::bf16_values(pre_bf.data())
                                              : parm::cuda::f32_values(d_pre.data());
 
