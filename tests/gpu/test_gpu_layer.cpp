@@ -174,5 +174,20 @@ TEST(GpuLayer, CudaGraphsGiveTheEagerResults) {
     }
 }
 
+TEST(GpuLayer, CudaGraphsSwitchTakesOnlyItsValues) {
+  for (const char* v : {"0", "off", ""}) {
+    ASSERT_EQ(setenv("PARM_CUDA_GRAPHS", v, 1), 0);
+    EXPECT_FALSE(moe::cuda_graphs_from_env()) << v;
+  }
+  for (const char* v : {"1", "on"}) {
+    ASSERT_EQ(setenv("PARM_CUDA_GRAPHS", v, 1), 0);
+    EXPECT_TRUE(moe::cuda_graphs_from_env()) << v;
+  }
+  ASSERT_EQ(setenv("PARM_CUDA_GRAPHS", "yes", 1), 0);
+  EXPECT_THROW(moe::cuda_graphs_from_env(), InvalidConfig);
+  unsetenv("PARM_CUDA_GRAPHS");
+  EXPECT_FALSE(moe::cuda_graphs_from_env());
+}
+
 }  // namespace
 }  // namespace parm
