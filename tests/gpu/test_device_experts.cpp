@@ -660,8 +660,8 @@ TEST(CudaDeviceExperts, GraphsReplayTheEagerPass) {
     same(pass(fills), eager, "captured pass");
     same(pass(fills), eager, "replay 1");
     same(pass(fills), eager, "replay 2");
-    EXPECT_FALSE(dev.forward_graphs().capture_failed()) << "the forward pass could not be captured";
-    EXPECT_FALSE(dev.backward_graphs().capture_failed()) << "the backward pass could not be captured";
+    EXPECT_FALSE(dev.forward_graphs().capture_failed()) << dev.graph_failures();
+    EXPECT_FALSE(dev.backward_graphs().capture_failed()) << dev.graph_failures();
     EXPECT_EQ(dev.forward_graphs().eager(), 1);
     EXPECT_EQ(dev.forward_graphs().captures(), 1);
     EXPECT_EQ(dev.forward_graphs().replays(), 2);

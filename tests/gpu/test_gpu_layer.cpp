@@ -167,8 +167,8 @@ TEST(GpuLayer, CudaGraphsGiveTheEagerResults) {
       }
       const auto& dev =
           dynamic_cast<moe::CudaBackend&>(graphed.backend()).device_experts();
-      EXPECT_FALSE(dev.forward_graphs().capture_failed()) << c.where;
-      EXPECT_FALSE(dev.backward_graphs().capture_failed()) << c.where;
+      EXPECT_FALSE(dev.forward_graphs().capture_failed()) << c.where << dev.graph_failures();
+      EXPECT_FALSE(dev.backward_graphs().capture_failed()) << c.where << dev.graph_failures();
       EXPECT_EQ(dev.forward_graphs().replays(), 2) << c.where << " " << precision_name(p);
       EXPECT_EQ(dev.backward_graphs().replays(), 2) << c.where << " " << precision_name(p);
     }

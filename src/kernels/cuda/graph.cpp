@@ -2,6 +2,9 @@
 // compute stream.
 #include "kernels/cuda/graph.h"
 
+#include <exception>
+#include <string>
+
 #include "kernels/cuda/runtime.h"
 #include "parm/error.h"
 
@@ -19,22 +22,32 @@ bool StreamGraph::capture(const std::function<void()>& work) {
   cudaStream_t s = stream();
   // Thread-local: only this thread's calls are checked against the capture.
   PARM_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  bool threw = false;
+  std::string failure;
   try {
     work();
+  } catch (const std::exception& e) {
+    failure = e.what();
   } catch (...) {
-    threw = true;
+    failure = "an exception";
   }
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(s, &graph);
-  bool ok = !threw && ended == cudaSuccess && graph != nullptr;
-  if (ok) {
+  if (failure.empty() && ended != cudaSuccess)
+    failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
+  if (failure.empty() && graph != nullptr) {
     cudaGraphExec_t exec = nullptr;
-    ok = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-    if (ok) exec_ = exec;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    if (made == cudaSuccess)
+      exec_ = exec;
+    else
+      failure = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(made);
   }
   if (graph != nullptr) (void)cudaGraphDestroy(graph);
-  if (!ok) (void)cudaGetLastError();  // the failed capture's error is not the next call's
+  const bool ok = exec_ != nullptr;
+  if (!ok) {
+    (void)cudaGetLastError();  // the failed capture's error is not the next call's
+    failure_ = failure.empty() ? "no graph captured" : failure;
+  }
   return ok;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 namespace parm::cuda {
 
@@ -22,9 +23,12 @@ class StreamGraph {
   void launch();
   bool ready() const { return exec_ != nullptr; }
   void reset();
+  // Why the last failed capture failed (empty when none failed).
+  const std::string& failure() const { return failure_; }
 
  private:
   void* exec_ = nullptr;  // cudaGraphExec_t
+  std::string failure_;
 };
 
 }  // namespace parm::cuda

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/expert_kernels.h"
@@ -72,6 +73,10 @@ class DeviceExperts {
   void set_graphs(bool on);
   const GraphPolicy& forward_graphs() const { return fwd_policy_; }
   const GraphPolicy& backward_graphs() const { return bwd_policy_; }
+  // Why a capture failed ("" when none did): forward, backward.
+  std::string graph_failures() const {
+    return "forward: '" + fwd_graph_.failure() + "', backward: '" + bwd_graph_.failure() + "'";
+  }
 
  private:
   // A zero-filled device buffer of bf16 values (empty: data() is null).
