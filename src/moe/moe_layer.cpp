@@ -227,7 +227,7 @@ const Tensor& MoeLayer::forward(const Tensor& x) {
              shape_str(x.shape()), shape_str(in.shape()));
   in.copy_from(x);
   for (auto& p : fwd_phases_) p.clear();
-  const bool timed = step_timing_ || device() == Device::kCpu;  // the CPU's wait is free
+  const bool timed = step_timed();
   if (timed) backend_->sync();
   for (size_t i = 0; i < schedule_.steps.size(); ++i) {
     const double t0 = timed ? now_us() : 0.0;
@@ -250,7 +250,7 @@ const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux, float dl_z) {
   dwg_call_.zero();
   for (auto& p : bwd_phases_) p.clear();
   dbufs_[static_cast<size_t>(schedule_.output)].copy_from(dout);
-  const bool timed = step_timing_ || device() == Device::kCpu;
+  const bool timed = step_timed();
   if (timed) backend_->sync();
   for (size_t i = schedule_.steps.size(); i-- > 0;) {
     const double t0 = timed ? now_us() : 0.0;
@@ -363,10 +363,11 @@ void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {
     return;
   }
   if (move == Move::kCompute) {
+    // Phases only when timed: a device backend waits for the GPU at every phase it times.
     if (backward)
-      compute_backward(s, dl_aux, &bwd_phases_[i]);
+      compute_backward(s, dl_aux, step_timed() ? &bwd_phases_[i] : nullptr);
     else
-      compute_forward(s, &fwd_phases_[i]);
+      compute_forward(s, step_timed() ? &fwd_phases_[i] : nullptr);
     return;
   }
   if (move == Move::kNone) return;

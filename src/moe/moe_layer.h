@@ -183,6 +183,9 @@ class MoeLayer {
   std::shared_ptr<std::vector<float>> router_bias_;
   float dl_z_ = 0.0f;  // of the backward pass running
   bool step_timing_ = true;
+  // Whether the passes time their steps and phases (on a device only when asked: the GPU
+  // backend waits for the GPU at every step and phase it times).
+  bool step_timed() const { return step_timing_ || device() == Device::kCpu; }
   std::vector<double> fwd_us_, bwd_us_;
   std::vector<moe::PhaseTimes> fwd_phases_, bwd_phases_;
   SplitPass split_;

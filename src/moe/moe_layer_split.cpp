@@ -69,7 +69,7 @@ const Tensor& MoeLayer::pass_result() const {
 bool MoeLayer::run_split_steps() {
   const size_t n = schedule_.steps.size();
   const bool backward = split_.backward;
-  const bool timed = step_timing_ || device() == Device::kCpu;
+  const bool timed = step_timed();
   auto& us = backward ? bwd_us_ : fwd_us_;
   while (split_.done < n) {
     const size_t i = backward ? n - 1 - split_.done : split_.done;

@@ -17,12 +17,17 @@
 //   (the max is ~3-4 rms). The deepest chain (din: dy and W2 -> dact -> dpre rounded -> W1)
 //   stacks three such GEMM roundings, ~sqrt(3) x that: ~5e-3. A CPU emulation of this bf16
 //   pipeline (operands rounded as here, fp32 GEMMs) on these cases and at M = Hl = 1024 gave
-//   1.9e-3 to 5.3e-3 on every tensor. 2e-2 leaves about 4x margin, and a wrong row or
-//   operand is still off by O(1).
+//   1.9e-3 to 5.3e-3 on every tensor. The layer also keeps pre, out, dact and dx as bf16
+//   (each rounded once from its fp32 sum: <= 2^-9 of the element, so <= 2e-3 of the tensor's
+//   max added on the tensors they reach). 2e-2 still leaves about 2x margin, and a wrong row
+//   or operand is still off by O(1).
+// - bf16 C of a bf16 GEMM: 4e-3 (one rounding of the fp32 sum, 2^-9 relative, over the GEMM's
+//   own 1e-4).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -132,6 +137,34 @@ std::vector<uint16_t> download_bf16(const uint16_t* device, int64_t n) {
 
 // ---- GEMM -------------------------------------------------------------------------------
 
+const char* type_name(GemmType t) {
+  return t == GemmType::kF32 ? "fp32" : t == GemmType::kBf16 ? "bf16 -> fp32" : "bf16 -> bf16";
+}
+
+// bf16 C rounded once from the fp32 sum: within half a bf16 ulp (2^-9 relative) of the CPU
+// product of the same rounded operands, plus the accumulation's own error.
+constexpr double kBf16OutTol = 4e-3;
+
+// A (m, k) x B (k, n) (+ C) at kBf16ToBf16 against cpu::gemm on the rounded operands (and the
+// rounded C when accumulating), each element within kBf16OutTol of max |want|.
+void check_bf16_output_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, bool acc,
+                            uint64_t stream) {
+  const Tensor a = host_normal({std::max<int64_t>(1, m * k)}, stream, 1.0f);
+  const Tensor b = host_normal({std::max<int64_t>(1, k * n)}, stream + 1, 1.0f);
+  const Tensor c0 = host_normal({std::max<int64_t>(1, m * n)}, stream + 2, 1.0f);
+  Tensor ar, br, cr;
+  const DeviceBf16 da = upload_bf16(a, &ar), db = upload_bf16(b, &br), dc = upload_bf16(c0, &cr);
+  Tensor want = cr.clone();
+  cpu::gemm(ta, tb, m, n, k, ar.data(), br.data(), want.data(), acc);
+  parm::cuda::gemm(ta, tb, m, n, k, da.data(), db.data(), const_cast<uint16_t*>(dc.data()), acc,
+                   GemmType::kBf16ToBf16);
+  const std::vector<uint16_t> got_bits = download_bf16(dc.data(), std::max<int64_t>(1, m * n));
+  Tensor got({std::max<int64_t>(1, m * n)});
+  for (int64_t i = 0; i < got.numel(); ++i)
+    got[i] = parm::cuda::expert_math::bf16_to_f32(got_bits[static_cast<size_t>(i)]);
+  if (m * n > 0) expect_close(got.data(), want.data(), m * n, kBf16OutTol, "bf16 C");
+}
+
 struct GemmSize {
   int64_t m, n, k;
 };
@@ -146,11 +179,16 @@ TEST(CudaGemm, MatchesCpuGemmForAllTransposes) {
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb)
         for (int acc = 0; acc < 2; ++acc)
-          for (GemmType type : {GemmType::kF32, GemmType::kBf16}) {
+          for (GemmType type : {GemmType::kF32, GemmType::kBf16, GemmType::kBf16ToBf16}) {
             SCOPED_TRACE(testing::Message()
                          << "m=" << s.m << " n=" << s.n << " k=" << s.k << " trans_a=" << ta
-                         << " trans_b=" << tb << " accumulate=" << acc
-                         << (type == GemmType::kBf16 ? " bf16" : " fp32"));
+                         << " trans_b=" << tb << " accumulate=" << acc << " " << type_name(type));
+            if (type == GemmType::kBf16ToBf16) {
+              check_bf16_output_gemm(ta != 0, tb != 0, s.m, s.n, s.k, acc != 0, stream);
+              stream += 3;
+              ++cases;
+              continue;
+            }
             const Tensor a = host_normal({std::max<int64_t>(1, s.m * s.k)}, stream++, 1.0f);
             const Tensor b = host_normal({std::max<int64_t>(1, s.k * s.n)}, stream++, 1.0f);
             const Tensor c0 = host_normal({std::max<int64_t>(1, s.m * s.n)}, stream++, 1.0f);
@@ -172,37 +210,40 @@ TEST(CudaGemm, MatchesCpuGemmForAllTransposes) {
             expect_close(c, want, type == GemmType::kF32 ? kF32Tol : kBf16GemmTol, "C");
             ++cases;
           }
-  EXPECT_EQ(cases, 7 * 16);
+  EXPECT_EQ(cases, 7 * 24);
 }
 
-// Grouped products of different sizes (one empty, one with k = 0), in the grouped call and
-// in the loop, against one cpu::gemm per product.
+// Grouped products of different sizes (one empty, one with k = 0, one of one row, ties that
+// share a group, sizes not a multiple of 8 or 16), in the grouped call and in the loop,
+// against one cpu::gemm per product: fp32, bf16 -> fp32 (both shapes) and bf16 -> bf16 (the
+// row products only: the layer's weight gradients are fp32).
 TEST(CudaGemm, GroupedMatchesCpuInBothModes) {
   PARM_SKIP_WITHOUT_GPU();
-  const int64_t sizes[] = {17, 0, 33, 5, 1};
-  const int64_t num = 5, N = 24, K = 40;
+  const int64_t sizes[] = {17, 0, 33, 5, 1, 17, 17};
+  const int64_t num = 7, N = 24, K = 40;
   uint64_t stream = 300;
-  for (GemmType type : {GemmType::kF32, GemmType::kBf16})
+  for (GemmType type : {GemmType::kF32, GemmType::kBf16, GemmType::kBf16ToBf16})
     for (GroupedGemm::Mode mode : {GroupedGemm::Mode::kAuto, GroupedGemm::Mode::kLoop})
       for (int shape = 0; shape < 2; ++shape) {
         // shape 0: C (r, N) = A (r, K) B (K, N), overwrite (like kPre; r = 0: nothing).
         // shape 1: C (K, N) += A^T B with A (r, K), B (r, N) (like kDW1; r = 0: k = 0).
         const bool dw = shape == 1;
-        SCOPED_TRACE(testing::Message() << (type == GemmType::kBf16 ? "bf16" : "fp32")
+        const bool bf16_in = type != GemmType::kF32, bf16_out = type == GemmType::kBf16ToBf16;
+        if (dw && bf16_out) continue;
+        SCOPED_TRACE(testing::Message() << type_name(type)
                                         << (mode == GroupedGemm::Mode::kLoop ? " loop" : " auto")
                                         << (dw ? " dW-like" : " forward-like"));
         GroupedGemm gg(num);
         gg.set_mode(mode);
-        std::vector<Tensor> a_host, b_host, want;
-        std::vector<Tensor> a_dev, b_dev, c_dev;
-        std::vector<DeviceBf16> a_bf, b_bf;
+        std::vector<Tensor> want, a_dev, b_dev, c_dev;
+        std::vector<DeviceBf16> a_bf, b_bf, c_bf;
         std::vector<GemmProblem> problems;
         for (int64_t i = 0; i < num; ++i) {
           const int64_t r = sizes[i];
           Tensor a = host_normal({std::max<int64_t>(1, r * K)}, stream++, 1.0f);
           Tensor b = host_normal({std::max<int64_t>(1, dw ? r * N : K * N)}, stream++, 1.0f);
-          const Tensor c0 = host_normal({dw ? K * N : std::max<int64_t>(1, r * N)}, stream++, 1.0f);
-          if (type == GemmType::kBf16) {
+          Tensor c0 = host_normal({dw ? K * N : std::max<int64_t>(1, r * N)}, stream++, 1.0f);
+          if (bf16_in) {
             Tensor ar, br;
             a_bf.push_back(upload_bf16(a, &ar));
             b_bf.push_back(upload_bf16(b, &br));
@@ -212,8 +253,17 @@ TEST(CudaGemm, GroupedMatchesCpuInBothModes) {
             a_dev.push_back(gpu(a));
             b_dev.push_back(gpu(b));
           }
-          Tensor w = c0.clone();
           GemmProblem p;
+          if (bf16_out) {
+            Tensor cr;
+            c_bf.push_back(upload_bf16(c0, &cr));
+            c0 = cr;
+            p.c = const_cast<uint16_t*>(c_bf.back().data());
+          } else {
+            c_dev.push_back(gpu(c0));
+            p.c = c_dev.back().data();
+          }
+          Tensor w = c0.clone();
           if (dw) {
             cpu::gemm(true, false, K, N, r, a.data(), b.data(), w.data(), true);
             p.m = K, p.n = N, p.k = r;
@@ -222,91 +272,186 @@ TEST(CudaGemm, GroupedMatchesCpuInBothModes) {
             p.m = r, p.n = N, p.k = K;
           }
           want.push_back(w);
-          c_dev.push_back(gpu(c0));
-          p.a = type == GemmType::kBf16 ? static_cast<const void*>(a_bf.back().data())
-                                        : a_dev.back().data();
-          p.b = type == GemmType::kBf16 ? static_cast<const void*>(b_bf.back().data())
-                                        : b_dev.back().data();
-          p.c = c_dev.back().data();
+          p.a = bf16_in ? static_cast<const void*>(a_bf.back().data()) : a_dev.back().data();
+          p.b = bf16_in ? static_cast<const void*>(b_bf.back().data()) : b_dev.back().data();
           problems.push_back(p);
         }
         gg.run(dw, false, dw, type, problems.data(), num);
-        for (int64_t i = 0; i < num; ++i)
-          expect_close(c_dev[static_cast<size_t>(i)], want[static_cast<size_t>(i)],
-                       type == GemmType::kF32 ? kF32Tol : kBf16GemmTol,
-                       "product " + std::to_string(i));
-        if (type == GemmType::kF32 && mode == GroupedGemm::Mode::kAuto) {
-          EXPECT_TRUE(gg.grouped_supported())
-              << "cuBLAS refused cublasGemmGroupedBatchedEx for fp32 (the loop ran instead)";
+        for (int64_t i = 0; i < num; ++i) {
+          const std::string what = "product " + std::to_string(i);
+          const Tensor& w = want[static_cast<size_t>(i)];
+          if (bf16_out) {
+            const std::vector<uint16_t> bits = download_bf16(c_bf[static_cast<size_t>(i)].data(), w.numel());
+            Tensor got(w.shape());
+            for (int64_t j = 0; j < w.numel(); ++j)
+              got[j] = parm::cuda::expert_math::bf16_to_f32(bits[static_cast<size_t>(j)]);
+            if (sizes[i] > 0) expect_close(got.data(), w.data(), w.numel(), kBf16OutTol, what);
+          } else {
+            expect_close(c_dev[static_cast<size_t>(i)], w,
+                         type == GemmType::kF32 ? kF32Tol : kBf16GemmTol, what);
+          }
+        }
+        if (mode == GroupedGemm::Mode::kAuto) {
+          // The documented types must run grouped; bf16 -> fp32 is reported either way.
+          if (type != GemmType::kBf16)
+            EXPECT_TRUE(gg.grouped_supported(type))
+                << "cuBLAS refused cublasGemmGroupedBatchedEx (the loop ran instead)";
+          else
+            std::printf("[ info ] grouped bf16 -> fp32 C (the weight gradients): %s\n",
+                        gg.grouped_supported(type) ? "one grouped call" : "refused, loop");
+          if (gg.grouped_supported(type))
+            EXPECT_EQ(gg.last_groups(), 4) << "17 x3, 33, 5, 1 (and 0 left out)";
         }
       }
 }
 
 // ---- expert kernels ---------------------------------------------------------------------
 
-TEST(CudaExpertKernels, MatchCpuKernels) {
+// The kernels over all experts at once against the CPU kernels expert by expert: row counts
+// with an empty expert, a one-row expert, ties, counts not a multiple of 8 or 16 and one over
+// two column-sum chunks; 45 columns (a partial column tile); blocks with room to spare, whose
+// rows past the expert's count must stay untouched. fp32 and bf16 inputs; the bf16 outputs
+// must be the rounding of the fp32 values the kernel computed.
+TEST(CudaExpertKernels, MatchCpuKernelsOverAllExperts) {
   PARM_SKIP_WITHOUT_GPU();
-  // 700 rows: three chunks of the column sums; 45 columns: a partial column tile.
-  const int64_t rows = 700, cols = 45;
-  const Tensor pre = host_normal({rows, cols}, 1, 2.0f), bias = host_normal({cols}, 2, 0.5f),
-               dact = host_normal({rows, cols}, 3, 1.0f), db0 = host_normal({cols}, 4, 1.0f);
-  const Tensor d_pre = gpu(pre), d_bias = gpu(bias);
+  const std::vector<int64_t> rows = {700, 0, 1, 13, 13, 256, 37};
+  const int64_t E = static_cast<int64_t>(rows.size()), cols = 45;
+  const int64_t stride = 700 * cols + 90;  // not tight: blocks end in untouched rows
+  parm::cuda::ExpertRows r;
+  r.rows = rows.data();
+  r.experts = E;
+  r.stride = stride;
+  r.cols = cols;
+  const Tensor pre = host_normal({E * stride}, 1, 2.0f), bias = host_normal({E, cols}, 2, 0.5f),
+               dact = host_normal({E * stride}, 3, 1.0f), db0 = host_normal({E, cols}, 4, 1.0f);
+  constexpr float kUntouched = 7.0f;
+  Tensor scratch({parm::cuda::column_sum_scratch_floats(r)}, Device::kCuda);
+  const Tensor d_bias = gpu(bias);
+  for (bool bf16_in : {false, true}) {
+    SCOPED_TRACE(bf16_in ? "bf16 pre and dact" : "fp32 pre and dact");
+    // The inputs as the kernel reads them (rounded to bf16 when bf16_in).
+    Tensor pre_in = pre.clone(), dact_in = dact.clone();
+    DeviceBf16 pre_bf, dact_bf;
+    if (bf16_in) {
+      pre_bf = upload_bf16(pre, &pre_in);
+      dact_bf = upload_bf16(dact, &dact_in);
+    }
+    const Tensor d_pre = gpu(pre);
+    const parm::cuda::Values pre_v = bf16_in ? parm::cuda::bf16_values(pre_bf.data())
+                                             : parm::cuda::f32_values(d_pre.data());
 
-  // bias_gelu (+ its bf16 copy, which must be the rounding of the fp32 result).
-  Tensor act_want({rows, cols});
-  cpu::bias_gelu(pre.data(), bias.data(), act_want.data(), rows, cols);
-  Tensor d_act = gpu_filled({rows, cols}, 7.0f);
-  DeviceBf16 act_bf{std::shared_ptr<void>(device_alloc(rows * cols * 2), device_free)};
-  parm::cuda::bias_gelu(d_pre.data(), d_bias.data(), d_act.data(),
-                        static_cast<uint16_t*>(act_bf.mem.get()), rows, cols);
-  expect_close(d_act, act_want, kF32Tol, "bias_gelu");
-  {
+    // bias_gelu, and its bf16 copy.
+    Tensor d_act = gpu_filled({E * stride}, kUntouched);
+    DeviceBf16 act_bf{std::shared_ptr<void>(device_alloc(E * stride * 2), device_free)};
+    parm::cuda::bias_gelu(pre_v, d_bias.data(), d_act.data(),
+                          static_cast<uint16_t*>(act_bf.mem.get()), r);
     const Tensor act = host(d_act);
-    const std::vector<uint16_t> bf = download_bf16(act_bf.data(), rows * cols);
-    for (int64_t i = 0; i < rows * cols; ++i)
-      ASSERT_EQ(bf[static_cast<size_t>(i)], parm::cuda::expert_math::f32_to_bf16(act[i])) << i;
+    const std::vector<uint16_t> act_b = download_bf16(act_bf.data(), E * stride);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t n = rows[static_cast<size_t>(e)] * cols, at = e * stride;
+      Tensor want({std::max<int64_t>(1, n)});
+      cpu::bias_gelu(pre_in.data() + at, bias.data() + e * cols, want.data(),
+                     rows[static_cast<size_t>(e)], cols);
+      expect_close(act.data() + at, want.data(), n, kF32Tol, "bias_gelu e=" + std::to_string(e));
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(act_b[static_cast<size_t>(at + i)], parm::cuda::expert_math::f32_to_bf16(act[at + i]));
+      for (int64_t i = n; i < stride; ++i)
+        ASSERT_EQ(act[at + i], kUntouched) << "bias_gelu wrote past expert " << e << "'s rows";
+    }
+
+    // bias_gelu_backward in place (dpre over an fp32 dact, as the fp32 layer calls it; the
+    // bf16 layer writes only the bf16 dpre), db accumulated.
+    Tensor d_dpre = bf16_in ? gpu_filled({E * stride}, kUntouched) : gpu(dact);
+    if (!bf16_in)  // rows past the counts get the sentinel, to see they stay
+      for (int64_t e = 0; e < E; ++e) {
+        Tensor fill({stride - rows[static_cast<size_t>(e)] * cols});
+        fill.fill(kUntouched);
+        device_copy(d_dpre.data() + e * stride + rows[static_cast<size_t>(e)] * cols, fill.data(),
+                    static_cast<size_t>(fill.bytes()));
+      }
+    const parm::cuda::Values dact_v = bf16_in ? parm::cuda::bf16_values(dact_bf.data())
+                                              : parm::cuda::f32_values(d_dpre.data());
+    Tensor d_db = gpu(db0);
+    DeviceBf16 dpre_bf{std::shared_ptr<void>(device_alloc(E * stride * 2), device_free)};
+    parm::cuda::bias_gelu_backward(pre_v, d_bias.data(), dact_v, bf16_in ? nullptr : d_dpre.data(),
+                                   static_cast<uint16_t*>(dpre_bf.mem.get()), d_db.data(),
+                                   scratch.data(), r);
+    const Tensor dpre = host(d_dpre), db = host(d_db);
+    const std::vector<uint16_t> dpre_b = download_bf16(dpre_bf.data(), E * stride);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t re = rows[static_cast<size_t>(e)], n = re * cols, at = e * stride;
+      Tensor want({std::max<int64_t>(1, n)});
+      Tensor db_want({cols});
+      for (int64_t c = 0; c < cols; ++c) db_want[c] = db0[e * cols + c];
+      cpu::bias_gelu_backward(pre_in.data() + at, bias.data() + e * cols, dact_in.data() + at,
+                              want.data(), db_want.data(), re, cols);
+      const std::string what = " e=" + std::to_string(e);
+      expect_close(db.data() + e * cols, db_want.data(), cols, kF32Tol, "dbias" + what);
+      for (int64_t i = 0; i < n; ++i) {
+        // The bf16 dpre is the rounding of the fp32 dpre (compared with the CPU's to fp32
+        // tolerance first, through the bf16 values, within one bf16 rounding).
+        const float got = parm::cuda::expert_math::bf16_to_f32(dpre_b[static_cast<size_t>(at + i)]);
+        ASSERT_LE(std::fabs(got - want[i]), 4e-3 * std::fabs(want[i]) + 1e-6) << what << " i=" << i;
+        if (!bf16_in)
+          ASSERT_EQ(dpre_b[static_cast<size_t>(at + i)],
+                    parm::cuda::expert_math::f32_to_bf16(dpre[at + i]));
+      }
+      if (!bf16_in) {
+        expect_close(dpre.data() + at, want.data(), n, kF32Tol, "dpre" + what);
+        for (int64_t i = n; i < stride; ++i)
+          ASSERT_EQ(dpre[at + i], kUntouched) << "dpre written past expert " << e << "'s rows";
+      }
+    }
   }
 
-  // bias_gelu_backward in place (dpre over dact, as the layer calls it), db accumulated.
-  Tensor dpre_want({rows, cols});
-  Tensor db_want = db0.clone();
-  cpu::bias_gelu_backward(pre.data(), bias.data(), dact.data(), dpre_want.data(), db_want.data(),
-                          rows, cols);
-  Tensor d_dpre = gpu(dact);
-  Tensor d_db = gpu(db0);
-  Tensor scratch({parm::cuda::column_sum_scratch_floats(rows, cols)}, Device::kCuda);
-  DeviceBf16 dpre_bf{std::shared_ptr<void>(device_alloc(rows * cols * 2), device_free)};
-  parm::cuda::bias_gelu_backward(d_pre.data(), d_bias.data(), d_dpre.data(), d_dpre.data(),
-                                 static_cast<uint16_t*>(dpre_bf.mem.get()), d_db.data(),
-                                 scratch.data(), rows, cols);
-  expect_close(d_dpre, dpre_want, kF32Tol, "bias_gelu_backward dpre");
-  expect_close(d_db, db_want, kF32Tol, "bias_gelu_backward dbias");
-  {
-    const Tensor dp = host(d_dpre);
-    const std::vector<uint16_t> bf = download_bf16(dpre_bf.data(), rows * cols);
-    for (int64_t i = 0; i < rows * cols; ++i)
-      ASSERT_EQ(bf[static_cast<size_t>(i)], parm::cuda::expert_math::f32_to_bf16(dp[i])) << i;
-  }
-
-  // bias_backward: accumulates, and the same bits on a second run (fixed order).
-  Tensor db2_want = db0.clone();
-  cpu::bias_backward(dact.data(), db2_want.data(), rows, cols);
+  // bias_backward: accumulates, the same bits on a second run (fixed order), and the same bits
+  // as one expert at a time (the layer's numbers do not depend on how experts are batched).
   const Tensor d_dact = gpu(dact);
-  Tensor d_db2 = gpu(db0), d_db2_again = gpu(db0);
-  parm::cuda::bias_backward(d_dact.data(), d_db2.data(), scratch.data(), rows, cols);
-  parm::cuda::bias_backward(d_dact.data(), d_db2_again.data(), scratch.data(), rows, cols);
-  expect_close(d_db2, db2_want, kF32Tol, "bias_backward");
-  {
-    const Tensor x = host(d_db2), y = host(d_db2_again);
-    for (int64_t i = 0; i < cols; ++i) ASSERT_EQ(x[i], y[i]) << "column sums not deterministic";
+  Tensor d_db2 = gpu(db0), d_db2_again = gpu(db0), d_db2_single = gpu(db0);
+  parm::cuda::bias_backward(d_dact.data(), d_db2.data(), scratch.data(), r);
+  parm::cuda::bias_backward(d_dact.data(), d_db2_again.data(), scratch.data(), r);
+  for (int64_t e = 0; e < E; ++e)
+    parm::cuda::bias_backward(d_dact.data() + e * stride, d_db2_single.data() + e * cols,
+                              scratch.data(), parm::cuda::one_expert(&rows[static_cast<size_t>(e)], cols));
+  const Tensor db2 = host(d_db2), again = host(d_db2_again), single = host(d_db2_single);
+  for (int64_t e = 0; e < E; ++e) {
+    Tensor want({cols});
+    for (int64_t c = 0; c < cols; ++c) want[c] = db0[e * cols + c];
+    cpu::bias_backward(dact.data() + e * stride, want.data(), rows[static_cast<size_t>(e)], cols);
+    expect_close(db2.data() + e * cols, want.data(), cols, kF32Tol, "bias_backward");
   }
+  for (int64_t i = 0; i < E * cols; ++i) {
+    ASSERT_EQ(db2[i], again[i]) << "column sums not deterministic";
+    ASSERT_EQ(db2[i], single[i]) << "column sums depend on the batching of experts";
+  }
+}
 
-  // add_bias.
-  Tensor y_want = dact.clone();
-  cpu::add_bias(y_want.data(), bias.data(), rows, cols);
-  Tensor d_y = gpu(dact);
-  parm::cuda::add_bias(d_y.data(), d_bias.data(), rows, cols);
-  expect_close(d_y, y_want, 0.0, "add_bias");  // one fp32 add: exact
+// More experts than one launch covers (kMaxExpertsPerLaunch): every launch's experts get
+// their own rows and bias.
+TEST(CudaExpertKernels, MoreExpertsThanOneLaunch) {
+  PARM_SKIP_WITHOUT_GPU();
+  const int64_t E = parm::cuda::kMaxExpertsPerLaunch + 3, cols = 8, stride = 3 * cols;
+  std::vector<int64_t> rows(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) rows[static_cast<size_t>(e)] = e % 4;  // 0 to 3 rows
+  parm::cuda::ExpertRows r{rows.data(), E, stride, cols};
+  const Tensor pre = host_normal({E * stride}, 11, 1.0f), bias = host_normal({E, cols}, 12, 1.0f);
+  const Tensor d_pre = gpu(pre), d_bias = gpu(bias);
+  Tensor d_act = gpu_filled({E * stride}, 7.0f);
+  parm::cuda::bias_gelu(parm::cuda::f32_values(d_pre.data()), d_bias.data(), d_act.data(), nullptr, r);
+  Tensor d_db = gpu_filled({E, cols}, 0.0f);
+  Tensor scratch({parm::cuda::column_sum_scratch_floats(r)}, Device::kCuda);
+  parm::cuda::bias_backward(d_pre.data(), d_db.data(), scratch.data(), r);
+  const Tensor act = host(d_act), db = host(d_db);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t re = rows[static_cast<size_t>(e)];
+    Tensor want({stride}), db_want({cols});
+    want.fill(7.0f);
+    db_want.fill(0.0f);
+    cpu::bias_gelu(pre.data() + e * stride, bias.data() + e * cols, want.data(), re, cols);
+    cpu::bias_backward(pre.data() + e * stride, db_want.data(), re, cols);
+    expect_close(act.data() + e * stride, want.data(), stride, kF32Tol, "act e=" + std::to_string(e));
+    expect_close(db.data() + e * cols, db_want.data(), cols, kF32Tol, "db e=" + std::to_string(e));
+  }
 }
 
 TEST(CudaExpertKernels, Bf16ConversionIsTheHostRounding) {
@@ -342,14 +487,22 @@ std::string describe(const LayerCase& c) {
 }
 
 std::vector<LayerCase> layer_cases() {
-  return {
+  std::vector<LayerCase> cases = {
       {1, 1, 6, 16, 12, {4}, true},
       {1, 1, 6, 16, 12, {6}, false},
       {2, 3, 5, 24, 20, {5, 0, 2, 3, 0, 5}, false},   // expert 1 gets no rows at all
       {2, 2, 7, 13, 9, {0, 7, 3, 1}, true},           // odd M: the scalar copy path
       {1, 3, 4, 32, 8, {0, 0, 0}, true},              // nothing to compute
       {2, 2, 300, 64, 96, {300, 123, 0, 299}, true},  // > 256 rows: several column chunks
+      // Ties (two experts of 17 rows share a grouped-GEMM group), a one-row expert, an
+      // empty one; 17 and 1 are no multiple of 8 or 16.
+      {1, 4, 17, 16, 24, {17, 1, 17, 0}, true},
   };
+  // 2 blocks x 30 experts: more segments than one copy launch takes (kMaxSegmentsPerLaunch).
+  LayerCase many{2, 30, 3, 16, 8, {}, true};
+  for (int i = 0; i < 60; ++i) many.fills.push_back(i % 4 == 3 ? 0 : (i * 7) % 4);
+  cases.push_back(many);
+  return cases;
 }
 
 // Runs the case through the CPU experts and a DeviceExperts (fresh or reused) and compares
@@ -451,6 +604,11 @@ TEST(CudaDeviceExperts, Bf16MatchesCpuExpertsWithinBf16Rounding) {
   check_all_cases(Precision::kBf16, GroupedGemm::Mode::kAuto, kBf16LayerTol);
 }
 
+TEST(CudaDeviceExperts, Bf16LoopOfGemmsMatchesCpuExperts) {
+  PARM_SKIP_WITHOUT_GPU();
+  check_all_cases(Precision::kBf16, GroupedGemm::Mode::kLoop, kBf16LayerTol);
+}
+
 // One DeviceExperts through several steps with different fills (a larger workspace than
 // needed), as the layer uses it: nothing may leak from one step into the next.
 TEST(CudaDeviceExperts, ReusedAcrossStepsWithDifferentFills) {
@@ -461,6 +619,62 @@ TEST(CudaDeviceExperts, ReusedAcrossStepsWithDifferentFills) {
     check_layer(dev, {2, 3, 5, 24, 20, {5, 0, 2, 3, 0, 5}, true}, tol, 5000);
     check_layer(dev, {2, 3, 5, 24, 20, {1, 5, 0, 0, 4, 5}, false}, tol, 5100);
     check_layer(dev, {1, 3, 8, 24, 20, {8, 3, 0}, true}, tol, 5200);
+  }
+}
+
+// CUDA graphs: the same tensors and fills pass after pass (eager, captured, replayed twice)
+// give the eager pass's results, fp32 and bf16; other fills run eagerly and are still right;
+// the counts say what ran.
+TEST(CudaDeviceExperts, GraphsReplayTheEagerPass) {
+  PARM_SKIP_WITHOUT_GPU();
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(precision_name(p));
+    const int64_t blocks = 2, E = 3, slots = 7, M = 24, hl = 20;
+    DeviceExperts dev(E, blocks * slots, M, hl, p);
+    dev.set_graphs(true);
+    uint64_t st = 7000;
+    const ExpertShards w{gpu(host_normal({E, M, hl}, st++, 0.2f)), gpu(host_normal({E, hl}, st++, 0.1f)),
+                         gpu(host_normal({E, hl, M}, st++, 0.2f)), gpu(host_normal({E, M}, st++, 0.1f))};
+    const Shape layout = {blocks, E, slots, M};
+    const Tensor in = gpu(host_normal(layout, st++, 1.0f)), dout = gpu(host_normal(layout, st++, 1.0f));
+    Tensor out(layout, Device::kCuda), din(layout, Device::kCuda);
+    ExpertShards dw{Tensor({E, M, hl}, Device::kCuda), Tensor({E, hl}, Device::kCuda),
+                    Tensor({E, hl, M}, Device::kCuda), Tensor({E, M}, Device::kCuda)};
+    const std::vector<int32_t> fills = {7, 0, 3, 1, 5, 7}, other = {2, 7, 0, 0, 1, 6};
+    // One pass from zero gradients; returns out, din, dW1, db1, dW2, db2 on the host.
+    auto pass = [&](const std::vector<int32_t>& f) {
+      for (Tensor* t : {&dw.w1, &dw.b1, &dw.w2, &dw.b2}) device_zero(t->data(), t->bytes());
+      dev.forward(in, w, blocks, slots, f.data(), true, out);
+      dev.backward(dout, w, blocks, slots, f.data(), dw, din);
+      return std::vector<Tensor>{host(out), host(din), host(dw.w1), host(dw.b1), host(dw.w2), host(dw.b2)};
+    };
+    // The same launches, so the same numbers; a tolerance (not memcmp) in case cuBLAS picks
+    // another algorithm under capture. A wrong pointer baked into a graph is off by O(1).
+    const double tol = p == Precision::kFp32 ? kF32Tol : kBf16OutTol;
+    auto same = [tol](const std::vector<Tensor>& a, const std::vector<Tensor>& b, const char* what) {
+      for (size_t i = 0; i < a.size(); ++i)
+        expect_close(a[i].data(), b[i].data(), a[i].numel(), tol,
+                     std::string(what) + ": tensor " + std::to_string(i));
+    };
+    const std::vector<Tensor> eager = pass(fills);  // eager (first of its key)
+    same(pass(fills), eager, "captured pass");
+    same(pass(fills), eager, "replay 1");
+    same(pass(fills), eager, "replay 2");
+    EXPECT_FALSE(dev.forward_graphs().capture_failed()) << dev.graph_failures();
+    EXPECT_FALSE(dev.backward_graphs().capture_failed()) << dev.graph_failures();
+    EXPECT_EQ(dev.forward_graphs().eager(), 1);
+    EXPECT_EQ(dev.forward_graphs().captures(), 1);
+    EXPECT_EQ(dev.forward_graphs().replays(), 2);
+    EXPECT_EQ(dev.backward_graphs().replays(), 2);
+    // Other fills: eager, and the same as a DeviceExperts without graphs.
+    DeviceExperts plain(E, blocks * slots, M, hl, p);
+    const std::vector<Tensor> got = pass(other);
+    for (Tensor* t : {&dw.w1, &dw.b1, &dw.w2, &dw.b2}) device_zero(t->data(), t->bytes());
+    plain.forward(in, w, blocks, slots, other.data(), true, out);
+    plain.backward(dout, w, blocks, slots, other.data(), dw, din);
+    same(got, {host(out), host(din), host(dw.w1), host(dw.b1), host(dw.w2), host(dw.b2)},
+         "other fills");
+    EXPECT_EQ(dev.forward_graphs().eager(), 2);
   }
 }
 

@@ -5,9 +5,14 @@
 // each (group, op) counts must equal the CPU run's (the same step lists move the same data).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "moe/cuda/cuda_backend.h"
 #include "moe/layer_check.h"
 #include "moe/moe_layer.h"
 #include "mpi_test_util.h"
@@ -102,6 +107,86 @@ TEST(GpuLayer, ExpertsComputeTheFilledRowsOnly) {
     MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
     EXPECT_EQ(v[0], v[1]) << c.where;
   }
+}
+
+// The host values of a tensor (any device).
+std::vector<float> values(const Tensor& t) {
+  const Tensor h = t.to(Device::kCpu);
+  return std::vector<float>(h.data(), h.data() + h.numel());
+}
+
+double max_rel(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0.0, scale = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    err = std::isnan(d) ? INFINITY : std::max(err, d);
+    scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+  }
+  return scale > 0.0 ? err / scale : err;
+}
+
+// PARM_CUDA_GRAPHS=1: the layer's experts replay CUDA graphs from the third pass on (the same
+// buffers and fill counts pass after pass), and every pass gives what a layer without graphs
+// gives: output, input gradient and every gradient, each layout, fp32 and bf16.
+TEST(GpuLayer, CudaGraphsGiveTheEagerResults) {
+  const auto s = MoeShape::of(48, 32, 64, 8, 2, "1.1");
+  for (const test::LayerCase& c : test::layer_cases(s))
+    for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+      TopologyOptions o = c.layout;
+      o.device = Device::kCuda;
+      auto topo = Topology::create(o);
+      MoeLayer eager(*topo, s, c.kind, c.fuse, 3, p);
+      ASSERT_EQ(setenv("PARM_CUDA_GRAPHS", "1", 1), 0);
+      MoeLayer graphed(*topo, s, c.kind, c.fuse, 3, p);
+      unsetenv("PARM_CUDA_GRAPHS");
+      const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
+      auto x = check_input(s, 5, group);
+      auto dout = check_dout(s, 5, group);
+      const Tensor xv = Tensor::view(x.data(), {s.tokens, s.model_dim});
+      const Tensor dv = Tensor::view(dout.data(), {s.tokens, s.model_dim});
+      for (MoeLayer* l : {&eager, &graphed}) {
+        l->load_whole(ref::init_params<float>(s, 5));
+        l->set_step_timing(false);  // timed phases wait for the GPU and run eagerly
+      }
+      // Each pass from zero gradients: out, dx, dWg, dW1, db1, dW2, db2.
+      auto pass = [&](MoeLayer& l) {
+        l.zero_grad();
+        std::vector<std::vector<float>> r = {values(l.forward(xv))};
+        r.push_back(values(l.backward(dv, 0.5f)));
+        const MoeLayerParams& g = l.grads();
+        for (const Tensor* t : {&g.wg, &g.experts.w1, &g.experts.b1, &g.experts.w2, &g.experts.b2})
+          r.push_back(values(*t));
+        return r;
+      };
+      const double tol = p == Precision::kFp32 ? 1e-5 : 4e-3;
+      for (int it = 0; it < 4; ++it) {
+        const auto want = pass(eager), got = pass(graphed);
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_LE(max_rel(got[i], want[i]), tol)
+              << c.where << " " << precision_name(p) << " pass " << it << " tensor " << i;
+      }
+      const auto& dev =
+          dynamic_cast<moe::CudaBackend&>(graphed.backend()).device_experts();
+      EXPECT_FALSE(dev.forward_graphs().capture_failed()) << c.where << dev.graph_failures();
+      EXPECT_FALSE(dev.backward_graphs().capture_failed()) << c.where << dev.graph_failures();
+      EXPECT_EQ(dev.forward_graphs().replays(), 2) << c.where << " " << precision_name(p);
+      EXPECT_EQ(dev.backward_graphs().replays(), 2) << c.where << " " << precision_name(p);
+    }
+}
+
+TEST(GpuLayer, CudaGraphsSwitchTakesOnlyItsValues) {
+  for (const char* v : {"0", "off", ""}) {
+    ASSERT_EQ(setenv("PARM_CUDA_GRAPHS", v, 1), 0);
+    EXPECT_FALSE(moe::cuda_graphs_from_env()) << v;
+  }
+  for (const char* v : {"1", "on"}) {
+    ASSERT_EQ(setenv("PARM_CUDA_GRAPHS", v, 1), 0);
+    EXPECT_TRUE(moe::cuda_graphs_from_env()) << v;
+  }
+  ASSERT_EQ(setenv("PARM_CUDA_GRAPHS", "yes", 1), 0);
+  EXPECT_THROW(moe::cuda_graphs_from_env(), InvalidConfig);
+  unsetenv("PARM_CUDA_GRAPHS");
+  EXPECT_FALSE(moe::cuda_graphs_from_env());
 }
 
 }  // namespace

@@ -17,13 +17,21 @@ namespace {
 
 constexpr float kSentinel = -12345.0f;
 
-// What parm::cuda::copy_segments does, on host memory.
+using parm::cuda::expert_math::bf16_to_f32;
+using parm::cuda::expert_math::f32_to_bf16;
+
+// What parm::cuda::copy_segments does (expert_kernels.h), on host memory.
 void apply(const parm::cuda::SegmentCopy& s) {
+  ASSERT_TRUE((s.src == nullptr) != (s.src_bf16 == nullptr)) << "one source";
+  ASSERT_TRUE(s.bias == nullptr || s.cols > 0);
   for (int64_t i = 0; i < s.copy; ++i) {
-    s.dst[i] = s.src[i];
-    if (s.dst_bf16 != nullptr) s.dst_bf16[i] = parm::cuda::expert_math::f32_to_bf16(s.src[i]);
+    float v = s.src_bf16 != nullptr ? bf16_to_f32(s.src_bf16[i]) : s.src[i];
+    if (s.bias != nullptr) v += s.bias[i % s.cols];
+    if (s.dst != nullptr) s.dst[i] = v;
+    if (s.dst_bf16 != nullptr) s.dst_bf16[i] = f32_to_bf16(v);
   }
-  for (int64_t i = s.copy; i < s.copy + s.zero; ++i) s.dst[i] = 0.0f;
+  if (s.dst != nullptr)
+    for (int64_t i = s.copy; i < s.copy + s.zero; ++i) s.dst[i] = 0.0f;
 }
 
 // Value of layout element (b, e, slot, c): names its position.
@@ -76,7 +84,7 @@ void check_gather_and_scatter(const Layout& l) {
         for (int64_t c = 0; c < l.M; ++c) {
           const size_t i = static_cast<size_t>(e * stride + n * l.M + c);
           ASSERT_EQ(packed[i], layout_value(b, e, s, c)) << "e=" << e << " b=" << b << " s=" << s;
-          ASSERT_EQ(packed_bf16[i], parm::cuda::expert_math::f32_to_bf16(layout_value(b, e, s, c)));
+          ASSERT_EQ(packed_bf16[i], f32_to_bf16(layout_value(b, e, s, c)));
         }
     for (int64_t i = n * l.M; i < stride; ++i) {
       ASSERT_EQ(packed[static_cast<size_t>(e * stride + i)], kSentinel) << "e=" << e << " i=" << i;
@@ -84,26 +92,47 @@ void check_gather_and_scatter(const Layout& l) {
     }
   }
 
-  // Scatter back into a layout full of sentinels: filled rows come back where they were,
-  // every empty slot is zero, and no element keeps its sentinel.
-  std::vector<float> back(layout.size(), kSentinel);
-  plan_scatter(packed.data(), stride, l.blocks, l.e_loc, l.slots, l.M, l.fills.data(), back.data(),
-               [&](const parm::cuda::SegmentCopy& s) {
-                 EXPECT_EQ(s.dst_bf16, nullptr);
-                 EXPECT_EQ(s.copy + s.zero, l.slots * l.M);
-                 apply(s);
-               });
-  for (int64_t b = 0; b < l.blocks; ++b)
-    for (int64_t e = 0; e < l.e_loc; ++e)
-      for (int64_t s = 0; s < l.slots; ++s)
-        for (int64_t c = 0; c < l.M; ++c) {
-          const float want =
-              s < l.fills[static_cast<size_t>(b * l.e_loc + e)] ? layout_value(b, e, s, c) : 0.0f;
-          ASSERT_EQ(
-              back[static_cast<size_t>(segment_offset(b, e, l.e_loc, l.slots, l.M) + s * l.M + c)],
-              want)
-              << "b=" << b << " e=" << e << " s=" << s << " c=" << c;
-        }
+  // A bf16-only gather (the forward pass at bf16) writes the same bf16 rows and no fp32.
+  std::vector<uint16_t> only_bf16(packed.size(), 0xdead);
+  plan_gather(layout.data(), l.blocks, l.e_loc, l.slots, l.M, l.fills.data(), nullptr,
+              only_bf16.data(), stride, [&](const parm::cuda::SegmentCopy& s) {
+                EXPECT_EQ(s.dst, nullptr);
+                apply(s);
+              });
+  EXPECT_EQ(only_bf16, packed_bf16);
+
+  // Scatter back into a layout full of sentinels: filled rows come back where they were (plus
+  // the expert's bias, from the fp32 or the bf16 rows), every empty slot is zero, and no
+  // element keeps its sentinel.
+  std::vector<float> bias(static_cast<size_t>(l.e_loc * l.M));
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.25f * static_cast<float>(i + 1);
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "fp32 rows" : variant == 1 ? "fp32 rows + bias" : "bf16 + bias");
+    const bool from_bf16 = variant == 2, with_bias = variant > 0;
+    std::vector<float> back(layout.size(), kSentinel);
+    plan_scatter(from_bf16 ? nullptr : packed.data(), from_bf16 ? packed_bf16.data() : nullptr,
+                 stride, with_bias ? bias.data() : nullptr, l.blocks, l.e_loc, l.slots, l.M,
+                 l.fills.data(), back.data(), [&](const parm::cuda::SegmentCopy& s) {
+                   EXPECT_EQ(s.dst_bf16, nullptr);
+                   EXPECT_EQ(s.copy + s.zero, l.slots * l.M);
+                   apply(s);
+                 });
+    for (int64_t b = 0; b < l.blocks; ++b)
+      for (int64_t e = 0; e < l.e_loc; ++e)
+        for (int64_t s = 0; s < l.slots; ++s)
+          for (int64_t c = 0; c < l.M; ++c) {
+            float want = 0.0f;
+            if (s < l.fills[static_cast<size_t>(b * l.e_loc + e)]) {
+              const float v = layout_value(b, e, s, c);
+              want = from_bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+              if (with_bias) want += bias[static_cast<size_t>(e * l.M + c)];
+            }
+            ASSERT_EQ(back[static_cast<size_t>(segment_offset(b, e, l.e_loc, l.slots, l.M) +
+                                               s * l.M + c)],
+                      want)
+                << "b=" << b << " e=" << e << " s=" << s << " c=" << c;
+          }
+  }
 }
 
 TEST(CudaExpertRows, GatherAndScatterFollowTheLayout) {
@@ -126,9 +155,27 @@ TEST(CudaExpertRows, GatherAndScatterFollowTheLayout) {
 TEST(CudaExpertRows, ScatterOfZeroSlotsEmitsNothing) {
   const std::vector<int32_t> fills = {0, 0};
   int emitted = 0;
-  plan_scatter(nullptr, 0, 1, 2, 0, 8, fills.data(), nullptr,
+  plan_scatter(nullptr, nullptr, 0, nullptr, 1, 2, 0, 8, fills.data(), nullptr,
                [&](const parm::cuda::SegmentCopy&) { ++emitted; });
   EXPECT_EQ(emitted, 0);
+}
+
+// Every expert's block of packed rows starts kExpertBlockAlign-aligned (16-byte aligned in
+// bf16 needs 8 elements; the stride gives 64), holds its max_rows rows, and the blocks do not
+// overlap.
+TEST(CudaExpertRows, ExpertBlocksAreAlignedAndHoldTheirRows) {
+  const int64_t cases[][2] = {{0, 8}, {1, 1}, {1, 7}, {3, 5}, {17, 1024}, {300, 2050}, {7, 64}};
+  for (const auto& c : cases) {
+    const int64_t rows = c[0], cols = c[1];
+    const int64_t stride = expert_block_stride(rows, cols);
+    EXPECT_EQ(stride % kExpertBlockAlign, 0) << rows << " x " << cols;
+    EXPECT_GE(stride, rows * cols) << rows << " x " << cols;
+    EXPECT_LT(stride, rows * cols + kExpertBlockAlign) << rows << " x " << cols;
+  }
+  EXPECT_EQ(expert_block_stride(2, 3), 64);
+  EXPECT_EQ(expert_block_stride(64, 1), 64);
+  EXPECT_EQ(expert_block_stride(65, 1), 128);
+  static_assert(kExpertBlockAlign * sizeof(uint16_t) % 16 == 0, "16-byte bf16 blocks");
 }
 
 TEST(CudaExpertRows, FillCountsOutOfRangeAreRefused) {

@@ -117,5 +117,123 @@ TEST(CudaGemmArgs, MapsFlagsAndDimensions) {
   EXPECT_EQ(e.ldc, 1);
 }
 
+// The grouped call (gemm_args.h: plan_grouped_gemm): a host emulation of
+// cublasGemmGroupedBatchedEx that reads exactly the arrays the plan gives cuBLAS (group g's
+// sizes and flags, its products' pointers at offset[g] ...) must reproduce every product's
+// row-major result; equal-shaped products share a group, groups keep first-appearance order,
+// products keep request order inside a group, and empty products are left out untouched.
+struct Expert {
+  int64_t m, n, k;  // the row-major request's sizes
+};
+
+void check_grouped(bool trans_a, bool trans_b, bool accumulate, const std::vector<Expert>& experts,
+                   int64_t want_groups) {
+  const size_t num = experts.size();
+  std::vector<std::vector<float>> A(num), B(num), C(num), want(num);
+  std::vector<GemmProblem> problems(num);
+  uint64_t stream = 100;
+  for (size_t i = 0; i < num; ++i) {
+    const Expert& x = experts[i];
+    A[i] = quarter_ints(x.m * x.k, stream++);
+    B[i] = quarter_ints(x.k * x.n, stream++);
+    C[i] = quarter_ints(x.m * x.n, stream++);
+    want[i] = C[i];
+    if (x.k > 0) row_major_reference(trans_a, trans_b, x.m, x.n, x.k, A[i], B[i], want[i], accumulate);
+    problems[i] = GemmProblem{x.m, x.n, x.k, &A[i], &B[i], &C[i]};  // host "pointers"
+  }
+  GroupedGemmArgs args;
+  args.reserve(num);
+  plan_grouped_gemm(trans_a, trans_b, problems.data(), static_cast<int64_t>(num), args);
+  ASSERT_EQ(args.num_groups(), want_groups);
+  ASSERT_EQ(args.group_size.size(), args.groups.size());
+  ASSERT_EQ(args.offset.size(), args.groups.size());
+  int64_t at = 0;
+  for (int64_t g = 0; g < args.num_groups(); ++g) {
+    const size_t first = static_cast<size_t>(args.offset[static_cast<size_t>(g)]);
+    EXPECT_EQ(static_cast<int64_t>(first), at) << "group " << g;
+    at += args.group_size[static_cast<size_t>(g)];
+    // Inside a group, the request's order; between groups, first appearance.
+    for (size_t j = first + 1; j < static_cast<size_t>(at); ++j)
+      EXPECT_LT(args.order[j - 1], args.order[j]) << "group " << g;
+    if (g > 0)
+      EXPECT_LT(args.order[static_cast<size_t>(args.offset[static_cast<size_t>(g - 1)])],
+                args.order[first]);
+  }
+  int64_t kept = 0;
+  for (const Expert& x : experts) kept += x.m > 0 && x.n > 0 && x.k > 0;
+  ASSERT_EQ(at, kept);
+  ASSERT_EQ(args.num_products(), kept);
+
+  // cuBLAS's grouped call, as its documentation defines it, on these arrays.
+  for (int64_t g = 0; g < args.num_groups(); ++g) {
+    const ColumnMajorGemm& c = args.groups[static_cast<size_t>(g)];
+    for (int64_t j = 0; j < args.group_size[static_cast<size_t>(g)]; ++j) {
+      const size_t idx = static_cast<size_t>(args.offset[static_cast<size_t>(g)] + j);
+      const auto& first = *static_cast<const std::vector<float>*>(args.first[idx]);
+      const auto& second = *static_cast<const std::vector<float>*>(args.second[idx]);
+      auto& out = *static_cast<std::vector<float>*>(args.c[idx]);
+      EXPECT_EQ(&out, &C[static_cast<size_t>(args.order[idx])]);
+      cublas_gemm_reference(c.trans_first, c.trans_second, c.m, c.n, c.k, 1.0f, first, c.ld_first,
+                            second, c.ld_second, accumulate ? 1.0f : 0.0f, out, c.ldc);
+    }
+  }
+  for (size_t i = 0; i < num; ++i) {
+    const Expert& x = experts[i];
+    if (x.k == 0) continue;  // the caller's (gemm.cpp zeroes C or leaves it)
+    EXPECT_EQ(C[i], want[i]) << "product " << i << " (" << x.m << ", " << x.n << ", " << x.k << ")";
+  }
+}
+
+TEST(CudaGemmArgs, GroupedCallReproducesEveryProduct) {
+  // The six expert products' flags over experts with rows R_e (M = 12, Hl = 20): the row
+  // products (R_e, ., .) differ in m by expert, the weight gradients in k. Row counts: ties
+  // (3 experts of 5 rows), an empty expert, a one-row expert, rows not a multiple of 8 or 16.
+  const int64_t M = 12, H = 20;
+  const std::vector<int64_t> rows = {5, 0, 1, 5, 17, 5, 33};
+  const int64_t distinct = 4;  // 5, 1, 17, 33
+  for (int product = 0; product < 6; ++product) {
+    std::vector<Expert> experts;
+    bool ta = false, tb = false, acc = false;
+    for (int64_t r : rows) {
+      switch (product) {
+        case 0: experts.push_back({r, H, M}); break;                              // pre
+        case 1: experts.push_back({r, M, H}); break;                              // out
+        case 2: experts.push_back({H, M, r}), ta = true, acc = true; break;       // dW2
+        case 3: experts.push_back({r, H, M}), tb = true; break;                   // dact
+        case 4: experts.push_back({M, H, r}), ta = true, acc = true; break;       // dW1
+        default: experts.push_back({r, M, H}), tb = true; break;                  // dx
+      }
+    }
+    SCOPED_TRACE(testing::Message() << "product " << product);
+    check_grouped(ta, tb, acc, experts, distinct);
+  }
+}
+
+TEST(CudaGemmArgs, GroupedCallOfEqualExpertsIsOneGroup) {
+  check_grouped(false, false, false, {{4, 6, 3}, {4, 6, 3}, {4, 6, 3}}, 1);
+  check_grouped(true, true, true, {{7, 2, 9}, {7, 2, 9}}, 1);
+  // All empty: nothing for cuBLAS.
+  check_grouped(false, true, false, {{0, 6, 3}, {4, 0, 3}, {4, 6, 0}}, 0);
+  // One product alone, and sizes that share m and n but not k.
+  check_grouped(false, false, true, {{3, 3, 3}}, 1);
+  check_grouped(false, false, false, {{3, 3, 1}, {3, 3, 2}, {3, 3, 1}}, 2);
+}
+
+TEST(CudaGemmArgs, GroupedPlanIsOverwrittenByTheNextCall) {
+  std::vector<float> a(64), b(64), c(64);
+  GemmProblem big[] = {{2, 2, 2, a.data(), b.data(), c.data()},
+                       {3, 2, 2, a.data(), b.data(), c.data()}};
+  GemmProblem small[] = {{2, 2, 2, a.data(), b.data(), c.data()}};
+  GroupedGemmArgs args;
+  args.reserve(2);
+  plan_grouped_gemm(false, false, big, 2, args);
+  EXPECT_EQ(args.num_groups(), 2);
+  plan_grouped_gemm(false, false, small, 1, args);
+  EXPECT_EQ(args.num_groups(), 1);
+  EXPECT_EQ(args.num_products(), 1);
+  EXPECT_EQ(args.group_size[0], 1);
+  EXPECT_EQ(args.offset[0], 0);
+}
+
 }  // namespace
 }  // namespace parm::cuda

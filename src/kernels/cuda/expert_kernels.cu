@@ -23,26 +23,36 @@ __device__ inline int64_t thread_index() {
 }
 __device__ inline int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
-// The elementwise bias kernels find an element's column with a modulo; Index is uint32_t
-// whenever the indices fit (a 64-bit modulo costs several times more on the GPU).
-template <class Index>
-__global__ void bias_gelu_kernel(const float* __restrict__ pre, const float* __restrict__ bias,
-                                 float* __restrict__ act, uint16_t* __restrict__ act_bf16, Index n,
-                                 Index cols) {
-  const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
-  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float a = expert_math::gelu(pre[i] + bias[i % cols]);
-    act[i] = a;
-    if (act_bf16 != nullptr) act_bf16[i] = expert_math::f32_to_bf16(a);
-  }
+// An fp32 or bf16 value (Values) as fp32.
+__device__ inline float load(const void* p, bool bf16, int64_t i) {
+  return bf16 ? expert_math::bf16_to_f32(static_cast<const uint16_t*>(p)[i])
+              : static_cast<const float*>(p)[i];
 }
 
+// The per-expert row counts of one launch (kernel argument), block y (or z) = expert.
+struct RowTable {
+  int32_t rows[kMaxExpertsPerLaunch];
+};
+static_assert(sizeof(RowTable) <= 1024, "kernel arguments are limited to 4 KiB in all");
+
+// Block y = expert e of the launch: a grid-stride loop over its rows[e] x cols elements at
+// e * stride. The column is found with a modulo; Index is uint32_t whenever the indices fit
+// (a 64-bit modulo costs several times more on the GPU).
 template <class Index>
-__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, Index n,
-                                Index cols) {
-  const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
-  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    y[i] += bias[i % cols];
+__global__ void bias_gelu_kernel(const void* pre, bool pre_bf16, const float* __restrict__ bias,
+                                 float* __restrict__ act, uint16_t* __restrict__ act_bf16,
+                                 const RowTable table, int64_t stride, Index cols) {
+  const int64_t e = blockIdx.y;
+  const Index n = static_cast<Index>(table.rows[e]) * cols;
+  const int64_t base = e * stride;
+  const float* b = bias + e * static_cast<int64_t>(cols);
+  const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const int64_t at = base + static_cast<int64_t>(i);
+    const float a = expert_math::gelu(load(pre, pre_bf16, at) + b[i % cols]);
+    if (act != nullptr) act[at] = a;
+    if (act_bf16 != nullptr) act_bf16[at] = expert_math::f32_to_bf16(a);
+  }
 }
 
 // True when every index of a grid-stride loop over n elements (up to n + the grid's stride)
@@ -59,27 +69,34 @@ __global__ void fill_pattern_kernel(float* x, int64_t n) {
     x[i] = 0.01f * static_cast<float>(i % 97) - 0.48f;
 }
 
-// partial (chunks, cols): the sum of each column over one chunk of kColumnSumChunkRows rows
-// (block y = chunk): every thread sums rows y, y + kRowThreads, ... of its column in order,
-// then a fixed tree adds the kRowThreads sums. kGelu: the summed values are
+// partial (chunks, cols) of expert e = block z, at e * partial_stride: the sum of each of its
+// columns over one chunk of kColumnSumChunkRows rows (block y = chunk; chunks past the
+// expert's rows return at once): every thread sums rows y, y + kRowThreads, ... of its column
+// in order, then a fixed tree adds the kRowThreads sums. kGelu: the summed values are
 // dpre = gelu'(pre + bias) * src, written to dpre (and dpre_bf16) on the way (dpre may be
 // src: each element is read, then written, by the same thread).
 template <bool kGelu>
-__global__ void column_partials_kernel(const float* pre, const float* bias, const float* src,
-                                       float* dpre, uint16_t* dpre_bf16, float* partial,
-                                       int64_t rows, int64_t cols) {
+__global__ void column_partials_kernel(const void* pre, bool pre_bf16, const float* bias,
+                                       const void* src, bool src_bf16, float* dpre,
+                                       uint16_t* dpre_bf16, float* partial,
+                                       int64_t partial_stride, const RowTable table,
+                                       int64_t stride, int64_t cols) {
   __shared__ float tile[kRowThreads][kColTile + 1];
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  const int64_t e = blockIdx.z;
+  const int64_t rows = table.rows[e];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kColumnSumChunkRows;
+  if (r0 >= rows) return;  // the whole block: no thread reaches the barriers below
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
   const int64_t r1 = r0 + kColumnSumChunkRows < rows ? r0 + kColumnSumChunkRows : rows;
+  const int64_t base = e * stride;
   float sum = 0.0f;
   if (col < cols) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
-      const int64_t i = r * cols + col;
-      float v = src[i];
+      const int64_t i = base + r * cols + col;
+      float v = load(src, src_bf16, i);
       if constexpr (kGelu) {
-        v = expert_math::gelu_grad(pre[i] + bias[col]) * v;
-        dpre[i] = v;
+        v = expert_math::gelu_grad(load(pre, pre_bf16, i) + bias[e * cols + col]) * v;
+        if (dpre != nullptr) dpre[i] = v;
         if (dpre_bf16 != nullptr) dpre_bf16[i] = expert_math::f32_to_bf16(v);
       }
       sum += v;
@@ -93,37 +110,70 @@ __global__ void column_partials_kernel(const float* pre, const float* bias, cons
     __syncthreads();
   }
   if (threadIdx.y == 0 && col < cols)
-    partial[static_cast<int64_t>(blockIdx.y) * cols + col] = tile[0][threadIdx.x];
+    partial[e * partial_stride + static_cast<int64_t>(blockIdx.y) * cols + col] =
+        tile[0][threadIdx.x];
 }
 
-// out (cols) += the chunk partials of each column, added in chunk order.
-__global__ void column_finish_kernel(const float* __restrict__ partial, int64_t chunks,
-                                     int64_t cols, float* __restrict__ out) {
+// out[e] (cols) += the chunk partials of each column of expert e = block y, in chunk order.
+__global__ void column_finish_kernel(const float* __restrict__ partial, int64_t partial_stride,
+                                     const RowTable table, int64_t cols, float* __restrict__ out) {
+  const int64_t e = blockIdx.y;
+  const int64_t chunks = (table.rows[e] + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
   for (int64_t c = thread_index(); c < cols; c += thread_stride()) {
     float s = 0.0f;
-    for (int64_t j = 0; j < chunks; ++j) s += partial[j * cols + c];
-    out[c] += s;
+    for (int64_t j = 0; j < chunks; ++j) s += partial[e * partial_stride + j * cols + c];
+    out[e * cols + c] += s;
   }
 }
 
-void column_sums(const float* pre, const float* bias, const float* src, float* dpre,
-                 uint16_t* dpre_bf16, float* dbias, float* scratch, int64_t rows, int64_t cols,
-                 bool gelu) {
-  if (rows <= 0 || cols <= 0) return;
-  const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
-  const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile),
-                  static_cast<unsigned>(chunks));
-  const dim3 block(kColTile, kRowThreads);
-  cudaStream_t s = stream();
-  if (gelu)
-    column_partials_kernel<true>
-        <<<grid, block, 0, s>>>(pre, bias, src, dpre, dpre_bf16, scratch, rows, cols);
-  else
-    column_partials_kernel<false>
-        <<<grid, block, 0, s>>>(nullptr, nullptr, src, nullptr, nullptr, scratch, rows, cols);
-  PARM_CUDA_CHECK_LAUNCH();
-  column_finish_kernel<<<grid_for(cols), kThreads, 0, s>>>(scratch, chunks, cols, dbias);
-  PARM_CUDA_CHECK_LAUNCH();
+// Calls launch(table, first, num, most) for each launch's experts [first, first + num):
+// table = their row counts, most = the largest of them.
+template <class Launch>
+void for_expert_launches(const ExpertRows& r, Launch&& launch) {
+  for (int64_t first = 0; first < r.experts; first += kMaxExpertsPerLaunch) {
+    const int64_t num = std::min<int64_t>(kMaxExpertsPerLaunch, r.experts - first);
+    RowTable table{};
+    int64_t most = 0;
+    for (int64_t e = 0; e < num; ++e) {
+      const int64_t rows = r.rows[first + e];
+      table.rows[e] = static_cast<int32_t>(rows);
+      most = std::max(most, rows);
+    }
+    if (most > 0 && r.cols > 0) launch(table, first, num, most);
+  }
+}
+
+void column_sums(Values pre, const float* bias, Values src, float* dpre, uint16_t* dpre_bf16,
+                 float* dbias, float* scratch, const ExpertRows& r, bool gelu) {
+  const int64_t cols = r.cols;
+  for_expert_launches(r, [&](const RowTable& table, int64_t first, int64_t num, int64_t most) {
+    const int64_t chunks = (most + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
+    const int64_t partial_stride = chunks * cols;
+    const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile),
+                    static_cast<unsigned>(chunks), static_cast<unsigned>(num));
+    const dim3 block(kColTile, kRowThreads);
+    const int64_t at = first * r.stride;  // the launch's first row block
+    auto shift = [at](const void* p, bool bf16) -> const void* {
+      if (p == nullptr) return nullptr;
+      return static_cast<const char*>(p) + at * (bf16 ? 2 : 4);
+    };
+    cudaStream_t s = stream();
+    if (gelu)
+      column_partials_kernel<true><<<grid, block, 0, s>>>(
+          shift(pre.data, pre.bf16), pre.bf16, bias + first * cols, shift(src.data, src.bf16),
+          src.bf16, dpre != nullptr ? dpre + at : nullptr,
+          dpre_bf16 != nullptr ? dpre_bf16 + at : nullptr, scratch, partial_stride, table,
+          r.stride, cols);
+    else
+      column_partials_kernel<false><<<grid, block, 0, s>>>(
+          nullptr, false, nullptr, shift(src.data, src.bf16), src.bf16, nullptr, nullptr,
+          scratch, partial_stride, table, r.stride, cols);
+    PARM_CUDA_CHECK_LAUNCH();
+    const dim3 finish(std::min<unsigned>(grid_for(cols), 64u), static_cast<unsigned>(num));
+    column_finish_kernel<<<finish, kThreads, 0, s>>>(scratch, partial_stride, table, cols,
+                                                     dbias + first * cols);
+    PARM_CUDA_CHECK_LAUNCH();
+  });
 }
 
 struct SegmentTable {
@@ -132,20 +182,33 @@ struct SegmentTable {
 static_assert(sizeof(SegmentTable) <= 4000, "kernel arguments are limited to 4 KiB");
 
 // Block y does segment y of the table. kVec4: every pointer is 16-byte aligned (8 for the
-// bf16 one) and every count a multiple of 4, so the segment moves as float4.
+// bf16 ones) and every count (and cols, with a bias) a multiple of 4, so the segment moves
+// four values at a time.
 template <bool kVec4>
 __global__ void copy_segments_kernel(const SegmentTable table) {
   const SegmentCopy s = table.seg[blockIdx.y];
   if constexpr (kVec4) {
     const int64_t copy4 = s.copy / 4;
     const int64_t total4 = (s.copy + s.zero) / 4;
-    const float4* src = reinterpret_cast<const float4*>(s.src);
     float4* dst = reinterpret_cast<float4*>(s.dst);
     uint2* dst_bf16 = reinterpret_cast<uint2*>(s.dst_bf16);
     for (int64_t i = thread_index(); i < total4; i += thread_stride()) {
       if (i < copy4) {
-        const float4 v = src[i];
-        dst[i] = v;
+        float4 v;
+        if (s.src_bf16 != nullptr) {
+          const uint2 h = reinterpret_cast<const uint2*>(s.src_bf16)[i];
+          v.x = expert_math::bf16_to_f32(static_cast<uint16_t>(h.x & 0xffffu));
+          v.y = expert_math::bf16_to_f32(static_cast<uint16_t>(h.x >> 16));
+          v.z = expert_math::bf16_to_f32(static_cast<uint16_t>(h.y & 0xffffu));
+          v.w = expert_math::bf16_to_f32(static_cast<uint16_t>(h.y >> 16));
+        } else {
+          v = reinterpret_cast<const float4*>(s.src)[i];
+        }
+        if (s.bias != nullptr) {
+          const float4 b = reinterpret_cast<const float4*>(s.bias)[(4 * i % s.cols) / 4];
+          v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
+        }
+        if (dst != nullptr) dst[i] = v;
         if (dst_bf16 != nullptr) {
           uint2 packed;  // little-endian: the lower half is the lower address
           packed.x = static_cast<uint32_t>(expert_math::f32_to_bf16(v.x)) |
@@ -154,7 +217,7 @@ __global__ void copy_segments_kernel(const SegmentTable table) {
                      (static_cast<uint32_t>(expert_math::f32_to_bf16(v.w)) << 16);
           dst_bf16[i] = packed;
         }
-      } else {
+      } else if (dst != nullptr) {
         dst[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
@@ -162,10 +225,11 @@ __global__ void copy_segments_kernel(const SegmentTable table) {
     const int64_t total = s.copy + s.zero;
     for (int64_t i = thread_index(); i < total; i += thread_stride()) {
       if (i < s.copy) {
-        const float v = s.src[i];
-        s.dst[i] = v;
+        float v = s.src_bf16 != nullptr ? expert_math::bf16_to_f32(s.src_bf16[i]) : s.src[i];
+        if (s.bias != nullptr) v += s.bias[i % s.cols];
+        if (s.dst != nullptr) s.dst[i] = v;
         if (s.dst_bf16 != nullptr) s.dst_bf16[i] = expert_math::f32_to_bf16(v);
-      } else {
+      } else if (s.dst != nullptr) {
         s.dst[i] = 0.0f;
       }
     }
@@ -188,38 +252,41 @@ __global__ void store_pointers_kernel(const PointerTable table, int count, void*
 
 }  // namespace
 
-void bias_gelu(const float* pre, const float* bias, float* act, uint16_t* act_bf16, int64_t rows,
-               int64_t cols) {
-  const int64_t n = rows * cols;
-  if (n <= 0) return;
-  if (fits_u32(n))
-    bias_gelu_kernel<uint32_t><<<grid_for(n), kThreads, 0, stream()>>>(
-        pre, bias, act, act_bf16, static_cast<uint32_t>(n), static_cast<uint32_t>(cols));
-  else
-    bias_gelu_kernel<int64_t>
-        <<<grid_for(n), kThreads, 0, stream()>>>(pre, bias, act, act_bf16, n, cols);
-  PARM_CUDA_CHECK_LAUNCH();
+ExpertRows one_expert(const int64_t* rows, int64_t cols) {
+  ExpertRows r;
+  r.rows = rows;
+  r.experts = 1;
+  r.stride = *rows * cols;
+  r.cols = cols;
+  return r;
 }
 
-void bias_gelu_backward(const float* pre, const float* bias, const float* dact, float* dpre,
-                        uint16_t* dpre_bf16, float* dbias, float* scratch, int64_t rows,
-                        int64_t cols) {
-  column_sums(pre, bias, dact, dpre, dpre_bf16, dbias, scratch, rows, cols, true);
+void bias_gelu(Values pre, const float* bias, float* act, uint16_t* act_bf16, const ExpertRows& r) {
+  for_expert_launches(r, [&](const RowTable& table, int64_t first, int64_t num, int64_t most) {
+    const int64_t n = most * r.cols;
+    const int64_t at = first * r.stride;
+    const void* p = static_cast<const char*>(pre.data) + at * (pre.bf16 ? 2 : 4);
+    const dim3 grid(std::min<unsigned>(grid_for(n), 4096u), static_cast<unsigned>(num));
+    float* a = act != nullptr ? act + at : nullptr;
+    uint16_t* ab = act_bf16 != nullptr ? act_bf16 + at : nullptr;
+    const float* b = bias + first * r.cols;
+    if (fits_u32(n))
+      bias_gelu_kernel<uint32_t><<<grid, kThreads, 0, stream()>>>(
+          p, pre.bf16, b, a, ab, table, r.stride, static_cast<uint32_t>(r.cols));
+    else
+      bias_gelu_kernel<int64_t>
+          <<<grid, kThreads, 0, stream()>>>(p, pre.bf16, b, a, ab, table, r.stride, r.cols);
+    PARM_CUDA_CHECK_LAUNCH();
+  });
 }
 
-void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
-  const int64_t n = rows * cols;
-  if (n <= 0) return;
-  if (fits_u32(n))
-    add_bias_kernel<uint32_t><<<grid_for(n), kThreads, 0, stream()>>>(
-        y, bias, static_cast<uint32_t>(n), static_cast<uint32_t>(cols));
-  else
-    add_bias_kernel<int64_t><<<grid_for(n), kThreads, 0, stream()>>>(y, bias, n, cols);
-  PARM_CUDA_CHECK_LAUNCH();
+void bias_gelu_backward(Values pre, const float* bias, Values dact, float* dpre,
+                        uint16_t* dpre_bf16, float* dbias, float* scratch, const ExpertRows& r) {
+  column_sums(pre, bias, dact, dpre, dpre_bf16, dbias, scratch, r, true);
 }
 
-void bias_backward(const float* dy, float* dbias, float* scratch, int64_t rows, int64_t cols) {
-  column_sums(nullptr, nullptr, dy, nullptr, nullptr, dbias, scratch, rows, cols, false);
+void bias_backward(const float* dy, float* dbias, float* scratch, const ExpertRows& r) {
+  column_sums(Values{}, nullptr, f32_values(dy), nullptr, nullptr, dbias, scratch, r, false);
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t n) {
@@ -245,7 +312,8 @@ void copy_segments(const SegmentCopy* segments, int64_t count) {
       table.seg[i] = s;
       longest = std::max(longest, s.copy + s.zero);
       vec4 = vec4 && s.copy % 4 == 0 && s.zero % 4 == 0 && aligned(s.src, 16) &&
-             aligned(s.dst, 16) && aligned(s.dst_bf16, 8);
+             aligned(s.src_bf16, 8) && aligned(s.dst, 16) && aligned(s.dst_bf16, 8) &&
+             (s.bias == nullptr || (s.cols % 4 == 0 && aligned(s.bias, 16)));
     }
     if (longest == 0) continue;
     const int64_t work = vec4 ? longest / 4 : longest;

@@ -3,6 +3,9 @@
 // the CPU backend's functions (moe_ops.h).
 #include "moe/cuda/cuda_backend.h"
 
+#include <cstdlib>
+#include <string>
+
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/gemm.h"
@@ -60,6 +63,14 @@ CudaBackend::DeviceInts CudaBackend::device_ints(int64_t count) {
   return {std::shared_ptr<int32_t>(p, [](int32_t* q) { device_free(q); }), count};
 }
 
+bool cuda_graphs_from_env() {
+  const char* v = std::getenv("PARM_CUDA_GRAPHS");
+  const std::string s = v != nullptr ? v : "";
+  PARM_CONFIG_CHECK(s.empty() || s == "0" || s == "1" || s == "off" || s == "on",
+                    "PARM_CUDA_GRAPHS={}: valid values are 0 or off (the default), 1 or on", s);
+  return s == "1" || s == "on";
+}
+
 CudaBackend::CudaBackend(Precision precision, const BackendSizes& sizes)
     : precision_(precision),
       sizes_(checked(sizes)),
@@ -77,7 +88,9 @@ CudaBackend::CudaBackend(Precision precision, const BackendSizes& sizes)
       stats_host_(static_cast<size_t>(2 * sizes.experts), 0.0f),
       dstats_host_(static_cast<size_t>(2 * sizes.experts), 0.0f),
       experts_(sizes.local_experts, sizes.max_expert_rows, sizes.model_dim, sizes.hidden_shard,
-               precision) {}
+               precision) {
+  experts_.set_graphs(cuda_graphs_from_env());
+}
 
 // ---- gate ----
 

@@ -73,6 +73,8 @@ class CudaBackend final : public LayerBackend {
   // For checks: views of the device probabilities (rows, E) of the last gate_forward and
   // the combine-weight gradients (rows, k) of the last combine_backward.
   Tensor last_probs() const;
+  // The local experts (for checks: what their CUDA graphs did).
+  const cuda::DeviceExperts& device_experts() const { return experts_; }
   Tensor last_dweight() const;
 
  private:
@@ -112,6 +114,11 @@ class CudaBackend final : public LayerBackend {
   GateRouting routing_host_;          // filled by routing()
   cuda::DeviceExperts experts_;
 };
+
+// PARM_CUDA_GRAPHS (0 / off, the default; 1 / on): whether the device experts run their
+// steady-state passes from CUDA graphs (device_experts.h). Throws InvalidConfig on any other
+// value.
+bool cuda_graphs_from_env();
 
 // The backend above behind the LayerBackend interface (make_backend calls it for cuda).
 std::unique_ptr<LayerBackend> make_cuda_backend(Precision precision, const BackendSizes& sizes);

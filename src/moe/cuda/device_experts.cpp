@@ -1,11 +1,12 @@
 // The local experts on the GPU (see device_experts.h). The order of the work, and the phase
 // each step is charged to, follow moe::experts_forward / experts_backward (experts.cpp), but
-// every step runs for all experts at once: one gather, one grouped GEMM per product, the
-// activation kernels expert by expert, one scatter.
+// every step runs for all experts at once: one gather, one grouped GEMM per product, one
+// activation kernel (and its adjoint with the bias gradient), one scatter.
 #include "moe/cuda/device_experts.h"
 
 #include <algorithm>
 #include <array>
+#include <limits>
 
 #include "kernels/cuda/expert_kernels.h"
 #include "kernels/cuda/runtime.h"
@@ -22,40 +23,49 @@ using parm::cuda::GroupedGemm;
 using parm::cuda::SegmentCopy;
 
 // Per expert e, the operands of the six products (expert_products.h) at
-// base + e * stride: GEMM inputs in the operand type (fp32 or bf16, elem bytes each),
-// outputs fp32. Row buffers are (max_rows, cols) per expert, weights (M, Hl) or (Hl, M).
+// base + e * stride: GEMM inputs in the operand type (fp32 or bf16, in_elem bytes each), the
+// row outputs (pre, out, dact, dx) in rows_type's output type, the weight gradients fp32.
+// Row buffers are (R, cols) blocks per expert, weights (M, Hl) or (Hl, M).
 struct ProductOperands {
-  size_t elem = sizeof(float);
+  GemmType rows_type = GemmType::kF32;    // pre, out, dact, dx: kF32 or kBf16ToBf16
+  GemmType weight_type = GemmType::kF32;  // dW1, dW2 (fp32 C): kF32 or kBf16
+  size_t in_elem = sizeof(float);
   const void* x = nullptr;     // (R, M)
   const void* w1 = nullptr;    // (M, Hl)
   const void* act = nullptr;   // (R, Hl)
   const void* w2 = nullptr;    // (Hl, M)
   const void* dy = nullptr;    // (R, M)
   const void* dpre = nullptr;  // (R, Hl)
-  float* pre = nullptr;        // (R, Hl)
-  float* out = nullptr;        // (R, M)
+  void* pre = nullptr;         // (R, Hl)
+  void* out = nullptr;         // (R, M)
   float* dw2 = nullptr;        // (Hl, M) accumulated
-  float* dact = nullptr;       // (R, Hl)
+  void* dact = nullptr;        // (R, Hl)
   float* dw1 = nullptr;        // (M, Hl) accumulated
-  float* dx = nullptr;         // (R, M)
-  int64_t rows_m_stride = 0;   // elements per expert of an (R, M) buffer: max_rows * M
-  int64_t rows_h_stride = 0;   // of an (R, Hl) buffer: max_rows * Hl
+  void* dx = nullptr;          // (R, M)
+  int64_t rows_m_stride = 0;   // elements per expert of an (R, M) buffer
+  int64_t rows_h_stride = 0;   // of an (R, Hl) buffer
   int64_t weight_stride = 0;   // of a weight: M * Hl
 };
 
 namespace {
 
-GemmType gemm_type(Precision p) { return p == Precision::kBf16 ? GemmType::kBf16 : GemmType::kF32; }
-
 const void* offset(const void* base, int64_t elements, size_t elem) {
   return static_cast<const char*>(base) + static_cast<size_t>(elements) * elem;
+}
+void* offset(void* base, int64_t elements, size_t elem) {
+  return static_cast<char*>(base) + static_cast<size_t>(elements) * elem;
+}
+
+bool weight_gradient(ExpertProduct p) {
+  return p == ExpertProduct::kDW1 || p == ExpertProduct::kDW2;
 }
 
 // Product p of every expert with rows (an expert with none has nothing to compute: its
 // outputs have no rows and its weight gradients get nothing), in one grouped call.
 void run_product(ExpertProduct p, const std::vector<int64_t>& rows, int64_t M, int64_t hl,
-                 const ProductOperands& o, GemmType type, GroupedGemm& gemm,
-                 std::vector<GemmProblem>& problems) {
+                 const ProductOperands& o, GroupedGemm& gemm, std::vector<GemmProblem>& problems) {
+  const GemmType type = weight_gradient(p) ? o.weight_type : o.rows_type;
+  const size_t in = o.in_elem, out = parm::cuda::output_bytes(type);
   problems.clear();
   for (size_t e = 0; e < rows.size(); ++e) {
     const int64_t r = rows[e];
@@ -69,22 +79,22 @@ void run_product(ExpertProduct p, const std::vector<int64_t>& rows, int64_t M, i
     q.k = g.k;
     switch (p) {
       case ExpertProduct::kPre:
-        q.a = offset(o.x, rm, o.elem), q.b = offset(o.w1, w, o.elem), q.c = o.pre + rh;
+        q.a = offset(o.x, rm, in), q.b = offset(o.w1, w, in), q.c = offset(o.pre, rh, out);
         break;
       case ExpertProduct::kOut:
-        q.a = offset(o.act, rh, o.elem), q.b = offset(o.w2, w, o.elem), q.c = o.out + rm;
+        q.a = offset(o.act, rh, in), q.b = offset(o.w2, w, in), q.c = offset(o.out, rm, out);
         break;
       case ExpertProduct::kDW2:
-        q.a = offset(o.act, rh, o.elem), q.b = offset(o.dy, rm, o.elem), q.c = o.dw2 + w;
+        q.a = offset(o.act, rh, in), q.b = offset(o.dy, rm, in), q.c = o.dw2 + w;
         break;
       case ExpertProduct::kDAct:
-        q.a = offset(o.dy, rm, o.elem), q.b = offset(o.w2, w, o.elem), q.c = o.dact + rh;
+        q.a = offset(o.dy, rm, in), q.b = offset(o.w2, w, in), q.c = offset(o.dact, rh, out);
         break;
       case ExpertProduct::kDW1:
-        q.a = offset(o.x, rm, o.elem), q.b = offset(o.dpre, rh, o.elem), q.c = o.dw1 + w;
+        q.a = offset(o.x, rm, in), q.b = offset(o.dpre, rh, in), q.c = o.dw1 + w;
         break;
       case ExpertProduct::kDX:
-        q.a = offset(o.dpre, rh, o.elem), q.b = offset(o.w1, w, o.elem), q.c = o.dx + rm;
+        q.a = offset(o.dpre, rh, in), q.b = offset(o.w1, w, in), q.c = offset(o.dx, rm, out);
         break;
     }
     problems.push_back(q);
@@ -92,6 +102,14 @@ void run_product(ExpertProduct p, const std::vector<int64_t>& rows, int64_t M, i
   const GemmCall flags = expert_gemm(p, 1, M, hl);  // the same for every row count
   gemm.run(flags.trans_a, flags.trans_b, flags.accumulate, type, problems.data(),
            static_cast<int64_t>(problems.size()));
+}
+
+// The operand and output types of a precision.
+void set_types(Precision p, ProductOperands& o) {
+  const bool bf16 = p == Precision::kBf16;
+  o.rows_type = bf16 ? GemmType::kBf16ToBf16 : GemmType::kF32;
+  o.weight_type = bf16 ? GemmType::kBf16 : GemmType::kF32;
+  o.in_elem = bf16 ? sizeof(uint16_t) : sizeof(float);
 }
 
 // Segment copies, launched kMaxSegmentsPerLaunch at a time (no allocation).
@@ -123,38 +141,47 @@ DeviceExperts::DeviceExperts(int64_t e_loc, int64_t max_rows, int64_t M, int64_t
       max_rows_(max_rows),
       model_dim_(M),
       hidden_(hl),
+      stride_m_(expert_block_stride(max_rows, M)),
+      stride_h_(expert_block_stride(max_rows, hl)),
       precision_(p),
       gemm_(std::max<int64_t>(1, e_loc)) {
   PARM_CHECK(e_loc >= 1 && max_rows >= 0 && M >= 1 && hl >= 1,
              "DeviceExperts: bad sizes E_loc={} max_rows={} M={} Hl={}", e_loc, max_rows, M, hl);
+  PARM_CHECK(max_rows <= std::numeric_limits<int32_t>::max(),
+             "DeviceExperts: {} rows per expert do not fit the kernels' int32 row counts", max_rows);
   rows_.assign(static_cast<size_t>(e_loc), 0);
   problems_.reserve(static_cast<size_t>(e_loc));
-  auto device = [this](Shape shape) {
-    Tensor t(std::move(shape), Device::kCuda);
+  auto device = [this](int64_t elements) {
+    Tensor t({std::max<int64_t>(1, elements)}, Device::kCuda);
     held_bytes_ += t.bytes();
     return t;
   };
-  in_ = device({e_loc, max_rows, M});
-  pre_ = device({e_loc, max_rows, hl});
-  act_ = device({e_loc, max_rows, hl});
-  out_rows_ = device({e_loc, max_rows, M});
-  d_out_ = device({e_loc, max_rows, M});
-  d_act_ = device({e_loc, max_rows, hl});
-  col_scratch_ = device(
-      {std::max<int64_t>(1, parm::cuda::column_sum_scratch_floats(max_rows, std::max(M, hl)))});
+  const int64_t rows_m = e_loc * stride_m_, rows_h = e_loc * stride_h_;
+  block_rows_.assign(static_cast<size_t>(e_loc), 0);
+  const int64_t launch = std::min(e_loc, parm::cuda::kMaxExpertsPerLaunch);
+  col_scratch_ = device(launch * parm::cuda::column_sum_scratch_floats(max_rows, std::max(M, hl)));
   if (p == Precision::kBf16) {
-    in_bf16_ = bf16_buffer(e_loc * max_rows * M);
-    act_bf16_ = bf16_buffer(e_loc * max_rows * hl);
-    d_out_bf16_ = bf16_buffer(e_loc * max_rows * M);
-    d_pre_bf16_ = bf16_buffer(e_loc * max_rows * hl);
+    in_bf16_ = bf16_buffer(rows_m);
+    pre_bf16_ = bf16_buffer(rows_h);
+    act_bf16_ = bf16_buffer(rows_h);
+    out_bf16_ = bf16_buffer(rows_m);
+    d_out_bf16_ = bf16_buffer(rows_m);
+    d_act_bf16_ = bf16_buffer(rows_h);
     w1_bf16_ = bf16_buffer(e_loc * M * hl);
     w2_bf16_ = bf16_buffer(e_loc * hl * M);
+  } else {
+    in_ = device(rows_m);
+    d_out_ = device(rows_m);
+    pre_ = device(rows_h);
+    act_ = device(rows_h);
+    out_rows_ = device(rows_m);
+    d_act_ = device(rows_h);
   }
   held_bytes_ += 3 * std::max<int64_t>(1, e_loc) * static_cast<int64_t>(sizeof(void*));
 }
 
 DeviceExperts::Bf16Buffer DeviceExperts::bf16_buffer(int64_t elements) {
-  const size_t bytes = static_cast<size_t>(elements) * sizeof(uint16_t);
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(1, elements)) * sizeof(uint16_t);
   held_bytes_ += static_cast<int64_t>(bytes);
   return Bf16Buffer{std::shared_ptr<void>(device_alloc(bytes), device_free)};
 }
@@ -183,36 +210,104 @@ void DeviceExperts::check_call(const ExpertShards& w, const Tensor& a, const Ten
   check_fills(fills, blocks, e_loc_, slots);
 }
 
+parm::cuda::ExpertRows DeviceExperts::expert_rows(int64_t cols) const {
+  parm::cuda::ExpertRows r;
+  r.rows = rows_.data();
+  r.experts = e_loc_;
+  r.stride = cols == model_dim_ ? stride_m_ : stride_h_;
+  r.cols = cols;
+  return r;
+}
+
 ProductOperands DeviceExperts::operands(const ExpertShards& w, ExpertShards* dw) {
   const bool bf16 = precision_ == Precision::kBf16;
   ProductOperands o;
-  o.elem = bf16 ? sizeof(uint16_t) : sizeof(float);
-  o.x = bf16 ? static_cast<const void*>(in_bf16_.data()) : in_.data();
-  o.w1 = bf16 ? static_cast<const void*>(w1_bf16_.data()) : w.w1.data();
-  o.act = bf16 ? static_cast<const void*>(act_bf16_.data()) : act_.data();
-  o.w2 = bf16 ? static_cast<const void*>(w2_bf16_.data()) : w.w2.data();
-  o.dy = bf16 ? static_cast<const void*>(d_out_bf16_.data()) : d_out_.data();
-  o.dpre = bf16 ? static_cast<const void*>(d_pre_bf16_.data()) : d_act_.data();
-  o.pre = pre_.data();
-  o.out = out_rows_.data();
-  o.dact = d_act_.data();
-  o.dx = out_rows_.data();
+  set_types(precision_, o);
+  // Each operand's buffer at the precision (the bf16 one, or the fp32 one).
+  auto pick = [bf16](void* b, void* f) { return bf16 ? b : f; };
+  auto pick_in = [bf16](const void* b, const void* f) { return bf16 ? b : f; };
+  o.x = pick_in(in_bf16_.data(), in_.data());
+  o.w1 = pick_in(w1_bf16_.data(), w.w1.data());
+  o.act = pick_in(act_bf16_.data(), act_.data());
+  o.w2 = pick_in(w2_bf16_.data(), w.w2.data());
+  o.dy = pick_in(d_out_bf16_.data(), d_out_.data());
+  o.dpre = pick_in(d_act_bf16_.data(), d_act_.data());
+  o.pre = pick(pre_bf16_.data(), pre_.data());
+  o.out = pick(out_bf16_.data(), out_rows_.data());
+  o.dact = pick(d_act_bf16_.data(), d_act_.data());
+  o.dx = pick(out_bf16_.data(), out_rows_.data());
   o.dw1 = dw != nullptr ? dw->w1.data() : nullptr;
   o.dw2 = dw != nullptr ? dw->w2.data() : nullptr;
-  o.rows_m_stride = max_rows_ * model_dim_;
-  o.rows_h_stride = max_rows_ * hidden_;
+  o.rows_m_stride = stride_m_;
+  o.rows_h_stride = stride_h_;
   o.weight_stride = model_dim_ * hidden_;
   return o;
+}
+
+void DeviceExperts::set_graphs(bool on) {
+  fwd_policy_.set_enabled(on);
+  bwd_policy_.set_enabled(on);
+  if (!on) {
+    fwd_graph_.reset();
+    bwd_graph_.reset();
+  }
+}
+
+namespace {
+
+// key = the pass's tensors, sizes and fills (pass_graphs.h); overwritten.
+void make_key(PassKey& key, std::initializer_list<const Tensor*> tensors,
+              std::initializer_list<int64_t> sizes, const int32_t* fills, int64_t num_fills) {
+  key.clear();
+  for (const Tensor* t : tensors) key.pointers.push_back(t->data());
+  key.sizes.assign(sizes.begin(), sizes.end());
+  key.fills.assign(fills, fills + num_fills);
+}
+
+}  // namespace
+
+void DeviceExperts::run_pass(GraphPolicy& policy, parm::cuda::StreamGraph& graph,
+                             const std::function<void()>& work) {
+  switch (policy.next(key_)) {
+    case GraphPolicy::Action::kReplay:
+      graph.launch();
+      return;
+    case GraphPolicy::Action::kCapture: {
+      const bool ok = graph.capture(work);
+      policy.captured(ok);
+      if (ok) {
+        graph.launch();
+        return;
+      }
+      break;  // run it eagerly
+    }
+    case GraphPolicy::Action::kEager:
+      break;
+  }
+  work();
 }
 
 void DeviceExperts::forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                             const int32_t* fills, bool add_b2, Tensor& out, PhaseTimes* times) {
   check_call(w, in, out, blocks, slots, fills, "forward");
-  const int64_t M = model_dim_, hl = hidden_;
-  const bool bf16 = precision_ == Precision::kBf16;
-  const GemmType type = gemm_type(precision_);
   count_rows(fills, blocks, e_loc_, rows_);
   have_forward_ = true;
+  if (times != nullptr || !fwd_policy_.enabled()) {
+    forward_work(in, w, blocks, slots, fills, add_b2, out, times);
+    return;
+  }
+  make_key(key_, {&in, &out, &w.w1, &w.b1, &w.w2, &w.b2},
+           {blocks, slots, add_b2 ? 1 : 0, static_cast<int64_t>(gemm_.mode())}, fills,
+           blocks * e_loc_);
+  run_pass(fwd_policy_, fwd_graph_,
+           [&] { forward_work(in, w, blocks, slots, fills, add_b2, out, nullptr); });
+}
+
+void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_t blocks,
+                                 int64_t slots, const int32_t* fills, bool add_b2, Tensor& out,
+                                 PhaseTimes* times) {
+  const int64_t M = model_dim_, hl = hidden_;
+  const bool bf16 = precision_ == Precision::kBf16;
   if (times != nullptr) device_sync();  // earlier queued work is not this step's
   PhaseClock clock(times);
   auto lap = [&](const char* phase) {
@@ -224,31 +319,29 @@ void DeviceExperts::forward(const Tensor& in, const ExpertShards& w, int64_t blo
   SegmentBatch batch;
   auto add = [&](const SegmentCopy& s) { batch.add(s); };
 
-  plan_gather(in.data(), blocks, e_loc_, slots, M, fills, in_.data(),
-              bf16 ? in_bf16_.data() : nullptr, max_rows_ * M, add);
+  // Straight into the grouped products' row layout, in their operand type.
+  plan_gather(in.data(), blocks, e_loc_, slots, M, fills, bf16 ? nullptr : in_.data(),
+              bf16 ? in_bf16_.data() : nullptr, stride_m_, add);
   batch.flush();
   lap("rows in/out");
   if (bf16) {  // once per forward pass; the backward pass reuses them
     parm::cuda::to_bf16(w.w1.data(), w1_bf16_.data(), e_loc_ * M * hl);
     parm::cuda::to_bf16(w.w2.data(), w2_bf16_.data(), e_loc_ * hl * M);
   }
-  run_product(ExpertProduct::kPre, rows_, M, hl, o, type, gemm_, problems_);
+  run_product(ExpertProduct::kPre, rows_, M, hl, o, gemm_, problems_);
   lap("expert products");
-  for (int64_t e = 0; e < e_loc_; ++e) {
-    const int64_t r = rows_[static_cast<size_t>(e)];
-    parm::cuda::bias_gelu(pre_.data() + e * max_rows_ * hl, w.b1.data() + e * hl,
-                          act_.data() + e * max_rows_ * hl,
-                          bf16 ? act_bf16_.data() + e * max_rows_ * hl : nullptr, r, hl);
-  }
+  if (bf16)
+    parm::cuda::bias_gelu(parm::cuda::bf16_values(pre_bf16_.data()), w.b1.data(), nullptr,
+                          act_bf16_.data(), expert_rows(hl));
+  else
+    parm::cuda::bias_gelu(parm::cuda::f32_values(pre_.data()), w.b1.data(), act_.data(), nullptr,
+                          expert_rows(hl));
   lap("bias + GeLU");
-  run_product(ExpertProduct::kOut, rows_, M, hl, o, type, gemm_, problems_);
+  run_product(ExpertProduct::kOut, rows_, M, hl, o, gemm_, problems_);
   lap("expert products");
-  if (add_b2)
-    for (int64_t e = 0; e < e_loc_; ++e)
-      parm::cuda::add_bias(out_rows_.data() + e * max_rows_ * M, w.b2.data() + e * M,
-                           rows_[static_cast<size_t>(e)], M);
-  lap("bias + GeLU");
-  plan_scatter(out_rows_.data(), max_rows_ * M, blocks, e_loc_, slots, M, fills, out.data(), add);
+  // The scatter adds b2 (fp32) to each output row on its way out.
+  plan_scatter(bf16 ? nullptr : out_rows_.data(), bf16 ? out_bf16_.data() : nullptr, stride_m_,
+               add_b2 ? w.b2.data() : nullptr, blocks, e_loc_, slots, M, fills, out.data(), add);
   batch.flush();
   lap("rows in/out");
 }
@@ -257,7 +350,6 @@ void DeviceExperts::backward(const Tensor& dout, const ExpertShards& w, int64_t 
                              int64_t slots, const int32_t* fills, ExpertShards& dw, Tensor& din,
                              PhaseTimes* times) {
   check_call(w, dout, din, blocks, slots, fills, "backward");
-  const int64_t M = model_dim_, hl = hidden_;
   PARM_CHECK(dw.w1.numel() == w.w1.numel() && dw.b1.numel() == w.b1.numel() &&
                  dw.w2.numel() == w.w2.numel() && dw.b2.numel() == w.b2.numel(),
              "device experts backward: gradients dW1 {} db1 {} dW2 {} db2 {} do not match the "
@@ -271,8 +363,21 @@ void DeviceExperts::backward(const Tensor& dout, const ExpertShards& w, int64_t 
     for (int64_t b = 0; b < blocks; ++b) n += fills[b * e_loc_ + e];
     PARM_CHECK_EQ(n, rows_[static_cast<size_t>(e)]);
   }
+  if (times != nullptr || !bwd_policy_.enabled()) {
+    backward_work(dout, w, blocks, slots, fills, dw, din, times);
+    return;
+  }
+  make_key(key_, {&dout, &din, &w.w1, &w.b1, &w.w2, &w.b2, &dw.w1, &dw.b1, &dw.w2, &dw.b2},
+           {blocks, slots, static_cast<int64_t>(gemm_.mode())}, fills, blocks * e_loc_);
+  run_pass(bwd_policy_, bwd_graph_,
+           [&] { backward_work(dout, w, blocks, slots, fills, dw, din, nullptr); });
+}
+
+void DeviceExperts::backward_work(const Tensor& dout, const ExpertShards& w, int64_t blocks,
+                                  int64_t slots, const int32_t* fills, ExpertShards& dw,
+                                  Tensor& din, PhaseTimes* times) {
+  const int64_t M = model_dim_, hl = hidden_;
   const bool bf16 = precision_ == Precision::kBf16;
-  const GemmType type = gemm_type(precision_);
   if (times != nullptr) device_sync();
   PhaseClock clock(times);
   auto lap = [&](const char* phase) {
@@ -285,29 +390,43 @@ void DeviceExperts::backward(const Tensor& dout, const ExpertShards& w, int64_t 
   auto add = [&](const SegmentCopy& s) { batch.add(s); };
   float* scratch = col_scratch_.data();
 
-  plan_gather(dout.data(), blocks, e_loc_, slots, M, fills, d_out_.data(),
-              bf16 ? d_out_bf16_.data() : nullptr, max_rows_ * M, add);
+  // Straight into the products' row layout, in their operand type.
+  plan_gather(dout.data(), blocks, e_loc_, slots, M, fills, bf16 ? nullptr : d_out_.data(),
+              bf16 ? d_out_bf16_.data() : nullptr, stride_m_, add);
   batch.flush();
   lap("rows in/out");
-  for (int64_t e = 0; e < e_loc_; ++e)
-    parm::cuda::bias_backward(d_out_.data() + e * max_rows_ * M, dw.b2.data() + e * M, scratch,
-                              rows_[static_cast<size_t>(e)], M);
-  lap("GeLU + bias backward");
-  run_product(ExpertProduct::kDW2, rows_, M, hl, o, type, gemm_, problems_);
-  run_product(ExpertProduct::kDAct, rows_, M, hl, o, type, gemm_, problems_);
-  lap("expert products");
-  for (int64_t e = 0; e < e_loc_; ++e) {
-    float* dact = d_act_.data() + e * max_rows_ * hl;
-    parm::cuda::bias_gelu_backward(pre_.data() + e * max_rows_ * hl, w.b1.data() + e * hl, dact,
-                                   dact, bf16 ? d_pre_bf16_.data() + e * max_rows_ * hl : nullptr,
-                                   dw.b1.data() + e * hl, scratch, rows_[static_cast<size_t>(e)],
-                                   hl);
+  // db2 from the exchange layout itself (fp32 at every precision), block by block: in block b
+  // expert e's filled rows are the first fills[b * E_loc + e] slots of its segment.
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t e = 0; e < e_loc_; ++e)
+      block_rows_[static_cast<size_t>(e)] = fills[b * e_loc_ + e];
+    parm::cuda::ExpertRows r;
+    r.rows = block_rows_.data();
+    r.experts = e_loc_;
+    r.stride = slots * M;
+    r.cols = M;
+    parm::cuda::bias_backward(dout.data() + segment_offset(b, 0, e_loc_, slots, M), dw.b2.data(),
+                              scratch, r);
   }
   lap("GeLU + bias backward");
-  run_product(ExpertProduct::kDW1, rows_, M, hl, o, type, gemm_, problems_);
-  run_product(ExpertProduct::kDX, rows_, M, hl, o, type, gemm_, problems_);
+  run_product(ExpertProduct::kDW2, rows_, M, hl, o, gemm_, problems_);
+  run_product(ExpertProduct::kDAct, rows_, M, hl, o, gemm_, problems_);
   lap("expert products");
-  plan_scatter(out_rows_.data(), max_rows_ * M, blocks, e_loc_, slots, M, fills, din.data(), add);
+  // dpre in place of dact (each element read, then written, by the same thread).
+  if (bf16)
+    parm::cuda::bias_gelu_backward(parm::cuda::bf16_values(pre_bf16_.data()), w.b1.data(),
+                                   parm::cuda::bf16_values(d_act_bf16_.data()), nullptr,
+                                   d_act_bf16_.data(), dw.b1.data(), scratch, expert_rows(hl));
+  else
+    parm::cuda::bias_gelu_backward(parm::cuda::f32_values(pre_.data()), w.b1.data(),
+                                   parm::cuda::f32_values(d_act_.data()), d_act_.data(), nullptr,
+                                   dw.b1.data(), scratch, expert_rows(hl));
+  lap("GeLU + bias backward");
+  run_product(ExpertProduct::kDW1, rows_, M, hl, o, gemm_, problems_);
+  run_product(ExpertProduct::kDX, rows_, M, hl, o, gemm_, problems_);
+  lap("expert products");
+  plan_scatter(bf16 ? nullptr : out_rows_.data(), bf16 ? out_bf16_.data() : nullptr, stride_m_,
+               nullptr, blocks, e_loc_, slots, M, fills, din.data(), add);
   batch.flush();
   lap("rows in/out");
 }
@@ -338,44 +457,40 @@ double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int6
   const int64_t E = static_cast<int64_t>(rows.size());
   const int64_t r = std::max<int64_t>(1, *std::max_element(rows.begin(), rows.end()));
   const bool bf16 = p == Precision::kBf16;
-  // Every expert has its own operands, as in the layer (the grouped call needs C apart).
-  auto input = [](Shape shape) {
-    Tensor t(std::move(shape), Device::kCuda);
-    parm::cuda::fill_pattern(t.data(), t.numel());
-    return t;
+  ProductOperands o;
+  set_types(p, o);
+  o.rows_m_stride = expert_block_stride(r, M);
+  o.rows_h_stride = expert_block_stride(r, hl);
+  o.weight_stride = M * hl;
+  // Every expert has its own operands, as in the layer (the grouped call needs C apart), in
+  // the layer's types: inputs filled with a pattern (rounded to bf16 at Precision::kBf16).
+  std::vector<std::shared_ptr<void>> held;
+  auto buffer = [&](int64_t elements, size_t elem) -> void* {
+    held.emplace_back(device_alloc(static_cast<size_t>(elements) * elem), device_free);
+    return held.back().get();
   };
-  const Tensor x = input({E, r, M}), w1 = input({E, M, hl}), w2 = input({E, hl, M}),
-               act = input({E, r, hl}), dy = input({E, r, M}), dpre = input({E, r, hl});
-  Tensor pre({E, r, hl}, Device::kCuda), out({E, r, M}, Device::kCuda),
-      dact({E, r, hl}, Device::kCuda), dx({E, r, M}, Device::kCuda), dw1({E, M, hl}, Device::kCuda),
-      dw2({E, hl, M}, Device::kCuda);
-  std::vector<std::shared_ptr<void>> bf16_copies;
-  auto operand = [&](const Tensor& t) -> const void* {
-    if (!bf16) return t.data();
-    const size_t bytes = static_cast<size_t>(t.numel()) * sizeof(uint16_t);
-    bf16_copies.emplace_back(device_alloc(bytes), device_free);
-    auto* h = static_cast<uint16_t*>(bf16_copies.back().get());
-    parm::cuda::to_bf16(t.data(), h, t.numel());
+  auto input = [&](int64_t elements) -> const void* {
+    auto* f = static_cast<float*>(buffer(elements, sizeof(float)));  // kept: queued work reads it
+    parm::cuda::fill_pattern(f, elements);
+    if (!bf16) return f;
+    auto* h = static_cast<uint16_t*>(buffer(elements, sizeof(uint16_t)));
+    parm::cuda::to_bf16(f, h, elements);
     return h;
   };
-  ProductOperands o;
-  o.elem = bf16 ? sizeof(uint16_t) : sizeof(float);
-  o.x = operand(x);
-  o.w1 = operand(w1);
-  o.act = operand(act);
-  o.w2 = operand(w2);
-  o.dy = operand(dy);
-  o.dpre = operand(dpre);
-  o.pre = pre.data();
-  o.out = out.data();
-  o.dact = dact.data();
-  o.dx = dx.data();
-  o.dw1 = dw1.data();
-  o.dw2 = dw2.data();
-  o.rows_m_stride = r * M;
-  o.rows_h_stride = r * hl;
-  o.weight_stride = M * hl;
-  const GemmType type = gemm_type(p);
+  const int64_t rows_m = E * o.rows_m_stride, rows_h = E * o.rows_h_stride, wts = E * M * hl;
+  o.x = input(rows_m);
+  o.w1 = input(wts);
+  o.act = input(rows_h);
+  o.w2 = input(wts);
+  o.dy = input(rows_m);
+  o.dpre = input(rows_h);
+  const size_t out = parm::cuda::output_bytes(o.rows_type);
+  o.pre = buffer(rows_h, out);
+  o.out = buffer(rows_m, out);
+  o.dact = buffer(rows_h, out);
+  o.dx = buffer(rows_m, out);
+  o.dw1 = static_cast<float*>(buffer(wts, sizeof(float)));
+  o.dw2 = static_cast<float*>(buffer(wts, sizeof(float)));
   GroupedGemm gemm(E);
   std::vector<GemmProblem> problems;
   problems.reserve(rows.size());
@@ -384,7 +499,7 @@ double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int6
   std::vector<double> totals;
   for (int i = 0; i < reps + 1; ++i) {  // one untimed round first
     PARM_CUDA_CHECK(cudaEventRecord(events.start, s));
-    for (ExpertProduct q : kExpertProducts) run_product(q, rows, M, hl, o, type, gemm, problems);
+    for (ExpertProduct q : kExpertProducts) run_product(q, rows, M, hl, o, gemm, problems);
     PARM_CUDA_CHECK(cudaEventRecord(events.stop, s));
     PARM_CUDA_CHECK(cudaEventSynchronize(events.stop));
     float ms = 0.0f;

@@ -1,24 +1,41 @@
 // The local experts (ESP shards) on the GPU: the contract of moe::experts_forward /
-// experts_backward (moe_ops.h) over device tensors, with the six products on cuBLAS
-// (kernels/cuda/gemm.h), the activation and bias kernels of kernels/cuda/expert_kernels.h,
-// and the row gather / scatter as segment copies (expert_rows.h). CUDA builds only.
+// experts_backward (moe_ops.h) over device tensors. Every step covers all local experts at
+// once: one segment-copy gather into the grouped products' row layout (each expert's filled
+// rows packed at its own block, expert_rows.h), one grouped cuBLAS call per product
+// (kernels/cuda/gemm.h), one kernel for bias + GeLU and one for its adjoint with the bias
+// gradient (kernels/cuda/expert_kernels.h), and one scatter, which adds b2 on the way.
+// CUDA builds only.
 //
 // Everything is queued on cuda::stream() and nothing waits for the GPU, except that with a
 // non-null `times` the stream is synchronised before every phase lap so the phase times are
 // the GPU's (the phases are the CPU path's names).
 //
-// Precision::kBf16: the GEMM operands are bf16 (the gathered rows, act, dy, dpre, and bf16
-// copies of W1 and W2 made once per forward call and reused by the backward call); every
-// GEMM accumulates and writes fp32 (weight gradients accumulate into the fp32 dW). Master
-// weights, gradients, biases, the activations kept for the backward pass (pre, act) and all
-// column sums stay fp32.
+// CUDA graphs (set_graphs(true); off by default): a pass called with the same key as the
+// pass before it (pass_graphs.h: the same tensors, sizes and fill counts), and no `times`,
+// is captured into a graph and launched; later passes with that key launch the graph again,
+// one launch instead of a dozen. Any other pass runs its launches as they are. A capture that
+// fails turns graphs off for that direction for good.
+//
+// Precision::kFp32: every buffer and product is fp32 (the CPU oracle's semantics).
+// Precision::kBf16: the rows between the products are bf16, as in every bf16 MoE: the
+// gathered x and dy, pre, act, the products' row outputs (out, dact, dx; bf16 C, rounded
+// once from the fp32 sum) and dpre; W1 and W2 are rounded to bf16 once per forward call and
+// reused by the backward call. Every product accumulates in fp32; the weight gradients
+// accumulate into the fp32 dW, and the master weights, biases, bias gradients (column sums
+// of the layer's fp32 dy and of dpre before its rounding) and the layer's input and output
+// layouts stay fp32.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "kernels/cuda/expert_kernels.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/graph.h"
+#include "moe/cuda/pass_graphs.h"
 #include "moe/moe_ops.h"
 #include "parm/device.h"
 #include "parm/tensor.h"
@@ -52,36 +69,62 @@ class DeviceExperts {
   Precision precision() const { return precision_; }
   // The grouped-GEMM helper (tests force its loop mode to compare the two paths).
   parm::cuda::GroupedGemm& grouped_gemm() { return gemm_; }
+  // CUDA graphs for the steady state (see above), and what they did so far.
+  void set_graphs(bool on);
+  const GraphPolicy& forward_graphs() const { return fwd_policy_; }
+  const GraphPolicy& backward_graphs() const { return bwd_policy_; }
+  // Why a capture failed ("" when none did): forward, backward.
+  std::string graph_failures() const {
+    return "forward: '" + fwd_graph_.failure() + "', backward: '" + bwd_graph_.failure() + "'";
+  }
 
  private:
-  // A zero-filled device buffer of bf16 values.
+  // A zero-filled device buffer of bf16 values (empty: data() is null).
   struct Bf16Buffer {
     std::shared_ptr<void> mem;
     uint16_t* data() const { return static_cast<uint16_t*>(mem.get()); }
   };
+  // The experts' row blocks of `cols` values for the kernels (rows of the last forward).
+  parm::cuda::ExpertRows expert_rows(int64_t cols) const;
   Bf16Buffer bf16_buffer(int64_t elements);
   void check_call(const ExpertShards& w, const Tensor& a, const Tensor& b, int64_t blocks,
                   int64_t slots, const int32_t* fills, const char* what) const;
   // The operands of the six products in this workspace (dw may be null in the forward pass).
   ProductOperands operands(const ExpertShards& w, ExpertShards* dw);
+  // The launches of each pass (after the checks; rows_ set), timed when times is not null.
+  void forward_work(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
+                    const int32_t* fills, bool add_b2, Tensor& out, PhaseTimes* times);
+  void backward_work(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
+                     const int32_t* fills, ExpertShards& dw, Tensor& din, PhaseTimes* times);
+  // Runs `work` as policy says for key_ (eagerly, captured then launched, or replayed).
+  void run_pass(GraphPolicy& policy, parm::cuda::StreamGraph& graph,
+                const std::function<void()>& work);
 
   int64_t e_loc_, max_rows_, model_dim_, hidden_;
+  int64_t stride_m_, stride_h_;  // elements per expert of an (R, M) / (R, Hl) row buffer
   Precision precision_;
   int64_t held_bytes_ = 0;
   std::vector<int64_t> rows_;  // (E_loc) filled rows of the last forward
   bool have_forward_ = false;
-  // Per expert e, rows at e * max_rows * cols (fp32, on the GPU):
-  Tensor in_;           // (E_loc, max_rows, M) the gathered rows
-  Tensor pre_;          // (E_loc, max_rows, Hl) x W1 (b1 added on the fly)
-  Tensor act_;          // (E_loc, max_rows, Hl) gelu(pre + b1)
-  Tensor out_rows_;     // (E_loc, max_rows, M) forward outputs; dx in the backward pass
-  Tensor d_out_;        // (E_loc, max_rows, M) gathered output gradient
-  Tensor d_act_;        // (E_loc, max_rows, Hl) dact, then dpre in place
-  Tensor col_scratch_;  // column-sum partials
-  // bf16 GEMM operands (Precision::kBf16 only; empty otherwise):
-  Bf16Buffer in_bf16_, act_bf16_, d_out_bf16_, d_pre_bf16_;  // as the fp32 buffers above
-  Bf16Buffer w1_bf16_, w2_bf16_;                             // (E_loc, M, Hl), (E_loc, Hl, M)
+  // Row buffers, expert e's block at e * stride_m_ or e * stride_h_ (on the GPU):
+  // fp32 (Precision::kFp32 only; empty at bf16)
+  Tensor in_;        // (E_loc, R, M) the gathered rows
+  Tensor pre_;       // (E_loc, R, Hl) x W1 (b1 added on the fly)
+  Tensor act_;       // (E_loc, R, Hl) gelu(pre + b1)
+  Tensor out_rows_;  // (E_loc, R, M) forward outputs; dx in the backward pass
+  Tensor d_act_;     // (E_loc, R, Hl) dact, then dpre in place
+  Tensor d_out_;     // (E_loc, R, M) the gathered output gradient
+  // both precisions
+  Tensor col_scratch_;                // column-sum partials
+  std::vector<int64_t> block_rows_;   // (E_loc) one block's fill counts
+  // bf16 (Precision::kBf16 only; empty at fp32), as the fp32 buffers above
+  Bf16Buffer in_bf16_, pre_bf16_, act_bf16_, out_bf16_, d_out_bf16_;
+  Bf16Buffer d_act_bf16_;          // dact, then dpre in place
+  Bf16Buffer w1_bf16_, w2_bf16_;   // (E_loc, M, Hl), (E_loc, Hl, M)
   parm::cuda::GroupedGemm gemm_;
+  GraphPolicy fwd_policy_, bwd_policy_;
+  parm::cuda::StreamGraph fwd_graph_, bwd_graph_;
+  PassKey key_;  // the key of the pass being run (kept to reuse its memory)
   std::vector<parm::cuda::GemmProblem> problems_;  // (E_loc) reserved
 };
 

@@ -5,7 +5,8 @@
 // segment [b, e]; the rest are empty slots).
 //
 // Packed rows: expert e's filled rows, blocks in order, start at packed + e * packed_stride
-// (elements); they are what the expert's GEMMs read and write.
+// (elements); they are what the expert's GEMMs read and write (the grouped products' row
+// layout).
 #pragma once
 
 #include <cstdint>
@@ -32,14 +33,24 @@ inline void count_rows(const int32_t* fills, int64_t blocks, int64_t e_loc,
     for (int64_t e = 0; e < e_loc; ++e) rows[static_cast<size_t>(e)] += fills[b * e_loc + e];
 }
 
+// Elements between two experts' blocks of packed rows (max_rows rows of cols values each):
+// rounded up to kExpertBlockAlign elements, so every expert's block starts 128-byte aligned
+// in bf16 and 256-byte aligned in fp32 (when the buffer does), the alignment cuBLAS's
+// tensor-core kernels want of their operands.
+inline constexpr int64_t kExpertBlockAlign = 64;
+inline int64_t expert_block_stride(int64_t max_rows, int64_t cols) {
+  const int64_t n = max_rows * cols;
+  return (n + kExpertBlockAlign - 1) / kExpertBlockAlign * kExpertBlockAlign;
+}
+
 // Offset (elements) of segment [b, e]'s first row in the layout.
 inline int64_t segment_offset(int64_t b, int64_t e, int64_t e_loc, int64_t slots, int64_t M) {
   return ((b * e_loc + e) * slots) * M;
 }
 
 // The gather: emit(SegmentCopy) for every non-empty segment, copying its filled rows from
-// `layout` to expert e's packed rows (and their bf16 copy when packed_bf16 is not null;
-// same offsets).
+// `layout` to expert e's packed rows in fp32 (packed) and bf16 (packed_bf16), each when not
+// null (same offsets).
 template <class Emit>
 void plan_gather(const float* layout, int64_t blocks, int64_t e_loc, int64_t slots, int64_t M,
                  const int32_t* fills, float* packed, uint16_t* packed_bf16, int64_t packed_stride,
@@ -52,7 +63,7 @@ void plan_gather(const float* layout, int64_t blocks, int64_t e_loc, int64_t slo
         const int64_t dst = e * packed_stride + n * M;
         parm::cuda::SegmentCopy s;
         s.src = layout + segment_offset(b, e, e_loc, slots, M);
-        s.dst = packed + dst;
+        s.dst = packed != nullptr ? packed + dst : nullptr;
         s.dst_bf16 = packed_bf16 != nullptr ? packed_bf16 + dst : nullptr;
         s.copy = f * M;
         s.zero = 0;
@@ -63,18 +74,27 @@ void plan_gather(const float* layout, int64_t blocks, int64_t e_loc, int64_t slo
   }
 }
 
-// The scatter: emit(SegmentCopy) for every segment, copying expert e's packed rows into its
-// filled slots and zeroing the empty ones, so the whole layout is written.
+// The scatter: emit(SegmentCopy) for every segment, copying expert e's packed rows (fp32
+// packed, or bf16 packed_bf16 when that is not null) plus bias + e * M (when bias, (E_loc, M),
+// is not null) into its filled slots and zeroing the empty ones, so the whole layout is
+// written.
 template <class Emit>
-void plan_scatter(const float* packed, int64_t packed_stride, int64_t blocks, int64_t e_loc,
-                  int64_t slots, int64_t M, const int32_t* fills, float* layout, Emit&& emit) {
+void plan_scatter(const float* packed, const uint16_t* packed_bf16, int64_t packed_stride,
+                  const float* bias, int64_t blocks, int64_t e_loc, int64_t slots, int64_t M,
+                  const int32_t* fills, float* layout, Emit&& emit) {
   if (slots * M == 0) return;
   for (int64_t e = 0; e < e_loc; ++e) {
     int64_t n = 0;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t f = fills[b * e_loc + e];
       parm::cuda::SegmentCopy s;
-      s.src = packed + e * packed_stride + n * M;
+      const int64_t src = e * packed_stride + n * M;
+      if (packed_bf16 != nullptr)
+        s.src_bf16 = packed_bf16 + src;
+      else
+        s.src = packed + src;
+      s.bias = bias != nullptr ? bias + e * M : nullptr;
+      s.cols = M;
       s.dst = layout + segment_offset(b, e, e_loc, slots, M);
       s.dst_bf16 = nullptr;
       s.copy = f * M;
