@@ -38,8 +38,12 @@ out="$(prun -n 1 -- plan $layer --profile "$tmp/v7.json")"; rc=$?
 check "a profile of another version is refused" 2 $rc "'version' is 7" "$out"
 
 out="$(prun -n 4 -- bench-layer $layer --mp 2 --ep 2 --esp 2 --ranks-per-node 2 \
-        --schedule auto --fuse auto --profile "$tmp/p.json" --iters 1 --warmup 0)"; rc=$?
+        --schedule auto --fuse auto --profile "$tmp/p.json" --iters 1 --warmup 0 --breakdown)"; rc=$?
 check "bench-layer auto prints the candidates and runs the choice" 0 $rc "# auto chose" "$out"
+check "bench-layer prices the run with its measured routing" 0 $rc \
+  "with the measured routing (load_max_over_mean" "$out"
+check "bench-layer --breakdown with a profile prints every step's prediction" 0 $rc \
+  "step (predicted vs measured max)" "$out"
 
 cat >"$tmp/grid.json" <<'GRID'
 {"name": "cli", "B": [2], "L": [16], "M": [16], "H": [32], "E": [4], "k": [1, 2], "f": ["1.2"],
