@@ -70,9 +70,10 @@ r = json.load(open(sys.argv[1]))
 s = r["summary"]
 for k in ("selection_accuracy", "selection_accuracy_distinct", "median_abs_relative_error",
           "wrong_choices", "median_abs_relative_error_by_schedule", "same_schedule_spread",
-          "round_spread"):
+          "round_spread", "wrong_choices_rounds_overlap"):
     assert k in s, k
 assert 0 <= s["selection_accuracy"] <= s["selection_accuracy_distinct"] <= 1, s
+assert 0 <= s["wrong_choices_rounds_overlap"] <= len(s["wrong_choices"]), s
 assert "worst" in s["auto_over_fastest"] and "median" in s["auto_over_fastest"]
 assert s["configs_measured"] == 3 and len(r["configs"]) == 3, s
 assert r["ranks_per_node"] == 0  # nodes found by shared memory, not emulated
@@ -86,7 +87,8 @@ for c in r["configs"]:
         for k in ("predicted_ms", "measured_ms", "measured_min_ms", "predicted_balanced_ms",
                   "busiest_rank_expert_rows", "load_max_over_mean"):
             assert x[k] > 0, (k, x)
-        assert x["measured_spread"] >= 0 and x["measured_min_ms"] <= x["measured_ms"], x
+        assert x["measured_spread"] >= 0, x
+        assert x["measured_min_ms"] <= x["measured_ms"] <= x["measured_max_ms"], x
     # The twins: S2 unfused compiles to the baseline's step list exactly where N_ESP = 1.
     twins = {x["schedule"]: x.get("same_program_as") for x in c["candidates"]}
     assert (twins.get("s2") == "baseline") == (c["N_ESP"] == 1), (c["N_ESP"], twins)
