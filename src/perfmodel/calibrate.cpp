@@ -464,11 +464,18 @@ void calibrate_gemm(Communicator& world, const CalibrateOptions& o, Calibration&
   }
 }
 
+constexpr int64_t kMemMaxRows = 2048;  // x 256 floats: 2 MiB
+
 void calibrate_memory(Communicator& world, const CalibrateOptions& o, Calibration& cal, const Logger& log) {
   const int64_t cols = 256;
   for (MemClass mc : {MemClass::kCopy, MemClass::kGelu}) {
     std::vector<double> xs, ys;
-    for (int64_t rows = 64; rows <= 16384; rows *= 2) {
+    // Buffers of 64 KiB .. 2 MiB: the sizes of one layer's copies and GeLU calls (a token
+    // buffer or one expert's activation is at most 1-2 MiB in the grids measured here).
+    // Larger buffers leave the cache: with 4 ranks on 2 cores, 8-16 MiB ran at 0.3-0.7 GB/s
+    // and 4 MiB at 2.3 against 5-13 GB/s up to 2 MiB, and, being the largest x, they set the
+    // fitted slope: every copy of the layer was priced 10-15x too slow.
+    for (int64_t rows = 64; rows <= kMemMaxRows; rows *= 2) {
       const size_t n = static_cast<size_t>(rows * cols);
       std::vector<float> src(n, 0.5f), dst(n), act(n), bias(static_cast<size_t>(cols), 0.1f);
       std::vector<int64_t> idx(static_cast<size_t>(rows));

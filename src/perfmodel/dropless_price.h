@@ -1,8 +1,7 @@
 // Pricing of dropless schedules (docs/dropless.md): their exchanges carry the routed rows,
 // not the worst-case buffers the step list names. Each rank routes about k x T_gate choices
-// (the mean); an exchange waits for its busiest rank, so the routed rows are scaled by the
-// load's max / mean over ranks (1: even routing; a measured one from bench-layer's
-// "load imbalance").
+// (the mean); an exchange waits for its busiest rank, so the routed rows are scaled by
+// Target::load_max_over_mean, the same input that sets the experts step's rows (model.h).
 #pragma once
 
 #include "layer/shape.h"

@@ -152,7 +152,6 @@ struct Pricer {
   const schedule::Schedule& sc;
   const MoeShape& shape;
   const Target& target;
-  const RoutedRows& routed;
 
   double numel(int id) const {
     return static_cast<double>(shape_numel(sc.buffers[static_cast<size_t>(id)].shape));
@@ -198,18 +197,13 @@ struct Pricer {
         c.bwd_us = copy(kF * (numel(s.in) - kept() * M + 4 * kept() * M));
         break;
       case StepKind::kExperts: {
-        // The experts compute filled rows only: per (source block, expert) segment, the
-        // source's kept choices for that expert (balanced), of which S2's MP slice keeps
-        // 1 / N_MP (dispatch_slots / exchange_slots).
-        const double slots = static_cast<double>(sc.exchange_slots);
-        const double per_segment = std::min(
-            slots, kept() / E / static_cast<double>(sc.dispatch_slots / sc.exchange_slots));
-        const double R_pad = static_cast<double>(sc.expert_blocks) * slots;
+        // The experts compute filled rows only, at most the exchange layout's R_pad; the
+        // busiest rank sets the pace: lambda times the mean routed rows (model.h).
+        const double R_pad =
+            static_cast<double>(sc.expert_blocks) * static_cast<double>(sc.exchange_slots);
         const double e_loc = E / l.ep, hl = static_cast<double>(shape.hidden) / l.esp;
-        // The busiest rank sets the pace: its measured rows where known.
-        const double R = routed.busiest_rank_rows > 0.0
-                             ? std::min(R_pad, routed.busiest_rank_rows / e_loc)
-                             : static_cast<double>(sc.expert_blocks) * per_segment;
+        const double R = std::min(
+            R_pad, target.load_max_over_mean * mean_routed_rows(sc, shape, l) / e_loc);
         // Per expert: gather rows, x W1, bias + GeLU (reads x W1, writes act), act W2, [+ b2],
         // scatter rows and zero the empty slots.
         c.fwd_us = e_loc * (gemm(GemmClass::kExpertNN, R, hl, M) +
@@ -287,9 +281,25 @@ struct Pricer {
 
 }  // namespace
 
+double mean_routed_rows(const schedule::Schedule& sc, const MoeShape& shape, const Layout& l) {
+  // Per (source block, expert) segment the source's k T_gate / E choices, of which S2's MP
+  // slice keeps 1 / N_MP (dispatch_slots / exchange_slots).
+  const double E = static_cast<double>(shape.experts);
+  const double per_segment = static_cast<double>(sc.gate_tokens) * shape.topk / E /
+                             static_cast<double>(sc.dispatch_slots / sc.exchange_slots);
+  return E / l.ep * static_cast<double>(sc.expert_blocks) * per_segment;
+}
+
+double load_of_busiest_rows(const schedule::Schedule& sc, const MoeShape& shape,
+                            const Layout& l, double busiest_rank_rows) {
+  PARM_CHECK(busiest_rank_rows >= 0.0, "busiest rank's expert rows {} must be at least 0",
+             busiest_rank_rows);
+  return busiest_rank_rows / mean_routed_rows(sc, shape, l);
+}
+
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,
-                   const MoeShape& shape, const Target& target, const RoutedRows& routed) {
-  Pricer pr{profile, sc, shape, target, routed};
+                   const MoeShape& shape, const Target& target) {
+  Pricer pr{profile, sc, shape, target};
   Prediction p;
   p.kind = sc.kind;
   p.fused = sc.fused;

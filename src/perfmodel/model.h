@@ -17,8 +17,11 @@
 // The two parts add: both are driven by the same cores (no overlap measured here).
 // Every collective step and direction adds step_sync (profile.h): the ranks' rendezvous
 // after computation, which back-to-back collective timings never see.
-// Expert rows: balanced routing unless the busiest rank's filled rows are known
-// (RoutedRows, from a measured forward pass): then R = those rows / local experts.
+// Routing imbalance, one input (Target::load_max_over_mean = lambda): the busiest rank's
+// expert rows over the mean routed rows per rank (mean_routed_rows: every choice of k T_gate
+// counted, before any drop). The experts step prices R = min(R_pad, lambda R_mean) rows per
+// local expert; a dropless exchange moves lambda times the mean routed rows (dropless_price.h).
+// lambda = 1: a balanced router; a measured lambda: load_of_busiest_rows.
 // Fused step with parts p_1..p_K in the stage order of its pipeline (the description in
 // src/comm/fused_plan.h, which both executors run: W = chunks pieces through K stages in
 // W + K - 1 lock-step steps). A part's per-piece time is c_i = alpha_i + beta_i * b_i / W.
@@ -49,7 +52,9 @@ namespace parm::perfmodel {
 struct Target {
   Layout layout;
   std::vector<int> node_of_rank;  // size layout.world
-  double load_max_over_mean = 1.0;  // dropless: busiest rank's routed rows / the mean
+  // The busiest rank's expert rows over mean_routed_rows (the header comment): 1 for a
+  // balanced router; load_of_busiest_rows for a measured forward pass.
+  double load_max_over_mean = 1.0;
 };
 // world = 0: the smallest world that fits the layout (lcm(mp, ep * esp)). devices_per_node
 // = 0: all ranks on one node. `order` nests the groups (docs/layout.md): it decides which
@@ -80,12 +85,16 @@ double collective_us(const Profile& profile, CommOp op, const GroupSpan& span, d
 // Its latency part alpha(n) alone (what each fused piece pays in full).
 double collective_alpha_us(const Profile& profile, CommOp op, const GroupSpan& span);
 
-// Measured routing, where it is known: the filled expert rows (sum over the local experts,
-// MoeLayer::expert_rows) of the busiest rank in a forward pass of this schedule. 0: unknown
-// (the balanced-router expectation is priced).
-struct RoutedRows {
-  double busiest_rank_rows = 0.0;
-};
+// Expert rows a rank computes (summed over its E_loc local experts) when the router sends
+// every expert the same share and nothing drops: E_loc x expert_blocks x (k T_gate / E) /
+// (dispatch_slots / exchange_slots). The denominator of Target::load_max_over_mean.
+double mean_routed_rows(const schedule::Schedule& sc, const MoeShape& shape,
+                        const Layout& layout);
+// Target::load_max_over_mean from a measured forward pass: the busiest rank's expert rows
+// (the sum over its local experts of MoeLayer::expert_rows, max over ranks) over
+// mean_routed_rows. Throws for a negative count.
+double load_of_busiest_rows(const schedule::Schedule& sc, const MoeShape& shape,
+                            const Layout& layout, double busiest_rank_rows);
 
 struct PartCost {
   Group group;
@@ -119,7 +128,7 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& li
 
 // Prices `sc` (built for `shape` on target.layout) step by step.
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,
-                   const MoeShape& shape, const Target& target, const RoutedRows& routed = {});
+                   const MoeShape& shape, const Target& target);
 
 struct Candidate {
   schedule::Kind kind;

@@ -11,26 +11,31 @@
 #include "parm/stats.h"
 #include "parm/timer.h"
 #include "perfmodel/model.h"
+#include "perfmodel/same_program.h"
 #include "perfmodel/simulate.h"
 #include "schedule/schedule.h"
 
 namespace parm::perfmodel {
 namespace {
 
-// Median forward and backward time (ms, max over ranks per iteration) of one candidate, and
-// the filled expert rows of its busiest rank (the routing is the same in every iteration:
-// fixed parameters and input).
+// One candidate measured over the rounds: the median forward and backward time (ms, max over
+// ranks per round), the spread of its round totals, and the filled expert rows of its
+// busiest rank (the routing is the same in every round: fixed parameters and input).
 struct Totals {
   double fwd = 0.0, bwd = 0.0;
+  double min_total = 0.0;  // the fastest round's forward + backward
+  double max_total = 0.0;  // the slowest round's
+  double spread = 0.0;     // (slowest - fastest round) / median round, forward + backward
   double busiest_rank_rows = 0.0;
   double total() const { return fwd + bwd; }
 };
 
-// Every candidate measured with their iterations interleaved (iteration i of each in turn),
-// so that a change in the machine's load during the sweep hits all of them alike.
-std::vector<Totals> measure_interleaved(Topology& topo, const MoeShape& shape,
-                                        const std::vector<Candidate>& cands, int chunks,
-                                        const SweepOptions& o) {
+// The candidates run in rounds, each round every candidate once, in an order rotated by one
+// every round (round r starts at candidate r mod n), so that a change in the machine's load
+// hits all of them alike and none always runs right after the same neighbour.
+std::vector<Totals> measure_rounds(Topology& topo, const MoeShape& shape,
+                                   const std::vector<Candidate>& cands, int chunks,
+                                   const SweepOptions& o) {
   Communicator& world = topo.host_comm(Group::kWorld);
   const int group = group_coord(topo.layout(), Group::kMp, topo.world_rank()).index;
   const auto params = ref::init_params<float>(shape, 1);
@@ -43,9 +48,11 @@ std::vector<Totals> measure_interleaved(Topology& topo, const MoeShape& shape,
     layers.back()->set_step_timing(false);  // totals only
     layers.back()->load_whole(params);
   }
-  std::vector<std::vector<double>> fwd(cands.size()), bwd(cands.size());
-  for (int it = 0; it < o.warmup + o.iters; ++it)
-    for (size_t i = 0; i < layers.size(); ++i) {
+  const size_t n = layers.size();
+  std::vector<std::vector<double>> fwd(n), bwd(n);
+  for (int round = 0; round < o.warmup + o.iters; ++round)
+    for (size_t j = 0; j < n; ++j) {
+      const size_t i = (j + static_cast<size_t>(round)) % n;
       MoeLayer& layer = *layers[i];
       layer.zero_grad();
       world.barrier();
@@ -56,15 +63,20 @@ std::vector<Totals> measure_interleaved(Topology& topo, const MoeShape& shape,
       const double t2 = now_us();
       layer.backward(dt, 0.01f);
       const double t3 = now_us();
-      if (it < o.warmup) continue;
+      if (round < o.warmup) continue;
       fwd[i].push_back((t1 - t0) / 1e3);
       bwd[i].push_back((t3 - t2) / 1e3);
     }
   std::vector<Totals> out;
-  for (size_t i = 0; i < layers.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     double rows = 0.0;
     for (int64_t r : layers[i]->expert_rows()) rows += static_cast<double>(r);
-    out.push_back({median(max_over_ranks(world, fwd[i])), median(max_over_ranks(world, bwd[i])),
+    const auto f = max_over_ranks(world, fwd[i]), b = max_over_ranks(world, bwd[i]);
+    std::vector<double> round_total(f.size());
+    for (size_t r = 0; r < f.size(); ++r) round_total[r] = f[r] + b[r];
+    const auto [lo, hi] = std::minmax_element(round_total.begin(), round_total.end());
+    const double mid = median(round_total);
+    out.push_back({median(f), median(b), *lo, *hi, mid > 0.0 ? (*hi - *lo) / mid : 0.0,
                    max_over_ranks(world, std::vector<double>{rows})[0]});
   }
   return out;
@@ -85,9 +97,10 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   // The grid's order, unless the command line gave one (as in parm simulate).
   const std::string order = o.topology.order != kDefaultOrder ? o.topology.order : grid.order;
   log(fmt::format("# parm bench-layer --sweep {}: {} configurations in the grid, {} ranks{}; "
-                  "profile {}; {} iters + {} warmup per schedule; ms = median over iterations of "
-                  "the max over ranks (forward + backward), the schedules' iterations "
-                  "interleaved; order {}",
+                  "profile {}; {} rounds + {} warmup, each schedule once a round in a rotated "
+                  "order; ms = median over rounds of the max over ranks (forward + backward); "
+                  "spread = (slowest - fastest round) / median; load = busiest rank's expert "
+                  "rows / mean routed rows; order {}",
                   o.grid_path, grid.configs.size(), o.world,
                   rpn > 0 ? fmt::format(", {} per emulated node", rpn) : "", o.profile_path,
                   o.iters, o.warmup, order));
@@ -96,8 +109,10 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   std::map<std::string, std::vector<double>> by_schedule;  // relative errors per schedule
   std::vector<std::string> wrong;                          // configurations auto got wrong
   std::vector<double> speedups;  // measured baseline / auto, where there is a baseline
-  std::vector<double> twins;  // |t_a / t_b - 1| of candidates with the same step list
-  int64_t measured_configs = 0, correct = 0, within5 = 0, skipped = 0;
+  std::vector<double> twins;  // |t_a / t_b - 1| of candidates that run the same program
+  std::vector<double> spreads;  // each (configuration, schedule)'s spread over the rounds
+  int64_t measured_configs = 0, correct = 0, correct_distinct = 0, within5 = 0, skipped = 0;
+  int64_t wrong_within_rounds = 0;  // wrong choices whose rounds overlap the fastest's
   for (size_t ci = 0; ci < grid.configs.size(); ++ci) {
     const auto& c = grid.configs[ci];
     const MoeShape shape = c.shape();
@@ -122,16 +137,28 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       log(fmt::format("[{}] {}: skipped ({})", ci, desc, e.what()));
       continue;
     }
-    const auto totals = measure_interleaved(*topo, shape, cands, grid.chunks, o);
-    // The routing is now known: price each candidate's expert rows from its busiest rank
-    // (the choice depends on the routing, not on any measured time).
-    std::vector<double> balanced_ms;
-    const Target target = target_of(*topo);
+    const auto totals = measure_rounds(*topo, shape, cands, grid.chunks, o);
+    // The routing is now known: price each candidate with its busiest rank's measured rows
+    // (the one imbalance input, model.h; the choice depends on the routing, not on any
+    // measured time).
+    std::vector<double> balanced_ms, loads;
+    std::vector<schedule::Schedule> built;
     for (size_t i = 0; i < cands.size(); ++i) {
+      Target target = target_of(*topo);
+      built.push_back(schedule::build({shape, target.layout, 0, cands[i].fuse, grid.chunks},
+                                      cands[i].kind));
       balanced_ms.push_back(cands[i].pred.total_us() / 1e3);
-      const auto sc = schedule::build({shape, target.layout, 0, cands[i].fuse, grid.chunks},
-                                      cands[i].kind);
-      cands[i].pred = predict(o.profile, sc, shape, target, {totals[i].busiest_rank_rows});
+      target.load_max_over_mean =
+          load_of_busiest_rows(built[i], shape, target.layout, totals[i].busiest_rank_rows);
+      loads.push_back(target.load_max_over_mean);
+      cands[i].pred = predict(o.profile, built[i], shape, target);
+    }
+    // twin[i]: the first candidate that runs the same program as i (i itself if none).
+    std::vector<size_t> twin(cands.size());
+    for (size_t i = 0; i < cands.size(); ++i) {
+      twin[i] = i;
+      for (size_t j = 0; j < i && twin[i] == i; ++j)
+        if (same_program(built[i], built[j])) twin[i] = j;
     }
     const size_t chosen = choose(cands);
     std::vector<double> meas;
@@ -145,29 +172,35 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       meas.push_back(m.total());
       const double pred = cand.pred.total_us() / 1e3;
       rel_errors.push_back(std::abs(pred - m.total()) / m.total());
-      cand_json.push_back({{"schedule", cand.pred.name()},
-                           {"predicted_ms", pred},
-                           {"predicted_fwd_ms", cand.pred.fwd_us / 1e3},
-                           {"predicted_bwd_ms", cand.pred.bwd_us / 1e3},
-                           {"measured_ms", m.total()},
-                           {"measured_fwd_ms", m.fwd},
-                           {"measured_bwd_ms", m.bwd},
-                           {"predicted_balanced_ms", balanced_ms[i]},
-                           {"busiest_rank_expert_rows", m.busiest_rank_rows}});
+      spreads.push_back(m.spread);
+      nlohmann::json x = {{"schedule", cand.pred.name()},
+                          {"predicted_ms", pred},
+                          {"predicted_fwd_ms", cand.pred.fwd_us / 1e3},
+                          {"predicted_bwd_ms", cand.pred.bwd_us / 1e3},
+                          {"measured_ms", m.total()},
+                          {"measured_fwd_ms", m.fwd},
+                          {"measured_bwd_ms", m.bwd},
+                          {"measured_min_ms", m.min_total},
+                          {"measured_max_ms", m.max_total},
+                          {"measured_spread", m.spread},
+                          {"predicted_balanced_ms", balanced_ms[i]},
+                          {"busiest_rank_expert_rows", m.busiest_rank_rows},
+                          {"load_max_over_mean", loads[i]}};
+      if (twin[i] != i) x["same_program_as"] = cands[twin[i]].pred.name();
+      cand_json.push_back(x);
       by_schedule[cand.pred.name()].push_back(rel_errors.back());
     }
     const size_t oracle =
         static_cast<size_t>(std::min_element(meas.begin(), meas.end()) - meas.begin());
     const double ratio = meas[chosen] / meas[oracle];
     ++measured_configs;
-    // Candidates priced exactly alike run the same step list (the baseline is S2 unfused
-    // where N_ESP = 1): picking either is right, and their measured spread is the noise.
-    const bool same_list = cands[chosen].pred.total_us() == cands[oracle].pred.total_us();
-    correct += chosen == oracle || same_list ? 1 : 0;
+    // Candidates that run the same program are one: picking either is right by the distinct
+    // measure, and their measured spread is the noise floor.
+    const bool exact = chosen == oracle, same = twin[chosen] == twin[oracle];
+    correct += exact ? 1 : 0;
+    correct_distinct += same ? 1 : 0;
     for (size_t i = 0; i < cands.size(); ++i)
-      for (size_t j = i + 1; j < cands.size(); ++j)
-        if (cands[i].pred.total_us() == cands[j].pred.total_us())
-          twins.push_back(std::abs(meas[i] / meas[j] - 1.0));
+      if (twin[i] != i) twins.push_back(std::abs(meas[i] / meas[twin[i]] - 1.0));
     within5 += ratio <= 1.05 ? 1 : 0;
     ratios.push_back(ratio);
     cj["candidates"] = cand_json;
@@ -175,22 +208,33 @@ nlohmann::json validate_sweep(const SweepOptions& o,
     cj["fastest"] = cands[oracle].pred.name();
     cj["auto_over_fastest"] = ratio;
     cj["regret"] = ratio;
-    configs.push_back(cj);
-    cj["auto_is_fastest"] = chosen == oracle || same_list;
+    cj["auto_is_fastest"] = exact;
+    cj["auto_is_fastest_program"] = same;
     if (cands[0].kind == schedule::Kind::kBaseline) {
       cj["auto_over_baseline"] = meas[0] / meas[chosen];
       speedups.push_back(meas[0] / meas[chosen]);
     }
-    if (chosen != oracle && !same_list)
-      wrong.push_back(fmt::format("[{}] {}: auto {}, fastest {}, regret {:.3f}", ci, desc,
-                                  cands[chosen].pred.name(), cands[oracle].pred.name(), ratio));
-    std::string table = fmt::format("[{}] {}\n    {:<10} {:>10} {:>10} {:>7}", ci, desc,
-                                    "schedule", "pred ms", "meas ms", "error");
+    configs.push_back(cj);
+    // The rounds cannot order two schedules whose round ranges overlap (auto's fastest round
+    // beat the fastest schedule's slowest one).
+    const bool overlap = totals[chosen].min_total <= totals[oracle].max_total;
+    if (!same) {
+      wrong_within_rounds += overlap ? 1 : 0;
+      wrong.push_back(fmt::format("[{}] {}: auto {}, fastest {}, regret {:.3f}{}", ci, desc,
+                                  cands[chosen].pred.name(), cands[oracle].pred.name(), ratio,
+                                  overlap ? " (their rounds overlap)" : ""));
+    }
+    std::string table =
+        fmt::format("[{}] {}\n    {:<10} {:>10} {:>10} {:>7} {:>7} {:>6}", ci, desc, "schedule",
+                    "pred ms", "meas ms", "error", "spread", "load");
     for (size_t i = 0; i < cands.size(); ++i)
-      table += fmt::format("\n    {:<10} {:>10.2f} {:>10.2f} {:>+6.0f}%{}{}",
+      table += fmt::format("\n    {:<10} {:>10.2f} {:>10.2f} {:>+6.0f}% {:>6.0f}% {:>6.2f}{}{}{}",
                            cands[i].pred.name(), cands[i].pred.total_us() / 1e3, meas[i],
                            100.0 * (cands[i].pred.total_us() / 1e3 - meas[i]) / meas[i],
-                           i == chosen ? "  <- auto" : "", i == oracle ? "  <- fastest" : "");
+                           100.0 * totals[i].spread, loads[i], i == chosen ? "  <- auto" : "",
+                           i == oracle ? "  <- fastest" : "",
+                           twin[i] != i ? "  (same program as " + cands[twin[i]].pred.name() + ")"
+                                        : std::string());
     table += fmt::format("\n    auto {}, fastest {}, regret (auto / fastest) {:.3f}",
                          cands[chosen].pred.name(), cands[oracle].pred.name(), ratio);
     log(table);
@@ -198,12 +242,14 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   auto share = [&](int64_t n) {
     return measured_configs ? static_cast<double>(n) / static_cast<double>(measured_configs) : 0.0;
   };
-  const double accuracy = share(correct), within = share(within5);
+  const double accuracy = share(correct), distinct = share(correct_distinct);
+  const double within = share(within5);
   nlohmann::json summary = {
       {"configs_in_grid", grid.configs.size()},
       {"configs_measured", measured_configs},
       {"configs_skipped", skipped},
       {"selection_accuracy", accuracy},
+      {"selection_accuracy_distinct", distinct},
       {"auto_within_5pct_of_fastest", within},
       {"auto_over_fastest", {{"median", median(ratios)}, {"worst", max_of(ratios)}}},
       {"median_abs_relative_error", median(rel_errors)},
@@ -211,6 +257,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       {"predictions_compared", rel_errors.size()},
       {"median_abs_relative_error_by_schedule", nlohmann::json::object()},
       {"wrong_choices", wrong},
+      {"wrong_choices_rounds_overlap", wrong_within_rounds},
       {"speedup_auto_over_baseline",
        {{"count", speedups.size()},
         {"min", speedups.empty() ? NAN : *std::min_element(speedups.begin(), speedups.end())},
@@ -219,14 +266,17 @@ nlohmann::json validate_sweep(const SweepOptions& o,
         {"share_above_1_13", share_above(speedups, 1.13)}}},
       {"same_schedule_spread", {{"pairs", twins.size()},
                                 {"median", median(twins)},
-                                {"max", max_of(twins)}}}};
+                                {"max", max_of(twins)}}},
+      {"round_spread", {{"median", median(spreads)}, {"max", max_of(spreads)}}}};
   for (const auto& [name, errs] : by_schedule)
     summary["median_abs_relative_error_by_schedule"][name] = median(errs);
   log(fmt::format("\n# sweep summary: {} configurations measured ({} skipped)", measured_configs,
                   skipped));
-  log(fmt::format("selection accuracy (auto = measured fastest): {:.1f}% ({} of {}); auto "
-                  "within 5% of the fastest: {:.1f}%",
-                  100.0 * accuracy, correct, measured_configs, 100.0 * within));
+  log(fmt::format("selection accuracy (auto = measured fastest): {:.1f}% ({} of {}); counting "
+                  "schedules that run the same program as one: {:.1f}% ({} of {}); auto within "
+                  "5% of the fastest: {:.1f}%",
+                  100.0 * accuracy, correct, measured_configs, 100.0 * distinct,
+                  correct_distinct, measured_configs, 100.0 * within));
   log(fmt::format("auto / fastest (measured): median {:.3f}, worst {:.3f}", median(ratios),
                   max_of(ratios)));
   log(fmt::format("median |predicted - measured| / measured: {:.1f}% over {} (config, schedule) "
@@ -241,11 +291,17 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                     "{:.3f}; above 1.13x in {:.1f}% of {} configurations",
                     *std::min_element(speedups.begin(), speedups.end()), median(speedups),
                     max_of(speedups), 100.0 * share_above(speedups, 1.13), speedups.size()));
+  log(fmt::format("spread over the rounds, (slowest - fastest) / median of one schedule: median "
+                  "{:.1f}%, max {:.1f}% over {} (config, schedule) pairs",
+                  100.0 * median(spreads), 100.0 * max_of(spreads), spreads.size()));
   if (!twins.empty())
-    log(fmt::format("noise floor: candidates with the same step list (priced alike) measured "
-                    "{:.1f}% apart (median over {} pairs, max {:.1f}%)",
+    log(fmt::format("noise floor: candidates that run the same program measured {:.1f}% apart "
+                    "(median over {} pairs, max {:.1f}%)",
                     100.0 * median(twins), twins.size(), 100.0 * max_of(twins)));
-  log(fmt::format("configurations where auto is not the measured fastest: {}", wrong.size()));
+  log(fmt::format("configurations where auto does not run the measured fastest program: {} ({} "
+                  "of them where auto's rounds and the fastest's overlap: the measurement "
+                  "cannot order the two)",
+                  wrong.size(), wrong_within_rounds));
   for (const auto& w : wrong) log("  " + w);
   return {{"grid", o.grid_path},   {"profile", o.profile_path}, {"world", o.world},
           {"ranks_per_node", rpn}, {"iters", o.iters},          {"warmup", o.warmup},

@@ -29,18 +29,27 @@ struct SweepOptions {
 
 // Measures the grid and returns the report: {grid, profile, world, ranks_per_node, iters,
 // warmup, chunks, summary: {configs_in_grid, configs_measured, configs_skipped,
-// selection_accuracy, auto_within_5pct_of_fastest, auto_over_fastest: {median, worst},
-// median_abs_relative_error, abs_relative_error_max, predictions_compared,
-// median_abs_relative_error_by_schedule, wrong_choices: [lines], same_schedule_spread:
-// {pairs, median, max}}, configs: [one row per measured configuration: its shape and layout,
-// candidates (schedule, predicted_ms, predicted_fwd_ms, predicted_bwd_ms, measured_ms,
-// measured_fwd_ms, measured_bwd_ms, predicted_balanced_ms, busiest_rank_expert_rows), auto,
-// fastest, auto_over_fastest (= regret), auto_is_fastest]}.
-// The predictions price each candidate's expert rows from the busiest rank's filled rows in
-// the measured forward passes (the routing: fixed parameters and input, so the same in every
-// iteration); auto is chosen from those. Candidates priced exactly alike run the same step
-// list: choosing either counts as choosing the fastest, and their measured spread is
-// reported as the noise floor.
+// selection_accuracy, selection_accuracy_distinct, auto_within_5pct_of_fastest,
+// auto_over_fastest: {median, worst}, median_abs_relative_error, abs_relative_error_max,
+// predictions_compared, median_abs_relative_error_by_schedule, wrong_choices: [lines],
+// wrong_choices_rounds_overlap, speedup_auto_over_baseline, same_schedule_spread: {pairs,
+// median, max}, round_spread: {median, max}}, configs: [one row per measured configuration:
+// its shape and layout, candidates (schedule, predicted_ms, predicted_fwd_ms,
+// predicted_bwd_ms, measured_ms, measured_fwd_ms, measured_bwd_ms, measured_min_ms,
+// measured_max_ms, measured_spread, predicted_balanced_ms, busiest_rank_expert_rows,
+// load_max_over_mean, same_program_as where it has a twin), auto, fastest, auto_over_fastest
+// (= regret), auto_is_fastest, auto_is_fastest_program, auto_over_baseline where there is a
+// baseline]}.
+// The candidates of a configuration run in rounds (each once per round, the order rotated
+// every round); each one's time is its median round, its spread (slowest - fastest round) /
+// median. The predictions price each candidate with Target::load_max_over_mean from its
+// busiest rank's filled rows in the measured forward passes (the routing: fixed parameters
+// and input, so the same in every round); auto is chosen from those.
+// selection_accuracy: auto is the measured fastest candidate. selection_accuracy_distinct:
+// auto runs the same program as the measured fastest (same_program.h: the baseline and S2
+// unfused where N_ESP = 1); those pairs' measured spread is the noise floor. A wrong choice
+// whose rounds overlap the fastest's (auto's fastest round <= the fastest's slowest) is one
+// the measurement cannot order: wrong_choices_rounds_overlap counts them.
 // `log` receives the progress lines and the summary (on every rank; print them on rank 0).
 // Throws InvalidConfig for bad options or an unreadable grid before any measurement.
 nlohmann::json validate_sweep(const SweepOptions& options,

@@ -55,20 +55,25 @@ cat >"$tmp/grid.json" <<'GRID'
  "f": ["1.2"], "N_MP": [2], "N_ESP": [1, 2], "N_EP": [2, 4], "chunks": 2}
 GRID
 out=$("$CLUSTER" run --timeout 300 -- bench-layer --sweep "$tmp/grid.json" --profile "$tmp/p.json" \
-        --iters 1 --warmup 0 --json "$tmp/sweep.json" 2>&1) ||
+        --iters 2 --warmup 0 --json "$tmp/sweep.json" 2>&1) ||
   fail "bench-layer --sweep across the nodes failed:"$'\n'"$out"
 echo "$out"
 for want in "3 configurations measured (1 skipped)" "selection accuracy" "regret (auto / fastest)" \
-            "<- auto" "<- fastest" "median error by schedule" "noise floor"; do
+            "<- auto" "<- fastest" "median error by schedule" "noise floor" \
+            "counting schedules that run the same program as one" "(same program as baseline)" \
+            "spread over the rounds"; do
   grep -qF -- "$want" <<<"$out" || fail "the sweep report lacks '$want'"
 done
 "$PY" - "$tmp/sweep.json" <<'PY' || fail "the sweep JSON lacks a key"
 import json, sys
 r = json.load(open(sys.argv[1]))
 s = r["summary"]
-for k in ("selection_accuracy", "median_abs_relative_error", "wrong_choices",
-          "median_abs_relative_error_by_schedule", "same_schedule_spread"):
+for k in ("selection_accuracy", "selection_accuracy_distinct", "median_abs_relative_error",
+          "wrong_choices", "median_abs_relative_error_by_schedule", "same_schedule_spread",
+          "round_spread", "wrong_choices_rounds_overlap"):
     assert k in s, k
+assert 0 <= s["selection_accuracy"] <= s["selection_accuracy_distinct"] <= 1, s
+assert 0 <= s["wrong_choices_rounds_overlap"] <= len(s["wrong_choices"]), s
 assert "worst" in s["auto_over_fastest"] and "median" in s["auto_over_fastest"]
 assert s["configs_measured"] == 3 and len(r["configs"]) == 3, s
 assert r["ranks_per_node"] == 0  # nodes found by shared memory, not emulated
@@ -76,10 +81,17 @@ for c in r["configs"]:
     names = [x["schedule"] for x in c["candidates"]]
     assert c["auto"] in names and c["fastest"] in names, c
     assert c["regret"] >= 1.0 and c["regret"] == c["auto_over_fastest"], c
+    assert c["auto_is_fastest"] == (c["auto"] == c["fastest"]), c
+    assert c["auto_is_fastest_program"] in (True, False) and "auto_over_baseline" in c, c
     for x in c["candidates"]:
-        for k in ("predicted_ms", "measured_ms", "predicted_balanced_ms",
-                  "busiest_rank_expert_rows"):
+        for k in ("predicted_ms", "measured_ms", "measured_min_ms", "predicted_balanced_ms",
+                  "busiest_rank_expert_rows", "load_max_over_mean"):
             assert x[k] > 0, (k, x)
+        assert x["measured_spread"] >= 0, x
+        assert x["measured_min_ms"] <= x["measured_ms"] <= x["measured_max_ms"], x
+    # The twins: S2 unfused compiles to the baseline's step list exactly where N_ESP = 1.
+    twins = {x["schedule"]: x.get("same_program_as") for x in c["candidates"]}
+    assert (twins.get("s2") == "baseline") == (c["N_ESP"] == 1), (c["N_ESP"], twins)
 # N_ESP = 1: the baseline is S2 unfused, priced alike; that pair is the noise floor.
 assert s["same_schedule_spread"]["pairs"] >= 2, s["same_schedule_spread"]
 print("ok: sweep JSON has the summary keys and one row per configuration")

@@ -17,8 +17,15 @@ check "a missing profile file is refused" 2 $rc "none.json cannot be read" "$out
 # A quick calibration on 2 ranks: one machine, so nodes are emulated (1 rank each): no
 # intra-node group with more than one rank, no ESP group for the fused collectives.
 out="$(prun -n 2 -- calibrate --out "$tmp/p.json" --max-bytes 65536 --iters 2 --warmup 1 \
-        --gemm-rows 64,512 --gemm-model-dims 64 --gemm-hidden 128 --gemm-iters 1)"; rc=$?
+        --gemm-rows 64,512 --gemm-model-dims 64 --gemm-hidden 128 --gemm-iters 1 \
+        --samples "$tmp/raw.json")"; rc=$?
 check "calibrate writes a profile" 0 $rc "wrote $tmp/p.json" "$out"
+# The memory kernels are measured on a layer's buffer sizes (64 KiB .. 2 MiB read and as
+# much written), not on buffers that leave the cache.
+mem=$(/usr/bin/python3 -c 'import json, sys
+x = [s["x"] for s in json.load(open(sys.argv[1])) if s["entry"].startswith("memory.")]
+print(len(x), int(min(x)), int(max(x)))' "$tmp/raw.json" 2>&1)
+check "calibrate measures memory on 64 KiB .. 2 MiB buffers" 0 0 "12 131072 4194304" "$mem"
 check "calibrate emulates nodes on one machine" 0 $rc "Emulating 2 nodes" "$out"
 check "calibrate copies the missing link class" 0 $rc "assumed (copied from inter" "$out"
 check "calibrate prints r2 per entry" 0 $rc "gemm.expert_nn" "$out"
@@ -38,8 +45,12 @@ out="$(prun -n 1 -- plan $layer --profile "$tmp/v7.json")"; rc=$?
 check "a profile of another version is refused" 2 $rc "'version' is 7" "$out"
 
 out="$(prun -n 4 -- bench-layer $layer --mp 2 --ep 2 --esp 2 --ranks-per-node 2 \
-        --schedule auto --fuse auto --profile "$tmp/p.json" --iters 1 --warmup 0)"; rc=$?
+        --schedule auto --fuse auto --profile "$tmp/p.json" --iters 1 --warmup 0 --breakdown)"; rc=$?
 check "bench-layer auto prints the candidates and runs the choice" 0 $rc "# auto chose" "$out"
+check "bench-layer prices the run with its measured routing" 0 $rc \
+  "with the measured routing (load_max_over_mean" "$out"
+check "bench-layer --breakdown with a profile prints every step's prediction" 0 $rc \
+  "step (predicted vs measured max)" "$out"
 
 cat >"$tmp/grid.json" <<'GRID'
 {"name": "cli", "B": [2], "L": [16], "M": [16], "H": [32], "E": [4], "k": [1, 2], "f": ["1.2"],

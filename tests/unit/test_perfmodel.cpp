@@ -365,24 +365,62 @@ TEST(PerfModel, StepSyncOncePerCollectiveStep) {
   EXPECT_GE(stepped, 3);
 }
 
-// The experts step prices the busiest rank's rows where the routing is known.
+// The experts step prices the busiest rank's rows: lambda (Target::load_max_over_mean)
+// times the mean routed rows, at most the exchange layout's rows.
 TEST(PerfModel, ImbalancedFillsPriceTheBusiestRank) {
   Profile p = comm_only_profile(0.0, 0.0, 0.0, 0.0);
   p.gemm_fit(GemmClass::kExpertNN) = GemmFit{2.0, 1.0, 1.0, 0, "t"};  // 1e3 flop/us
-  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
-  const Target t = make_target(0, 2, 2, 2, 2);
-  const auto sc = schedule::build({shape, t.layout, 0, false, 4}, Kind::kS1);
-  auto experts_fwd = [&](double rows) {
-    return step_named(predict(p, sc, shape, t, {rows}), "experts").fwd_us;
-  };
   auto two_gemms = [](double R) { return 2 * (2.0 + 2.0 * R * 4 * 4 / 1e3); };
-  // Balanced: 8 rows per local expert (16 on the rank): routed 16 prices the same.
-  EXPECT_NEAR(experts_fwd(0.0), 2 * two_gemms(8), 1e-9);
-  EXPECT_NEAR(experts_fwd(16.0), 2 * two_gemms(8), 1e-9);
-  // Imbalanced: the busiest rank filled 10 rows (5 per local expert), another 6.
-  EXPECT_NEAR(experts_fwd(10.0), 2 * two_gemms(5), 1e-9);
-  // Never more rows than the exchange layout holds (blocks 4 x slots 2 = 8 per expert).
-  EXPECT_NEAR(experts_fwd(40.0), 2 * two_gemms(8), 1e-9);
+  // T 8, M 4, H 8, E 4, k 2 on mp = ep = esp = 2 (2 nodes of 2): S1 gates T/2 = 4 tokens,
+  // 2 local experts, 4 blocks (ep x esp) per expert, k T_gate / E = 2 routed rows a segment.
+  Target t = make_target(0, 2, 2, 2, 2);
+  auto experts_fwd = [&](const char* f, double lambda) {
+    const auto shape = shape_of(8, 4, 8, 4, 2, f);
+    const auto sc = schedule::build({shape, t.layout, 0, false, 4}, Kind::kS1);
+    t.load_max_over_mean = lambda;
+    return step_named(predict(p, sc, shape, t), "experts").fwd_us;
+  };
+  const auto one = shape_of(8, 4, 8, 4, 2, "1.0");
+  const auto sc1 = schedule::build({one, t.layout, 0, false, 4}, Kind::kS1);
+  // Mean routed rows per rank: 2 experts x 4 blocks x 2 = 16.
+  EXPECT_DOUBLE_EQ(mean_routed_rows(sc1, one, t.layout), 16.0);
+  // Balanced: 8 rows per local expert. f = 1.0 has C1 = 2 slots a segment: R_pad 8.
+  EXPECT_NEAR(experts_fwd("1.0", 1.0), 2 * two_gemms(8), 1e-9);
+  // Imbalanced: the busiest rank filled 10 rows (5 per local expert), lambda = 10 / 16.
+  const double lambda = load_of_busiest_rows(sc1, one, t.layout, 10.0);
+  EXPECT_DOUBLE_EQ(lambda, 0.625);
+  EXPECT_NEAR(experts_fwd("1.0", lambda), 2 * two_gemms(5), 1e-9);
+  // Never more rows than the exchange layout holds: lambda 1.5 still 8 rows at f = 1.0, but
+  // at f = 2.0 (C1 = 4 slots, R_pad 16) the busiest rank computes 1.5 x 8 = 12 per expert.
+  EXPECT_NEAR(experts_fwd("1.0", 1.5), 2 * two_gemms(8), 1e-9);
+  EXPECT_NEAR(experts_fwd("2.0", 1.5), 2 * two_gemms(12), 1e-9);
+  EXPECT_NEAR(experts_fwd("2.0", 1.0), 2 * two_gemms(8), 1e-9);
+  EXPECT_THROW(load_of_busiest_rows(sc1, one, t.layout, -1.0), Error);
+}
+
+// One input: a measured lambda moves a dropless schedule's exchanges and its experts' rows
+// alike (the mean routed rows times lambda in both).
+TEST(PerfModel, OneImbalanceInputForExchangesAndExperts) {
+  Profile p = comm_only_profile(0.0, 1e-6, 0.0, 1e-6);
+  p.gemm_fit(GemmClass::kExpertNN) = GemmFit{0.0, 1.0, 1.0, 0, "t"};  // 1e3 flop/us
+  // T 64, M 4, H 8, E 4, k 2 dropless on ep = 2 (mp = esp = 1): a rank's 2 experts get
+  // k T / E = 32 routed rows each from each of the 2 blocks: mean 128 rows a rank.
+  Target t = make_target(0, 1, 2, 1, 0);
+  const auto shape = shape_of(64, 4, 8, 4, 2, "none");
+  const auto sc = schedule::build({shape, t.layout, 0, false, 1}, Kind::kS1);
+  ASSERT_TRUE(sc.dropless);
+  EXPECT_DOUBLE_EQ(mean_routed_rows(sc, shape, t.layout), 128.0);
+  // The busiest rank computed 160 rows: lambda 1.25.
+  t.load_max_over_mean = load_of_busiest_rows(sc, shape, t.layout, 160.0);
+  EXPECT_DOUBLE_EQ(t.load_max_over_mean, 1.25);
+  const Prediction pr = predict(p, sc, shape, t);
+  // Experts: 2 experts x 2 GEMMs of 80 rows x 8 x 4 (2 flops each) at 1e3 flop/us.
+  EXPECT_NEAR(step_named(pr, "experts").fwd_us, 2 * 2 * (2.0 * 80 * 8 * 4 / 1e3), 1e-9);
+  // Dispatch alltoall: 1.25 x the routed rows of the (E, C = T) buffer: 1.25 x k T / E of
+  // 64 slots = 0.625 of its bytes; bus bytes (n - 1) / n of 4 x 64 x 4 x 4 bytes = 2048.
+  double bytes = 0.0;
+  for (const auto& part : step_named(pr, "dispatch alltoall").fwd_parts) bytes += part.bus_bytes;
+  EXPECT_DOUBLE_EQ(bytes, 0.625 * 2048.0);
 }
 
 // ---- profile file ----

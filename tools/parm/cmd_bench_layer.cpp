@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "kernels/cpu/kernels.h"
 #include "layer_flags.h"
@@ -258,6 +259,55 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
   return m;
 }
 
+// The cost model's price of the schedule just measured, fed the measured routing (the busiest
+// rank's filled rows: Target::load_max_over_mean), beside the balanced-router price; with
+// the breakdown, every step's predicted forward and backward ms beside the measured max.
+nlohmann::json print_prediction(const perfmodel::Profile& profile, const std::string& path,
+                                const schedule::Schedule& sc, const MoeShape& shape,
+                                const Topology& topo, const Measured& m, bool breakdown) {
+  perfmodel::Target target = perfmodel::target_of(topo);
+  const perfmodel::Prediction balanced = perfmodel::predict(profile, sc, shape, target);
+  target.load_max_over_mean = perfmodel::load_of_busiest_rows(
+      sc, shape, target.layout, static_cast<double>(m.floor.rows_max));
+  const perfmodel::Prediction p = perfmodel::predict(profile, sc, shape, target);
+  std::printf("  predicted by %s with the measured routing (load_max_over_mean %.3f: the "
+              "busiest rank's %lld expert rows over the mean routed %.1f): forward %.3f ms, "
+              "backward %.3f ms, total %.3f ms (balanced router %.3f ms); measured / "
+              "predicted %.3f\n",
+              path.c_str(), target.load_max_over_mean, static_cast<long long>(m.floor.rows_max),
+              perfmodel::mean_routed_rows(sc, shape, target.layout), p.fwd_us / 1e3,
+              p.bwd_us / 1e3, p.total_us() / 1e3, balanced.total_us() / 1e3,
+              m.total() / (p.total_us() / 1e3));
+  nlohmann::json j = {{"load_max_over_mean", target.load_max_over_mean},
+                      {"forward_ms", p.fwd_us / 1e3},
+                      {"backward_ms", p.bwd_us / 1e3},
+                      {"total_ms", p.total_us() / 1e3},
+                      {"balanced_total_ms", balanced.total_us() / 1e3}};
+  if (!breakdown) return j;
+  std::printf("  %-40s %10s %10s %10s %10s\n", "step (predicted vs measured max)", "fwd pred",
+              "fwd meas", "bwd pred", "bwd meas");
+  nlohmann::json steps = nlohmann::json::array();
+  for (const auto& c : p.steps) {
+    // The measured row of this step (its phase-less total); the executor's own work has none.
+    auto it = std::find_if(m.breakdown.begin(), m.breakdown.end(), [&](const BreakdownRow& r) {
+      return r.step == c.label && r.phase.empty();
+    });
+    const bool known = it != m.breakdown.end();
+    std::printf("  %-40s %10.3f %10s %10.3f %10s\n", c.label.c_str(), c.fwd_us / 1e3,
+                known ? fmt::format("{:.3f}", it->fwd_max).c_str() : "-", c.bwd_us / 1e3,
+                known ? fmt::format("{:.3f}", it->bwd_max).c_str() : "-");
+    nlohmann::json sj = {{"step", c.label}, {"forward_ms", c.fwd_us / 1e3},
+                         {"backward_ms", c.bwd_us / 1e3}};
+    if (known) {
+      sj["measured_forward_ms_max"] = it->fwd_max;
+      sj["measured_backward_ms_max"] = it->bwd_max;
+    }
+    steps.push_back(sj);
+  }
+  j["steps"] = steps;
+  return j;
+}
+
 // Prints every candidate's predicted time and returns the chosen one.
 perfmodel::Candidate choose_auto(const BenchLayerFlags& f, const Topology& topo,
                                  const MoeShape& shape, bool root) {
@@ -291,6 +341,9 @@ int run_bench_layer(const BenchLayerFlags& f) {
   PARM_CONFIG_CHECK(f.warmup >= 0, "--warmup {} must be at least 0", f.warmup);
   if (f.layer.wants_auto())  // refuse before any work
     load_profile_for_auto(f.layer, "--schedule auto / --fuse auto");
+  // With a profile, every measured schedule is also priced with its measured routing.
+  std::optional<perfmodel::Profile> profile;
+  if (!f.layer.profile.empty()) profile = perfmodel::read_profile(f.layer.profile);
   auto topo = Topology::create(f.layer.topology());
   for (auto kind : kinds) schedule::validate({shape, topo->layout(), 0}, kind);
   const Precision precision = f.layer.precision_kind();
@@ -383,6 +436,9 @@ int run_bench_layer(const BenchLayerFlags& f) {
     row["peak_rss_mib"] = {{"rank0", m.memory.peak_rss_mib_rank0},
                            {"max", m.memory.peak_rss_mib_max}};
     row["layer_mib"] = m.memory.layer_mib_max;
+    if (profile)
+      row["prediction"] =
+          print_prediction(*profile, f.layer.profile, sc, shape, *topo, m, f.breakdown);
     if (f.breakdown) {
       auto name_of = [](const BreakdownRow& r) {
         return r.phase.empty() ? r.step : "  " + r.step + ": " + r.phase;
