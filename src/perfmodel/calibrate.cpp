@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <ctime>
+#include <set>
 #include <fstream>
 #include <thread>
 
@@ -510,6 +511,25 @@ void calibrate_memory(Communicator& world, const CalibrateOptions& o, Calibratio
   }
 }
 
+// The GEMM fits are lines in the flop count: they need two different row counts (each
+// class's shapes then differ in flops) and positive sizes.
+void check_gemm_shapes(const CalibrateOptions& o) {
+  const auto positive = [](const std::vector<int64_t>& v) {
+    return !v.empty() && std::all_of(v.begin(), v.end(), [](int64_t x) { return x >= 1; });
+  };
+  PARM_CONFIG_CHECK(positive(o.gemm_rows) && positive(o.gemm_model_dims) &&
+                        positive(o.gemm_hidden) && positive(o.gate_experts),
+                    "calibrate: --gemm-rows {}, --gemm-model-dims {} and --gemm-hidden {} must "
+                    "be lists of sizes >= 1",
+                    fmt::join(o.gemm_rows, ","), fmt::join(o.gemm_model_dims, ","),
+                    fmt::join(o.gemm_hidden, ","));
+  const std::set<int64_t> rows(o.gemm_rows.begin(), o.gemm_rows.end());
+  PARM_CONFIG_CHECK(rows.size() >= 2,
+                    "calibrate: --gemm-rows {} needs at least two different row counts (the GEMM "
+                    "rate is a line fitted over sizes), e.g. --gemm-rows 64,256,1024",
+                    fmt::join(o.gemm_rows, ","));
+}
+
 }  // namespace
 
 Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
@@ -523,6 +543,7 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
                     "calibrate: --iters {} and --gemm-iters {} must be >= 1, --warmup {} >= 0",
                     o.iters, o.gemm_iters, o.warmup);
   PARM_CONFIG_CHECK(o.chunks >= 1, "calibrate: --chunks {} must be at least 1", o.chunks);
+  check_gemm_shapes(o);
   const Layout& l = topo.layout();
   PARM_CONFIG_CHECK(l.world >= 2,
                     "calibrate needs at least 2 ranks to measure collectives (run it under "

@@ -14,6 +14,10 @@ check "bench-layer --schedule auto without --profile is refused" 2 $rc "calibrat
 out="$(prun -n 2 -- bench-layer $layer --ep 2 --fuse auto --profile "$tmp/none.json")"; rc=$?
 check "a missing profile file is refused" 2 $rc "none.json cannot be read" "$out"
 
+out="$(prun -n 2 -- calibrate --out "$tmp/one.json" --gemm-rows 64)"; rc=$?
+check "calibrate with one GEMM row count is refused" 2 $rc "at least two different row counts" "$out"
+[ ! -e "$tmp/one.json" ]; check "a refused calibration writes no profile" 0 $? "" ""
+
 # A quick calibration on 2 ranks: one machine, so nodes are emulated (1 rank each): no
 # intra-node group with more than one rank, no ESP group for the fused collectives.
 out="$(prun -n 2 -- calibrate --out "$tmp/p.json" --max-bytes 65536 --iters 2 --warmup 1 \
