@@ -235,6 +235,11 @@ void RowExchange::allreduce(Communicator& c, const Segments& buf, float* scratch
   const int64_t mine = (first(me + 1) - first(me)) * row_elems;
   // Scratch region q: rank q's part of my rows (region me: my own, kept before the sum).
   auto region = [&](int q) { return scratch + q * mine; };
+  // Lists rank q's rows of buf (one range per segment they touch) on `to`.
+  auto list_rows = [&](std::vector<Range>& to, int q) {
+    for_rows(buf, first(q), first(q + 1), row_elems,
+             [&](float* rows, int64_t elems) { to.push_back({rows, elems}); });
+  };
   int64_t off = 0;
   for_rows(buf, first(me), first(me + 1), row_elems, [&](float* rows, int64_t elems) {
     ops.copy(region(me) + off, rows, elems);
@@ -244,9 +249,7 @@ void RowExchange::allreduce(Communicator& c, const Segments& buf, float* scratch
   reset(n);
   for (int q = 0; q < n; ++q) {
     if (q == me) continue;
-    for_rows(buf, first(q), first(q + 1), row_elems, [&](float* rows, int64_t elems) {
-      sends_[static_cast<size_t>(q)].push_back({rows, elems});
-    });
+    list_rows(sends_[static_cast<size_t>(q)], q);
     // The same cuts as the sender's ranges (messages pair one to one).
     off = 0;
     for_rows(buf, first(me), first(me + 1), row_elems, [&](float*, int64_t elems) {
@@ -265,12 +268,8 @@ void RowExchange::allreduce(Communicator& c, const Segments& buf, float* scratch
   reset(n);
   for (int q = 0; q < n; ++q) {
     if (q == me) continue;
-    for_rows(buf, first(me), first(me + 1), row_elems, [&](float* rows, int64_t elems) {
-      sends_[static_cast<size_t>(q)].push_back({rows, elems});
-    });
-    for_rows(buf, first(q), first(q + 1), row_elems, [&](float* rows, int64_t elems) {
-      recvs_[static_cast<size_t>(q)].push_back({rows, elems});
-    });
+    list_rows(sends_[static_cast<size_t>(q)], me);
+    list_rows(recvs_[static_cast<size_t>(q)], q);
   }
   received += exchange(c, buf.count, ops);
   c.record(CommOp::kAllReduce, received, now_us() - t0);
