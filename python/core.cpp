@@ -44,12 +44,14 @@ Topology& topology(const char* what) {
   return *t;
 }
 
-void init(int mp, int ep, int esp, int ranks_per_node, const std::string& device,
-          double timeout_s) {
+void init(int mp, int ep, int esp, int pp, const std::string& order, int ranks_per_node,
+          const std::string& device, double timeout_s) {
   TopologyOptions o;
   o.mp = mp;
   o.ep = ep;
   o.esp = esp;
+  o.pp = pp;
+  o.order = order;
   PARM_CONFIG_CHECK(ranks_per_node >= 0, "ranks_per_node {} must be None or at least 1",
                     ranks_per_node);
   o.ranks_per_node = ranks_per_node;
@@ -229,16 +231,18 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
-  m.def("init", &init, py::arg("mp"), py::arg("ep"), py::arg("esp"), py::arg("ranks_per_node"),
-        py::arg("device"), py::arg("timeout"));
+  m.def("init", &init, py::arg("mp"), py::arg("ep"), py::arg("esp"), py::arg("pp"),
+        py::arg("order"), py::arg("ranks_per_node"), py::arg("device"), py::arg("timeout"));
   m.def("finalize", &finalize, py::arg("abort") = false);
   m.def("initialized", [] { return current_topology() != nullptr; });
   m.def("rank", [] { return topology("parm.rank()").world_rank(); });
   m.def("world_size", [] { return topology("parm.world_size()").layout().world; });
+  m.attr("DEFAULT_ORDER") = kDefaultOrder;
   m.def("layout", [] {
     const Layout& l = topology("parm.layout()").layout();
     return py::dict(py::arg("world") = l.world, py::arg("mp") = l.mp, py::arg("ep") = l.ep,
-                    py::arg("esp") = l.esp, py::arg("dp") = l.dp, py::arg("edp") = l.edp);
+                    py::arg("esp") = l.esp, py::arg("dp") = l.dp, py::arg("edp") = l.edp,
+                    py::arg("pp") = l.pp, py::arg("order") = l.order_name());
   });
   m.def("group_ranks", [](const std::string& group) {
     Topology& t = topology("parm.group_ranks()");

@@ -26,16 +26,23 @@ __all__ = ["init", "rank", "world_size", "group_ranks", "group_rank", "layout", 
            "initialized", "allreduce_sum", "TimeoutError"]
 
 
-def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300):
+def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300, pp=1, order=None):
     """Starts MPI (first call) and builds the topology of this job over every rank:
-    N_MP = mp for the dense part, N_EP = ep and N_ESP = esp for the experts (SPEC §1).
-    Collective: every rank calls it with the same values. A later call replaces the
-    topology for the layers built after it. ranks_per_node: emulate nodes of that many
-    ranks (None: the real nodes). timeout: seconds every operation may take before
-    parm.TimeoutError."""
-    for name, v in (("mp", mp), ("ep", ep), ("esp", esp)):
+    N_MP = mp for the dense part, N_EP = ep and N_ESP = esp for the experts (SPEC §1),
+    pp pipeline stages (`--pp`; a layer built here runs inside this rank's stage), the
+    groups nested as `order` says (`--order`: "mp", "esp", "ep", "dp", "pp" joined by "-",
+    innermost first; None: "mp-esp-ep-dp-pp"; docs/layout.md). Collective: every rank calls
+    it with the same values. A later call replaces the topology for the layers built after
+    it. ranks_per_node: emulate nodes of that many ranks (None: the real nodes). timeout:
+    seconds every operation may take before parm.TimeoutError."""
+    for name, v in (("mp", mp), ("ep", ep), ("esp", esp), ("pp", pp)):
         if not isinstance(v, int) or isinstance(v, bool):
             raise ValueError(f"parm.init: {name} must be an int, got {v!r}")
+    if order is None:
+        order = _core.DEFAULT_ORDER
+    if not isinstance(order, str):
+        raise ValueError(f"parm.init: order must be None or a str such as "
+                         f"{_core.DEFAULT_ORDER!r}, got {order!r}")
     if ranks_per_node is not None and (not isinstance(ranks_per_node, int) or ranks_per_node < 1):
         raise ValueError(f"parm.init: ranks_per_node must be None or an int >= 1, got {ranks_per_node!r}")
     if device == "cuda":
@@ -44,8 +51,8 @@ def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300):
         if not torch.cuda.is_available():
             raise ValueError("parm.init(device='cuda'): this torch has no usable CUDA "
                              "(torch.cuda.is_available() is False); use device='cpu'")
-    _core.init(mp, ep, esp, 0 if ranks_per_node is None else ranks_per_node, str(device),
-               float(timeout))
+    _core.init(mp, ep, esp, pp, order, 0 if ranks_per_node is None else ranks_per_node,
+               str(device), float(timeout))
     global _cuda_stream
     _cuda_stream = None
     if _core.device() == "cuda":
@@ -89,8 +96,8 @@ def world_size():
 
 
 def group_ranks(group):
-    """World ranks of this rank's group `group` ("world", "dp", "mp", "ep", "esp", "edp"),
-    in group-rank order."""
+    """World ranks of this rank's group `group` ("world", "dp", "mp", "ep", "esp", "edp",
+    "pp"), in group-rank order."""
     return _core.group_ranks(group)
 
 
@@ -100,7 +107,8 @@ def group_rank(group):
 
 
 def layout():
-    """The sizes of every dimension: {"world", "mp", "ep", "esp", "dp", "edp"}."""
+    """The sizes of every dimension and their nesting: {"world", "mp", "ep", "esp", "dp",
+    "edp", "pp"} (ints) and "order" (the groups innermost first, e.g. "mp-esp-ep-dp-pp")."""
     return _core.layout()
 
 

@@ -1,5 +1,7 @@
 #include "comm/row_exchange.h"
 
+#include <algorithm>
+
 #include "parm/error.h"
 #include "parm/timer.h"
 
@@ -10,11 +12,28 @@ float* seg_rows(const Segments& s, int64_t i, int64_t row_elems) {
   return s.data + (s.first != nullptr ? s.first[i] : i * s.slots) * row_elems;
 }
 
+constexpr int64_t kPackBelowElems =
+    RowExchange::kPackBelowBytes / static_cast<int64_t>(sizeof(float));
+
+bool packs(int64_t elems) { return elems > 0 && elems < kPackBelowElems; }
+
 int64_t fill_of(const Segments& s, int64_t i) {
   const int64_t f = s.fill[i];
   PARM_CHECK(f >= 0 && f <= s.slots, "segment {} holds {} routed rows, outside [0, {}]", i, f,
              s.slots);
   return f;
+}
+
+// Calls f(rows, elems) for each run of routed rows [lo, hi) of `s`, counting its routed rows
+// in segment order (segment i's first fill[i] rows, then segment i + 1's).
+template <typename F>
+void for_rows(const Segments& s, int64_t lo, int64_t hi, int64_t row_elems, F&& f) {
+  int64_t at = 0;  // routed rows before segment i
+  for (int64_t i = 0; i < s.count && at < hi; ++i) {
+    const int64_t fill = fill_of(s, i), a = std::max(lo, at), b = std::min(hi, at + fill);
+    if (a < b) f(seg_rows(s, i, row_elems) + (a - at) * row_elems, (b - a) * row_elems);
+    at += fill;
+  }
 }
 
 }  // namespace
@@ -36,25 +55,78 @@ void RowExchange::reset(int n) {
   for (auto& v : recvs_) v.clear();
 }
 
-void RowExchange::run(Communicator& c, CommOp op, double start_us, RowOps& ops) {
-  ops.sync();
+void RowExchange::reserve(Tensor& t, int64_t elems, const Communicator& c) {
+  if (t.numel() >= elems) return;
+  t = Tensor({elems}, c.memory_space() == MemorySpace::kDevice ? Device::kCuda : Device::kCpu);
+}
+
+double RowExchange::exchange(Communicator& c, int64_t ranges_per_peer, RowOps& ops) {
   const int n = c.size(), me = c.rank();
+  // A peer's small ranges travel packed when there are two or more (one would save nothing).
+  auto packed_elems = [](const std::vector<Range>& list) {
+    int64_t elems = 0, num = 0;
+    for (const Range& r : list)
+      if (packs(r.elems)) elems += r.elems, ++num;
+    return num >= 2 ? elems : int64_t{0};
+  };
+  // The packing buffers hold `ranges_per_peer` ranges per peer at their largest packed size:
+  // a bound fixed by the call's segments, so no routing grows them after the first call.
+  reserve(pack_send_, (n - 1) * ranges_per_peer * kPackBelowElems, c);
+  reserve(pack_recv_, (n - 1) * ranges_per_peer * kPackBelowElems, c);
+  int64_t send_off = 0;
+  for (int p = 0; p < n; ++p) {
+    if (p == me || packed_elems(sends_[static_cast<size_t>(p)]) == 0) continue;
+    for (const Range& r : sends_[static_cast<size_t>(p)])
+      if (packs(r.elems)) {
+        ops.copy(pack_send_.data() + send_off, r.data, r.elems);
+        send_off += r.elems;
+      }
+  }
+  ops.sync();
   double received = 0.0;
+  send_off = 0;
+  int64_t recv_off = 0;
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    for (const Range& r : recvs_[static_cast<size_t>(p)]) {
-      if (r.elems == 0) continue;
-      requests_.push_back(c.irecv_uncounted(r.data, static_cast<size_t>(r.elems), DType::kF32,
-                                            p, kRowExchangeTag));
-      received += static_cast<double>(r.elems) * sizeof(float);
-    }
-    for (const Range& r : sends_[static_cast<size_t>(p)]) {
-      if (r.elems == 0) continue;
-      requests_.push_back(c.isend_uncounted(r.data, static_cast<size_t>(r.elems), DType::kF32,
-                                            p, kRowExchangeTag));
-    }
+    const auto& recvs = recvs_[static_cast<size_t>(p)];
+    const auto& sends = sends_[static_cast<size_t>(p)];
+    const int64_t pack_in = packed_elems(recvs), pack_out = packed_elems(sends);
+    auto post_recv = [&](float* data, int64_t elems) {
+      requests_.push_back(c.irecv_uncounted(data, static_cast<size_t>(elems), DType::kF32, p,
+                                            kRowExchangeTag));
+      received += static_cast<double>(elems) * sizeof(float);
+    };
+    auto post_send = [&](const float* data, int64_t elems) {
+      requests_.push_back(c.isend_uncounted(data, static_cast<size_t>(elems), DType::kF32, p,
+                                            kRowExchangeTag));
+      ++messages_sent_;
+    };
+    // The packed message first, then the direct ranges in list order (same on both sides).
+    if (pack_in > 0) post_recv(pack_recv_.data() + recv_off, pack_in);
+    for (const Range& r : recvs)
+      if (r.elems > 0 && !(pack_in > 0 && packs(r.elems))) post_recv(r.data, r.elems);
+    if (pack_out > 0) post_send(pack_send_.data() + send_off, pack_out);
+    for (const Range& r : sends)
+      if (r.elems > 0 && !(pack_out > 0 && packs(r.elems))) post_send(r.data, r.elems);
+    recv_off += pack_in;
+    send_off += pack_out;
   }
   wait_all(requests_);  // clears the list, keeps its capacity
+  recv_off = 0;
+  for (int p = 0; p < n; ++p) {
+    if (p == me || packed_elems(recvs_[static_cast<size_t>(p)]) == 0) continue;
+    for (const Range& r : recvs_[static_cast<size_t>(p)])
+      if (packs(r.elems)) {
+        ops.copy(r.data, pack_recv_.data() + recv_off, r.elems);
+        recv_off += r.elems;
+      }
+  }
+  return received;
+}
+
+void RowExchange::run(Communicator& c, CommOp op, int64_t ranges_per_peer, double start_us,
+                      RowOps& ops) {
+  const double received = exchange(c, ranges_per_peer, ops);
   c.record(op, received, now_us() - start_us);
 }
 
@@ -82,7 +154,7 @@ void RowExchange::alltoall(Communicator& c, const Segments& src, const Segments&
   reset(n);
   for (int p = 0; p < n; ++p)
     for (int64_t i = p * per; i < (p + 1) * per; ++i) pair(p, me, src, i, dst, i, row_elems, ops);
-  run(c, CommOp::kAllToAllv, t0, ops);
+  run(c, CommOp::kAllToAllv, per, t0, ops);
 }
 
 void RowExchange::allgather(Communicator& c, const Segments& src, const Segments& dst,
@@ -100,7 +172,7 @@ void RowExchange::allgather(Communicator& c, const Segments& src, const Segments
       for (int64_t i = 0; i < inner; ++i) {
         pair(p, me, src, o * inner + i, dst, (o * n + p) * inner + i, row_elems, ops);
       }
-  run(c, CommOp::kAllGather, t0, ops);
+  run(c, CommOp::kAllGather, src.count, t0, ops);
 }
 
 void RowExchange::keep(Communicator& c, const Segments& src, const Segments& dst,
@@ -138,7 +210,7 @@ void RowExchange::reduce_scatter(Communicator& c, const Segments& src, const Seg
       off += fill_of(dst, i) * row_elems;
     }
   }
-  run(c, CommOp::kReduceScatter, t0, ops);
+  run(c, CommOp::kReduceScatter, S, t0, ops);
   int64_t off = 0;
   for (int64_t i = 0; i < S; ++i) {
     const int64_t len = fill_of(dst, i) * row_elems;
@@ -158,28 +230,49 @@ void RowExchange::allreduce(Communicator& c, const Segments& buf, float* scratch
                             int64_t row_elems, RowOps& ops) {
   const double t0 = now_us();
   const int n = c.size(), me = c.rank();
-  const int64_t all = buf.routed_rows() * row_elems;  // one rank's region of scratch
-  reset(n);
+  const int64_t R = buf.routed_rows();
+  auto first = [&](int q) { return q * R / n; };  // rank q's rows: [first(q), first(q + 1))
+  const int64_t mine = (first(me + 1) - first(me)) * row_elems;
+  // Scratch region q: rank q's part of my rows (region me: my own, kept before the sum).
+  auto region = [&](int q) { return scratch + q * mine; };
+  // Lists rank q's rows of buf (one range per segment they touch) on `to`.
+  auto list_rows = [&](std::vector<Range>& to, int q) {
+    for_rows(buf, first(q), first(q + 1), row_elems,
+             [&](float* rows, int64_t elems) { to.push_back({rows, elems}); });
+  };
   int64_t off = 0;
-  for (int64_t i = 0; i < buf.count; ++i) {
-    const int64_t len = fill_of(buf, i) * row_elems;
-    ops.copy(scratch + me * all + off, seg_rows(buf, i, row_elems), len);  // my own part
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      sends_[p].push_back({scratch + me * all + off, len});
-      recvs_[p].push_back({scratch + p * all + off, len});
-    }
-    off += len;
+  for_rows(buf, first(me), first(me + 1), row_elems, [&](float* rows, int64_t elems) {
+    ops.copy(region(me) + off, rows, elems);
+    off += elems;
+  });
+  // Reduce-scatter: every peer's part of my rows into its region.
+  reset(n);
+  for (int q = 0; q < n; ++q) {
+    if (q == me) continue;
+    list_rows(sends_[static_cast<size_t>(q)], q);
+    // The same cuts as the sender's ranges (messages pair one to one).
+    off = 0;
+    for_rows(buf, first(me), first(me + 1), row_elems, [&](float*, int64_t elems) {
+      recvs_[static_cast<size_t>(q)].push_back({region(q) + off, elems});
+      off += elems;
+    });
   }
-  run(c, CommOp::kAllReduce, t0, ops);
+  double received = exchange(c, buf.count, ops);
   off = 0;
-  for (int64_t i = 0; i < buf.count; ++i) {
-    const int64_t len = fill_of(buf, i) * row_elems;
-    float* d = seg_rows(buf, i, row_elems);
-    ops.copy(d, scratch + off, len);  // rank 0's part
-    for (int p = 1; p < n; ++p) ops.add(d, scratch + p * all + off, len);
-    off += len;
+  for_rows(buf, first(me), first(me + 1), row_elems, [&](float* rows, int64_t elems) {
+    ops.copy(rows, region(0) + off, elems);
+    for (int q = 1; q < n; ++q) ops.add(rows, region(q) + off, elems);
+    off += elems;
+  });
+  // Allgather: my sums to every peer, theirs into my buffer.
+  reset(n);
+  for (int q = 0; q < n; ++q) {
+    if (q == me) continue;
+    list_rows(sends_[static_cast<size_t>(q)], me);
+    list_rows(recvs_[static_cast<size_t>(q)], q);
   }
+  received += exchange(c, buf.count, ops);
+  c.record(CommOp::kAllReduce, received, now_us() - t0);
 }
 
 }  // namespace parm

@@ -11,14 +11,22 @@
 // as Communicator::reduce_scatter does. Local copies and sums go through RowOps, so the
 // buffers may live on any device the communicator moves.
 //
-// Steady state: the request list, the range lists and the caller's scratch are kept
-// between calls; nothing allocates once a call with the same group has run.
+// Messages: a call lists, per peer, the ranges of routed rows it sends and receives (one per
+// segment, or per part of a segment). Ranges under kPackBelowBytes travel coalesced: packed
+// into one message per peer (a local copy on each side), where the per-message cost would
+// exceed the copy's; larger ranges go directly, without a copy. Both sides see the same
+// range sizes in the same order, so they cut the same messages.
+//
+// Steady state: the request list, the range lists, the packing buffers (sized by the number
+// of ranges a call lists, not by the routing) and the caller's scratch are kept between
+// calls; nothing allocates once every call of a step list has run.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "parm/comm.h"
+#include "parm/tensor.h"
 
 namespace parm {
 
@@ -65,19 +73,32 @@ class RowExchange {
   void reduce_scatter(Communicator& c, const Segments& src, const Segments& dst,
                       float* scratch, int64_t row_elems, RowOps& ops);
   // buf = sum over peers (in rank order) of their buf (every rank has the same fills);
-  // `scratch` holds at least n * buf.routed_rows() rows.
+  // `scratch` holds at least n * buf.routed_rows() rows. A reduce-scatter then an allgather
+  // of the routed rows: group rank q sums rows [q R / n, (q + 1) R / n) of the R routed rows
+  // (in segment order) in rank order and sends the sum to every peer, so every rank holds
+  // the same bits whatever the message timing; rank q receives R + (n - 2) x its rows.
   void allreduce(Communicator& c, const Segments& buf, float* scratch, int64_t row_elems,
                  RowOps& ops);
+
+  // Ranges smaller than this are packed into one message per peer.
+  static constexpr int64_t kPackBelowBytes = 32 * 1024;
+  // Point-to-point messages this object has posted (sends), for tests.
+  int64_t messages_sent() const { return messages_sent_; }
 
  private:
   struct Range {
     float* data;
     int64_t elems;
   };
-  // Posts the messages of ranges_[p] (send: sends_, recv: recvs_) to / from every peer but
-  // this rank, waits, and records one call of `op` with the bytes received.
-  void run(Communicator& c, CommOp op, double start_us, RowOps& ops);
+  // Posts the messages of the listed ranges (sends_[p], recvs_[p]) to / from every peer but
+  // this rank (small ranges packed), waits, unpacks, and returns the bytes received. No list
+  // holds more than `ranges_per_peer` ranges, whatever the routing.
+  double exchange(Communicator& c, int64_t ranges_per_peer, RowOps& ops);
+  // exchange(), then records one call of `op` with the bytes received.
+  void run(Communicator& c, CommOp op, int64_t ranges_per_peer, double start_us, RowOps& ops);
   void reset(int n);
+  // Grows `t` (never shrinks) to at least `elems` floats in the communicator's space.
+  static void reserve(Tensor& t, int64_t elems, const Communicator& c);
   // Source segment s goes to destination segment d on peer p: listed for run(), or copied
   // locally when p is this rank (`me`).
   void pair(int p, int me, const Segments& src, int64_t s, const Segments& dst, int64_t d,
@@ -85,6 +106,8 @@ class RowExchange {
 
   std::vector<std::vector<Range>> sends_, recvs_;  // by peer
   std::vector<RequestPtr> requests_;
+  Tensor pack_send_, pack_recv_;  // packed small ranges, all peers back to back
+  int64_t messages_sent_ = 0;
 };
 
 }  // namespace parm

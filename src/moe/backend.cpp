@@ -8,6 +8,20 @@
 
 namespace parm::moe {
 
+void check_router_options(Device device, float router_z_loss, float router_bias_update) {
+  if (device == Device::kCpu) return;
+  PARM_CONFIG_CHECK(router_z_loss == 0.0f,
+                    "--router-z-loss (model.router_z_loss) {} with --device {}: the router "
+                    "z-loss runs on the CPU layer only (the {} gate computes none); use "
+                    "--device cpu, or a z-loss of 0",
+                    router_z_loss, device_name(device), device_name(device));
+  PARM_CONFIG_CHECK(router_bias_update == 0.0f,
+                    "--router-bias-update (model.router_bias_update) {} with --device {}: the "
+                    "router bias runs on the CPU layer only (the {} gate takes none); use "
+                    "--device cpu, or a rate of 0",
+                    router_bias_update, device_name(device), device_name(device));
+}
+
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
                                            const BackendSizes& sizes) {
   check_device(device, precision);

@@ -102,6 +102,12 @@ class LayerBackend {
   virtual int64_t held_bytes() const = 0;
 };
 
+// The router options a device's backend computes: the CPU one the z-loss and the router bias;
+// the CUDA gate neither. Throws InvalidConfig naming the option (flag and config key) when
+// `device` cannot run a non-zero one, so a run is refused before any work, not at its first
+// pass. Needs no GPU: it looks at the names only.
+void check_router_options(Device device, float router_z_loss, float router_bias_update);
+
 // Throws InvalidConfig when `device` / `precision` cannot run in this build or machine.
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
                                            const BackendSizes& sizes);

@@ -56,12 +56,16 @@ void router_bias_step(const std::vector<double>& load, float rate, std::vector<f
     bias[e] += load[e] < mean ? rate : load[e] > mean ? -rate : 0.0f;
 }
 
-void update_router_bias(Topology& topo, MoeLayer& layer, float rate) {
-  router_bias_step(expert_loads(topo, layer), rate, layer.router_bias());
+void update_router_bias(MoeLayer& layer, const std::vector<double>& loads, float rate) {
+  router_bias_step(loads, rate, layer.router_bias());
 }
 
 LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer) {
-  const std::vector<double> per_expert = expert_loads(topo, layer);
+  return load_imbalance(topo, layer, expert_loads(topo, layer));
+}
+
+LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer, const std::vector<double>& loads) {
+  PARM_CHECK_EQ(static_cast<int64_t>(loads.size()), layer.shape().experts);
   double mine = 0.0;
   for (int64_t r : layer.expert_rows()) mine += static_cast<double>(r);
   double rows[2] = {mine, mine};  // sum, max
@@ -69,7 +73,7 @@ LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer) {
   over_stage(topo, &rows[1], 1, ReduceOp::kMax);
   const Layout& lay = topo.layout();
   const double stage_ranks = static_cast<double>(lay.edp) * lay.ep * lay.esp;
-  return {max_over_mean(per_expert), rows[0] > 0.0 ? rows[1] * stage_ranks / rows[0] : 0.0};
+  return {max_over_mean(loads), rows[0] > 0.0 ? rows[1] * stage_ranks / rows[0] : 0.0};
 }
 
 }  // namespace parm

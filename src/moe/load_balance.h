@@ -20,6 +20,9 @@ struct LoadImbalance {
 // groups): each calls it after the same forward pass. The ranks of an MP group that gate
 // the same tokens (baseline, S2) count them once.
 LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer);
+// The same from `loads`, expert_loads of the same forward pass (computed once and shared
+// with the router-bias update); collective over the same ranks.
+LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer, const std::vector<double>& loads);
 
 // Routed choices per expert (E) of the layer's last forward pass, summed over its pipeline
 // stage as load_imbalance does (collective over the same ranks; the same on each).
@@ -29,7 +32,8 @@ std::vector<double> expert_loads(Topology& topo, MoeLayer& layer);
 // load_e) (0 where equal). bias and load have E elements.
 void router_bias_step(const std::vector<double>& load, float rate, std::vector<float>& bias);
 
-// router_bias_step on the layer's router bias with expert_loads (collective as those).
-void update_router_bias(Topology& topo, MoeLayer& layer, float rate);
+// router_bias_step on the layer's router bias from `loads` (expert_loads of its last forward
+// pass).
+void update_router_bias(MoeLayer& layer, const std::vector<double>& loads, float rate);
 
 }  // namespace parm

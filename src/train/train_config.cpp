@@ -8,6 +8,7 @@
 
 #include "layer/shape.h"
 #include "model/pp_split.h"
+#include "moe/backend.h"
 #include "parm/device.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
@@ -284,6 +285,8 @@ void validate(const TrainConfig& c) {
   const Device device = parse_device(p.device);
   const Precision precision = parse_precision(p.precision);
   parse_comm_backend(p.comm);
+  // Before check_device: the message holds in a build or on a machine without a GPU too.
+  moe::check_router_options(device, m.router_z_loss, m.router_bias_update);
   check_device(device, precision);
 }
 

@@ -299,6 +299,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
 
   const std::string schedules_line = fmt::format("{}", fmt::join(result.schedules, ","));
   const double run_t0 = now_us();
+  std::vector<std::vector<double>> layer_loads;  // expert_loads per MoE layer, of this step
   for (; step < cfg.loop.steps; ++step) {
     fault::at_training_step(topo->world_rank(), step);
     const double t0 = now_us();
@@ -342,10 +343,23 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
         optim.grad_clip > 0 && norm > optim.grad_clip ? optim.grad_clip / (norm + 1e-6) : 1.0;
     const double lr = lr_at(optim, step);
     opt.step(optim, lr, clip);
-    // DeepSeek-V3's router bias, from the loads of the step's last micro-batch.
-    if (cfg.model.router_bias_update > 0)
-      for (MoeLayer* layer : model->moe_layers())
-        update_router_bias(*topo, *layer, cfg.model.router_bias_update);
+    const bool last = step + 1 == cfg.loop.steps;
+    const bool report = (step + 1) % cfg.loop.log_every == 0 || last;
+    // The expert loads of the step's last micro-batch, per MoE layer (collective): computed
+    // once, here with the router bias (DeepSeek-V3's update, from them) or for the report
+    // below, which shares them.
+    const auto moe_layers = model->moe_layers();
+    layer_loads.resize(moe_layers.size());
+    auto compute_loads = [&] {
+      for (size_t i = 0; i < moe_layers.size(); ++i)
+        layer_loads[i] = expert_loads(*topo, *moe_layers[i]);
+    };
+    const bool bias_update = cfg.model.router_bias_update > 0;
+    if (bias_update) {
+      compute_loads();
+      for (size_t i = 0; i < moe_layers.size(); ++i)
+        update_router_bias(*moe_layers[i], layer_loads[i], cfg.model.router_bias_update);
+    }
     comm_us += now_us() - t_sync;
     data_position += global_batch;
     topo->host_comm(Group::kDp).allreduce(sums, 3);
@@ -378,18 +392,18 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     double total_flops = flops;
     world.allreduce(&total_flops, 1);
     m.mfu = total_flops / (times[0] / 1e6) / (result.gemm_gflops * 1e9 * lay.world);
-    const bool last = step + 1 == cfg.loop.steps;
     // The load imbalance of this step's last micro-batch, worst over the MoE layers
     // (collective: every rank, before evaluation routes other tokens).
     LoadImbalance imbalance;
-    if ((step + 1) % cfg.loop.log_every == 0 || last)
-      for (MoeLayer* layer : model->moe_layers()) {
-        const LoadImbalance li = load_imbalance(*topo, *layer);
+    if (report && !bias_update) compute_loads();
+    if (report)
+      for (size_t i = 0; i < moe_layers.size(); ++i) {
+        const LoadImbalance li = load_imbalance(*topo, *moe_layers[i], layer_loads[i]);
         auto& worst = imbalance;
         worst.expert_max_over_mean = std::max(worst.expert_max_over_mean, li.expert_max_over_mean);
         worst.rank_max_over_mean = std::max(worst.rank_max_over_mean, li.rank_max_over_mean);
       }
-    if ((step + 1) % cfg.loop.log_every == 0 || last) {  // the worst stage's, on every rank
+    if (report) {  // the worst stage's, on every rank
       double worst[2] = {imbalance.expert_max_over_mean, imbalance.rank_max_over_mean};
       world.allreduce(worst, 2, ReduceOp::kMax);
       imbalance = {worst[0], worst[1]};

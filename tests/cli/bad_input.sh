@@ -47,6 +47,10 @@ if ! nvidia-smi -L >/dev/null 2>&1; then  # no GPU here: cuda is refused before 
   expect 2 "use --device cpu" -- -n 2 -- check-layer --device cuda
   expect 2 "use --device cpu" -- -n 1 -- train --device cuda --steps 1
 fi
+# The router options the CUDA gate has not, refused before the device is looked at.
+expect 2 "--router-z-loss (model.router_z_loss) 0.01 with --device cuda" -- -n 1 -- bench-layer --device cuda --router-z-loss 0.01
+expect 2 "--router-z-loss (model.router_z_loss) 0.01 with --device cuda" -- -n 1 -- check-layer --device cuda --router-z-loss 0.01
+expect 2 "--router-bias-update (model.router_bias_update) 0.001 with --device cuda" -- -n 1 -- train --device cuda --router-bias-update 0.001 --steps 1
 expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp
 # Pipeline stages and the order (docs/layout.md).
 expect 2 "world size 4 is not divisible by --pp 3" -- -n 4 -- info --pp 3

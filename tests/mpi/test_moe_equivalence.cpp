@@ -506,7 +506,10 @@ Bytes formula_bytes(Kind kind, const MoeShape& s, const Layout& l, int me,
   const bool shared_esp_input = kind == Kind::kBaseline && l.esp == l.mp && l.mp > 1;
   if (l.esp > 1) {
     if (shared_esp_input) {
-      add("esp.allreduce", (l.esp - 1) * R(me));
+      // Reduce-scatter + allgather: ESP rank j sums rows [j R / n, (j + 1) R / n).
+      const auto n = static_cast<int64_t>(l.esp), R_me = static_cast<int64_t>(R(me));
+      const int64_t j = group_coord(l, Group::kEsp, me).rank;
+      add("esp.allreduce", static_cast<double>(R_me + (n - 2) * ((j + 1) * R_me / n - j * R_me / n)));
     } else {
       double others = 0;
       for (int q : group_members(l, Group::kEsp, me))

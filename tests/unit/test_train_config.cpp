@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "moe/backend.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "train/optimizer.h"
@@ -70,6 +71,19 @@ TEST(TrainConfig, RefusesBadInputNamingTheKey) {
   expect_refused(R"({"parallel": {"schedule": "fast"}})", "parallel.schedule 'fast' is not valid");
   expect_refused(R"({"model": {"capacity_factor": "1e3"}})", "1e3");
   expect_refused(R"({"optim": {"lr": 0.001, "min_lr": 0.01}})", "optim.min_lr");
+}
+
+// The router options on a device whose gate has none are refused by validate(), before any
+// work, naming the option; the check comes before the device's own (so it holds in a build
+// without CUDA, where --device cuda alone is refused for the build).
+TEST(TrainConfig, RefusesRouterOptionsOnCudaBeforeTheDeviceCheck) {
+  expect_refused(R"({"model": {"router_z_loss": 0.01}, "parallel": {"device": "cuda"}})",
+                 "--router-z-loss (model.router_z_loss) 0.01 with --device cuda");
+  expect_refused(R"({"model": {"router_bias_update": 0.001}, "parallel": {"device": "cuda"}})",
+                 "--router-bias-update (model.router_bias_update) 0.001 with --device cuda");
+  EXPECT_NO_THROW(moe::check_router_options(Device::kCpu, 0.01f, 0.001f));
+  EXPECT_NO_THROW(moe::check_router_options(Device::kCuda, 0.0f, 0.0f));
+  EXPECT_THROW(moe::check_router_options(Device::kCuda, 0.0f, 0.5f), InvalidConfig);
 }
 
 // Values that nlohmann's get<T> would convert silently: fractions to integers, integers

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moe/backend.h"
 #include "parm/error.h"
 
 namespace parm::cli {
@@ -38,6 +39,8 @@ TopologyOptions LayerFlags::topology() const {
   TopologyOptions o = layout.topology();
   o.device = parse_device(device);
   o.comm = parse_comm_backend(comm);
+  // Before check_device: the message holds in a build or on a machine without a GPU too.
+  moe::check_router_options(o.device, router_z_loss, 0.0f);
   check_device(o.device, precision_kind());
   return o;
 }
