@@ -76,6 +76,7 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
                     "-- calibrate --out profile.json` once on this machine, then pass --profile "
                     "profile.json");
   const perfmodel::Profile profile = perfmodel::read_profile(c.loop.profile);
+  perfmodel::check_profile_device(profile, topo.device(), c.loop.profile);
   const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
   const std::vector<schedule::Kind> kinds =
       auto_kind ? std::vector<schedule::Kind>{schedule::Kind::kBaseline, schedule::Kind::kS1,
@@ -231,6 +232,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     pipeline = std::make_unique<PipelineRunner>(*topo, *model, static_cast<int>(accum),
                                                 cfg.parallel.pp_overlap == "on");
   AdamW opt(params);
+  Tensor grad_flat;  // reduce_gradients' flat buffer, kept across steps
   const nlohmann::json model_json = model_config_json(cfg.model);
 
   TrainResult result;
@@ -336,7 +338,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     }
     const double t_sync = now_us();
     model->sum_tied_grads();
-    reduce_gradients(*topo, params);
+    reduce_gradients(*topo, params, &grad_flat);
     const double norm = global_grad_norm(*topo, params);
     const double clip =
         optim.grad_clip > 0 && norm > optim.grad_clip ? optim.grad_clip / (norm + 1e-6) : 1.0;
