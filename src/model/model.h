@@ -191,8 +191,8 @@ class Model {
 void validate_model(const ModelConfig& config, const Layout& layout,
                     const std::vector<LayerSchedule>& moe_schedules, int64_t micro_batch);
 
-// The MoE layers compute on topo.device() with expert products at `precision`; the dense
-// part, the optimizer and checkpoints stay on the host.
+// Every parameter, gradient, activation and scratch tensor lives on topo.device() (the dense
+// ops: model/dense_ops.h's table for it); every product runs at `precision`.
 // Under pp > 1 the model is this rank's stage (topo's pp rank) of `pipeline.split`.
 std::unique_ptr<Model> make_model(Topology& topo, const ModelConfig& config,
                                   const std::vector<LayerSchedule>& moe_schedules,

@@ -15,6 +15,7 @@
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "parm/timer.h"
+#include "model/dense_ops.h"
 #include "model/pp_split.h"
 #include "train/checkpoint.h"
 #include "perfmodel/model.h"
@@ -24,13 +25,41 @@
 namespace parm::train {
 namespace {
 
-// GEMM rate per rank (GFLOP/s) for MFU: the calibrated expert-GEMM rate of the profile
+// GEMM rate per rank (GFLOP/s) for MFU. On the CPU: the calibrated expert-GEMM rate of the profile
 // (measured with every rank of the machine busy), else measured now, all ranks at once for
 // about 50 ms so that ranks sharing cores see it. At bf16 the products run the bf16 kernel,
 // several times faster than fp32 (AMX): the rate is that kernel's, measured now (profiles
 // hold fp32 rates).
-double gemm_gflops_for_mfu(const std::string& profile, Precision precision, Communicator& world,
-                           std::string& source) {
+// On a device: the device's product at the run's precision (model::dense_ops' gemm, the
+// one the dense layers run), 4096^3, measured now by every rank at once (ranks sharing a GPU
+// see their share).
+double device_gemm_gflops(Device device, Precision precision, Communicator& world) {
+  const model::DenseOps& ops = model::dense_ops(device);
+  const int64_t n = 4096;
+  Tensor host({n, n});
+  host.fill(0.5f);
+  const Tensor a = host.to(device), b = host.to(device);
+  Tensor c({n, n}, device);
+  const auto product = [&] { ops.gemm(precision, false, false, n, n, n, a.data(), b.data(), c.data(), false); };
+  product();  // warm up (and the library's first-call setup)
+  device_sync();
+  world.barrier();
+  const int reps = 20;
+  const double t0 = now_us();
+  for (int i = 0; i < reps; ++i) product();
+  device_sync();
+  double rate = 2.0 * n * n * n * reps / ((now_us() - t0) * 1e3);
+  world.allreduce(&rate, 1);
+  return rate / world.size();
+}
+
+double gemm_gflops_for_mfu(const std::string& profile, Precision precision, Device device,
+                           Communicator& world, std::string& source) {
+  if (device != Device::kCpu) {
+    source = fmt::format("{} {} GEMM measured at start", device_name(device),
+                         precision_name(precision));
+    return device_gemm_gflops(device, precision, world);
+  }
   const bool bf16 = precision == Precision::kBf16;
   if (!profile.empty() && !bf16) {
     source = "calibrated, " + profile;
@@ -242,8 +271,9 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     result.schedules.push_back(
         schedule_name(schedules[schedules.size() == 1 ? 0 : static_cast<size_t>(i)], cfg, lay));
   std::string gemm_source;
-  result.gemm_gflops = gemm_gflops_for_mfu(
-      cfg.loop.profile, parse_precision(cfg.parallel.precision), world, gemm_source);
+  result.gemm_gflops = gemm_gflops_for_mfu(cfg.loop.profile,
+                                           parse_precision(cfg.parallel.precision),
+                                           topo->device(), world, gemm_source);
 
   int64_t step = 0, data_position = 0;
   if (!cfg.loop.resume.empty()) {

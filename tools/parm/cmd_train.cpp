@@ -116,11 +116,11 @@ Command add_train(CLI::App& root) {
   app->add_option("--fuse", f->fuse, "fused collectives: on, off or auto");
   app->add_option("--chunks", f->chunks, "pipeline depth of the fused collectives");
   app->add_option("--device", f->device,
-                  "where the MoE layers compute: cpu or cuda (the dense layers, optimizer and "
-                  "checkpoints stay on the host)");
+                  "where the model computes: cpu or cuda (every layer, the optimizer and the "
+                  "gradient reductions on the device; checkpoints are copied to the host)");
   app->add_option("--precision", f->precision,
-                  "fp32, or bf16: bf16 operands for the expert products (and, on --device cpu, "
-                  "every dense product), fp32 accumulation, master weights and reductions");
+                  "fp32, or bf16: bf16 operands for every product (experts and dense layers), "
+                  "fp32 accumulation, master weights, optimizer state, reductions and losses");
   app->add_option("--comm", f->comm,
                   "what moves the MoE layers' device buffers: auto, nccl, or mpi (staged "
                   "through host memory)");
