@@ -7,8 +7,8 @@
 //   - a kernel cannot throw: a token or target outside the vocabulary is recorded in a
 //     device flag that check_index_errors() reads later (it throws the CPU's message);
 //   - results that the CPU returns (the cross-entropy loss) go to a device scalar;
-//   - scratch that a reduction needs comes from a workspace this module owns (grow-only
-//     device memory; growing it frees the old block, which waits for the device).
+//   - scratch comes from a workspace this module owns (grow-only device memory, grown and
+//     freed stream-ordered: no host wait; dense_scratch.h).
 // Every sum is deterministic: a fixed order that depends only on the shapes, never float
 // atomics. The per-element maths is in dense_math.h, shared with the CPU unit tests.
 // CUDA builds only; no CUDA headers here. One host thread per process drives these (the
@@ -17,7 +17,6 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/expert_kernels.h"  // add_bias, bias_gelu, to_bf16 (same contracts)
 #include "parm/device.h"
 
 namespace parm::model {
@@ -27,8 +26,10 @@ struct AttentionShape;
 namespace parm::cuda {
 
 // ---- fp32 <-> bf16 -----------------------------------------------------------------------
-// to_bf16 (fp32 -> bf16, nearest even) is in expert_kernels.h. y (n) = x (n) widened to fp32
-// (exact). Overwrites y.
+// y (n) = bf16(x (n)), rounded to nearest even (expert_kernels.cu defines it; the rounding is
+// expert_math.h f32_to_bf16, the CPU's). Overwrites y.
+void to_bf16(const float* x, uint16_t* y, int64_t n);
+// y (n) = x (n) widened to fp32 (exact). Overwrites y.
 void from_bf16(const uint16_t* x, float* y, int64_t n);
 
 // ---- Dense products (model::dense_gemm, model::linear_*) --------------------------------
@@ -50,14 +51,12 @@ void linear_backward(const float* dy, const float* x, const float* w, float* dx,
                      Precision p = Precision::kFp32);
 
 // ---- Bias and GeLU (cpu:: contracts) ------------------------------------------------------
-// add_bias(y, bias, rows, cols) and bias_gelu(pre, bias, act, act_bf16, rows, cols) are in
-// expert_kernels.h; these are the CPU forms that need no scratch argument.
+// y (rows, cols) += bias (cols) on every row.
+void add_bias(float* y, const float* bias, int64_t rows, int64_t cols);
 // dbias (cols) += column sums of dy (rows, cols), each column summed in a fixed order.
 void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t cols);
 // act = gelu(x + bias), x left as it is. Overwrites act.
-inline void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int64_t cols) {
-  bias_gelu(x, bias, act, nullptr, rows, cols);
-}
+void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int64_t cols);
 // dx = gelu'(x + bias) * dact (overwrites; may alias dact); dbias += column sums of dx.
 void bias_gelu_backward(const float* x, const float* bias, const float* dact, float* dx,
                         float* dbias, int64_t rows, int64_t cols);
@@ -102,11 +101,15 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, f
 // Per head, one cuBLAS strided-batched product over the batch for each of q k^T, p v (and
 // the four backward products), and one fused kernel per pass for the scale, the causal mask
 // and the softmax (forward) or its adjoint (backward). Not a flash kernel: the contract keeps
-// probs (B, heads, L, L) for the backward pass, as the CPU oracle does, and at L <= 1024,
-// D = 64 the products run as tensor-core GEMMs while the fused softmax reads and writes each
-// score once. s.precision kBf16: bf16 operands (rounded into the workspace), fp32 results.
-// dscores: (L, L) scratch in the CPU contract; here it must hold (B, L, L) floats (one head's
-// scores for the whole batch).
+// probs (B, heads, L, L) for the backward pass, as the CPU oracle does (so that every tensor
+// can be checked against it), and at GPT-2's lengths (L <= 1024, D = 64) the products are
+// tensor-core GEMMs (K = D or L) while the fused softmax reads and writes each score once per
+// pass: what a flash kernel would save is that traffic, 8 L^2 bytes per head and sequence per
+// pass, and the probs' memory. s.precision kBf16: bf16 operands (rounded into the
+// workspace), fp32 results. A call from outside parm::cuda must be qualified
+// (cuda::attention_forward): argument-dependent lookup also finds model::attention_forward.
+// dscores: the CPU's (L, L) scratch, not used here (may be null): one head's scores for the
+// whole batch, (B, L, L), live in the workspace.
 void attention_forward(const model::AttentionShape& s, const float* q, const float* k,
                        const float* v, float* probs, float* out);
 void attention_backward(const model::AttentionShape& s, const float* q, const float* k,
