@@ -892,9 +892,12 @@ void Transformer::sum_tied_grads() {
   const int peer = stage_.first() ? p - 1 : 0;
   Tensor theirs = here(wte_->grad.shape());
   const auto n = static_cast<size_t>(wte_->grad.numel());
+  // The first stage sends first, the last receives first: a device communicator that runs
+  // each message in issue order on one stream (NCCL) matches them without a group.
   std::vector<RequestPtr> reqs;
+  if (stage_.first()) reqs.push_back(pp.isend(wte_->grad.data(), n, DType::kF32, peer, kTiedGradTag));
   reqs.push_back(pp.irecv(theirs.data(), n, DType::kF32, peer, kTiedGradTag));
-  reqs.push_back(pp.isend(wte_->grad.data(), n, DType::kF32, peer, kTiedGradTag));
+  if (stage_.last()) reqs.push_back(pp.isend(wte_->grad.data(), n, DType::kF32, peer, kTiedGradTag));
   wait_all(reqs);
   ops_.add(wte_->grad.data(), theirs.data(), wte_->grad.data(), wte_->grad.numel());
 }

@@ -235,6 +235,12 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   topt.comm = parse_comm_backend(cfg.parallel.comm);
   auto topo = Topology::create(topt);
   const Layout& lay = topo->layout();
+  // Every rank refuses alike, before any work.
+  PARM_CONFIG_CHECK(lay.pp == 1 || std::string(topo->comm_backend()) != "nccl",
+                    "--pp {} with --comm nccl: the pipeline's activations and gradients travel "
+                    "as tagged point-to-point messages, which NCCL cannot match by tag; use "
+                    "--comm mpi (device buffers staged through host memory) or --pp 1",
+                    lay.pp);
   const bool root = topo->world_rank() == 0;
   const int dp = lay.dp, dp_rank = topo->host_comm(Group::kDp).rank();
   Communicator& world = topo->host_comm(Group::kWorld);
