@@ -97,8 +97,8 @@ train_tokens() {
   log "stage train_tokens: gpt2-moe-tiny mb 64 bf16 on 1 GPU rank vs the CPU main-job layout"
   local base=(train --config gpt2-moe-tiny --corpus "file:$root/README.md" --eval-every 0
               --steps 20 --log-every 5)
-  parm train-tokens-cuda 1 120 "${base[@]}" --device cuda --comm nccl --precision bf16 \
-    --micro-batch 64 --schedule s1 --metrics "$res/train-tokens-cuda.jsonl"
+  parm train-tokens-cuda 1 120 "${base[@]}" --mp 1 --ep 1 --esp 1 --device cuda --comm nccl \
+    --precision bf16 --micro-batch 64 --schedule s1 --metrics "$res/train-tokens-cuda.jsonl"
   local rc_gpu=$?
   parm train-tokens-cpu 4 120 "${base[@]}" --device cpu --mp 2 --ep 2 --esp 2 --schedule s1 \
     --metrics "$res/train-tokens-cpu.jsonl"
