@@ -9,8 +9,9 @@
 #                 (--comm nccl) against the CPU main-job layout (4 ranks, mp 2 ep 2 esp 2, s1);
 #                 target: >= 10x
 #   train_small   configs/gpt2-small-moe.json on 1 rank, bf16: tokens/s, MFU (the progress
-#                 line's, against the GPU's measured bf16 GEMM rate; target >= 40%) and the
-#                 peak GPU memory (nvidia-smi, sampled every 200 ms; target <= 40 GiB)
+#                 line's, against the GPU's measured bf16 GEMM rate; target >= 40%), the
+#                 peak GPU memory (nvidia-smi, sampled every 200 ms; target <= 40 GiB), and the
+#                 per-phase split of a second, shorter run with --phase-times
 # Results: $res/train-*.log and .jsonl, and $res/train-summary.txt.
 
 # loss_check FILE_A FILE_B STEP TOL LABEL: step STEP's loss of two metrics files agree to TOL
@@ -129,6 +130,14 @@ train_small() {
     --grad-accum 1 --steps 12 --log-every 1 --eval-every 0 --save-every 0 \
     --device cuda --comm nccl --precision bf16 --metrics "$res/train-small.jsonl"
   local rc=$?
+  # The per-phase split from 4 more steps with --phase-times (each phase waits for the GPU,
+  # so the MFU above comes from the untimed run).
+  [ $rc -eq 0 ] && parm train-small-phases 1 180 train --config "$root/configs/gpt2-small-moe.json" \
+    --corpus "file:$res/train-small-corpus.txt" --mp 1 --ep 1 --esp 1 --schedule s1 --fuse off \
+    --grad-accum 1 --steps 4 --log-every 1 --eval-every 0 --save-every 0 \
+    --device cuda --comm nccl --precision bf16 --phase-times \
+    --metrics "$res/train-small-phases.jsonl" ||
+    fail "train_small: --phase-times run (see $res/train-small-phases.log)"
   kill "$smi" 2>/dev/null
   wait "$smi" 2>/dev/null
   if [ $rc -ne 0 ]; then
@@ -137,7 +146,7 @@ train_small() {
     return
   fi
   local v
-  v="$("$py" - "$res/train-small.jsonl" "$mem" <<'PY'
+  v="$("$py" - "$res/train-small.jsonl" "$mem" "$res/train-small-phases.jsonl" <<'PY'
 import json, sys
 m = [json.loads(l) for l in open(sys.argv[1])][2:]
 n = max(1, len(m))
@@ -145,9 +154,14 @@ tps = sum(x["tokens_per_s"] for x in m) / n
 mfu = sum(x["mfu"] for x in m) / n
 mib = [int(x) for x in open(sys.argv[2]).read().split() if x.strip().isdigit()]
 peak = max(mib) / 1024 if mib else float("nan")
+try:
+    ph = [json.loads(l)["phase_ms"] for l in open(sys.argv[3])][-1]
+    phases = ", phases (ms) " + " ".join(f"{k} {v:.0f}" for k, v in ph.items())
+except Exception as e:
+    phases = f", no phase split ({e})"
 print(f"train_small: {tps:.0f} tok/s, MFU {100 * mfu:.1f}% (target 40%), "
       f"step {sum(x['step_ms'] for x in m) / n:.0f} ms (comm {sum(x['comm_ms'] for x in m) / n:.0f}), "
-      f"peak GPU memory {peak:.1f} GiB (target 40)")
+      f"peak GPU memory {peak:.1f} GiB (target 40){phases}")
 PY
 )"
   log "  $v"

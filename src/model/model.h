@@ -15,6 +15,9 @@
 
 namespace parm {
 class MoeLayer;
+namespace moe {
+struct PhaseTimes;
+}  // namespace moe
 }  // namespace parm
 
 namespace parm::model {
@@ -175,6 +178,10 @@ class Model {
   // Per-step time split of the last forward_backward (microseconds): compute vs communication.
   virtual double last_comm_us() const = 0;
   virtual double last_compute_us() const = 0;
+  // Adds (+=) the wall time of each phase of the following passes to `out` ("attention",
+  // "dense", "moe", "embed+head"; each MoE layer's and each TP all-reduce's collectives in
+  // its phase), waiting for the device at every boundary; null (the default): not timed.
+  virtual void time_phases(moe::PhaseTimes* out) = 0;
   // FLOPs of one forward+backward of a batch of `tokens` tokens on this rank (for MFU).
   // `tokens` counts the MP group's tokens (B*L of a micro-batch); the result is this rank's
   // share of the model FLOPs (useful work / N_MP; see transformer.cpp for what is counted).

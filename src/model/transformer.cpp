@@ -28,6 +28,7 @@
 #include "model/pp_split.h"
 #include "model/tp.h"
 #include "moe/moe_layer.h"
+#include "moe/phase_times.h"
 #include "parm/error.h"
 #include "parm/timer.h"
 
@@ -112,6 +113,7 @@ class Transformer final : public Model {
   double last_comm_us() const override { return last_comm_us_; }
   double last_compute_us() const override { return last_compute_us_; }
   double flops_per_step(int64_t tokens) const override;
+  void time_phases(moe::PhaseTimes* out) override { phases_ = out; }
 
   const StageBlocks& stage() const override { return stage_; }
   std::vector<ParamSpec> all_param_specs() const override { return specs_; }
@@ -272,6 +274,18 @@ class Transformer final : public Model {
 
   double last_comm_us_ = 0.0, last_compute_us_ = 0.0;
   std::vector<StagePass> passes_;  // by slot
+  // time_phases: where the times go (null: off) and the last boundary's time.
+  moe::PhaseTimes* phases_ = nullptr;
+  double phase_t_ = 0.0;
+  // The time since the last boundary (the device's queued work done) goes to `name`;
+  // lap(nullptr) only marks a boundary.
+  void lap(const char* name) {
+    if (phases_ == nullptr) return;
+    if (ops_.device != Device::kCpu) device_sync();
+    const double t = now_us();
+    if (name != nullptr) phases_->add(name, t - phase_t_);
+    phase_t_ = t;
+  }
 };
 
 Param* Transformer::add(const std::string& name, Shape whole, std::vector<Split> splits,
@@ -717,9 +731,11 @@ bool Transformer::start_forward(int slot, const Batch& batch, double lm_denomina
   p.loss_scale = loss_scale;
   p.with_grad = with_grad;
   select_slot(slot);
+  lap(nullptr);
   if (stage_.first())
     ops_.embedding_forward(slot_tokens(slot, batch, true), wte_->value.data(), wpe_->value.data(),
                       res_[0].data(), B_, L_, M_, V_);
+  lap("embed+head");
   return forward_piece(slot);
 }
 
@@ -736,11 +752,13 @@ bool Transformer::forward_piece(int slot) {
       ffn = b.a.moe->pass_result().data();
     } else {
       block_attention(b, res_[p.done]);
+      lap("attention");
       ffn = b.is_moe ? moe_forward(b, p.split) : dense_ffn_forward(b);
     }
     p.in_moe = ffn == nullptr;
     if (p.in_moe) return true;
     block_output(b, ffn, res_[p.done + 1]);
+    lap(b.is_moe ? "moe" : "dense");
     ++p.done;
   }
   p.active = false;
@@ -762,6 +780,7 @@ bool Transformer::forward_piece(int slot) {
           : static_cast<float>(static_cast<double>(p.loss_scale) / p.lm_denominator);
   p.out.lm_loss_sum = head_forward(batch, grad_scale, p.with_grad);
   p.out.num_targets = counted;
+  lap("embed+head");
   head_slot_ = p.with_grad ? slot : -1;
   return false;
 }
@@ -791,6 +810,7 @@ bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
                "stage {}: backward of slot {} while another backward is in flight",
                stage_.stage, slot);
   select_slot(slot);
+  lap(nullptr);
   if (stage_.last()) {
     // The head's activations and dlogits are kept for one slot: 1F1B's last stage runs each
     // micro-batch's backward right after its forward.
@@ -799,6 +819,7 @@ bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
                stage_.stage, slot, head_slot_);
     head_backward();
     head_slot_ = -1;
+    lap("embed+head");
   } else {
     PARM_CHECK(dy.numel() == T_ * M_, "stage {}: output gradient of {} values, expected {}",
                stage_.stage, dy.numel(), T_ * M_);
@@ -831,13 +852,16 @@ bool Transformer::backward_piece(int slot) {
     }
     p.in_moe = dffn_in == nullptr;
     if (p.in_moe) return true;
+    lap(b.is_moe ? "moe" : "dense");
     block_backward_rest(b, dffn_in);
+    lap("attention");
     ++p.done;
   }
   p.active = false;
   if (stage_.first())
     ops_.embedding_backward(slot_tokens(slot, *p.batch, false), dres_.data(), wte_->grad.data(),
                        wpe_->grad.data(), B_, L_, M_);
+  lap("embed+head");
   return false;
 }
 

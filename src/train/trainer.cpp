@@ -12,6 +12,7 @@
 #include "data/batches.h"
 #include "kernels/cpu/kernels.h"
 #include "moe/load_balance.h"
+#include "moe/phase_times.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "parm/timer.h"
@@ -335,12 +336,23 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
 
+  // --phase-times: the model's phases and the step's tail, per step (world rank 0's).
+  moe::PhaseTimes phases;
+  if (cfg.loop.phase_times) model->time_phases(&phases);
+  const auto phase_lap = [&](const char* name, double& t) {
+    if (!cfg.loop.phase_times) return;
+    if (topo->device() != Device::kCpu) device_sync();
+    const double now = now_us();
+    phases.add(name, now - t);
+    t = now;
+  };
   const std::string schedules_line = fmt::format("{}", fmt::join(result.schedules, ","));
   const double run_t0 = now_us();
   for (; step < cfg.loop.steps; ++step) {
     fault::at_training_step(topo->world_rank(), step);
     const double t0 = now_us();
     for (auto* p : params) p->grad.zero();
+    phases.clear();
     std::vector<model::Batch> batches;
     double counts[1] = {0.0};
     for (int64_t a = 0; a < accum; ++a) {
@@ -373,13 +385,16 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       }
     }
     const double t_sync = now_us();
+    double t_phase = t_sync;  // the model's last phase waited for the device
     model->sum_tied_grads();
     reduce_gradients(*topo, params, &grad_flat);
     const double norm = global_grad_norm(*topo, params);
+    phase_lap("grad-reduce", t_phase);
     const double clip =
         optim.grad_clip > 0 && norm > optim.grad_clip ? optim.grad_clip / (norm + 1e-6) : 1.0;
     const double lr = lr_at(optim, step);
     opt.step(optim, lr, clip);
+    phase_lap("optimizer", t_phase);
     // DeepSeek-V3's router bias, from the loads of the step's last micro-batch.
     if (cfg.model.router_bias_update > 0)
       for (MoeLayer* layer : model->moe_layers())
@@ -454,6 +469,12 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                     m.loss, val.c_str(), m.aux_loss, z.c_str(), m.lr, m.grad_norm, m.tokens_per_s,
                     m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, bubble.c_str(),
                     schedules_line.c_str(), imbalance.str().c_str());
+        if (cfg.loop.phase_times) {
+          std::string line;
+          for (int i = 0; i < phases.num; ++i)
+            line += fmt::format("  {} {:.1f}", phases.names[i], phases.us[i] / 1e3);
+          std::printf("        phases (ms, world rank 0):%s\n", line.c_str());
+        }
         std::fflush(stdout);
       }
       if (metrics != nullptr) {
@@ -468,6 +489,11 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
           line["bubble"] = m.bubble;
           line["bubble_1f1b"] = one_f_one_b_bubble(pp, static_cast<int>(accum));
           line["moe_comm_ms"] = m.moe_comm_ms;
+        }
+        if (cfg.loop.phase_times) {
+          nlohmann::json ph = nlohmann::json::object();
+          for (int i = 0; i < phases.num; ++i) ph[phases.names[i]] = phases.us[i] / 1e3;
+          line["phase_ms"] = ph;
         }
         if (imbalance.expert_max_over_mean > 0) {
           line["load_expert_max_over_mean"] = imbalance.expert_max_over_mean;
