@@ -3,26 +3,22 @@
 # phase_ms name every phase with a time >= 0, and timing them changes no result (the same
 # losses, bit for bit, as the run without it).
 #   bash train_phases.sh <path to parm> <source dir>
-set -uo pipefail
-parm="$1"
-src="$2"
-export PARM_BIN="$parm"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-fails=0
-ok() { echo "ok:   $*"; }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
-run=("$src/scripts/parmrun" -n 2 --timeout 300 -- train --steps 3 --micro-batch 2
-     --mp 2 --ep 2 --esp 1 --eval-every 0 --corpus "file:$src/README.md")
-"${run[@]}" --metrics "$work/plain.jsonl" >"$work/plain.log" 2>&1 || bad "train without --phase-times"
-"${run[@]}" --phase-times --metrics "$work/phases.jsonl" >"$work/phases.log" 2>&1 ||
-  bad "train --phase-times"
-if grep -q "phases (ms, world rank 0):  embed+head .* attention .* dense .* moe .* grad-reduce .* optimizer" "$work/phases.log"; then
-  ok "progress line names every phase"
-else
-  bad "no phases line with every phase: $(grep phases "$work/phases.log" | head -1)"
-fi
-if /usr/bin/python3 - "$work/plain.jsonl" "$work/phases.jsonl" <<'PY'
+source "$(dirname "$0")/lib/checks.bash" "$@"
+
+args=(-n 2 -- train --steps 3 --micro-batch 2 --mp 2 --ep 2 --esp 1 --eval-every 0
+      --corpus "file:$src/README.md")
+out="$(prun "${args[@]}" --metrics "$tmp/plain.jsonl")"
+check "train without --phase-times" 0 $? "summary" "$out"
+out="$(prun "${args[@]}" --phase-times --metrics "$tmp/phases.jsonl")"
+check "train --phase-times" 0 $? "phases (ms, world rank 0):  embed+head" "$out"
+line="$(grep -F 'phases (ms' <<<"$out" | head -1)"
+names=""
+for p in embed+head attention dense moe grad-reduce optimizer; do
+  grep -qF " $p " <<<"$line" && names="$names $p"
+done
+check "the phases line names every phase" 0 0 \
+  " embed+head attention dense moe grad-reduce optimizer" "$names"
+out="$(/usr/bin/python3 - "$tmp/plain.jsonl" "$tmp/phases.jsonl" 2>&1 <<'PY'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
@@ -34,7 +30,9 @@ for x, y in zip(a, b):
     assert all(v >= 0 for v in y["phase_ms"].values()), y["phase_ms"]
     for k in ("loss", "aux_loss", "grad_norm"):
         assert x[k] == y[k], (k, x[k], y[k])
+print("phase_ms ok, losses equal")
 PY
-then ok "metrics phase_ms has every phase; losses equal the untimed run's"; else bad "phase_ms or losses"; fi
-[ $fails -eq 0 ] && echo "train_phases: all passed" || echo "train_phases: $fails failed"
-exit $((fails > 0))
+)"
+check "metrics phase_ms has every phase; losses equal the untimed run's" 0 $? \
+  "phase_ms ok, losses equal" "$out"
+finish
