@@ -15,6 +15,9 @@
 
 namespace parm {
 class MoeLayer;
+namespace moe {
+struct PhaseTimes;
+}  // namespace moe
 }  // namespace parm
 
 namespace parm::model {
@@ -175,6 +178,10 @@ class Model {
   // Per-step time split of the last forward_backward (microseconds): compute vs communication.
   virtual double last_comm_us() const = 0;
   virtual double last_compute_us() const = 0;
+  // Adds (+=) the wall time of each phase of the following passes to `out` ("attention",
+  // "dense", "moe", "embed+head"; each MoE layer's and each TP all-reduce's collectives in
+  // its phase), waiting for the device at every boundary; null (the default): not timed.
+  virtual void time_phases(moe::PhaseTimes* out) = 0;
   // FLOPs of one forward+backward of a batch of `tokens` tokens on this rank (for MFU).
   // `tokens` counts the MP group's tokens (B*L of a micro-batch); the result is this rank's
   // share of the model FLOPs (useful work / N_MP; see transformer.cpp for what is counted).
@@ -191,8 +198,8 @@ class Model {
 void validate_model(const ModelConfig& config, const Layout& layout,
                     const std::vector<LayerSchedule>& moe_schedules, int64_t micro_batch);
 
-// The MoE layers compute on topo.device() with expert products at `precision`; the dense
-// part, the optimizer and checkpoints stay on the host.
+// Every parameter, gradient, activation and scratch tensor lives on topo.device() (the dense
+// ops: model/dense_ops.h's table for it); every product runs at `precision`.
 // Under pp > 1 the model is this rank's stage (topo's pp rank) of `pipeline.split`.
 std::unique_ptr<Model> make_model(Topology& topo, const ModelConfig& config,
                                   const std::vector<LayerSchedule>& moe_schedules,

@@ -22,11 +22,13 @@
 
 #include "kernels/cpu/kernels.h"
 #include "model/blocks.h"
+#include "model/dense_ops.h"
 #include "model/init.h"
 #include "model/model.h"
 #include "model/pp_split.h"
 #include "model/tp.h"
 #include "moe/moe_layer.h"
+#include "moe/phase_times.h"
 #include "parm/error.h"
 #include "parm/timer.h"
 
@@ -38,25 +40,11 @@ constexpr float kLnEps = 1e-5f;
 // with their own tags: train/pipeline.h).
 constexpr int kTiedGradTag = 7;
 
-// host += the device tensors' values (through `stage`, host tensors of the same shapes).
-void add_moe_grads(const MoeLayerParams& device, MoeLayerParams& stage, MoeLayerParams& host) {
-  copy_params(device, stage);
-  auto add = [](const Tensor& from, Tensor& to) {
-    for (int64_t i = 0; i < to.numel(); ++i) to[i] += from[i];
-  };
-  add(stage.wg, host.wg);
-  add(stage.experts.w1, host.experts.w1);
-  add(stage.experts.b1, host.experts.b1);
-  add(stage.experts.w2, host.experts.w2);
-  add(stage.experts.b2, host.experts.b2);
-}
-
 // The activations one micro-batch leaves in a block for its backward pass. A pipeline stage
 // keeps one set per micro-batch in flight (activation slot); every other stage buffer is
 // scratch shared by the slots.
 struct BlockActs {
   MoeLayer* moe = nullptr;         // the slot's MoE layer (it keeps its own step buffers)
-  Tensor moe_out, moe_dx;          // (T, M) MoE layer on a device: its output / input grad
   Tensor ln1, ln1_mean, ln1_rstd;  // (T, M), (T), (T)
   Tensor qkv;                      // (3, T, Ml): q, k, v of the local heads
   Tensor probs;                    // (B, Hl, L, L)
@@ -67,7 +55,7 @@ struct BlockActs {
 
   int64_t bytes() const {
     int64_t n = 0;
-    for (const Tensor* t : {&moe_out, &moe_dx, &ln1, &ln1_mean, &ln1_rstd, &qkv, &probs, &att,
+    for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &probs, &att,
                             &res_mid, &ln2, &ln2_mean, &ln2_rstd, &fc_pre, &fc_act})
       n += t->bytes();
     return n;
@@ -93,13 +81,6 @@ struct Block {
   // tensors (a Tensor copy shares storage), so they differ only in their step buffers.
   std::vector<std::unique_ptr<MoeLayer>> moes;
   LayerSchedule sched;
-  // MoE layer on a device (train --device cuda): the model's parameters, optimizer and
-  // checkpoints stay on the host; these host tensors are what the MoE Params alias. Each
-  // forward copies them to the layer; each backward adds the layer's gradients to them. The
-  // layer's output and input gradient come back to the host in moe_out / moe_dx.
-  MoeLayerParams host_params, host_grads;
-  MoeLayerParams grad_stage;  // the layer's gradients copied to the host, before the add
-
   std::vector<BlockActs> slots;  // by activation slot
   BlockActs a;                   // the selected slot's (handles sharing its storage)
 };
@@ -132,6 +113,7 @@ class Transformer final : public Model {
   double last_comm_us() const override { return last_comm_us_; }
   double last_compute_us() const override { return last_compute_us_; }
   double flops_per_step(int64_t tokens) const override;
+  void time_phases(moe::PhaseTimes* out) override { phases_ = out; }
 
   const StageBlocks& stage() const override { return stage_; }
   std::vector<ParamSpec> all_param_specs() const override { return specs_; }
@@ -180,12 +162,9 @@ class Transformer final : public Model {
   bool forward_piece(int slot);
   bool backward_piece(int slot);
   // The MoE pass of block b for the selected slot: in one piece, or started split. Null while
-  // the split pass has its AllToAll in flight; else the FFN output (input gradient) on the
-  // host.
+  // the split pass has its AllToAll in flight; else the FFN output (input gradient).
   const float* moe_forward(Block& b, bool split);
   const float* moe_backward(Block& b, float dl_aux, float dl_z, bool split);
-  const float* moe_forward_result(Block& b, const Tensor& y);
-  const float* moe_backward_result(Block& b, const Tensor& dx);
   // Registers a parameter of the whole model; allocates it only when this stage holds the
   // part being built (holding_), else returns null.
   Param* add(const std::string& name, Shape whole, std::vector<Split> splits,
@@ -193,14 +172,35 @@ class Transformer final : public Model {
   Param* add_alias(const std::string& name, Shape whole, std::vector<Split> splits,
                    std::vector<Group> replicated, Group reduce, bool decay, Tensor value,
                    Tensor grad);
+  // Drawn on the host (the same numbers on every device), then copied to the device.
   void init(Param* p, float mean, float stddev) {
-    if (p != nullptr) init_param_normal(*p, c_.seed, mean, stddev);
+    if (p == nullptr) return;
+    if (p->value.on_host()) return init_param_normal(*p, c_.seed, mean, stddev);
+    Param host = *p;
+    host.value = Tensor(p->value.shape());
+    init_param_normal(host, c_.seed, mean, stddev);
+    p->value.copy_from(host.value);
   }
+  // A zero-filled tensor in the model's memory space.
+  Tensor here(Shape shape) const { return Tensor(std::move(shape), ops_.device); }
   void init_weight(Param* p, float stddev) { init(p, 0.0f, stddev); }
   void init_bias(Param* p) { init(p, 0.0f, c_.init_bias_std); }
   void init_gain(Param* p) { init(p, 1.0f, c_.init_bias_std); }
   void build_moe(Block& b, int64_t micro_batch, Precision precision);
 
+  // The rows with a target, in this device's memory.
+  const int64_t* sel_rows() const {
+    return ops_.device == Device::kCpu ? sel_.data() : sel_here_.data();
+  }
+  // Slot's batch tokens in this device's memory: on a device, checked and copied there by
+  // the slot's forward (`upload`), read again by its backward.
+  const int32_t* slot_tokens(int slot, const Batch& batch, bool upload) {
+    if (ops_.device == Device::kCpu) return batch.tokens.data();
+    DeviceArray<int32_t>& here = tokens_here_[checked(slot)];
+    if (!upload) return here.data();
+    check_token_range(batch.tokens.data(), B_, L_, V_);
+    return here.upload(batch.tokens.data(), T_);
+  }
   size_t checked(int slot) const {
     PARM_CHECK(slot >= 0 && slot < slots_, "activation slot {} of a stage with {} slots", slot,
                slots_);
@@ -227,9 +227,11 @@ class Transformer final : public Model {
   std::vector<ParamSpec> specs_; // every parameter of the whole model, in order
   int head_slot_ = -1;           // the slot whose head activations and dlogits are kept
   ModelConfig c_;
+  // The dense ops of the device every tensor of this model lives on (parameters, gradients,
+  // activations, scratch): the MoE layers compute there too and take them as they are.
+  const DenseOps& ops_;
   TensorParallel tp_;
-  // Precision of the dense products (bf16 on the CPU at --precision bf16; the host's dense
-  // part of a CUDA run stays fp32).
+  // Precision of the dense products (as the experts': bf16 operands at --precision bf16).
   Precision dense_;
   int64_t B_, L_, T_, M_, V_, Ml_, Hl_, Fl_, D_;  // Hl_: local heads
   std::vector<std::unique_ptr<Param>> params_;
@@ -252,6 +254,11 @@ class Transformer final : public Model {
   Tensor lnf_, lnf_mean_, lnf_rstd_;  // (T, M), (T), (T)
   std::vector<int64_t> sel_;      // (Tc) rows with a target
   std::vector<int32_t> sel_tgt_;  // (Tc) their targets
+  // Off the CPU: the index arrays in the device's memory (sel_, sel_tgt_, and each slot's
+  // batch tokens, which its backward reads again).
+  DeviceArray<int64_t> sel_here_;
+  DeviceArray<int32_t> tgt_here_;
+  std::vector<DeviceArray<int32_t>> tokens_here_;  // by slot
   Tensor hsel_;                   // (T, M) first Tc rows used: LNf output at the counted rows
   Tensor hd_pre_, hd_act_, hd_ln_, hd_mean_, hd_rstd_;  // BERT head (T, M) / (T)
   Tensor logits_;                 // (T, V); holds dlogits after the loss
@@ -267,13 +274,25 @@ class Transformer final : public Model {
 
   double last_comm_us_ = 0.0, last_compute_us_ = 0.0;
   std::vector<StagePass> passes_;  // by slot
+  // time_phases: where the times go (null: off) and the last boundary's time.
+  moe::PhaseTimes* phases_ = nullptr;
+  double phase_t_ = 0.0;
+  // The time since the last boundary (the device's queued work done) goes to `name`;
+  // lap(nullptr) only marks a boundary.
+  void lap(const char* name) {
+    if (phases_ == nullptr) return;
+    if (ops_.device != Device::kCpu) device_sync();
+    const double t = now_us();
+    if (name != nullptr) phases_->add(name, t - phase_t_);
+    phase_t_ = t;
+  }
 };
 
 Param* Transformer::add(const std::string& name, Shape whole, std::vector<Split> splits,
                         std::vector<Group> replicated, Group reduce, bool decay) {
   const Shape local = holding_ ? local_shape(whole, splits) : Shape{0};
   return add_alias(name, std::move(whole), std::move(splits), std::move(replicated), reduce,
-                   decay, Tensor(local), Tensor(local));
+                   decay, here(local), here(local));
 }
 
 Param* Transformer::add_alias(const std::string& name, Shape whole, std::vector<Split> splits,
@@ -319,8 +338,9 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
       stage_(stage),
       slots_(slots),
       c_(c),
-      tp_(topo.host_comm(Group::kMp)),
-      dense_(topo.device() == Device::kCpu ? precision : Precision::kFp32) {
+      ops_(dense_ops(topo.device())),
+      tp_(topo.comm(Group::kMp)),
+      dense_(precision) {
   PARM_CHECK(slots >= 1, "a stage needs at least one activation slot, got {}", slots);
   const Layout& lay = topo.layout();
   const int mp = lay.mp, mpr = topo.host_comm(Group::kMp).rank();
@@ -380,16 +400,16 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
       b.slots.resize(static_cast<size_t>(slots_));
       make_acts([&](int k) {
         BlockActs& a = b.slots[static_cast<size_t>(k)];
-        a.ln1 = Tensor({T_, M_});
-        a.ln1_mean = Tensor({T_});
-        a.ln1_rstd = Tensor({T_});
-        a.qkv = Tensor({3, T_, Ml_});
-        a.probs = Tensor({B_, Hl_, L_, L_});
-        a.att = Tensor({T_, Ml_});
-        a.res_mid = Tensor({T_, M_});
-        a.ln2 = Tensor({T_, M_});
-        a.ln2_mean = Tensor({T_});
-        a.ln2_rstd = Tensor({T_});
+        a.ln1 = here({T_, M_});
+        a.ln1_mean = here({T_});
+        a.ln1_rstd = here({T_});
+        a.qkv = here({3, T_, Ml_});
+        a.probs = here({B_, Hl_, L_, L_});
+        a.att = here({T_, Ml_});
+        a.res_mid = here({T_, M_});
+        a.ln2 = here({T_, M_});
+        a.ln2_mean = here({T_});
+        a.ln2_rstd = here({T_});
       });
     }
 
@@ -405,8 +425,8 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
       init_bias(b.fc2_b);
       if (holding_)
         make_acts([&](int k) {
-          b.slots[static_cast<size_t>(k)].fc_pre = Tensor({T_, Fl_});
-          b.slots[static_cast<size_t>(k)].fc_act = Tensor({T_, Fl_});
+          b.slots[static_cast<size_t>(k)].fc_pre = here({T_, Fl_});
+          b.slots[static_cast<size_t>(k)].fc_act = here({T_, Fl_});
         });
       continue;
     }
@@ -424,19 +444,10 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     if (holding_) {
       build_moe(b, micro_batch, precision);
       MoeLayer& m = *b.moes[0];
+      PARM_CHECK(m.device() == ops_.device, "MoE layer on {}, the model on {}",
+                 device_name(m.device()), device_name(ops_.device));
       values = &m.params();
       grads = &m.grads();
-      if (m.device() != Device::kCpu) {
-        b.host_params = params_on(m.params(), Device::kCpu);
-        b.host_grads = params_on(m.grads(), Device::kCpu);
-        b.grad_stage = params_on(m.grads(), Device::kCpu);
-        make_acts([&](int k) {
-          b.slots[static_cast<size_t>(k)].moe_out = Tensor({T_, M_});
-          b.slots[static_cast<size_t>(k)].moe_dx = Tensor({T_, M_});
-        });
-        values = &b.host_params;
-        grads = &b.host_grads;
-      }
       epr = static_cast<int>(m.first_expert() / (E / ep));
       espr = m.esp_rank();
     }
@@ -479,11 +490,11 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     init_bias(hln_b_);
     init_bias(dec_b_);
     if (holding_) {
-      hd_pre_ = Tensor({T_, M_});
-      hd_act_ = Tensor({T_, M_});
-      hd_ln_ = Tensor({T_, M_});
-      hd_mean_ = Tensor({T_});
-      hd_rstd_ = Tensor({T_});
+      hd_pre_ = here({T_, M_});
+      hd_act_ = here({T_, M_});
+      hd_ln_ = here({T_, M_});
+      hd_mean_ = here({T_});
+      hd_rstd_ = here({T_});
     }
   }
   holding_ = true;
@@ -491,27 +502,36 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
 
   for (int k = 0; k < slots_; ++k) {
     res_slots_.emplace_back();
-    for (int64_t i = stage.begin; i <= stage.end; ++i) res_slots_.back().emplace_back(Shape{T_, M_});
+    for (int64_t i = stage.begin; i <= stage.end; ++i) res_slots_.back().push_back(here({T_, M_}));
   }
   select_slot(0);
   if (stage.last()) {
-    lnf_ = Tensor({T_, M_});
-    lnf_mean_ = Tensor({T_});
-    lnf_rstd_ = Tensor({T_});
+    lnf_ = here({T_, M_});
+    lnf_mean_ = here({T_});
+    lnf_rstd_ = here({T_});
     sel_.reserve(static_cast<size_t>(T_));
     sel_tgt_.reserve(static_cast<size_t>(T_));
-    hsel_ = Tensor({T_, M_});
-    logits_ = Tensor({T_, V_});
-    dh1_ = Tensor({T_, M_});
-    dh2_ = Tensor({T_, M_});
+    hsel_ = here({T_, M_});
+    logits_ = here({T_, V_});
+    dh1_ = here({T_, M_});
+    dh2_ = here({T_, M_});
   }
-  dres_ = Tensor({T_, M_});
-  dtmp_ = Tensor({T_, M_});
-  dln_ = Tensor({T_, M_});
-  dqkv_ = Tensor({3, T_, Ml_});
-  datt_ = Tensor({T_, Ml_});
-  dfc_ = Tensor({T_, std::max<int64_t>(Fl_, 1)});
-  dscores_ = Tensor({L_, L_});
+  dres_ = here({T_, M_});
+  dtmp_ = here({T_, M_});
+  dln_ = here({T_, M_});
+  dqkv_ = here({3, T_, Ml_});
+  datt_ = here({T_, Ml_});
+  dfc_ = here({T_, std::max<int64_t>(Fl_, 1)});
+  dscores_ = here({ops_.attention_scratch(
+      AttentionShape{B_, L_, Hl_, D_, c.arch == Arch::kGpt2, dense_})});
+  if (ops_.device != Device::kCpu) {
+    if (stage.first())
+      for (int k = 0; k < slots_; ++k) tokens_here_.emplace_back(ops_, T_);
+    if (stage.last()) {
+      sel_here_ = DeviceArray<int64_t>(ops_, T_);
+      tgt_here_ = DeviceArray<int32_t>(ops_, T_);
+    }
+  }
   passes_.resize(static_cast<size_t>(slots_));
 }
 
@@ -536,61 +556,46 @@ void Transformer::check_batch(const Batch& batch) const {
 void Transformer::block_attention(Block& b, const Tensor& in) {
   const int64_t T = T_, M = M_, Ml = Ml_;
   // attention: LN1 -> [f] -> QKV (column-parallel) -> core -> proj (row-parallel) -> [g]
-  cpu::layernorm_forward(in.data(), b.ln1_w->value.data(), b.ln1_b->value.data(), b.a.ln1.data(),
+  ops_.layernorm_forward(in.data(), b.ln1_w->value.data(), b.ln1_b->value.data(), b.a.ln1.data(),
                          b.a.ln1_mean.data(), b.a.ln1_rstd.data(), T, M, kLnEps);
   for (int64_t c = 0; c < 3; ++c)
-    linear_forward(b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+    ops_.linear_forward(b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
                    b.qkv_b->value.data() + c * Ml, b.a.qkv.data() + c * T * Ml, T, M, Ml, dense_);
   const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2, dense_};
-  attention_forward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
+  ops_.attention_forward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
                     b.a.probs.data(), b.a.att.data());
   Tensor& partial = dtmp_;  // (T, M)
-  linear_forward(b.a.att.data(), b.proj_w->value.data(), nullptr, partial.data(), T, Ml, M, dense_);
+  ops_.linear_forward(b.a.att.data(), b.proj_w->value.data(), nullptr, partial.data(), T, Ml, M, dense_);
   tp_.g_forward(partial.data(), T * M);
-  {
-    const float* x = in.data();
-    const float* p = partial.data();
-    const float* bias = b.proj_b->value.data();
-    float* h = b.a.res_mid.data();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < M; ++j) h[t * M + j] = x[t * M + j] + p[t * M + j] + bias[j];
-  }
+  // res_mid = (x + partial) + bias, rounded in that order.
+  ops_.add(in.data(), partial.data(), b.a.res_mid.data(), T * M);
+  ops_.add_bias(b.a.res_mid.data(), b.proj_b->value.data(), T, M);
   // FFN: LN2 -> dense MLP (fc1 column-parallel, fc2 row-parallel) or MoE
-  cpu::layernorm_forward(b.a.res_mid.data(), b.ln2_w->value.data(), b.ln2_b->value.data(),
+  ops_.layernorm_forward(b.a.res_mid.data(), b.ln2_w->value.data(), b.ln2_b->value.data(),
                          b.a.ln2.data(), b.a.ln2_mean.data(), b.a.ln2_rstd.data(), T, M, kLnEps);
 }
 
 const float* Transformer::moe_forward(Block& b, bool split) {
-  if (!b.a.moe_out.empty()) copy_params(b.host_params, b.a.moe->params());
-  if (!split) return moe_forward_result(b, b.a.moe->forward(b.a.ln2));
+  if (!split) return b.a.moe->forward(b.a.ln2).data();
   if (b.a.moe->start_forward(b.a.ln2)) return nullptr;
-  return moe_forward_result(b, b.a.moe->pass_result());
-}
-
-const float* Transformer::moe_forward_result(Block& b, const Tensor& y) {
-  if (b.a.moe_out.empty()) return y.data();
-  b.a.moe_out.copy_from(y);
-  return b.a.moe_out.data();
+  return b.a.moe->pass_result().data();
 }
 
 const float* Transformer::dense_ffn_forward(Block& b) {
   const int64_t T = T_, M = M_;
   Tensor& partial = dtmp_;  // (T, M)
-  linear_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_,
+  ops_.linear_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_,
                  dense_);
-  cpu::bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
-  linear_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M,
+  ops_.bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
+  ops_.linear_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M,
                  dense_);
   tp_.g_forward(partial.data(), T * M);
-  cpu::add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
+  ops_.add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
   return partial.data();
 }
 
 void Transformer::block_output(Block& b, const float* ffn, Tensor& out) {
-  const int64_t T = T_, M = M_;
-  const float* h = b.a.res_mid.data();
-  float* y = out.data();
-  for (int64_t i = 0; i < T * M; ++i) y[i] = h[i] + ffn[i];
+  ops_.add(b.a.res_mid.data(), ffn, out.data(), T_ * M_);
 }
 
 // Runs the LM head on the rows that have a target and returns the sum of their losses; with
@@ -605,19 +610,22 @@ double Transformer::head_forward(const Batch& batch, float grad_scale, bool with
     }
   const int64_t n = static_cast<int64_t>(sel_.size());
   if (n == 0) return 0.0;
-  cpu::gather_rows(lnf_.data(), M_, sel_.data(), n, hsel_.data());  // (n, M)
+  if (ops_.device != Device::kCpu) sel_here_.upload(sel_.data(), n);
+  ops_.gather_rows(lnf_.data(), M_, sel_rows(), n, hsel_.data());  // (n, M)
   const float* z = hsel_.data();
   if (c_.arch == Arch::kBert) {
-    linear_forward(hsel_.data(), hd_w_->value.data(), nullptr, hd_pre_.data(), n, M_, M_, dense_);
-    cpu::bias_gelu_forward(hd_pre_.data(), hd_b_->value.data(), hd_act_.data(), n, M_);
-    cpu::layernorm_forward(hd_act_.data(), hln_w_->value.data(), hln_b_->value.data(),
+    ops_.linear_forward(hsel_.data(), hd_w_->value.data(), nullptr, hd_pre_.data(), n, M_, M_, dense_);
+    ops_.bias_gelu_forward(hd_pre_.data(), hd_b_->value.data(), hd_act_.data(), n, M_);
+    ops_.layernorm_forward(hd_act_.data(), hln_w_->value.data(), hln_b_->value.data(),
                            hd_ln_.data(), hd_mean_.data(), hd_rstd_.data(), n, M_, kLnEps);
     z = hd_ln_.data();
   }
   // logits (n, V) = z (n, M) Wte^T (+ b_dec)
-  dense_gemm(dense_, false, true, n, V_, M_, z, wte_->value.data(), logits_.data(), false);
-  if (c_.arch == Arch::kBert) cpu::add_bias(logits_.data(), dec_b_->value.data(), n, V_);
-  return cross_entropy(logits_.data(), sel_tgt_.data(), with_grad ? logits_.data() : nullptr, n,
+  ops_.gemm(dense_, false, true, n, V_, M_, z, wte_->value.data(), logits_.data(), false);
+  if (c_.arch == Arch::kBert) ops_.add_bias(logits_.data(), dec_b_->value.data(), n, V_);
+  const int32_t* targets =
+      ops_.device == Device::kCpu ? sel_tgt_.data() : tgt_here_.upload(sel_tgt_.data(), n);
+  return ops_.cross_entropy(logits_.data(), targets, with_grad ? logits_.data() : nullptr, n,
                        V_, grad_scale);
 }
 
@@ -629,23 +637,23 @@ void Transformer::head_backward() {
     const float* z = c_.arch == Arch::kBert ? hd_ln_.data() : hsel_.data();
     float* dz = c_.arch == Arch::kBert ? dh2_.data() : dsel.data();
     // dz (n, M) = dlogits Wte; dWte += dlogits^T z
-    dense_gemm(dense_, false, false, n, M_, V_, logits_.data(), wte_->value.data(), dz, false);
-    dense_gemm(dense_, true, false, V_, M_, n, logits_.data(), z, wte_->grad.data(), true);
+    ops_.gemm(dense_, false, false, n, M_, V_, logits_.data(), wte_->value.data(), dz, false);
+    ops_.gemm(dense_, true, false, V_, M_, n, logits_.data(), z, wte_->grad.data(), true);
     if (c_.arch == Arch::kBert) {
-      cpu::bias_backward(logits_.data(), dec_b_->grad.data(), n, V_);
+      ops_.bias_backward(logits_.data(), dec_b_->grad.data(), n, V_);
       Tensor& dact = dln_;
-      cpu::layernorm_backward(dz, hd_act_.data(), hln_w_->value.data(), hd_mean_.data(),
+      ops_.layernorm_backward(dz, hd_act_.data(), hln_w_->value.data(), hd_mean_.data(),
                               hd_rstd_.data(), dact.data(), hln_w_->grad.data(),
                               hln_b_->grad.data(), n, M_);
-      cpu::gelu_backward(hd_pre_.data(), dact.data(), dact.data(), n * M_);
-      linear_backward(dact.data(), hsel_.data(), hd_w_->value.data(), dsel.data(),
+      ops_.gelu_backward(hd_pre_.data(), dact.data(), dact.data(), n * M_);
+      ops_.linear_backward(dact.data(), hsel_.data(), hd_w_->value.data(), dsel.data(),
                       hd_w_->grad.data(), hd_b_->grad.data(), n, M_, M_, false, dense_);
     }
   }
   Tensor& dlnf = dln_;  // (T, M): zero at rows without a target
   dlnf.zero();
-  cpu::scatter_add_rows(dsel.data(), M_, sel_.data(), nullptr, n, dlnf.data());
-  cpu::layernorm_backward(dlnf.data(), res_.back().data(), lnf_w_->value.data(),
+  ops_.scatter_add_rows(dsel.data(), M_, sel_rows(), nullptr, n, dlnf.data());
+  ops_.layernorm_backward(dlnf.data(), res_.back().data(), lnf_w_->value.data(),
                           lnf_mean_.data(), lnf_rstd_.data(), dres_.data(), lnf_w_->grad.data(),
                           lnf_b_->grad.data(), T_, M_);
 }
@@ -655,27 +663,18 @@ void Transformer::head_backward() {
 // The FFN's gradient at LN2's output (T, M), complete on the MP group, from dres_ = d out =
 // d (res_mid + ffn).
 const float* Transformer::moe_backward(Block& b, float dl_aux, float dl_z, bool split) {
-  // On a device the layer's gradients are this call's alone, added to the host's after it.
-  if (!b.a.moe_dx.empty()) b.a.moe->zero_grad();
-  if (!split) return moe_backward_result(b, b.a.moe->backward(dres_, dl_aux, dl_z));
+  if (!split) return b.a.moe->backward(dres_, dl_aux, dl_z).data();
   if (b.a.moe->start_backward(dres_, dl_aux, dl_z)) return nullptr;
-  return moe_backward_result(b, b.a.moe->pass_result());
-}
-
-const float* Transformer::moe_backward_result(Block& b, const Tensor& dx) {
-  if (b.a.moe_dx.empty()) return dx.data();
-  b.a.moe_dx.copy_from(dx);
-  add_moe_grads(b.a.moe->grads(), b.grad_stage, b.host_grads);
-  return b.a.moe_dx.data();
+  return b.a.moe->pass_result().data();
 }
 
 const float* Transformer::dense_ffn_backward(Block& b) {
   const int64_t T = T_, M = M_;
   // [g] backward is the identity: dres_ is complete, so is the bias gradient.
-  linear_backward(dres_.data(), b.a.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
+  ops_.linear_backward(dres_.data(), b.a.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
                   b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false, dense_);
-  cpu::gelu_backward(b.a.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
-  linear_backward(dfc_.data(), b.a.ln2.data(), b.fc1_w->value.data(), dln_.data(),
+  ops_.gelu_backward(b.a.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
+  ops_.linear_backward(dfc_.data(), b.a.ln2.data(), b.fc1_w->value.data(), dln_.data(),
                   b.fc1_w->grad.data(), b.fc1_b->grad.data(), T, M, Fl_, false, dense_);
   tp_.f_backward(dln_.data(), T * M);  // [f] backward: sum the partial input gradients
   return dln_.data();
@@ -684,34 +683,26 @@ const float* Transformer::dense_ffn_backward(Block& b) {
 void Transformer::block_backward_rest(Block& b, const float* dffn_in) {
   const int64_t T = T_, M = M_, Ml = Ml_;
   const Tensor& in = res_[static_cast<size_t>(&b - blocks_.data())];
-  cpu::layernorm_backward(dffn_in, b.a.res_mid.data(), b.ln2_w->value.data(), b.a.ln2_mean.data(),
+  ops_.layernorm_backward(dffn_in, b.a.res_mid.data(), b.ln2_w->value.data(), b.a.ln2_mean.data(),
                           b.a.ln2_rstd.data(), dtmp_.data(), b.ln2_w->grad.data(),
                           b.ln2_b->grad.data(), T, M);
-  {
-    float* d = dres_.data();
-    const float* a = dtmp_.data();
-    for (int64_t i = 0; i < T * M; ++i) d[i] += a[i];
-  }
+  ops_.add(dres_.data(), dtmp_.data(), dres_.data(), T * M);
   // Attention. dres_ = d res_mid.
-  linear_backward(dres_.data(), b.a.att.data(), b.proj_w->value.data(), datt_.data(),
+  ops_.linear_backward(dres_.data(), b.a.att.data(), b.proj_w->value.data(), datt_.data(),
                   b.proj_w->grad.data(), b.proj_b->grad.data(), T, Ml, M, false, dense_);
   const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2, dense_};
-  attention_backward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
+  ops_.attention_backward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
                      b.a.probs.data(), datt_.data(), dqkv_.data(), dqkv_.data() + T * Ml,
                      dqkv_.data() + 2 * T * Ml, dscores_.data());
   for (int64_t c = 0; c < 3; ++c)
-    linear_backward(dqkv_.data() + c * T * Ml, b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+    ops_.linear_backward(dqkv_.data() + c * T * Ml, b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
                     dln_.data(), b.qkv_w->grad.data() + c * M * Ml,
                     b.qkv_b->grad.data() + c * Ml, T, M, Ml, /*accumulate_dx=*/c > 0, dense_);
   tp_.f_backward(dln_.data(), T * M);
-  cpu::layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.a.ln1_mean.data(),
+  ops_.layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.a.ln1_mean.data(),
                           b.a.ln1_rstd.data(), dtmp_.data(), b.ln1_w->grad.data(),
                           b.ln1_b->grad.data(), T, M);
-  {
-    float* d = dres_.data();
-    const float* a = dtmp_.data();
-    for (int64_t i = 0; i < T * M; ++i) d[i] += a[i];
-  }
+  ops_.add(dres_.data(), dtmp_.data(), dres_.data(), T * M);
 }
 
 LossParts Transformer::stage_forward(int slot, const Batch& batch, double lm_denominator,
@@ -740,9 +731,11 @@ bool Transformer::start_forward(int slot, const Batch& batch, double lm_denomina
   p.loss_scale = loss_scale;
   p.with_grad = with_grad;
   select_slot(slot);
+  lap(nullptr);
   if (stage_.first())
-    embedding_forward(batch.tokens.data(), wte_->value.data(), wpe_->value.data(),
+    ops_.embedding_forward(slot_tokens(slot, batch, true), wte_->value.data(), wpe_->value.data(),
                       res_[0].data(), B_, L_, M_, V_);
+  lap("embed+head");
   return forward_piece(slot);
 }
 
@@ -756,14 +749,16 @@ bool Transformer::forward_piece(int slot) {
     const float* ffn = nullptr;
     if (p.in_moe) {
       if (b.a.moe->resume()) return true;
-      ffn = moe_forward_result(b, b.a.moe->pass_result());
+      ffn = b.a.moe->pass_result().data();
     } else {
       block_attention(b, res_[p.done]);
+      lap("attention");
       ffn = b.is_moe ? moe_forward(b, p.split) : dense_ffn_forward(b);
     }
     p.in_moe = ffn == nullptr;
     if (p.in_moe) return true;
     block_output(b, ffn, res_[p.done + 1]);
+    lap(b.is_moe ? "moe" : "dense");
     ++p.done;
   }
   p.active = false;
@@ -774,7 +769,7 @@ bool Transformer::forward_piece(int slot) {
     }
   if (!stage_.last()) return false;
   const Batch& batch = *p.batch;
-  cpu::layernorm_forward(res_.back().data(), lnf_w_->value.data(), lnf_b_->value.data(),
+  ops_.layernorm_forward(res_.back().data(), lnf_w_->value.data(), lnf_b_->value.data(),
                          lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), T_, M_, kLnEps);
   const int64_t counted =
       static_cast<int64_t>(std::count_if(batch.targets.begin(), batch.targets.end(),
@@ -785,6 +780,7 @@ bool Transformer::forward_piece(int slot) {
           : static_cast<float>(static_cast<double>(p.loss_scale) / p.lm_denominator);
   p.out.lm_loss_sum = head_forward(batch, grad_scale, p.with_grad);
   p.out.num_targets = counted;
+  lap("embed+head");
   head_slot_ = p.with_grad ? slot : -1;
   return false;
 }
@@ -814,6 +810,7 @@ bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
                "stage {}: backward of slot {} while another backward is in flight",
                stage_.stage, slot);
   select_slot(slot);
+  lap(nullptr);
   if (stage_.last()) {
     // The head's activations and dlogits are kept for one slot: 1F1B's last stage runs each
     // micro-batch's backward right after its forward.
@@ -822,6 +819,7 @@ bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
                stage_.stage, slot, head_slot_);
     head_backward();
     head_slot_ = -1;
+    lap("embed+head");
   } else {
     PARM_CHECK(dy.numel() == T_ * M_, "stage {}: output gradient of {} values, expected {}",
                stage_.stage, dy.numel(), T_ * M_);
@@ -848,19 +846,22 @@ bool Transformer::backward_piece(int slot) {
     const float* dffn_in = nullptr;
     if (p.in_moe) {
       if (b.a.moe->resume()) return true;
-      dffn_in = moe_backward_result(b, b.a.moe->pass_result());
+      dffn_in = b.a.moe->pass_result().data();
     } else {
       dffn_in = b.is_moe ? moe_backward(b, p.dl_aux, p.dl_z, p.split) : dense_ffn_backward(b);
     }
     p.in_moe = dffn_in == nullptr;
     if (p.in_moe) return true;
+    lap(b.is_moe ? "moe" : "dense");
     block_backward_rest(b, dffn_in);
+    lap("attention");
     ++p.done;
   }
   p.active = false;
   if (stage_.first())
-    embedding_backward(p.batch->tokens.data(), dres_.data(), wte_->grad.data(),
+    ops_.embedding_backward(slot_tokens(slot, *p.batch, false), dres_.data(), wte_->grad.data(),
                        wpe_->grad.data(), B_, L_, M_);
+  lap("embed+head");
   return false;
 }
 
@@ -911,16 +912,18 @@ void Transformer::sum_tied_grads() {
   const int p = stage_.num_stages;
   if (p == 1 || !(stage_.first() || stage_.last())) return;
   // Both copies end with mine + theirs; a + b == b + a in fp32, so they stay equal.
-  Communicator& pp = topo_.host_comm(Group::kPp);
+  Communicator& pp = topo_.comm(Group::kPp);
   const int peer = stage_.first() ? p - 1 : 0;
-  Tensor theirs(wte_->grad.shape());
+  Tensor theirs = here(wte_->grad.shape());
   const auto n = static_cast<size_t>(wte_->grad.numel());
+  // The first stage sends first, the last receives first: a device communicator that runs
+  // each message in issue order on one stream (NCCL) matches them without a group.
   std::vector<RequestPtr> reqs;
+  if (stage_.first()) reqs.push_back(pp.isend(wte_->grad.data(), n, DType::kF32, peer, kTiedGradTag));
   reqs.push_back(pp.irecv(theirs.data(), n, DType::kF32, peer, kTiedGradTag));
-  reqs.push_back(pp.isend(wte_->grad.data(), n, DType::kF32, peer, kTiedGradTag));
+  if (stage_.last()) reqs.push_back(pp.isend(wte_->grad.data(), n, DType::kF32, peer, kTiedGradTag));
   wait_all(reqs);
-  float* g = wte_->grad.data();
-  for (size_t i = 0; i < n; ++i) g[i] += theirs[static_cast<int64_t>(i)];
+  ops_.add(wte_->grad.data(), theirs.data(), wte_->grad.data(), wte_->grad.numel());
 }
 
 int64_t Transformer::activation_bytes() const {

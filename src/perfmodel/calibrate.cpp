@@ -551,6 +551,8 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   Logger log{log_fn};
   Calibration cal;
   cal.profile.machine = describe_machine();
+  // What is measured below: the CPU's products and MPI over host memory.
+  cal.profile.device = Device::kCpu;
   cal.profile.machine["ranks"] = l.world;
   cal.profile.machine["nodes"] = topo.num_nodes();
   cal.profile.machine["nodes_emulated"] = topo.nodes_emulated();

@@ -67,6 +67,7 @@ nlohmann::json profile_to_json(const Profile& p) {
   nlohmann::json j;
   j["version"] = Profile::kVersion;
   j["machine"] = p.machine;
+  j["device"] = device_name(p.device);
   for (int l = 0; l < kNumLinks; ++l)
     for (size_t o = 0; o < kModelOps.size(); ++o) {
       const CommFit& f = p.comm[static_cast<size_t>(l)][o];
@@ -110,6 +111,13 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
            v.dump(), Profile::kVersion);
   Profile p;
   if (j.contains("machine")) p.machine = r.object(j, "", "machine");
+  if (j.contains("device")) {
+    const auto& d = j.at("device");
+    if (!d.is_string() || (d != "cpu" && d != "cuda"))
+      r.fail("'device' is {}; valid: \"cpu\" or \"cuda\" (the device kind calibrate measured)",
+             d.dump());
+    p.device = parse_device(d.get<std::string>());
+  }
   const auto& coll = r.object(j, "", "collectives");
   for (int l = 0; l < kNumLinks; ++l) {
     const std::string lname = link_name(static_cast<Link>(l));
@@ -156,6 +164,15 @@ Profile read_profile(const std::string& path) {
 
 void write_profile(const Profile& p, const std::string& path) {
   write_file_atomic(path, profile_to_json(p).dump(2) + "\n");
+}
+
+void check_profile_device(const Profile& p, Device run, const std::string& origin) {
+  PARM_CONFIG_CHECK(p.device == run,
+                    "cost profile {} was taken on device {}, but this run computes on device {}: "
+                    "its rates would price the wrong machine; run `parm calibrate --device {} "
+                    "--out FILE` on this machine, or choose the schedule by hand (--schedule "
+                    "baseline|s1|s2)",
+                    origin, device_name(p.device), device_name(run), device_name(run));
 }
 
 }  // namespace parm::perfmodel

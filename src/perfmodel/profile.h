@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "parm/comm.h"
+#include "parm/device.h"
 
 namespace parm::perfmodel {
 
@@ -113,6 +114,9 @@ struct Profile {
   // per bus byte of one group, which version 2 cannot reinterpret without the layout).
   static constexpr int kVersion = 2;
   nlohmann::json machine = nlohmann::json::object();  // hostname, cores, cpu, mpi, onednn...
+  // The device kind whose products and collectives were measured (JSON "device"; profiles
+  // written before the key existed were all taken on the CPU).
+  Device device = Device::kCpu;
   std::array<std::array<CommFit, kModelOps.size()>, kNumLinks> comm{};
   FusedFit fused;
   SyncFit step_sync;
@@ -132,7 +136,7 @@ struct Profile {
 };
 
 // JSON form (see docs/perfmodel.md):
-// {"version": 2, "machine": {...},
+// {"version": 2, "machine": {...}, "device": "cpu" | "cuda" (absent: "cpu"),
 //  "collectives": {"intra": {"allreduce": {"alpha_us", "alpha_per_rank_us",
 //                  "beta_us_per_byte", "r2", "samples", "group_sizes": [n, ...], "source",
 //                  "alpha_per_rank_source"}, "allgather", "reduce_scatter", "alltoall"},
@@ -149,5 +153,10 @@ nlohmann::json profile_to_json(const Profile& p);
 Profile profile_from_json(const nlohmann::json& j, const std::string& origin);
 Profile read_profile(const std::string& path);  // also refuses unreadable / non-JSON files
 void write_profile(const Profile& p, const std::string& path);
+
+// Refuses (parm::InvalidConfig, before any work) a profile taken on another device kind than
+// the run's: its rates would price the wrong machine. The message names both devices, the
+// file (origin) and how to get a matching profile.
+void check_profile_device(const Profile& p, Device run, const std::string& origin);
 
 }  // namespace parm::perfmodel

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/dense_ops.h"
 #include "parm/error.h"
 
 namespace parm::train {
@@ -16,11 +17,31 @@ double lr_at(const OptimConfig& c, int64_t step) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-void reduce_gradients(Topology& topo, const std::vector<model::Param*>& params) {
+namespace {
+
+// The one device every tensor of `ts` lives on (the model allocates them all in one memory
+// space); throws naming the first that is elsewhere.
+template <typename Get>
+Device common_device(const std::vector<model::Param*>& params, Get&& get, const char* what) {
+  const Device d = params.empty() ? Device::kCpu : get(*params.front()).device();
+  for (const auto* p : params)
+    PARM_CHECK(get(*p).device() == d, "{} of {} is on {}, but {} of {} is on {}", what, p->name,
+               device_name(get(*p).device()), what, params.front()->name, device_name(d));
+  return d;
+}
+
+}  // namespace
+
+void reduce_gradients(Topology& topo, const std::vector<model::Param*>& params, Tensor* scratch) {
+  const Device d = common_device(params, [](const model::Param& p) -> const Tensor& { return p.grad; },
+                                 "the gradient");
+  const model::DenseOps& ops = model::dense_ops(d);
+  Tensor local;
+  Tensor& flat = scratch != nullptr ? *scratch : local;
   for (Group g : {Group::kDp, Group::kEdp, Group::kMp, Group::kEp, Group::kEsp, Group::kWorld}) {
-    // The gradients are host tensors (a cuda run stages the layer's through host memory):
-    // the host communicator, whatever moves device buffers.
-    Communicator& c = topo.host_comm(g);
+    // Host gradients go over the host (MPI) communicator, device gradients over the group's
+    // device communicator (NCCL, or MPI staged through host memory).
+    Communicator& c = d == Device::kCpu ? topo.host_comm(g) : topo.comm(g);
     std::vector<model::Param*> mine;
     int64_t total = 0;
     for (auto* p : params)
@@ -29,61 +50,61 @@ void reduce_gradients(Topology& topo, const std::vector<model::Param*>& params) 
         total += p->grad.numel();
       }
     if (mine.empty() || c.size() == 1) continue;
-    std::vector<float> flat(static_cast<size_t>(total));
+    if (flat.numel() < total || flat.device() != d) flat = Tensor({total}, d);
     int64_t off = 0;
     for (auto* p : mine) {
-      std::memcpy(flat.data() + off, p->grad.data(), static_cast<size_t>(p->grad.bytes()));
+      ops.copy(flat.data() + off, p->grad.data(), p->grad.numel());
       off += p->grad.numel();
     }
-    c.allreduce(flat.data(), flat.size());
+    c.allreduce(flat.data(), static_cast<size_t>(total));
     off = 0;
     for (auto* p : mine) {
-      std::memcpy(p->grad.data(), flat.data() + off, static_cast<size_t>(p->grad.bytes()));
+      ops.copy(p->grad.data(), flat.data() + off, p->grad.numel());
       off += p->grad.numel();
     }
   }
 }
 
 double global_grad_norm(Topology& topo, const std::vector<model::Param*>& params) {
-  double sum = 0.0;
+  const Device d = common_device(params, [](const model::Param& p) -> const Tensor& { return p.grad; },
+                                 "the gradient");
+  std::vector<const float*> bufs;
+  std::vector<int64_t> sizes;
   for (auto* p : params) {
     if (!model::owns_copy(*p, topo)) continue;
-    const float* g = p->grad.data();
-    for (int64_t i = 0; i < p->grad.numel(); ++i) sum += static_cast<double>(g[i]) * g[i];
+    bufs.push_back(p->grad.data());
+    sizes.push_back(p->grad.numel());
   }
+  double sum = model::dense_ops(d).sum_of_squares(bufs.data(), sizes.data(),
+                                                  static_cast<int64_t>(bufs.size()), 0.0);
   topo.host_comm(Group::kWorld).allreduce(&sum, 1);
   return std::sqrt(sum);
 }
 
 AdamW::AdamW(const std::vector<model::Param*>& params) : params_(params) {
+  const Device d = common_device(params, [](const model::Param& p) -> const Tensor& { return p.value; },
+                                 "the value");
+  ops_ = &model::dense_ops(d);
   for (auto* p : params_) {
-    m_.emplace_back(p->value.shape());
-    v_.emplace_back(p->value.shape());
+    m_.emplace_back(p->value.shape(), d);
+    v_.emplace_back(p->value.shape(), d);
   }
 }
 
 void AdamW::step(const OptimConfig& c, double lr, double grad_scale) {
   ++t_;
-  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(t_));
-  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(t_));
-  const float b1 = static_cast<float>(c.beta1), b2 = static_cast<float>(c.beta2);
-  const float scale = static_cast<float>(grad_scale);
-  const float step_size = static_cast<float>(lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float eps = static_cast<float>(c.eps);
+  model::AdamWStep s;
+  s.lr = lr;
+  s.beta1 = c.beta1;
+  s.beta2 = c.beta2;
+  s.eps = c.eps;
+  s.weight_decay = c.weight_decay;
+  s.step = t_;
+  s.grad_scale = grad_scale;
   for (size_t i = 0; i < params_.size(); ++i) {
     model::Param& p = *params_[i];
-    float* w = p.value.data();
-    const float* g = p.grad.data();
-    float* m = m_[i].data();
-    float* v = v_[i].data();
-    const float decay = p.weight_decay ? static_cast<float>(1.0 - lr * c.weight_decay) : 1.0f;
-    for (int64_t j = 0; j < p.value.numel(); ++j) {
-      const float gj = g[j] * scale;
-      m[j] = b1 * m[j] + (1.0f - b1) * gj;
-      v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
-      w[j] = w[j] * decay - step_size * m[j] / (std::sqrt(v[j]) * inv_sqrt_bc2 + eps);
-    }
+    s.decay = p.weight_decay;
+    ops_->adamw(s, p.value.data(), p.grad.data(), m_[i].data(), v_[i].data(), p.value.numel());
   }
 }
 

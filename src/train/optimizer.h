@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/dense_ops.h"
 #include "model/param.h"
 
 namespace parm::train {
@@ -25,14 +26,20 @@ struct OptimConfig {
 // `step` counts from 0.
 double lr_at(const OptimConfig& c, int64_t step);
 
-// Sums every gradient (host memory) over its Param::grad_reduce group (dp for dense, edp for
-// experts), in one flat all-reduce per group on the group's host communicator.
-void reduce_gradients(Topology& topo, const std::vector<model::Param*>& params);
+// Sums every gradient over its Param::grad_reduce group (dp for dense, edp for experts), in
+// one flat all-reduce per group: host gradients on the group's host communicator, device
+// gradients in device memory on its device communicator (topo.comm). Every gradient lives on
+// one device (else parm::Error). `scratch` (may be null): the flat buffer, kept by the caller
+// so that a step allocates nothing; grown (reallocated) when too small.
+void reduce_gradients(Topology& topo, const std::vector<model::Param*>& params,
+                      Tensor* scratch = nullptr);
 
 // sqrt of the sum of squares of every distinct parameter element's gradient: each rank counts
-// only the copies it owns (model/param.h), then one all-reduce over the world.
+// only the copies it owns (model/param.h), on the gradients' device, then one all-reduce of
+// that one number over the world (host).
 double global_grad_norm(Topology& topo, const std::vector<model::Param*>& params);
 
+// The moments live where the parameters do; the update runs there (model/dense_ops.h).
 class AdamW {
  public:
   explicit AdamW(const std::vector<model::Param*>& params);
@@ -47,6 +54,7 @@ class AdamW {
 
  private:
   std::vector<model::Param*> params_;
+  const model::DenseOps* ops_ = nullptr;
   std::vector<Tensor> m_, v_;
   int64_t t_ = 0;
 };

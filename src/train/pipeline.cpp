@@ -21,7 +21,7 @@ void wait_if_set(RequestPtr& r) {
 }  // namespace
 
 PipelineRunner::PipelineRunner(Topology& topo, model::Model& model, int num_micro, bool overlap)
-    : pp_(topo.host_comm(Group::kPp)), model_(model), stage_(model.stage()),
+    : pp_(topo.comm(Group::kPp)), model_(model), stage_(model.stage()),
       num_micro_(num_micro), overlap_(overlap) {
   PARM_CHECK_EQ(pp_.size(), stage_.num_stages);
   PARM_CHECK_EQ(pp_.rank(), stage_.stage);
@@ -32,11 +32,13 @@ PipelineRunner::PipelineRunner(Topology& topo, model::Model& model, int num_micr
   else
     for (int i = 0; i < static_cast<int>(steps_.size()); ++i) groups_.push_back({i});
   peer_world_rank_ = group_members(topo.layout(), Group::kPp, topo.world_rank());
+  // The activations travel in the model's memory space (device buffers over comm(pp)).
   const Shape act = model.stage_input(0).shape();
+  const Device device = model.stage_input(0).device();
   for (int k = 0; k < slots_; ++k) {
     model.stage_input(k);  // throws when the model has fewer slots than the schedule needs
-    dy_.emplace_back(act);
-    dx_send_.emplace_back(act);
+    dy_.emplace_back(act, device);
+    dx_send_.emplace_back(act, device);
   }
 }
 

@@ -15,7 +15,10 @@ Tensor gather_whole(Topology& topo, const Shape& whole_shape, const model::Param
   // int32 bit patterns of the floats, x + 0 + ... + 0 is x bit for bit (a float sum would
   // turn -0.0 into +0.0).
   Tensor whole(whole_shape);
-  if (p != nullptr && model::owns_copy(*p, topo)) model::copy_shard_to_whole(*local, p->splits, whole);
+  if (p != nullptr && model::owns_copy(*p, topo))
+    // A device tensor is copied to the host first: the checkpoint's tensors are host fp32.
+    model::copy_shard_to_whole(local->on_host() ? *local : local->to(Device::kCpu), p->splits,
+                               whole);
   static_assert(sizeof(float) == sizeof(int32_t));
   topo.host_comm(Group::kWorld).allreduce(whole.data(), static_cast<size_t>(n), DType::kI32);
   if (topo.world_rank() != 0) return Tensor(Shape{0});

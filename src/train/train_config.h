@@ -32,6 +32,9 @@ struct LoopConfig {
   std::string metrics;       // JSON-lines file ("" = none)
   std::string chart;         // SVG loss curve ("" = <metrics>.svg when metrics is set)
   std::string profile;       // cost-model profile for --schedule auto
+  // Time the step's phases (attention, dense MLP, MoE, embeddings + head, optimizer, gradient
+  // reduction), waiting for the device at each boundary: slower, so off by default.
+  bool phase_times = false;
 };
 
 struct ParallelConfig {

@@ -12,9 +12,11 @@
 #include "data/batches.h"
 #include "kernels/cpu/kernels.h"
 #include "moe/load_balance.h"
+#include "moe/phase_times.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "parm/timer.h"
+#include "model/dense_ops.h"
 #include "model/pp_split.h"
 #include "train/checkpoint.h"
 #include "perfmodel/model.h"
@@ -24,13 +26,41 @@
 namespace parm::train {
 namespace {
 
-// GEMM rate per rank (GFLOP/s) for MFU: the calibrated expert-GEMM rate of the profile
+// GEMM rate per rank (GFLOP/s) for MFU. On the CPU: the calibrated expert-GEMM rate of the profile
 // (measured with every rank of the machine busy), else measured now, all ranks at once for
 // about 50 ms so that ranks sharing cores see it. At bf16 the products run the bf16 kernel,
 // several times faster than fp32 (AMX): the rate is that kernel's, measured now (profiles
 // hold fp32 rates).
-double gemm_gflops_for_mfu(const std::string& profile, Precision precision, Communicator& world,
-                           std::string& source) {
+// On a device: the device's product at the run's precision (model::dense_ops' gemm, the
+// one the dense layers run), 4096^3, measured now by every rank at once (ranks sharing a GPU
+// see their share).
+double device_gemm_gflops(Device device, Precision precision, Communicator& world) {
+  const model::DenseOps& ops = model::dense_ops(device);
+  const int64_t n = 4096;
+  Tensor host({n, n});
+  host.fill(0.5f);
+  const Tensor a = host.to(device), b = host.to(device);
+  Tensor c({n, n}, device);
+  const auto product = [&] { ops.gemm(precision, false, false, n, n, n, a.data(), b.data(), c.data(), false); };
+  product();  // warm up (and the library's first-call setup)
+  device_sync();
+  world.barrier();
+  const int reps = 20;
+  const double t0 = now_us();
+  for (int i = 0; i < reps; ++i) product();
+  device_sync();
+  double rate = 2.0 * n * n * n * reps / ((now_us() - t0) * 1e3);
+  world.allreduce(&rate, 1);
+  return rate / world.size();
+}
+
+double gemm_gflops_for_mfu(const std::string& profile, Precision precision, Device device,
+                           Communicator& world, std::string& source) {
+  if (device != Device::kCpu) {
+    source = fmt::format("{} {} GEMM measured at start", device_name(device),
+                         precision_name(precision));
+    return device_gemm_gflops(device, precision, world);
+  }
   const bool bf16 = precision == Precision::kBf16;
   if (!profile.empty() && !bf16) {
     source = "calibrated, " + profile;
@@ -76,6 +106,7 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
                     "-- calibrate --out profile.json` once on this machine, then pass --profile "
                     "profile.json");
   const perfmodel::Profile profile = perfmodel::read_profile(c.loop.profile);
+  perfmodel::check_profile_device(profile, topo.device(), c.loop.profile);
   const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
   const std::vector<schedule::Kind> kinds =
       auto_kind ? std::vector<schedule::Kind>{schedule::Kind::kBaseline, schedule::Kind::kS1,
@@ -205,6 +236,12 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   topt.comm = parse_comm_backend(cfg.parallel.comm);
   auto topo = Topology::create(topt);
   const Layout& lay = topo->layout();
+  // Every rank refuses alike, before any work.
+  PARM_CONFIG_CHECK(lay.pp == 1 || std::string(topo->comm_backend()) != "nccl",
+                    "--pp {} with --comm nccl: the pipeline's activations and gradients travel "
+                    "as tagged point-to-point messages, which NCCL cannot match by tag; use "
+                    "--comm mpi (device buffers staged through host memory) or --pp 1",
+                    lay.pp);
   const bool root = topo->world_rank() == 0;
   const int dp = lay.dp, dp_rank = topo->host_comm(Group::kDp).rank();
   Communicator& world = topo->host_comm(Group::kWorld);
@@ -231,6 +268,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     pipeline = std::make_unique<PipelineRunner>(*topo, *model, static_cast<int>(accum),
                                                 cfg.parallel.pp_overlap == "on");
   AdamW opt(params);
+  Tensor grad_flat;  // reduce_gradients' flat buffer, kept across steps
   const nlohmann::json model_json = model_config_json(cfg.model);
 
   TrainResult result;
@@ -240,8 +278,9 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     result.schedules.push_back(
         schedule_name(schedules[schedules.size() == 1 ? 0 : static_cast<size_t>(i)], cfg, lay));
   std::string gemm_source;
-  result.gemm_gflops = gemm_gflops_for_mfu(
-      cfg.loop.profile, parse_precision(cfg.parallel.precision), world, gemm_source);
+  result.gemm_gflops = gemm_gflops_for_mfu(cfg.loop.profile,
+                                           parse_precision(cfg.parallel.precision),
+                                           topo->device(), world, gemm_source);
 
   int64_t step = 0, data_position = 0;
   if (!cfg.loop.resume.empty()) {
@@ -297,6 +336,16 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
 
+  // --phase-times: the model's phases and the step's tail, per step (world rank 0's).
+  moe::PhaseTimes phases;
+  if (cfg.loop.phase_times) model->time_phases(&phases);
+  const auto phase_lap = [&](const char* name, double& t) {
+    if (!cfg.loop.phase_times) return;
+    if (topo->device() != Device::kCpu) device_sync();
+    const double now = now_us();
+    phases.add(name, now - t);
+    t = now;
+  };
   const std::string schedules_line = fmt::format("{}", fmt::join(result.schedules, ","));
   const double run_t0 = now_us();
   std::vector<std::vector<double>> layer_loads;  // expert_loads per MoE layer, of this step
@@ -304,6 +353,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     fault::at_training_step(topo->world_rank(), step);
     const double t0 = now_us();
     for (auto* p : params) p->grad.zero();
+    phases.clear();
     std::vector<model::Batch> batches;
     double counts[1] = {0.0};
     for (int64_t a = 0; a < accum; ++a) {
@@ -336,13 +386,16 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       }
     }
     const double t_sync = now_us();
+    double t_phase = t_sync;  // the model's last phase waited for the device
     model->sum_tied_grads();
-    reduce_gradients(*topo, params);
+    reduce_gradients(*topo, params, &grad_flat);
     const double norm = global_grad_norm(*topo, params);
+    phase_lap("grad-reduce", t_phase);
     const double clip =
         optim.grad_clip > 0 && norm > optim.grad_clip ? optim.grad_clip / (norm + 1e-6) : 1.0;
     const double lr = lr_at(optim, step);
     opt.step(optim, lr, clip);
+    phase_lap("optimizer", t_phase);
     const bool last = step + 1 == cfg.loop.steps;
     const bool report = (step + 1) % cfg.loop.log_every == 0 || last;
     // The expert loads of the step's last micro-batch, per MoE layer (collective): computed
@@ -430,6 +483,12 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
                     m.loss, val.c_str(), m.aux_loss, z.c_str(), m.lr, m.grad_norm, m.tokens_per_s,
                     m.step_ms, m.comm_ms, m.compute_ms, 100.0 * m.mfu, bubble.c_str(),
                     schedules_line.c_str(), imbalance.str().c_str());
+        if (cfg.loop.phase_times) {
+          std::string line;
+          for (int i = 0; i < phases.num; ++i)
+            line += fmt::format("  {} {:.1f}", phases.names[i], phases.us[i] / 1e3);
+          std::printf("        phases (ms, world rank 0):%s\n", line.c_str());
+        }
         std::fflush(stdout);
       }
       if (metrics != nullptr) {
@@ -444,6 +503,11 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
           line["bubble"] = m.bubble;
           line["bubble_1f1b"] = one_f_one_b_bubble(pp, static_cast<int>(accum));
           line["moe_comm_ms"] = m.moe_comm_ms;
+        }
+        if (cfg.loop.phase_times) {
+          nlohmann::json ph = nlohmann::json::object();
+          for (int i = 0; i < phases.num; ++i) ph[phases.names[i]] = phases.us[i] / 1e3;
+          line["phase_ms"] = ph;
         }
         if (imbalance.expert_max_over_mean > 0) {
           line["load_expert_max_over_mean"] = imbalance.expert_max_over_mean;

@@ -25,6 +25,7 @@ struct TrainFlags {
   std::string device, precision, comm, order, pp_split, pp_overlap;
   std::string resume;
   CLI::Option* resume_opt = nullptr;
+  bool phase_times = false;
 };
 
 train::TrainConfig resolve_config(const std::string& name) {
@@ -71,6 +72,7 @@ int run_train(TrainFlags& f) {
   if (!f.save_dir.empty()) l.save_dir = f.save_dir;
   if (!f.metrics.empty()) l.metrics = f.metrics;
   if (!f.chart.empty()) l.chart = f.chart;
+  if (f.phase_times) l.phase_times = true;
   if (!f.profile.empty()) l.profile = f.profile;
   if (!f.corpus.empty()) c.data.corpus = f.corpus;
   if (!f.capacity_factor.empty()) c.model.capacity_factor = f.capacity_factor;
@@ -116,11 +118,11 @@ Command add_train(CLI::App& root) {
   app->add_option("--fuse", f->fuse, "fused collectives: on, off or auto");
   app->add_option("--chunks", f->chunks, "pipeline depth of the fused collectives");
   app->add_option("--device", f->device,
-                  "where the MoE layers compute: cpu or cuda (the dense layers, optimizer and "
-                  "checkpoints stay on the host)");
+                  "where the model computes: cpu or cuda (every layer, the optimizer and the "
+                  "gradient reductions on the device; checkpoints are copied to the host)");
   app->add_option("--precision", f->precision,
-                  "fp32, or bf16: bf16 operands for the expert products (and, on --device cpu, "
-                  "every dense product), fp32 accumulation, master weights and reductions");
+                  "fp32, or bf16: bf16 operands for every product (experts and dense layers), "
+                  "fp32 accumulation, master weights, optimizer state, reductions and losses");
   app->add_option("--comm", f->comm,
                   "what moves the MoE layers' device buffers: auto, nccl, or mpi (staged "
                   "through host memory)");
@@ -142,6 +144,10 @@ Command add_train(CLI::App& root) {
                       ->expected(0, 1);
   app->add_option("--metrics", f->metrics, "write one JSON line per step to this file");
   app->add_option("--chart", f->chart, "loss-curve SVG (default: <metrics>.svg)");
+  app->add_flag("--phase-times", f->phase_times,
+                "time the step's phases (attention, dense, moe, embed+head, optimizer, "
+                "grad-reduce; each waits for the device): a 'phases' line and metrics key "
+                "phase_ms");
   app->add_option("--profile", f->profile, "cost-model profile for --schedule auto");
   return {app, [f] { return run_train(*f); }};
 }
