@@ -161,13 +161,21 @@ std::vector<BreakdownRow> breakdown_rows(Communicator& world, const MoeLayer& la
   return rows;
 }
 
-// Every rank times its own expert products (the shapes of the last forward pass) alone, at
-// the same time as the others, as they ran inside the layer.
-Floor measure_floor(Communicator& world, MoeLayer& layer) {
+// Every rank times its own expert products (the shapes of the forward pass) alone, at the
+// same time as the others, once after each timed iteration (measure_floor_us), so that the
+// floor and the layer see the same load: on a shared machine a floor timed apart moved time /
+// floor either way. measure_floor takes this rank's times and reports their median.
+double measure_floor_us(Communicator& world, MoeLayer& layer) {
+  world.barrier();
+  return layer.backend().time_expert_products_us(layer.expert_rows(), layer.shape().model_dim,
+                                                 layer.shard_hidden(), 1);
+}
+
+Floor measure_floor(Communicator& world, const MoeLayer& layer,
+                    const std::vector<double>& floor_us) {
   const auto& rows = layer.expert_rows();
   const int64_t M = layer.shape().model_dim, hl = layer.shard_hidden();
-  world.barrier();
-  const double us = layer.backend().time_expert_products_us(rows, M, hl, 5);
+  const double us = median(floor_us);
   double flops = 0;
   int64_t total_rows = 0;
   for (int64_t r : rows) {
@@ -223,7 +231,7 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
   Measured m;
   m.name = std::string(schedule::kind_name(kind)) + (layer->schedule().fused ? "+fused" : "");
   layer->load_whole(in.params);
-  std::vector<double> fwd_ms, bwd_ms;
+  std::vector<double> fwd_ms, bwd_ms, floor_us;
   const size_t num_steps = layer->schedule().steps.size();
   std::vector<double> step_fwd(num_steps * kSlotsPerStep, 0.0), step_bwd = step_fwd;
   for (int it = 0; it < warmup + iters; ++it) {
@@ -245,11 +253,12 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
     bwd_ms.push_back((t3 - t2) / 1e3);
     add_step_times(layer->forward_step_us(), layer->forward_phases(), 1e-3 / iters, step_fwd);
     add_step_times(layer->backward_step_us(), layer->backward_phases(), 1e-3 / iters, step_bwd);
+    floor_us.push_back(measure_floor_us(world, *layer));
   }
   m.fwd = summarize(max_over_ranks(world, fwd_ms));
   m.bwd = summarize(max_over_ranks(world, bwd_ms));
   m.breakdown = breakdown_rows(world, *layer, step_fwd, step_bwd);
-  m.floor = measure_floor(world, *layer);
+  m.floor = measure_floor(world, *layer, floor_us);
   m.memory = measure_memory(world, *layer);
   if (schedule_out != nullptr && keep != nullptr) {
     *schedule_out = &layer->schedule();
