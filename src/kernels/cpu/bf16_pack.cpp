@@ -216,6 +216,20 @@ void pack_b_scalar(bool trans, int64_t p0, int64_t p1, int64_t k, int64_t n, con
   }
 }
 
+// The row-block packers' arguments: rows k0 .. k0 + rows - 1 of an operand stored (k, width)
+// with leading dimension ld; k0 a multiple of 32, rows a multiple of `step` unless the block
+// ends at k.
+void check_row_block(const char* op, int64_t k0, int64_t rows, int64_t k, int64_t width,
+                     int64_t ld, int64_t step) {
+  PARM_CHECK(k0 >= 0 && k0 % kTileK == 0 && rows >= 0 && k0 + rows <= k && width >= 0 &&
+                 ld >= std::max<int64_t>(1, width),
+             "{}: k0 = {} (a multiple of {}), rows = {}, k = {}, row width = {}, ld = {}", op, k0,
+             kTileK, rows, k, width, ld);
+  PARM_CHECK(k0 + rows == k || rows % step == 0,
+             "{}: rows = {} must be a multiple of {} unless the block ends at k = {}", op, rows,
+             step, k);
+}
+
 }  // namespace
 
 int64_t bf16_packed_a_size(int64_t m, int64_t k) {
@@ -245,13 +259,7 @@ void bf16_pack_a(bool trans, int64_t m, int64_t k, const float* a, int64_t lda,
 
 void bf16_pack_at_rows(int64_t k0, int64_t rows, int64_t m, int64_t k, const float* a,
                        int64_t lda, uint16_t* packed) {
-  PARM_CHECK(k0 >= 0 && k0 % kTileK == 0 && rows >= 0 && k0 + rows <= k && m >= 0 &&
-                 lda >= std::max<int64_t>(1, m),
-             "bf16_pack_at_rows: k0 = {} (a multiple of {}), rows = {}, m = {}, k = {}, lda = {}",
-             k0, kTileK, rows, m, k, lda);
-  PARM_CHECK(k0 + rows == k || rows % kTileK == 0,
-             "bf16_pack_at_rows: rows = {} must be a multiple of {} unless the block ends at k = {}",
-             rows, kTileK, k);
+  check_row_block("bf16_pack_at_rows", k0, rows, k, m, lda, kTileK);
   // The last block also zeroes the padding columns up to round_up(k, 32).
   const int64_t j1 = k0 + rows == k ? round_up(k, kTileK) : k0 + rows;
   if (have_avx512_bf16() && !detail::bf16_portable_forced())
@@ -272,14 +280,9 @@ void bf16_pack_b(bool trans, int64_t k, int64_t n, const float* b, int64_t ldb,
 
 void bf16_pack_b_rows(int64_t k0, int64_t rows, int64_t k, int64_t n, const float* b,
                       int64_t ldb, uint16_t* packed) {
-  PARM_CHECK(k0 >= 0 && k0 % kTileK == 0 && rows >= 0 && k0 + rows <= k && n >= 0 &&
-                 ldb >= std::max<int64_t>(1, n),
-             "bf16_pack_b_rows: k0 = {} (a multiple of {}), rows = {}, k = {}, n = {}, ldb = {}",
-             k0, kTileK, rows, k, n, ldb);
+  check_row_block("bf16_pack_b_rows", k0, rows, k, n, ldb, 2);
   // The last block also zeroes the padding pairs up to round_up(k, 32).
   const int64_t p0 = k0 / 2, p1 = k0 + rows == k ? round_up(k, kTileK) / 2 : (k0 + rows + 1) / 2;
-  PARM_CHECK(k0 + rows == k || rows % 2 == 0,
-             "bf16_pack_b_rows: rows = {} must be even unless the block ends at k = {}", rows, k);
   if (have_avx512_bf16() && !detail::bf16_portable_forced())
     pack_b_pairs_avx512(p0, p1, k, n, b, ldb, packed);
   else
