@@ -255,30 +255,34 @@ void BM_ExpertGemmOnednnBf16(benchmark::State& state, ExpertProduct product) {
                              g.accumulate ? " acc" : "", pd.impl_info_str()));
 }
 // The layer's bf16 expert products for one pass (forward and backward) of 4 experts x kR
-// rows, as Bf16ExpertProducts runs them: the weights packed once per pass, the row operands
-// per call. Against BM_ExpertProductsBf16Floor (the same GEMMs on operands packed before the
-// clock, as bench-layer's floor): the difference is the packing.
+// rows, as experts_forward / experts_backward run them at bf16: all weight layouts packed
+// once per step, the row operands per call, bias + GeLU and its backward fused with the
+// packing. Against BM_ExpertProductsBf16Floor (the same GEMMs on operands packed before the
+// clock, as bench-layer's floor): the difference is the packing and the GeLU.
 void BM_ExpertPassBf16(benchmark::State& state) {
   constexpr int64_t kExperts = 4;
   const int64_t h = kH;
   const std::vector<float> w1 = random_vector(kExperts * kM * h, 31),
                            w2 = random_vector(kExperts * h * kM, 32);
-  const std::vector<float> x = random_vector(kR * kM, 33), act = random_vector(kR * h, 34),
+  const std::vector<float> x = random_vector(kR * kM, 33), b1 = random_vector(kExperts * h, 34),
                            dy = random_vector(kR * kM, 35);
-  std::vector<float> pre(static_cast<size_t>(kR * h)), out(static_cast<size_t>(kR * kM));
-  std::vector<float> dact(pre.size()), dx(out.size()), dw1(w1.size()), dw2(w2.size());
+  std::vector<float> pre(static_cast<size_t>(kExperts * kR * h)), out(static_cast<size_t>(kR * kM));
+  std::vector<float> dact(static_cast<size_t>(kR * h)), dx(out.size()), dw1(w1.size()),
+      dw2(w2.size()), db1(b1.size());
   parm::moe::Bf16ExpertProducts products;
   products.reserve(kExperts, kR, kM, h);
   for (auto _ : state) {
-    products.pack_forward_weights(w1.data(), w2.data());
+    products.pack_weights(w1.data(), w2.data());
     for (int64_t e = 0; e < kExperts; ++e) {
-      products.fc1_forward(e, kR, x.data(), pre.data());
-      products.fc2_forward(e, kR, act.data(), out.data());
+      float* pre_e = pre.data() + e * kR * h;
+      products.fc1_forward(e, kR, x.data(), pre_e);
+      products.bias_gelu_fc2_forward(e, kR, pre_e, b1.data() + e * h, out.data());
     }
-    products.pack_backward_weights(w1.data(), w2.data());
     for (int64_t e = 0; e < kExperts; ++e) {
-      products.fc2_backward(e, kR, act.data(), dy.data(), dw2.data() + e * h * kM, dact.data());
-      products.fc1_backward(e, kR, x.data(), act.data(), dw1.data() + e * kM * h, dx.data());
+      products.fc2_backward(e, kR, dy.data(), dw2.data() + e * h * kM, dact.data());
+      products.gelu_backward_fc1_backward(e, kR, pre.data() + e * kR * h, b1.data() + e * h,
+                                          dact.data(), db1.data() + e * h,
+                                          dw1.data() + e * kM * h, dx.data());
     }
     benchmark::ClobberMemory();
   }

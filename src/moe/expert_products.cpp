@@ -49,122 +49,108 @@ void fc1_backward(int64_t rows, int64_t M, int64_t hl, const float* x, const flo
   run_expert_gemm(ExpertProduct::kDX, rows, M, hl, dpre, w1, dx);
 }
 
+// Rows per block of the fused steps: a multiple of 32 (packed A's row blocks, B's pairs and
+// the k blocks of a transposed A); 32 rows of Hl = 2048 fp32 are 256 KiB, in L2 while they
+// are packed.
+constexpr int64_t kFuseRows = 32;
+
 void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl) {
   experts_ = experts, max_rows_ = max_rows, model_dim_ = M, hidden_ = hl;
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
-  a_.assign(n(std::max({cpu::bf16_packed_a_size(max_rows, M),
-                        cpu::bf16_packed_a_size(max_rows, hl),
-                        cpu::bf16_packed_a_size(hl, max_rows),
-                        cpu::bf16_packed_a_size(M, max_rows)})),
+  a_.assign(n(std::max(cpu::bf16_packed_a_size(max_rows, M),
+                       cpu::bf16_packed_a_size(max_rows, hl))),
             0);
   a2_.assign(n(cpu::bf16_packed_a_size(max_rows, hl)), 0);
   b_.assign(n(std::max(cpu::bf16_packed_b_size(max_rows, M),
                        cpu::bf16_packed_b_size(max_rows, hl))),
             0);
+  block_.assign(n(kFuseRows * hl), 0.0f);
   // The layouts of (M, Hl) and (Hl, M) differ in size when M or Hl is not a multiple of 32.
   w_stride_ = std::max(cpu::bf16_packed_b_size(M, hl), cpu::bf16_packed_b_size(hl, M));
   for (auto* w : {&w1_, &w2_, &w2t_, &w1t_}) w->assign(n(experts * w_stride_), 0);
-}
-
-void Bf16ExpertProducts::pack_forward_weights(const float* w1, const float* w2) {
-  const int64_t M = model_dim_, hl = hidden_, packed = w_stride_;
-  for (int64_t e = 0; e < experts_; ++e) {
-    cpu::bf16_pack_b(false, M, hl, w1 + e * M * hl, hl, w1_.data() + e * packed);
-    cpu::bf16_pack_b(false, hl, M, w2 + e * hl * M, M, w2_.data() + e * packed);
-  }
-}
-
-void Bf16ExpertProducts::pack_backward_weights(const float* w1, const float* w2) {
-  const int64_t M = model_dim_, hl = hidden_, packed = w_stride_;
-  for (int64_t e = 0; e < experts_; ++e) {
-    cpu::bf16_pack_b(true, M, hl, w2 + e * hl * M, M, w2t_.data() + e * packed);  // W2^T (M, Hl)
-    cpu::bf16_pack_b(true, hl, M, w1 + e * M * hl, hl, w1t_.data() + e * packed);  // W1^T (Hl, M)
-  }
-}
-
-void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const float* x, float* pre) {
-  const int64_t M = model_dim_, hl = hidden_, w = e * w_stride_;
-  cpu::bf16_pack_a(false, rows, M, x, M, a_.data());
-  cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w1_.data() + w, pre, hl, false);
-}
-
-void Bf16ExpertProducts::fc2_forward(int64_t e, int64_t rows, const float* act, float* out) {
-  const int64_t M = model_dim_, hl = hidden_, w = e * w_stride_;
-  cpu::bf16_pack_a(false, rows, hl, act, hl, a_.data());
-  cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + w, out, M, false);
+  xt_stride_ = cpu::bf16_packed_a_size(M, max_rows);
+  at_stride_ = cpu::bf16_packed_a_size(hl, max_rows);
+  xt_.assign(n(experts * xt_stride_), 0);
+  at_.assign(n(experts * at_stride_), 0);
 }
 
 namespace {
 
-// Both backward products of one linear map y (R, out) = x (R, in) W (in, out):
-// dW (in, out) += x^T (in, R) dy (R, out); dx (R, in) = dy (R, out) W^T (out, in), with W^T
-// already packed as B. a / b: scratch for the packed row operands.
-void linear_backward_bf16(int64_t rows, int64_t in, int64_t out, const float* x, const float* dy,
-                          const uint16_t* wt_packed, float* dw, float* dx, uint16_t* a,
-                          uint16_t* b) {
-  cpu::bf16_pack_a(true, in, rows, x, in, a);
-  cpu::bf16_pack_b(false, rows, out, dy, out, b);
-  cpu::gemm_bf16_packed(in, out, rows, a, b, dw, out, true);
-  cpu::bf16_pack_a(false, rows, out, dy, out, a);
-  cpu::gemm_bf16_packed(rows, in, out, a, wt_packed, dx, in, false);
+// w (in, out) fp32 packed as B (w) and, transposed, as B of w^T, kFuseRows rows at a time: the
+// rows are read from memory once and packed twice while in cache.
+void pack_both(int64_t in, int64_t out, const float* w, uint16_t* packed, uint16_t* packed_t) {
+  const int64_t panel_t = cpu::bf16_packed_b_size(out, 16);  // values per 16-column panel of w^T
+  for (int64_t r0 = 0; r0 < in; r0 += kFuseRows) {
+    const int64_t nr = std::min(kFuseRows, in - r0);
+    cpu::bf16_pack_b_rows(r0, nr, in, out, w + r0 * out, out, packed);
+    // w^T (out, in) as B: its columns r0 .. r0 + nr are rows of w, panels r0 / 16 on.
+    cpu::bf16_pack_b(true, out, nr, w + r0 * out, out, packed_t + (r0 / 16) * panel_t);
+  }
 }
 
 }  // namespace
 
-void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const float* act, const float* dy,
-                                      float* dw2, float* dact) {
-  // dW2 (Hl, M) += act^T dy; dact (R, Hl) = dy W2^T
-  linear_backward_bf16(rows, hidden_, model_dim_, act, dy, w2t_.data() + e * w_stride_, dw2,
-                       dact, a_.data(), b_.data());
+void Bf16ExpertProducts::pack_weights(const float* w1, const float* w2) {
+  const int64_t M = model_dim_, hl = hidden_, packed = w_stride_;
+  for (int64_t e = 0; e < experts_; ++e) {
+    // W1 (M, Hl) and W1^T (Hl, M); W2 (Hl, M) and W2^T (M, Hl).
+    pack_both(M, hl, w1 + e * M * hl, w1_.data() + e * packed, w1t_.data() + e * packed);
+    pack_both(hl, M, w2 + e * hl * M, w2_.data() + e * packed, w2t_.data() + e * packed);
+  }
 }
 
-void Bf16ExpertProducts::fc1_backward(int64_t e, int64_t rows, const float* x, const float* dpre,
-                                      float* dw1, float* dx) {
-  // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T
-  linear_backward_bf16(rows, model_dim_, hidden_, x, dpre, w1t_.data() + e * w_stride_, dw1, dx,
-                       a_.data(), b_.data());
+void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const float* x, float* pre) {
+  const int64_t M = model_dim_, hl = hidden_;
+  cpu::bf16_pack_a(false, rows, M, x, M, a_.data());
+  cpu::bf16_pack_a(true, M, rows, x, M, xt_.data() + e * xt_stride_);  // x^T for dW1
+  cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w1_.data() + e * w_stride_, pre, hl, false);
 }
-
-// Rows per block of the fused steps: a multiple of 16 (packed A's row blocks) and of 2 (B's
-// pairs); 32 rows of Hl = 2048 fp32 are 256 KiB, in L2 while they are packed.
-constexpr int64_t kFuseRows = 32;
 
 void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre,
-                                               const float* b1, float* act, float* out) {
+                                               const float* b1, float* out) {
   const int64_t M = model_dim_, hl = hidden_;
+  float* act = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
-    cpu::bias_gelu(pre + r0 * hl, b1, act + r0 * hl, nr, hl);
-    // Row block r0 of packed A starts after the packed A of r0 rows.
-    cpu::bf16_pack_a(false, nr, hl, act + r0 * hl, hl,
-                     a_.data() + cpu::bf16_packed_a_size(r0, hl));
+    cpu::bias_gelu_bf16(pre + r0 * hl, b1, act, nr, hl);
+    // Row block r0 of packed A starts after the packed A of r0 rows; act^T's k block r0.
+    cpu::bf16_pack_a(false, nr, hl, act, hl, a_.data() + cpu::bf16_packed_a_size(r0, hl));
+    cpu::bf16_pack_at_rows(r0, nr, hl, rows, act, hl, at_.data() + e * at_stride_);
   }
   cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
 }
 
-void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* x,
-                                                    const float* pre, const float* b1,
-                                                    float* dact, float* db1, float* dw1,
-                                                    float* dx) {
+void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const float* dy, float* dw2,
+                                      float* dact) {
   const int64_t M = model_dim_, hl = hidden_;
+  // dW2 (Hl, M) += act^T dy; dact (R, Hl) = dy W2^T
+  cpu::bf16_pack_b(false, rows, M, dy, M, b_.data());
+  cpu::gemm_bf16_packed(hl, M, rows, at_.data() + e * at_stride_, b_.data(), dw2, M, true);
+  cpu::bf16_pack_a(false, rows, M, dy, M, a_.data());
+  cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w2t_.data() + e * w_stride_, dact, hl, false);
+}
+
+void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre,
+                                                    const float* b1, const float* dact,
+                                                    float* db1, float* dw1, float* dx) {
+  const int64_t M = model_dim_, hl = hidden_;
+  float* dpre = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
-    float* d = dact + r0 * hl;
-    cpu::bias_gelu_backward(pre + r0 * hl, b1, d, d, db1, nr, hl);
+    cpu::bias_gelu_backward_bf16(pre + r0 * hl, b1, dact + r0 * hl, dpre, db1, nr, hl);
     // dpre as A (for dx) and as rows r0.. of B (for dW1)
-    cpu::bf16_pack_a(false, nr, hl, d, hl, a2_.data() + cpu::bf16_packed_a_size(r0, hl));
-    cpu::bf16_pack_b_rows(r0, nr, rows, hl, d, hl, b_.data());
+    cpu::bf16_pack_a(false, nr, hl, dpre, hl, a2_.data() + cpu::bf16_packed_a_size(r0, hl));
+    cpu::bf16_pack_b_rows(r0, nr, rows, hl, dpre, hl, b_.data());
   }
   // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T
-  cpu::bf16_pack_a(true, M, rows, x, M, a_.data());
-  cpu::gemm_bf16_packed(M, hl, rows, a_.data(), b_.data(), dw1, hl, true);
+  cpu::gemm_bf16_packed(M, hl, rows, xt_.data() + e * xt_stride_, b_.data(), dw1, hl, true);
   cpu::gemm_bf16_packed(rows, M, hl, a2_.data(), w1t_.data() + e * w_stride_, dx, M, false);
 }
 
 int64_t Bf16ExpertProducts::held_bytes() const {
   size_t n = a_.size() + a2_.size() + b_.size() + w1_.size() + w2_.size() + w2t_.size() +
-             w1t_.size();
-  return static_cast<int64_t>(n * sizeof(uint16_t));
+             w1t_.size() + xt_.size() + at_.size();
+  return static_cast<int64_t>(n * sizeof(uint16_t) + block_.size() * sizeof(float));
 }
 
 double expert_product_flops(int64_t rows, int64_t M, int64_t hl) {

@@ -54,46 +54,43 @@ void fc2_backward(int64_t rows, int64_t model_dim, int64_t hidden, const float* 
 void fc1_backward(int64_t rows, int64_t model_dim, int64_t hidden, const float* x,
                   const float* dpre, const float* w1, float* dw1, float* dx);
 
-// The same four functions at Precision::kBf16 (bf16 operands, fp32 accumulation and
-// outputs, as the CUDA path): every operand is rounded into the packed layouts of
-// cpu::gemm_bf16_packed. The weights are packed once per pass for all experts
-// (pack_forward_weights before the forward products, pack_backward_weights before the
-// backward ones: each layout once per pass, not per call); the row operands are packed per
-// call into scratch reserved once. Nothing is allocated after reserve().
+// The six products at Precision::kBf16 (bf16 operands, fp32 accumulation and outputs, as the
+// CUDA path), every operand rounded into the packed layouts of cpu::gemm_bf16_packed.
+// pack_weights packs every expert's W1, W2 and W1^T, W2^T once per step, before the forward
+// products; the backward products reuse them (a step's weights do not change between its
+// passes). An expert's forward pass keeps x^T and act^T packed for its backward pass (half
+// the bytes of fp32 copies; act is never written in fp32); the elementwise steps between
+// the products run a block of rows at a time, packed while the block is in cache, with the
+// bf16 GeLU (cpu::bias_gelu_bf16). Nothing is allocated after reserve().
 class Bf16ExpertProducts {
  public:
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
-  // w1 (E_loc, M, Hl), w2 (E_loc, Hl, M), fp32.
-  void pack_forward_weights(const float* w1, const float* w2);
-  void pack_backward_weights(const float* w1, const float* w2);
-  // As fc1_forward ... fc1_backward above, for expert e (its weights as packed last).
+  // w1 (E_loc, M, Hl), w2 (E_loc, Hl, M), fp32: one pass over them writes all four layouts.
+  void pack_weights(const float* w1, const float* w2);
+  // pre (R, Hl) = x (R, M) W1 for expert e; keeps x^T packed. Overwrites pre.
   void fc1_forward(int64_t e, int64_t rows, const float* x, float* pre);
-  void fc2_forward(int64_t e, int64_t rows, const float* act, float* out);
-  void fc2_backward(int64_t e, int64_t rows, const float* act, const float* dy, float* dw2,
-                    float* dact);
-  void fc1_backward(int64_t e, int64_t rows, const float* x, const float* dpre, float* dw1,
-                    float* dx);
-  // Fused with the elementwise step between the two products, a block of rows at a time so
-  // that each block is packed while still in cache (one pass over the (R, Hl) arrays less):
-  // act = gelu(pre + b1) (fp32, kept for the backward pass) and out = act W2, as
-  // cpu::bias_gelu then fc2_forward.
+  // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed. Overwrites out.
   void bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre, const float* b1,
-                             float* act, float* out);
-  // dpre = gelu'(pre + b1) dact in place of dact, db1 += its column sums, then fc1_backward
-  // from dpre: as cpu::bias_gelu_backward then fc1_backward.
-  void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* x, const float* pre,
-                                  const float* b1, float* dact, float* db1, float* dw1,
-                                  float* dx);
+                             float* out);
+  // dW2 (Hl, M) += act^T dy; dact (R, Hl) = dy (R, M) W2^T. Accumulates dw2, overwrites dact.
+  void fc2_backward(int64_t e, int64_t rows, const float* dy, float* dw2, float* dact);
+  // dpre = gelu'(pre + b1) dact (scratch), db1 += its column sums, dW1 (M, Hl) += x^T dpre,
+  // dx (R, M) = dpre W1^T. Accumulates db1 and dw1, overwrites dx.
+  void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre, const float* b1,
+                                  const float* dact, float* db1, float* dw1, float* dx);
   int64_t held_bytes() const;
 
  private:
   int64_t experts_ = 0, max_rows_ = 0, model_dim_ = 0, hidden_ = 0;
-  int64_t w_stride_ = 0;  // values per expert in each packed weight buffer
+  int64_t w_stride_ = 0;   // values per expert in each packed weight buffer
+  int64_t xt_stride_ = 0, at_stride_ = 0;  // values per expert in xt_, at_
   std::vector<uint16_t> a_, b_;  // packed row operands of the product being run
-  std::vector<uint16_t> a2_;     // a second packed A: dpre, packed beside x^T
+  std::vector<uint16_t> a2_;     // a second packed A: dpre, packed beside dpre as B
+  std::vector<float> block_;     // (kFuseRows, Hl) fp32: act or dpre of one block of rows
   // Per expert, packed as B: W1 (M, Hl) and W2 (Hl, M) for the forward pass, W2^T (M, Hl)
-  // and W1^T (Hl, M) for the backward pass.
-  std::vector<uint16_t> w1_, w2_, w2t_, w1t_;
+  // and W1^T (Hl, M) for the backward pass; packed as A from the forward pass: x^T (M, R),
+  // act^T (Hl, R).
+  std::vector<uint16_t> w1_, w2_, w2t_, w1t_, xt_, at_;
 };
 
 // FLOPs of the six products (forward and backward) of one expert over `rows` rows.

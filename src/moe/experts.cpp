@@ -54,15 +54,18 @@ void check_fills(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t sl
 void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl,
                               Precision p) {
   precision = p;
-  if (p == Precision::kBf16) bf16.reserve(experts, max_rows, M, hl);
+  const bool bf16_path = p == Precision::kBf16;
+  if (bf16_path) bf16.reserve(experts, max_rows, M, hl);
   rows.assign(static_cast<size_t>(experts), 0);
   in.clear();
   pre.clear();
   act.clear();
   for (int64_t e = 0; e < experts; ++e) {
-    in.emplace_back(Shape{max_rows, M});
+    // At bf16 x and act are kept packed (bf16) for the backward pass: one x serves as the
+    // gather scratch of every expert, and act is not written in fp32.
+    if (!bf16_path || e == 0) in.emplace_back(Shape{max_rows, M});
     pre.emplace_back(Shape{max_rows, hl});
-    act.emplace_back(Shape{max_rows, hl});
+    if (!bf16_path) act.emplace_back(Shape{max_rows, hl});
   }
   out_rows = Tensor({max_rows, M});
   d_out = Tensor({max_rows, M});
@@ -76,20 +79,19 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
   PARM_CHECK(in.numel() == blocks * e_loc * slots * M && out.numel() == in.numel(),
              "expert buffers {} / {} for blocks={} E_loc={} slots={} M={}",
              shape_str(in.shape()), shape_str(out.shape()), blocks, e_loc, slots, M);
-  PARM_CHECK(static_cast<int64_t>(ws.in.size()) == e_loc && ws.out_rows.rows() >= blocks * slots,
-             "expert workspace reserved for {} experts x {} rows, needs {} x {}", ws.in.size(),
+  PARM_CHECK(static_cast<int64_t>(ws.pre.size()) == e_loc && ws.out_rows.rows() >= blocks * slots,
+             "expert workspace reserved for {} experts x {} rows, needs {} x {}", ws.pre.size(),
              ws.out_rows.rows(), e_loc, blocks * slots);
   check_fills(fills, blocks, e_loc, slots);
   PhaseClock clock(times);
   const bool bf16 = ws.precision == Precision::kBf16;
-  if (bf16) {  // once per pass; experts_backward packs the transposed layouts it needs
-    ws.bf16.pack_forward_weights(w.w1.data(), w.w2.data());
+  if (bf16) {  // all four layouts once per step; experts_backward reuses them
+    ws.bf16.pack_weights(w.w1.data(), w.w2.data());
     clock.lap("expert products");
   }
   for (int64_t e = 0; e < e_loc; ++e) {
-    float* x = ws.in[static_cast<size_t>(e)].data();
+    float* x = ws.in[bf16 ? 0 : static_cast<size_t>(e)].data();
     float* pre = ws.pre[static_cast<size_t>(e)].data();
-    float* act = ws.act[static_cast<size_t>(e)].data();
     const int64_t n = gather_filled(in, blocks, e_loc, slots, e, fills, M, x);
     ws.rows[static_cast<size_t>(e)] = n;
     clock.lap("rows in/out");
@@ -99,8 +101,9 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
       fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
     clock.lap("expert products");
     if (bf16) {  // bias + GeLU fused with packing act (timed as products)
-      ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, act, ws.out_rows.data());
+      ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, ws.out_rows.data());
     } else {
+      float* act = ws.act[static_cast<size_t>(e)].data();
       cpu::bias_gelu(pre, w.b1.data() + e * hl, act, n, hl);
       clock.lap("bias + GeLU");
       fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
@@ -124,29 +127,25 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
   float* dy = ws.d_out.data();
   float* dact = ws.d_act.data();
   const bool bf16 = ws.precision == Precision::kBf16;
-  if (bf16) {
-    ws.bf16.pack_backward_weights(w.w1.data(), w.w2.data());
-    clock.lap("expert products");
-  }
   for (int64_t e = 0; e < e_loc; ++e) {
-    const float* x = ws.in[static_cast<size_t>(e)].data();
     const float* pre = ws.pre[static_cast<size_t>(e)].data();
-    const float* act = ws.act[static_cast<size_t>(e)].data();
     const int64_t n = gather_filled(dout, blocks, e_loc, slots, e, fills, M, dy);
     PARM_CHECK_EQ(n, ws.rows[static_cast<size_t>(e)]);
     clock.lap("rows in/out");
     cpu::bias_backward(dy, dw.b2.data() + e * M, n, M);
     clock.lap("GeLU + bias backward");
     if (bf16)
-      ws.bf16.fc2_backward(e, n, act, dy, dw.w2.data() + e * hl * M, dact);
+      ws.bf16.fc2_backward(e, n, dy, dw.w2.data() + e * hl * M, dact);
     else
-      fc2_backward(n, M, hl, act, dy, w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
+      fc2_backward(n, M, hl, ws.act[static_cast<size_t>(e)].data(), dy,
+                   w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
     clock.lap("expert products");
     if (bf16) {  // GeLU + bias backward fused with packing dpre (timed as products)
-      ws.bf16.gelu_backward_fc1_backward(e, n, x, pre, w.b1.data() + e * hl, dact,
+      ws.bf16.gelu_backward_fc1_backward(e, n, pre, w.b1.data() + e * hl, dact,
                                          dw.b1.data() + e * hl, dw.w1.data() + e * M * hl,
                                          ws.out_rows.data());
     } else {
+      const float* x = ws.in[static_cast<size_t>(e)].data();
       cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
                               hl);
       clock.lap("GeLU + bias backward");

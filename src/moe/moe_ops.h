@@ -87,7 +87,8 @@ struct ExpertShards {
 // Per expert: its rows gathered out of the exchange layout, and the activations kept for
 // the backward pass. Sized once for the most rows an expert can get (reserve); the layer's
 // steady state then allocates nothing. At Precision::kBf16 the six products run on bf16
-// operands (Bf16ExpertProducts); everything kept here stays fp32.
+// operands (Bf16ExpertProducts), which keeps x and act packed for the backward pass: `in`
+// then holds one expert's rows at a time and `act` is empty; pre stays fp32.
 struct ExpertWorkspace {
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden,
                Precision precision = Precision::kFp32);

@@ -1,11 +1,14 @@
-// Bf16ExpertProducts' fused steps (moe/expert_products.h): bias + GeLU fused with the packing
-// of act, and GeLU + bias backward fused with the packing of dpre, give bit for bit what the
-// separate steps give (same GeLU, same rounding, same products), for row counts that leave
-// partial 16- and 32-row blocks, a single row and an empty expert, on both bf16 kernels.
-// Also bf16_pack_b_rows block by block against bf16_pack_b.
+// Bf16ExpertProducts (moe/expert_products.h): the fused steps (bias + GeLU with the packing of
+// act and act^T, GeLU + bias backward with the packing of dpre, weights packed in one pass for
+// both layouts, x^T and act^T kept from the forward pass) give bit for bit what the separate
+// steps give, for row counts that leave partial 16- and 32-row blocks, a single row and an
+// empty expert, on both bf16 kernels. Also the bf16 GeLU against the fp32 one, and
+// bf16_pack_b_rows / bf16_pack_at_rows block by block against the whole operand.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
@@ -34,45 +37,57 @@ std::vector<cpu::Bf16Kernel> kernels() {
   return out;
 }
 
+// The reference: each step on its own, the products through cpu::gemm_bf16 (fp32 operands
+// packed per call: the same rounding and the same kernel as the packed layouts).
 TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
   const int64_t experts = 2, max_rows = 70, M = 40, hl = 72;
   const auto w1 = normal(experts * M * hl, 1, 0.2f), w2 = normal(experts * hl * M, 2, 0.2f);
   const auto b1 = normal(experts * hl, 3), x = normal(max_rows * M, 4);
-  const auto pre = normal(max_rows * hl, 5), dy = normal(max_rows * M, 6);
+  const auto pre_in = normal(max_rows * hl, 5), dy = normal(max_rows * M, 6);
   for (cpu::Bf16Kernel kernel : kernels()) {
     cpu::set_bf16_kernel(kernel);
-    Bf16ExpertProducts fused, separate;
-    for (auto* p : {&fused, &separate}) {
-      p->reserve(experts, max_rows, M, hl);
-      p->pack_forward_weights(w1.data(), w2.data());
-      p->pack_backward_weights(w1.data(), w2.data());
-    }
+    Bf16ExpertProducts fused;
+    fused.reserve(experts, max_rows, M, hl);
+    fused.pack_weights(w1.data(), w2.data());
     for (int64_t rows : {0, 1, 16, 17, 31, 32, 33, 64, 70}) {
       const int64_t e = rows % 2;
       const float* bias = b1.data() + e * hl;
+      const float* w1e = w1.data() + e * M * hl;
+      const float* w2e = w2.data() + e * hl * M;
       const std::string at = std::string(cpu::bf16_kernel_name()) + ", rows " +
                              std::to_string(rows);
-      // Forward: act and out. Outputs start as sentinels: rows past `rows` stay untouched.
-      std::vector<float> act_f(max_rows * hl, 7.0f), act_s = act_f;
+      // Forward: pre, then out from a given pre. Outputs start as sentinels: rows past
+      // `rows` stay untouched.
+      std::vector<float> pre_f(max_rows * hl, 7.0f), pre_s = pre_f;
+      fused.fc1_forward(e, rows, x.data(), pre_f.data());
+      cpu::gemm_bf16(false, false, rows, hl, M, x.data(), w1e, pre_s.data(), false);
+      EXPECT_EQ(pre_f, pre_s) << at;
+      std::vector<float> act(max_rows * hl, 7.0f);
       std::vector<float> out_f(max_rows * M, 7.0f), out_s = out_f;
-      fused.bias_gelu_fc2_forward(e, rows, pre.data(), bias, act_f.data(), out_f.data());
-      cpu::bias_gelu(pre.data(), bias, act_s.data(), rows, hl);
-      separate.fc2_forward(e, rows, act_s.data(), out_s.data());
-      EXPECT_EQ(act_f, act_s) << at;
+      fused.bias_gelu_fc2_forward(e, rows, pre_in.data(), bias, out_f.data());
+      cpu::bias_gelu_bf16(pre_in.data(), bias, act.data(), rows, hl);
+      cpu::gemm_bf16(false, false, rows, M, hl, act.data(), w2e, out_s.data(), false);
       EXPECT_EQ(out_f, out_s) << at;
-      // Backward: dpre (in place of dact), db1, dW1 (accumulated onto a start value), dx.
-      std::vector<float> dact_f(max_rows * hl), dx_f(max_rows * M, 7.0f), dx_s = dx_f;
+      // Backward from the kept x^T and act^T: dW2 and dW1 accumulated onto start values.
+      std::vector<float> dact_f(max_rows * hl, 7.0f), dact_s = dact_f;
+      std::vector<float> dw2_f = normal(hl * M, 10), dw2_s = dw2_f;
+      fused.fc2_backward(e, rows, dy.data(), dw2_f.data(), dact_f.data());
+      cpu::gemm_bf16(true, false, hl, M, rows, act.data(), dy.data(), dw2_s.data(), true);
+      cpu::gemm_bf16(false, true, rows, hl, M, dy.data(), w2e, dact_s.data(), false);
+      EXPECT_EQ(dw2_f, dw2_s) << at;
+      EXPECT_EQ(dact_f, dact_s) << at;
+      std::vector<float> dx_f(max_rows * M, 7.0f), dx_s = dx_f;
       std::vector<float> dw1_f = normal(M * hl, 8), dw1_s = dw1_f;
       std::vector<float> db1_f = normal(hl, 9), db1_s = db1_f;
-      separate.fc2_backward(e, rows, act_s.data(), dy.data(), normal(hl * M, 10).data(),
-                            dact_f.data());
-      std::vector<float> dact_s = dact_f;
-      fused.gelu_backward_fc1_backward(e, rows, x.data(), pre.data(), bias, dact_f.data(),
+      const std::vector<float> dact_before = dact_f;
+      fused.gelu_backward_fc1_backward(e, rows, pre_in.data(), bias, dact_f.data(),
                                        db1_f.data(), dw1_f.data(), dx_f.data());
-      cpu::bias_gelu_backward(pre.data(), bias, dact_s.data(), dact_s.data(), db1_s.data(),
-                              rows, hl);
-      separate.fc1_backward(e, rows, x.data(), dact_s.data(), dw1_s.data(), dx_s.data());
-      EXPECT_EQ(dact_f, dact_s) << at;
+      EXPECT_EQ(dact_f, dact_before) << at << ": dact is read only";
+      std::vector<float> dpre(max_rows * hl);
+      cpu::bias_gelu_backward_bf16(pre_in.data(), bias, dact_s.data(), dpre.data(), db1_s.data(),
+                                   rows, hl);
+      cpu::gemm_bf16(true, false, M, hl, rows, x.data(), dpre.data(), dw1_s.data(), true);
+      cpu::gemm_bf16(false, true, rows, M, hl, dpre.data(), w1e, dx_s.data(), false);
       EXPECT_EQ(db1_f, db1_s) << at;
       EXPECT_EQ(dw1_f, dw1_s) << at;
       EXPECT_EQ(dx_f, dx_s) << at;
@@ -80,6 +95,69 @@ TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
     }
   }
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+}
+
+// A transposed A packed in blocks of stored rows (k0 multiples of 32, a partial last block)
+// equals it packed at once, padding rows and columns included; bad blocks are refused.
+TEST(Bf16PackAtRows, BlocksMatchTheWholeOperand) {
+  for (bool portable : {true, false}) {
+    cpu::set_bf16_kernel(portable ? cpu::Bf16Kernel::kPortable : cpu::Bf16Kernel::kAuto);
+    for (int64_t k : {1, 31, 32, 33, 70, 96}) {
+      for (int64_t m : {5, 16, 37}) {
+        const auto a = normal(k * (m + 3), 12);
+        const auto size = static_cast<size_t>(cpu::bf16_packed_a_size(m, k));
+        std::vector<uint16_t> whole(size, 0xdead), blocks(size, 0xbeef);
+        cpu::bf16_pack_a(true, m, k, a.data(), m + 3, whole.data());
+        for (int64_t k0 = 0; k0 < k; k0 += 32)
+          cpu::bf16_pack_at_rows(k0, std::min<int64_t>(32, k - k0), m, k,
+                                 a.data() + k0 * (m + 3), m + 3, blocks.data());
+        EXPECT_EQ(blocks, whole) << "m = " << m << ", k = " << k << (portable ? " (portable)" : "");
+      }
+    }
+  }
+  cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+  std::vector<float> a(64 * 4);
+  std::vector<uint16_t> packed(static_cast<size_t>(cpu::bf16_packed_a_size(4, 64)));
+  EXPECT_THROW(cpu::bf16_pack_at_rows(16, 16, 4, 64, a.data(), 4, packed.data()), Error);
+  EXPECT_THROW(cpu::bf16_pack_at_rows(0, 16, 4, 64, a.data(), 4, packed.data()), Error);
+  EXPECT_THROW(cpu::bf16_pack_at_rows(32, 40, 4, 64, a.data(), 4, packed.data()), Error);
+}
+
+// The bf16 GeLU against the fp32 one over [-20, 20] (bias added, partial vectors): values
+// within kGeluBf16Error relative, gradients within kGeluBf16Error absolute, db1 summed to
+// the same tolerance; NaN propagates and +-inf give gelu's limits.
+TEST(GeluBf16, WithinItsErrorOfTheFp32GeLU) {
+  const int64_t rows = 301, cols = 37;
+  std::vector<float> x(rows * cols), bias(cols), dact = normal(rows * cols, 13);
+  for (int64_t i = 0; i < rows * cols; ++i)
+    x[static_cast<size_t>(i)] = -20.0f + 40.0f * static_cast<float>(i) / (rows * cols - 1);
+  for (int64_t c = 0; c < cols; ++c) bias[static_cast<size_t>(c)] = 0.01f * static_cast<float>(c);
+  std::vector<float> act(x.size()), act_b(x.size()), dx(x.size()), dx_b(x.size());
+  std::vector<float> db(cols, 0.5f), db_b = db;
+  cpu::bias_gelu(x.data(), bias.data(), act.data(), rows, cols);
+  cpu::bias_gelu_bf16(x.data(), bias.data(), act_b.data(), rows, cols);
+  cpu::bias_gelu_backward(x.data(), bias.data(), dact.data(), dx.data(), db.data(), rows, cols);
+  cpu::bias_gelu_backward_bf16(x.data(), bias.data(), dact.data(), dx_b.data(), db_b.data(), rows,
+                               cols);
+  const double tol = cpu::kGeluBf16Error;
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_NEAR(act_b[i], act[i], tol * std::fabs(act[i]) + 1e-30) << "gelu at x = " << x[i];
+    ASSERT_NEAR(dx_b[i], dx[i], tol * std::fabs(dact[i])) << "gelu' at x = " << x[i];
+  }
+  for (int64_t c = 0; c < cols; ++c)
+    EXPECT_NEAR(db_b[static_cast<size_t>(c)], db[static_cast<size_t>(c)], tol * rows) << c;
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {std::nanf(""), inf, -inf, 0.0f}, zero(4, 0.0f), one(4, 1.0f);
+  std::vector<float> v(4), g(4), dbs(4, 0.0f);
+  cpu::bias_gelu_bf16(special.data(), zero.data(), v.data(), 1, 4);
+  cpu::bias_gelu_backward_bf16(special.data(), zero.data(), one.data(), g.data(), dbs.data(), 1, 4);
+  EXPECT_TRUE(std::isnan(v[0]) && std::isnan(g[0]));
+  EXPECT_EQ(v[1], inf);
+  EXPECT_EQ(g[1], 1.0f);
+  EXPECT_NEAR(v[2], 0.0f, 1e-30);
+  EXPECT_NEAR(g[2], 0.0f, 1e-30);
+  EXPECT_EQ(v[3], 0.0f);
+  EXPECT_NEAR(g[3], 0.5f, tol);
 }
 
 // B packed in blocks of rows (k0 multiples of 32, a partial last block) equals B packed at

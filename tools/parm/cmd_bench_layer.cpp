@@ -87,8 +87,8 @@ struct BreakdownRow {
 
 // The floor of one forward + backward pass: the expert products over the filled rows alone.
 struct Floor {
-  double ms = 0;         // max over ranks of each rank's products timed alone
-  double ms_rank0 = 0;
+  double ms = 0;         // median over iterations of the slowest rank's products timed alone
+  double ms_rank0 = 0;   // median of rank 0's
   double gflops = 0;     // the GEMM rate reached on those shapes (rank of the max)
   // Filled expert rows: the most on one rank, and over all ranks; both depend on the routing
   // alone. Not the rows of the slowest rank: which rank is slowest is timing noise when the
@@ -162,30 +162,40 @@ std::vector<BreakdownRow> breakdown_rows(Communicator& world, const MoeLayer& la
   return rows;
 }
 
-// Every rank times its own expert products (the shapes of the last forward pass) alone, at
-// the same time as the others, as they ran inside the layer.
-Floor measure_floor(Communicator& world, MoeLayer& layer) {
+// Every rank times its own expert products (the shapes of the forward pass) alone, at the
+// same time as the others, once after each timed iteration (measure_floor_us), so that the
+// floor and the layer see the same load: on a shared machine a floor timed apart moved time /
+// floor either way. measure_floor then takes the statistic of the layer's times: per
+// iteration the slowest rank, then the median over iterations, so that time / floor compares
+// like with like.
+double measure_floor_us(Communicator& world, MoeLayer& layer) {
+  world.barrier();
+  return layer.backend().time_expert_products_us(layer.expert_rows(), layer.shape().model_dim,
+                                                 layer.shard_hidden(), 1);
+}
+
+Floor measure_floor(Communicator& world, const MoeLayer& layer,
+                    const std::vector<double>& floor_us) {
   const auto& rows = layer.expert_rows();
   const int64_t M = layer.shape().model_dim, hl = layer.shard_hidden();
-  world.barrier();
-  const double us = layer.backend().time_expert_products_us(rows, M, hl, 5);
   double flops = 0;
   int64_t total_rows = 0;
   for (int64_t r : rows) {
     flops += moe::expert_product_flops(r, M, hl);
     total_rows += r;
   }
-  const double ms = us / 1e3;
+  const double ms = median(max_over_ranks(world, floor_us)) / 1e3;
+  const double own_ms = median(floor_us) / 1e3;
   const bool root = world_rank() == 0;
-  const auto slowest = max_over_ranks(world, {ms, root ? ms : 0.0});
-  // The slowest rank sets the floor; report its rate (ties: the larger value). The rows are
-  // properties of the routing alone, the same whichever rank is slowest.
-  const bool is_max = ms == slowest[0];
+  const auto slowest = max_over_ranks(world, {own_ms, root ? own_ms : 0.0});
+  // The GEMM rate of the rank slowest over the iterations (ties: the larger value). The rows
+  // are properties of the routing alone, the same whichever rank is slowest.
+  const bool is_max = own_ms == slowest[0];
   const auto at_max = max_over_ranks(
-      world, {is_max ? flops / us * 1e-3 : 0.0, static_cast<double>(total_rows)});
+      world, {is_max ? flops / own_ms * 1e-6 : 0.0, static_cast<double>(total_rows)});
   int64_t sum_rows = total_rows;
   world.allreduce(&sum_rows, 1);
-  return {slowest[0], slowest[1], at_max[0], static_cast<int64_t>(at_max[1]), sum_rows};
+  return {ms, slowest[1], at_max[0], static_cast<int64_t>(at_max[1]), sum_rows};
 }
 
 Memory measure_memory(Communicator& world, const MoeLayer& layer) {
@@ -224,7 +234,7 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
   Measured m;
   m.name = std::string(schedule::kind_name(kind)) + (layer->schedule().fused ? "+fused" : "");
   layer->load_whole(in.params);
-  std::vector<double> fwd_ms, bwd_ms;
+  std::vector<double> fwd_ms, bwd_ms, floor_us;
   const size_t num_steps = layer->schedule().steps.size();
   std::vector<double> step_fwd(num_steps * kSlotsPerStep, 0.0), step_bwd = step_fwd;
   for (int it = 0; it < warmup + iters; ++it) {
@@ -246,11 +256,12 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
     bwd_ms.push_back((t3 - t2) / 1e3);
     add_step_times(layer->forward_step_us(), layer->forward_phases(), 1e-3 / iters, step_fwd);
     add_step_times(layer->backward_step_us(), layer->backward_phases(), 1e-3 / iters, step_bwd);
+    floor_us.push_back(measure_floor_us(world, *layer));
   }
   m.fwd = summarize(max_over_ranks(world, fwd_ms));
   m.bwd = summarize(max_over_ranks(world, bwd_ms));
   m.breakdown = breakdown_rows(world, *layer, step_fwd, step_bwd);
-  m.floor = measure_floor(world, *layer);
+  m.floor = measure_floor(world, *layer, floor_us);
   m.memory = measure_memory(world, *layer);
   if (schedule_out != nullptr && keep != nullptr) {
     *schedule_out = &layer->schedule();

@@ -1,0 +1,134 @@
+// GeLU for the bf16 path (kernels.h: bias_gelu_bf16). Same tanh form as gelu.cpp,
+//   gelu(x) = x s,  gelu'(x) = s + x s (1 - s) 2u'(x),  s = 1 / (1 + 2^t),  1 - s = 2^t s,
+//   t = -2u log2(e) = x (kT1 + kT3 x^2),
+// with 2^t as 2^n p(f) (n = round(t), |f| <= 1/2, p the degree-5 Taylor polynomial of 2^f,
+// relative error < 3e-6; VSCALEFPS applies 2^n) and 1 / (1 + 2^t) by VRCP14PS (relative error
+// < 2^-14). No division and no exponent bit tricks: half of gelu.cpp's instructions. Measured
+// over x in [-20, 20]: values within 6.3e-5 relative, gradients within 5.3e-5 absolute; the
+// products round act and dpre to bf16 (2^-9 relative), 30x coarser.
+#include <immintrin.h>
+
+#include "kernels/cpu/kernels.h"
+#include "parm/error.h"
+
+#define PARM_AVX512 __attribute__((target("avx512f")))
+
+namespace parm::cpu {
+namespace {
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps and warn about it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+constexpr float kT1 = -2.0f * kSqrt2OverPi * kLog2e;
+constexpr float kT3 = kT1 * kCubic;
+constexpr float kDu1 = 2.0f * kSqrt2OverPi;               // 2u'(x) = kDu1 + kDu3 x^2
+constexpr float kDu3 = 2.0f * kSqrt2OverPi * 3.0f * kCubic;
+// t stays within +-126: 1 + 2^t and its reciprocal are normal floats. Beyond it s is 1 to
+// fp32 precision (t < -126) or below 2^-126 (gelu(x) then rounds to 0 in bf16).
+constexpr float kTClamp = 126.0f;
+// As in gelu.cpp: gelu(x) rounds to -0 below it (here to -20 x 2^-126 at most), and -inf
+// must not meet s = 2^-126.
+constexpr float kValueClamp = -20.0f;
+// As in gelu.cpp: gelu'(x) is 1 (x > 9.5) or below 2e-31 (x < -9.5) there.
+constexpr float kGradClamp = 9.5f;
+
+bool have_avx512f() {
+  static const bool have = __builtin_cpu_supports("avx512f");
+  return have;
+}
+
+// 2^t for |t| <= 126.
+PARM_AVX512 inline __m512 exp2_avx512(__m512 t) {
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.3333558e-3f);  // ln2^5 / 120
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));  // ln2^4 / 24
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));  // ln2^3 / 6
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022651f));    // ln2^2 / 2
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69314718f));    // ln2
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+PARM_AVX512 inline __m512 clamp(__m512 v, float limit) {
+  return _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-limit)), _mm512_set1_ps(limit));
+}
+
+// Columns c .. c + 16 of a row (fewer at the end: `mask`).
+PARM_AVX512 inline __m512 load(const float* p, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+
+PARM_AVX512 void bias_gelu_avx512(const float* x, const float* bias, float* act, int64_t rows,
+                                  int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* ar = act + r * cols;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __mmask16 m = cols - c >= 16 ? 0xffff : static_cast<__mmask16>((1u << (cols - c)) - 1u);
+      // max(lo, v) returns v where v is NaN: t clamps to a number, and v s stays NaN.
+      const __m512 v = _mm512_max_ps(_mm512_set1_ps(kValueClamp),
+                                     _mm512_add_ps(load(xr + c, m), load(bias + c, m)));
+      const __m512 v2 = _mm512_mul_ps(v, v);
+      const __m512 t = clamp(_mm512_mul_ps(v, _mm512_fmadd_ps(v2, _mm512_set1_ps(kT3),
+                                                              _mm512_set1_ps(kT1))),
+                             kTClamp);
+      const __m512 s = _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), exp2_avx512(t)));
+      _mm512_mask_storeu_ps(ar + c, m, _mm512_mul_ps(v, s));
+    }
+  }
+}
+
+PARM_AVX512 void bias_gelu_backward_avx512(const float* x, const float* bias, const float* dact,
+                                           float* dx, float* dbias, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    const float* gr = dact + r * cols;
+    float* dr = dx + r * cols;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __mmask16 m = cols - c >= 16 ? 0xffff : static_cast<__mmask16>((1u << (cols - c)) - 1u);
+      const __m512 raw = _mm512_add_ps(load(xr + c, m), load(bias + c, m));
+      const __m512 v = clamp(raw, kGradClamp);
+      const __m512 v2 = _mm512_mul_ps(v, v);
+      const __m512 e = exp2_avx512(
+          _mm512_mul_ps(v, _mm512_fmadd_ps(v2, _mm512_set1_ps(kT3), _mm512_set1_ps(kT1))));
+      const __m512 s = _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      const __m512 du = _mm512_fmadd_ps(v2, _mm512_set1_ps(kDu3), _mm512_set1_ps(kDu1));
+      // g = s + v s (2^t s) 2u'
+      const __m512 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(v, s), _mm512_mul_ps(e, s)),
+                                       du, s);
+      // The clamp turns NaN into a number: put the NaN back.
+      const __mmask16 nan = _mm512_cmp_ps_mask(raw, raw, _CMP_UNORD_Q);
+      const __m512 d = _mm512_mask_mov_ps(_mm512_mul_ps(g, load(gr + c, m)), nan, raw);
+      _mm512_mask_storeu_ps(dr + c, m, d);
+      _mm512_mask_storeu_ps(dbias + c, m, _mm512_add_ps(load(dbias + c, m), d));
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+}  // namespace
+
+void bias_gelu_bf16(const float* x, const float* bias, float* act, int64_t rows, int64_t cols) {
+  PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_bf16: bad shape ({}, {})", rows, cols);
+  if (have_avx512f())
+    bias_gelu_avx512(x, bias, act, rows, cols);
+  else
+    bias_gelu(x, bias, act, rows, cols);
+}
+
+void bias_gelu_backward_bf16(const float* x, const float* bias, const float* dact, float* dx,
+                             float* dbias, int64_t rows, int64_t cols) {
+  PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_backward_bf16: bad shape ({}, {})", rows, cols);
+  if (have_avx512f())
+    bias_gelu_backward_avx512(x, bias, dact, dx, dbias, rows, cols);
+  else
+    bias_gelu_backward(x, bias, dact, dx, dbias, rows, cols);
+}
+
+}  // namespace parm::cpu
