@@ -109,6 +109,9 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
         if ((m == Move::kReduceScatter || m == Move::kAllReduce) && segmented(s.in))
           rows_scratch = std::max(rows_scratch, bufs_[static_cast<size_t>(backward ? s.in : s.out)].numel() *
                                                     topo_.comm(s.group).size());
+        // A fused combine sums N_ESP parts of its source's rows: at most the source.
+        if (m == Move::kFusedCombine)
+          rows_scratch = std::max(rows_scratch, bufs_[static_cast<size_t>(backward ? s.out : s.in)].numel());
       }
   if (rows_scratch > 0) row_scratch_ = Tensor({rows_scratch}, device);
 }
@@ -346,8 +349,49 @@ void MoeLayer::run_dropless_move(const Step& s, Move move, bool backward) {
                            row_scratch_.data(), M, ops);
       break;
     case Move::kAllReduce: rows_.allreduce(c, segments(from, backward), row_scratch_.data(), M, ops); break;
+    case Move::kFusedDispatch:
+    case Move::kFusedCombine: run_dropless_fused(s, move, backward, ops); break;
     default: PARM_CHECK(false, "step '{}' has no dropless form", s.label);
   }
+}
+
+void MoeLayer::run_dropless_fused(const Step& s, Move move, bool backward, RowOps& ops) {
+  const int64_t M = shape_.model_dim;
+  // The fused moves' two groups: (group, group2) forward, (group2, group) backward.
+  Communicator& c1 = topo_.comm(backward ? s.group2 : s.group);
+  Communicator& c2 = topo_.comm(backward ? s.group : s.group2);
+  const int from = backward ? s.out : s.in, to = backward ? s.in : s.out;
+  if (move == Move::kFusedDispatch) {
+    if (!backward && s.carries_fills) {  // the counts take the rows' two hops ahead of them
+      post_fills(s.group, false, fills(s.in), fills_stage_);
+      meta_.wait();
+      post_fills(s.group2, true, fills_stage_, fills(s.out));
+      meta_.wait();
+    }
+    int src = from;
+    if (s.has_mp_part()) {  // the adjoint of the MP gather: keep my rows first
+      // (Only a combine's adjoint has one: schedule/build.cpp gives no dispatch an MP part.)
+      PARM_CHECK(backward, "step '{}': a fused dispatch with an MP part", s.label);
+      Communicator& mp = topo_.comm(s.group3);
+      RowExchange::keep(mp, segments(from, backward, mp.size()), segments(s.mid, backward),
+                        s.outer, M, ops);
+      src = s.mid;
+    }
+    fused_rows_.dispatch(c1, c2, segments(src, backward), segments(to, backward), M,
+                         schedule_.chunks, ops);
+    return;
+  }
+  // The combine; with an MP part it lands in mid and its last stage gathers into `to`.
+  if (s.has_mp_part()) {
+    if (!backward) fills(s.mid) = fills(schedule_.buffers[static_cast<size_t>(s.mid)].fills_like);
+    Communicator& mp = topo_.comm(s.group3);
+    const FusedRows::MpPart part{&mp, segments(to, backward, mp.size())};
+    fused_rows_.combine(c1, c2, segments(from, backward), segments(s.mid, backward),
+                        row_scratch_.data(), M, schedule_.chunks, ops, &part);
+    return;
+  }
+  fused_rows_.combine(c1, c2, segments(from, backward), segments(to, backward),
+                      row_scratch_.data(), M, schedule_.chunks, ops);
 }
 
 void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/metadata.h"
+#include "comm/fused_rows.h"
 #include "comm/row_exchange.h"
 #include "moe/backend.h"
 #include "moe/moe_ops.h"
@@ -127,6 +128,10 @@ class MoeLayer {
   std::vector<int32_t>& fills(int id) { return fills_[static_cast<size_t>(id)]; }
   // Dropless: step s's move on the routed rows of its segmented buffers only.
   void run_dropless_move(const schedule::Step& s, schedule::Move move, bool backward);
+  // Dropless: a fused step's move (kFusedDispatch / kFusedCombine) as a pipeline over the
+  // routed rows (comm/fused_rows.h).
+  void run_dropless_fused(const schedule::Step& s, schedule::Move move, bool backward,
+                          RowOps& ops);
   // Buffer id's data (or gradient) as segments; `split` > 1 views each segment as `split`
   // parts of its routed rows, part j being dropless_part(fill, j, split) (an S2 MP gather's
   // (E, N_MP, Cs) side).
@@ -174,6 +179,7 @@ class MoeLayer {
   std::vector<int32_t> fills_stage_;  // the fused dispatch's EP-exchanged counts
   MetadataExchange meta_;
   RowExchange rows_;                // dropless exchanges
+  FusedRows fused_rows_;            // and their fused (pipelined) forms
   std::vector<int32_t> view_fills_; // fill counts of a split view (segments())
   std::vector<int64_t> view_first_; // and the first row of each of its parts
   Tensor row_scratch_;              // dropless reductions' received rows
