@@ -60,13 +60,16 @@ MoeLayerParams params_on(const MoeLayerParams& p, Device device) {
 }
 
 MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
-                   int chunks, Precision precision)
+                   int chunks, Precision precision, bool router_z_loss)
     : topo_(topo), shape_(shape), router_bias_(std::make_shared<std::vector<float>>(static_cast<size_t>(shape.experts), 0.0f)) {
   const Layout& l = topo.layout();
   const Device device = topo.device();
   esp_rank_ = topo.comm(Group::kEsp).rank();
   esp_size_ = l.esp;
-  schedule_ = schedule::build({shape, l, esp_rank_, fuse, chunks}, kind);
+  PARM_CONFIG_CHECK(!router_z_loss || device == Device::kCpu,
+                    "the router z-loss runs on the CPU only, this MoE layer is on {}; use "
+                    "router_z_loss 0 there", device_name(device));
+  schedule_ = schedule::build({shape, l, esp_rank_, fuse, chunks, router_z_loss}, kind);
   const int64_t M = shape.model_dim, E = shape.experts;
   const int64_t e_loc = E / l.ep, hl = shape.hidden / l.esp;
   first_expert_ = static_cast<int>(topo.comm(Group::kEp).rank() * e_loc);
@@ -78,13 +81,26 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.local_experts = e_loc;
   sizes.hidden_shard = hl;
   sizes.max_expert_rows = schedule_.expert_blocks * schedule_.exchange_slots;
+  sizes.dropless = schedule_.dropless;
   backend_ = moe::make_backend(device, precision, sizes);
   params_ = make_params(shape, e_loc, hl, device);
   grads_ = make_params(shape, e_loc, hl, device);
   dwg_call_ = Tensor({M, E}, device);
-  for (const auto& b : schedule_.buffers) {
-    bufs_.emplace_back(b.shape, device);
-    dbufs_.emplace_back(b.shape, device);
+  // The backends write the statistics as 2E + 1 values (the z-loss sum last) and their
+  // gradient likewise: without the z-loss the step buffer is a view of the first 2E of them.
+  int stats = -1;
+  for (const Step& s : schedule_.steps)
+    if (s.kind == StepKind::kGate) stats = s.out;
+  for (size_t i = 0; i < schedule_.buffers.size(); ++i) {
+    const Shape& shape_i = schedule_.buffers[i].shape;
+    if (static_cast<int>(i) == stats && !schedule_.z_loss) {
+      const int64_t n = schedule::stats_numel(E, false);
+      bufs_.push_back(Tensor({n + 1}, device).slice_rows(0, n));
+      dbufs_.push_back(Tensor({n + 1}, device).slice_rows(0, n));
+      continue;
+    }
+    bufs_.emplace_back(shape_i, device);
+    dbufs_.emplace_back(shape_i, device);
   }
   const size_t num_steps = schedule_.steps.size();
   fwd_us_.assign(num_steps, 0.0);
@@ -243,11 +259,15 @@ const Tensor& MoeLayer::forward(const Tensor& x) {
   return bufs_[static_cast<size_t>(schedule_.output)];
 }
 
-const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux, float dl_z) {
-  PARM_CHECK(dl_z == 0.0f || device() == Device::kCpu,
-             "MoE layer: the router z-loss (dl_z {}) runs on the CPU only, this layer is on {}",
-             dl_z, device_name(device()));
+void MoeLayer::set_dl_z(float dl_z) {
+  PARM_CHECK(dl_z == 0.0f || schedule_.z_loss,
+             "MoE layer: a router z-loss gradient (dl_z {}) for a layer built without the "
+             "z-loss (construct it with router_z_loss = true)", dl_z);
   dl_z_ = dl_z;
+}
+
+const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux, float dl_z) {
+  set_dl_z(dl_z);
   for (size_t i = 0; i < dbufs_.size(); ++i)
     if (accumulated_[i]) dbufs_[i].zero();
   dwg_call_.zero();
@@ -493,7 +513,8 @@ void MoeLayer::compute_forward(const Step& s, moe::PhaseTimes* phases) {
       break;
     case StepKind::kAuxLoss:
       l_aux_ = backend_->aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
-      l_z_ = backend_->z_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
+      l_z_ = sc.z_loss ? backend_->z_loss(buf(s.in).data(), shape_.experts, sc.total_tokens)
+                       : 0.0f;
       break;
     case StepKind::kDispatch: {
       backend_->dispatch_forward(buf(s.in), buf(s.out));

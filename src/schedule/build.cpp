@@ -52,7 +52,7 @@ class Builder {
 int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, bool stats_over_mp,
                       int64_t slots) {
   const auto& sh = spec.shape;
-  const int stats = b.buffer("aux_stats", {2 * sh.experts + 1});
+  const int stats = b.buffer("aux_stats", {stats_numel(sh.experts, spec.z_loss)});
   b.compute(StepKind::kGate, tokens, stats, "gate");
   if (stats_over_mp)
     b.collective(StepKind::kSumDup, Group::kMp, stats, "", {}, "l_aux statistics allreduce");
@@ -261,6 +261,7 @@ Schedule build(const LayerSpec& spec, Kind kind) {
                                    : build_baseline(sp);
   s.adds_b2 = spec.esp_rank == 0;
   s.dropless = dropless;
+  s.z_loss = spec.z_loss;
   s.gate_weight_numel = spec.shape.model_dim * spec.shape.experts;
   for (const Step& st : s.steps)
     s.fused = s.fused || st.kind == StepKind::kFusedDispatch || st.kind == StepKind::kFusedCombine;

@@ -361,7 +361,8 @@ struct Volumes {
   Bytes forward, backward;
 };
 
-Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l) {
+// z_loss: the layer runs the router z-loss, whose statistic travels beside SPEC's 2E.
+Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l, bool z_loss) {
   const double E = s.experts, M = s.model_dim, T = s.tokens, N = l.mp, nep = l.ep;
   const double C = capacity(s.topk, s.capacity_factor, s.tokens, s.experts);
   const double C1 = capacity(s.topk, s.capacity_factor, s.tokens / l.mp, s.experts);
@@ -383,8 +384,8 @@ Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l) {
     both("ep.alltoall", 2 * E * C * M * (nep - 1) / nep);
     both("esp.allreduce", 2 * (N - 1) / N * E * C * M);
   } else if (kind == Kind::kS1) {
-    // The statistics: SPEC's 2E numbers and the router z-loss's sum of lse^2 beside them.
-    if (N > 1) v.forward["mp.allreduce"] = 2 * (N - 1) / N * (2 * E + 1) * f;
+    // The statistics: SPEC's 2E numbers [and the router z-loss's sum of lse^2 beside them].
+    if (N > 1) v.forward["mp.allreduce"] = 2 * (N - 1) / N * (2 * E + (z_loss ? 1 : 0)) * f;
     if (N > 1) v.backward["mp.allreduce"] = 2 * (N - 1) / N * M * E * f;
     both("ep.alltoall", 2 * E * C1 * M * (nep - 1) / nep);
     if (esp_rows) both("esp.allgather", (N - 1) * E * C1 * M);
@@ -432,9 +433,10 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
     auto topo = topology_of(lay);
     const auto s = MoeShape::of(40, 8, 16, 8, 2, "1.1");  // C not divisible by N: Cp pads
     for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
-    for (bool fuse : {false, true}) {
+    for (bool fuse : {false, true})
+    for (bool z_loss : {false, true}) {
       if (!allowed(kind, lay)) continue;
-      MoeLayer layer(*topo, s, kind, fuse, 3);
+      MoeLayer layer(*topo, s, kind, fuse, 3, Precision::kFp32, z_loss);
       layer.load_whole(ref::init_params<float>(s, 3));
       const auto x = check_input(s, 3, 0);
       const auto dout = check_dout(s, 3, 0);
@@ -443,11 +445,11 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
       const Bytes fwd = counted(*topo);
       topo->reset_stats();
       layer.backward(Tensor::view(const_cast<float*>(dout.data()), {s.tokens, s.model_dim}),
-                     0.5f);
+                     0.5f, z_loss ? 0.25f : 0.0f);
       const Bytes bwd = counted(*topo);
-      const Volumes want = spec_volumes(kind, s, topo->layout());
-      const std::string where = fmt::format("{} {}{}", lay.str(),
-                                            schedule::kind_name(kind), fuse ? " fused" : "");
+      const Volumes want = spec_volumes(kind, s, topo->layout(), z_loss);
+      const std::string where = fmt::format("{} {}{}{}", lay.str(), schedule::kind_name(kind),
+                                            fuse ? " fused" : "", z_loss ? " z-loss" : "");
       // The step list itself predicts what the communicator counts.
       for (bool backward : {false, true}) {
         Bytes listed;
@@ -596,7 +598,7 @@ TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
         if (l.esp > 1 && !shared) want_fwd["esp.metadata"] = (l.esp - 1) * s.experts * 4.0;
         const double N = l.mp;
         if (kind == Kind::kS1 && l.mp > 1) {
-          want_fwd["mp.allreduce"] = 2 * (N - 1) / N * (2 * s.experts + 1) * 4.0;
+          want_fwd["mp.allreduce"] = 2 * (N - 1) / N * (2 * s.experts) * 4.0;  // SPEC's 2E
           want_bwd["mp.allreduce"] = 2 * (N - 1) / N * s.model_dim * s.experts * 4.0;
         }
         const std::string where =
