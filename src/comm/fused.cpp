@@ -57,13 +57,7 @@ using fused_detail::piece_of;
 using fused_plan::Role;
 using fused_plan::Work;
 
-constexpr int kTagPieces = 4096;
-static_assert(kFusedTagBase + 4 * (kTagPieces - 1) + static_cast<int>(Role::kMp) <= 32767,
-              "fused tags must stay below the MPI_TAG_UB every MPI guarantees");
-
-int tag_of(int piece, Role part) {
-  return kFusedTagBase + 4 * (piece % kTagPieces) + static_cast<int>(part);
-}
+using fused_detail::tag_of;
 
 using Requests = std::vector<RequestPtr>;  // one step's requests
 
@@ -125,25 +119,14 @@ Workspace& workspace() {
   return ws;
 }
 
-// Runs the plan's stages in lock-step: step s posts piece s - j of stage j through
-// post(work, piece, reqs), then waits for the whole step. Returns each stage's busy time.
+// Runs the plan's stages in lock-step (fused_plan::run_lock_step) on this thread's request
+// list. Returns each stage's busy time.
 template <typename Post>
 std::array<double, fused_plan::kMaxStages> run_pipeline(const fused_plan::Plan& plan, int chunks,
                                                         const Post& post) {
   Workspace& ws = workspace();
-  std::array<double, fused_plan::kMaxStages> busy_us{};
   try {
-    for (int s = 0; s < fused_plan::num_steps(plan.num_stages, chunks); ++s) {
-      const double t0 = now_us();
-      for (int j = 0; j < plan.num_stages; ++j) {
-        const int c = fused_plan::piece_at(s, j, chunks);
-        if (c >= 0) post(plan.stage(j).work, c, ws.reqs);
-      }
-      wait_all(ws.reqs);
-      const double dt = now_us() - t0;
-      for (int j = 0; j < plan.num_stages; ++j)
-        if (fused_plan::piece_at(s, j, chunks) >= 0) busy_us[static_cast<size_t>(j)] += dt;
-    }
+    return fused_plan::run_lock_step(plan, chunks, ws.reqs, post);
   } catch (...) {
     // A step failed (a Timeout, an MPI error): drop what it posted (each request waits, up
     // to its deadline) and never hand the staging buffers out again, since messages that
@@ -154,7 +137,6 @@ std::array<double, fused_plan::kMaxStages> run_pipeline(const fused_plan::Plan& 
     ws.delivered.abandon();
     throw;
   }
-  return busy_us;
 }
 
 }  // namespace
@@ -295,6 +277,16 @@ void fused_combine(Communicator& esp, Communicator& ep, const float* in, float* 
 }
 
 namespace fused_detail {
+
+namespace {
+constexpr int kTagPieces = 4096;
+static_assert(kFusedTagBase + 4 * (kTagPieces - 1) + static_cast<int>(Role::kMp) <= 32767,
+              "fused tags must stay below the MPI_TAG_UB every MPI guarantees");
+}  // namespace
+
+int tag_of(int piece, fused_plan::Role part) {
+  return kFusedTagBase + 4 * (piece % kTagPieces) + static_cast<int>(part);
+}
 
 Piece piece_of(size_t block, int chunks, int c) {
   const size_t w = static_cast<size_t>(chunks), i = static_cast<size_t>(c);

@@ -55,6 +55,9 @@ struct Piece {
 };
 Piece piece_of(size_t block, int chunks, int c);
 
+// The host pipelines' tag of piece `piece`'s messages on the stage of `part` (see fused.cpp).
+int tag_of(int piece, fused_plan::Role part);
+
 // True when [a, a + a_len) and [b, b + b_len) share an element (empty ranges share none).
 bool overlap(const float* a, size_t a_len, const float* b, size_t b_len);
 

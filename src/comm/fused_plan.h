@@ -31,8 +31,10 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "parm/comm.h"
+#include "parm/timer.h"
 
 namespace parm::fused_plan {
 
@@ -109,6 +111,28 @@ Plan make_plan(Pipeline pipeline, const std::array<int, kNumRoles>& sizes);
 // of active stage j as its time. comms by Role (null where the pipeline has no such stage).
 void record(const Plan& plan, const std::array<Communicator*, kNumRoles>& comms, size_t block,
             const std::array<double, kMaxStages>& busy_us);
+
+// The host pipelines' lock-step (fused.cpp, fused_rows.cpp): step s calls
+// post(work, piece, reqs) for piece s - j of each active stage j, in stage order, then waits
+// for all of the step's requests (wait_all clears `reqs`, keeping its capacity). Returns each
+// active stage's busy time: the wall time of the steps in which it had a piece.
+template <typename Post>
+std::array<double, kMaxStages> run_lock_step(const Plan& plan, int chunks,
+                                             std::vector<RequestPtr>& reqs, const Post& post) {
+  std::array<double, kMaxStages> busy_us{};
+  for (int s = 0; s < num_steps(plan.num_stages, chunks); ++s) {
+    const double t0 = now_us();
+    for (int j = 0; j < plan.num_stages; ++j) {
+      const int c = piece_at(s, j, chunks);
+      if (c >= 0) post(plan.stage(j).work, c, reqs);
+    }
+    wait_all(reqs);
+    const double dt = now_us() - t0;
+    for (int j = 0; j < plan.num_stages; ++j)
+      if (piece_at(s, j, chunks) >= 0) busy_us[static_cast<size_t>(j)] += dt;
+  }
+  return busy_us;
+}
 
 // ---- the CUDA executor's stream order (cuda/nccl_fused.cpp), here as data so that a CPU
 // test can check it ----

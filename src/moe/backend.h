@@ -31,6 +31,9 @@ struct BackendSizes {
   int64_t local_experts = 0;     // E_loc
   int64_t hidden_shard = 0;      // H / N_ESP
   int64_t max_expert_rows = 0;   // rows of one local expert across all blocks of the layout
+  // Dropless: only routed rows of the dispatch-path buffers are read or sent, so the dispatch
+  // (and the combine's adjoint) leave the others unwritten instead of zeroing them.
+  bool dropless = false;
 };
 
 class LayerBackend {

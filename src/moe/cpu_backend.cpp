@@ -10,7 +10,8 @@ namespace {
 class CpuBackend final : public LayerBackend {
  public:
   CpuBackend(const BackendSizes& s, Precision p)
-      : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}) {
+      : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}),
+        zero_unrouted_(!s.dropless) {
     ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p);
   }
 
@@ -40,7 +41,7 @@ class CpuBackend final : public LayerBackend {
   }
 
   void dispatch_forward(const Tensor& x, Tensor& buf) override {
-    moe::dispatch_forward(x, routing_, buf);
+    moe::dispatch_forward(x, routing_, buf, zero_unrouted_);
   }
   void dispatch_backward(const Tensor& dbuf, Tensor& dx) override {
     moe::dispatch_backward(dbuf, routing_, dx);
@@ -49,7 +50,7 @@ class CpuBackend final : public LayerBackend {
     moe::combine_forward(buf, routing_, out);
   }
   void combine_backward(const Tensor& buf, const Tensor& dout, Tensor& dbuf) override {
-    moe::combine_backward(buf, dout, routing_, dbuf, dweight_);
+    moe::combine_backward(buf, dout, routing_, dbuf, dweight_, zero_unrouted_);
   }
 
   void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
@@ -98,6 +99,7 @@ class CpuBackend final : public LayerBackend {
   Tensor probs_, dprobs_;  // (gate rows, E)
   const float* bias_ = nullptr;  // the layer's router bias (E), or none
   GateRouting routing_;
+  bool zero_unrouted_;  // not dropless (BackendSizes::dropless)
   std::vector<float> dweight_;
   ExpertWorkspace ws_;
 };

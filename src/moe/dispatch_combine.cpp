@@ -33,11 +33,11 @@ float dot_lanes(const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& buf) {
+void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& buf, bool zero_unrouted) {
   const int64_t M = x.cols();
   PARM_CHECK(buf.numel() == r.experts * r.slots * M, "dispatch buffer {} for E={} slots={} M={}",
              shape_str(buf.shape()), r.experts, r.slots, M);
-  zero_unfilled(r, M, buf);
+  if (zero_unrouted) zero_unfilled(r, M, buf);
   for (int64_t t = 0; t < r.tokens; ++t)
     for (int j = 0; j < r.topk; ++j) {
       const int64_t row = r.row[static_cast<size_t>(t * r.topk + j)];
@@ -74,9 +74,9 @@ void combine_forward(const Tensor& buf, const GateRouting& r, Tensor& out) {
 }
 
 void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& r, Tensor& dbuf,
-                      std::vector<float>& dweight) {
+                      std::vector<float>& dweight, bool zero_unrouted) {
   const int64_t M = dout.cols();
-  zero_unfilled(r, M, dbuf);
+  if (zero_unrouted) zero_unfilled(r, M, dbuf);
   dweight.assign(static_cast<size_t>(r.tokens * r.topk), 0.0f);
   for (int64_t t = 0; t < r.tokens; ++t) {
     const float* g = dout.row(t);

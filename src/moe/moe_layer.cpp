@@ -60,13 +60,16 @@ MoeLayerParams params_on(const MoeLayerParams& p, Device device) {
 }
 
 MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
-                   int chunks, Precision precision)
+                   int chunks, Precision precision, bool router_z_loss)
     : topo_(topo), shape_(shape), router_bias_(std::make_shared<std::vector<float>>(static_cast<size_t>(shape.experts), 0.0f)) {
   const Layout& l = topo.layout();
   const Device device = topo.device();
   esp_rank_ = topo.comm(Group::kEsp).rank();
   esp_size_ = l.esp;
-  schedule_ = schedule::build({shape, l, esp_rank_, fuse, chunks}, kind);
+  PARM_CONFIG_CHECK(!router_z_loss || device == Device::kCpu,
+                    "the router z-loss runs on the CPU only, this MoE layer is on {}; use "
+                    "router_z_loss 0 there", device_name(device));
+  schedule_ = schedule::build({shape, l, esp_rank_, fuse, chunks, router_z_loss}, kind);
   const int64_t M = shape.model_dim, E = shape.experts;
   const int64_t e_loc = E / l.ep, hl = shape.hidden / l.esp;
   first_expert_ = static_cast<int>(topo.comm(Group::kEp).rank() * e_loc);
@@ -78,13 +81,26 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.local_experts = e_loc;
   sizes.hidden_shard = hl;
   sizes.max_expert_rows = schedule_.expert_blocks * schedule_.exchange_slots;
+  sizes.dropless = schedule_.dropless;
   backend_ = moe::make_backend(device, precision, sizes);
   params_ = make_params(shape, e_loc, hl, device);
   grads_ = make_params(shape, e_loc, hl, device);
   dwg_call_ = Tensor({M, E}, device);
-  for (const auto& b : schedule_.buffers) {
-    bufs_.emplace_back(b.shape, device);
-    dbufs_.emplace_back(b.shape, device);
+  // The backends write the statistics as 2E + 1 values (the z-loss sum last) and their
+  // gradient likewise: without the z-loss the step buffer is a view of the first 2E of them.
+  int stats = -1;
+  for (const Step& s : schedule_.steps)
+    if (s.kind == StepKind::kGate) stats = s.out;
+  for (size_t i = 0; i < schedule_.buffers.size(); ++i) {
+    const Shape& shape_i = schedule_.buffers[i].shape;
+    if (static_cast<int>(i) == stats && !schedule_.z_loss) {
+      const int64_t n = schedule::stats_numel(E, false);
+      bufs_.push_back(Tensor({n + 1}, device).slice_rows(0, n));
+      dbufs_.push_back(Tensor({n + 1}, device).slice_rows(0, n));
+      continue;
+    }
+    bufs_.emplace_back(shape_i, device);
+    dbufs_.emplace_back(shape_i, device);
   }
   const size_t num_steps = schedule_.steps.size();
   fwd_us_.assign(num_steps, 0.0);
@@ -109,6 +125,9 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
         if ((m == Move::kReduceScatter || m == Move::kAllReduce) && segmented(s.in))
           rows_scratch = std::max(rows_scratch, bufs_[static_cast<size_t>(backward ? s.in : s.out)].numel() *
                                                     topo_.comm(s.group).size());
+        // A fused combine sums N_ESP parts of its source's rows: at most the source.
+        if (m == Move::kFusedCombine)
+          rows_scratch = std::max(rows_scratch, bufs_[static_cast<size_t>(backward ? s.out : s.in)].numel());
       }
   if (rows_scratch > 0) row_scratch_ = Tensor({rows_scratch}, device);
 }
@@ -240,11 +259,15 @@ const Tensor& MoeLayer::forward(const Tensor& x) {
   return bufs_[static_cast<size_t>(schedule_.output)];
 }
 
-const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux, float dl_z) {
-  PARM_CHECK(dl_z == 0.0f || device() == Device::kCpu,
-             "MoE layer: the router z-loss (dl_z {}) runs on the CPU only, this layer is on {}",
-             dl_z, device_name(device()));
+void MoeLayer::set_dl_z(float dl_z) {
+  PARM_CHECK(dl_z == 0.0f || schedule_.z_loss,
+             "MoE layer: a router z-loss gradient (dl_z {}) for a layer built without the "
+             "z-loss (construct it with router_z_loss = true)", dl_z);
   dl_z_ = dl_z;
+}
+
+const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux, float dl_z) {
+  set_dl_z(dl_z);
   for (size_t i = 0; i < dbufs_.size(); ++i)
     if (accumulated_[i]) dbufs_[i].zero();
   dwg_call_.zero();
@@ -346,8 +369,49 @@ void MoeLayer::run_dropless_move(const Step& s, Move move, bool backward) {
                            row_scratch_.data(), M, ops);
       break;
     case Move::kAllReduce: rows_.allreduce(c, segments(from, backward), row_scratch_.data(), M, ops); break;
+    case Move::kFusedDispatch:
+    case Move::kFusedCombine: run_dropless_fused(s, move, backward, ops); break;
     default: PARM_CHECK(false, "step '{}' has no dropless form", s.label);
   }
+}
+
+void MoeLayer::run_dropless_fused(const Step& s, Move move, bool backward, RowOps& ops) {
+  const int64_t M = shape_.model_dim;
+  // The fused moves' two groups: (group, group2) forward, (group2, group) backward.
+  Communicator& c1 = topo_.comm(backward ? s.group2 : s.group);
+  Communicator& c2 = topo_.comm(backward ? s.group : s.group2);
+  const int from = backward ? s.out : s.in, to = backward ? s.in : s.out;
+  if (move == Move::kFusedDispatch) {
+    if (!backward && s.carries_fills) {  // the counts take the rows' two hops ahead of them
+      post_fills(s.group, false, fills(s.in), fills_stage_);
+      meta_.wait();
+      post_fills(s.group2, true, fills_stage_, fills(s.out));
+      meta_.wait();
+    }
+    int src = from;
+    if (s.has_mp_part()) {  // the adjoint of the MP gather: keep my rows first
+      // (Only a combine's adjoint has one: schedule/build.cpp gives no dispatch an MP part.)
+      PARM_CHECK(backward, "step '{}': a fused dispatch with an MP part", s.label);
+      Communicator& mp = topo_.comm(s.group3);
+      RowExchange::keep(mp, segments(from, backward, mp.size()), segments(s.mid, backward),
+                        s.outer, M, ops);
+      src = s.mid;
+    }
+    fused_rows_.dispatch(c1, c2, segments(src, backward), segments(to, backward), M,
+                         schedule_.chunks, ops);
+    return;
+  }
+  // The combine; with an MP part it lands in mid and its last stage gathers into `to`.
+  if (s.has_mp_part()) {
+    if (!backward) fills(s.mid) = fills(schedule_.buffers[static_cast<size_t>(s.mid)].fills_like);
+    Communicator& mp = topo_.comm(s.group3);
+    const FusedRows::MpPart part{&mp, segments(to, backward, mp.size())};
+    fused_rows_.combine(c1, c2, segments(from, backward), segments(s.mid, backward),
+                        row_scratch_.data(), M, schedule_.chunks, ops, &part);
+    return;
+  }
+  fused_rows_.combine(c1, c2, segments(from, backward), segments(to, backward),
+                      row_scratch_.data(), M, schedule_.chunks, ops);
 }
 
 void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {
@@ -450,7 +514,8 @@ void MoeLayer::compute_forward(const Step& s, moe::PhaseTimes* phases) {
       break;
     case StepKind::kAuxLoss:
       l_aux_ = backend_->aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
-      l_z_ = backend_->z_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
+      l_z_ = sc.z_loss ? backend_->z_loss(buf(s.in).data(), shape_.experts, sc.total_tokens)
+                       : 0.0f;
       break;
     case StepKind::kDispatch: {
       backend_->dispatch_forward(buf(s.in), buf(s.out));

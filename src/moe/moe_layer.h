@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/metadata.h"
+#include "comm/fused_rows.h"
 #include "comm/row_exchange.h"
 #include "moe/backend.h"
 #include "moe/moe_ops.h"
@@ -37,8 +38,10 @@ MoeLayerParams params_on(const MoeLayerParams& p, Device device);
 class MoeLayer {
  public:
   // fuse: S1/S2 use the fused dispatch and combine collectives, pipelined over `chunks`.
+  // router_z_loss: the z-loss is on (l_z() computed, backward takes dl_z; CPU only), and its
+  // statistic travels with l_aux's (schedule::LayerSpec::z_loss).
   MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse = false,
-           int chunks = 4, Precision precision = Precision::kFp32);
+           int chunks = 4, Precision precision = Precision::kFp32, bool router_z_loss = false);
 
   const MoeShape& shape() const { return shape_; }
   const schedule::Schedule& schedule() const { return schedule_; }
@@ -58,7 +61,7 @@ class MoeLayer {
   // out (T, M) for x (T, M); the returned tensor lives until the next forward().
   const Tensor& forward(const Tensor& x);
   float l_aux() const { return l_aux_; }
-  float l_z() const { return l_z_; }
+  float l_z() const { return l_z_; }  // 0 unless built with the router z-loss
   // DeepSeek-V3's router bias (E): added to the probabilities for the top-k choice only.
   // Zero at construction (then the gate runs unbiased); CPU layers only when nonzero.
   std::vector<float>& router_bias() { return *router_bias_; }
@@ -66,7 +69,7 @@ class MoeLayer {
   void share_router_bias(MoeLayer& other) { router_bias_ = other.router_bias_; }
   // dx (T, M) for dout (T, M) and the gradient dl_aux of the loss with respect to l_aux.
   // Accumulates (+=) the parameter gradients; the returned dx lives until the next call.
-  // dl_z: the gradient of the loss with respect to l_z (nonzero only on the CPU).
+  // dl_z: the gradient of the loss with respect to l_z (nonzero only with router_z_loss).
   const Tensor& backward(const Tensor& dout, float dl_aux, float dl_z = 0.0f);
   // The same passes with their result written into `out` / `dx` (shape (T, M), on the
   // layer's device; e.g. a view of a caller's memory) in place of the layer's own buffer,
@@ -125,8 +128,14 @@ class MoeLayer {
   void post_fills(Group g, bool gather, const std::vector<int32_t>& in,
                   std::vector<int32_t>& out);
   std::vector<int32_t>& fills(int id) { return fills_[static_cast<size_t>(id)]; }
+  // Checks and keeps dl_z for the backward pass that starts.
+  void set_dl_z(float dl_z);
   // Dropless: step s's move on the routed rows of its segmented buffers only.
   void run_dropless_move(const schedule::Step& s, schedule::Move move, bool backward);
+  // Dropless: a fused step's move (kFusedDispatch / kFusedCombine) as a pipeline over the
+  // routed rows (comm/fused_rows.h).
+  void run_dropless_fused(const schedule::Step& s, schedule::Move move, bool backward,
+                          RowOps& ops);
   // Buffer id's data (or gradient) as segments; `split` > 1 views each segment as `split`
   // parts of its routed rows, part j being dropless_part(fill, j, split) (an S2 MP gather's
   // (E, N_MP, Cs) side).
@@ -174,6 +183,7 @@ class MoeLayer {
   std::vector<int32_t> fills_stage_;  // the fused dispatch's EP-exchanged counts
   MetadataExchange meta_;
   RowExchange rows_;                // dropless exchanges
+  FusedRows fused_rows_;            // and their fused (pipelined) forms
   std::vector<int32_t> view_fills_; // fill counts of a split view (segments())
   std::vector<int64_t> view_first_; // and the first row of each of its parts
   Tensor row_scratch_;              // dropless reductions' received rows

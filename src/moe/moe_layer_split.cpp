@@ -28,9 +28,7 @@ bool MoeLayer::start_forward(const Tensor& x) {
 }
 
 bool MoeLayer::start_backward(const Tensor& dout, float dl_aux, float dl_z) {
-  PARM_CHECK(dl_z == 0.0f || device() == Device::kCpu,
-             "MoE layer: the router z-loss (dl_z {}) runs on the CPU only, this layer is on {}",
-             dl_z, device_name(device()));
+  set_dl_z(dl_z);
   PARM_CHECK(!split_.active, "MoE layer: start_backward while a split pass has an AllToAll "
                              "in flight (resume() it first)");
   for (size_t i = 0; i < dbufs_.size(); ++i)
@@ -43,7 +41,6 @@ bool MoeLayer::start_backward(const Tensor& dout, float dl_aux, float dl_z) {
   split_.active = true;
   split_.backward = true;
   split_.dl_aux = dl_aux;
-  dl_z_ = dl_z;
   return run_split_steps();
 }
 

@@ -62,8 +62,10 @@ void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens
 
 // buf (E * slots, M): kept choices' rows hold their token's x row, the rest zero. Overwrites.
 // Expert e's kept rows are its first routing.fill[e] slots (GShard order), so only the rows
-// after them are zeroed.
-void dispatch_forward(const Tensor& x, const GateRouting& routing, Tensor& buf);
+// after them are zeroed; with zero_unrouted false they are left as they are (dropless: only
+// routed rows are ever read or sent).
+void dispatch_forward(const Tensor& x, const GateRouting& routing, Tensor& buf,
+                      bool zero_unrouted = true);
 // dx (rows, M) += dbuf rows of the kept choices. Accumulates.
 void dispatch_backward(const Tensor& dbuf, const GateRouting& routing, Tensor& dx);
 
@@ -71,9 +73,9 @@ void dispatch_backward(const Tensor& dbuf, const GateRouting& routing, Tensor& d
 void combine_forward(const Tensor& buf, const GateRouting& routing, Tensor& out);
 // dbuf (E * slots, M) = weight * dout at kept rows, zero elsewhere; dweight (rows, k) =
 // <dout_t, buf row> for kept choices, 0 for dropped. Overwrites both (unfilled rows of dbuf
-// are zeroed, filled ones written).
+// are zeroed, filled ones written; with zero_unrouted false the unfilled rows are left).
 void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& routing,
-                      Tensor& dbuf, std::vector<float>& dweight);
+                      Tensor& dbuf, std::vector<float>& dweight, bool zero_unrouted = true);
 
 // The expert shards this rank holds: E_loc experts, each the columns [j*H/n, (j+1)*H/n) of
 // W1/b1 and rows of W2 (Hl = H/n), and the whole b2.

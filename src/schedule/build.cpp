@@ -52,7 +52,7 @@ class Builder {
 int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, bool stats_over_mp,
                       int64_t slots) {
   const auto& sh = spec.shape;
-  const int stats = b.buffer("aux_stats", {2 * sh.experts + 1});
+  const int stats = b.buffer("aux_stats", {stats_numel(sh.experts, spec.z_loss)});
   b.compute(StepKind::kGate, tokens, stats, "gate");
   if (stats_over_mp)
     b.collective(StepKind::kSumDup, Group::kMp, stats, "", {}, "l_aux statistics allreduce");
@@ -83,6 +83,7 @@ int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
     st.block = block;
     st.carries_fills = true;
     s.steps.push_back(st);
+    b.segmented(gathered, slots);
   } else {
     recv = b.collective(StepKind::kAllToAll, Group::kEp, disp, "ep_recv",
                         {l.ep, e_loc, slots, M}, "dispatch alltoall");
@@ -109,7 +110,9 @@ int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
       st.outer = mp_outer;
       st.chunk = mp_chunk;
       st.out = b.buffer("combine_in", {E, l.mp * slots, M});
+      b.segmented(st.out, l.mp * slots, mp_source);
     }
+    b.segmented(back, slots, disp);
     s.steps.push_back(st);
     return st.out;
   }
@@ -249,15 +252,16 @@ Schedule build(const LayerSpec& spec, Kind kind) {
   validate(spec, kind);
   PARM_CONFIG_CHECK(spec.chunks >= 1, "--chunks {} must be at least 1", spec.chunks);
   LayerSpec sp = spec;
-  // The baseline is DeepSpeed-MoE's: unfused. Dropless exchanges run their parts one after
-  // the other (comm/row_exchange.h has no pipelined form), so dropless is unfused too.
+  // The baseline is DeepSpeed-MoE's: unfused. Dropless schedules fuse as the others do, their
+  // pipelines over the routed rows (comm/fused_rows.h).
   const bool dropless = spec.shape.capacity_factor.dropless;
-  sp.fuse = spec.fuse && kind != Kind::kBaseline && !dropless;
+  sp.fuse = spec.fuse && kind != Kind::kBaseline;
   Schedule s = kind == Kind::kS1   ? build_s1(sp, kind)
                : kind == Kind::kS2 ? build_s2(sp, kind)
                                    : build_baseline(sp);
   s.adds_b2 = spec.esp_rank == 0;
   s.dropless = dropless;
+  s.z_loss = spec.z_loss;
   s.gate_weight_numel = spec.shape.model_dim * spec.shape.experts;
   for (const Step& st : s.steps)
     s.fused = s.fused || st.kind == StepKind::kFusedDispatch || st.kind == StepKind::kFusedCombine;

@@ -27,8 +27,9 @@ bool supports(Kind kind, const Layout& layout);
 // The kinds of step; their meaning is in step_info's table below.
 enum class StepKind {
   // compute (on the layer's backend)
-  kGate,      // in (rows, M) tokens -> out (2E + 1) l_aux and z-loss statistics; routing kept in the state
-  kAuxLoss,   // in (2E + 1) statistics -> l_aux and the z-loss (total_tokens = the MP group's T)
+  kGate,      // in (rows, M) tokens -> out (2E, or 2E + 1 with the z-loss) statistics;
+              // routing kept in the state
+  kAuxLoss,   // in statistics -> l_aux [and the z-loss] (total_tokens = the MP group's T)
   kDispatch,  // in (rows, M) tokens -> out (E * slots, M)
   kExperts,   // in (blocks, E_loc, slots, M) -> out, same layout (the local ESP shards)
   kCombine,   // in (E * slots, M) -> out (rows, M)
@@ -149,6 +150,7 @@ struct Schedule {
   int64_t gate_weight_numel = 0;  // M * E
   bool fused = false;          // uses fused collectives
   bool dropless = false;       // capacity factor none: segmented exchanges move routed rows only
+  bool z_loss = false;         // the router z-loss is on: its sum is the statistics' last value
   int chunks = 1;              // their pipeline depth
 
   std::string describe() const;  // one line per step
@@ -160,7 +162,14 @@ struct LayerSpec {
   int esp_rank = 0;     // this rank's place in its ESP group (who adds b2)
   bool fuse = false;    // S1/S2: fused dispatch and combine collectives (never the baseline)
   int chunks = 4;       // pipeline depth of the fused collectives
+  // The router z-loss is on: the gate's statistics carry the sum of lse^2 beside SPEC's 2E
+  // numbers (2E + 1 values, summed over mp under S1); off, they are the 2E of SPEC's table.
+  bool z_loss = false;
 };
+
+// Values of the gate's statistics: [1st-choice counts (E), probability sums (E)] and, with
+// the z-loss, the sum of the rows' squared log-sum-exp of the logits.
+inline int64_t stats_numel(int64_t experts, bool z_loss) { return 2 * experts + (z_loss ? 1 : 0); }
 
 // The collectives `step` issues in the forward (or backward) pass, with their bus bytes.
 std::vector<CollectivePart> collective_parts(const Schedule& schedule, const Step& step,

@@ -286,16 +286,36 @@ TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
   EXPECT_NO_THROW(schedule::validate({ok, l, 0}, Kind::kS2));
 }
 
+// Skews the routing towards expert 0: its gate column grows and so do the inputs, so that
+// it takes most tokens and some experts none (skew 0: unchanged).
+void skew_routing(float skew, const MoeShape& s, ref::MoeParams<float>& params,
+                  std::vector<float>& x) {
+  if (skew == 0.0f) return;
+  for (int64_t m = 0; m < s.model_dim; ++m)
+    params.wg[static_cast<size_t>(m * s.experts)] += skew / static_cast<float>(s.model_dim);
+  for (float& v : x) v += skew;
+}
+
 // Fused collectives compute exactly what the unfused pairs compute: bit for bit, outputs and
-// every gradient, over the suite's layouts, for chunk counts 1, 2 and more than rows.
+// every gradient, over the suite's layouts, for chunk counts 1, 2 and more than rows; with a
+// capacity factor and dropless (the fused pipelines over the routed rows), even and skewed.
 TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
-  for (const Layout3& lay : sweep_layouts(false)) {
+  struct Routing {
+    int topk;
+    const char* f;
+    float skew;
+  };
+  int64_t fused_dropless = 0;
+  for (const Layout3& lay : sweep_layouts(false))
+  for (const Routing& rt : {Routing{2, "1.1", 0.0f}, Routing{2, "none", 0.0f},
+                            Routing{1, "none", 3.0f}}) {
     auto topo = topology_of(lay);
-    const auto s = MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, 2, "1.1");
-    const auto params = ref::init_params<float>(s, 5);
+    const auto s = MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, rt.topk, rt.f);
+    auto params = ref::init_params<float>(s, 5);
     const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
     auto x = check_input(s, 5, group);
     auto dout = check_dout(s, 5, group);
+    skew_routing(rt.skew, s, params, x);
     const Tensor xt = Tensor::view(x.data(), {s.tokens, s.model_dim});
     const Tensor dt = Tensor::view(dout.data(), {s.tokens, s.model_dim});
     for (Kind kind : {Kind::kS1, Kind::kS2}) {
@@ -310,9 +330,10 @@ TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
         fused.zero_grad();
         const Tensor out1 = fused.forward(xt).clone();
         const Tensor dx1 = fused.backward(dt, 0.5f).clone();
-        const std::string where = fmt::format("{} {} chunks {} ({})", lay.str(),
-                                              schedule::kind_name(kind), chunks,
+        const std::string where = fmt::format("{} {} f={} skew {} chunks {} ({})", lay.str(),
+                                              schedule::kind_name(kind), rt.f, rt.skew, chunks,
                                               fused.schedule().fused ? "fused" : "nothing to fuse");
+        if (fused.schedule().fused && s.capacity_factor.dropless) ++fused_dropless;
         auto same = [](const Tensor& a, const Tensor& b) {
           return a.numel() == b.numel() &&
                  std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())) == 0;
@@ -328,6 +349,8 @@ TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
       }
     }
   }
+  // Some layouts of every world size from 2 on fuse (two of ep, esp, mp above one).
+  if (test::world_size() >= 2) EXPECT_GT(fused_dropless, 0);
 }
 
 // ---- bytes: SPEC §3's table, in elements; N = N_MP = N_ESP ------------------------------
@@ -338,7 +361,8 @@ struct Volumes {
   Bytes forward, backward;
 };
 
-Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l) {
+// z_loss: the layer runs the router z-loss, whose statistic travels beside SPEC's 2E.
+Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l, bool z_loss) {
   const double E = s.experts, M = s.model_dim, T = s.tokens, N = l.mp, nep = l.ep;
   const double C = capacity(s.topk, s.capacity_factor, s.tokens, s.experts);
   const double C1 = capacity(s.topk, s.capacity_factor, s.tokens / l.mp, s.experts);
@@ -360,8 +384,8 @@ Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l) {
     both("ep.alltoall", 2 * E * C * M * (nep - 1) / nep);
     both("esp.allreduce", 2 * (N - 1) / N * E * C * M);
   } else if (kind == Kind::kS1) {
-    // The statistics: SPEC's 2E numbers and the router z-loss's sum of lse^2 beside them.
-    if (N > 1) v.forward["mp.allreduce"] = 2 * (N - 1) / N * (2 * E + 1) * f;
+    // The statistics: SPEC's 2E numbers [and the router z-loss's sum of lse^2 beside them].
+    if (N > 1) v.forward["mp.allreduce"] = 2 * (N - 1) / N * (2 * E + (z_loss ? 1 : 0)) * f;
     if (N > 1) v.backward["mp.allreduce"] = 2 * (N - 1) / N * M * E * f;
     both("ep.alltoall", 2 * E * C1 * M * (nep - 1) / nep);
     if (esp_rows) both("esp.allgather", (N - 1) * E * C1 * M);
@@ -409,9 +433,10 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
     auto topo = topology_of(lay);
     const auto s = MoeShape::of(40, 8, 16, 8, 2, "1.1");  // C not divisible by N: Cp pads
     for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
-    for (bool fuse : {false, true}) {
+    for (bool fuse : {false, true})
+    for (bool z_loss : {false, true}) {
       if (!allowed(kind, lay)) continue;
-      MoeLayer layer(*topo, s, kind, fuse, 3);
+      MoeLayer layer(*topo, s, kind, fuse, 3, Precision::kFp32, z_loss);
       layer.load_whole(ref::init_params<float>(s, 3));
       const auto x = check_input(s, 3, 0);
       const auto dout = check_dout(s, 3, 0);
@@ -420,11 +445,11 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
       const Bytes fwd = counted(*topo);
       topo->reset_stats();
       layer.backward(Tensor::view(const_cast<float*>(dout.data()), {s.tokens, s.model_dim}),
-                     0.5f);
+                     0.5f, z_loss ? 0.25f : 0.0f);
       const Bytes bwd = counted(*topo);
-      const Volumes want = spec_volumes(kind, s, topo->layout());
-      const std::string where = fmt::format("{} {}{}", lay.str(),
-                                            schedule::kind_name(kind), fuse ? " fused" : "");
+      const Volumes want = spec_volumes(kind, s, topo->layout(), z_loss);
+      const std::string where = fmt::format("{} {}{}{}", lay.str(), schedule::kind_name(kind),
+                                            fuse ? " fused" : "", z_loss ? " z-loss" : "");
       // The step list itself predicts what the communicator counts.
       for (bool backward : {false, true}) {
         Bytes listed;
@@ -545,20 +570,19 @@ TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
     case 8: layouts = {{2, 4, 2}, {4, 2, 4}}; break;
     default: GTEST_SKIP() << "dropless byte layouts are defined for 1, 2, 4 and 8 ranks";
   }
-  int64_t skewed_checked = 0;
+  int64_t skewed_checked = 0, fused_checked = 0;
   for (const Layout3& lay : layouts) {
     auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
     for (float skew : {0.0f, 3.0f}) {
       auto s = MoeShape::of(40, 8, 16, 8, 2, "none");
-      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
-        if (!allowed(kind, lay)) continue;
-        MoeLayer layer(*topo, s, kind, false, 3);
+      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+      for (bool fuse : {false, true}) {
+        if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
+        MoeLayer layer(*topo, s, kind, fuse, 3);
         auto params = ref::init_params<float>(s, 3);
-        for (int64_t m = 0; m < s.model_dim; ++m)
-          params.wg[static_cast<size_t>(m * s.experts)] += skew / s.model_dim;
-        layer.load_whole(params);
         auto x = check_input(s, 3, 0);
-        for (float& v : x) v += skew;
+        skew_routing(skew, s, params, x);
+        layer.load_whole(params);
         const auto dout = check_dout(s, 3, 0);
         topo->reset_stats();
         layer.forward(Tensor::view(x.data(), {s.tokens, s.model_dim}));
@@ -577,11 +601,13 @@ TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
         if (l.esp > 1 && !shared) want_fwd["esp.metadata"] = (l.esp - 1) * s.experts * 4.0;
         const double N = l.mp;
         if (kind == Kind::kS1 && l.mp > 1) {
-          want_fwd["mp.allreduce"] = 2 * (N - 1) / N * (2 * s.experts + 1) * 4.0;
+          want_fwd["mp.allreduce"] = 2 * (N - 1) / N * (2 * s.experts) * 4.0;  // SPEC's 2E
           want_bwd["mp.allreduce"] = 2 * (N - 1) / N * s.model_dim * s.experts * 4.0;
         }
-        const std::string where = fmt::format("mp={} ep={} esp={} {} skew {}", lay.mp, lay.ep,
-                                              lay.esp, schedule::kind_name(kind), skew);
+        const std::string where =
+            fmt::format("mp={} ep={} esp={} {}{} skew {}", lay.mp, lay.ep, lay.esp,
+                        schedule::kind_name(kind), layer.schedule().fused ? " fused" : "", skew);
+        if (layer.schedule().fused) ++fused_checked;
         EXPECT_EQ(fwd, want_fwd) << where << " forward counted:" << show(fwd)
                                  << " formulas:" << show(want_fwd);
         EXPECT_EQ(bwd, want_bwd) << where << " backward counted:" << show(bwd)
@@ -601,6 +627,7 @@ TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
     }
   }
   EXPECT_GT(skewed_checked, 0);
+  if (test::world_size() >= 4) EXPECT_GT(fused_checked, 0);
 }
 
 }  // namespace

@@ -225,7 +225,8 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
                  const schedule::Schedule** schedule_out = nullptr,
                  std::unique_ptr<MoeLayer>* keep = nullptr) {
   Communicator& world = topo.host_comm(Group::kWorld);
-  auto layer = std::make_unique<MoeLayer>(topo, shape, kind, fuse, chunks, precision);
+  auto layer = std::make_unique<MoeLayer>(topo, shape, kind, fuse, chunks, precision,
+                                          in.dl_z != 0.0f);
   layer->set_step_timing(step_timing);
   // Inputs on the layer's device, so that the timed passes move no host data.
   const Tensor xt = Tensor::view(in.x.data(), {shape.tokens, shape.model_dim}).to(topo.device());

@@ -1,0 +1,87 @@
+// Dropless: the dispatch writes the routed rows only (and the combine's adjoint its routed
+// rows only); with a capacity factor the rest of the buffer is zeroed as before.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "moe/backend.h"
+#include "moe/reference_moe.h"
+#include "schedule/schedule.h"
+
+namespace parm {
+namespace {
+
+constexpr float kPoison = 7.5f;  // no routed row holds this value
+
+struct Counted {
+  int64_t routed = 0, poisoned = 0, zero = 0;
+};
+
+// Rows of buf (E * slots, M): routed (expert e's first fill[e] slots), the others by content.
+Counted count_rows(const Tensor& buf, const std::vector<int64_t>& fill, int64_t slots,
+                   int64_t M) {
+  Counted c;
+  for (size_t e = 0; e < fill.size(); ++e)
+    for (int64_t s = 0; s < slots; ++s) {
+      const float* row = buf.data() + (static_cast<int64_t>(e) * slots + s) * M;
+      if (s < fill[e]) {
+        ++c.routed;
+        continue;
+      }
+      bool poisoned = true, zero = true;
+      for (int64_t m = 0; m < M; ++m) {
+        poisoned = poisoned && row[m] == kPoison;
+        zero = zero && row[m] == 0.0f;
+      }
+      c.poisoned += poisoned;
+      c.zero += zero;
+    }
+  return c;
+}
+
+TEST(DroplessDispatch, UnroutedRowsAreNeitherZeroedNorWritten) {
+  const int64_t T = 16, M = 4, E = 4;
+  const int k = 2;
+  for (bool dropless : {true, false}) {
+    const MoeShape shape = MoeShape::of(T, M, 8, E, k, dropless ? "none" : "2.0");
+    const int64_t slots = capacity(k, shape.capacity_factor, T, E);
+    moe::BackendSizes sizes;
+    sizes.gate_rows = T;
+    sizes.experts = E;
+    sizes.topk = k;
+    sizes.model_dim = M;
+    sizes.local_experts = E;
+    sizes.hidden_shard = 8;
+    sizes.max_expert_rows = slots;
+    sizes.dropless = dropless;
+    auto backend = moe::make_cpu_backend(sizes);
+    const auto params = ref::init_params<float>(shape, 3);
+    Tensor x({T, M}), wg({M, E});
+    for (int64_t i = 0; i < x.numel(); ++i) x[i] = 0.25f * static_cast<float>((i * 7) % 11) - 1.0f;
+    for (int64_t i = 0; i < wg.numel(); ++i) wg[i] = params.wg[static_cast<size_t>(i)];
+    std::vector<float> stats(static_cast<size_t>(schedule::stats_numel(E, true)));
+    backend->gate_forward(x, wg, k, slots, slots, stats.data(), nullptr);
+    const std::vector<int64_t> fill = backend->fill();
+    Tensor buf({E * slots, M}), dbuf({E * slots, M}), out({T, M});
+    buf.fill(kPoison);
+    dbuf.fill(kPoison);
+    backend->dispatch_forward(x, buf);
+    backend->combine_forward(buf, out);
+    backend->combine_backward(buf, out, dbuf);
+    for (const Tensor* t : {&buf, &dbuf}) {
+      const Counted c = count_rows(*t, fill, slots, M);
+      const int64_t unrouted = E * slots - c.routed;
+      const char* what = t == &buf ? "dispatch" : "combine backward";
+      ASSERT_GT(unrouted, 0) << what;
+      if (dropless) {
+        EXPECT_EQ(c.routed, T * k) << what;
+        EXPECT_EQ(c.poisoned, unrouted) << what << ": unrouted rows were written";
+      } else {
+        EXPECT_EQ(c.zero, unrouted) << what << ": unfilled rows not zeroed";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace parm
