@@ -322,8 +322,9 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
       const std::vector<Link> links = dispatch ? std::vector<Link>{ep_link, esp_link}
                                                : std::vector<Link>{esp_link, ep_link};
       meas.push_back(f);
-      serial.push_back(fused_us(c, links, W, 0.0));
-      piped.push_back(fused_us(c, links, W, 1.0));
+      const std::vector<double> alphas = {alpha_a, alpha_b};
+      serial.push_back(fused_us(c, alphas, links, W, 0.0));
+      piped.push_back(fused_us(c, alphas, links, W, 1.0));
       const double bb = static_cast<double>(block * sizeof(float));
       cal.samples.push_back({dispatch ? "fused.dispatch" : "fused.combine",
                              bus_bytes(CommOp::kAllToAll, n_ep, bb) +
@@ -350,9 +351,11 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
     raw = f.slope;
     ff.per_piece_us = f.intercept / std::max(1, W - 1);
   } else {
-    // Both parts on one link class: nothing can overlap; only the per-piece cost is seen.
+    // Both parts on one link class: only their latencies overlap, by the same amount at
+    // every size, so overlap cannot be told from the per-piece cost; overlap 1, the rest
+    // per piece.
     double sum = 0.0;
-    for (double e : extra) sum += e;
+    for (size_t i = 0; i < meas.size(); ++i) sum += meas[i] - piped[i];
     ff.per_piece_us = std::max(0.0, sum / static_cast<double>(extra.size()) / std::max(1, W - 1));
   }
   // Below 0: the fused collective is slower than its parts one after the other; the model

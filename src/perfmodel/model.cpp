@@ -103,21 +103,26 @@ std::string Prediction::name() const {
   return std::string(schedule::kind_name(kind)) + (fused ? "+fused" : "");
 }
 
-double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& links, int chunks,
-                double overlap, double per_piece_us) {
+double fused_us(const std::vector<double>& piece_us, const std::vector<double>& alpha_us,
+                const std::vector<Link>& links, int chunks, double overlap, double per_piece_us) {
   PARM_CHECK_EQ(piece_us.size(), links.size());
+  PARM_CHECK_EQ(alpha_us.size(), links.size());
   PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
   const int num_stages = static_cast<int>(piece_us.size());
   double pipelined = 0.0, serial = 0.0;
   for (int s = 0; s < fused_plan::num_steps(num_stages, chunks); ++s) {
-    double per_link[kNumLinks] = {0.0, 0.0};
+    // Per link class: its longest latency, then the bytes of every active stage on it.
+    double latency[kNumLinks] = {0.0, 0.0}, bytes[kNumLinks] = {0.0, 0.0};
     double all = 0.0;
     for (int i = 0; i < num_stages; ++i) {
       if (fused_plan::piece_at(s, i, chunks) < 0) continue;
-      per_link[static_cast<int>(links[static_cast<size_t>(i)])] += piece_us[static_cast<size_t>(i)];
-      all += piece_us[static_cast<size_t>(i)];
+      const auto k = static_cast<size_t>(i);
+      const int l = static_cast<int>(links[k]);
+      latency[l] = std::max(latency[l], alpha_us[k]);
+      bytes[l] += piece_us[k] - alpha_us[k];
+      all += piece_us[k];
     }
-    pipelined += std::max(per_link[0], per_link[1]);
+    pipelined += std::max(latency[0] + bytes[0], latency[1] + bytes[1]);
     serial += all;
   }
   return serial - overlap * (serial - pipelined) + (chunks - 1) * per_piece_us;
@@ -250,7 +255,7 @@ struct Pricer {
         });
       }
       std::vector<PartCost>& out = bwd ? c.bwd_parts : c.fwd_parts;
-      std::vector<double> piece;
+      std::vector<double> piece, piece_alpha;
       std::vector<Link> links;
       double sum = 0.0;
       const double share = dropless_share(sc, s, shape, target.load_max_over_mean);
@@ -266,10 +271,11 @@ struct Pricer {
         // A piece pays the whole latency and 1/W of the bytes.
         const double alpha = collective_alpha_us(prof, p.op, sp);
         piece.push_back(alpha + (us - alpha) / sc.chunks);
+        piece_alpha.push_back(alpha);
         links.push_back(sp.link);
       }
       double t = fused && !piece.empty()
-                     ? fused_us(piece, links, sc.chunks, prof.fused.overlap,
+                     ? fused_us(piece, piece_alpha, links, sc.chunks, prof.fused.overlap,
                                 prof.fused.per_piece_us)
                      : sum;
       if (!piece.empty()) t += prof.step_sync.us;  // the ranks meet once per step

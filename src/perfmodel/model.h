@@ -25,8 +25,11 @@
 // Fused step with parts p_1..p_K in the stage order of its pipeline (the description in
 // src/comm/fused_plan.h, which both executors run: W = chunks pieces through K stages in
 // W + K - 1 lock-step steps). A part's per-piece time is c_i = alpha_i + beta_i * b_i / W.
-// In step s the stages i with 0 <= s - i < W are active; the step takes
-//     pipelined:  max over link classes L of  sum_{active i on L} c_i
+// In step s the stages i with 0 <= s - i < W are active. The executor posts every active
+// stage's messages before it waits for any (fused_plan::run_lock_step), so their latencies
+// run at once while the bytes on one link class share it; the step takes
+//     pipelined:  max over link classes L of  (max_{active i on L} alpha_i
+//                                              + sum_{active i on L} (c_i - alpha_i))
 //     serial:     sum_{active i} c_i
 // and the fused step costs
 //     t = serial_total - overlap * (serial_total - pipelined_total) + (W - 1) * per_piece_us,
@@ -34,7 +37,8 @@
 // `parm calibrate` fits both on the fused collectives against their parts).
 // For two parts on different links this is  W * max(c_a, c_b) + min(c_a, c_b): the max of
 // the parts plus one piece of the cheaper part (the pipeline fill); on the same link class
-// it is the sum of the parts, with W alphas each (fusion can only lose there).
+// it is the sum of the unfused parts plus (W - 1) * max(alpha_a, alpha_b): the W - 1 steps
+// in which both stages run pay one latency between them.
 // GEMM (m, n, k): alpha_c + 2 m n k / rate_c. Memory-bound work: alpha + bytes / bandwidth.
 #pragma once
 
@@ -122,9 +126,12 @@ struct Prediction {
   std::string name() const;  // "s2+fused", "baseline", ...
 };
 
-// Fused step time for parts with per-piece times (see the header comment). Exposed for tests.
-double fused_us(const std::vector<double>& piece_us, const std::vector<Link>& links, int chunks,
-                double overlap, double per_piece_us = 0.0);
+// Fused step time for parts with per-piece times piece_us (c_i) and latencies alpha_us
+// (alpha_i, the part of c_i that active stages pay once between them; see the header
+// comment). Exposed for calibrate and tests.
+double fused_us(const std::vector<double>& piece_us, const std::vector<double>& alpha_us,
+                const std::vector<Link>& links, int chunks, double overlap,
+                double per_piece_us = 0.0);
 
 // Prices `sc` (built for `shape` on target.layout) step by step.
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,

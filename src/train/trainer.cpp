@@ -22,6 +22,7 @@
 #include "perfmodel/model.h"
 #include "train/loss_chart.h"
 #include "train/pipeline.h"
+#include "train/schedule_plan.h"
 
 namespace parm::train {
 namespace {
@@ -90,63 +91,6 @@ double gemm_gflops_for_mfu(const std::string& profile, Precision precision, Devi
   return rate / world.size();
 }
 
-// One schedule per MoE layer: the configured one, or with "auto" the cost model's fastest
-// candidate (SPEC §5) for that layer's shape on this job's layout and nodes.
-std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topology& topo,
-                                                   bool verbose) {
-  const auto& p = c.parallel;
-  const bool auto_kind = p.schedule == "auto", auto_fuse = p.fuse == "auto";
-  model::LayerSchedule fixed;
-  fixed.chunks = p.chunks;
-  fixed.fuse = p.fuse == "on";
-  if (!auto_kind) fixed.kind = schedule::parse_kind(p.schedule);
-  if (!auto_kind && !auto_fuse) return {fixed};
-  PARM_CONFIG_CHECK(!c.loop.profile.empty(),
-                    "--schedule auto / --fuse auto need a cost profile: run `scripts/parmrun -n 4 "
-                    "-- calibrate --out profile.json` once on this machine, then pass --profile "
-                    "profile.json");
-  const perfmodel::Profile profile = perfmodel::read_profile(c.loop.profile);
-  perfmodel::check_profile_device(profile, topo.device(), c.loop.profile);
-  const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
-  const std::vector<schedule::Kind> kinds =
-      auto_kind ? std::vector<schedule::Kind>{schedule::Kind::kBaseline, schedule::Kind::kS1,
-                                              schedule::Kind::kS2}
-                : std::vector<schedule::Kind>{fixed.kind};
-  const std::vector<bool> fuse_modes =
-      auto_fuse ? std::vector<bool>{false, true} : std::vector<bool>{fixed.fuse};
-  const perfmodel::Target target = perfmodel::target_of(topo);
-  std::vector<model::LayerSchedule> out;
-  for (int64_t layer = 0; layer < model::num_moe_blocks(c.model); ++layer) {
-    // Every MoE layer of these models has the same shape; a model with layers of different
-    // shapes gets a different choice per layer from the same call.
-    const auto cands =
-        perfmodel::predict_candidates(profile, shape, target, p.chunks, kinds, fuse_modes);
-    const size_t best = perfmodel::choose(cands);
-    model::LayerSchedule s = fixed;
-    s.kind = cands[best].kind;
-    s.fuse = cands[best].fuse;
-    out.push_back(s);
-    if (verbose && topo.world_rank() == 0) {
-      std::printf("MoE layer %lld (%s): predicted fwd+bwd ms by %s:", static_cast<long long>(layer),
-                  shape.str().c_str(), c.loop.profile.c_str());
-      for (size_t i = 0; i < cands.size(); ++i)
-        std::printf("  %s %.3f%s", cands[i].pred.name().c_str(), cands[i].pred.total_us() / 1e3,
-                    i == best ? " (chosen)" : "");
-      std::printf("\n");
-    }
-  }
-  return out;
-}
-
-// "s2+fused" when the layer really runs a fused collective (not when the layout leaves
-// nothing to fuse).
-std::string schedule_name(const model::LayerSchedule& s, const TrainConfig& c,
-                          const Layout& layout) {
-  const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
-  const bool fused = schedule::build({shape, layout, 0, s.fuse, s.chunks}, s.kind).fused;
-  return std::string(schedule::kind_name(s.kind)) + (fused ? "+fused" : "");
-}
-
 // One line per pipeline stage (collective over the world; printed on world rank 0): the world
 // ranks it runs on (so that a rank named by a failure maps to its stage), its blocks, its
 // activation slots and the memory it holds for them, and its parameters with their gradients
@@ -182,6 +126,22 @@ int64_t moe_blocks_before(model::Model& m, const model::ModelConfig& c) {
   int64_t n = 0;
   for (int64_t i = 0; i < m.stage().begin; ++i) n += model::is_moe_block(c, i) ? 1 : 0;
   return n;
+}
+
+// Per MoE layer of the whole model, the routing imbalance of its last loads (`loads`: this
+// stage's layers' expert_loads), the same on every rank: each stage puts in its own layers,
+// -inf elsewhere, and a max over the world picks them, so that every rank plans from the
+// same numbers.
+std::vector<double> measured_load_max_over_mean(Communicator& world, model::Model& m,
+                                                const model::ModelConfig& c, const Layout& lay,
+                                                const std::vector<std::vector<double>>& loads) {
+  std::vector<double> v(static_cast<size_t>(model::num_moe_blocks(c)),
+                        -std::numeric_limits<double>::infinity());
+  const auto first = static_cast<size_t>(moe_blocks_before(m, c));
+  for (size_t l = 0; l < loads.size(); ++l)
+    v[first + l] = routed_load_max_over_mean(loads[l], lay.ep);
+  world.allreduce(v.data(), v.size(), ReduceOp::kMax);
+  return v;
 }
 
 // The router bias of every MoE layer of the whole model (in block order, E numbers each),
@@ -246,7 +206,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   const int dp = lay.dp, dp_rank = topo->host_comm(Group::kDp).rank();
   Communicator& world = topo->host_comm(Group::kWorld);
 
-  const auto schedules = choose_schedules(cfg, *topo, verbose);
+  auto schedules = choose_schedules(cfg, *topo, {}, "", verbose);
   const data::Corpus corpus =
       data::load_corpus(cfg.data.corpus, cfg.data.val_fraction, cfg.model.seq_len);
   const data::BatchSource source(corpus,
@@ -261,7 +221,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   pipe.slots = pipeline_slots(stage, pp, static_cast<int>(accum));
   auto model = model::make_model(*topo, cfg.model, schedules, micro,
                                  parse_precision(cfg.parallel.precision), pipe);
-  const auto params = model->params();
+  auto params = model->params();
   const auto all_params = model->all_param_specs();
   std::unique_ptr<PipelineRunner> pipeline;
   if (pp > 1)
@@ -346,7 +306,10 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     phases.add(name, now - t);
     t = now;
   };
-  const std::string schedules_line = fmt::format("{}", fmt::join(result.schedules, ","));
+  std::string schedules_line = fmt::format("{}", fmt::join(result.schedules, ","));
+  // --schedule / --fuse auto price a balanced router first; the first report step's
+  // measured routing prices them again, once.
+  bool replan_pending = plans_schedules(cfg);
   const double run_t0 = now_us();
   std::vector<std::vector<double>> layer_loads;  // expert_loads per MoE layer, of this step
   for (; step < cfg.loop.steps; ++step) {
@@ -516,6 +479,58 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
         const std::string text = line.dump() + "\n";
         std::fwrite(text.data(), 1, text.size(), metrics);  // one write per line
         std::fflush(metrics);
+      }
+    }
+    if (replan_pending && report && !last) {
+      replan_pending = false;
+      const auto lambdas = measured_load_max_over_mean(world, *model, cfg.model, lay, layer_loads);
+      const std::string prefix = fmt::format("re-plan after step {}: ", step + 1);
+      auto next = choose_schedules(cfg, *topo, lambdas, prefix, verbose);
+      const bool same = std::equal(next.begin(), next.end(), schedules.begin(), [](const auto& x, const auto& y) {
+        return x.kind == y.kind && x.fuse == y.fuse;
+      });
+      if (!same) {
+        // A new model with this one's parameters, AdamW moments and router bias.
+        auto rebuilt = model::make_model(*topo, cfg.model, next, micro,
+                                         parse_precision(cfg.parallel.precision), pipe);
+        auto rebuilt_params = rebuilt->params();
+        AdamW rebuilt_opt(rebuilt_params);
+        PARM_CHECK_EQ(rebuilt_params.size(), params.size());
+        for (size_t i = 0; i < params.size(); ++i) {
+          PARM_CHECK(rebuilt_params[i]->name == params[i]->name &&
+                         rebuilt_params[i]->value.numel() == params[i]->value.numel(),
+                     "re-plan: parameter {} of the rebuilt model is {} ({} elements), was {} ({})",
+                     i, rebuilt_params[i]->name, rebuilt_params[i]->value.numel(), params[i]->name,
+                     params[i]->value.numel());
+          rebuilt_params[i]->value.copy_from(params[i]->value);
+          rebuilt_opt.first_moments()[i].copy_from(opt.first_moments()[i]);
+          rebuilt_opt.second_moments()[i].copy_from(opt.second_moments()[i]);
+        }
+        rebuilt_opt.set_steps_taken(opt.steps_taken());
+        const auto old_layers = model->moe_layers(), new_layers = rebuilt->moe_layers();
+        for (size_t i = 0; i < old_layers.size(); ++i)
+          new_layers[i]->router_bias() = old_layers[i]->router_bias();
+        pipeline.reset();
+        model = std::move(rebuilt);
+        params = std::move(rebuilt_params);
+        opt = std::move(rebuilt_opt);
+        if (pp > 1)
+          pipeline = std::make_unique<PipelineRunner>(*topo, *model, static_cast<int>(accum),
+                                                      cfg.parallel.pp_overlap == "on");
+        if (cfg.loop.phase_times) model->time_phases(&phases);
+      }
+      const std::string before = schedules_line;
+      schedules = std::move(next);
+      result.schedules.clear();
+      for (int64_t i = 0; i < model::num_moe_blocks(cfg.model); ++i)
+        result.schedules.push_back(schedule_name(
+            schedules[schedules.size() == 1 ? 0 : static_cast<size_t>(i)], cfg, lay));
+      schedules_line = fmt::format("{}", fmt::join(result.schedules, ","));
+      if (root && verbose) {
+        std::printf("re-plan after step %lld: MoE schedules %s -> %s (%s)\n",
+                    static_cast<long long>(step + 1), before.c_str(), schedules_line.c_str(),
+                    same ? "kept" : "switched");
+        std::fflush(stdout);
       }
     }
     const bool save_now = !cfg.loop.save_dir.empty() &&

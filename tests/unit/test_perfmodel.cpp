@@ -139,23 +139,31 @@ TEST(PerfModel, S2GatherVolumeMatchesSpecTable) {
 
 TEST(PerfModel, FusedCostHandComputed) {
   // Two stages on different links, W = 4: max of the parts plus one piece of the cheaper.
-  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, 1.0), 4 * 5.0 + 3.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {0.0, 0.0}, {Link::kIntra, Link::kInter}, 4, 1.0), 4 * 5.0 + 3.0);
   // No overlap: every piece one after the other.
-  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, 0.0), 4 * 8.0);
-  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, 0.5), 27.5);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {0.0, 0.0}, {Link::kIntra, Link::kInter}, 4, 0.0), 4 * 8.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {0.0, 0.0}, {Link::kIntra, Link::kInter}, 4, 0.5), 27.5);
   // Overlap below 0: slower than serial.
-  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, -1.0), 41.0);
-  // Same link class: nothing overlaps.
-  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kIntra}, 4, 1.0), 32.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {0.0, 0.0}, {Link::kIntra, Link::kInter}, 4, -1.0), 41.0);
+  // Same link class, pieces of bytes only (no latency): nothing overlaps.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {0.0, 0.0}, {Link::kIntra, Link::kIntra}, 4, 1.0), 32.0);
+  // Same link class, latencies 2 and 1 within the pieces 3 and 5: the stages' messages are
+  // posted together, so a step with both pays one latency (the larger, 2): steps [3],
+  // [2 + 1 + 4] x 3, [5] -> 29, the parts' sum 32 less (W - 1) x min latency.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {2.0, 1.0}, {Link::kIntra, Link::kIntra}, 4, 1.0), 29.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {2.0, 1.0}, {Link::kIntra, Link::kIntra}, 4, 0.0), 32.0);
+  // Different links: each link's latency is its own; the step is the slower link's,
+  // whatever the latencies: W max(c_a, c_b) + min(c_a, c_b) as before.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {2.0, 1.0}, {Link::kIntra, Link::kInter}, 4, 1.0), 23.0);
   // Three stages (S2's combine), W = 2: steps [2], [2 | 6], [6 | 1], [1] -> 2 + 6 + 6 + 1.
   EXPECT_DOUBLE_EQ(
-      fused_us({2.0, 6.0, 1.0}, {Link::kIntra, Link::kInter, Link::kIntra}, 2, 1.0), 15.0);
+      fused_us({2.0, 6.0, 1.0}, {0.0, 0.0, 0.0}, {Link::kIntra, Link::kInter, Link::kIntra}, 2, 1.0), 15.0);
   EXPECT_DOUBLE_EQ(
-      fused_us({2.0, 6.0, 1.0}, {Link::kIntra, Link::kInter, Link::kIntra}, 2, 0.0), 18.0);
+      fused_us({2.0, 6.0, 1.0}, {0.0, 0.0, 0.0}, {Link::kIntra, Link::kInter, Link::kIntra}, 2, 0.0), 18.0);
   // A per-piece cost is paid for every piece beyond the first.
-  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 4, 1.0, 2.0), 23.0 + 6.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {0.0, 0.0}, {Link::kIntra, Link::kInter}, 4, 1.0, 2.0), 23.0 + 6.0);
   // One chunk: the parts in sequence whatever the overlap.
-  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {Link::kIntra, Link::kInter}, 1, 1.0, 2.0), 8.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {0.0, 0.0}, {Link::kIntra, Link::kInter}, 1, 1.0, 2.0), 8.0);
 }
 
 TEST(PerfModel, FusedStepPricedFromItsParts) {
@@ -177,6 +185,24 @@ TEST(PerfModel, FusedStepPricedFromItsParts) {
   const Prediction s1 = predict_kind(prof, shape, t, Kind::kS1, false);
   EXPECT_NEAR(step_named(s1, "dispatch alltoall").fwd_us + step_named(s1, "esp allgather").fwd_us,
               (ae + be * 2 * 64) + (ai + bi * 128), 1e-9);
+}
+
+// On one node both parts of the fused dispatch use the intra-node link: the pieces' bytes
+// add up, their latencies are paid once per lock-step step (comm/fused_plan.h).
+TEST(PerfModel, FusedStepOnOneLinkPaysOneLatencyPerStep) {
+  const double ai = 10.0, bi = 1e-3;
+  const Profile prof = comm_only_profile(ai, bi, 100.0, 1e-2, 1.0);
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 0);  // one node
+  const Prediction s1f = predict_kind(prof, shape, t, Kind::kS1, true, 4);
+  ASSERT_TRUE(s1f.fused);
+  const auto& d = step_named(s1f, "fused dispatch (ep alltoall + esp allgather)");
+  // ep alltoall 64 bus bytes, esp allgather 128, W = 4: steps [ai + bi 16],
+  // [ai + bi (16 + 32)] x 3, [ai + bi 32]: the parts' sum (2 ai + 192 bi) plus 3 ai.
+  EXPECT_NEAR(d.fwd_us, 5 * ai + bi * 192.0, 1e-9);
+  const Prediction s1 = predict_kind(prof, shape, t, Kind::kS1, false);
+  EXPECT_NEAR(step_named(s1, "dispatch alltoall").fwd_us + step_named(s1, "esp allgather").fwd_us,
+              2 * ai + bi * 192.0, 1e-9);
 }
 
 // Every fused step, both directions: its priced parts in the stage order of the pipeline
@@ -421,6 +447,39 @@ TEST(PerfModel, OneImbalanceInputForExchangesAndExperts) {
   double bytes = 0.0;
   for (const auto& part : step_named(pr, "dispatch alltoall").fwd_parts) bytes += part.bus_bytes;
   EXPECT_DOUBLE_EQ(bytes, 0.625 * 2048.0);
+}
+
+// Dropless fused (comm/fused_rows.h): the fused pipeline over the routed rows. Its fused
+// dispatch costs the pipeline formula over the parts the unfused dropless steps move (the
+// busiest rank's routed rows), not their sum and not the listed worst-case buffers.
+TEST(PerfModel, DroplessFusedIsThePipelineOverTheRoutedRows) {
+  const double ai = 10.0, bi = 1e-3, ae = 100.0, be = 1e-2;
+  const Profile prof = comm_only_profile(ai, bi, ae, be, 1.0);
+  const auto shape = shape_of(64, 4, 8, 4, 2, "none");
+  Target t = make_target(0, 2, 2, 2, 2);
+  for (double lambda : {1.0, 1.5}) {
+    SCOPED_TRACE(testing::Message() << "lambda " << lambda);
+    t.load_max_over_mean = lambda;
+    const auto fused_sc = schedule::build({shape, t.layout, 0, true, 4}, Kind::kS1);
+    ASSERT_TRUE(fused_sc.dropless && fused_sc.fused);
+    const Prediction f = predict(prof, fused_sc, shape, t);
+    const Prediction u = predict_kind(prof, shape, t, Kind::kS1, false);
+    const auto& a = step_named(u, "dispatch alltoall").fwd_parts;
+    const auto& g = step_named(u, "esp allgather").fwd_parts;
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(g.size(), 1u);
+    // The routed rows: k T_gate / E = 16 of the C = T_gate = 32-row segments (T_gate = T /
+    // N_MP), times lambda, of the ep alltoall's listed bus bytes: (n - 1) / n of the
+    // (E, C, M) buffer's 2048 bytes.
+    EXPECT_DOUBLE_EQ(a[0].bus_bytes, 0.5 * lambda * 1024.0);
+    const auto& d = step_named(f, "fused dispatch (ep alltoall + esp allgather)");
+    ASSERT_EQ(d.fwd_parts.size(), 2u);
+    EXPECT_DOUBLE_EQ(d.fwd_parts[0].bus_bytes, a[0].bus_bytes);
+    EXPECT_DOUBLE_EQ(d.fwd_parts[1].bus_bytes, g[0].bus_bytes);
+    // ep crosses the nodes (both ranks of a node share the link: 2x), esp stays inside.
+    const double ca = ae + be * 2 * a[0].bus_bytes / 4, cb = ai + bi * g[0].bus_bytes / 4;
+    EXPECT_NEAR(d.fwd_us, 4 * std::max(ca, cb) + std::min(ca, cb), 1e-9);
+  }
 }
 
 // ---- profile file ----
