@@ -65,11 +65,16 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
   return out;
 }
 
-std::string schedule_name(const model::LayerSchedule& s, const TrainConfig& c,
-                          const Layout& layout) {
+std::vector<std::string> schedule_names(const std::vector<model::LayerSchedule>& schedules,
+                                        const TrainConfig& c, const Layout& layout) {
   const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
-  const bool fused = schedule::build({shape, layout, 0, s.fuse, s.chunks}, s.kind).fused;
-  return std::string(schedule::kind_name(s.kind)) + (fused ? "+fused" : "");
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < model::num_moe_blocks(c.model); ++i) {
+    const auto& s = schedules[schedules.size() == 1 ? 0 : static_cast<size_t>(i)];
+    const bool fused = schedule::build({shape, layout, 0, s.fuse, s.chunks}, s.kind).fused;
+    out.push_back(std::string(schedule::kind_name(s.kind)) + (fused ? "+fused" : ""));
+  }
+  return out;
 }
 
 double routed_load_max_over_mean(const std::vector<double>& loads, int n_ep) {

@@ -24,10 +24,11 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
                                                    const std::vector<double>& load_max_over_mean,
                                                    const std::string& prefix, bool print);
 
-// "s2+fused" when the layer really runs a fused collective (not when the layout leaves
-// nothing to fuse).
-std::string schedule_name(const model::LayerSchedule& s, const TrainConfig& c,
-                          const Layout& layout);
+// Per MoE layer of the whole model, "s2+fused" when the layer really runs a fused
+// collective (not when the layout leaves nothing to fuse). `schedules`: one per MoE layer or
+// one for all, as choose_schedules returns them.
+std::vector<std::string> schedule_names(const std::vector<model::LayerSchedule>& schedules,
+                                        const TrainConfig& c, const Layout& layout);
 
 // The busiest EP rank's routed choices over the mean per EP rank, from an MoE layer's
 // expert loads (moe/load_balance.h: routed choices per expert, E of them, before any drop;

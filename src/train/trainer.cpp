@@ -144,6 +144,36 @@ std::vector<double> measured_load_max_over_mean(Communicator& world, model::Mode
   return v;
 }
 
+// A model built with `schedules` that takes over `old`'s parameters, AdamW moments, step
+// count and router bias: the step lists change, no number does.
+struct Rebuilt {
+  std::unique_ptr<model::Model> model;
+  std::vector<model::Param*> params;
+  AdamW opt;
+};
+Rebuilt rebuild_model(Topology& topo, const model::ModelConfig& c,
+                      const std::vector<model::LayerSchedule>& schedules, int64_t micro,
+                      Precision precision, const model::PipelineOptions& pipe, model::Model& old,
+                      const std::vector<model::Param*>& params, AdamW& opt) {
+  auto m = model::make_model(topo, c, schedules, micro, precision, pipe);
+  auto mp = m->params();
+  AdamW mopt(mp);
+  PARM_CHECK_EQ(mp.size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    PARM_CHECK(mp[i]->name == params[i]->name && mp[i]->value.numel() == params[i]->value.numel(),
+               "rebuilt model: parameter {} is {} ({} elements), was {} ({})", i, mp[i]->name,
+               mp[i]->value.numel(), params[i]->name, params[i]->value.numel());
+    mp[i]->value.copy_from(params[i]->value);
+    mopt.first_moments()[i].copy_from(opt.first_moments()[i]);
+    mopt.second_moments()[i].copy_from(opt.second_moments()[i]);
+  }
+  mopt.set_steps_taken(opt.steps_taken());
+  const auto from = old.moe_layers(), to = m->moe_layers();
+  PARM_CHECK_EQ(from.size(), to.size());
+  for (size_t i = 0; i < from.size(); ++i) to[i]->router_bias() = from[i]->router_bias();
+  return {std::move(m), std::move(mp), std::move(mopt)};
+}
+
 // The router bias of every MoE layer of the whole model (in block order, E numbers each),
 // the same on every rank: each stage puts in its own layers, -inf elsewhere, and a max over
 // the world picks them unchanged (a max moves no bits: resume is exact).
@@ -234,9 +264,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   TrainResult result;
   // Every MoE layer's, also those of other pipeline stages (model->schedules() has this
   // stage's).
-  for (int64_t i = 0; i < model::num_moe_blocks(cfg.model); ++i)
-    result.schedules.push_back(
-        schedule_name(schedules[schedules.size() == 1 ? 0 : static_cast<size_t>(i)], cfg, lay));
+  result.schedules = schedule_names(schedules, cfg, lay);
   std::string gemm_source;
   result.gemm_gflops = gemm_gflops_for_mfu(cfg.loop.profile,
                                            parse_precision(cfg.parallel.precision),
@@ -486,34 +514,18 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       const auto lambdas = measured_load_max_over_mean(world, *model, cfg.model, lay, layer_loads);
       const std::string prefix = fmt::format("re-plan after step {}: ", step + 1);
       auto next = choose_schedules(cfg, *topo, lambdas, prefix, verbose);
-      const bool same = std::equal(next.begin(), next.end(), schedules.begin(), [](const auto& x, const auto& y) {
-        return x.kind == y.kind && x.fuse == y.fuse;
-      });
+      const bool same = std::equal(next.begin(), next.end(), schedules.begin(),
+                                   [](const auto& x, const auto& y) {
+                                     return x.kind == y.kind && x.fuse == y.fuse;
+                                   });
       if (!same) {
-        // A new model with this one's parameters, AdamW moments and router bias.
-        auto rebuilt = model::make_model(*topo, cfg.model, next, micro,
-                                         parse_precision(cfg.parallel.precision), pipe);
-        auto rebuilt_params = rebuilt->params();
-        AdamW rebuilt_opt(rebuilt_params);
-        PARM_CHECK_EQ(rebuilt_params.size(), params.size());
-        for (size_t i = 0; i < params.size(); ++i) {
-          PARM_CHECK(rebuilt_params[i]->name == params[i]->name &&
-                         rebuilt_params[i]->value.numel() == params[i]->value.numel(),
-                     "re-plan: parameter {} of the rebuilt model is {} ({} elements), was {} ({})",
-                     i, rebuilt_params[i]->name, rebuilt_params[i]->value.numel(), params[i]->name,
-                     params[i]->value.numel());
-          rebuilt_params[i]->value.copy_from(params[i]->value);
-          rebuilt_opt.first_moments()[i].copy_from(opt.first_moments()[i]);
-          rebuilt_opt.second_moments()[i].copy_from(opt.second_moments()[i]);
-        }
-        rebuilt_opt.set_steps_taken(opt.steps_taken());
-        const auto old_layers = model->moe_layers(), new_layers = rebuilt->moe_layers();
-        for (size_t i = 0; i < old_layers.size(); ++i)
-          new_layers[i]->router_bias() = old_layers[i]->router_bias();
+        Rebuilt r = rebuild_model(*topo, cfg.model, next, micro,
+                                  parse_precision(cfg.parallel.precision), pipe, *model, params,
+                                  opt);
         pipeline.reset();
-        model = std::move(rebuilt);
-        params = std::move(rebuilt_params);
-        opt = std::move(rebuilt_opt);
+        model = std::move(r.model);
+        params = std::move(r.params);
+        opt = std::move(r.opt);
         if (pp > 1)
           pipeline = std::make_unique<PipelineRunner>(*topo, *model, static_cast<int>(accum),
                                                       cfg.parallel.pp_overlap == "on");
@@ -521,10 +533,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       }
       const std::string before = schedules_line;
       schedules = std::move(next);
-      result.schedules.clear();
-      for (int64_t i = 0; i < model::num_moe_blocks(cfg.model); ++i)
-        result.schedules.push_back(schedule_name(
-            schedules[schedules.size() == 1 ? 0 : static_cast<size_t>(i)], cfg, lay));
+      result.schedules = schedule_names(schedules, cfg, lay);
       schedules_line = fmt::format("{}", fmt::join(result.schedules, ","));
       if (root && verbose) {
         std::printf("re-plan after step %lld: MoE schedules %s -> %s (%s)\n",
