@@ -14,7 +14,8 @@ bool plans_schedules(const TrainConfig& c) {
 
 std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topology& topo,
                                                    const std::vector<double>& load_max_over_mean,
-                                                   const std::string& prefix, bool print) {
+                                                   const std::string& prefix, bool print,
+                                                   std::optional<perfmodel::Profile>& profile) {
   const auto& p = c.parallel;
   const bool auto_kind = p.schedule == "auto", auto_fuse = p.fuse == "auto";
   model::LayerSchedule fixed;
@@ -30,8 +31,10 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
   PARM_CHECK(load_max_over_mean.empty() ||
                  static_cast<int64_t>(load_max_over_mean.size()) == layers,
              "{} routing imbalances for {} MoE layers", load_max_over_mean.size(), layers);
-  const perfmodel::Profile profile = perfmodel::read_profile(c.loop.profile);
-  perfmodel::check_profile_device(profile, topo.device(), c.loop.profile);
+  if (!profile) {
+    profile = perfmodel::read_profile(c.loop.profile);
+    perfmodel::check_profile_device(*profile, topo.device(), c.loop.profile);
+  }
   const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
   const std::vector<schedule::Kind> kinds =
       auto_kind ? std::vector<schedule::Kind>{schedule::Kind::kBaseline, schedule::Kind::kS1,
@@ -46,7 +49,7 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
     target.load_max_over_mean =
         load_max_over_mean.empty() ? 1.0 : load_max_over_mean[static_cast<size_t>(layer)];
     const auto cands =
-        perfmodel::predict_candidates(profile, shape, target, p.chunks, kinds, fuse_modes);
+        perfmodel::predict_candidates(*profile, shape, target, p.chunks, kinds, fuse_modes);
     const size_t best = perfmodel::choose(cands);
     model::LayerSchedule s = fixed;
     s.kind = cands[best].kind;

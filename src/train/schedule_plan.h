@@ -3,11 +3,13 @@
 // has been measured (docs/perfmodel.md, "train --schedule auto").
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/model.h"
 #include "parm/topology.h"
+#include "perfmodel/profile.h"
 #include "train/train_config.h"
 
 namespace parm::train {
@@ -18,11 +20,14 @@ bool plans_schedules(const TrainConfig& c);
 // One schedule per MoE layer of the whole model (or one entry for all when nothing is
 // chosen). load_max_over_mean: per MoE layer the routing imbalance to price with
 // (perfmodel::Target::load_max_over_mean); empty: 1 for every layer (a balanced router).
-// With `print` the candidates' prices are printed, each line after `prefix`.
+// With `print` the candidates' prices are printed, each line after `prefix`. `profile`: the
+// cost profile read by an earlier call (read from --profile here when empty), so that a
+// re-plan reads no file: every rank has the numbers it planned with at the start.
 // Throws InvalidConfig for auto without a profile, or a profile of another device.
 std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topology& topo,
                                                    const std::vector<double>& load_max_over_mean,
-                                                   const std::string& prefix, bool print);
+                                                   const std::string& prefix, bool print,
+                                                   std::optional<perfmodel::Profile>& profile);
 
 // Per MoE layer of the whole model, "s2+fused" when the layer really runs a fused
 // collective (not when the layout leaves nothing to fuse). `schedules`: one per MoE layer or

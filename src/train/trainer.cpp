@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include <fmt/ranges.h>
 
@@ -236,7 +237,8 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   const int dp = lay.dp, dp_rank = topo->host_comm(Group::kDp).rank();
   Communicator& world = topo->host_comm(Group::kWorld);
 
-  auto schedules = choose_schedules(cfg, *topo, {}, "", verbose);
+  std::optional<perfmodel::Profile> cost_profile;  // read once, by the first plan
+  auto schedules = choose_schedules(cfg, *topo, {}, "", verbose, cost_profile);
   const data::Corpus corpus =
       data::load_corpus(cfg.data.corpus, cfg.data.val_fraction, cfg.model.seq_len);
   const data::BatchSource source(corpus,
@@ -513,7 +515,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       replan_pending = false;
       const auto lambdas = measured_load_max_over_mean(world, *model, cfg.model, lay, layer_loads);
       const std::string prefix = fmt::format("re-plan after step {}: ", step + 1);
-      auto next = choose_schedules(cfg, *topo, lambdas, prefix, verbose);
+      auto next = choose_schedules(cfg, *topo, lambdas, prefix, verbose, cost_profile);
       const bool same = std::equal(next.begin(), next.end(), schedules.begin(),
                                    [](const auto& x, const auto& y) {
                                      return x.kind == y.kind && x.fuse == y.fuse;
