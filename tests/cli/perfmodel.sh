@@ -18,6 +18,16 @@ out="$(prun -n 2 -- calibrate --out "$tmp/one.json" --gemm-rows 64)"; rc=$?
 check "calibrate with one GEMM row count is refused" 2 $rc "at least two different row counts" "$out"
 [ ! -e "$tmp/one.json" ]; check "a refused calibration writes no profile" 0 $? "" ""
 
+# --device cuda where this build or machine has no GPU: refused before any work (even before
+# the world-size check: one rank here), naming what is missing and what would work.
+if ! prun -n 1 -- info | grep -q "cuda:   built; [1-9]"; then
+  out="$(prun -n 1 -- calibrate --out "$tmp/cuda.json" --device cuda)"; rc=$?
+  check "calibrate --device cuda without a GPU is refused" 2 $rc "use --device cpu" "$out"
+  [ ! -e "$tmp/cuda.json" ]; check "the refused device calibration writes no profile" 0 $? "" ""
+fi
+out="$(prun -n 1 -- calibrate --out "$tmp/c.json" --comm nccl)"; rc=$?
+check "calibrate --comm without --device cuda is refused" 2 $rc "pass it with --device cuda" "$out"
+
 # A quick calibration on 2 ranks: one machine, so nodes are emulated (1 rank each): no
 # intra-node group with more than one rank, no ESP group for the fused collectives.
 out="$(prun -n 2 -- calibrate --out "$tmp/p.json" --max-bytes 65536 --iters 2 --warmup 1 \
