@@ -43,6 +43,14 @@ check "calibrate measures memory on 64 KiB .. 2 MiB buffers" 0 0 "12 131072 4194
 check "calibrate emulates nodes on one machine" 0 $rc "Emulating 2 nodes" "$out"
 check "calibrate copies the missing link class" 0 $rc "assumed (copied from inter" "$out"
 check "calibrate prints r2 per entry" 0 $rc "gemm.expert_nn" "$out"
+rec=$(/usr/bin/python3 -c 'import json, sys
+p = json.load(open(sys.argv[1]))
+print(p["device"], p["machine"]["device"]["device"], p["machine"]["gemm_precision"], p["machine"]["comm"])
+p["device"] = "cuda"
+json.dump(p, open(sys.argv[2], "w"))' "$tmp/p.json" "$tmp/p-cuda.json" 2>&1)
+check "calibrate records the device, the products' precision and the collectives" 0 0 "cpu cpu fp32 mpi" "$rec"
+out="$(prun -n 2 -- bench-layer $layer --ep 2 --schedule auto --profile "$tmp/p-cuda.json")"; rc=$?
+check "bench-layer --schedule auto on the CPU refuses a cuda profile" 2 $rc "was taken on device cuda" "$out"
 
 out="$(prun -n 1 -- plan $layer --mp 2 --ep 2 --esp 2 --devices-per-node 2 --profile "$tmp/p.json")"; rc=$?
 check "plan prints every candidate" 0 $rc "== s2+fused" "$out"
