@@ -54,6 +54,10 @@ class LayerBackend {
     PARM_CHECK(bias == nullptr, "the {} layer backend has no router bias",
                device_name(device()));
   }
+  // The version of the expert weights the calls that follow are given (whoever writes them
+  // changes it with every write; moe/bf16_weight_copies.h): a device backend at bf16 rounds
+  // W1 and W2 again only when it changed. Never called: they are rounded at every forward.
+  virtual void set_weights_version(uint64_t version) {}
   // Slots taken per expert by the last gate call (host).
   virtual const std::vector<int64_t>& fill() const = 0;
   // The last gate call's routing on the host (a copy on a device backend; for checks).

@@ -18,6 +18,7 @@
 #include "parm/stats.h"
 #include "parm/rng.h"
 #include "parm/timer.h"
+#include "perfmodel/bench_device.h"
 #include "perfmodel/fit.h"
 #include "perfmodel/model.h"
 
@@ -86,13 +87,12 @@ double time_all_ranks(Communicator& world, int warmup, int iters, Fn&& fn) {
   return median(max_over_ranks(world, t));
 }
 
-void run_op(Communicator& c, CommOp op, size_t count, std::vector<float>& send,
-            std::vector<float>& recv) {
+void run_op(Communicator& c, CommOp op, size_t count, const float* send, float* recv) {
   switch (op) {
-    case CommOp::kAllReduce: c.allreduce(recv.data(), count); break;
-    case CommOp::kAllGather: c.allgather(send.data(), recv.data(), count); break;
-    case CommOp::kReduceScatter: c.reduce_scatter(send.data(), recv.data(), count); break;
-    case CommOp::kAllToAll: c.alltoall(send.data(), recv.data(), count); break;
+    case CommOp::kAllReduce: c.allreduce(recv, count); break;
+    case CommOp::kAllGather: c.allgather(send, recv, count); break;
+    case CommOp::kReduceScatter: c.reduce_scatter(send, recv, count); break;
+    case CommOp::kAllToAll: c.alltoall(send, recv, count); break;
     default: PARM_CHECK(false, "op {} is not calibrated", comm_op_name(op));
   }
 }
@@ -101,6 +101,16 @@ std::vector<int64_t> sizes(const CalibrateOptions& o) {
   std::vector<int64_t> s;
   for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= 4) s.push_back(b);
   return s;
+}
+
+// A buffer of n floats on `dev`, every value `v`.
+std::unique_ptr<BenchBuffer> filled(BenchDevice& dev, size_t n, float v) {
+  auto b = std::make_unique<BenchBuffer>(dev, n * sizeof(float));
+  if (v != 0.0f) {
+    const std::vector<float> host(n, v);
+    dev.upload(b->get(), host.data(), n, Precision::kFp32);
+  }
+  return b;
 }
 
 struct Logger {
@@ -205,8 +215,8 @@ void fit_link_op(Link link, CommOp op, const std::vector<ShapeSamples>& shapes,
 // Measures every op on every group shape (each its own topology over the same ranks) and
 // fits the intra entries, then the inter ones (which use the intra beta).
 void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
-                           const CalibrateOptions& o, Calibration& cal, const Logger& log,
-                           bool& has_intra, bool& has_inter) {
+                           const CalibrateOptions& o, BenchDevice& dev, Calibration& cal,
+                           const Logger& log, bool& has_intra, bool& has_inter) {
   const Target here = target_of(topo);
   const int world = here.layout.world, nodes = topo.num_nodes();
   const int per_node = world % nodes == 0 ? world / nodes : 0;
@@ -233,9 +243,11 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
         const size_t count = op == CommOp::kAllReduce ? elems : elems / static_cast<size_t>(n);
         if (count == 0) continue;
         const size_t total = op == CommOp::kAllReduce ? count : count * static_cast<size_t>(n);
-        std::vector<float> send(total, 1.0f), recv(total, 0.0f);
-        const double us =
-            time_all_ranks(w, o.warmup, o.iters, [&] { run_op(c, op, count, send, recv); });
+        const auto send = filled(dev, total, 1.0f), recv = filled(dev, total, 0.0f);
+        const double us = time_all_ranks(w, o.warmup, o.iters, [&] {
+          run_op(c, op, count, send->f(), recv->f());
+          dev.sync();
+        });
         const double real = static_cast<double>(total * sizeof(float));
         const double bus = bus_bytes(op, n, op == CommOp::kAllReduce ? real : real / n);
         ss.bus.push_back(bus);
@@ -271,8 +283,8 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
 // fused time is then fitted as
 //     t_fused - serial = overlap * (pipelined - serial) + (W - 1) * per_piece_us
 // by least squares (per_piece_us >= 0: a line in (pipelined - serial) with that intercept).
-void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal,
-                     const Logger& log) {
+void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev,
+                     Calibration& cal, const Logger& log) {
   Communicator& ep = topo.comm(Group::kEp);
   Communicator& esp = topo.comm(Group::kEsp);
   Communicator& world = topo.host_comm(Group::kWorld);
@@ -294,19 +306,23 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
     const size_t block = static_cast<size_t>(bytes) / sizeof(float) / static_cast<size_t>(n_ep);
     if (block < static_cast<size_t>(W)) continue;
     const size_t row = static_cast<size_t>(n_ep) * block;
-    std::vector<float> a(row, 1.0f), mid(row, 0.0f);
-    std::vector<float> b(static_cast<size_t>(n_esp) * row, 1.0f);
+    const auto a_buf = filled(dev, row, 1.0f), mid_buf = filled(dev, row, 0.0f);
+    const auto b_buf = filled(dev, static_cast<size_t>(n_esp) * row, 1.0f);
+    float* a = a_buf->f();
+    float* mid = mid_buf->f();
+    float* b = b_buf->f();
     for (bool dispatch : {true, false}) {
       const auto [f, p1, p2] = time_three_interleaved(world, o.warmup, o.iters, [&](int op) {
         if (dispatch) {
-          if (op == 0) fused_dispatch(ep, esp, a.data(), b.data(), block, W);
-          if (op == 1) ep.alltoall(a.data(), mid.data(), block);
-          if (op == 2) esp.allgather(mid.data(), b.data(), row);
+          if (op == 0) fused_dispatch(ep, esp, a, b, block, W);
+          if (op == 1) ep.alltoall(a, mid, block);
+          if (op == 2) esp.allgather(mid, b, row);
         } else {
-          if (op == 0) fused_combine(esp, ep, b.data(), a.data(), block, W);
-          if (op == 1) esp.reduce_scatter(b.data(), mid.data(), row);
-          if (op == 2) ep.alltoall(mid.data(), a.data(), block);
+          if (op == 0) fused_combine(esp, ep, b, a, block, W);
+          if (op == 1) esp.reduce_scatter(b, mid, row);
+          if (op == 2) ep.alltoall(mid, a, block);
         }
+        dev.sync();
       });
       // Stages in pipeline order: dispatch = ep alltoall, esp allgather; combine = esp
       // reduce_scatter, ep alltoall.
@@ -377,23 +393,28 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, Calibration& cal
 // A collective after computation against both alone, interleaved: 8 x (GEMM 128^3, then a
 // 4 KiB alltoall on group g) per iteration, against 8 GEMMs and 8 alltoalls timed apart.
 // step_sync = (chain - GEMMs - alltoalls) / 8, >= 0.
-void calibrate_step_sync(Topology& topo, Group g, const CalibrateOptions& o, Calibration& cal,
-                         const Logger& log) {
+void calibrate_step_sync(Topology& topo, Group g, const CalibrateOptions& o, BenchDevice& dev,
+                         Calibration& cal, const Logger& log) {
   Communicator& c = topo.comm(g);
   Communicator& world = topo.host_comm(Group::kWorld);
   constexpr int kSteps = 8;
   constexpr int64_t kDim = 128;
   const size_t count = 1024 / static_cast<size_t>(c.size()) + 1;
-  std::vector<float> send(count * static_cast<size_t>(c.size()), 1.0f), recv(send.size());
-  std::vector<float> a(kDim * kDim, 0.5f), b(kDim * kDim, 0.25f), out(kDim * kDim);
-  auto gemm = [&] { cpu::gemm(false, false, kDim, kDim, kDim, a.data(), b.data(), out.data(), false); };
-  auto a2a = [&] { c.alltoall(send.data(), recv.data(), count); };
+  const size_t total = count * static_cast<size_t>(c.size());
+  const auto send = filled(dev, total, 1.0f), recv = filled(dev, total, 0.0f);
+  const auto a = filled(dev, kDim * kDim, 0.5f), b = filled(dev, kDim * kDim, 0.25f),
+             out = filled(dev, kDim * kDim, 0.0f);
+  auto gemm = [&] {
+    dev.gemm(false, false, kDim, kDim, kDim, a->f(), b->f(), out->f(), false, Precision::kFp32);
+  };
+  auto a2a = [&] { c.alltoall(send->f(), recv->f(), count); };
   const int iters = std::max(o.iters, 5);
   const auto [tc, tg, ta] = time_three_interleaved(world, o.warmup, iters, [&](int kind) {
     for (int s = 0; s < kSteps; ++s) {
       if (kind != 2) gemm();  // 0: the chain, 1: GEMMs alone, 2: alltoalls alone
       if (kind != 1) a2a();
     }
+    dev.sync();
   });
   SyncFit& f = cal.profile.step_sync;
   f.us = std::max(0.0, (tc - tg - ta) / kSteps);
@@ -404,7 +425,8 @@ void calibrate_step_sync(Topology& topo, Group g, const CalibrateOptions& o, Cal
       group_name(g), c.size(), f.us, tc, tg, ta, kSteps, iters);
 }
 
-void calibrate_gemm(Communicator& world, const CalibrateOptions& o, Calibration& cal, const Logger& log) {
+void calibrate_gemm(Communicator& world, const CalibrateOptions& o, BenchDevice& dev,
+                    Calibration& cal, const Logger& log) {
   struct Shape {
     bool ta, tb;
     int64_t m, n, k;
@@ -434,13 +456,19 @@ void calibrate_gemm(Communicator& world, const CalibrateOptions& o, Calibration&
   for (int c = 0; c < kNumGemmClasses; ++c) {
     std::vector<double> xs, ys;
     for (const Shape& s : shapes[static_cast<size_t>(c)]) {
-      std::vector<float> a(static_cast<size_t>(s.m * s.k)), b(static_cast<size_t>(s.k * s.n)),
-          out(static_cast<size_t>(s.m * s.n));
+      std::vector<float> a(static_cast<size_t>(s.m * s.k)), b(static_cast<size_t>(s.k * s.n));
       for (auto& v : a) v = static_cast<float>(rng.normal());
       for (auto& v : b) v = static_cast<float>(rng.normal());
+      // Operands at the precision measured (bf16: half the bytes), C fp32.
+      const size_t operand_bytes = o.precision == Precision::kBf16 ? 2 : sizeof(float);
+      BenchBuffer da(dev, a.size() * operand_bytes), db(dev, b.size() * operand_bytes);
+      dev.upload(da.get(), a.data(), a.size(), o.precision);
+      dev.upload(db.get(), b.data(), b.size(), o.precision);
+      const auto out = filled(dev, static_cast<size_t>(s.m * s.n), 0.0f);
       const bool acc = s.ta;  // the weight gradients accumulate, as in the executor
       const double us = time_all_ranks(world, 1, o.gemm_iters, [&] {
-        cpu::gemm(s.ta, s.tb, s.m, s.n, s.k, a.data(), b.data(), out.data(), acc);
+        dev.gemm(s.ta, s.tb, s.m, s.n, s.k, da.get(), db.get(), out->f(), acc, o.precision);
+        dev.sync();
       });
       const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
       xs.push_back(flops);
@@ -470,7 +498,8 @@ void calibrate_gemm(Communicator& world, const CalibrateOptions& o, Calibration&
 
 constexpr int64_t kMemMaxRows = 2048;  // x 256 floats: 2 MiB
 
-void calibrate_memory(Communicator& world, const CalibrateOptions& o, Calibration& cal, const Logger& log) {
+void calibrate_memory(Communicator& world, const CalibrateOptions& o, BenchDevice& dev,
+                      Calibration& cal, const Logger& log) {
   const int64_t cols = 256;
   for (MemClass mc : {MemClass::kCopy, MemClass::kGelu}) {
     std::vector<double> xs, ys;
@@ -481,20 +510,21 @@ void calibrate_memory(Communicator& world, const CalibrateOptions& o, Calibratio
     // fitted slope: every copy of the layer was priced 10-15x too slow.
     for (int64_t rows = 64; rows <= kMemMaxRows; rows *= 2) {
       const size_t n = static_cast<size_t>(rows * cols);
-      std::vector<float> src(n, 0.5f), dst(n), act(n), bias(static_cast<size_t>(cols), 0.1f);
-      std::vector<int64_t> idx(static_cast<size_t>(rows));
-      for (int64_t i = 0; i < rows; ++i) idx[static_cast<size_t>(i)] = (i * 7919) % rows;
+      const auto src = filled(dev, n, 0.5f), dst = filled(dev, n, 0.0f),
+                 bias = filled(dev, static_cast<size_t>(cols), 0.1f);
       // Both read n floats and write n: a gather of rows (dispatch, layout gathers), and the
       // experts' bias + GeLU (x W1 read, act written).
       const double bytes = 2.0 * static_cast<double>(n) * sizeof(float);
       double us = 0.0;
       if (mc == MemClass::kCopy) {
         us = time_all_ranks(world, 1, o.iters, [&] {
-          cpu::gather_rows(src.data(), cols, idx.data(), rows, dst.data());
+          dev.copy_rows(src->f(), dst->f(), rows, cols);
+          dev.sync();
         });
       } else {
         us = time_all_ranks(world, 1, o.iters, [&] {
-          cpu::bias_gelu(src.data(), bias.data(), act.data(), rows, cols);
+          dev.bias_gelu(src->f(), bias->f(), dst->f(), rows, cols);
+          dev.sync();
         });
       }
       xs.push_back(bytes);
@@ -538,6 +568,15 @@ void check_gemm_shapes(const CalibrateOptions& o) {
 Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
                       const CalibrateOptions& o,
                       const std::function<void(const std::string&)>& log_fn) {
+  check_calibrate_options(o);
+  auto dev = make_bench_device(o.device);
+  return calibrate(topo, topo_options, o, *dev, log_fn);
+}
+
+namespace {
+
+// What calibrate(..., dev, ...) checks: everything but the device, which `dev` is.
+void check_measure_options(const CalibrateOptions& o) {
   PARM_CONFIG_CHECK(o.min_bytes >= 64 && o.max_bytes >= 2 * o.min_bytes,
                     "calibrate: --min-bytes {} must be >= 64 and --max-bytes {} at least twice "
                     "it (the fit needs several sizes)",
@@ -547,6 +586,28 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
                     o.iters, o.gemm_iters, o.warmup);
   PARM_CONFIG_CHECK(o.chunks >= 1, "calibrate: --chunks {} must be at least 1", o.chunks);
   check_gemm_shapes(o);
+}
+
+}  // namespace
+
+void check_calibrate_options(const CalibrateOptions& o) {
+  check_measure_options(o);
+  check_device(o.device, o.precision);
+}
+
+Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
+                      const CalibrateOptions& o, BenchDevice& dev,
+                      const std::function<void(const std::string&)>& log_fn) {
+  check_measure_options(o);
+  // The collectives move the bench device's buffers: comm(g) must take that memory.
+  const MemorySpace want =
+      dev.device() == Device::kCuda ? MemorySpace::kDevice : MemorySpace::kHost;
+  PARM_CONFIG_CHECK(topo.comm(Group::kWorld).memory_space() == want,
+                    "calibrate on device {}: the topology's communicators move {} memory, the "
+                    "device's buffers are {} memory (create the topology with device {})",
+                    device_name(dev.device()),
+                    memory_space_name(topo.comm(Group::kWorld).memory_space()),
+                    memory_space_name(want), device_name(dev.device()));
   const Layout& l = topo.layout();
   PARM_CONFIG_CHECK(l.world >= 2,
                     "calibrate needs at least 2 ranks to measure collectives (run it under "
@@ -554,8 +615,12 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   Logger log{log_fn};
   Calibration cal;
   cal.profile.machine = describe_machine();
-  // What is measured below: the CPU's products and MPI over host memory.
-  cal.profile.device = Device::kCpu;
+  // What is measured below: the products and kernels of `dev`, and the collectives over its
+  // memory (MPI over host memory; on a GPU, NCCL or MPI staged through host memory).
+  cal.profile.device = dev.device();
+  cal.profile.machine["device"] = dev.describe();
+  cal.profile.machine["comm"] = topo.comm_backend();
+  cal.profile.machine["gemm_precision"] = precision_name(o.precision);
   cal.profile.machine["ranks"] = l.world;
   cal.profile.machine["nodes"] = topo.num_nodes();
   cal.profile.machine["nodes_emulated"] = topo.nodes_emulated();
@@ -565,7 +630,7 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   bool has_intra = false, has_inter = false;
   log("collectives ({} to {} bytes per rank, x4 steps; {} iters):", o.min_bytes, o.max_bytes,
       o.iters);
-  calibrate_collectives(topo, topo_options, o, cal, log, has_intra, has_inter);
+  calibrate_collectives(topo, topo_options, o, dev, cal, log, has_intra, has_inter);
   // A machine with only one kind of link: the other is copied and marked "assumed".
   if (!has_intra || !has_inter) {
     const Link have = has_intra ? Link::kIntra : Link::kInter;
@@ -580,13 +645,14 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
     }
   }
   log("fused collectives ({} chunks):", o.chunks);
-  calibrate_fused(topo, o, cal, log);
+  calibrate_fused(topo, o, dev, cal, log);
   log("collective after computation:");
-  calibrate_step_sync(topo, l.ep > 1 ? Group::kEp : Group::kWorld, o, cal, log);
-  log("GEMM (all ranks at once, as in the layer):");
-  calibrate_gemm(topo.host_comm(Group::kWorld), o, cal, log);
-  log("memory-bound kernels:");
-  calibrate_memory(topo.host_comm(Group::kWorld), o, cal, log);
+  calibrate_step_sync(topo, l.ep > 1 ? Group::kEp : Group::kWorld, o, dev, cal, log);
+  log("GEMM on {} at {} (all ranks at once, as in the layer):", device_name(dev.device()),
+      precision_name(o.precision));
+  calibrate_gemm(topo.host_comm(Group::kWorld), o, dev, cal, log);
+  log("memory-bound kernels on {}:", device_name(dev.device()));
+  calibrate_memory(topo.host_comm(Group::kWorld), o, dev, cal, log);
   return cal;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "parm/topology.h"
+#include "perfmodel/bench_device.h"
 #include "perfmodel/profile.h"
 
 namespace parm::perfmodel {
@@ -27,6 +28,12 @@ struct CalibrateOptions {
   std::vector<int64_t> gemm_hidden = {256, 1024};
   std::vector<int64_t> gate_experts = {8, 64};
   int gemm_iters = 3;
+  // Where the products, kernels and collectives' buffers are measured (make_bench_device's
+  // device, recorded as the profile's "device"; the topology must move that device's
+  // memory) and the products' precision (fp32, or bf16 operands with fp32 accumulation;
+  // recorded as machine.gemm_precision).
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;
 };
 
 // One measured sample, kept for the report.
@@ -44,9 +51,19 @@ struct Calibration {
 // `log` receives progress lines (on every rank; print them on rank 0 only). topo_options:
 // those `topo` was made with (the groups measured are topologies over the same ranks with
 // other mp / ep / esp).
+// Measures on make_bench_device(options.device).
 Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
                       const CalibrateOptions& options,
                       const std::function<void(const std::string&)>& log);
+// Measures on `dev` (tests pass a stand-in; options.device is not consulted); the profile
+// records dev.device().
+Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
+                      const CalibrateOptions& options, BenchDevice& dev,
+                      const std::function<void(const std::string&)>& log);
+// Refuses (parm::InvalidConfig, before any work) options calibrate cannot measure: sizes,
+// iterations, GEMM shapes, and a device this build or machine cannot run (check_device:
+// --device cuda in a build without CUDA or on a machine without a GPU).
+void check_calibrate_options(const CalibrateOptions& options);
 
 // hostname, cores, CPU model (/proc/cpuinfo), MPI library, oneDNN, parm version.
 nlohmann::json describe_machine();

@@ -342,11 +342,15 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   bool replan_pending = plans_schedules(cfg);
   const double run_t0 = now_us();
   std::vector<std::vector<double>> layer_loads;  // expert_loads per MoE layer, of this step
+  // The expert weights change only at opt.step below (loads happen before this loop): a GPU
+  // layer at bf16 rounds them once per step, not once per micro-batch.
+  uint64_t weights_version = 1;
   for (; step < cfg.loop.steps; ++step) {
     fault::at_training_step(topo->world_rank(), step);
     const double t0 = now_us();
     for (auto* p : params) p->grad.zero();
     phases.clear();
+    for (MoeLayer* layer : model->moe_layers()) layer->backend().set_weights_version(weights_version);
     std::vector<model::Batch> batches;
     double counts[1] = {0.0};
     for (int64_t a = 0; a < accum; ++a) {
@@ -388,6 +392,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
         optim.grad_clip > 0 && norm > optim.grad_clip ? optim.grad_clip / (norm + 1e-6) : 1.0;
     const double lr = lr_at(optim, step);
     opt.step(optim, lr, clip);
+    ++weights_version;
     phase_lap("optimizer", t_phase);
     const bool last = step + 1 == cfg.loop.steps;
     const bool report = (step + 1) % cfg.loop.log_every == 0 || last;

@@ -18,6 +18,16 @@ out="$(prun -n 2 -- calibrate --out "$tmp/one.json" --gemm-rows 64)"; rc=$?
 check "calibrate with one GEMM row count is refused" 2 $rc "at least two different row counts" "$out"
 [ ! -e "$tmp/one.json" ]; check "a refused calibration writes no profile" 0 $? "" ""
 
+# --device cuda where this build or machine has no GPU: refused before any work (even before
+# the world-size check: one rank here), naming what is missing and what would work.
+if ! prun -n 1 -- info | grep -q "cuda:   built; [1-9]"; then
+  out="$(prun -n 1 -- calibrate --out "$tmp/cuda.json" --device cuda)"; rc=$?
+  check "calibrate --device cuda without a GPU is refused" 2 $rc "use --device cpu" "$out"
+  [ ! -e "$tmp/cuda.json" ]; check "the refused device calibration writes no profile" 0 $? "" ""
+fi
+out="$(prun -n 1 -- calibrate --out "$tmp/c.json" --comm nccl)"; rc=$?
+check "calibrate --comm without --device cuda is refused" 2 $rc "pass it with --device cuda" "$out"
+
 # A quick calibration on 2 ranks: one machine, so nodes are emulated (1 rank each): no
 # intra-node group with more than one rank, no ESP group for the fused collectives.
 out="$(prun -n 2 -- calibrate --out "$tmp/p.json" --max-bytes 65536 --iters 2 --warmup 1 \
@@ -33,6 +43,14 @@ check "calibrate measures memory on 64 KiB .. 2 MiB buffers" 0 0 "12 131072 4194
 check "calibrate emulates nodes on one machine" 0 $rc "Emulating 2 nodes" "$out"
 check "calibrate copies the missing link class" 0 $rc "assumed (copied from inter" "$out"
 check "calibrate prints r2 per entry" 0 $rc "gemm.expert_nn" "$out"
+rec=$(/usr/bin/python3 -c 'import json, sys
+p = json.load(open(sys.argv[1]))
+print(p["device"], p["machine"]["device"]["device"], p["machine"]["gemm_precision"], p["machine"]["comm"])
+p["device"] = "cuda"
+json.dump(p, open(sys.argv[2], "w"))' "$tmp/p.json" "$tmp/p-cuda.json" 2>&1)
+check "calibrate records the device, the products' precision and the collectives" 0 0 "cpu cpu fp32 mpi" "$rec"
+out="$(prun -n 2 -- bench-layer $layer --ep 2 --schedule auto --profile "$tmp/p-cuda.json")"; rc=$?
+check "bench-layer --schedule auto on the CPU refuses a cuda profile" 2 $rc "was taken on device cuda" "$out"
 
 out="$(prun -n 1 -- plan $layer --mp 2 --ep 2 --esp 2 --devices-per-node 2 --profile "$tmp/p.json")"; rc=$?
 check "plan prints every candidate" 0 $rc "== s2+fused" "$out"

@@ -678,6 +678,49 @@ TEST(CudaDeviceExperts, GraphsReplayTheEagerPass) {
   }
 }
 
+// bf16 weight copies (moe/bf16_weight_copies.h): with a version given, W1 and W2 are rounded
+// once per version, not once per forward; new weights under a new version are used (also
+// by a replayed graph, whose key does not see the weights' values); without graphs and with
+// them, the results equal a DeviceExperts that rounds at every forward.
+TEST(CudaDeviceExperts, Bf16WeightsRoundedOncePerVersion) {
+  PARM_SKIP_WITHOUT_GPU();
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "no graphs");
+    const int64_t blocks = 1, E = 3, slots = 6, M = 16, hl = 24;
+    DeviceExperts dev(E, blocks * slots, M, hl, Precision::kBf16);
+    DeviceExperts fresh(E, blocks * slots, M, hl, Precision::kBf16);  // no version: every time
+    dev.set_graphs(graphs);
+    uint64_t st = 9000;
+    ExpertShards w{gpu(host_normal({E, M, hl}, st++, 0.2f)), gpu(host_normal({E, hl}, st++, 0.1f)),
+                   gpu(host_normal({E, hl, M}, st++, 0.2f)), gpu(host_normal({E, M}, st++, 0.1f))};
+    const Shape layout = {blocks, E, slots, M};
+    const Tensor in = gpu(host_normal(layout, st++, 1.0f));
+    const std::vector<int32_t> fills = {6, 1, 3};
+    Tensor out(layout, Device::kCuda);
+    auto run = [&](DeviceExperts& d) {
+      d.forward(in, w, blocks, slots, fills.data(), true, out);
+      return host(out);
+    };
+    dev.set_weights_version(1);
+    const Tensor first = run(dev);
+    for (int i = 0; i < 3; ++i) run(dev);  // eager, captured, replayed with graphs
+    EXPECT_EQ(dev.weight_copies_made(), 1);
+    // An optimizer step: new values in the same tensors, a new version.
+    const Tensor w1_new = host_normal({E, M, hl}, st++, 0.2f), w2_new = host_normal({E, hl, M}, st++, 0.2f);
+    device_copy(w.w1.data(), w1_new.data(), w1_new.bytes());
+    device_copy(w.w2.data(), w2_new.data(), w2_new.bytes());
+    dev.set_weights_version(2);
+    const Tensor second = run(dev);
+    EXPECT_EQ(dev.weight_copies_made(), 2);
+    const Tensor want = run(fresh);
+    EXPECT_EQ(fresh.weight_copies_made(), 1);
+    expect_close(second.data(), want.data(), want.numel(), kBf16OutTol, "after the new version");
+    double moved = 0.0;
+    for (int64_t i = 0; i < first.numel(); ++i) moved = std::max(moved, double(std::abs(first[i] - second[i])));
+    EXPECT_GT(moved, 1e-2) << "the new weights did not change the output";
+  }
+}
+
 TEST(CudaDeviceExperts, RefusesBadCalls) {
   PARM_SKIP_WITHOUT_GPU();
   DeviceExperts dev(2, 10, 8, 4, Precision::kFp32);

@@ -76,7 +76,10 @@ perfmodel::Profile load_profile_for_auto(const LayerFlags& f, const char* what) 
                     "{} needs a cost profile: run `scripts/parmrun -n 4 -- calibrate --out "
                     "profile.json` once on this machine, then pass --profile profile.json",
                     what);
-  return perfmodel::read_profile(f.profile);
+  perfmodel::Profile p = perfmodel::read_profile(f.profile);
+  // Rates measured on another device kind would choose for the wrong machine.
+  perfmodel::check_profile_device(p, parse_device(f.device), f.profile);
+  return p;
 }
 
 // One row of the breakdown: a step, or a named phase inside a compute step.

@@ -1,7 +1,9 @@
 // `parm calibrate --out profile.json`: measures this machine's collectives (intra- and
 // inter-node groups), fused collectives, GEMM rates and memory bandwidth, fits the cost
 // model's parameters by least squares, prints r^2 per entry and writes the profile.
-// Run under MPI (scripts/parmrun -n 4 -- calibrate --out profile.json).
+// Run under MPI (scripts/parmrun -n 4 -- calibrate --out profile.json). --device cuda
+// measures cuBLAS products, the CUDA kernels and collectives over device buffers (NCCL, or
+// MPI staged through host memory) instead, and the profile records "device": "cuda".
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -20,6 +22,7 @@ struct CalibrateFlags {
   perfmodel::CalibrateOptions options;
   std::string out;
   std::string samples;
+  std::string device = "cpu", precision = "fp32", comm = "auto";
 };
 
 void print_table(const perfmodel::Profile& p) {
@@ -59,6 +62,15 @@ void print_table(const perfmodel::Profile& p) {
 }
 
 int run_calibrate(CalibrateFlags f) {
+  // Bad flags (a device this build cannot run among them) are refused before any work.
+  f.options.device = parse_device(f.device);
+  f.options.precision = parse_precision(f.precision);
+  const CommBackend comm = parse_comm_backend(f.comm);
+  PARM_CONFIG_CHECK(f.options.device == Device::kCuda || comm == CommBackend::kAuto,
+                    "calibrate --comm {}: --comm chooses what moves device buffers; pass it "
+                    "with --device cuda",
+                    f.comm);
+  perfmodel::check_calibrate_options(f.options);
   const int world = world_size();
   const bool root = world_rank() == 0;
   PARM_CONFIG_CHECK(world >= 2,
@@ -73,6 +85,8 @@ int run_calibrate(CalibrateFlags f) {
   };
   f.layout.refuse_pp("calibrate");
   TopologyOptions o = f.layout.topology();
+  o.device = f.options.device;
+  o.comm = comm;
   int detected_nodes = 1;
   if (o.ranks_per_node == 0) {
     auto probe = Topology::create({.timeout_s = o.timeout_s});
@@ -103,9 +117,10 @@ int run_calibrate(CalibrateFlags f) {
   }
   auto topo = Topology::create(o);
   const Layout& l = topo->layout();
-  say(fmt::format("# parm calibrate: {} ranks, {} node(s){}, layout mp={} ep={} esp={}", l.world,
-                  topo->num_nodes(), topo->nodes_emulated() ? " (emulated)" : "", l.mp, l.ep,
-                  l.esp));
+  say(fmt::format("# parm calibrate: {} ranks, {} node(s){}, layout mp={} ep={} esp={}, device "
+                  "{} ({} collectives), products at {}",
+                  l.world, topo->num_nodes(), topo->nodes_emulated() ? " (emulated)" : "", l.mp,
+                  l.ep, l.esp, device_name(o.device), topo->comm_backend(), f.precision));
   const double t0 = now_us();
   const auto cal = perfmodel::calibrate(*topo, o, f.options, say);
   if (!root) return 0;
@@ -142,6 +157,15 @@ Command add_calibrate(CLI::App& root) {
       ->delimiter(',');
   app->add_option("--gemm-iters", o.gemm_iters, "timed iterations per GEMM shape");
   app->add_option("--samples", f->samples, "also write every raw sample to this JSON file");
+  app->add_option("--device", f->device,
+                  "where the products, kernels and collectives' buffers are measured: cpu or "
+                  "cuda (the profile records it; --schedule auto refuses a profile of another "
+                  "device)");
+  app->add_option("--precision", f->precision,
+                  "the products' precision: fp32, or bf16 (bf16 operands, fp32 accumulation)");
+  app->add_option("--comm", f->comm,
+                  "with --device cuda, what moves the device buffers: auto, nccl, or mpi "
+                  "(staged through host memory)");
   return {app, [f] { return run_calibrate(*f); }};
 }
 

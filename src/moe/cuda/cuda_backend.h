@@ -34,6 +34,7 @@ class CudaBackend final : public LayerBackend {
 
   Device device() const override { return Device::kCuda; }
   Precision precision() const override { return precision_; }
+  void set_weights_version(uint64_t version) override { experts_.set_weights_version(version); }
 
   void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                     int64_t slots, float* stats, PhaseTimes* times) override;

@@ -292,20 +292,32 @@ void DeviceExperts::forward(const Tensor& in, const ExpertShards& w, int64_t blo
   check_call(w, in, out, blocks, slots, fills, "forward");
   count_rows(fills, blocks, e_loc_, rows_);
   have_forward_ = true;
+  const bool convert =
+      precision_ == Precision::kBf16 && weight_copies_.stale(w.w1.data(), w.w2.data());
   if (times != nullptr || !fwd_policy_.enabled()) {
-    forward_work(in, w, blocks, slots, fills, add_b2, out, times);
+    forward_work(in, w, blocks, slots, fills, add_b2, convert, out, times);
     return;
   }
+  // Outside the pass's graph: a replay must not round the weights again when they are the
+  // same, nor skip it when they changed.
+  if (convert) convert_weights(w);
   make_key(key_, {&in, &out, &w.w1, &w.b1, &w.w2, &w.b2},
            {blocks, slots, add_b2 ? 1 : 0, static_cast<int64_t>(gemm_.mode())}, fills,
            blocks * e_loc_);
   run_pass(fwd_policy_, fwd_graph_,
-           [&] { forward_work(in, w, blocks, slots, fills, add_b2, out, nullptr); });
+           [&] { forward_work(in, w, blocks, slots, fills, add_b2, false, out, nullptr); });
+}
+
+void DeviceExperts::convert_weights(const ExpertShards& w) {
+  const int64_t M = model_dim_, hl = hidden_;
+  parm::cuda::to_bf16(w.w1.data(), w1_bf16_.data(), e_loc_ * M * hl);
+  parm::cuda::to_bf16(w.w2.data(), w2_bf16_.data(), e_loc_ * hl * M);
+  weight_copies_.made(w.w1.data(), w.w2.data());
 }
 
 void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_t blocks,
-                                 int64_t slots, const int32_t* fills, bool add_b2, Tensor& out,
-                                 PhaseTimes* times) {
+                                 int64_t slots, const int32_t* fills, bool add_b2,
+                                 bool convert, Tensor& out, PhaseTimes* times) {
   const int64_t M = model_dim_, hl = hidden_;
   const bool bf16 = precision_ == Precision::kBf16;
   if (times != nullptr) device_sync();  // earlier queued work is not this step's
@@ -324,10 +336,7 @@ void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_
               bf16 ? in_bf16_.data() : nullptr, stride_m_, add);
   batch.flush();
   lap("rows in/out");
-  if (bf16) {  // once per forward pass; the backward pass reuses them
-    parm::cuda::to_bf16(w.w1.data(), w1_bf16_.data(), e_loc_ * M * hl);
-    parm::cuda::to_bf16(w.w2.data(), w2_bf16_.data(), e_loc_ * hl * M);
-  }
+  if (convert) convert_weights(w);  // when they changed; the backward pass reuses them
   run_product(ExpertProduct::kPre, rows_, M, hl, o, gemm_, problems_);
   lap("expert products");
   if (bf16)

@@ -19,8 +19,10 @@
 // Precision::kFp32: every buffer and product is fp32 (the CPU oracle's semantics).
 // Precision::kBf16: the rows between the products are bf16, as in every bf16 MoE: the
 // gathered x and dy, pre, act, the products' row outputs (out, dact, dx; bf16 C, rounded
-// once from the fp32 sum) and dpre; W1 and W2 are rounded to bf16 once per forward call and
-// reused by the backward call. Every product accumulates in fp32; the weight gradients
+// once from the fp32 sum) and dpre; W1 and W2 are rounded to bf16 by a forward call when
+// they changed (moe/bf16_weight_copies.h: other tensors, another version given to
+// set_weights_version, or no version given: every forward call) and reused until then, by
+// the backward call among others. The rounding is queued outside a pass's CUDA graph. Every product accumulates in fp32; the weight gradients
 // accumulate into the fp32 dW, and the master weights, biases, bias gradients (column sums
 // of the layer's fp32 dy and of dpre before its rounding) and the layer's input and output
 // layouts stay fp32.
@@ -35,6 +37,7 @@
 #include "kernels/cuda/expert_kernels.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/graph.h"
+#include "moe/bf16_weight_copies.h"
 #include "moe/cuda/pass_graphs.h"
 #include "moe/moe_ops.h"
 #include "parm/device.h"
@@ -67,6 +70,12 @@ class DeviceExperts {
   // Device memory held by the workspace (bytes).
   int64_t held_bytes() const { return held_bytes_; }
   Precision precision() const { return precision_; }
+  // The version of the weights the next forward() is given (Bf16WeightCopies): whoever
+  // writes them changes it with every write. Unset (kUnknownVersion): every forward() at bf16
+  // rounds W1 and W2 again.
+  void set_weights_version(uint64_t v) { weight_copies_.set_version(v); }
+  // Times W1 and W2 were rounded to bf16 so far.
+  int64_t weight_copies_made() const { return weight_copies_.copies_made(); }
   // The grouped-GEMM helper (tests force its loop mode to compare the two paths).
   parm::cuda::GroupedGemm& grouped_gemm() { return gemm_; }
   // CUDA graphs for the steady state (see above), and what they did so far.
@@ -92,8 +101,12 @@ class DeviceExperts {
   // The operands of the six products in this workspace (dw may be null in the forward pass).
   ProductOperands operands(const ExpertShards& w, ExpertShards* dw);
   // The launches of each pass (after the checks; rows_ set), timed when times is not null.
+  // convert: round W1 and W2 to bf16 first (in the pass, so that a breakdown times it).
   void forward_work(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
-                    const int32_t* fills, bool add_b2, Tensor& out, PhaseTimes* times);
+                    const int32_t* fills, bool add_b2, bool convert, Tensor& out,
+                    PhaseTimes* times);
+  // Rounds W1 and W2 to w1_bf16_, w2_bf16_ (queued) and records it.
+  void convert_weights(const ExpertShards& w);
   void backward_work(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
                      const int32_t* fills, ExpertShards& dw, Tensor& din, PhaseTimes* times);
   // Runs `work` as policy says for key_ (eagerly, captured then launched, or replayed).
@@ -121,6 +134,7 @@ class DeviceExperts {
   Bf16Buffer in_bf16_, pre_bf16_, act_bf16_, out_bf16_, d_out_bf16_;
   Bf16Buffer d_act_bf16_;          // dact, then dpre in place
   Bf16Buffer w1_bf16_, w2_bf16_;   // (E_loc, M, Hl), (E_loc, Hl, M)
+  Bf16WeightCopies weight_copies_;  // what w1_bf16_ and w2_bf16_ hold
   parm::cuda::GroupedGemm gemm_;
   GraphPolicy fwd_policy_, bwd_policy_;
   parm::cuda::StreamGraph fwd_graph_, bwd_graph_;
