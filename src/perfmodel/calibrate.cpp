@@ -577,9 +577,12 @@ namespace {
 
 // What calibrate(..., dev, ...) checks: everything but the device, which `dev` is.
 void check_measure_options(const CalibrateOptions& o) {
-  PARM_CONFIG_CHECK(o.min_bytes >= 64 && o.max_bytes >= 2 * o.min_bytes,
-                    "calibrate: --min-bytes {} must be >= 64 and --max-bytes {} at least twice "
-                    "it (the fit needs several sizes)",
+  // Sizes go up in x4 steps and the fit anchors at the faster of the two smallest (a delayed
+  // smallest sample is dropped), so a line needs a third size: max >= 16 x min.
+  PARM_CONFIG_CHECK(o.min_bytes >= 64 && o.max_bytes >= 16 * o.min_bytes,
+                    "calibrate: --min-bytes {} must be >= 64 and --max-bytes {} at least 16 "
+                    "times it (three sizes in x4 steps: the fit needs several sizes), e.g. "
+                    "--min-bytes 4096 --max-bytes 65536",
                     o.min_bytes, o.max_bytes);
   PARM_CONFIG_CHECK(o.iters >= 1 && o.warmup >= 0 && o.gemm_iters >= 1,
                     "calibrate: --iters {} and --gemm-iters {} must be >= 1, --warmup {} >= 0",

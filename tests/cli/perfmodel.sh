@@ -28,6 +28,9 @@ fi
 out="$(prun -n 1 -- calibrate --out "$tmp/c.json" --comm nccl)"; rc=$?
 check "calibrate --comm without --device cuda is refused" 2 $rc "pass it with --device cuda" "$out"
 
+out="$(prun -n 2 -- calibrate --out "$tmp/two.json" --min-bytes 4096 --max-bytes 16384)"; rc=$?
+check "calibrate with two collective sizes is refused" 2 $rc "at least 16 times it" "$out"
+
 # A quick calibration on 2 ranks: one machine, so nodes are emulated (1 rank each): no
 # intra-node group with more than one rank, no ESP group for the fused collectives.
 out="$(prun -n 2 -- calibrate --out "$tmp/p.json" --max-bytes 65536 --iters 2 --warmup 1 \
