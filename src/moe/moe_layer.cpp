@@ -82,6 +82,8 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.hidden_shard = hl;
   sizes.max_expert_rows = schedule_.expert_blocks * schedule_.exchange_slots;
   sizes.dropless = schedule_.dropless;
+  if (schedule_.dropless)
+    sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);
   backend_ = moe::make_backend(device, precision, sizes);
   params_ = make_params(shape, e_loc, hl, device);
   grads_ = make_params(shape, e_loc, hl, device);

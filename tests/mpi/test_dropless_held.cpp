@@ -1,0 +1,54 @@
+// The bytes a dropless layer's backend holds, from the formula of docs/dropless.md ("Worst
+// case per buffer"): the gate's probabilities and their gradient, the experts' packed
+// workspace (in, pre, act: one pool of blocks x B rows, B = min(E_loc slots, min(k, E_loc)
+// slots [+ E_loc under S2's MP split]) rows per block) and the per-expert scratch (out_rows,
+// d_out, d_act: blocks x slots rows), on every layout S1 and S2 run on. Written out here
+// from the layout, not through schedule::dropless_local_rows, so that a wrong bound or a
+// layer that does not pack its workspace (E_loc pools of blocks x slots rows) fails.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "moe/moe_layer.h"
+#include "mpi_test_util.h"
+
+namespace parm {
+namespace {
+
+using schedule::Kind;
+
+TEST(DroplessHeld, BackendHoldsThePackedWorkspaceFormula) {
+  int64_t checked = 0;
+  for (const TopologyOptions& opts : test::all_layouts()) {
+    auto topo = Topology::create(opts);
+    const Layout& l = topo->layout();
+    const MoeShape s = MoeShape::of(48, 16, 48, 24, 2, "none");
+    if (s.tokens % l.mp != 0 || s.experts % l.ep != 0 || s.hidden % l.esp != 0) continue;
+    const int64_t T = s.tokens, M = s.model_dim, E = s.experts, k = s.topk;
+    const int64_t e_loc = E / l.ep, hl = s.hidden / l.esp, blocks = l.ep * l.esp;
+    for (Kind kind : {Kind::kS1, Kind::kS2}) {
+      // S1 gates T / N_MP tokens; S2 gates T and exchanges MP rank j's part of every
+      // expert's rows, in slots of Cs = ceil(T / N_MP), each part rounded up by a row at most.
+      const int64_t slots = kind == Kind::kS1 ? T / l.mp : (T + l.mp - 1) / l.mp;
+      const int64_t gate_rows = kind == Kind::kS1 ? T / l.mp : T;
+      const int64_t slack = kind == Kind::kS2 && l.mp > 1 ? e_loc : 0;
+      const int64_t per_block = std::min(e_loc * slots, std::min(k, e_loc) * slots + slack);
+      const int64_t pool_rows = blocks * per_block, max_rows = blocks * slots;
+      const int64_t want = 4 * (2 * gate_rows * E + pool_rows * (M + 2 * hl) +
+                                max_rows * (2 * M + hl));
+      MoeLayer layer(*topo, s, kind);
+      EXPECT_EQ(layer.backend().held_bytes(), want)
+          << fmt::format("mp={} ep={} esp={} {}: pool of {} rows", l.mp, l.ep, l.esp,
+                         schedule::kind_name(kind), pool_rows);
+      // Below E_loc pools of blocks x slots rows once k < E_loc.
+      if (k < e_loc)
+        EXPECT_LT(pool_rows, e_loc * max_rows) << fmt::format("mp={} ep={} esp={}", l.mp, l.ep, l.esp);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+}  // namespace
+}  // namespace parm
