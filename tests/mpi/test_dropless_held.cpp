@@ -2,13 +2,15 @@
 // case per buffer"): the gate's probabilities and their gradient, the experts' packed
 // workspace (in, pre, act: one pool of blocks x B rows, B = min(E_loc slots, min(k, E_loc)
 // slots [+ E_loc under S2's MP split]) rows per block) and the per-expert scratch (out_rows,
-// d_out, d_act: blocks x slots rows), on every layout S1 and S2 run on. Written out here
+// d_out, d_act: blocks x slots rows), on every layout S1 and S2 run on; and the layer's
+// scratch of the reductions' received rows, sized by the same bound. Written out here
 // from the layout, not through schedule::dropless_local_rows, so that a wrong bound or a
 // layer that does not pack its workspace (E_loc pools of blocks x slots rows) fails.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 
 #include "moe/moe_layer.h"
 #include "mpi_test_util.h"
@@ -37,10 +39,23 @@ TEST(DroplessHeld, BackendHoldsThePackedWorkspaceFormula) {
       const int64_t pool_rows = blocks * per_block, max_rows = blocks * slots;
       const int64_t want = 4 * (2 * gate_rows * E + pool_rows * (M + 2 * hl) +
                                 max_rows * (2 * M + hl));
-      MoeLayer layer(*topo, s, kind);
-      EXPECT_EQ(layer.backend().held_bytes(), want)
-          << fmt::format("mp={} ep={} esp={} {}: pool of {} rows", l.mp, l.ep, l.esp,
-                         schedule::kind_name(kind), pool_rows);
+      for (bool fuse : {false, true}) {
+        const std::string where = fmt::format("mp={} ep={} esp={} {}{}", l.mp, l.ep, l.esp,
+                                              schedule::kind_name(kind), fuse ? " fused" : "");
+        MoeLayer layer(*topo, s, kind, fuse, 2);
+        EXPECT_EQ(layer.backend().held_bytes(), want) << where << ": pool of " << pool_rows;
+        // The reductions' scratch: an ESP reduce-scatter (the unfused combine's, or the
+        // unfused dispatch's adjoint) receives N_ESP - 1 peers' rows of N_EP blocks; a fused
+        // combine (or the fused dispatch's adjoint) holds N_ESP copies of N_EP blocks.
+        const bool fused_dispatch = fuse && l.ep > 1 && l.esp > 1;
+        const int parts = (l.esp > 1) + (l.ep > 1) + (kind == Kind::kS2 && l.mp > 1);
+        const bool fused_combine = fuse && parts >= 2;
+        const bool reduce_scatter = l.esp > 1 && !(fused_dispatch && fused_combine);
+        const int64_t scratch_rows =
+            std::max(reduce_scatter ? (l.esp - 1) * l.ep * per_block : 0,
+                     fused_combine ? l.esp * l.ep * per_block : 0);
+        EXPECT_EQ(layer.row_scratch_bytes(), scratch_rows * M * 4) << where;
+      }
       // Below E_loc pools of blocks x slots rows once k < E_loc.
       if (k < e_loc)
         EXPECT_LT(pool_rows, e_loc * max_rows) << fmt::format("mp={} ep={} esp={}", l.mp, l.ep, l.esp);
