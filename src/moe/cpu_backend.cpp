@@ -12,7 +12,8 @@ class CpuBackend final : public LayerBackend {
   CpuBackend(const BackendSizes& s, Precision p)
       : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}),
         zero_unrouted_(!s.dropless) {
-    ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p);
+    ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p,
+                s.max_local_rows);
   }
 
   Device device() const override { return Device::kCpu; }
@@ -88,11 +89,7 @@ class CpuBackend final : public LayerBackend {
 
   void sync() override {}
   int64_t held_bytes() const override {
-    int64_t b = probs_.bytes() + dprobs_.bytes() + ws_.out_rows.bytes() + ws_.d_out.bytes() +
-                ws_.d_act.bytes() + ws_.bf16.held_bytes();
-    for (const auto* list : {&ws_.in, &ws_.pre, &ws_.act})
-      for (const Tensor& t : *list) b += t.bytes();
-    return b;
+    return probs_.bytes() + dprobs_.bytes() + ws_.held_bytes() + ws_.bf16.held_bytes();
   }
 
  private:

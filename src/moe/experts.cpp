@@ -29,6 +29,13 @@ int64_t gather_filled(const Tensor& layout, int64_t blocks, int64_t e_loc, int64
   return n;
 }
 
+// Expert e's filled rows over all blocks.
+int64_t filled_rows(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t e) {
+  int64_t n = 0;
+  for (int64_t b = 0; b < blocks; ++b) n += fills[b * e_loc + e];
+  return n;
+}
+
 // The reverse: filled rows back into the layout; the empty slots after them are zeroed.
 void scatter_filled(const float* rows, int64_t blocks, int64_t e_loc, int64_t slots, int64_t e,
                     const int32_t* fills, int64_t M, Tensor& layout) {
@@ -51,25 +58,61 @@ void check_fills(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t sl
 
 }  // namespace
 
-void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl,
-                              Precision p) {
+void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int64_t hl,
+                              Precision p, int64_t max_total_rows) {
   precision = p;
+  max_rows = max_rows_;
+  packed = max_total_rows > 0;
+  total_rows = packed ? max_total_rows : max_rows;
   const bool bf16_path = p == Precision::kBf16;
   if (bf16_path) bf16.reserve(experts, max_rows, M, hl);
   rows.assign(static_cast<size_t>(experts), 0);
+  first.assign(static_cast<size_t>(experts), 0);
   in.clear();
   pre.clear();
   act.clear();
-  for (int64_t e = 0; e < experts; ++e) {
+  const int64_t pools = packed ? 1 : experts;
+  for (int64_t e = 0; e < pools; ++e) {
     // At bf16 x and act are kept packed (bf16) for the backward pass: one x serves as the
     // gather scratch of every expert, and act is not written in fp32.
-    if (!bf16_path || e == 0) in.emplace_back(Shape{max_rows, M});
-    pre.emplace_back(Shape{max_rows, hl});
-    if (!bf16_path) act.emplace_back(Shape{max_rows, hl});
+    if (!bf16_path || e == 0) in.emplace_back(Shape{bf16_path ? max_rows : total_rows, M});
+    pre.emplace_back(Shape{total_rows, hl});
+    if (!bf16_path) act.emplace_back(Shape{total_rows, hl});
   }
   out_rows = Tensor({max_rows, M});
   d_out = Tensor({max_rows, M});
   d_act = Tensor({max_rows, hl});
+}
+
+void ExpertWorkspace::place(int64_t e, int64_t n) {
+  const auto i = static_cast<size_t>(e);
+  first[i] = packed && e > 0 ? first[i - 1] + rows[i - 1] : 0;
+  PARM_CHECK(n <= max_rows && first[i] + n <= total_rows,
+             "local expert {} gets {} rows after {} rows of the experts before it; the expert "
+             "workspace holds {} rows per expert and {} in all (corrupt routing counts)",
+             e, n, first[i], max_rows, total_rows);
+  rows[i] = n;
+}
+
+float* ExpertWorkspace::in_rows(int64_t e) {
+  const bool bf16_path = precision == Precision::kBf16;
+  if (packed) return in[0].data() + (bf16_path ? 0 : first[static_cast<size_t>(e)] * in[0].cols());
+  return in[bf16_path ? 0 : static_cast<size_t>(e)].data();
+}
+float* ExpertWorkspace::pre_rows(int64_t e) {
+  if (packed) return pre[0].data() + first[static_cast<size_t>(e)] * pre[0].cols();
+  return pre[static_cast<size_t>(e)].data();
+}
+float* ExpertWorkspace::act_rows(int64_t e) {
+  if (packed) return act[0].data() + first[static_cast<size_t>(e)] * act[0].cols();
+  return act[static_cast<size_t>(e)].data();
+}
+
+int64_t ExpertWorkspace::held_bytes() const {
+  int64_t b = out_rows.bytes() + d_out.bytes() + d_act.bytes();
+  for (const auto* list : {&in, &pre, &act})
+    for (const Tensor& t : *list) b += t.bytes();
+  return b;
 }
 
 void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
@@ -79,9 +122,9 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
   PARM_CHECK(in.numel() == blocks * e_loc * slots * M && out.numel() == in.numel(),
              "expert buffers {} / {} for blocks={} E_loc={} slots={} M={}",
              shape_str(in.shape()), shape_str(out.shape()), blocks, e_loc, slots, M);
-  PARM_CHECK(static_cast<int64_t>(ws.pre.size()) == e_loc && ws.out_rows.rows() >= blocks * slots,
-             "expert workspace reserved for {} experts x {} rows, needs {} x {}", ws.pre.size(),
-             ws.out_rows.rows(), e_loc, blocks * slots);
+  PARM_CHECK(static_cast<int64_t>(ws.rows.size()) == e_loc && ws.max_rows >= blocks * slots,
+             "expert workspace reserved for {} experts x {} rows, needs {} x {}", ws.rows.size(),
+             ws.max_rows, e_loc, blocks * slots);
   check_fills(fills, blocks, e_loc, slots);
   PhaseClock clock(times);
   const bool bf16 = ws.precision == Precision::kBf16;
@@ -90,10 +133,10 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     clock.lap("expert products");
   }
   for (int64_t e = 0; e < e_loc; ++e) {
-    float* x = ws.in[bf16 ? 0 : static_cast<size_t>(e)].data();
-    float* pre = ws.pre[static_cast<size_t>(e)].data();
+    ws.place(e, filled_rows(fills, blocks, e_loc, e));
+    float* x = ws.in_rows(e);
+    float* pre = ws.pre_rows(e);
     const int64_t n = gather_filled(in, blocks, e_loc, slots, e, fills, M, x);
-    ws.rows[static_cast<size_t>(e)] = n;
     clock.lap("rows in/out");
     if (bf16)
       ws.bf16.fc1_forward(e, n, x, pre);
@@ -103,7 +146,7 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     if (bf16) {  // bias + GeLU fused with packing act (timed as products)
       ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, ws.out_rows.data());
     } else {
-      float* act = ws.act[static_cast<size_t>(e)].data();
+      float* act = ws.act_rows(e);
       cpu::bias_gelu(pre, w.b1.data() + e * hl, act, n, hl);
       clock.lap("bias + GeLU");
       fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
@@ -128,7 +171,7 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
   float* dact = ws.d_act.data();
   const bool bf16 = ws.precision == Precision::kBf16;
   for (int64_t e = 0; e < e_loc; ++e) {
-    const float* pre = ws.pre[static_cast<size_t>(e)].data();
+    const float* pre = ws.pre_rows(e);
     const int64_t n = gather_filled(dout, blocks, e_loc, slots, e, fills, M, dy);
     PARM_CHECK_EQ(n, ws.rows[static_cast<size_t>(e)]);
     clock.lap("rows in/out");
@@ -137,7 +180,7 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
     if (bf16)
       ws.bf16.fc2_backward(e, n, dy, dw.w2.data() + e * hl * M, dact);
     else
-      fc2_backward(n, M, hl, ws.act[static_cast<size_t>(e)].data(), dy,
+      fc2_backward(n, M, hl, ws.act_rows(e), dy,
                    w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
     clock.lap("expert products");
     if (bf16) {  // GeLU + bias backward fused with packing dpre (timed as products)
@@ -145,7 +188,7 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
                                          dw.b1.data() + e * hl, dw.w1.data() + e * M * hl,
                                          ws.out_rows.data());
     } else {
-      const float* x = ws.in[static_cast<size_t>(e)].data();
+      const float* x = ws.in_rows(e);
       cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
                               hl);
       clock.lap("GeLU + bias backward");

@@ -82,6 +82,8 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.hidden_shard = hl;
   sizes.max_expert_rows = schedule_.expert_blocks * schedule_.exchange_slots;
   sizes.dropless = schedule_.dropless;
+  if (schedule_.dropless)
+    sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);
   backend_ = moe::make_backend(device, precision, sizes);
   params_ = make_params(shape, e_loc, hl, device);
   grads_ = make_params(shape, e_loc, hl, device);
@@ -116,19 +118,30 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
       if (schedule::step_move(s.kind, backward) == Move::kAllGather && s.outer > 1)
         scratch = std::max(scratch, bufs_[static_cast<size_t>(backward ? s.in : s.out)].numel());
   if (scratch > 0) gather_scratch_ = Tensor({scratch}, device);
-  // Dropless reductions receive every peer's routed rows: at most n x the buffer.
+  // Dropless reductions receive every peer's routed rows of a buffer in the experts' layout
+  // (blocks of E_loc segments): at most B rows per block (docs/dropless.md, "Worst case per
+  // buffer"). A reduce-scatter receives n - 1 peers' rows of its destination, an all-reduce
+  // n of its buffer, a fused combine N_ESP of its source's part (its source over N_ESP).
   int64_t rows_scratch = 0;
-  if (schedule_.dropless)
+  if (schedule_.dropless) {
+    const int64_t block_rows = sizes.max_local_rows / schedule_.expert_blocks;
+    const auto routed_elems = [&](int id) {  // at most, of buffer id
+      const int64_t numel = bufs_[static_cast<size_t>(id)].numel();
+      const int64_t block = e_loc * schedule_.buffers[static_cast<size_t>(id)].slots * M;
+      return std::min(numel, numel / block * block_rows * M);
+    };
     for (const Step& s : schedule_.steps)
       for (bool backward : {false, true}) {
         const Move m = schedule::step_move(s.kind, backward);
-        if ((m == Move::kReduceScatter || m == Move::kAllReduce) && segmented(s.in))
-          rows_scratch = std::max(rows_scratch, bufs_[static_cast<size_t>(backward ? s.in : s.out)].numel() *
-                                                    topo_.comm(s.group).size());
-        // A fused combine sums N_ESP parts of its source's rows: at most the source.
+        const int64_t n = topo_.comm(s.group).size();
+        if (m == Move::kReduceScatter && segmented(s.in))
+          rows_scratch = std::max(rows_scratch, routed_elems(backward ? s.in : s.out) * (n - 1));
+        if (m == Move::kAllReduce && segmented(s.in))
+          rows_scratch = std::max(rows_scratch, routed_elems(backward ? s.in : s.out) * n);
         if (m == Move::kFusedCombine)
-          rows_scratch = std::max(rows_scratch, bufs_[static_cast<size_t>(backward ? s.out : s.in)].numel());
+          rows_scratch = std::max(rows_scratch, routed_elems(backward ? s.out : s.in));
       }
+  }
   if (rows_scratch > 0) row_scratch_ = Tensor({rows_scratch}, device);
 }
 
@@ -364,11 +377,17 @@ void MoeLayer::run_dropless_move(const Step& s, Move move, bool backward) {
                       s.outer, M, ops);
       break;
     case Move::kAllToAll: rows_.alltoall(c, segments(from, backward), segments(to, backward), M, ops); break;
-    case Move::kReduceScatter:
-      rows_.reduce_scatter(c, segments(from, backward), segments(to, backward),
-                           row_scratch_.data(), M, ops);
+    case Move::kReduceScatter: {
+      const Segments dst = segments(to, backward);
+      rows_.reduce_scatter(c, segments(from, backward), dst,
+                           row_scratch(s, (n - 1) * dst.routed_rows()), M, ops);
       break;
-    case Move::kAllReduce: rows_.allreduce(c, segments(from, backward), row_scratch_.data(), M, ops); break;
+    }
+    case Move::kAllReduce: {
+      const Segments buf = segments(from, backward);
+      rows_.allreduce(c, buf, row_scratch(s, n * buf.routed_rows()), M, ops);
+      break;
+    }
     case Move::kFusedDispatch:
     case Move::kFusedCombine: run_dropless_fused(s, move, backward, ops); break;
     default: PARM_CHECK(false, "step '{}' has no dropless form", s.label);
@@ -401,17 +420,30 @@ void MoeLayer::run_dropless_fused(const Step& s, Move move, bool backward, RowOp
                          schedule_.chunks, ops);
     return;
   }
-  // The combine; with an MP part it lands in mid and its last stage gathers into `to`.
+  // The combine; with an MP part it lands in mid and its last stage gathers into `to`. It
+  // sums N_ESP copies of the routed rows of my ESP part of its source in the scratch.
+  const Segments src = segments(from, backward);
+  const int64_t part = src.count / c1.size();
+  int64_t mine = 0;
+  for (int64_t i = c1.rank() * part; i < (c1.rank() + 1) * part; ++i) mine += src.fill[i];
+  float* scratch = row_scratch(s, c1.size() * mine);
   if (s.has_mp_part()) {
     if (!backward) fills(s.mid) = fills(schedule_.buffers[static_cast<size_t>(s.mid)].fills_like);
     Communicator& mp = topo_.comm(s.group3);
-    const FusedRows::MpPart part{&mp, segments(to, backward, mp.size())};
-    fused_rows_.combine(c1, c2, segments(from, backward), segments(s.mid, backward),
-                        row_scratch_.data(), M, schedule_.chunks, ops, &part);
+    const FusedRows::MpPart mp_part{&mp, segments(to, backward, mp.size())};
+    fused_rows_.combine(c1, c2, src, segments(s.mid, backward), scratch, M, schedule_.chunks,
+                        ops, &mp_part);
     return;
   }
-  fused_rows_.combine(c1, c2, segments(from, backward), segments(to, backward),
-                      row_scratch_.data(), M, schedule_.chunks, ops);
+  fused_rows_.combine(c1, c2, src, segments(to, backward), scratch, M, schedule_.chunks, ops);
+}
+
+float* MoeLayer::row_scratch(const Step& s, int64_t rows) {
+  PARM_CHECK(rows * shape_.model_dim <= row_scratch_.numel(),
+             "step '{}' sums {} received rows, more than the {} rows of the dropless "
+             "reductions' scratch (routing counts past the bound of docs/dropless.md)",
+             s.label, rows, row_scratch_.numel() / shape_.model_dim);
+  return row_scratch_.data();
 }
 
 void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {

@@ -111,6 +111,8 @@ class MoeLayer {
   // workspace), all allocated at construction. Not counted: the host fill-count vectors (a
   // few int32 per expert), sized on the first forward pass.
   int64_t held_bytes() const;
+  // Of held_bytes(): the dropless reductions' scratch (0 with a capacity factor).
+  int64_t row_scratch_bytes() const { return row_scratch_.bytes(); }
   // The routing of the last forward pass (gate rows: T, or T / N_MP under S1), on the host.
   const moe::GateRouting& routing() { return backend_->routing(); }
 
@@ -136,6 +138,8 @@ class MoeLayer {
   // routed rows (comm/fused_rows.h).
   void run_dropless_fused(const schedule::Step& s, schedule::Move move, bool backward,
                           RowOps& ops);
+  // The dropless reductions' scratch, checked to hold `rows` rows (step s names the error).
+  float* row_scratch(const schedule::Step& s, int64_t rows);
   // Buffer id's data (or gradient) as segments; `split` > 1 views each segment as `split`
   // parts of its routed rows, part j being dropless_part(fill, j, split) (an S2 MP gather's
   // (E, N_MP, Cs) side).

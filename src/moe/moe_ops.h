@@ -91,15 +91,33 @@ struct ExpertShards {
 // steady state then allocates nothing. At Precision::kBf16 the six products run on bf16
 // operands (Bf16ExpertProducts), which keeps x and act packed for the backward pass: `in`
 // then holds one expert's rows at a time and `act` is empty; pre stays fp32.
+//
+// Packed (max_total_rows > 0, dropless): in, pre and act are one pool each, of
+// max_total_rows rows, the bound on the rows all local experts get together in one pass;
+// expert e's rows start at row first[e] = rows[0] + ... + rows[e - 1] of each pool. Under
+// a capacity factor every expert has its own max_rows rows, as the bound on the total is
+// then E_loc x max_rows anyway.
 struct ExpertWorkspace {
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden,
-               Precision precision = Precision::kFp32);
+               Precision precision = Precision::kFp32, int64_t max_total_rows = 0);
+  // Expert e's rows in the pools (its first rows[e] rows are used).
+  float* in_rows(int64_t e);
+  float* pre_rows(int64_t e);
+  float* act_rows(int64_t e);
+  // Checks that rows n for expert e fit (packed: after experts 0..e-1) and places them.
+  void place(int64_t e, int64_t n);
+  int64_t held_bytes() const;  // in, pre, act and the scratch below (not bf16's buffers)
   Precision precision = Precision::kFp32;
   Bf16ExpertProducts bf16;    // reserved at kBf16 only
+  bool packed = false;
+  int64_t max_rows = 0;       // the most rows one expert can get
+  int64_t total_rows = 0;     // rows the pools hold per expert (unpacked) or together
   std::vector<int64_t> rows;  // (E_loc) filled rows of each expert in the last forward
-  std::vector<Tensor> in;     // (max_rows, M) the expert's filled rows, first rows[e] used
-  std::vector<Tensor> pre;    // (max_rows, Hl) x W1 (b1 is added on the fly)
-  std::vector<Tensor> act;    // (max_rows, Hl) gelu(pre)
+  std::vector<int64_t> first; // (E_loc) packed: expert e's first row in the pools
+  // Per expert (unpacked) or one pool (packed) of total_rows rows; read through in_rows()...
+  std::vector<Tensor> in;     // (total_rows, M) the experts' filled rows
+  std::vector<Tensor> pre;    // (total_rows, Hl) x W1 (b1 is added on the fly)
+  std::vector<Tensor> act;    // (total_rows, Hl) gelu(pre)
   Tensor out_rows;            // (max_rows, M) scratch
   Tensor d_out;               // (max_rows, M) scratch: an expert's output gradient rows
   Tensor d_act;               // (max_rows, Hl) scratch

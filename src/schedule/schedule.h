@@ -204,6 +204,23 @@ inline RowPart dropless_part(int64_t routed, int64_t j, int64_t n) {
   return {lo, hi - lo};
 }
 
+// Dropless: the most rows `local_experts` experts get together in one pass, over the
+// schedule's expert_blocks blocks (docs/dropless.md, "Worst case per buffer"). A block is one
+// gate call's routed rows (S1, the baseline: exchange_slots = its tokens T_g), each token
+// choosing at most min(k, E_loc) of these experts: min(k, E_loc) T_g rows; or (S2, split
+// over N_MP ranks: dispatch_slots > exchange_slots = Cs = ceil(T / N_MP)) MP rank j's part
+// dropless_part(n_e, j, N_MP) <= n_e / N_MP + 1 of each expert's n_e <= T routed rows, with
+// sum n_e <= min(k, E_loc) T: at most min(k, E_loc) Cs + E_loc rows. Never above
+// E_loc x exchange_slots, the capacity-factor layout's rows.
+inline int64_t dropless_local_rows(const Schedule& s, int topk, int64_t local_experts) {
+  const int64_t slots = s.exchange_slots;
+  const int64_t choices = topk < local_experts ? topk : local_experts;
+  const int64_t slack = s.dispatch_slots > slots ? local_experts : 0;
+  const int64_t per_block = choices * slots + slack;
+  const int64_t most = local_experts * slots;
+  return s.expert_blocks * (per_block < most ? per_block : most);
+}
+
 // Checks the layer against the layout and the schedule (E % N_EP, H % N_ESP, T % N_MP;
 // supports(kind, layout)). Throws InvalidConfig naming the constraint and valid values.
 void validate(const LayerSpec& spec, Kind kind, const SizeNames& names = {});
