@@ -1,6 +1,7 @@
 // The CPU table: today's kernels, unchanged (the oracle the CUDA table is checked against).
 #include "model/dense_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +57,12 @@ void cpu_adamw(const AdamWStep& s, float* w, const float* g, float* m, float* v,
   }
 }
 
+void cpu_gemm_bf16_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a,
+                            const uint16_t* packed_b, float* c, bool accumulate) {
+  cpu::gemm_bf16_packed_b(trans_a, m, n, k, a, std::max<int64_t>(1, trans_a ? m : k), packed_b, c,
+                          std::max<int64_t>(1, n), accumulate);
+}
+
 void* cpu_alloc_bytes(size_t bytes) { return std::calloc(1, bytes); }
 void cpu_free_bytes(void* p) { std::free(p); }
 void cpu_upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
@@ -84,6 +91,11 @@ DenseOps make_cpu_ops() {
   o.copy = cpu_copy;
   o.sum_of_squares = cpu_sum_of_squares;
   o.adamw = cpu_adamw;
+  o.bf16_packed_b_size = cpu::bf16_packed_b_size;
+  o.bf16_pack_b_both = cpu::bf16_pack_b_both;
+  o.gemm_bf16_packed_b = cpu_gemm_bf16_packed_b;
+  o.bias_gelu_bf16 = cpu::bias_gelu_bf16;
+  o.bias_gelu_backward_bf16 = cpu::bias_gelu_backward_bf16;
   o.alloc_bytes = cpu_alloc_bytes;
   o.free_bytes = cpu_free_bytes;
   o.upload = cpu_upload;
