@@ -162,6 +162,24 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
                         const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
                         int64_t cols);
 
+// ---- AdamW -----------------------------------------------------------------------------
+// The update's scalars, in fp32 (derived in double by the caller: model/dense_ops.h).
+struct AdamWScalars {
+  float beta1 = 0.9f, beta2 = 0.95f;
+  float grad_scale = 1.0f;    // g' = g * grad_scale
+  float step_size = 0.0f;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2 = 1.0f;  // 1 / sqrt(1 - beta2^t)
+  float eps = 1e-8f;
+  float decay = 1.0f;         // 1 - lr * weight_decay, or 1
+};
+// Over n elements, each rounded in this order: g' = g * grad_scale; m = b1 m + (1 - b1) g';
+// v = b2 v + (1 - b2) g' g'; w = w decay - step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
+// Overwrites w, m, v. AVX-512 where the CPU has it, the same bits as adamw_reference (the
+// scalar loop).
+void adamw(const AdamWScalars& s, float* w, const float* g, float* m, float* v, int64_t n);
+void adamw_reference(const AdamWScalars& s, float* w, const float* g, float* m, float* v,
+                     int64_t n);
+
 // ---- Row gather / scatter-add ----------------------------------------------------------
 // dst (n, cols): row i = src row idx[i] (idx[i] < 0: a zero row). Overwrites dst.
 void gather_rows(const float* src, int64_t cols, const int64_t* idx, int64_t n, float* dst);
