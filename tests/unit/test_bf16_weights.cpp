@@ -12,18 +12,13 @@
 #include "model/bf16_weights.h"
 #include "model/blocks.h"
 #include "model/dense_ops.h"
+#include "normal_values.h"
 #include "parm/error.h"
-#include "parm/rng.h"
 
 namespace parm {
 namespace {
 
-std::vector<float> normal(int64_t n, uint64_t stream) {
-  Rng rng(99, stream);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = rng.normal();
-  return v;
-}
+std::vector<float> normal(int64_t n, uint64_t stream) { return test::normal_values(n, 99, stream); }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
