@@ -1,6 +1,7 @@
 // The CPU table: today's kernels, unchanged (the oracle the CUDA table is checked against).
 #include "model/dense_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -42,18 +43,21 @@ double cpu_sum_of_squares(const float* const* bufs, const int64_t* sizes, int64_
 void cpu_adamw(const AdamWStep& s, float* w, const float* g, float* m, float* v, int64_t n) {
   const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
   const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
-  const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
-  const float scale = static_cast<float>(s.grad_scale);
-  const float step_size = static_cast<float>(s.lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float eps = static_cast<float>(s.eps);
-  const float decay = s.decay ? static_cast<float>(1.0 - s.lr * s.weight_decay) : 1.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    const float gj = g[j] * scale;
-    m[j] = b1 * m[j] + (1.0f - b1) * gj;
-    v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
-    w[j] = w[j] * decay - step_size * m[j] / (std::sqrt(v[j]) * inv_sqrt_bc2 + eps);
-  }
+  cpu::AdamWScalars c;
+  c.beta1 = static_cast<float>(s.beta1);
+  c.beta2 = static_cast<float>(s.beta2);
+  c.grad_scale = static_cast<float>(s.grad_scale);
+  c.step_size = static_cast<float>(s.lr / bc1);
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.eps = static_cast<float>(s.eps);
+  c.decay = s.decay ? static_cast<float>(1.0 - s.lr * s.weight_decay) : 1.0f;
+  cpu::adamw(c, w, g, m, v, n);
+}
+
+void cpu_gemm_bf16_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a,
+                            const uint16_t* packed_b, float* c, bool accumulate) {
+  cpu::gemm_bf16_packed_b(trans_a, m, n, k, a, std::max<int64_t>(1, trans_a ? m : k), packed_b, c,
+                          std::max<int64_t>(1, n), accumulate);
 }
 
 void* cpu_alloc_bytes(size_t bytes) { return std::calloc(1, bytes); }
@@ -84,6 +88,11 @@ DenseOps make_cpu_ops() {
   o.copy = cpu_copy;
   o.sum_of_squares = cpu_sum_of_squares;
   o.adamw = cpu_adamw;
+  o.bf16_packed_b_size = cpu::bf16_packed_b_size;
+  o.bf16_pack_b_both = cpu::bf16_pack_b_both;
+  o.gemm_bf16_packed_b = cpu_gemm_bf16_packed_b;
+  o.bias_gelu_bf16 = cpu::bias_gelu_bf16;
+  o.bias_gelu_backward_bf16 = cpu::bias_gelu_backward_bf16;
   o.alloc_bytes = cpu_alloc_bytes;
   o.free_bytes = cpu_free_bytes;
   o.upload = cpu_upload;

@@ -89,6 +89,24 @@ struct DenseOps {
   // decay) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). Overwrites w, m, v.
   void (*adamw)(const AdamWStep& s, float* w, const float* g, float* m, float* v, int64_t n);
 
+  // ---- bf16 weights packed once per step (model/bf16_weights.h) ------------------------
+  // Tables whose bf16 products read packed weights (the CPU's) set these; the others leave
+  // them null and run their bf16 products and GeLU through the ops above.
+  // cpu::bf16_packed_b_size: values of a packed B (k, n).
+  int64_t (*bf16_packed_b_size)(int64_t k, int64_t n) = nullptr;
+  // cpu::bf16_pack_b_both: w (rows, cols) as packed B of w and of w^T.
+  void (*bf16_pack_b_both)(int64_t rows, int64_t cols, const float* w, uint16_t* packed,
+                           uint16_t* packed_t) = nullptr;
+  // cpu::gemm_bf16_packed_b, contiguous: C (m, n) (+)= op(A) (m, k) B, B packed (k, n).
+  void (*gemm_bf16_packed_b)(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a,
+                             const uint16_t* packed_b, float* c, bool accumulate) = nullptr;
+  // The dense MLP's GeLU at bf16 (cpu::bias_gelu_bf16 / bias_gelu_backward_bf16): act =
+  // gelu(x + bias), x left as it is; dx = gelu'(x + bias) dact (may alias dact), dbias +=.
+  void (*bias_gelu_bf16)(const float* x, const float* bias, float* act, int64_t rows,
+                         int64_t cols) = nullptr;
+  void (*bias_gelu_backward_bf16)(const float* x, const float* bias, const float* dact,
+                                  float* dx, float* dbias, int64_t rows, int64_t cols) = nullptr;
+
   // ---- raw memory of this device ------------------------------------------------------
   void* (*alloc_bytes)(size_t bytes);  // zero-filled
   void (*free_bytes)(void* p);

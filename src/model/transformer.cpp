@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "kernels/cpu/kernels.h"
+#include "model/bf16_weights.h"
 #include "model/blocks.h"
 #include "model/dense_ops.h"
 #include "model/init.h"
@@ -219,6 +220,16 @@ class Transformer final : public Model {
   // gradient at LN2's output), and the rest from dffn_in, that gradient.
   const float* dense_ffn_backward(Block& b);
   void block_backward_rest(Block& b, const float* dffn_in);
+  // The dense products: the table's linear_forward / linear_backward, or at bf16 on a table
+  // that packs weights, the same products with w (in, out) packed once per pass (wpack_).
+  void lin_forward(const float* x, const float* w, const float* b, float* y, int64_t rows,
+                   int64_t in, int64_t out);
+  void lin_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                    float* db, int64_t rows, int64_t in, int64_t out, bool accumulate_dx);
+  // The bf16 GeLU of the dense MLP (the table has it and the products run at bf16).
+  bool gelu_bf16() const {
+    return dense_ == Precision::kBf16 && ops_.bias_gelu_bf16 != nullptr;
+  }
 
   Topology& topo_;
   StageBlocks stage_;
@@ -233,6 +244,11 @@ class Transformer final : public Model {
   TensorParallel tp_;
   // Precision of the dense products (as the experts': bf16 operands at --precision bf16).
   Precision dense_;
+  // The dense weights packed at bf16, made again at the start of every forward pass (the
+  // weights of a step do not change between its passes; an optimizer step comes between
+  // steps). Used when pack_dense_: bf16 products on a table that packs weights.
+  Bf16WeightPacks wpack_;
+  bool pack_dense_ = false;
   int64_t B_, L_, T_, M_, V_, Ml_, Hl_, Fl_, D_;  // Hl_: local heads
   std::vector<std::unique_ptr<Param>> params_;
   Param* wte_ = nullptr;  // (V, M)
@@ -341,7 +357,9 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
       c_(c),
       ops_(dense_ops(topo.device())),
       tp_(topo.comm(Group::kMp)),
-      dense_(precision) {
+      dense_(precision),
+      wpack_(ops_) {
+  pack_dense_ = dense_ == Precision::kBf16 && wpack_.available();
   PARM_CHECK(slots >= 1, "a stage needs at least one activation slot, got {}", slots);
   const Layout& lay = topo.layout();
   const int mp = lay.mp, mpr = topo.host_comm(Group::kMp).rank();
@@ -554,19 +572,37 @@ void Transformer::check_batch(const Batch& batch) const {
 
 // ---- forward ------------------------------------------------------------------------------
 
+void Transformer::lin_forward(const float* x, const float* w, const float* b, float* y,
+                              int64_t rows, int64_t in, int64_t out) {
+  if (pack_dense_)
+    linear_forward_packed(ops_, x, wpack_.get(w, in, out), b, y, rows, in, out);
+  else
+    ops_.linear_forward(x, w, b, y, rows, in, out, dense_);
+}
+
+void Transformer::lin_backward(const float* dy, const float* x, const float* w, float* dx,
+                               float* dw, float* db, int64_t rows, int64_t in, int64_t out,
+                               bool accumulate_dx) {
+  if (pack_dense_)
+    linear_backward_packed(ops_, dy, x, wpack_.get(w, in, out), dx, dw, db, rows, in, out,
+                           accumulate_dx);
+  else
+    ops_.linear_backward(dy, x, w, dx, dw, db, rows, in, out, accumulate_dx, dense_);
+}
+
 void Transformer::block_attention(Block& b, const Tensor& in) {
   const int64_t T = T_, M = M_, Ml = Ml_;
   // attention: LN1 -> [f] -> QKV (column-parallel) -> core -> proj (row-parallel) -> [g]
   ops_.layernorm_forward(in.data(), b.ln1_w->value.data(), b.ln1_b->value.data(), b.a.ln1.data(),
                          b.a.ln1_mean.data(), b.a.ln1_rstd.data(), T, M, kLnEps);
   for (int64_t c = 0; c < 3; ++c)
-    ops_.linear_forward(b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
-                   b.qkv_b->value.data() + c * Ml, b.a.qkv.data() + c * T * Ml, T, M, Ml, dense_);
+    lin_forward(b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+                b.qkv_b->value.data() + c * Ml, b.a.qkv.data() + c * T * Ml, T, M, Ml);
   const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2, dense_};
   ops_.attention_forward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
                     b.a.probs.data(), b.a.att.data());
   Tensor& partial = dtmp_;  // (T, M)
-  ops_.linear_forward(b.a.att.data(), b.proj_w->value.data(), nullptr, partial.data(), T, Ml, M, dense_);
+  lin_forward(b.a.att.data(), b.proj_w->value.data(), nullptr, partial.data(), T, Ml, M);
   tp_.g_forward(partial.data(), T * M);
   // res_mid = (x + partial) + bias, rounded in that order.
   ops_.add(in.data(), partial.data(), b.a.res_mid.data(), T * M);
@@ -585,11 +621,13 @@ const float* Transformer::moe_forward(Block& b, bool split) {
 const float* Transformer::dense_ffn_forward(Block& b) {
   const int64_t T = T_, M = M_;
   Tensor& partial = dtmp_;  // (T, M)
-  ops_.linear_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_,
-                 dense_);
-  ops_.bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
-  ops_.linear_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M,
-                 dense_);
+  lin_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_);
+  // fp32: fc_pre becomes x W1 + b1 in place; bf16: it stays x W1 (the backward adds b1).
+  if (gelu_bf16())
+    ops_.bias_gelu_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
+  else
+    ops_.bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
+  lin_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M);
   tp_.g_forward(partial.data(), T * M);
   ops_.add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
   return partial.data();
@@ -615,14 +653,18 @@ double Transformer::head_forward(const Batch& batch, float grad_scale, bool with
   ops_.gather_rows(lnf_.data(), M_, sel_rows(), n, hsel_.data());  // (n, M)
   const float* z = hsel_.data();
   if (c_.arch == Arch::kBert) {
-    ops_.linear_forward(hsel_.data(), hd_w_->value.data(), nullptr, hd_pre_.data(), n, M_, M_, dense_);
+    lin_forward(hsel_.data(), hd_w_->value.data(), nullptr, hd_pre_.data(), n, M_, M_);
     ops_.bias_gelu_forward(hd_pre_.data(), hd_b_->value.data(), hd_act_.data(), n, M_);
     ops_.layernorm_forward(hd_act_.data(), hln_w_->value.data(), hln_b_->value.data(),
                            hd_ln_.data(), hd_mean_.data(), hd_rstd_.data(), n, M_, kLnEps);
     z = hd_ln_.data();
   }
   // logits (n, V) = z (n, M) Wte^T (+ b_dec)
-  ops_.gemm(dense_, false, true, n, V_, M_, z, wte_->value.data(), logits_.data(), false);
+  if (pack_dense_)  // B = Wte^T: the transposed pack of Wte (V, M)
+    ops_.gemm_bf16_packed_b(false, n, V_, M_, z, wpack_.get(wte_->value.data(), V_, M_).wt,
+                            logits_.data(), false);
+  else
+    ops_.gemm(dense_, false, true, n, V_, M_, z, wte_->value.data(), logits_.data(), false);
   if (c_.arch == Arch::kBert) ops_.add_bias(logits_.data(), dec_b_->value.data(), n, V_);
   const int32_t* targets =
       ops_.device == Device::kCpu ? sel_tgt_.data() : tgt_here_.upload(sel_tgt_.data(), n);
@@ -638,7 +680,11 @@ void Transformer::head_backward() {
     const float* z = c_.arch == Arch::kBert ? hd_ln_.data() : hsel_.data();
     float* dz = c_.arch == Arch::kBert ? dh2_.data() : dsel.data();
     // dz (n, M) = dlogits Wte; dWte += dlogits^T z
-    ops_.gemm(dense_, false, false, n, M_, V_, logits_.data(), wte_->value.data(), dz, false);
+    if (pack_dense_)
+      ops_.gemm_bf16_packed_b(false, n, M_, V_, logits_.data(),
+                              wpack_.get(wte_->value.data(), V_, M_).w, dz, false);
+    else
+      ops_.gemm(dense_, false, false, n, M_, V_, logits_.data(), wte_->value.data(), dz, false);
     ops_.gemm(dense_, true, false, V_, M_, n, logits_.data(), z, wte_->grad.data(), true);
     if (c_.arch == Arch::kBert) {
       ops_.bias_backward(logits_.data(), dec_b_->grad.data(), n, V_);
@@ -647,8 +693,8 @@ void Transformer::head_backward() {
                               hd_rstd_.data(), dact.data(), hln_w_->grad.data(),
                               hln_b_->grad.data(), n, M_);
       ops_.gelu_backward(hd_pre_.data(), dact.data(), dact.data(), n * M_);
-      ops_.linear_backward(dact.data(), hsel_.data(), hd_w_->value.data(), dsel.data(),
-                      hd_w_->grad.data(), hd_b_->grad.data(), n, M_, M_, false, dense_);
+      lin_backward(dact.data(), hsel_.data(), hd_w_->value.data(), dsel.data(),
+                   hd_w_->grad.data(), hd_b_->grad.data(), n, M_, M_, false);
     }
   }
   Tensor& dlnf = dln_;  // (T, M): zero at rows without a target
@@ -672,11 +718,19 @@ const float* Transformer::moe_backward(Block& b, float dl_aux, float dl_z, bool 
 const float* Transformer::dense_ffn_backward(Block& b) {
   const int64_t T = T_, M = M_;
   // [g] backward is the identity: dres_ is complete, so is the bias gradient.
-  ops_.linear_backward(dres_.data(), b.a.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
-                  b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false, dense_);
-  ops_.gelu_backward(b.a.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
-  ops_.linear_backward(dfc_.data(), b.a.ln2.data(), b.fc1_w->value.data(), dln_.data(),
-                  b.fc1_w->grad.data(), b.fc1_b->grad.data(), T, M, Fl_, false, dense_);
+  lin_backward(dres_.data(), b.a.fc_act.data(), b.fc2_w->value.data(), dfc_.data(),
+               b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false);
+  // bf16: the GeLU's backward also sums db1 (fc_pre holds x W1 without b1).
+  float* db1 = b.fc1_b->grad.data();
+  if (gelu_bf16()) {
+    ops_.bias_gelu_backward_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), dfc_.data(),
+                                 dfc_.data(), db1, T, Fl_);
+    db1 = nullptr;
+  } else {
+    ops_.gelu_backward(b.a.fc_pre.data(), dfc_.data(), dfc_.data(), T * Fl_);
+  }
+  lin_backward(dfc_.data(), b.a.ln2.data(), b.fc1_w->value.data(), dln_.data(),
+               b.fc1_w->grad.data(), db1, T, M, Fl_, false);
   tp_.f_backward(dln_.data(), T * M);  // [f] backward: sum the partial input gradients
   return dln_.data();
 }
@@ -689,16 +743,16 @@ void Transformer::block_backward_rest(Block& b, const float* dffn_in) {
                           b.ln2_b->grad.data(), T, M);
   ops_.add(dres_.data(), dtmp_.data(), dres_.data(), T * M);
   // Attention. dres_ = d res_mid.
-  ops_.linear_backward(dres_.data(), b.a.att.data(), b.proj_w->value.data(), datt_.data(),
-                  b.proj_w->grad.data(), b.proj_b->grad.data(), T, Ml, M, false, dense_);
+  lin_backward(dres_.data(), b.a.att.data(), b.proj_w->value.data(), datt_.data(),
+               b.proj_w->grad.data(), b.proj_b->grad.data(), T, Ml, M, false);
   const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2, dense_};
   ops_.attention_backward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
                      b.a.probs.data(), datt_.data(), dqkv_.data(), dqkv_.data() + T * Ml,
                      dqkv_.data() + 2 * T * Ml, dscores_.data());
   for (int64_t c = 0; c < 3; ++c)
-    ops_.linear_backward(dqkv_.data() + c * T * Ml, b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
-                    dln_.data(), b.qkv_w->grad.data() + c * M * Ml,
-                    b.qkv_b->grad.data() + c * Ml, T, M, Ml, /*accumulate_dx=*/c > 0, dense_);
+    lin_backward(dqkv_.data() + c * T * Ml, b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+                 dln_.data(), b.qkv_w->grad.data() + c * M * Ml, b.qkv_b->grad.data() + c * Ml,
+                 T, M, Ml, /*accumulate_dx=*/c > 0);
   tp_.f_backward(dln_.data(), T * M);
   ops_.layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.a.ln1_mean.data(),
                           b.a.ln1_rstd.data(), dtmp_.data(), b.ln1_w->grad.data(),
@@ -725,6 +779,7 @@ bool Transformer::start_forward(int slot, const Batch& batch, double lm_denomina
              "lm_denominator {} must be positive when the batch has {} targets", lm_denominator,
              counted);
   p = StagePass{};
+  if (pack_dense_) wpack_.invalidate();  // the weights may have changed since the last pass
   p.active = true;
   p.split = split;
   p.batch = &batch;

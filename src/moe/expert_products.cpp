@@ -74,28 +74,12 @@ void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, i
   at_.assign(n(experts * at_stride_), 0);
 }
 
-namespace {
-
-// w (in, out) fp32 packed as B (w) and, transposed, as B of w^T, kFuseRows rows at a time: the
-// rows are read from memory once and packed twice while in cache.
-void pack_both(int64_t in, int64_t out, const float* w, uint16_t* packed, uint16_t* packed_t) {
-  const int64_t panel_t = cpu::bf16_packed_b_size(out, 16);  // values per 16-column panel of w^T
-  for (int64_t r0 = 0; r0 < in; r0 += kFuseRows) {
-    const int64_t nr = std::min(kFuseRows, in - r0);
-    cpu::bf16_pack_b_rows(r0, nr, in, out, w + r0 * out, out, packed);
-    // w^T (out, in) as B: its columns r0 .. r0 + nr are rows of w, panels r0 / 16 on.
-    cpu::bf16_pack_b(true, out, nr, w + r0 * out, out, packed_t + (r0 / 16) * panel_t);
-  }
-}
-
-}  // namespace
-
 void Bf16ExpertProducts::pack_weights(const float* w1, const float* w2) {
   const int64_t M = model_dim_, hl = hidden_, packed = w_stride_;
   for (int64_t e = 0; e < experts_; ++e) {
     // W1 (M, Hl) and W1^T (Hl, M); W2 (Hl, M) and W2^T (M, Hl).
-    pack_both(M, hl, w1 + e * M * hl, w1_.data() + e * packed, w1t_.data() + e * packed);
-    pack_both(hl, M, w2 + e * hl * M, w2_.data() + e * packed, w2t_.data() + e * packed);
+    cpu::bf16_pack_b_both(M, hl, w1 + e * M * hl, w1_.data() + e * packed, w1t_.data() + e * packed);
+    cpu::bf16_pack_b_both(hl, M, w2 + e * hl * M, w2_.data() + e * packed, w2t_.data() + e * packed);
   }
 }
 

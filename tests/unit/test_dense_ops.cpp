@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "model/dense_ops.h"
+#include "normal_values.h"
 #include "parm/error.h"
 #include "parm/rng.h"
 
@@ -16,10 +17,7 @@ namespace parm::model {
 namespace {
 
 std::vector<float> random_values(int64_t n, uint64_t stream) {
-  Rng rng(7, stream);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = rng.normal();
-  return v;
+  return test::normal_values(n, 7, stream);
 }
 
 TEST(DenseOps, TheCpuTableIsTheCpuKernels) {

@@ -289,4 +289,17 @@ void bf16_pack_b_rows(int64_t k0, int64_t rows, int64_t k, int64_t n, const floa
     pack_b_scalar(false, p0, p1, k, n, b, ldb, packed);
 }
 
+void bf16_pack_b_both(int64_t rows, int64_t cols, const float* w, uint16_t* packed,
+                      uint16_t* packed_t) {
+  // 32 rows of w: a multiple of B's pair blocks and of w^T's 16-column panels.
+  constexpr int64_t kBlock = 32;
+  const int64_t panel_t = bf16_packed_b_size(cols, kTileRows);  // values per panel of w^T
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t nr = std::min(kBlock, rows - r0);
+    bf16_pack_b_rows(r0, nr, rows, cols, w + r0 * cols, cols, packed);
+    // w^T (cols, rows) as B: its columns r0 .. r0 + nr are rows of w, panels r0 / 16 on.
+    bf16_pack_b(true, cols, nr, w + r0 * cols, cols, packed_t + (r0 / kTileRows) * panel_t);
+  }
+}
+
 }  // namespace parm::cpu

@@ -56,7 +56,6 @@ bool use_amx() {
   return forced == Bf16Kernel::kAmx || (forced == Bf16Kernel::kAuto && detail::amx_usable());
 }
 
-// Per thread, grown to the largest operands seen (the steady state allocates nothing).
 struct PackScratch {
   std::vector<uint16_t> a, b;
 };
@@ -139,20 +138,41 @@ void gemm_bf16_packed(int64_t m, int64_t n, int64_t k, const uint16_t* a, const 
     gemm_bf16_portable(m, n, k, a, b, c, ldc, accumulate);
 }
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-               int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+namespace {
+
+// Per thread, grown to the largest operands seen (the steady state allocates nothing).
+PackScratch& pack_scratch() {
   thread_local PackScratch scratch;
+  return scratch;
+}
+
+}  // namespace
+
+void gemm_bf16_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a,
+                        int64_t lda, const uint16_t* packed_b, float* c, int64_t ldc,
+                        bool accumulate) {
   if (m == 0 || n == 0 || k == 0) {
     gemm_bf16_packed(m, n, k, nullptr, nullptr, c, ldc, accumulate);
     return;
   }
+  std::vector<uint16_t>& pa = pack_scratch().a;
   const auto a_size = static_cast<size_t>(bf16_packed_a_size(m, k));
+  if (pa.size() < a_size) pa.resize(a_size);
+  bf16_pack_a(trans_a, m, k, a, lda, pa.data());
+  gemm_bf16_packed(m, n, k, pa.data(), packed_b, c, ldc, accumulate);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  if (m == 0 || n == 0 || k == 0) {
+    gemm_bf16_packed(m, n, k, nullptr, nullptr, c, ldc, accumulate);
+    return;
+  }
+  std::vector<uint16_t>& pb = pack_scratch().b;
   const auto b_size = static_cast<size_t>(bf16_packed_b_size(k, n));
-  if (scratch.a.size() < a_size) scratch.a.resize(a_size);
-  if (scratch.b.size() < b_size) scratch.b.resize(b_size);
-  bf16_pack_a(trans_a, m, k, a, lda, scratch.a.data());
-  bf16_pack_b(trans_b, k, n, b, ldb, scratch.b.data());
-  gemm_bf16_packed(m, n, k, scratch.a.data(), scratch.b.data(), c, ldc, accumulate);
+  if (pb.size() < b_size) pb.resize(b_size);
+  bf16_pack_b(trans_b, k, n, b, ldb, pb.data());
+  gemm_bf16_packed_b(trans_a, m, n, k, a, lda, pb.data(), c, ldc, accumulate);
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,

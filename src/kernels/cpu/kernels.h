@@ -76,6 +76,12 @@ void bf16_pack_b_rows(int64_t k0, int64_t rows, int64_t k, int64_t n, const floa
 // padding up to round_up(k, 32)); the padding rows up to round_up(m, 16) are written.
 void bf16_pack_at_rows(int64_t k0, int64_t rows, int64_t m, int64_t k, const float* a,
                        int64_t lda, uint16_t* packed);
+// w (rows, cols) fp32 as packed B of w (k = rows, n = cols) into `packed` and as packed B of
+// w^T (k = cols, n = rows) into `packed_t`, 32 rows at a time: the rows are read from memory
+// once and packed twice while in cache. A weight that serves both x w and dy w^T packs here.
+// Overwrites bf16_packed_b_size(rows, cols) and bf16_packed_b_size(cols, rows) values.
+void bf16_pack_b_both(int64_t rows, int64_t cols, const float* w, uint16_t* packed,
+                      uint16_t* packed_t);
 // C (m, n) = A B (accumulate == false) or C += A B, packed operands, C fp32 row-major (ldc).
 void gemm_bf16_packed(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
                       float* c, int64_t ldc, bool accumulate);
@@ -85,6 +91,12 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cons
                int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                const float* b, float* c, bool accumulate);
+// gemm_bf16 with B already packed (bf16_pack_b / bf16_pack_b_both of op(B) (k, n)): only A
+// is rounded and packed per call, into the same per-thread scratch. The same bits as
+// gemm_bf16 over the fp32 B that was packed.
+void gemm_bf16_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a,
+                        int64_t lda, const uint16_t* packed_b, float* c, int64_t ldc,
+                        bool accumulate);
 // Which bf16 kernel runs: kAuto (AMX when usable), or one forced process-wide (tests;
 // kPortable also packs with scalar loops instead of AVX512-BF16);
 // forcing kAmx where AMX is not usable throws InvalidConfig.
@@ -149,6 +161,24 @@ void layernorm_forward(const float* x, const float* gamma, const float* beta, fl
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                         const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
                         int64_t cols);
+
+// ---- AdamW -----------------------------------------------------------------------------
+// The update's scalars, in fp32 (derived in double by the caller: model/dense_ops.h).
+struct AdamWScalars {
+  float beta1 = 0.9f, beta2 = 0.95f;
+  float grad_scale = 1.0f;    // g' = g * grad_scale
+  float step_size = 0.0f;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2 = 1.0f;  // 1 / sqrt(1 - beta2^t)
+  float eps = 1e-8f;
+  float decay = 1.0f;         // 1 - lr * weight_decay, or 1
+};
+// Over n elements, each rounded in this order: g' = g * grad_scale; m = b1 m + (1 - b1) g';
+// v = b2 v + (1 - b2) g' g'; w = w decay - step_size m / (sqrt(v) inv_sqrt_bc2 + eps).
+// Overwrites w, m, v. AVX-512 where the CPU has it, the same bits as adamw_reference (the
+// scalar loop).
+void adamw(const AdamWScalars& s, float* w, const float* g, float* m, float* v, int64_t n);
+void adamw_reference(const AdamWScalars& s, float* w, const float* g, float* m, float* v,
+                     int64_t n);
 
 // ---- Row gather / scatter-add ----------------------------------------------------------
 // dst (n, cols): row i = src row idx[i] (idx[i] < 0: a zero row). Overwrites dst.

@@ -1,0 +1,59 @@
+// The dense weights of a step rounded to bf16 once, in the two packed layouts the bf16
+// products read (kernels/cpu/kernels.h): B of w for x w and B of w^T for dy w^T, reused by
+// every product of the pass that reads them, forward and backward (the packing per call
+// was a third of the bf16 dense products' time). Used where the device's table packs weights
+// (DenseOps::bf16_pack_b_both set: the CPU) and the dense products run at bf16.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/dense_ops.h"
+
+namespace parm::model {
+
+// A weight w (rows, cols) packed: B of w (k = rows, n = cols) and B of w^T (k = cols, n = rows).
+struct PackedWeight {
+  const uint16_t* w = nullptr;
+  const uint16_t* wt = nullptr;
+};
+
+class Bf16WeightPacks {
+ public:
+  explicit Bf16WeightPacks(const DenseOps& ops) : ops_(&ops) {}
+  // The table packs weights (the model then calls get() and the *_packed ops below).
+  bool available() const { return ops_->bf16_pack_b_both != nullptr; }
+  // The weights may have changed (an optimizer step, a load): the next get() of each weight
+  // packs it again. Keeps the memory.
+  void invalidate();
+  // w (rows, cols), fp32 in the table's memory: its packs, made at the first get() since the
+  // last invalidate() and valid until the next. The same w must come with the same shape.
+  // Allocates only at a weight's first get().
+  PackedWeight get(const float* w, int64_t rows, int64_t cols);
+  // Packings done since construction (tests: once per weight per invalidate()).
+  int64_t packs_done() const { return packs_done_; }
+
+ private:
+  struct Entry {
+    const float* src = nullptr;
+    int64_t rows = 0, cols = 0;
+    bool fresh = false;
+    std::vector<uint16_t> w, wt;
+  };
+  const DenseOps* ops_;
+  std::vector<Entry> entries_;  // a few per block: looked up in order
+  int64_t packs_done_ = 0;
+};
+
+// linear_forward at bf16 with w (in, out) packed: y (rows, out) = x w (+ b). Overwrites y.
+// The same bits as linear_forward(..., Precision::kBf16).
+void linear_forward_packed(const DenseOps& ops, const float* x, PackedWeight w, const float* b,
+                           float* y, int64_t rows, int64_t in, int64_t out);
+// linear_backward at bf16 with w packed: dw += x^T dy, db += column sums of dy (db may be
+// null), dx = dy w^T (+= when accumulate_dx; dx may be null). The same bits as
+// linear_backward(..., Precision::kBf16).
+void linear_backward_packed(const DenseOps& ops, const float* dy, const float* x, PackedWeight w,
+                            float* dx, float* dw, float* db, int64_t rows, int64_t in,
+                            int64_t out, bool accumulate_dx);
+
+}  // namespace parm::model
