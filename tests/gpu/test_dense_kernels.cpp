@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_compare.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/dense_kernels.h"
 #include "kernels/cuda/expert_math.h"
@@ -56,8 +57,11 @@ Tensor host_normal(Shape shape, uint64_t stream, float stddev = 1.0f, float mean
   fill_normal(t, kSeed, stream, mean, stddev);
   return t;
 }
-Tensor gpu(const Tensor& t) { return t.to(Device::kCuda); }
-Tensor host(const Tensor& t) { return t.to(Device::kCpu); }
+
+using gpu_test::expect_close;
+using gpu_test::gpu;
+using gpu_test::host;
+using gpu_test::max_abs;
 
 // A device array of T (indices, tokens, scalars).
 template <class T>
@@ -77,33 +81,6 @@ struct DeviceArray {
   }
 };
 
-double max_abs(const float* x, int64_t n) {
-  double m = 0.0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(x[i])));
-  return m;
-}
-
-// max |got - want| <= tol * max |want| (a NaN in got fails).
-void expect_close(const float* got, const float* want, int64_t n, double tol,
-                  const std::string& what) {
-  double err = 0.0;
-  int64_t worst = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (!(d <= err)) {
-      err = std::isnan(d) ? INFINITY : d;
-      worst = i;
-    }
-  }
-  const double scale = max_abs(want, n);
-  EXPECT_LE(err, tol * scale) << what << ": max |gpu - cpu| = " << err << " at element " << worst
-                              << ", max |cpu| = " << scale << ", tolerance " << tol;
-}
-void expect_close(const Tensor& got_device, const Tensor& want, double tol, const std::string& what) {
-  const Tensor got = host(got_device);
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  expect_close(got.data(), want.data(), want.numel(), tol, what);
-}
 void expect_same_bits(const Tensor& got_device, const Tensor& want, const std::string& what) {
   const Tensor got = host(got_device);
   ASSERT_EQ(got.numel(), want.numel()) << what;

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_compare.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/expert_kernels.h"
 #include "kernels/cuda/expert_math.h"
@@ -67,8 +68,11 @@ Tensor host_normal(Shape shape, uint64_t stream, float stddev) {
   return t;
 }
 
-Tensor gpu(const Tensor& host) { return host.to(Device::kCuda); }
-Tensor host(const Tensor& t) { return t.to(Device::kCpu); }
+
+using gpu_test::expect_close;
+using gpu_test::gpu;
+using gpu_test::host;
+using gpu_test::max_abs;
 
 // A device tensor whose every element is `value` (to see that a kernel writes them all).
 Tensor gpu_filled(Shape shape, float value) {
@@ -77,37 +81,7 @@ Tensor gpu_filled(Shape shape, float value) {
   return gpu(t);
 }
 
-double max_abs(const float* x, int64_t n) {
-  double m = 0.0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(x[i])));
-  return m;
-}
 
-// max |got - want| <= tol * max |want| (and no NaN in got where want has none).
-void expect_close(const float* got, const float* want, int64_t n, double tol,
-                  const std::string& what) {
-  double err = 0.0;
-  int64_t worst = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (!(d <= err)) {  // also catches NaN
-      err = std::isnan(d) ? INFINITY : d;
-      worst = i;
-    }
-  }
-  const double scale = max_abs(want, n);
-  EXPECT_LE(err, tol * scale) << what << ": max |gpu - cpu| = " << err << " at element " << worst
-                              << " (gpu " << (worst >= 0 ? got[worst] : 0.0f) << ", cpu "
-                              << (worst >= 0 ? want[worst] : 0.0f) << "), max |cpu| = " << scale
-                              << ", tolerance " << tol << " x max |cpu|";
-}
-
-void expect_close(const Tensor& got_device, const Tensor& want, double tol,
-                  const std::string& what) {
-  const Tensor got = host(got_device);
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  expect_close(got.data(), want.data(), want.numel(), tol, what);
-}
 
 // bf16 values on the device.
 struct DeviceBf16 {
