@@ -14,22 +14,14 @@ using fused_plan::Role;
 using fused_plan::Work;
 using Requests = std::vector<RequestPtr>;
 
-int64_t fill_at(const Segments& s, int64_t i) {
-  const int64_t f = s.fill[i];
-  PARM_CHECK(f >= 0 && f <= s.slots, "segment {} holds {} routed rows, outside [0, {}]", i, f,
-             s.slots);
-  return f;
-}
-
 // Piece c of segment i's routed rows: its first element and its length (elements).
 struct Rows {
   float* data;
   int64_t elems;
 };
 Rows piece_rows(const Segments& s, int64_t i, int chunks, int c, int64_t row_elems) {
-  const Piece pc = fused_detail::piece_of(static_cast<size_t>(fill_at(s, i)), chunks, c);
-  const int64_t row = s.first != nullptr ? s.first[i] : i * s.slots;
-  return {s.data + (row + static_cast<int64_t>(pc.lo)) * row_elems,
+  const Piece pc = fused_detail::piece_of(static_cast<size_t>(s.fill_of(i)), chunks, c);
+  return {s.rows(i, row_elems) + static_cast<int64_t>(pc.lo) * row_elems,
           static_cast<int64_t>(pc.len) * row_elems};
 }
 

@@ -8,21 +8,10 @@
 namespace parm {
 namespace {
 
-float* seg_rows(const Segments& s, int64_t i, int64_t row_elems) {
-  return s.data + (s.first != nullptr ? s.first[i] : i * s.slots) * row_elems;
-}
-
 constexpr int64_t kPackBelowElems =
     RowExchange::kPackBelowBytes / static_cast<int64_t>(sizeof(float));
 
 bool packs(int64_t elems) { return elems > 0 && elems < kPackBelowElems; }
-
-int64_t fill_of(const Segments& s, int64_t i) {
-  const int64_t f = s.fill[i];
-  PARM_CHECK(f >= 0 && f <= s.slots, "segment {} holds {} routed rows, outside [0, {}]", i, f,
-             s.slots);
-  return f;
-}
 
 // Calls f(rows, elems) for each run of routed rows [lo, hi) of `s`, counting its routed rows
 // in segment order (segment i's first fill[i] rows, then segment i + 1's).
@@ -30,13 +19,20 @@ template <typename F>
 void for_rows(const Segments& s, int64_t lo, int64_t hi, int64_t row_elems, F&& f) {
   int64_t at = 0;  // routed rows before segment i
   for (int64_t i = 0; i < s.count && at < hi; ++i) {
-    const int64_t fill = fill_of(s, i), a = std::max(lo, at), b = std::min(hi, at + fill);
-    if (a < b) f(seg_rows(s, i, row_elems) + (a - at) * row_elems, (b - a) * row_elems);
+    const int64_t fill = s.fill_of(i), a = std::max(lo, at), b = std::min(hi, at + fill);
+    if (a < b) f(s.rows(i, row_elems) + (a - at) * row_elems, (b - a) * row_elems);
     at += fill;
   }
 }
 
 }  // namespace
+
+int64_t Segments::fill_of(int64_t i) const {
+  const int64_t f = fill[i];
+  PARM_CHECK(f >= 0 && f <= slots, "segment {} holds {} routed rows, outside [0, {}]", i, f,
+             slots);
+  return f;
+}
 
 int64_t Segments::routed_rows() const {
   int64_t r = 0;
@@ -134,13 +130,13 @@ void RowExchange::pair(int p, int me, const Segments& src, int64_t s, const Segm
                        int64_t d, int64_t row_elems, RowOps& ops) {
   const size_t peer = static_cast<size_t>(p);
   if (p == me) {
-    PARM_CHECK_EQ(fill_of(src, s), fill_of(dst, d));
-    ops.copy(seg_rows(dst, d, row_elems), seg_rows(src, s, row_elems),
-             fill_of(src, s) * row_elems);
+    PARM_CHECK_EQ(src.fill_of(s), dst.fill_of(d));
+    ops.copy(dst.rows(d, row_elems), src.rows(s, row_elems),
+             src.fill_of(s) * row_elems);
     return;
   }
-  sends_[peer].push_back({seg_rows(src, s, row_elems), fill_of(src, s) * row_elems});
-  recvs_[peer].push_back({seg_rows(dst, d, row_elems), fill_of(dst, d) * row_elems});
+  sends_[peer].push_back({src.rows(s, row_elems), src.fill_of(s) * row_elems});
+  recvs_[peer].push_back({dst.rows(d, row_elems), dst.fill_of(d) * row_elems});
 }
 
 void RowExchange::alltoall(Communicator& c, const Segments& src, const Segments& dst,
@@ -185,9 +181,9 @@ void RowExchange::keep(Communicator& c, const Segments& src, const Segments& dst
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
       const int64_t d = o * inner + i, s = (o * n + me) * inner + i;
-      PARM_CHECK_EQ(fill_of(src, s), fill_of(dst, d));
-      ops.copy(seg_rows(dst, d, row_elems), seg_rows(src, s, row_elems),
-               fill_of(dst, d) * row_elems);
+      PARM_CHECK_EQ(src.fill_of(s), dst.fill_of(d));
+      ops.copy(dst.rows(d, row_elems), src.rows(s, row_elems),
+               dst.fill_of(d) * row_elems);
     }
 }
 
@@ -205,22 +201,22 @@ void RowExchange::reduce_scatter(Communicator& c, const Segments& src, const Seg
     if (p == me) continue;
     int64_t off = 0;
     for (int64_t i = 0; i < S; ++i) {
-      sends_[p].push_back({seg_rows(src, p * S + i, row_elems), fill_of(src, p * S + i) * row_elems});
-      recvs_[p].push_back({region(p) + off, fill_of(dst, i) * row_elems});
-      off += fill_of(dst, i) * row_elems;
+      sends_[p].push_back({src.rows(p * S + i, row_elems), src.fill_of(p * S + i) * row_elems});
+      recvs_[p].push_back({region(p) + off, dst.fill_of(i) * row_elems});
+      off += dst.fill_of(i) * row_elems;
     }
   }
   run(c, CommOp::kReduceScatter, S, t0, ops);
   int64_t off = 0;
   for (int64_t i = 0; i < S; ++i) {
-    const int64_t len = fill_of(dst, i) * row_elems;
-    PARM_CHECK_EQ(fill_of(src, me * S + i), fill_of(dst, i));
+    const int64_t len = dst.fill_of(i) * row_elems;
+    PARM_CHECK_EQ(src.fill_of(me * S + i), dst.fill_of(i));
     for (int p = 0; p < n; ++p) {
-      const float* part = p == me ? seg_rows(src, me * S + i, row_elems) : region(p) + off;
+      const float* part = p == me ? src.rows(me * S + i, row_elems) : region(p) + off;
       if (p == 0)
-        ops.copy(seg_rows(dst, i, row_elems), part, len);
+        ops.copy(dst.rows(i, row_elems), part, len);
       else
-        ops.add(seg_rows(dst, i, row_elems), part, len);
+        ops.add(dst.rows(i, row_elems), part, len);
     }
     off += len;
   }

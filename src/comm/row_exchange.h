@@ -43,6 +43,12 @@ struct Segments {
   int64_t count = 0;
   const int64_t* first = nullptr;
   int64_t routed_rows() const;
+  // Segment i's routed rows, checked to lie in [0, slots].
+  int64_t fill_of(int64_t i) const;
+  // Where segment i's rows start (rows of row_elems floats).
+  float* rows(int64_t i, int64_t row_elems) const {
+    return data + (first != nullptr ? first[i] : i * slots) * row_elems;
+  }
 };
 
 // The local data movement, on the buffers' device.
