@@ -60,9 +60,16 @@ class LayerBackend {
                device_name(device()));
   }
   // The version of the expert weights the calls that follow are given (whoever writes them
-  // changes it with every write; moe/bf16_weight_copies.h): a device backend at bf16 rounds
-  // W1 and W2 again only when it changed. Never called: they are rounded at every forward.
+  // changes it with every write; moe/bf16_weight_copies.h): a backend at bf16 rounds W1 and
+  // W2 again only when it changed. Never called: they are rounded at every forward.
   virtual void set_weights_version(uint64_t version) {}
+  // The bf16 copies of W1 and W2 the backend made so far (count) and the wall time of the
+  // last one (us). Zeros from a backend that does not time them (the CUDA one queues them).
+  struct WeightCopies {
+    int64_t made = 0;
+    double last_us = 0;
+  };
+  virtual WeightCopies weight_copies() const { return {}; }
   // Slots taken per expert by the last gate call (host).
   virtual const std::vector<int64_t>& fill() const = 0;
   // The last gate call's routing on the host (a copy on a device backend; for checks).

@@ -24,6 +24,10 @@ class CpuBackend final : public LayerBackend {
     moe::gate_forward(x, wg, topk, capacity, slots, probs_, routing_, stats, times, bias_);
   }
   void set_router_bias(const float* bias) override { bias_ = bias; }
+  void set_weights_version(uint64_t version) override { ws_.bf16.set_weights_version(version); }
+  WeightCopies weight_copies() const override {
+    return {ws_.bf16.weight_packs(), ws_.bf16.last_pack_us()};
+  }
   const std::vector<int64_t>& fill() const override { return routing_.fill; }
   const GateRouting& routing() override { return routing_; }
   void gate_backward(const Tensor& x, const Tensor& wg, const float* dstats, Tensor& dwg,

@@ -74,13 +74,18 @@ void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, i
   at_.assign(n(experts * at_stride_), 0);
 }
 
-void Bf16ExpertProducts::pack_weights(const float* w1, const float* w2) {
+bool Bf16ExpertProducts::pack_weights(const float* w1, const float* w2) {
+  if (!copies_.stale(w1, w2)) return false;
+  const double t0 = now_us();
   const int64_t M = model_dim_, hl = hidden_, packed = w_stride_;
   for (int64_t e = 0; e < experts_; ++e) {
     // W1 (M, Hl) and W1^T (Hl, M); W2 (Hl, M) and W2^T (M, Hl).
     cpu::bf16_pack_b_both(M, hl, w1 + e * M * hl, w1_.data() + e * packed, w1t_.data() + e * packed);
     cpu::bf16_pack_b_both(hl, M, w2 + e * hl * M, w2_.data() + e * packed, w2t_.data() + e * packed);
   }
+  copies_.made(w1, w2);
+  last_pack_us_ = now_us() - t0;
+  return true;
 }
 
 void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const float* x, float* pre) {

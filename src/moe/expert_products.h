@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "moe/bf16_weight_copies.h"
 #include "parm/device.h"
 
 namespace parm::moe {
@@ -56,17 +57,25 @@ void fc1_backward(int64_t rows, int64_t model_dim, int64_t hidden, const float* 
 
 // The six products at Precision::kBf16 (bf16 operands, fp32 accumulation and outputs, as the
 // CUDA path), every operand rounded into the packed layouts of cpu::gemm_bf16_packed.
-// pack_weights packs every expert's W1, W2 and W1^T, W2^T once per step, before the forward
-// products; the backward products reuse them (a step's weights do not change between its
-// passes). An expert's forward pass keeps x^T and act^T packed for its backward pass (half
+// pack_weights packs every expert's W1, W2 and W1^T, W2^T before the forward products when
+// they are stale (moe/bf16_weight_copies.h: other tensors, another version given to
+// set_weights_version, or no version given: every forward call); the products of later passes
+// at the same version, backward ones among them, reuse them. An expert's forward pass keeps x^T and act^T packed for its backward pass (half
 // the bytes of fp32 copies; act is never written in fp32); the elementwise steps between
 // the products run a block of rows at a time, packed while the block is in cache, with the
 // bf16 GeLU (cpu::bias_gelu_bf16). Nothing is allocated after reserve().
 class Bf16ExpertProducts {
  public:
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
-  // w1 (E_loc, M, Hl), w2 (E_loc, Hl, M), fp32: one pass over them writes all four layouts.
-  void pack_weights(const float* w1, const float* w2);
+  // w1 (E_loc, M, Hl), w2 (E_loc, Hl, M), fp32: one pass over them writes all four layouts,
+  // unless the packed copies already hold these weights at the current version. Returns
+  // whether it packed.
+  bool pack_weights(const float* w1, const float* w2);
+  // The version of the weights the next pack_weights is given (Bf16WeightCopies).
+  void set_weights_version(uint64_t v) { copies_.set_version(v); }
+  // Times the weights were packed so far, and the wall time of the last packing (us).
+  int64_t weight_packs() const { return copies_.copies_made(); }
+  double last_pack_us() const { return last_pack_us_; }
   // pre (R, Hl) = x (R, M) W1 for expert e; keeps x^T packed. Overwrites pre.
   void fc1_forward(int64_t e, int64_t rows, const float* x, float* pre);
   // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed. Overwrites out.
@@ -91,6 +100,8 @@ class Bf16ExpertProducts {
   // and W1^T (Hl, M) for the backward pass; packed as A from the forward pass: x^T (M, R),
   // act^T (Hl, R).
   std::vector<uint16_t> w1_, w2_, w2t_, w1t_, xt_, at_;
+  Bf16WeightCopies copies_;  // what w1_, w2_, w2t_, w1t_ hold
+  double last_pack_us_ = 0;
 };
 
 // FLOPs of the six products (forward and backward) of one expert over `rows` rows.

@@ -128,10 +128,8 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
   check_fills(fills, blocks, e_loc, slots);
   PhaseClock clock(times);
   const bool bf16 = ws.precision == Precision::kBf16;
-  if (bf16) {  // all four layouts once per step; experts_backward reuses them
-    ws.bf16.pack_weights(w.w1.data(), w.w2.data());
-    clock.lap("expert products");
-  }
+  // All four layouts once per weight version; experts_backward reuses them.
+  if (bf16 && ws.bf16.pack_weights(w.w1.data(), w.w2.data())) clock.lap("bf16 weight packing");
   for (int64_t e = 0; e < e_loc; ++e) {
     ws.place(e, filled_rows(fills, blocks, e_loc, e));
     float* x = ws.in_rows(e);

@@ -128,7 +128,7 @@ struct ExpertWorkspace {
 // are not computed). out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly one shard of an
 // ESP group adds it, so that the sum over the group holds it once) at filled rows, zero at
 // empty ones. Overwrites out. `times` (may be null): "rows in/out", "expert products",
-// "bias + GeLU".
+// "bias + GeLU", and at bf16 "bf16 weight packing" in a pass that packs W1 and W2.
 void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                      const int32_t* fills, bool add_b2, ExpertWorkspace& ws, Tensor& out,
                      PhaseTimes* times = nullptr);

@@ -3,7 +3,8 @@
 // both layouts, x^T and act^T kept from the forward pass) give bit for bit what the separate
 // steps give, for row counts that leave partial 16- and 32-row blocks, a single row and an
 // empty expert, on both bf16 kernels. Also the bf16 GeLU against the fp32 one, and
-// bf16_pack_b_rows / bf16_pack_at_rows block by block against the whole operand.
+// bf16_pack_b_rows / bf16_pack_at_rows block by block against the whole operand. And the CPU
+// backend's packed weights kept per weight version (Bf16WeightCopies).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "moe/backend.h"
 #include "moe/expert_products.h"
 #include "parm/error.h"
 #include "parm/rng.h"
@@ -95,6 +97,87 @@ TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
     }
   }
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+}
+
+// The CPU backend at bf16 packs W1 and W2 once per weight version: passes at an unchanged
+// version reuse the packed copies (counted; they read the old weights even after an in-place
+// write, which is why writers change the version), a pass after a version change reads the new
+// weights, and without a version every forward pass packs. Each pass is compared bit for bit
+// with a fresh backend's pass (no version) over the same weights, forward and backward.
+TEST(Bf16ExpertProducts, CpuBackendPacksWeightsOncePerVersion) {
+  const int64_t e_loc = 2, slots = 40, M = 32, hl = 64;
+  BackendSizes sizes;
+  sizes.gate_rows = 8;
+  sizes.experts = e_loc;
+  sizes.model_dim = M;
+  sizes.local_experts = e_loc;
+  sizes.hidden_shard = hl;
+  sizes.max_expert_rows = slots;
+  const auto fill = [](Tensor t, uint64_t stream, float scale) {
+    const auto v = normal(t.numel(), stream, scale);
+    std::copy(v.begin(), v.end(), t.data());
+    return t;
+  };
+  ExpertShards w{fill(Tensor({e_loc, M, hl}), 21, 0.2f), fill(Tensor({e_loc, hl}), 22, 0.1f),
+                 fill(Tensor({e_loc, hl, M}), 23, 0.2f), fill(Tensor({e_loc, M}), 24, 0.1f)};
+  const Tensor in = fill(Tensor({1, e_loc, slots, M}), 25, 1.0f);
+  const Tensor dout = fill(Tensor({1, e_loc, slots, M}), 26, 1.0f);
+  const int32_t fills[] = {33, 17};
+  struct Pass {
+    std::vector<float> out, din, dw1;
+  };
+  const auto pass = [&](LayerBackend& b) {
+    Tensor out({1, e_loc, slots, M}), din({1, e_loc, slots, M});
+    ExpertShards dw{Tensor({e_loc, M, hl}), Tensor({e_loc, hl}), Tensor({e_loc, hl, M}),
+                    Tensor({e_loc, M})};
+    b.experts_forward(in, w, 1, slots, fills, true, out, nullptr);
+    b.experts_backward(dout, w, 1, slots, fills, dw, din, nullptr);
+    return Pass{{out.data(), out.data() + out.numel()}, {din.data(), din.data() + din.numel()},
+                {dw.w1.data(), dw.w1.data() + dw.w1.numel()}};
+  };
+  const auto fresh = [&] {  // the same weights packed by a backend that never saw them
+    auto b = make_cpu_backend(sizes, Precision::kBf16);
+    return pass(*b);
+  };
+  const auto expect_same = [](const Pass& a, const Pass& b, const char* what) {
+    EXPECT_EQ(a.out, b.out) << what;
+    EXPECT_EQ(a.din, b.din) << what;
+    EXPECT_EQ(a.dw1, b.dw1) << what;
+  };
+  auto b = make_cpu_backend(sizes, Precision::kBf16);
+  EXPECT_EQ(b->weight_copies().made, 0);
+  b->set_weights_version(1);
+  const Pass first = pass(*b);
+  EXPECT_EQ(b->weight_copies().made, 1);
+  EXPECT_GT(b->weight_copies().last_us, 0.0);
+  expect_same(first, fresh(), "version 1, first pass");
+  expect_same(pass(*b), first, "version 1, second pass");
+  EXPECT_EQ(b->weight_copies().made, 1) << "an unchanged version repacked";
+
+  // W1 and W2 written in place (same addresses): the copies are those of version 1 until the
+  // version changes.
+  for (Tensor* t : {&w.w1, &w.w2})
+    for (int64_t i = 0; i < t->numel(); ++i) (*t)[i] = -0.5f * (*t)[i] + 0.01f;
+  expect_same(pass(*b), first, "version 1 after an unannounced write");
+  EXPECT_EQ(b->weight_copies().made, 1);
+  b->set_weights_version(2);
+  const Pass second = pass(*b);
+  EXPECT_EQ(b->weight_copies().made, 2);
+  expect_same(second, fresh(), "version 2");
+  EXPECT_NE(second.out, first.out) << "the new weights were not read";
+  pass(*b);
+  EXPECT_EQ(b->weight_copies().made, 2);
+
+  // No version: every forward pass packs.
+  b->set_weights_version(Bf16WeightCopies::kUnknownVersion);
+  pass(*b);
+  pass(*b);
+  EXPECT_EQ(b->weight_copies().made, 4);
+  // The fp32 backend packs nothing.
+  auto f32 = make_cpu_backend(sizes, Precision::kFp32);
+  f32->set_weights_version(1);
+  pass(*f32);
+  EXPECT_EQ(f32->weight_copies().made, 0);
 }
 
 // A transposed A packed in blocks of stored rows (k0 multiples of 32, a partial last block)

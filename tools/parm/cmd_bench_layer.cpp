@@ -115,6 +115,11 @@ struct Measured {
   Floor floor;
   Memory memory;
   ByteMap bytes_fwd, bytes_bwd;
+  // The bf16 copies of the expert weights made over all passes (rank 0; the weights keep one
+  // version throughout, so once, in the first pass) and the last one's time (ms, max over
+  // ranks): outside the timed iterations when there is a warm-up pass.
+  int64_t weight_copies = 0;
+  double weight_copy_ms = 0;
   double total() const { return fwd.median + bwd.median; }
 };
 
@@ -238,6 +243,8 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
   Measured m;
   m.name = std::string(schedule::kind_name(kind)) + (layer->schedule().fused ? "+fused" : "");
   layer->load_whole(in.params);
+  // The weights do not change between the passes: a bf16 backend packs them in the first.
+  layer->backend().set_weights_version(1);
   std::vector<double> fwd_ms, bwd_ms, floor_us;
   const size_t num_steps = layer->schedule().steps.size();
   std::vector<double> step_fwd(num_steps * kSlotsPerStep, 0.0), step_bwd = step_fwd;
@@ -267,6 +274,9 @@ Measured measure(Topology& topo, const MoeShape& shape, schedule::Kind kind, boo
   m.breakdown = breakdown_rows(world, *layer, step_fwd, step_bwd);
   m.floor = measure_floor(world, *layer, floor_us);
   m.memory = measure_memory(world, *layer);
+  const auto copies = layer->backend().weight_copies();
+  m.weight_copies = copies.made;
+  m.weight_copy_ms = max_over_ranks(world, {copies.last_us / 1e3})[0];
   if (schedule_out != nullptr && keep != nullptr) {
     *schedule_out = &layer->schedule();
     *keep = std::move(layer);
@@ -445,6 +455,14 @@ int run_bench_layer(const BenchLayerFlags& f) {
     row["floor_rows"] = m.floor.rows_max;
     row["floor_rows_total"] = m.floor.rows_total;
     row["time_over_floor"] = ratio;
+    if (m.weight_copies > 0) {
+      std::printf("  bf16 expert weights packed %lld time(s) over all %d passes (one weight "
+                  "version): %.3f ms, in the first pass%s\n",
+                  static_cast<long long>(m.weight_copies), f.warmup + f.iters, m.weight_copy_ms,
+                  f.warmup > 0 ? " (warm-up), not in the times above" : " (timed)");
+      row["bf16_weight_packs"] = m.weight_copies;
+      row["bf16_weight_pack_ms"] = m.weight_copy_ms;
+    }
     std::printf("  memory: peak resident %.1f MiB (rank 0 %.1f MiB); the layer holds %.1f MiB "
                 "per rank\n",
                 m.memory.peak_rss_mib_max, m.memory.peak_rss_mib_rank0, m.memory.layer_mib_max);
