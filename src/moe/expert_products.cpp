@@ -1,8 +1,10 @@
 #include "moe/expert_products.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/kernels.h"
+#include "parm/error.h"
 #include "parm/stats.h"
 #include "parm/tensor.h"
 #include "parm/timer.h"
@@ -54,6 +56,28 @@ void fc1_backward(int64_t rows, int64_t M, int64_t hl, const float* x, const flo
 // are packed.
 constexpr int64_t kFuseRows = 32;
 
+void RowRuns::copy(int64_t r0, int64_t n, float* dst) const {
+  const auto bytes = [this](int64_t rows) { return static_cast<size_t>(rows * cols) * sizeof(float); };
+  if (counts == nullptr) {
+    PARM_CHECK(r0 >= 0 && r0 + n <= runs, "rows {} .. {} of {} contiguous rows", r0, r0 + n, runs);
+    std::memcpy(dst, base + r0 * cols, bytes(n));
+    return;
+  }
+  int64_t first = 0;  // number of run s's first row
+  for (int64_t s = 0; s < runs && n > 0; ++s) {
+    const int64_t count = counts[s * count_stride];
+    if (r0 < first + count) {
+      const int64_t take = std::min(n, first + count - r0);
+      std::memcpy(dst, base + s * run_stride + (r0 - first) * cols, bytes(take));
+      dst += take * cols;
+      r0 += take;
+      n -= take;
+    }
+    first += count;
+  }
+  PARM_CHECK(n == 0, "rows up to {} asked of {} runs holding {} rows", r0 + n, runs, first);
+}
+
 void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl) {
   experts_ = experts, max_rows_ = max_rows, model_dim_ = M, hidden_ = hl;
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
@@ -65,6 +89,7 @@ void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, i
                        cpu::bf16_packed_b_size(max_rows, hl))),
             0);
   block_.assign(n(kFuseRows * hl), 0.0f);
+  rows_.assign(n(kFuseRows * M), 0.0f);
   // The layouts of (M, Hl) and (Hl, M) differ in size when M or Hl is not a multiple of 32.
   w_stride_ = std::max(cpu::bf16_packed_b_size(M, hl), cpu::bf16_packed_b_size(hl, M));
   for (auto* w : {&w1_, &w2_, &w2t_, &w1t_}) w->assign(n(experts * w_stride_), 0);
@@ -88,10 +113,16 @@ bool Bf16ExpertProducts::pack_weights(const float* w1, const float* w2) {
   return true;
 }
 
-void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const float* x, float* pre) {
+void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre) {
   const int64_t M = model_dim_, hl = hidden_;
-  cpu::bf16_pack_a(false, rows, M, x, M, a_.data());
-  cpu::bf16_pack_a(true, M, rows, x, M, xt_.data() + e * xt_stride_);  // x^T for dW1
+  float* block = rows_.data();
+  for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
+    const int64_t nr = std::min(kFuseRows, rows - r0);
+    x.copy(r0, nr, block);
+    // x as A (row block r0) and x^T for dW1 (its k block r0)
+    cpu::bf16_pack_a(false, nr, M, block, M, a_.data() + cpu::bf16_packed_a_size(r0, M));
+    cpu::bf16_pack_at_rows(r0, nr, M, rows, block, M, xt_.data() + e * xt_stride_);
+  }
   cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w1_.data() + e * w_stride_, pre, hl, false);
 }
 
@@ -109,13 +140,20 @@ void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const fl
   cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
 }
 
-void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const float* dy, float* dw2,
-                                      float* dact) {
+void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const RowRuns& dy, float* db2,
+                                      float* dw2, float* dact) {
   const int64_t M = model_dim_, hl = hidden_;
+  float* block = rows_.data();
+  for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
+    const int64_t nr = std::min(kFuseRows, rows - r0);
+    dy.copy(r0, nr, block);
+    if (db2 != nullptr) cpu::bias_backward(block, db2, nr, M);  // rows in order: same sums
+    // dy as rows r0.. of B (for dW2) and as A (for dact)
+    cpu::bf16_pack_b_rows(r0, nr, rows, M, block, M, b_.data());
+    cpu::bf16_pack_a(false, nr, M, block, M, a_.data() + cpu::bf16_packed_a_size(r0, M));
+  }
   // dW2 (Hl, M) += act^T dy; dact (R, Hl) = dy W2^T
-  cpu::bf16_pack_b(false, rows, M, dy, M, b_.data());
   cpu::gemm_bf16_packed(hl, M, rows, at_.data() + e * at_stride_, b_.data(), dw2, M, true);
-  cpu::bf16_pack_a(false, rows, M, dy, M, a_.data());
   cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w2t_.data() + e * w_stride_, dact, hl, false);
 }
 
@@ -139,7 +177,8 @@ void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, con
 int64_t Bf16ExpertProducts::held_bytes() const {
   size_t n = a_.size() + a2_.size() + b_.size() + w1_.size() + w2_.size() + w2t_.size() +
              w1t_.size() + xt_.size() + at_.size();
-  return static_cast<int64_t>(n * sizeof(uint16_t) + block_.size() * sizeof(float));
+  return static_cast<int64_t>(n * sizeof(uint16_t) +
+                              (block_.size() + rows_.size()) * sizeof(float));
 }
 
 double expert_product_flops(int64_t rows, int64_t M, int64_t hl) {

@@ -55,6 +55,23 @@ void fc2_backward(int64_t rows, int64_t model_dim, int64_t hidden, const float* 
 void fc1_backward(int64_t rows, int64_t model_dim, int64_t hidden, const float* x,
                   const float* dpre, const float* w1, float* dw1, float* dx);
 
+// One expert's rows where a layout holds them: `runs` runs of rows, run s being the first
+// counts[s * count_stride] rows at base + s * run_stride (row-major, `cols` values a row), read
+// in run order. counts == nullptr: one run of `runs` rows at base (contiguous()).
+struct RowRuns {
+  const float* base = nullptr;
+  int64_t cols = 0;
+  int64_t runs = 0;
+  int64_t run_stride = 0;
+  const int32_t* counts = nullptr;
+  int64_t count_stride = 1;
+  static RowRuns contiguous(const float* x, int64_t rows, int64_t cols) {
+    return {x, cols, rows, 0, nullptr, 1};
+  }
+  // Copies rows r0 .. r0 + n - 1 (numbered over all runs in order) to dst (n, cols).
+  void copy(int64_t r0, int64_t n, float* dst) const;
+};
+
 // The six products at Precision::kBf16 (bf16 operands, fp32 accumulation and outputs, as the
 // CUDA path), every operand rounded into the packed layouts of cpu::gemm_bf16_packed.
 // pack_weights packs every expert's W1, W2 and W1^T, W2^T before the forward products when
@@ -63,7 +80,9 @@ void fc1_backward(int64_t rows, int64_t model_dim, int64_t hidden, const float* 
 // at the same version, backward ones among them, reuse them. An expert's forward pass keeps x^T and act^T packed for its backward pass (half
 // the bytes of fp32 copies; act is never written in fp32); the elementwise steps between
 // the products run a block of rows at a time, packed while the block is in cache, with the
-// bf16 GeLU (cpu::bias_gelu_bf16). Nothing is allocated after reserve().
+// bf16 GeLU (cpu::bias_gelu_bf16); so do the row operands x and dy, read where the exchange
+// layout holds them (RowRuns) a block at a time and packed twice from cache, with no fp32
+// copy of the rows. Nothing is allocated after reserve().
 class Bf16ExpertProducts {
  public:
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
@@ -76,13 +95,17 @@ class Bf16ExpertProducts {
   // Times the weights were packed so far, and the wall time of the last packing (us).
   int64_t weight_packs() const { return copies_.copies_made(); }
   double last_pack_us() const { return last_pack_us_; }
-  // pre (R, Hl) = x (R, M) W1 for expert e; keeps x^T packed. Overwrites pre.
-  void fc1_forward(int64_t e, int64_t rows, const float* x, float* pre);
+  // pre (R, Hl) = x (R, M) W1 for expert e, x's R rows read from `x`; keeps x^T packed.
+  // Overwrites pre.
+  void fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre);
   // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed. Overwrites out.
   void bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre, const float* b1,
                              float* out);
-  // dW2 (Hl, M) += act^T dy; dact (R, Hl) = dy (R, M) W2^T. Accumulates dw2, overwrites dact.
-  void fc2_backward(int64_t e, int64_t rows, const float* dy, float* dw2, float* dact);
+  // db2 (M) += column sums of dy (skipped when db2 is null); dW2 (Hl, M) += act^T dy;
+  // dact (R, Hl) = dy (R, M) W2^T, dy's R rows read from `dy`. Accumulates db2 and dw2,
+  // overwrites dact.
+  void fc2_backward(int64_t e, int64_t rows, const RowRuns& dy, float* db2, float* dw2,
+                    float* dact);
   // dpre = gelu'(pre + b1) dact (scratch), db1 += its column sums, dW1 (M, Hl) += x^T dpre,
   // dx (R, M) = dpre W1^T. Accumulates db1 and dw1, overwrites dx.
   void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre, const float* b1,
@@ -96,6 +119,7 @@ class Bf16ExpertProducts {
   std::vector<uint16_t> a_, b_;  // packed row operands of the product being run
   std::vector<uint16_t> a2_;     // a second packed A: dpre, packed beside dpre as B
   std::vector<float> block_;     // (kFuseRows, Hl) fp32: act or dpre of one block of rows
+  std::vector<float> rows_;      // (kFuseRows, M) fp32: x or dy of one block of rows
   // Per expert, packed as B: W1 (M, Hl) and W2 (Hl, M) for the forward pass, W2^T (M, Hl)
   // and W1^T (Hl, M) for the backward pass; packed as A from the forward pass: x^T (M, R),
   // act^T (Hl, R).

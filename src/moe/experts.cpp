@@ -49,6 +49,13 @@ void scatter_filled(const float* rows, int64_t blocks, int64_t e_loc, int64_t sl
   }
 }
 
+// Expert e's filled rows where the layout holds them (segment [b, e] for every block b).
+RowRuns filled_runs(const Tensor& layout, int64_t blocks, int64_t e_loc, int64_t slots,
+                    int64_t e, const int32_t* fills, int64_t M) {
+  return {layout.data() + segment(0, e_loc, e, slots, M), M, blocks, e_loc * slots * M,
+          fills + e, e_loc};
+}
+
 void check_fills(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t slots) {
   for (int64_t i = 0; i < blocks * e_loc; ++i)
     PARM_CHECK(fills[i] >= 0 && fills[i] <= slots,
@@ -73,14 +80,14 @@ void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int
   act.clear();
   const int64_t pools = packed ? 1 : experts;
   for (int64_t e = 0; e < pools; ++e) {
-    // At bf16 x and act are kept packed (bf16) for the backward pass: one x serves as the
-    // gather scratch of every expert, and act is not written in fp32.
-    if (!bf16_path || e == 0) in.emplace_back(Shape{bf16_path ? max_rows : total_rows, M});
+    // At bf16 x and act are kept packed (bf16) for the backward pass, and x and dy are
+    // packed from the exchange layout itself: neither x nor act is written in fp32.
+    if (!bf16_path) in.emplace_back(Shape{total_rows, M});
     pre.emplace_back(Shape{total_rows, hl});
     if (!bf16_path) act.emplace_back(Shape{total_rows, hl});
   }
   out_rows = Tensor({max_rows, M});
-  d_out = Tensor({max_rows, M});
+  d_out = bf16_path ? Tensor() : Tensor({max_rows, M});
   d_act = Tensor({max_rows, hl});
 }
 
@@ -95,9 +102,9 @@ void ExpertWorkspace::place(int64_t e, int64_t n) {
 }
 
 float* ExpertWorkspace::in_rows(int64_t e) {
-  const bool bf16_path = precision == Precision::kBf16;
-  if (packed) return in[0].data() + (bf16_path ? 0 : first[static_cast<size_t>(e)] * in[0].cols());
-  return in[bf16_path ? 0 : static_cast<size_t>(e)].data();
+  PARM_CHECK(precision != Precision::kBf16, "the bf16 experts keep no fp32 copy of their rows");
+  if (packed) return in[0].data() + first[static_cast<size_t>(e)] * in[0].cols();
+  return in[static_cast<size_t>(e)].data();
 }
 float* ExpertWorkspace::pre_rows(int64_t e) {
   if (packed) return pre[0].data() + first[static_cast<size_t>(e)] * pre[0].cols();
@@ -132,14 +139,16 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
   if (bf16 && ws.bf16.pack_weights(w.w1.data(), w.w2.data())) clock.lap("bf16 weight packing");
   for (int64_t e = 0; e < e_loc; ++e) {
     ws.place(e, filled_rows(fills, blocks, e_loc, e));
-    float* x = ws.in_rows(e);
     float* pre = ws.pre_rows(e);
-    const int64_t n = gather_filled(in, blocks, e_loc, slots, e, fills, M, x);
-    clock.lap("rows in/out");
-    if (bf16)
-      ws.bf16.fc1_forward(e, n, x, pre);
-    else
+    const int64_t n = ws.rows[static_cast<size_t>(e)];
+    if (bf16) {  // reads x where the layout holds it, packing it (timed as products)
+      ws.bf16.fc1_forward(e, n, filled_runs(in, blocks, e_loc, slots, e, fills, M), pre);
+    } else {
+      float* x = ws.in_rows(e);
+      gather_filled(in, blocks, e_loc, slots, e, fills, M, x);
+      clock.lap("rows in/out");
       fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
+    }
     clock.lap("expert products");
     if (bf16) {  // bias + GeLU fused with packing act (timed as products)
       ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, ws.out_rows.data());
@@ -170,16 +179,19 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
   const bool bf16 = ws.precision == Precision::kBf16;
   for (int64_t e = 0; e < e_loc; ++e) {
     const float* pre = ws.pre_rows(e);
-    const int64_t n = gather_filled(dout, blocks, e_loc, slots, e, fills, M, dy);
-    PARM_CHECK_EQ(n, ws.rows[static_cast<size_t>(e)]);
-    clock.lap("rows in/out");
-    cpu::bias_backward(dy, dw.b2.data() + e * M, n, M);
-    clock.lap("GeLU + bias backward");
-    if (bf16)
-      ws.bf16.fc2_backward(e, n, dy, dw.w2.data() + e * hl * M, dact);
-    else
+    const int64_t n = ws.rows[static_cast<size_t>(e)];
+    PARM_CHECK_EQ(filled_rows(fills, blocks, e_loc, e), n);
+    if (bf16) {  // reads dy where the layout holds it: db2 and its packing (timed as products)
+      ws.bf16.fc2_backward(e, n, filled_runs(dout, blocks, e_loc, slots, e, fills, M),
+                           dw.b2.data() + e * M, dw.w2.data() + e * hl * M, dact);
+    } else {
+      gather_filled(dout, blocks, e_loc, slots, e, fills, M, dy);
+      clock.lap("rows in/out");
+      cpu::bias_backward(dy, dw.b2.data() + e * M, n, M);
+      clock.lap("GeLU + bias backward");
       fc2_backward(n, M, hl, ws.act_rows(e), dy,
                    w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
+    }
     clock.lap("expert products");
     if (bf16) {  // GeLU + bias backward fused with packing dpre (timed as products)
       ws.bf16.gelu_backward_fc1_backward(e, n, pre, w.b1.data() + e * hl, dact,

@@ -89,8 +89,9 @@ struct ExpertShards {
 // Per expert: its rows gathered out of the exchange layout, and the activations kept for
 // the backward pass. Sized once for the most rows an expert can get (reserve); the layer's
 // steady state then allocates nothing. At Precision::kBf16 the six products run on bf16
-// operands (Bf16ExpertProducts), which keeps x and act packed for the backward pass: `in`
-// then holds one expert's rows at a time and `act` is empty; pre stays fp32.
+// operands (Bf16ExpertProducts), which packs x and dy straight from the exchange layout and
+// keeps x and act packed for the backward pass: `in`, `act` and `d_out` are then empty; pre
+// stays fp32.
 //
 // Packed (max_total_rows > 0, dropless): in, pre and act are one pool each, of
 // max_total_rows rows, the bound on the rows all local experts get together in one pass;
@@ -119,7 +120,7 @@ struct ExpertWorkspace {
   std::vector<Tensor> pre;    // (total_rows, Hl) x W1 (b1 is added on the fly)
   std::vector<Tensor> act;    // (total_rows, Hl) gelu(pre)
   Tensor out_rows;            // (max_rows, M) scratch
-  Tensor d_out;               // (max_rows, M) scratch: an expert's output gradient rows
+  Tensor d_out;               // (max_rows, M) scratch: an expert's output gradient rows (fp32)
   Tensor d_act;               // (max_rows, Hl) scratch
 };
 

@@ -2,7 +2,8 @@
 // act and act^T, GeLU + bias backward with the packing of dpre, weights packed in one pass for
 // both layouts, x^T and act^T kept from the forward pass) give bit for bit what the separate
 // steps give, for row counts that leave partial 16- and 32-row blocks, a single row and an
-// empty expert, on both bf16 kernels. Also the bf16 GeLU against the fp32 one, and
+// empty expert, on both bf16 kernels; x and dy read from runs of rows in a layout as from
+// contiguous rows. Also the bf16 GeLU against the fp32 one, and
 // bf16_pack_b_rows / bf16_pack_at_rows block by block against the whole operand. And the CPU
 // backend's packed weights kept per weight version (Bf16WeightCopies).
 #include <gtest/gtest.h>
@@ -61,7 +62,7 @@ TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
       // Forward: pre, then out from a given pre. Outputs start as sentinels: rows past
       // `rows` stay untouched.
       std::vector<float> pre_f(max_rows * hl, 7.0f), pre_s = pre_f;
-      fused.fc1_forward(e, rows, x.data(), pre_f.data());
+      fused.fc1_forward(e, rows, RowRuns::contiguous(x.data(), rows, M), pre_f.data());
       cpu::gemm_bf16(false, false, rows, hl, M, x.data(), w1e, pre_s.data(), false);
       EXPECT_EQ(pre_f, pre_s) << at;
       std::vector<float> act(max_rows * hl, 7.0f);
@@ -73,9 +74,13 @@ TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
       // Backward from the kept x^T and act^T: dW2 and dW1 accumulated onto start values.
       std::vector<float> dact_f(max_rows * hl, 7.0f), dact_s = dact_f;
       std::vector<float> dw2_f = normal(hl * M, 10), dw2_s = dw2_f;
-      fused.fc2_backward(e, rows, dy.data(), dw2_f.data(), dact_f.data());
+      std::vector<float> db2_f = normal(M, 14), db2_s = db2_f;
+      fused.fc2_backward(e, rows, RowRuns::contiguous(dy.data(), rows, M), db2_f.data(),
+                         dw2_f.data(), dact_f.data());
+      cpu::bias_backward(dy.data(), db2_s.data(), rows, M);
       cpu::gemm_bf16(true, false, hl, M, rows, act.data(), dy.data(), dw2_s.data(), true);
       cpu::gemm_bf16(false, true, rows, hl, M, dy.data(), w2e, dact_s.data(), false);
+      EXPECT_EQ(db2_f, db2_s) << at;
       EXPECT_EQ(dw2_f, dw2_s) << at;
       EXPECT_EQ(dact_f, dact_s) << at;
       std::vector<float> dx_f(max_rows * M, 7.0f), dx_s = dx_f;
@@ -97,6 +102,64 @@ TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
     }
   }
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+}
+
+// x and dy read where the exchange layout holds them (runs of rows with gaps between them,
+// runs of 0, 1 and more than a 32-row block, a run boundary inside a block) give bit for bit
+// what the same rows give when contiguous: the products, the packed x^T and act^T they leave
+// for the backward pass, and db2.
+TEST(Bf16ExpertProducts, RowsReadFromRunsMatchContiguousRows) {
+  const int64_t M = 40, hl = 72, slots = 50;
+  const int32_t counts[] = {17, 0, 50, 1, 33};  // 101 rows; count_stride 2 (E_loc 2, e 0)
+  const int32_t fills[] = {17, 9, 0, 9, 50, 9, 1, 9, 33, 9};
+  const int64_t runs = 5, rows = 101, stride = 2 * slots * M;
+  const auto layout = normal(runs * stride, 15), dlayout = normal(runs * stride, 16);
+  std::vector<float> x(rows * M), dy(rows * M);
+  int64_t r = 0;
+  for (int64_t s = 0; s < runs; ++s)
+    for (int64_t i = 0; i < counts[s]; ++i, ++r)
+      for (int64_t c = 0; c < M; ++c) {
+        x[static_cast<size_t>(r * M + c)] = layout[static_cast<size_t>(s * stride + i * M + c)];
+        dy[static_cast<size_t>(r * M + c)] = dlayout[static_cast<size_t>(s * stride + i * M + c)];
+      }
+  const auto w1 = normal(M * hl, 1, 0.2f), w2 = normal(hl * M, 2, 0.2f), b1 = normal(hl, 3);
+  struct Out {
+    std::vector<float> pre, out, db2, dw2, dact, db1, dw1, dx;
+  };
+  const auto run = [&](const RowRuns& xr, const RowRuns& dyr) {
+    Bf16ExpertProducts p;
+    p.reserve(1, rows, M, hl);
+    p.pack_weights(w1.data(), w2.data());
+    Out o{std::vector<float>(rows * hl), std::vector<float>(rows * M), normal(M, 4),
+          normal(hl * M, 5), std::vector<float>(rows * hl), normal(hl, 6), normal(M * hl, 7),
+          std::vector<float>(rows * M)};
+    p.fc1_forward(0, rows, xr, o.pre.data());
+    p.bias_gelu_fc2_forward(0, rows, o.pre.data(), b1.data(), o.out.data());
+    p.fc2_backward(0, rows, dyr, o.db2.data(), o.dw2.data(), o.dact.data());
+    p.gelu_backward_fc1_backward(0, rows, o.pre.data(), b1.data(), o.dact.data(), o.db1.data(),
+                                 o.dw1.data(), o.dx.data());
+    return o;
+  };
+  for (cpu::Bf16Kernel kernel : kernels()) {
+    cpu::set_bf16_kernel(kernel);
+    const Out whole = run(RowRuns::contiguous(x.data(), rows, M),
+                          RowRuns::contiguous(dy.data(), rows, M));
+    const Out from_runs = run({layout.data(), M, runs, stride, fills, 2},
+                              {dlayout.data(), M, runs, stride, fills, 2});
+    const std::string at = cpu::bf16_kernel_name();
+    EXPECT_EQ(from_runs.pre, whole.pre) << at;
+    EXPECT_EQ(from_runs.out, whole.out) << at;
+    EXPECT_EQ(from_runs.db2, whole.db2) << at;
+    EXPECT_EQ(from_runs.dw2, whole.dw2) << at;
+    EXPECT_EQ(from_runs.dact, whole.dact) << at;
+    EXPECT_EQ(from_runs.dw1, whole.dw1) << at;
+    EXPECT_EQ(from_runs.dx, whole.dx) << at;
+  }
+  cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+  // Asking past the rows the runs hold is refused.
+  std::vector<float> block(2 * M);
+  const RowRuns short_runs{layout.data(), M, runs, stride, fills, 2};
+  EXPECT_THROW(short_runs.copy(100, 2, block.data()), Error);
 }
 
 // The CPU backend at bf16 packs W1 and W2 once per weight version: passes at an unchanged
