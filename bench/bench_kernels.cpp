@@ -255,9 +255,9 @@ void BM_ExpertGemmOnednnBf16(benchmark::State& state, ExpertProduct product) {
                              g.accumulate ? " acc" : "", pd.impl_info_str()));
 }
 // The layer's bf16 expert products for one pass (forward and backward) of 4 experts x kR
-// rows, as experts_forward / experts_backward run them at bf16: all weight layouts packed
-// once per step, the row operands per call, bias + GeLU and its backward fused with the
-// packing. Against BM_ExpertProductsBf16Floor (the same GEMMs on operands packed before the
+// rows, as experts_forward / experts_backward run them at bf16 without a weight version: all
+// weight layouts packed once per pass, the row operands per call (with db2), bias + GeLU and
+// its backward fused with the packing. Against BM_ExpertProductsBf16Floor (the same GEMMs on operands packed before the
 // clock, as bench-layer's floor): the difference is the packing and the GeLU.
 void BM_ExpertPassBf16(benchmark::State& state) {
   constexpr int64_t kExperts = 4;
@@ -268,18 +268,19 @@ void BM_ExpertPassBf16(benchmark::State& state) {
                            dy = random_vector(kR * kM, 35);
   std::vector<float> pre(static_cast<size_t>(kExperts * kR * h)), out(static_cast<size_t>(kR * kM));
   std::vector<float> dact(static_cast<size_t>(kR * h)), dx(out.size()), dw1(w1.size()),
-      dw2(w2.size()), db1(b1.size());
+      dw2(w2.size()), db1(b1.size()), db2(static_cast<size_t>(kExperts * kM));
   parm::moe::Bf16ExpertProducts products;
   products.reserve(kExperts, kR, kM, h);
   for (auto _ : state) {
     products.pack_weights(w1.data(), w2.data());
     for (int64_t e = 0; e < kExperts; ++e) {
       float* pre_e = pre.data() + e * kR * h;
-      products.fc1_forward(e, kR, x.data(), pre_e);
+      products.fc1_forward(e, kR, parm::moe::RowRuns::contiguous(x.data(), kR, kM), pre_e);
       products.bias_gelu_fc2_forward(e, kR, pre_e, b1.data() + e * h, out.data());
     }
     for (int64_t e = 0; e < kExperts; ++e) {
-      products.fc2_backward(e, kR, dy.data(), dw2.data() + e * h * kM, dact.data());
+      products.fc2_backward(e, kR, parm::moe::RowRuns::contiguous(dy.data(), kR, kM),
+                            db2.data() + e * kM, dw2.data() + e * h * kM, dact.data());
       products.gelu_backward_fc1_backward(e, kR, pre.data() + e * kR * h, b1.data() + e * h,
                                           dact.data(), db1.data() + e * h,
                                           dw1.data() + e * kM * h, dx.data());
