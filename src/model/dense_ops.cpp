@@ -23,9 +23,6 @@ void cpu_gemm(Precision p, bool trans_a, bool trans_b, int64_t m, int64_t n, int
   dense_gemm(p, trans_a, trans_b, m, n, k, a, b, c, accumulate);
 }
 
-void cpu_add(const float* a, const float* b, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
 
 void cpu_copy(float* dst, const float* src, int64_t n) {
   if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
@@ -97,7 +94,7 @@ DenseOps make_cpu_ops() {
   o.bias_backward = cpu::bias_backward;
   o.gather_rows = cpu::gather_rows;
   o.scatter_add_rows = cpu::scatter_add_rows;
-  o.add = cpu_add;
+  o.add = cpu::add;
   o.copy = cpu_copy;
   o.sum_of_squares = cpu_sum_of_squares;
   o.adamw = cpu_adamw;
