@@ -23,9 +23,6 @@ void cpu_gemm(Precision p, bool trans_a, bool trans_b, int64_t m, int64_t n, int
   dense_gemm(p, trans_a, trans_b, m, n, k, a, b, c, accumulate);
 }
 
-void cpu_add(const float* a, const float* b, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
 
 void cpu_copy(float* dst, const float* src, int64_t n) {
   if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
@@ -60,6 +57,19 @@ void cpu_gemm_bf16_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const
                           std::max<int64_t>(1, n), accumulate);
 }
 
+void cpu_bf16_pack_a(bool trans, int64_t m, int64_t k, const float* a, uint16_t* packed) {
+  cpu::bf16_pack_a(trans, m, k, a, std::max<int64_t>(1, trans ? m : k), packed);
+}
+
+void cpu_bf16_pack_b(int64_t k, int64_t n, const float* b, uint16_t* packed) {
+  cpu::bf16_pack_b(false, k, n, b, std::max<int64_t>(1, n), packed);
+}
+
+void cpu_gemm_bf16_packed(int64_t m, int64_t n, int64_t k, const uint16_t* packed_a,
+                          const uint16_t* packed_b, float* c, bool accumulate) {
+  cpu::gemm_bf16_packed(m, n, k, packed_a, packed_b, c, std::max<int64_t>(1, n), accumulate);
+}
+
 void* cpu_alloc_bytes(size_t bytes) { return std::calloc(1, bytes); }
 void cpu_free_bytes(void* p) { std::free(p); }
 void cpu_upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
@@ -84,13 +94,17 @@ DenseOps make_cpu_ops() {
   o.bias_backward = cpu::bias_backward;
   o.gather_rows = cpu::gather_rows;
   o.scatter_add_rows = cpu::scatter_add_rows;
-  o.add = cpu_add;
+  o.add = cpu::add;
   o.copy = cpu_copy;
   o.sum_of_squares = cpu_sum_of_squares;
   o.adamw = cpu_adamw;
   o.bf16_packed_b_size = cpu::bf16_packed_b_size;
   o.bf16_pack_b_both = cpu::bf16_pack_b_both;
   o.gemm_bf16_packed_b = cpu_gemm_bf16_packed_b;
+  o.bf16_packed_a_size = cpu::bf16_packed_a_size;
+  o.bf16_pack_a = cpu_bf16_pack_a;
+  o.bf16_pack_b = cpu_bf16_pack_b;
+  o.gemm_bf16_packed = cpu_gemm_bf16_packed;
   o.bias_gelu_bf16 = cpu::bias_gelu_bf16;
   o.bias_gelu_backward_bf16 = cpu::bias_gelu_backward_bf16;
   o.alloc_bytes = cpu_alloc_bytes;

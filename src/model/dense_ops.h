@@ -100,6 +100,16 @@ struct DenseOps {
   // cpu::gemm_bf16_packed_b, contiguous: C (m, n) (+)= op(A) (m, k) B, B packed (k, n).
   void (*gemm_bf16_packed_b)(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a,
                              const uint16_t* packed_b, float* c, bool accumulate) = nullptr;
+  // An activation that serves several products (LN1's output: Q, K and V) packed once:
+  // cpu::bf16_packed_a_size / bf16_pack_a of op(A) (m, k), contiguous (stored (k, m) when
+  // trans); cpu::bf16_pack_b of B (k, n), contiguous; cpu::gemm_bf16_packed, C (m, n)
+  // contiguous. pack + gemm_bf16_packed gives the bits of gemm_bf16_packed_b.
+  int64_t (*bf16_packed_a_size)(int64_t m, int64_t k) = nullptr;
+  void (*bf16_pack_a)(bool trans, int64_t m, int64_t k, const float* a,
+                      uint16_t* packed) = nullptr;
+  void (*bf16_pack_b)(int64_t k, int64_t n, const float* b, uint16_t* packed) = nullptr;
+  void (*gemm_bf16_packed)(int64_t m, int64_t n, int64_t k, const uint16_t* packed_a,
+                           const uint16_t* packed_b, float* c, bool accumulate) = nullptr;
   // The dense MLP's GeLU at bf16 (cpu::bias_gelu_bf16 / bias_gelu_backward_bf16): act =
   // gelu(x + bias), x left as it is; dx = gelu'(x + bias) dact (may alias dact), dbias +=.
   void (*bias_gelu_bf16)(const float* x, const float* bias, float* act, int64_t rows,

@@ -113,6 +113,7 @@ class Transformer final : public Model {
   }
   double last_comm_us() const override { return last_comm_us_; }
   double last_compute_us() const override { return last_compute_us_; }
+  void set_weights_version(uint64_t version) override { wpack_.set_version(version); }
   double flops_per_step(int64_t tokens) const override;
   void time_phases(moe::PhaseTimes* out) override { phases_ = out; }
 
@@ -249,6 +250,9 @@ class Transformer final : public Model {
   // steps). Used when pack_dense_: bf16 products on a table that packs weights.
   Bf16WeightPacks wpack_;
   bool pack_dense_ = false;
+  // When pack_dense_: LN1's output packed once for the Q, K and V products, as A of ln1 W
+  // (forward) and as A of ln1^T dqkv (backward), and dq / dk / dv packed as B in turn.
+  std::vector<uint16_t> ln1_packed_, ln1t_packed_, dqkv_packed_;
   int64_t B_, L_, T_, M_, V_, Ml_, Hl_, Fl_, D_;  // Hl_: local heads
   std::vector<std::unique_ptr<Param>> params_;
   Param* wte_ = nullptr;  // (V, M)
@@ -539,6 +543,11 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
   dtmp_ = here({T_, M_});
   dln_ = here({T_, M_});
   dqkv_ = here({3, T_, Ml_});
+  if (pack_dense_) {
+    ln1_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(T_, M_)));
+    ln1t_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(M_, T_)));
+    dqkv_packed_.resize(static_cast<size_t>(ops_.bf16_packed_b_size(T_, Ml_)));
+  }
   datt_ = here({T_, Ml_});
   dfc_ = here({T_, std::max<int64_t>(Fl_, 1)});
   dscores_ = here({ops_.attention_scratch(
@@ -595,9 +604,19 @@ void Transformer::block_attention(Block& b, const Tensor& in) {
   // attention: LN1 -> [f] -> QKV (column-parallel) -> core -> proj (row-parallel) -> [g]
   ops_.layernorm_forward(in.data(), b.ln1_w->value.data(), b.ln1_b->value.data(), b.a.ln1.data(),
                          b.a.ln1_mean.data(), b.a.ln1_rstd.data(), T, M, kLnEps);
-  for (int64_t c = 0; c < 3; ++c)
-    lin_forward(b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
-                b.qkv_b->value.data() + c * Ml, b.a.qkv.data() + c * T * Ml, T, M, Ml);
+  if (pack_dense_) {
+    ops_.bf16_pack_a(false, T, M, b.a.ln1.data(), ln1_packed_.data());
+    for (int64_t c = 0; c < 3; ++c) {
+      const float* w = b.qkv_w->value.data() + c * M * Ml;
+      linear_forward_packed_x(ops_, ln1_packed_.data(), wpack_.get(w, M, Ml),
+                              b.qkv_b->value.data() + c * Ml, b.a.qkv.data() + c * T * Ml, T, M,
+                              Ml);
+    }
+  } else {
+    for (int64_t c = 0; c < 3; ++c)
+      lin_forward(b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+                  b.qkv_b->value.data() + c * Ml, b.a.qkv.data() + c * T * Ml, T, M, Ml);
+  }
   const AttentionShape as{B_, L_, Hl_, D_, c_.arch == Arch::kGpt2, dense_};
   ops_.attention_forward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
                     b.a.probs.data(), b.a.att.data());
@@ -749,10 +768,21 @@ void Transformer::block_backward_rest(Block& b, const float* dffn_in) {
   ops_.attention_backward(as, b.a.qkv.data(), b.a.qkv.data() + T * Ml, b.a.qkv.data() + 2 * T * Ml,
                      b.a.probs.data(), datt_.data(), dqkv_.data(), dqkv_.data() + T * Ml,
                      dqkv_.data() + 2 * T * Ml, dscores_.data());
-  for (int64_t c = 0; c < 3; ++c)
-    lin_backward(dqkv_.data() + c * T * Ml, b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
-                 dln_.data(), b.qkv_w->grad.data() + c * M * Ml, b.qkv_b->grad.data() + c * Ml,
-                 T, M, Ml, /*accumulate_dx=*/c > 0);
+  if (pack_dense_) {
+    ops_.bf16_pack_a(true, M, T, b.a.ln1.data(), ln1t_packed_.data());
+    for (int64_t c = 0; c < 3; ++c) {
+      const float* w = b.qkv_w->value.data() + c * M * Ml;
+      linear_backward_packed_x(ops_, dqkv_.data() + c * T * Ml, ln1t_packed_.data(),
+                               wpack_.get(w, M, Ml), dqkv_packed_.data(), dln_.data(),
+                               b.qkv_w->grad.data() + c * M * Ml, b.qkv_b->grad.data() + c * Ml,
+                               T, M, Ml, /*accumulate_dx=*/c > 0);
+    }
+  } else {
+    for (int64_t c = 0; c < 3; ++c)
+      lin_backward(dqkv_.data() + c * T * Ml, b.a.ln1.data(), b.qkv_w->value.data() + c * M * Ml,
+                   dln_.data(), b.qkv_w->grad.data() + c * M * Ml, b.qkv_b->grad.data() + c * Ml,
+                   T, M, Ml, /*accumulate_dx=*/c > 0);
+  }
   tp_.f_backward(dln_.data(), T * M);
   ops_.layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.a.ln1_mean.data(),
                           b.a.ln1_rstd.data(), dtmp_.data(), b.ln1_w->grad.data(),
@@ -779,7 +809,7 @@ bool Transformer::start_forward(int slot, const Batch& batch, double lm_denomina
              "lm_denominator {} must be positive when the batch has {} targets", lm_denominator,
              counted);
   p = StagePass{};
-  if (pack_dense_) wpack_.invalidate();  // the weights may have changed since the last pass
+  if (pack_dense_) wpack_.begin_pass();  // packs again if the weights may have changed
   p.active = true;
   p.split = split;
   p.batch = &batch;

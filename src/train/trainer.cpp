@@ -345,12 +345,18 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   // The expert weights change only at opt.step below (loads happen before this loop): a GPU
   // layer at bf16 rounds them once per step, not once per micro-batch.
   uint64_t weights_version = 1;
+  // To the dense weights' packs and the MoE experts; again right after the optimizer step, so
+  // that an evaluation between steps reads the new weights.
+  const auto publish_weights_version = [&] {
+    model->set_weights_version(weights_version);
+    for (MoeLayer* layer : model->moe_layers()) layer->backend().set_weights_version(weights_version);
+  };
   for (; step < cfg.loop.steps; ++step) {
     fault::at_training_step(topo->world_rank(), step);
     const double t0 = now_us();
     for (auto* p : params) p->grad.zero();
     phases.clear();
-    for (MoeLayer* layer : model->moe_layers()) layer->backend().set_weights_version(weights_version);
+    publish_weights_version();
     std::vector<model::Batch> batches;
     double counts[1] = {0.0};
     for (int64_t a = 0; a < accum; ++a) {
@@ -393,6 +399,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     const double lr = lr_at(optim, step);
     opt.step(optim, lr, clip);
     ++weights_version;
+    publish_weights_version();
     phase_lap("optimizer", t_phase);
     const bool last = step + 1 == cfg.loop.steps;
     const bool report = (step + 1) % cfg.loop.log_every == 0 || last;

@@ -40,6 +40,26 @@ ModelConfig dense_config(Arch arch) {
   return c;
 }
 
+// An update of every parameter, the same in both models (used's and fresh's params, in
+// order); used's gradients back to zero.
+void update_both(const std::vector<Param*>& pu, const std::vector<Param*>& pf) {
+  for (size_t i = 0; i < pu.size(); ++i) {
+    for (int64_t j = 0; j < pu[i]->value.numel(); ++j) {
+      const float v = pu[i]->value[j] * 0.75f + 0.01f;
+      pu[i]->value[j] = v;
+      pf[i]->value[j] = v;
+    }
+    pu[i]->grad.zero();
+  }
+}
+
+// Every gradient of the two models' params (in order) bit for bit the same.
+void expect_same_grads(const std::vector<Param*>& pu, const std::vector<Param*>& pf) {
+  for (size_t i = 0; i < pu.size(); ++i)
+    for (int64_t j = 0; j < pu[i]->grad.numel(); ++j)
+      ASSERT_EQ(pu[i]->grad[j], pf[i]->grad[j]) << pu[i]->name << " [" << j << "]";
+}
+
 TEST(ModelBf16, GradientsTrackFp32WithinTheRounding) {
   for (Arch arch : {Arch::kGpt2, Arch::kBert}) {
     auto f32 = make_model(self_topology(), dense_config(arch), {}, kMicroBatch);
@@ -68,22 +88,36 @@ TEST(ModelBf16, APassAfterTheWeightsChangeReadsTheNewWeights) {
   const Batch b = make_batch(arch, 0);
   const double denom = static_cast<double>(count_targets(b));
   used->forward_backward(b, denom, 1.0f);  // packs the initial weights
-  // An update of every parameter, the same in both models; gradients back to zero.
   const auto pu = used->params(), pf = fresh->params();
-  for (size_t i = 0; i < pu.size(); ++i) {
-    for (int64_t j = 0; j < pu[i]->value.numel(); ++j) {
-      const float v = pu[i]->value[j] * 0.75f + 0.01f;
-      pu[i]->value[j] = v;
-      pf[i]->value[j] = v;
-    }
-    pu[i]->grad.zero();
-  }
+  update_both(pu, pf);
   const LossParts lu = used->forward_backward(b, denom, 1.0f);
   const LossParts lf = fresh->forward_backward(b, denom, 1.0f);
   EXPECT_EQ(lu.lm_loss_sum, lf.lm_loss_sum);
-  for (size_t i = 0; i < pu.size(); ++i)
-    for (int64_t j = 0; j < pu[i]->grad.numel(); ++j)
-      ASSERT_EQ(pu[i]->grad[j], pf[i]->grad[j]) << pu[i]->name << " [" << j << "]";
+  expect_same_grads(pu, pf);
+}
+
+// With a weights version given, the packs are made once per version: passes at the same
+// version read the packs made at its first pass (a weight written behind the version's back
+// is not seen), a new version reads the new weights, bit for bit as a fresh model.
+TEST(ModelBf16, PacksOncePerWeightsVersion) {
+  const Arch arch = Arch::kGpt2;
+  auto used = make_model(self_topology(), tiny_config(arch), {}, kMicroBatch, Precision::kBf16);
+  auto fresh = make_model(self_topology(), tiny_config(arch), {}, kMicroBatch, Precision::kBf16);
+  const Batch b = make_batch(arch, 0);
+  const double denom = static_cast<double>(count_targets(b));
+  used->set_weights_version(1);
+  const LossParts l1 = used->forward_backward(b, denom, 1.0f);
+  const auto pu = used->params(), pf = fresh->params();
+  update_both(pu, pf);  // not announced: version 1's packs stay
+  const LossParts l_stale = used->forward_backward(b, denom, 1.0f);
+  const LossParts l_fresh = fresh->forward_backward(b, denom, 1.0f);
+  EXPECT_NE(l_stale.lm_loss_sum, l_fresh.lm_loss_sum);  // the dense products read old packs
+  EXPECT_NE(l_stale.lm_loss_sum, l1.lm_loss_sum);       // the rest read the new weights
+  for (size_t i = 0; i < pu.size(); ++i) pu[i]->grad.zero();
+  used->set_weights_version(2);
+  const LossParts l2 = used->forward_backward(b, denom, 1.0f);
+  EXPECT_EQ(l2.lm_loss_sum, l_fresh.lm_loss_sum);
+  expect_same_grads(pu, pf);
 }
 
 }  // namespace

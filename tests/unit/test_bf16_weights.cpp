@@ -87,16 +87,53 @@ TEST(Bf16Weights, PacksOncePerInvalidateAndAgainAfterIt) {
   EXPECT_THROW(packs.get(w.data(), 24, 40), Error);
 }
 
-TEST(Bf16Weights, PackedLinearIsLinearAtBf16) {
+TEST(Bf16Weights, PacksOncePerKnownVersionAndAtEveryPassWithoutOne) {
+  const model::DenseOps& ops = model::dense_ops(Device::kCpu);
+  model::Bf16WeightPacks packs(ops);
+  const auto w = normal(40 * 24, 5);
+  const auto pass = [&] {
+    packs.begin_pass();
+    packs.get(w.data(), 40, 24);
+  };
+  pass();
+  pass();
+  EXPECT_EQ(packs.packs_done(), 2);  // no version given: every pass packs
+  packs.set_version(7);
+  pass();
+  pass();
+  pass();
+  EXPECT_EQ(packs.packs_done(), 3);  // version 7: once (grad-accum passes, an evaluation)
+  packs.set_version(8);
+  pass();
+  pass();
+  EXPECT_EQ(packs.packs_done(), 4);
+  packs.set_version(model::Bf16WeightPacks::kUnknownVersion);
+  pass();
+  pass();
+  EXPECT_EQ(packs.packs_done(), 6);
+}
+
+// The packed linear ops give the bits of linear_forward / linear_backward at bf16: with only
+// the weight packed (linear_*_packed), or the activation too (linear_*_packed_x: LN1's output
+// packed once for Q, K and V).
+void expect_packed_linear_is_linear_at_bf16(bool packed_x) {
   const model::DenseOps& ops = model::dense_ops(Device::kCpu);
   model::Bf16WeightPacks packs(ops);
   const int64_t rows = 37, in = 45, out = 70;
   const auto x = normal(rows * in, 7), w = normal(in * out, 8), b = normal(out, 9);
   const auto dy = normal(rows * out, 10), dx0 = normal(rows * in, 11);
   const model::PackedWeight pw = packs.get(w.data(), in, out);
+  std::vector<uint16_t> px(static_cast<size_t>(ops.bf16_packed_a_size(rows, in)));
+  std::vector<uint16_t> pxt(static_cast<size_t>(ops.bf16_packed_a_size(in, rows)));
+  std::vector<uint16_t> pdy(static_cast<size_t>(ops.bf16_packed_b_size(rows, out)));
+  ops.bf16_pack_a(false, rows, in, x.data(), px.data());
+  ops.bf16_pack_a(true, in, rows, x.data(), pxt.data());
   std::vector<float> y1(static_cast<size_t>(rows * out)), y2(y1.size());
   model::linear_forward(x.data(), w.data(), b.data(), y1.data(), rows, in, out, Precision::kBf16);
-  model::linear_forward_packed(ops, x.data(), pw, b.data(), y2.data(), rows, in, out);
+  if (packed_x)
+    model::linear_forward_packed_x(ops, px.data(), pw, b.data(), y2.data(), rows, in, out);
+  else
+    model::linear_forward_packed(ops, x.data(), pw, b.data(), y2.data(), rows, in, out);
   EXPECT_TRUE(same_bits(y1, y2));
   for (const bool acc : {false, true}) {
     auto dx1 = dx0, dx2 = dx0;
@@ -104,12 +141,22 @@ TEST(Bf16Weights, PackedLinearIsLinearAtBf16) {
     std::vector<float> db1(static_cast<size_t>(out), 0.25f), db2 = db1;
     model::linear_backward(dy.data(), x.data(), w.data(), dx1.data(), dw1.data(), db1.data(),
                            rows, in, out, acc, Precision::kBf16);
-    model::linear_backward_packed(ops, dy.data(), x.data(), pw, dx2.data(), dw2.data(),
-                                  db2.data(), rows, in, out, acc);
+    if (packed_x)
+      model::linear_backward_packed_x(ops, dy.data(), pxt.data(), pw, pdy.data(), dx2.data(),
+                                      dw2.data(), db2.data(), rows, in, out, acc);
+    else
+      model::linear_backward_packed(ops, dy.data(), x.data(), pw, dx2.data(), dw2.data(),
+                                    db2.data(), rows, in, out, acc);
     EXPECT_TRUE(same_bits(dx1, dx2)) << "accumulate_dx " << acc;
     EXPECT_TRUE(same_bits(dw1, dw2));
     EXPECT_TRUE(same_bits(db1, db2));
   }
+}
+
+TEST(Bf16Weights, PackedLinearIsLinearAtBf16) { expect_packed_linear_is_linear_at_bf16(false); }
+
+TEST(Bf16Weights, LinearOverAPackedActivationIsLinearAtBf16) {
+  expect_packed_linear_is_linear_at_bf16(true);
 }
 
 }  // namespace

@@ -371,6 +371,63 @@ TEST(Softmax, BackwardMatchesFormulaAndFiniteDifferences) {
   EXPECT_EQ(in_place, dx);
 }
 
+// ---- cross-entropy ---------------------------------------------------------------------
+
+// Against fp64: the loss per row log sum exp(x - max) + max - x[y], within the exponentials'
+// 2 ulp plus the argument rounding (|x - max| u) relative to each term; dlogits = scale *
+// (softmax - onehot) within (|x - max| + 8) u of scale * p. Vocabularies around the 16 lanes
+// and the model's 256, offsets of +-1000 (x - max must not lose the row's scale), masked
+// (-inf) logits; dlogits may alias logits; without dlogits the same loss.
+TEST(CrossEntropy, MatchesFp64) {
+  for (int64_t vocab : {1, 15, 16, 17, 256, 259, 5000}) {
+    for (float offset : {0.0f, 1000.0f, -1000.0f}) {
+      const int64_t n = 5;
+      std::vector<float> x = normal(n * vocab, 30 + vocab, 3.0f);
+      for (float& v : x) v += offset;
+      if (vocab > 4) {
+        x[3] = offset + 45.0f;  // a dominant logit
+        x[vocab + 1] = -kInf;   // a masked one (not a target)
+      }
+      std::vector<int32_t> y(static_cast<size_t>(n));
+      for (int64_t r = 0; r < n; ++r) y[r] = static_cast<int32_t>((r * 7919 + 3) % vocab);
+      if (vocab > 4) y[1] = 2;
+      const float scale = 0.25f;
+      std::vector<float> d(x.size());
+      const double loss = cross_entropy_rows(x.data(), y.data(), d.data(), n, vocab, scale);
+      double want = 0.0, tol = 0.0;
+      for (int64_t r = 0; r < n; ++r) {
+        const float* xr = x.data() + r * vocab;
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t c = 0; c < vocab; ++c) mx = std::max(mx, double(xr[c]));
+        for (int64_t c = 0; c < vocab; ++c) sum += std::exp(double(xr[c]) - mx);
+        const double lse = std::log(sum) + mx;
+        want += lse - xr[y[r]];
+        double spread = 0.0;  // the largest |x - max| with a weight above u
+        for (int64_t c = 0; c < vocab; ++c) {
+          const double p = std::exp(double(xr[c]) - lse);
+          if (p > kU) spread = std::max(spread, mx - xr[c]);
+          const double g = scale * (p - (c == y[r] ? 1.0 : 0.0));
+          if (xr[c] == -kInf) {
+            ASSERT_EQ(d[r * vocab + c], 0.0f);  // exp(-inf) is exactly 0
+            continue;
+          }
+          const double gtol = 2.0 * (std::fabs(mx - xr[c]) + 8 + vocab * 1e-3) * kU * scale * p +
+                              (c == y[r] ? 2.0 * kU * scale : 0.0);
+          ASSERT_NEAR(d[r * vocab + c], g, gtol)
+              << "vocab " << vocab << " offset " << offset << " row " << r << " col " << c;
+        }
+        tol += 2.0 * (spread + 8) * kU + 4e-16 * std::fabs(lse);
+      }
+      EXPECT_NEAR(loss, want, tol) << "vocab " << vocab << " offset " << offset;
+      std::vector<float> in_place = x;
+      EXPECT_EQ(cross_entropy_rows(in_place.data(), y.data(), in_place.data(), n, vocab, scale),
+                loss);
+      EXPECT_EQ(in_place, d);
+      EXPECT_EQ(cross_entropy_rows(x.data(), y.data(), nullptr, n, vocab, scale), loss);
+    }
+  }
+}
+
 // ---- top-k -----------------------------------------------------------------------------
 
 // Reference: a stable sort by value, largest first, NaN above everything.

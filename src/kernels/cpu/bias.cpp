@@ -1,4 +1,4 @@
-// Bias add over rows and its adjoint (column sums).
+// Bias add over rows and its adjoint (column sums); the elementwise sum of two arrays.
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 #include "parm/error.h"
@@ -12,6 +12,11 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
     float* yr = y + r * cols;
     for (int64_t c = 0; c < cols; ++c) yr[c] += bias[c];
   }
+}
+
+PARM_SIMD_CLONES
+void add(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 PARM_SIMD_CLONES

@@ -115,6 +115,12 @@ std::string onednn_bf16_matmul_impl();
 void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols);
 // dx (rows, cols) = y * (dy - sum(dy * y)) per row; overwrites dx (may alias dy).
 void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
+// model::cross_entropy's contract (model/blocks.h) with the targets already checked to lie
+// in [0, vocab): the loss sum (in double) over the n rows of logits (n, vocab); with dlogits,
+// dlogits = scale * (softmax - onehot(target)), overwritten (may alias logits). The
+// exponentials are fp32 (within 2 ulp), their sums double.
+double cross_entropy_rows(const float* logits, const int32_t* targets, float* dlogits, int64_t n,
+                          int64_t vocab, float scale);
 
 // ---- Top-k per row ---------------------------------------------------------------------
 // idx (rows, k), val (rows, k): the k largest values of each row of x (rows, cols), largest
@@ -149,6 +155,8 @@ void bias_gelu_backward_bf16(const float* x, const float* bias, const float* dac
 // ---- Bias ------------------------------------------------------------------------------
 // y (rows, cols) += bias (cols) for every row.
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols);
+// out (n) = a + b element by element; out may alias a or b.
+void add(const float* a, const float* b, float* out, int64_t n);
 // dbias (cols) += column sums of dy (rows, cols).
 void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t cols);
 

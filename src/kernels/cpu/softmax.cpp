@@ -1,4 +1,6 @@
-// Row-wise softmax and its adjoint.
+// Row-wise softmax and its adjoint; the cross-entropy of softmax rows.
+#include <cmath>
+
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vec_math.h"
 #include "parm/error.h"
@@ -36,6 +38,53 @@ void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, 
     for (; c < cols; ++c) dot += yr[c] * dyr[c];
     for (c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
   }
+}
+
+// Per row: the max (every exponent <= 0), the exponentials in fp32 summed in double lanes
+// (written to dlogits when it is given: it may alias logits, so the target's logit is read
+// first), then dlogits scaled by scale / sum in place.
+PARM_SIMD_CLONES
+double cross_entropy_rows(const float* logits, const int32_t* targets, float* dlogits, int64_t n,
+                          int64_t vocab, float scale) {
+  PARM_CHECK(n >= 0 && vocab > 0, "cross_entropy: bad shape ({}, {})", n, vocab);
+  constexpr int kL = detail::kLanes;
+  double loss = 0.0;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* x = logits + r * vocab;
+    const int32_t y = targets[r];
+    const float mx = detail::max_f32(x, vocab);
+    const float xy = x[y];
+    double acc[kL] = {};
+    int64_t c = 0;
+    if (dlogits == nullptr) {
+      for (; c + kL <= vocab; c += kL)
+        for (int j = 0; j < kL; ++j) acc[j] += detail::exp_f32(x[c + j] - mx);
+      for (; c < vocab; ++c) acc[0] += detail::exp_f32(x[c] - mx);
+    } else {
+      float* d = dlogits + r * vocab;
+      for (; c + kL <= vocab; c += kL)
+        for (int j = 0; j < kL; ++j) {
+          const float e = detail::exp_f32(x[c + j] - mx);
+          acc[j] += e;
+          d[c + j] = e;
+        }
+      for (; c < vocab; ++c) {
+        const float e = detail::exp_f32(x[c] - mx);
+        acc[0] += e;
+        d[c] = e;
+      }
+    }
+    double sum = 0.0;
+    for (int j = 0; j < kL; ++j) sum += acc[j];
+    loss += std::log(sum) + static_cast<double>(mx) - static_cast<double>(xy);
+    if (dlogits != nullptr) {
+      float* d = dlogits + r * vocab;
+      const float k = static_cast<float>(static_cast<double>(scale) / sum);
+      for (c = 0; c < vocab; ++c) d[c] *= k;
+      d[y] -= scale;
+    }
+  }
+  return loss;
 }
 
 }  // namespace parm::cpu
