@@ -11,19 +11,25 @@
 namespace parm::moe {
 namespace {
 
-// Offset of segment [b, e]'s first row in the exchange layout (elements).
-inline int64_t segment(int64_t b, int64_t e_loc, int64_t e, int64_t slots, int64_t M) {
-  return ((b * e_loc + e) * slots) * M;
-}
+// The exchange layout: segments [b, e] of `slots` rows, or packed at rows first[b * e_loc + e].
+struct SegmentLayout {
+  int64_t e_loc, slots, M;
+  const int64_t* first;  // null: segment i at row i * slots
+  // Offset of segment [b, e]'s first row (elements).
+  int64_t segment(int64_t b, int64_t e) const {
+    const int64_t i = b * e_loc + e;
+    return (first != nullptr ? first[i] : i * slots) * M;
+  }
+};
 
 // Copies expert e's filled rows out of the layout into `rows` (n, M), n = their total.
-int64_t gather_filled(const Tensor& layout, int64_t blocks, int64_t e_loc, int64_t slots,
-                      int64_t e, const int32_t* fills, int64_t M, float* rows) {
+int64_t gather_filled(const Tensor& layout, const SegmentLayout& l, int64_t blocks, int64_t e,
+                      const int32_t* fills, float* rows) {
   int64_t n = 0;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t f = fills[b * e_loc + e];
-    std::memcpy(rows + n * M, layout.data() + segment(b, e_loc, e, slots, M),
-                static_cast<size_t>(f * M) * sizeof(float));
+    const int64_t f = fills[b * l.e_loc + e];
+    std::memcpy(rows + n * l.M, layout.data() + l.segment(b, e),
+                static_cast<size_t>(f * l.M) * sizeof(float));
     n += f;
   }
   return n;
@@ -36,15 +42,18 @@ int64_t filled_rows(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t
   return n;
 }
 
-// The reverse: filled rows back into the layout; the empty slots after them are zeroed.
-void scatter_filled(const float* rows, int64_t blocks, int64_t e_loc, int64_t slots, int64_t e,
-                    const int32_t* fills, int64_t M, Tensor& layout) {
+// The reverse: filled rows back into the layout; the empty slots after them are zeroed (the
+// packed layout has none).
+void scatter_filled(const float* rows, const SegmentLayout& l, int64_t blocks, int64_t e,
+                    const int32_t* fills, Tensor& layout) {
+  const int64_t M = l.M;
   int64_t n = 0;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t f = fills[b * e_loc + e];
-    float* seg = layout.data() + segment(b, e_loc, e, slots, M);
+    const int64_t f = fills[b * l.e_loc + e];
+    float* seg = layout.data() + l.segment(b, e);
     std::memcpy(seg, rows + n * M, static_cast<size_t>(f * M) * sizeof(float));
-    std::memset(seg + f * M, 0, static_cast<size_t>((slots - f) * M) * sizeof(float));
+    if (l.first == nullptr)
+      std::memset(seg + f * M, 0, static_cast<size_t>((l.slots - f) * M) * sizeof(float));
     n += f;
   }
 }
@@ -54,6 +63,20 @@ void check_fills(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t sl
     PARM_CHECK(fills[i] >= 0 && fills[i] <= slots,
                "expert segment {} has fill count {}, outside [0, {}] (corrupt routing counts)",
                i, fills[i], slots);
+}
+
+// Checks that in / out hold the layout: (blocks, E_loc, slots, M), or packed, the routed rows.
+void check_buffers(const char* what, const Tensor& a, const Tensor& b, const SegmentLayout& l,
+                   int64_t blocks, const int32_t* fills) {
+  const int64_t segs = blocks * l.e_loc;
+  const int64_t need = l.first == nullptr ? segs * l.slots * l.M
+                       : segs == 0        ? 0
+                                          : (l.first[segs - 1] + fills[segs - 1]) * l.M;
+  PARM_CHECK((l.first == nullptr ? a.numel() == need : a.numel() >= need) &&
+                 b.numel() == a.numel(),
+             "{} {} / {} for blocks={} E_loc={} slots={} M={}{}: {} elements needed", what,
+             shape_str(a.shape()), shape_str(b.shape()), blocks, l.e_loc, l.slots, l.M,
+             l.first != nullptr ? " (packed)" : "", need);
 }
 
 }  // namespace
@@ -117,15 +140,14 @@ int64_t ExpertWorkspace::held_bytes() const {
 
 void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                      const int32_t* fills, bool add_b2, ExpertWorkspace& ws, Tensor& out,
-                     PhaseTimes* times) {
+                     PhaseTimes* times, const int64_t* first) {
   const int64_t e_loc = w.w1.dim(0), M = w.w1.dim(1), hl = w.w1.dim(2);
-  PARM_CHECK(in.numel() == blocks * e_loc * slots * M && out.numel() == in.numel(),
-             "expert buffers {} / {} for blocks={} E_loc={} slots={} M={}",
-             shape_str(in.shape()), shape_str(out.shape()), blocks, e_loc, slots, M);
+  const SegmentLayout lay{e_loc, slots, M, first};
   PARM_CHECK(static_cast<int64_t>(ws.rows.size()) == e_loc && ws.max_rows >= blocks * slots,
              "expert workspace reserved for {} experts x {} rows, needs {} x {}", ws.rows.size(),
              ws.max_rows, e_loc, blocks * slots);
   check_fills(fills, blocks, e_loc, slots);
+  check_buffers("expert buffers", in, out, lay, blocks, fills);
   PhaseClock clock(times);
   const bool bf16 = ws.precision == Precision::kBf16;
   if (bf16) {  // all four layouts once per step; experts_backward reuses them
@@ -136,7 +158,7 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     ws.place(e, filled_rows(fills, blocks, e_loc, e));
     float* x = ws.in_rows(e);
     float* pre = ws.pre_rows(e);
-    const int64_t n = gather_filled(in, blocks, e_loc, slots, e, fills, M, x);
+    const int64_t n = gather_filled(in, lay, blocks, e, fills, x);
     clock.lap("rows in/out");
     if (bf16)
       ws.bf16.fc1_forward(e, n, x, pre);
@@ -154,25 +176,24 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     clock.lap("expert products");
     if (add_b2) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, n, M);
     clock.lap("bias + GeLU");
-    scatter_filled(ws.out_rows.data(), blocks, e_loc, slots, e, fills, M, out);
+    scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, out);
     clock.lap("rows in/out");
   }
 }
 
 void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
                       const int32_t* fills, ExpertWorkspace& ws, ExpertShards& dw, Tensor& din,
-                      PhaseTimes* times) {
+                      PhaseTimes* times, const int64_t* first) {
   const int64_t e_loc = w.w1.dim(0), M = w.w1.dim(1), hl = w.w1.dim(2);
-  PARM_CHECK(dout.numel() == blocks * e_loc * slots * M && din.numel() == dout.numel(),
-             "expert gradient buffers {} / {} for blocks={} E_loc={} slots={} M={}",
-             shape_str(dout.shape()), shape_str(din.shape()), blocks, e_loc, slots, M);
+  const SegmentLayout lay{e_loc, slots, M, first};
+  check_buffers("expert gradient buffers", dout, din, lay, blocks, fills);
   PhaseClock clock(times);
   float* dy = ws.d_out.data();
   float* dact = ws.d_act.data();
   const bool bf16 = ws.precision == Precision::kBf16;
   for (int64_t e = 0; e < e_loc; ++e) {
     const float* pre = ws.pre_rows(e);
-    const int64_t n = gather_filled(dout, blocks, e_loc, slots, e, fills, M, dy);
+    const int64_t n = gather_filled(dout, lay, blocks, e, fills, dy);
     PARM_CHECK_EQ(n, ws.rows[static_cast<size_t>(e)]);
     clock.lap("rows in/out");
     cpu::bias_backward(dy, dw.b2.data() + e * M, n, M);
@@ -196,7 +217,7 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
                    ws.out_rows.data());
     }
     clock.lap("expert products");
-    scatter_filled(ws.out_rows.data(), blocks, e_loc, slots, e, fills, M, din);
+    scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, din);
     clock.lap("rows in/out");
   }
 }
