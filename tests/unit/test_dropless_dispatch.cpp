@@ -41,22 +41,29 @@ Counted count_rows(const Tensor& buf, const std::vector<int64_t>& fill, int64_t 
   return c;
 }
 
+// A one-rank backend's sizes (every expert local, hidden shard 8).
+moe::BackendSizes one_rank_sizes(int64_t T, int64_t M, int64_t E, int k, int64_t slots,
+                                 bool dropless, bool packed) {
+  moe::BackendSizes sizes;
+  sizes.gate_rows = T;
+  sizes.experts = E;
+  sizes.topk = k;
+  sizes.model_dim = M;
+  sizes.local_experts = E;
+  sizes.hidden_shard = 8;
+  sizes.max_expert_rows = slots;
+  sizes.dropless = dropless;
+  sizes.packed = packed;
+  return sizes;
+}
+
 TEST(DroplessDispatch, UnroutedRowsAreNeitherZeroedNorWritten) {
   const int64_t T = 16, M = 4, E = 4;
   const int k = 2;
   for (bool dropless : {true, false}) {
     const MoeShape shape = MoeShape::of(T, M, 8, E, k, dropless ? "none" : "2.0");
     const int64_t slots = capacity(k, shape.capacity_factor, T, E);
-    moe::BackendSizes sizes;
-    sizes.gate_rows = T;
-    sizes.experts = E;
-    sizes.topk = k;
-    sizes.model_dim = M;
-    sizes.local_experts = E;
-    sizes.hidden_shard = 8;
-    sizes.max_expert_rows = slots;
-    sizes.dropless = dropless;
-    auto backend = moe::make_cpu_backend(sizes);
+    auto backend = moe::make_cpu_backend(one_rank_sizes(T, M, E, k, slots, dropless, false));
     const auto params = ref::init_params<float>(shape, 3);
     Tensor x({T, M}), wg({M, E});
     for (int64_t i = 0; i < x.numel(); ++i) x[i] = 0.25f * static_cast<float>((i * 7) % 11) - 1.0f;
@@ -104,17 +111,7 @@ TEST(DroplessDispatch, PackedRowsAreTheRoutedRowsBackToBack) {
     std::vector<int64_t> slot;  // each choice's slot in its expert
   };
   auto run = [&](bool packed) {
-    moe::BackendSizes sizes;
-    sizes.gate_rows = T;
-    sizes.experts = E;
-    sizes.topk = k;
-    sizes.model_dim = M;
-    sizes.local_experts = E;
-    sizes.hidden_shard = 8;
-    sizes.max_expert_rows = slots;
-    sizes.dropless = true;
-    sizes.packed = packed;
-    auto backend = moe::make_cpu_backend(sizes);
+    auto backend = moe::make_cpu_backend(one_rank_sizes(T, M, E, k, slots, true, packed));
     std::vector<float> stats(static_cast<size_t>(schedule::stats_numel(E, true)));
     backend->gate_forward(x, wg, k, slots, slots, stats.data(), nullptr);
     const int64_t rows = packed ? T * k : E * slots;  // k T: every choice routed
