@@ -4,6 +4,7 @@
 
 #include "comm/fused.h"
 #include "comm/fused_plan.h"
+#include "layer/packed_rows.h"
 #include "parm/error.h"
 
 namespace parm {
@@ -147,11 +148,7 @@ void FusedRows::combine(Communicator& esp, Communicator& ep, const Segments& src
   const bool esp_stage = plan.runs(Role::kEsp);
   const int32_t* my_fill = src.fill + me_esp * row;
   first_.resize(static_cast<size_t>(row));
-  int64_t mine = 0;  // routed rows of my part
-  for (int64_t k = 0; k < row; ++k) {
-    first_[static_cast<size_t>(k)] = mine;
-    mine += my_fill[k];
-  }
+  const int64_t mine = packed_starts(my_fill, row, first_.data());  // routed rows of my part
   auto region = [&](int r) {
     Segments s{scratch + r * mine * row_elems, src.slots, my_fill, row, first_.data()};
     return s;

@@ -56,6 +56,23 @@ void RowExchange::reserve(Tensor& t, int64_t elems, const Communicator& c) {
   t = Tensor({elems}, c.memory_space() == MemorySpace::kDevice ? Device::kCuda : Device::kCpu);
 }
 
+int64_t RowExchange::ranges_per_peer(CommOp op, int64_t src_segments, int64_t dst_segments,
+                                     int n) {
+  switch (op) {
+    case CommOp::kAllToAllv: return src_segments / n;
+    case CommOp::kAllGather: return src_segments;
+    case CommOp::kReduceScatter: return dst_segments;
+    case CommOp::kAllReduce: return src_segments;
+    default: break;
+  }
+  throw Error(fmt::format("row exchange: no row form of {}", comm_op_name(op)));
+}
+
+void RowExchange::reserve_packing(const Communicator& c, int64_t ranges_per_peer) {
+  reserve(pack_send_, (c.size() - 1) * ranges_per_peer * kPackBelowElems, c);
+  reserve(pack_recv_, (c.size() - 1) * ranges_per_peer * kPackBelowElems, c);
+}
+
 double RowExchange::exchange(Communicator& c, int64_t ranges_per_peer, RowOps& ops) {
   const int n = c.size(), me = c.rank();
   // A peer's small ranges travel packed when there are two or more (one would save nothing).
@@ -67,8 +84,7 @@ double RowExchange::exchange(Communicator& c, int64_t ranges_per_peer, RowOps& o
   };
   // The packing buffers hold `ranges_per_peer` ranges per peer at their largest packed size:
   // a bound fixed by the call's segments, so no routing grows them after the first call.
-  reserve(pack_send_, (n - 1) * ranges_per_peer * kPackBelowElems, c);
-  reserve(pack_recv_, (n - 1) * ranges_per_peer * kPackBelowElems, c);
+  reserve_packing(c, ranges_per_peer);
   int64_t send_off = 0;
   for (int p = 0; p < n; ++p) {
     if (p == me || packed_elems(sends_[static_cast<size_t>(p)]) == 0) continue;
@@ -150,7 +166,8 @@ void RowExchange::alltoall(Communicator& c, const Segments& src, const Segments&
   reset(n);
   for (int p = 0; p < n; ++p)
     for (int64_t i = p * per; i < (p + 1) * per; ++i) pair(p, me, src, i, dst, i, row_elems, ops);
-  run(c, CommOp::kAllToAllv, per, t0, ops);
+  run(c, CommOp::kAllToAllv, ranges_per_peer(CommOp::kAllToAllv, src.count, dst.count, n), t0,
+      ops);
 }
 
 void RowExchange::allgather(Communicator& c, const Segments& src, const Segments& dst,
@@ -168,7 +185,8 @@ void RowExchange::allgather(Communicator& c, const Segments& src, const Segments
       for (int64_t i = 0; i < inner; ++i) {
         pair(p, me, src, o * inner + i, dst, (o * n + p) * inner + i, row_elems, ops);
       }
-  run(c, CommOp::kAllGather, src.count, t0, ops);
+  run(c, CommOp::kAllGather, ranges_per_peer(CommOp::kAllGather, src.count, dst.count, n), t0,
+      ops);
 }
 
 void RowExchange::keep(Communicator& c, const Segments& src, const Segments& dst,
@@ -206,7 +224,8 @@ void RowExchange::reduce_scatter(Communicator& c, const Segments& src, const Seg
       off += dst.fill_of(i) * row_elems;
     }
   }
-  run(c, CommOp::kReduceScatter, S, t0, ops);
+  run(c, CommOp::kReduceScatter, ranges_per_peer(CommOp::kReduceScatter, src.count, S, n), t0,
+      ops);
   int64_t off = 0;
   for (int64_t i = 0; i < S; ++i) {
     const int64_t len = dst.fill_of(i) * row_elems;
@@ -253,7 +272,7 @@ void RowExchange::allreduce(Communicator& c, const Segments& buf, float* scratch
       off += elems;
     });
   }
-  double received = exchange(c, buf.count, ops);
+  double received = exchange(c, ranges_per_peer(CommOp::kAllReduce, buf.count, buf.count, n), ops);
   off = 0;
   for_rows(buf, first(me), first(me + 1), row_elems, [&](float* rows, int64_t elems) {
     ops.copy(rows, region(0) + off, elems);
@@ -267,7 +286,7 @@ void RowExchange::allreduce(Communicator& c, const Segments& buf, float* scratch
     list_rows(sends_[static_cast<size_t>(q)], me);
     list_rows(recvs_[static_cast<size_t>(q)], q);
   }
-  received += exchange(c, buf.count, ops);
+  received += exchange(c, ranges_per_peer(CommOp::kAllReduce, buf.count, buf.count, n), ops);
   c.record(CommOp::kAllReduce, received, now_us() - t0);
 }
 

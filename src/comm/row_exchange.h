@@ -88,6 +88,16 @@ class RowExchange {
 
   // Ranges smaller than this are packed into one message per peer.
   static constexpr int64_t kPackBelowBytes = 32 * 1024;
+  // The most ranges per peer a call of `op` (kAllToAllv, kAllGather, kReduceScatter,
+  // kAllReduce: the calls above) lists, for src / dst buffers of these segment counts on n
+  // ranks: one per segment of a peer's part.
+  static int64_t ranges_per_peer(CommOp op, int64_t src_segments, int64_t dst_segments, int n);
+  // Sizes the packing buffers (grown, never shrunk) for calls on c listing up to
+  // ranges_per_peer ranges per peer, as a call does at its first run: (n - 1) x ranges x
+  // kPackBelowBytes per side. Lets the owner hold them from construction on.
+  void reserve_packing(const Communicator& c, int64_t ranges_per_peer);
+  // Bytes of the packing buffers.
+  int64_t held_bytes() const { return pack_send_.bytes() + pack_recv_.bytes(); }
   // Point-to-point messages this object has posted (sends), for tests.
   int64_t messages_sent() const { return messages_sent_; }
 

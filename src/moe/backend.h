@@ -39,6 +39,10 @@ struct BackendSizes {
   // Dropless: only routed rows of the dispatch-path buffers are read or sent, so the dispatch
   // (and the combine's adjoint) leave the others unwritten instead of zeroing them.
   bool dropless = false;
+  // Dropless, packed layout (schedule::Schedule::packed): the gate numbers the dispatch rows
+  // back to back (moe::pack_routing) and the experts read their segments at the starts they
+  // are given. The CPU backend only; the CUDA one keeps the C = T layout and refuses it.
+  bool packed = false;
 };
 
 class LayerBackend {
@@ -92,12 +96,13 @@ class LayerBackend {
   virtual void combine_backward(const Tensor& buf, const Tensor& dout, Tensor& dbuf) = 0;
 
   // ---- experts (moe_ops.h experts_forward / experts_backward; fills on the host) ----
+  // first (host; null: the (blocks, E_loc, slots) layout): the packed segments' starts.
   virtual void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks,
-                               int64_t slots, const int32_t* fills, bool add_b2, Tensor& out,
-                               PhaseTimes* times) = 0;
+                               int64_t slots, const int32_t* fills, const int64_t* first,
+                               bool add_b2, Tensor& out, PhaseTimes* times) = 0;
   virtual void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
-                                int64_t slots, const int32_t* fills, ExpertShards& dw,
-                                Tensor& din, PhaseTimes* times) = 0;
+                                int64_t slots, const int32_t* fills, const int64_t* first,
+                                ExpertShards& dw, Tensor& din, PhaseTimes* times) = 0;
   // Filled rows of each local expert in the last forward pass.
   virtual const std::vector<int64_t>& expert_rows() const = 0;
   // The floor: the six expert products of every expert (rows[e] each) run alone, `reps`

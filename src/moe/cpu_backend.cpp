@@ -11,7 +11,7 @@ class CpuBackend final : public LayerBackend {
  public:
   CpuBackend(const BackendSizes& s, Precision p)
       : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}),
-        zero_unrouted_(!s.dropless) {
+        zero_unrouted_(!s.dropless), packed_(s.packed) {
     ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p,
                 s.max_local_rows);
   }
@@ -22,6 +22,7 @@ class CpuBackend final : public LayerBackend {
   void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                     int64_t slots, float* stats, PhaseTimes* times) override {
     moe::gate_forward(x, wg, topk, capacity, slots, probs_, routing_, stats, times, bias_);
+    if (packed_) pack_routing(routing_);
   }
   void set_router_bias(const float* bias) override { bias_ = bias; }
   void set_weights_version(uint64_t version) override { ws_.bf16.set_weights_version(version); }
@@ -59,14 +60,14 @@ class CpuBackend final : public LayerBackend {
   }
 
   void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
-                       const int32_t* fills, bool add_b2, Tensor& out,
+                       const int32_t* fills, const int64_t* first, bool add_b2, Tensor& out,
                        PhaseTimes* times) override {
-    moe::experts_forward(in, w, blocks, slots, fills, add_b2, ws_, out, times);
+    moe::experts_forward(in, w, blocks, slots, fills, add_b2, ws_, out, times, first);
   }
   void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
-                        int64_t slots, const int32_t* fills, ExpertShards& dw, Tensor& din,
-                        PhaseTimes* times) override {
-    moe::experts_backward(dout, w, blocks, slots, fills, ws_, dw, din, times);
+                        int64_t slots, const int32_t* fills, const int64_t* first,
+                        ExpertShards& dw, Tensor& din, PhaseTimes* times) override {
+    moe::experts_backward(dout, w, blocks, slots, fills, ws_, dw, din, times, first);
   }
   const std::vector<int64_t>& expert_rows() const override { return ws_.rows; }
   double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
@@ -101,6 +102,7 @@ class CpuBackend final : public LayerBackend {
   const float* bias_ = nullptr;  // the layer's router bias (E), or none
   GateRouting routing_;
   bool zero_unrouted_;  // not dropless (BackendSizes::dropless)
+  bool packed_;         // BackendSizes::packed
   std::vector<float> dweight_;
   ExpertWorkspace ws_;
 };

@@ -8,8 +8,10 @@ namespace parm::moe {
 namespace {
 
 // Zeroes the rows of `buf` (E * slots, M) that no kept choice fills: expert e's slots
-// [fill_e, slots) (GShard fills an expert's slots in order from 0).
+// [fill_e, slots) (GShard fills an expert's slots in order from 0). The packed layout has no
+// such rows.
 void zero_unfilled(const GateRouting& r, int64_t M, Tensor& buf) {
+  if (!r.first.empty()) return;
   for (int64_t e = 0; e < r.experts; ++e) {
     const int64_t f = r.fill[static_cast<size_t>(e)];
     std::memset(buf.data() + (e * r.slots + f) * M, 0,
@@ -35,8 +37,13 @@ float dot_lanes(const float* a, const float* b, int64_t n) {
 
 void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& buf, bool zero_unrouted) {
   const int64_t M = x.cols();
-  PARM_CHECK(buf.numel() == r.experts * r.slots * M, "dispatch buffer {} for E={} slots={} M={}",
-             shape_str(buf.shape()), r.experts, r.slots, M);
+  if (r.first.empty())
+    PARM_CHECK(buf.numel() == r.experts * r.slots * M, "dispatch buffer {} for E={} slots={} M={}",
+               shape_str(buf.shape()), r.experts, r.slots, M);
+  else  // packed: the routed rows back to back
+    PARM_CHECK(r.experts == 0 || (r.start(r.experts - 1) + r.fill.back()) * M <= buf.numel(),
+               "packed dispatch buffer {} for {} routed rows of M={}", shape_str(buf.shape()),
+               r.start(r.experts - 1) + r.fill.back(), M);
   if (zero_unrouted) zero_unfilled(r, M, buf);
   for (int64_t t = 0; t < r.tokens; ++t)
     for (int j = 0; j < r.topk; ++j) {

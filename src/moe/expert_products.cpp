@@ -68,7 +68,9 @@ void RowRuns::copy(int64_t r0, int64_t n, float* dst) const {
     const int64_t count = counts[s * count_stride];
     if (r0 < first + count) {
       const int64_t take = std::min(n, first + count - r0);
-      std::memcpy(dst, base + s * run_stride + (r0 - first) * cols, bytes(take));
+      const float* run = starts != nullptr ? base + starts[s * count_stride] * cols
+                                           : base + s * run_stride;
+      std::memcpy(dst, run + (r0 - first) * cols, bytes(take));
       dst += take * cols;
       r0 += take;
       n -= take;

@@ -56,8 +56,9 @@ void fc1_backward(int64_t rows, int64_t model_dim, int64_t hidden, const float* 
                   const float* dpre, const float* w1, float* dw1, float* dx);
 
 // One expert's rows where a layout holds them: `runs` runs of rows, run s being the first
-// counts[s * count_stride] rows at base + s * run_stride (row-major, `cols` values a row), read
-// in run order. counts == nullptr: one run of `runs` rows at base (contiguous()).
+// counts[s * count_stride] rows at base + s * run_stride, or at row starts[s * count_stride] of
+// base when starts is given (a packed layout; row-major, `cols` values a row), read in run
+// order. counts == nullptr: one run of `runs` rows at base (contiguous()).
 struct RowRuns {
   const float* base = nullptr;
   int64_t cols = 0;
@@ -65,8 +66,9 @@ struct RowRuns {
   int64_t run_stride = 0;
   const int32_t* counts = nullptr;
   int64_t count_stride = 1;
+  const int64_t* starts = nullptr;
   static RowRuns contiguous(const float* x, int64_t rows, int64_t cols) {
-    return {x, cols, rows, 0, nullptr, 1};
+    return {x, cols, rows, 0, nullptr, 1, nullptr};
   }
   // Copies rows r0 .. r0 + n - 1 (numbered over all runs in order) to dst (n, cols).
   void copy(int64_t r0, int64_t n, float* dst) const;

@@ -11,19 +11,25 @@
 namespace parm::moe {
 namespace {
 
-// Offset of segment [b, e]'s first row in the exchange layout (elements).
-inline int64_t segment(int64_t b, int64_t e_loc, int64_t e, int64_t slots, int64_t M) {
-  return ((b * e_loc + e) * slots) * M;
-}
+// The exchange layout: segments [b, e] of `slots` rows, or packed at rows first[b * e_loc + e].
+struct SegmentLayout {
+  int64_t e_loc, slots, M;
+  const int64_t* first;  // null: segment i at row i * slots
+  // Offset of segment [b, e]'s first row (elements).
+  int64_t segment(int64_t b, int64_t e) const {
+    const int64_t i = b * e_loc + e;
+    return (first != nullptr ? first[i] : i * slots) * M;
+  }
+};
 
 // Copies expert e's filled rows out of the layout into `rows` (n, M), n = their total.
-int64_t gather_filled(const Tensor& layout, int64_t blocks, int64_t e_loc, int64_t slots,
-                      int64_t e, const int32_t* fills, int64_t M, float* rows) {
+int64_t gather_filled(const Tensor& layout, const SegmentLayout& l, int64_t blocks, int64_t e,
+                      const int32_t* fills, float* rows) {
   int64_t n = 0;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t f = fills[b * e_loc + e];
-    std::memcpy(rows + n * M, layout.data() + segment(b, e_loc, e, slots, M),
-                static_cast<size_t>(f * M) * sizeof(float));
+    const int64_t f = fills[b * l.e_loc + e];
+    std::memcpy(rows + n * l.M, layout.data() + l.segment(b, e),
+                static_cast<size_t>(f * l.M) * sizeof(float));
     n += f;
   }
   return n;
@@ -36,24 +42,28 @@ int64_t filled_rows(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t
   return n;
 }
 
-// The reverse: filled rows back into the layout; the empty slots after them are zeroed.
-void scatter_filled(const float* rows, int64_t blocks, int64_t e_loc, int64_t slots, int64_t e,
-                    const int32_t* fills, int64_t M, Tensor& layout) {
+// The reverse: filled rows back into the layout; the empty slots after them are zeroed (the
+// packed layout has none).
+void scatter_filled(const float* rows, const SegmentLayout& l, int64_t blocks, int64_t e,
+                    const int32_t* fills, Tensor& layout) {
+  const int64_t M = l.M;
   int64_t n = 0;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t f = fills[b * e_loc + e];
-    float* seg = layout.data() + segment(b, e_loc, e, slots, M);
+    const int64_t f = fills[b * l.e_loc + e];
+    float* seg = layout.data() + l.segment(b, e);
     std::memcpy(seg, rows + n * M, static_cast<size_t>(f * M) * sizeof(float));
-    std::memset(seg + f * M, 0, static_cast<size_t>((slots - f) * M) * sizeof(float));
+    if (l.first == nullptr)
+      std::memset(seg + f * M, 0, static_cast<size_t>((l.slots - f) * M) * sizeof(float));
     n += f;
   }
 }
 
 // Expert e's filled rows where the layout holds them (segment [b, e] for every block b).
-RowRuns filled_runs(const Tensor& layout, int64_t blocks, int64_t e_loc, int64_t slots,
-                    int64_t e, const int32_t* fills, int64_t M) {
-  return {layout.data() + segment(0, e_loc, e, slots, M), M, blocks, e_loc * slots * M,
-          fills + e, e_loc};
+RowRuns filled_runs(const Tensor& layout, const SegmentLayout& l, int64_t blocks, int64_t e,
+                    const int32_t* fills) {
+  if (l.first != nullptr) return {layout.data(), l.M, blocks, 0, fills + e, l.e_loc, l.first + e};
+  return {layout.data() + l.segment(0, e), l.M, blocks, l.e_loc * l.slots * l.M, fills + e,
+          l.e_loc, nullptr};
 }
 
 void check_fills(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t slots) {
@@ -61,6 +71,20 @@ void check_fills(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t sl
     PARM_CHECK(fills[i] >= 0 && fills[i] <= slots,
                "expert segment {} has fill count {}, outside [0, {}] (corrupt routing counts)",
                i, fills[i], slots);
+}
+
+// Checks that in / out hold the layout: (blocks, E_loc, slots, M), or packed, the routed rows.
+void check_buffers(const char* what, const Tensor& a, const Tensor& b, const SegmentLayout& l,
+                   int64_t blocks, const int32_t* fills) {
+  const int64_t segs = blocks * l.e_loc;
+  const int64_t need = l.first == nullptr ? segs * l.slots * l.M
+                       : segs == 0        ? 0
+                                          : (l.first[segs - 1] + fills[segs - 1]) * l.M;
+  PARM_CHECK((l.first == nullptr ? a.numel() == need : a.numel() >= need) &&
+                 b.numel() == a.numel(),
+             "{} {} / {} for blocks={} E_loc={} slots={} M={}{}: {} elements needed", what,
+             shape_str(a.shape()), shape_str(b.shape()), blocks, l.e_loc, l.slots, l.M,
+             l.first != nullptr ? " (packed)" : "", need);
 }
 
 }  // namespace
@@ -124,15 +148,14 @@ int64_t ExpertWorkspace::held_bytes() const {
 
 void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                      const int32_t* fills, bool add_b2, ExpertWorkspace& ws, Tensor& out,
-                     PhaseTimes* times) {
+                     PhaseTimes* times, const int64_t* first) {
   const int64_t e_loc = w.w1.dim(0), M = w.w1.dim(1), hl = w.w1.dim(2);
-  PARM_CHECK(in.numel() == blocks * e_loc * slots * M && out.numel() == in.numel(),
-             "expert buffers {} / {} for blocks={} E_loc={} slots={} M={}",
-             shape_str(in.shape()), shape_str(out.shape()), blocks, e_loc, slots, M);
+  const SegmentLayout lay{e_loc, slots, M, first};
   PARM_CHECK(static_cast<int64_t>(ws.rows.size()) == e_loc && ws.max_rows >= blocks * slots,
              "expert workspace reserved for {} experts x {} rows, needs {} x {}", ws.rows.size(),
              ws.max_rows, e_loc, blocks * slots);
   check_fills(fills, blocks, e_loc, slots);
+  check_buffers("expert buffers", in, out, lay, blocks, fills);
   PhaseClock clock(times);
   const bool bf16 = ws.precision == Precision::kBf16;
   // All four layouts once per weight version; experts_backward reuses them.
@@ -142,10 +165,10 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     float* pre = ws.pre_rows(e);
     const int64_t n = ws.rows[static_cast<size_t>(e)];
     if (bf16) {  // reads x where the layout holds it, packing it (timed as products)
-      ws.bf16.fc1_forward(e, n, filled_runs(in, blocks, e_loc, slots, e, fills, M), pre);
+      ws.bf16.fc1_forward(e, n, filled_runs(in, lay, blocks, e, fills), pre);
     } else {
       float* x = ws.in_rows(e);
-      gather_filled(in, blocks, e_loc, slots, e, fills, M, x);
+      PARM_CHECK_EQ(gather_filled(in, lay, blocks, e, fills, x), n);
       clock.lap("rows in/out");
       fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
     }
@@ -161,18 +184,17 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     clock.lap("expert products");
     if (add_b2) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, n, M);
     clock.lap("bias + GeLU");
-    scatter_filled(ws.out_rows.data(), blocks, e_loc, slots, e, fills, M, out);
+    scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, out);
     clock.lap("rows in/out");
   }
 }
 
 void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
                       const int32_t* fills, ExpertWorkspace& ws, ExpertShards& dw, Tensor& din,
-                      PhaseTimes* times) {
+                      PhaseTimes* times, const int64_t* first) {
   const int64_t e_loc = w.w1.dim(0), M = w.w1.dim(1), hl = w.w1.dim(2);
-  PARM_CHECK(dout.numel() == blocks * e_loc * slots * M && din.numel() == dout.numel(),
-             "expert gradient buffers {} / {} for blocks={} E_loc={} slots={} M={}",
-             shape_str(dout.shape()), shape_str(din.shape()), blocks, e_loc, slots, M);
+  const SegmentLayout lay{e_loc, slots, M, first};
+  check_buffers("expert gradient buffers", dout, din, lay, blocks, fills);
   PhaseClock clock(times);
   float* dy = ws.d_out.data();
   float* dact = ws.d_act.data();
@@ -182,10 +204,10 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
     const int64_t n = ws.rows[static_cast<size_t>(e)];
     PARM_CHECK_EQ(filled_rows(fills, blocks, e_loc, e), n);
     if (bf16) {  // reads dy where the layout holds it: db2 and its packing (timed as products)
-      ws.bf16.fc2_backward(e, n, filled_runs(dout, blocks, e_loc, slots, e, fills, M),
+      ws.bf16.fc2_backward(e, n, filled_runs(dout, lay, blocks, e, fills),
                            dw.b2.data() + e * M, dw.w2.data() + e * hl * M, dact);
     } else {
-      gather_filled(dout, blocks, e_loc, slots, e, fills, M, dy);
+      PARM_CHECK_EQ(gather_filled(dout, lay, blocks, e, fills, dy), n);
       clock.lap("rows in/out");
       cpu::bias_backward(dy, dw.b2.data() + e * M, n, M);
       clock.lap("GeLU + bias backward");
@@ -206,7 +228,7 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
                    ws.out_rows.data());
     }
     clock.lap("expert products");
-    scatter_filled(ws.out_rows.data(), blocks, e_loc, slots, e, fills, M, din);
+    scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, din);
     clock.lap("rows in/out");
   }
 }

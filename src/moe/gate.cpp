@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
+#include "layer/packed_rows.h"
 #include "moe/expert_products.h"
 #include "moe/moe_ops.h"
 #include "parm/error.h"
@@ -48,6 +49,7 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   r.weight.resize(n);
   r.row.resize(n);
   r.fill.assign(static_cast<size_t>(E), 0);
+  r.first.clear();  // rows e * slots + slot until pack_routing (capacity kept)
   if (bias == nullptr) {
     cpu::topk(probs.data(), rows, E, topk, r.expert.data(), r.prob.data());
   } else {
@@ -88,6 +90,16 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
     for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
   }
   clock.lap("slots + statistics");
+}
+
+void pack_routing(GateRouting& r) {
+  r.first.resize(static_cast<size_t>(r.experts));
+  packed_starts(r.fill.data(), r.experts, r.first.data());
+  for (size_t i = 0; i < r.row.size(); ++i)
+    if (r.row[i] >= 0) {
+      const int64_t e = r.expert[i];
+      r.row[i] += r.first[static_cast<size_t>(e)] - e * r.slots;
+    }
 }
 
 void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const GateRouting& r,

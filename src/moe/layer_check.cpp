@@ -167,7 +167,7 @@ DumpRouting gather_layer_routing(Topology& topo, const moe::GateRouting& r, bool
   std::vector<int32_t> mine(2 * r.expert.size());
   for (size_t i = 0; i < r.expert.size(); ++i) {
     mine[i] = r.expert[i];
-    mine[r.expert.size() + i] = r.row[i] < 0 ? -1 : static_cast<int32_t>(r.row[i] % r.slots);
+    mine[r.expert.size() + i] = static_cast<int32_t>(r.slot(i));
   }
   Communicator& mp = topo.host_comm(Group::kMp);
   const int n = sliced ? mp.size() : 1;
@@ -255,7 +255,7 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
     for (int j = 0; j < sh.topk; ++j) {
       const size_t i = static_cast<size_t>(t * sh.topk + j);
       const size_t oi = static_cast<size_t>((first + t) * sh.topk + j);
-      const int64_t slot = r.row[i] < 0 ? -1 : r.row[i] % r.slots;
+      const int64_t slot = r.slot(i);
       same = same && r.expert[i] == fwd.routing.expert[oi] &&
              (same_gate_calls ? slot == fwd.routing.slot[oi] : (slot < 0) == (fwd.routing.slot[oi] < 0));
     }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "comm/fused_any.h"
+#include "layer/packed_rows.h"
 #include "parm/error.h"
 #include "parm/timer.h"
 
@@ -69,7 +70,11 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   PARM_CONFIG_CHECK(!router_z_loss || device == Device::kCpu,
                     "the router z-loss runs on the CPU only, this MoE layer is on {}; use "
                     "router_z_loss 0 there", device_name(device));
-  schedule_ = schedule::build({shape, l, esp_rank_, fuse, chunks, router_z_loss}, kind);
+  // Dropless buffers packed (sized by the rows routed) on the CPU backend; the CUDA one keeps
+  // the C = T layout (docs/dropless.md).
+  const bool packed = device == Device::kCpu;
+  schedule_ =
+      schedule::build({shape, l, esp_rank_, fuse, chunks, router_z_loss, packed}, kind);
   const int64_t M = shape.model_dim, E = shape.experts;
   const int64_t e_loc = E / l.ep, hl = shape.hidden / l.esp;
   first_expert_ = static_cast<int>(topo.comm(Group::kEp).rank() * e_loc);
@@ -82,6 +87,7 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.hidden_shard = hl;
   sizes.max_expert_rows = schedule_.expert_blocks * schedule_.exchange_slots;
   sizes.dropless = schedule_.dropless;
+  sizes.packed = schedule_.packed;
   if (schedule_.dropless)
     sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);
   backend_ = moe::make_backend(device, precision, sizes);
@@ -101,8 +107,11 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
       dbufs_.push_back(Tensor({n + 1}, device).slice_rows(0, n));
       continue;
     }
-    bufs_.emplace_back(shape_i, device);
-    dbufs_.emplace_back(shape_i, device);
+    // Packed: the rows routed at most, back to back (docs/dropless.md).
+    const int64_t packed_rows = schedule_.packed ? schedule_.buffers[i].max_routed_rows : 0;
+    const Shape held = packed_rows > 0 ? Shape{packed_rows, M} : shape_i;
+    bufs_.emplace_back(held, device);
+    dbufs_.emplace_back(held, device);
   }
   const size_t num_steps = schedule_.steps.size();
   fwd_us_.assign(num_steps, 0.0);
@@ -111,35 +120,50 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   bwd_phases_.assign(num_steps, {});
   accumulated_ = schedule::accumulated_gradients(schedule_);
   fills_.assign(schedule_.buffers.size(), {});
-  // The interleaving allgathers' scratch: the largest destination of one.
+  firsts_.assign(schedule_.buffers.size(), {});
+  // The interleaving allgathers' scratch: the largest destination of one (a dropless move of
+  // segmented buffers is a row exchange, which needs none).
   int64_t scratch = 0;
   for (const Step& s : schedule_.steps)
     for (bool backward : {false, true})
-      if (schedule::step_move(s.kind, backward) == Move::kAllGather && s.outer > 1)
+      if (schedule::step_move(s.kind, backward) == Move::kAllGather && s.outer > 1 &&
+          !dropless_move(s))
         scratch = std::max(scratch, bufs_[static_cast<size_t>(backward ? s.in : s.out)].numel());
   if (scratch > 0) gather_scratch_ = Tensor({scratch}, device);
   // Dropless reductions receive every peer's routed rows of a buffer in the experts' layout
-  // (blocks of E_loc segments): at most B rows per block (docs/dropless.md, "Worst case per
-  // buffer"). A reduce-scatter receives n - 1 peers' rows of its destination, an all-reduce
-  // n of its buffer, a fused combine N_ESP of its source's part (its source over N_ESP).
+  // (blocks of E_loc segments): at most its max_routed_rows (docs/dropless.md, "Worst case
+  // per buffer"). A reduce-scatter receives n - 1 peers' rows of its destination, an
+  // all-reduce n of its buffer, a fused combine N_ESP of its source's part (its source over
+  // N_ESP). The row exchanges' packing buffers are sized here too, as their first call would.
   int64_t rows_scratch = 0;
   if (schedule_.dropless) {
-    const int64_t block_rows = sizes.max_local_rows / schedule_.expert_blocks;
     const auto routed_elems = [&](int id) {  // at most, of buffer id
-      const int64_t numel = bufs_[static_cast<size_t>(id)].numel();
-      const int64_t block = e_loc * schedule_.buffers[static_cast<size_t>(id)].slots * M;
-      return std::min(numel, numel / block * block_rows * M);
+      return schedule_.buffers[static_cast<size_t>(id)].max_routed_rows * M;
+    };
+    const auto segments_of = [&](int id) {
+      const auto& b = schedule_.buffers[static_cast<size_t>(id)];
+      return shape_numel(b.shape) / (b.slots * M);
     };
     for (const Step& s : schedule_.steps)
       for (bool backward : {false, true}) {
         const Move m = schedule::step_move(s.kind, backward);
-        const int64_t n = topo_.comm(s.group).size();
+        Communicator& c = topo_.comm(s.group);
+        const int64_t n = c.size();
         if (m == Move::kReduceScatter && segmented(s.in))
           rows_scratch = std::max(rows_scratch, routed_elems(backward ? s.in : s.out) * (n - 1));
         if (m == Move::kAllReduce && segmented(s.in))
           rows_scratch = std::max(rows_scratch, routed_elems(backward ? s.in : s.out) * n);
         if (m == Move::kFusedCombine)
           rows_scratch = std::max(rows_scratch, routed_elems(backward ? s.out : s.in));
+        const CommOp op = m == Move::kAllToAll        ? CommOp::kAllToAllv
+                          : m == Move::kAllGather     ? CommOp::kAllGather
+                          : m == Move::kReduceScatter ? CommOp::kReduceScatter
+                          : m == Move::kAllReduce     ? CommOp::kAllReduce
+                                                      : CommOp::kMetadata;
+        if (op != CommOp::kMetadata && dropless_move(s))
+          rows_.reserve_packing(c, RowExchange::ranges_per_peer(
+                                       op, segments_of(backward ? s.out : s.in),
+                                       segments_of(backward ? s.in : s.out), c.size()));
       }
   }
   if (rows_scratch > 0) row_scratch_ = Tensor({rows_scratch}, device);
@@ -153,7 +177,7 @@ int64_t MoeLayer::held_bytes() const {
   for (const auto* list : {&bufs_, &dbufs_})
     for (const Tensor& t : *list) b += t.bytes();
   return b + dwg_call_.bytes() + gather_scratch_.bytes() + row_scratch_.bytes() +
-         backend_->held_bytes();
+         rows_.held_bytes() + backend_->held_bytes();
 }
 
 void MoeLayer::slice_fills(const Step& s) {
@@ -332,12 +356,27 @@ void MoeLayer::backward_into(const Tensor& dout, float dl_aux, const Tensor& dx,
               [&] { backward(dout, dl_aux, dl_z); });
 }
 
+const int64_t* MoeLayer::packed_first(int id) {
+  if (!schedule_.packed) return nullptr;
+  const auto& spec = schedule_.buffers[static_cast<size_t>(id)];
+  const auto& f = fills(id);
+  auto& first = firsts_[static_cast<size_t>(id)];
+  first.resize(f.size());  // E or blocks x E_loc: no allocation after the first pass
+  const int64_t rows = packed_starts(f.data(), static_cast<int64_t>(f.size()), first.data());
+  PARM_CHECK(rows <= spec.max_routed_rows,
+             "buffer {}: its {} segments hold {} routed rows, more than the {} it is sized "
+             "for (routing counts past the bound of docs/dropless.md)",
+             spec.name, f.size(), rows, spec.max_routed_rows);
+  return first.data();
+}
+
 Segments MoeLayer::segments(int id, bool grad, int64_t split) {
   const auto& spec = schedule_.buffers[static_cast<size_t>(id)];
   Tensor& t = grad ? dbufs_[static_cast<size_t>(id)] : bufs_[static_cast<size_t>(id)];
   const auto& f = fills(id);
   Segments seg{t.data(), spec.slots, f.data(), static_cast<int64_t>(f.size())};
-  PARM_CHECK(seg.count * spec.slots * shape_.model_dim == t.numel(),
+  seg.first = packed_first(id);
+  PARM_CHECK(seg.first != nullptr || seg.count * spec.slots * shape_.model_dim == t.numel(),
              "buffer {} ({}) has {} fill counts for segments of {} rows", spec.name,
              shape_str(t.shape()), f.size(), spec.slots);
   if (split == 1) return seg;
@@ -348,7 +387,7 @@ Segments MoeLayer::segments(int id, bool grad, int64_t split) {
       const schedule::RowPart part = schedule::dropless_part(f[e], j, split);
       const size_t v = e * static_cast<size_t>(split) + static_cast<size_t>(j);
       view_fills_[v] = static_cast<int32_t>(part.rows);
-      view_first_[v] = static_cast<int64_t>(e) * spec.slots + part.first;
+      view_first_[v] = (seg.first != nullptr ? seg.first[e] : static_cast<int64_t>(e) * spec.slots) + part.first;
     }
   Segments view{t.data(), spec.slots / split, view_fills_.data(), seg.count * split};
   view.first = view_first_.data();
@@ -446,6 +485,10 @@ float* MoeLayer::row_scratch(const Step& s, int64_t rows) {
   return row_scratch_.data();
 }
 
+bool MoeLayer::dropless_move(const Step& s) const {
+  return schedule_.dropless && segmented(s.in) && segmented(s.out) && schedule::is_collective(s.kind);
+}
+
 void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {
   const auto i = static_cast<size_t>(&s - schedule_.steps.data());
   const Move move = schedule::step_move(s.kind, backward);
@@ -453,8 +496,7 @@ void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {
     const int like = schedule_.buffers[static_cast<size_t>(s.out)].fills_like;
     if (like >= 0) fills(s.out) = fills(like);  // the combine path mirrors the dispatch path
   }
-  if (schedule_.dropless && segmented(s.in) && segmented(s.out) && move != Move::kCompute &&
-      move != Move::kNone) {
+  if (dropless_move(s) && move != Move::kNone) {
     run_dropless_move(s, move, backward);
     return;
   }
@@ -560,8 +602,8 @@ void MoeLayer::compute_forward(const Step& s, moe::PhaseTimes* phases) {
       PARM_CHECK(static_cast<int64_t>(fills(s.in).size()) == segments,
                  "experts' input has {} fill counts, expected {}", fills(s.in).size(), segments);
       backend_->experts_forward(buf(s.in), params_.experts, sc.expert_blocks,
-                                sc.exchange_slots, fills(s.in).data(), sc.adds_b2, buf(s.out),
-                                phases);
+                                sc.exchange_slots, fills(s.in).data(), packed_first(s.in),
+                                sc.adds_b2, buf(s.out), phases);
       break;
     }
     case StepKind::kCombine: backend_->combine_forward(buf(s.in), buf(s.out)); break;
@@ -584,9 +626,10 @@ void MoeLayer::compute_backward(const Step& s, float dl_aux, moe::PhaseTimes* ph
       break;
     case StepKind::kDispatch: backend_->dispatch_backward(dbuf(s.out), dbuf(s.in)); break;
     case StepKind::kExperts:
+      // dout and din have the input's counts, so its segment starts.
       backend_->experts_backward(dbuf(s.out), params_.experts, sc.expert_blocks,
-                                 sc.exchange_slots, fills(s.in).data(), grads_.experts,
-                                 dbuf(s.in), phases);
+                                 sc.exchange_slots, fills(s.in).data(), packed_first(s.in),
+                                 grads_.experts, dbuf(s.in), phases);
       break;
     case StepKind::kCombine:
       backend_->combine_backward(buf(s.in), dbuf(s.out), dbuf(s.in));

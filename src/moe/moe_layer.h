@@ -107,12 +107,20 @@ class MoeLayer {
   const std::vector<int64_t>& expert_rows() const { return backend_->expert_rows(); }
   int64_t shard_hidden() const { return params_.experts.w1.dim(2); }
   // Bytes this layer holds: parameters, gradients, step buffers and their gradients, the
-  // interleaving scratch and the backend's buffers (routing, saved tensors, expert
-  // workspace), all allocated at construction. Not counted: the host fill-count vectors (a
-  // few int32 per expert), sized on the first forward pass.
+  // interleaving scratch, the dropless reductions' scratch and row exchanges' packing
+  // buffers, and the backend's buffers (routing, saved tensors, expert workspace), all
+  // allocated at construction. Not counted: the host fill-count and segment-start vectors
+  // (a few integers per expert), sized on the first forward pass.
   int64_t held_bytes() const;
   // Of held_bytes(): the dropless reductions' scratch (0 with a capacity factor).
   int64_t row_scratch_bytes() const { return row_scratch_.bytes(); }
+  // Of held_bytes(): the row exchanges' packing buffers (0 with a capacity factor).
+  int64_t row_packing_bytes() const { return rows_.held_bytes(); }
+  // Rows of M floats the layer holds for step buffer id (its gradient holds as many): the
+  // shape's, or under a packed dropless schedule the rows routed at most.
+  int64_t buffer_rows(int id) const {
+    return bufs_[static_cast<size_t>(id)].numel() / shape_.model_dim;
+  }
   // The routing of the last forward pass (gate rows: T, or T / N_MP under S1), on the host.
   const moe::GateRouting& routing() { return backend_->routing(); }
 
@@ -147,6 +155,11 @@ class MoeLayer {
   bool segmented(int id) const {
     return id >= 0 && schedule_.buffers[static_cast<size_t>(id)].slots > 0;
   }
+  // Dropless: collective step s moves segmented buffers (a row exchange, never a dense one).
+  bool dropless_move(const schedule::Step& s) const;
+  // Packed layout: buffer id's segment starts for its current fill counts (firsts_[id],
+  // from layer/packed_rows.h), checked to fit the buffer; null when not packed.
+  const int64_t* packed_first(int id);
   // mine (outer, chunk) = this rank's part of full (outer, c.size(), chunk).
   void keep_chunk(Communicator& c, int64_t outer, const Tensor& full, Tensor& mine);
   // AllGather of (outer, chunk) parts into (outer, n, chunk) on every rank of c.
@@ -188,6 +201,7 @@ class MoeLayer {
   MetadataExchange meta_;
   RowExchange rows_;                // dropless exchanges
   FusedRows fused_rows_;            // and their fused (pipelined) forms
+  std::vector<std::vector<int64_t>> firsts_;  // by buffer id: packed segment starts
   std::vector<int32_t> view_fills_; // fill counts of a split view (segments())
   std::vector<int64_t> view_first_; // and the first row of each of its parts
   Tensor row_scratch_;              // dropless reductions' received rows

@@ -24,12 +24,27 @@ struct GateRouting {
   std::vector<int32_t> expert;  // (tokens, k) choice j of token t, j = 0 the largest p
   std::vector<float> prob;      // (tokens, k) its probability
   std::vector<float> weight;    // (tokens, k) combine weight (renormalised when k > 1)
-  std::vector<int64_t> row;     // (tokens, k) row e * slots + slot of the dispatch buffer;
+  std::vector<int64_t> row;     // (tokens, k) row start(e) + slot of the dispatch buffer;
                                 //            -1 when dropped
   std::vector<int64_t> fill;    // (E) slots taken
+  // (E) the packed layout (pack_routing): expert e's rows start at first[e], the rows
+  // routed to the experts before it; empty: at e * slots.
+  std::vector<int64_t> first;
   std::vector<float> lse;       // (tokens) log-sum-exp of the logits (the z-loss)
   std::vector<float> scores;    // (tokens, E) probs + router bias (biased calls only)
+
+  // Expert e's first row in the dispatch buffer.
+  int64_t start(int64_t e) const {
+    return first.empty() ? e * slots : first[static_cast<size_t>(e)];
+  }
+  // Choice i's slot in its expert (GShard order), -1 when dropped.
+  int64_t slot(size_t i) const { return row[i] < 0 ? -1 : row[i] - start(expert[i]); }
 };
+
+// Dropless: renumbers the last gate call's rows into the packed layout (layer/packed_rows.h):
+// expert e's slots follow the rows routed to experts 0..e-1, so the dispatch buffer (and the
+// combine's, which mirrors it) holds the routed rows back to back. Sets routing.first.
+void pack_routing(GateRouting& routing);
 
 // logits/probs (rows, E) = softmax(x (rows, M) wg (M, E)); top-k; combine weights; slots
 // in GShard order with `capacity`; stats (2E + 1) = [1st-choice counts (E), probability
@@ -60,7 +75,8 @@ float z_loss(const float* stats, int64_t experts, int64_t total_tokens);
 void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens, float dl_aux,
                        float dl_z, float* dstats);
 
-// buf (E * slots, M): kept choices' rows hold their token's x row, the rest zero. Overwrites.
+// buf (E * slots, M), or (at least the routed rows, M) when packed: kept choices' rows hold
+// their token's x row, the rest zero. Overwrites.
 // Expert e's kept rows are its first routing.fill[e] slots (GShard order), so only the rows
 // after them are zeroed; with zero_unrouted false they are left as they are (dropless: only
 // routed rows are ever read or sent).
@@ -126,13 +142,14 @@ struct ExpertWorkspace {
 
 // The exchange layout: in/out are (blocks, E_loc, slots, M); expert e's rows in block b are
 // the first fills[b * E_loc + e] of the `slots` rows at [b, e] (the rest are empty slots and
-// are not computed). out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly one shard of an
+// are not computed). With `first` (dropless, packed): segment [b, e] starts at row
+// first[b * E_loc + e] instead (layer/packed_rows.h), and in/out hold at least the routed rows. out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly one shard of an
 // ESP group adds it, so that the sum over the group holds it once) at filled rows, zero at
 // empty ones. Overwrites out. `times` (may be null): "rows in/out", "expert products",
 // "bias + GeLU", and at bf16 "bf16 weight packing" in a pass that packs W1 and W2.
 void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                      const int32_t* fills, bool add_b2, ExpertWorkspace& ws, Tensor& out,
-                     PhaseTimes* times = nullptr);
+                     PhaseTimes* times = nullptr, const int64_t* first = nullptr);
 // dout: gradient of the summed expert output, same layout; `fills` as in the forward pass
 // (rows of empty slots carry no gradient). Accumulates dw (dW1, db1, dW2 from this shard;
 // db2 whole, from dout: every ESP rank holds the complete dout of its rows). Overwrites din
@@ -140,6 +157,6 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
 // "expert products", "GeLU + bias backward".
 void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
                       const int32_t* fills, ExpertWorkspace& ws, ExpertShards& dw, Tensor& din,
-                      PhaseTimes* times = nullptr);
+                      PhaseTimes* times = nullptr, const int64_t* first = nullptr);
 
 }  // namespace parm::moe

@@ -224,6 +224,17 @@ Schedule build_baseline(const LayerSpec& spec) {
 
 }  // namespace
 
+int64_t dropless_buffer_rows(const Schedule& s, int topk, const BufferSpec& b) {
+  const size_t rank = b.shape.size();
+  PARM_CHECK(b.slots > 0 && rank >= 3 && b.shape[rank - 2] == b.slots,
+             "buffer {} {} is not a segmented (..., segments, slots {}, M) buffer", b.name,
+             shape_str(b.shape), b.slots);
+  const int64_t segments = b.shape[rank - 3];
+  int64_t blocks = 1;
+  for (size_t i = 0; i + 3 < rank; ++i) blocks *= b.shape[i];
+  return blocks * dropless_block_rows(s, topk, segments, b.slots);
+}
+
 void validate(const LayerSpec& spec, Kind kind, const SizeNames& names) {
   const auto& sh = spec.shape;
   const Layout& l = spec.layout;
@@ -261,6 +272,10 @@ Schedule build(const LayerSpec& spec, Kind kind) {
                                    : build_baseline(sp);
   s.adds_b2 = spec.esp_rank == 0;
   s.dropless = dropless;
+  s.packed = dropless && spec.packed;
+  if (dropless)
+    for (BufferSpec& buf : s.buffers)
+      if (buf.slots > 0) buf.max_routed_rows = dropless_buffer_rows(s, spec.shape.topk, buf);
   s.z_loss = spec.z_loss;
   s.gate_weight_numel = spec.shape.model_dim * spec.shape.experts;
   for (const Step& st : s.steps)

@@ -94,6 +94,12 @@ struct BufferSpec {
   // dispatch path); -1: its counts come from its own step (dispatch, or the exchange that
   // carries them).
   int fills_like = -1;
+  // Dropless, segmented: the most routed rows the buffer can hold in one pass
+  // (dropless_buffer_rows; docs/dropless.md, "Worst case per buffer"); 0 otherwise. Under
+  // Schedule::packed the layer holds this many rows, its segments back to back
+  // (layer/packed_rows.h); `shape` stays the (segments, slots, M) form the byte formulas of
+  // the capacity-factor layout and the cost model read.
+  int64_t max_routed_rows = 0;
 };
 
 // Buffer id of the gate weight's gradient, for kShareDup steps on a parameter (S1's dWg).
@@ -150,6 +156,7 @@ struct Schedule {
   int64_t gate_weight_numel = 0;  // M * E
   bool fused = false;          // uses fused collectives
   bool dropless = false;       // capacity factor none: segmented exchanges move routed rows only
+  bool packed = false;         // dropless: segmented buffers hold max_routed_rows rows, packed
   bool z_loss = false;         // the router z-loss is on: its sum is the statistics' last value
   int chunks = 1;              // their pipeline depth
 
@@ -165,6 +172,9 @@ struct LayerSpec {
   // The router z-loss is on: the gate's statistics carry the sum of lse^2 beside SPEC's 2E
   // numbers (2E + 1 values, summed over mp under S1); off, they are the 2E of SPEC's table.
   bool z_loss = false;
+  // Dropless: the segmented buffers in the packed layout (Schedule::packed), sized by the
+  // rows routed. The CUDA backend's layer passes false: it keeps C = T slots per expert.
+  bool packed = true;
 };
 
 // Values of the gate's statistics: [1st-choice counts (E), probability sums (E)] and, with
@@ -204,22 +214,34 @@ inline RowPart dropless_part(int64_t routed, int64_t j, int64_t n) {
   return {lo, hi - lo};
 }
 
-// Dropless: the most rows `local_experts` experts get together in one pass, over the
-// schedule's expert_blocks blocks (docs/dropless.md, "Worst case per buffer"). A block is one
-// gate call's routed rows (S1, the baseline: exchange_slots = its tokens T_g), each token
-// choosing at most min(k, E_loc) of these experts: min(k, E_loc) T_g rows; or (S2, split
-// over N_MP ranks: dispatch_slots > exchange_slots = Cs = ceil(T / N_MP)) MP rank j's part
-// dropless_part(n_e, j, N_MP) <= n_e / N_MP + 1 of each expert's n_e <= T routed rows, with
-// sum n_e <= min(k, E_loc) T: at most min(k, E_loc) Cs + E_loc rows. Never above
-// E_loc x exchange_slots, the capacity-factor layout's rows.
-inline int64_t dropless_local_rows(const Schedule& s, int topk, int64_t local_experts) {
-  const int64_t slots = s.exchange_slots;
-  const int64_t choices = topk < local_experts ? topk : local_experts;
-  const int64_t slack = s.dispatch_slots > slots ? local_experts : 0;
-  const int64_t per_block = choices * slots + slack;
-  const int64_t most = local_experts * slots;
-  return s.expert_blocks * (per_block < most ? per_block : most);
+// Dropless: the most routed rows one block of `segments` expert segments of `slots` rows
+// holds (docs/dropless.md, "Worst case per buffer"). A block is one gate call's rows for
+// these experts: all E (the dispatch, the combine's input) or one EP rank's E_loc (one
+// source's block of an exchange). Either the whole call's (slots = its tokens T_g, or
+// dispatch_slots), each token choosing at most min(k, segments) of these experts:
+// min(k, segments) x slots rows; or (S2, split over N_MP ranks: slots = Cs <
+// dispatch_slots) MP rank j's part dropless_part(n_e, j, N_MP) <= n_e / N_MP + 1 of each
+// expert's n_e <= T routed rows, with sum n_e <= min(k, segments) T: at most
+// min(k, segments) Cs + segments rows. Never above segments x slots, the capacity-factor
+// layout's rows.
+inline int64_t dropless_block_rows(const Schedule& s, int topk, int64_t segments,
+                                   int64_t slots) {
+  const int64_t choices = topk < segments ? topk : segments;
+  const int64_t slack = s.dispatch_slots > slots ? segments : 0;
+  const int64_t rows = choices * slots + slack;
+  const int64_t most = segments * slots;
+  return rows < most ? rows : most;
 }
+
+// Dropless: the most rows `local_experts` experts get together in one pass, over the
+// schedule's expert_blocks blocks of exchange_slots rows per expert.
+inline int64_t dropless_local_rows(const Schedule& s, int topk, int64_t local_experts) {
+  return s.expert_blocks * dropless_block_rows(s, topk, local_experts, s.exchange_slots);
+}
+
+// Dropless: the most routed rows segmented buffer b holds: its shape is (blocks...,
+// segments, slots, M), each block one gate call's rows for its segments' experts.
+int64_t dropless_buffer_rows(const Schedule& s, int topk, const BufferSpec& b);
 
 // Checks the layer against the layout and the schedule (E % N_EP, H % N_ESP, T % N_MP;
 // supports(kind, layout)). Throws InvalidConfig naming the constraint and valid values.

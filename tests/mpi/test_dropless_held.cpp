@@ -3,7 +3,8 @@
 // workspace (in, pre, act: one pool of blocks x B rows, B = min(E_loc slots, min(k, E_loc)
 // slots [+ E_loc under S2's MP split]) rows per block) and the per-expert scratch (out_rows,
 // d_out, d_act: blocks x slots rows), on every layout S1 and S2 run on; and the layer's
-// scratch of the reductions' received rows, sized by the same bound. Written out here
+// scratch of the reductions' received rows, sized by the same bound; the packed exchange and
+// step buffers (rows routed at most, per buffer); the row exchanges' packing buffers. Written out here
 // from the layout, not through schedule::dropless_local_rows, so that a wrong bound or a
 // layer that does not pack its workspace (E_loc pools of blocks x slots rows) fails.
 #include <fmt/format.h>
@@ -55,6 +56,40 @@ TEST(DroplessHeld, BackendHoldsThePackedWorkspaceFormula) {
             std::max(reduce_scatter ? (l.esp - 1) * l.ep * per_block : 0,
                      fused_combine ? l.esp * l.ep * per_block : 0);
         EXPECT_EQ(layer.row_scratch_bytes(), scratch_rows * M * 4) << where;
+        // The exchange and step buffers, packed: the rows routed at most ("Worst case per
+        // buffer"): k T_g for a whole gate call's experts, k Cs + E for S2's MP part of
+        // them, per_block for one source block of E_loc experts.
+        const int64_t part_rows = std::min(E * slots, k * slots + E);
+        const int64_t call_rows = kind == Kind::kS1 ? k * gate_rows
+                                  : l.mp > 1        ? part_rows
+                                                    : k * T;
+        int64_t segmented = 0;
+        for (size_t id = 0; id < layer.schedule().buffers.size(); ++id) {
+          const schedule::BufferSpec& b = layer.schedule().buffers[id];
+          if (b.slots == 0) continue;
+          ++segmented;
+          const int64_t want_rows = b.name == "dispatch"                              ? k * gate_rows
+                                    : b.name == "dispatch_slice"                      ? part_rows
+                                    : b.name == "ep_back"                             ? call_rows
+                                    : b.name == "combine_in"                          ? k * T
+                                    : b.name == "ep_recv" || b.name == "esp_reduced"  ? l.ep * per_block
+                                    : b.name == "esp_gathered" || b.name == "expert_out"
+                                        ? l.esp * l.ep * per_block
+                                        : -1;
+          EXPECT_EQ(layer.buffer_rows(static_cast<int>(id)), want_rows) << where << ": " << b.name;
+        }
+        EXPECT_GE(segmented, 2) << where;
+        // The row exchanges' packing buffers, held from construction: per side, (n - 1) x
+        // ranges per peer x 32 KiB for the largest unfused row exchange (an EP alltoall:
+        // E_loc ranges per peer; an ESP allgather / reduce-scatter: N_EP E_loc; S2's MP
+        // gather of the slots, the MP slice's adjoint: E).
+        int64_t ranges = 0;
+        if (!fused_dispatch) {
+          if (l.ep > 1) ranges = std::max(ranges, (l.ep - 1) * e_loc);
+          if (l.esp > 1) ranges = std::max(ranges, (l.esp - 1) * l.ep * e_loc);
+        }
+        if (kind == Kind::kS2 && l.mp > 1) ranges = std::max(ranges, (l.mp - 1) * E);
+        EXPECT_EQ(layer.row_packing_bytes(), 2 * ranges * 32 * 1024) << where;
       }
       // Below E_loc pools of blocks x slots rows once k < E_loc.
       if (k < e_loc)

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "layer/packed_rows.h"
 #include "moe/moe_ops.h"
 #include "parm/error.h"
 #include "parm/rng.h"
@@ -75,6 +76,49 @@ TEST(PackedWorkspace, SkewedRoutingGivesTheUnpackedBits) {
   // Experts placed back to back: expert 0's 32 rows, then expert 1's.
   EXPECT_EQ(packed.first[1], kBlocks * kSlots);
   EXPECT_EQ(packed.first[2], packed.first[1] + packed.rows[1]);
+}
+
+// The exchange layout packed too (experts_forward's `first`, layer/packed_rows.h): segment
+// [b, e]'s routed rows at the prefix sum of the fills before it, the buffers holding only
+// the routed rows. Each segment's rows of out and din are the (blocks, E_loc, slots)
+// layout's, bit for bit, and the weight gradients equal.
+TEST(PackedWorkspace, PackedExchangeLayoutGivesTheSameRows) {
+  ExpertWorkspace wide_ws, packed_ws;
+  wide_ws.reserve(kE, kBlocks * kSlots, kM, kHl, Precision::kFp32, kPackedRows);
+  packed_ws.reserve(kE, kBlocks * kSlots, kM, kHl, Precision::kFp32, kPackedRows);
+  const auto fills = skewed_fills();
+  const Pass want = run(wide_ws, fills);
+  // The same inputs, packed: segment i's fills[i] rows at first[i].
+  std::vector<int64_t> first(fills.size());
+  const int64_t rows = packed_starts(fills.data(), static_cast<int64_t>(fills.size()), first.data());
+  const Shape layout = {kBlocks, kE, kSlots, kM};
+  const Tensor in_wide = normal(layout, 5, 1.0f), dout_wide = normal(layout, 6, 1.0f);
+  Tensor in({rows, kM}), dout({rows, kM}), out({rows, kM}), din({rows, kM});
+  auto seg = [&](size_t i, int64_t slot) { return static_cast<int64_t>(i) * kSlots + slot; };
+  for (size_t i = 0; i < fills.size(); ++i) {
+    std::memcpy(in.data() + first[i] * kM, in_wide.data() + seg(i, 0) * kM,
+                static_cast<size_t>(fills[i] * kM) * sizeof(float));
+    std::memcpy(dout.data() + first[i] * kM, dout_wide.data() + seg(i, 0) * kM,
+                static_cast<size_t>(fills[i] * kM) * sizeof(float));
+  }
+  const ExpertShards w{normal({kE, kM, kHl}, 1, 0.2f), normal({kE, kHl}, 2, 0.1f),
+                       normal({kE, kHl, kM}, 3, 0.2f), normal({kE, kM}, 4, 0.1f)};
+  ExpertShards dw{Tensor({kE, kM, kHl}), Tensor({kE, kHl}), Tensor({kE, kHl, kM}), Tensor({kE, kM})};
+  for (Tensor* t : {&dw.w1, &dw.b1, &dw.w2, &dw.b2}) t->zero();
+  experts_forward(in, w, kBlocks, kSlots, fills.data(), true, packed_ws, out, nullptr, first.data());
+  experts_backward(dout, w, kBlocks, kSlots, fills.data(), packed_ws, dw, din, nullptr, first.data());
+  for (size_t i = 0; i < fills.size(); ++i) {
+    const size_t n = static_cast<size_t>(fills[i] * kM) * sizeof(float);
+    EXPECT_EQ(std::memcmp(out.data() + first[i] * kM, want.out.data() + seg(i, 0) * kM, n), 0) << i;
+    EXPECT_EQ(std::memcmp(din.data() + first[i] * kM, want.din.data() + seg(i, 0) * kM, n), 0) << i;
+  }
+  EXPECT_TRUE(same_bits(dw.w1, want.dw.w1));
+  EXPECT_TRUE(same_bits(dw.b2, want.dw.b2));
+  // A buffer one row short of the routed rows is refused before any work.
+  Tensor short_in({rows - 1, kM}), short_out({rows - 1, kM});
+  EXPECT_THROW(experts_forward(short_in, w, kBlocks, kSlots, fills.data(), true, packed_ws,
+                               short_out, nullptr, first.data()),
+               Error);
 }
 
 TEST(PackedWorkspace, HoldsTheBoundsRows) {

@@ -53,6 +53,8 @@ const BackendSizes& checked(const BackendSizes& s) {
   PARM_CHECK(s.gate_rows * s.topk <= INT32_MAX && s.gate_rows * s.experts <= INT32_MAX,
              "CUDA backend: gate rows {} x (k {}, E {}) overflow the int32 routing",
              s.gate_rows, s.topk, s.experts);
+  PARM_CHECK(!s.packed, "CUDA backend: the packed dropless layout is the CPU backend's; a "
+             "CUDA layer builds its schedule with LayerSpec::packed = false (docs/dropless.md)");
   return s;
 }
 
@@ -257,14 +259,18 @@ void CudaBackend::combine_backward(const Tensor& buf, const Tensor& dout, Tensor
 // ---- experts ----
 
 void CudaBackend::experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks,
-                                  int64_t slots, const int32_t* fills, bool add_b2, Tensor& out,
-                                  PhaseTimes* times) {
+                                  int64_t slots, const int32_t* fills, const int64_t* first,
+                                  bool add_b2, Tensor& out, PhaseTimes* times) {
+  PARM_CHECK(first == nullptr, "the CUDA experts take the (blocks, E_loc, slots) layout, not "
+             "the packed one (docs/dropless.md)");
   experts_.forward(in, w, blocks, slots, fills, add_b2, out, times);
 }
 
 void CudaBackend::experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
-                                   int64_t slots, const int32_t* fills, ExpertShards& dw,
-                                   Tensor& din, PhaseTimes* times) {
+                                   int64_t slots, const int32_t* fills, const int64_t* first,
+                                   ExpertShards& dw, Tensor& din, PhaseTimes* times) {
+  PARM_CHECK(first == nullptr, "the CUDA experts take the (blocks, E_loc, slots) layout, not "
+             "the packed one (docs/dropless.md)");
   experts_.backward(dout, w, blocks, slots, fills, dw, din, times);
 }
 

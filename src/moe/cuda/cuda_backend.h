@@ -52,12 +52,13 @@ class CudaBackend final : public LayerBackend {
   void combine_forward(const Tensor& buf, Tensor& out) override;
   void combine_backward(const Tensor& buf, const Tensor& dout, Tensor& dbuf) override;
 
+  // first must be null: the CUDA backend keeps the (blocks, E_loc, slots) layout.
   void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
-                       const int32_t* fills, bool add_b2, Tensor& out,
+                       const int32_t* fills, const int64_t* first, bool add_b2, Tensor& out,
                        PhaseTimes* times) override;
   void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
-                        int64_t slots, const int32_t* fills, ExpertShards& dw, Tensor& din,
-                        PhaseTimes* times) override;
+                        int64_t slots, const int32_t* fills, const int64_t* first,
+                        ExpertShards& dw, Tensor& din, PhaseTimes* times) override;
   const std::vector<int64_t>& expert_rows() const override { return experts_.rows(); }
   double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
                                  int64_t hidden_shard, int reps) override;
