@@ -193,8 +193,8 @@ TEST(Bf16ExpertProducts, CpuBackendPacksWeightsOncePerVersion) {
     Tensor out({1, e_loc, slots, M}), din({1, e_loc, slots, M});
     ExpertShards dw{Tensor({e_loc, M, hl}), Tensor({e_loc, hl}), Tensor({e_loc, hl, M}),
                     Tensor({e_loc, M})};
-    b.experts_forward(in, w, 1, slots, fills, true, out, nullptr);
-    b.experts_backward(dout, w, 1, slots, fills, dw, din, nullptr);
+    b.experts_forward(in, w, 1, slots, fills, nullptr, true, out, nullptr);
+    b.experts_backward(dout, w, 1, slots, fills, nullptr, dw, din, nullptr);
     return Pass{{out.data(), out.data() + out.numel()}, {din.data(), din.data() + din.numel()},
                 {dw.w1.data(), dw.w1.data() + dw.w1.numel()}};
   };
