@@ -278,14 +278,53 @@ struct Pricer {
                      ? fused_us(piece, piece_alpha, links, sc.chunks, prof.fused.overlap,
                                 prof.fused.per_piece_us)
                      : sum;
-      if (!piece.empty()) t += prof.step_sync.us;  // the ranks meet once per step
       (bwd ? c.bwd_us : c.fwd_us) += t;
     }
     local_copies(s, c);
   }
 };
 
+// The rendezvous of every collective step, per direction in the order the executor runs the
+// steps (backward: reversed, after the executor's own backward work), each after the compute
+// since the previous collective step.
+void add_rendezvous(const Profile& prof, const Target& target, std::vector<StepCost>& steps) {
+  const StepCost& ex = steps.back();
+  const size_t n = steps.size() - 1;
+  auto whole_world = [&](const std::vector<PartCost>& parts) {
+    for (const auto& p : parts)
+      if (group_span(target, p.group).size < target.layout.world) return false;
+    return true;
+  };
+  double since = ex.fwd_us;
+  for (size_t i = 0; i < n; ++i) {
+    StepCost& c = steps[i];
+    if (c.fwd_parts.empty()) {
+      since += c.fwd_us;
+      continue;
+    }
+    c.fwd_sync_us = rendezvous_us(prof, whole_world(c.fwd_parts), since);
+    c.fwd_us += c.fwd_sync_us;
+    since = 0.0;
+  }
+  since = ex.bwd_us;
+  for (size_t i = n; i-- > 0;) {
+    StepCost& c = steps[i];
+    if (c.bwd_parts.empty()) {
+      since += c.bwd_us;
+      continue;
+    }
+    c.bwd_sync_us = rendezvous_us(prof, whole_world(c.bwd_parts), since);
+    c.bwd_us += c.bwd_sync_us;
+    since = 0.0;
+  }
+}
+
 }  // namespace
+
+double rendezvous_us(const Profile& prof, bool whole_world, double compute_us) {
+  const SyncFit& f = whole_world ? prof.step_sync_world : prof.step_sync;
+  return f.us + f.per_compute * std::max(0.0, compute_us);
+}
 
 double mean_routed_rows(const schedule::Schedule& sc, const MoeShape& shape, const Layout& l) {
   // Per (source block, expert) segment the source's k T_gate / E choices, of which S2's MP
@@ -334,6 +373,7 @@ Prediction predict(const Profile& profile, const schedule::Schedule& sc,
   ex.fwd_us = pr.copy(kF * 2 * TM);
   ex.bwd_us = pr.copy(kF * (all + 2 * TM + 3.0 * static_cast<double>(sc.gate_weight_numel)));
   p.steps.push_back(std::move(ex));
+  add_rendezvous(profile, target, p.steps);
   for (const auto& c : p.steps) {
     p.fwd_us += c.fwd_us;
     p.bwd_us += c.bwd_us;
