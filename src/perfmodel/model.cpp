@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "comm/fused_plan.h"
+#include "moe/load_balance.h"
 #include "perfmodel/dropless_price.h"
 #include "parm/error.h"
 
@@ -337,9 +338,8 @@ double mean_routed_rows(const schedule::Schedule& sc, const MoeShape& shape, con
 
 double load_of_busiest_rows(const schedule::Schedule& sc, const MoeShape& shape,
                             const Layout& l, double busiest_rank_rows) {
-  PARM_CHECK(busiest_rank_rows >= 0.0, "busiest rank's expert rows {} must be at least 0",
-             busiest_rank_rows);
-  return busiest_rank_rows / mean_routed_rows(sc, shape, l);
+  // The mean routed rows per rank are n = 1 share of a total of that much.
+  return max_over_mean(busiest_rank_rows, mean_routed_rows(sc, shape, l), 1.0, 0.0);
 }
 
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,
