@@ -296,27 +296,21 @@ void add_rendezvous(const Profile& prof, const Target& target, std::vector<StepC
       if (group_span(target, p.group).size < target.layout.world) return false;
     return true;
   };
-  double since = ex.fwd_us;
-  for (size_t i = 0; i < n; ++i) {
-    StepCost& c = steps[i];
-    if (c.fwd_parts.empty()) {
-      since += c.fwd_us;
-      continue;
+  for (bool bwd : {false, true}) {
+    double since = bwd ? ex.bwd_us : ex.fwd_us;
+    for (size_t j = 0; j < n; ++j) {
+      StepCost& c = steps[bwd ? n - 1 - j : j];
+      const std::vector<PartCost>& parts = bwd ? c.bwd_parts : c.fwd_parts;
+      double& us = bwd ? c.bwd_us : c.fwd_us;
+      if (parts.empty()) {
+        since += us;
+        continue;
+      }
+      double& sync = bwd ? c.bwd_sync_us : c.fwd_sync_us;
+      sync = rendezvous_us(prof, whole_world(parts), since);
+      us += sync;
+      since = 0.0;
     }
-    c.fwd_sync_us = rendezvous_us(prof, whole_world(c.fwd_parts), since);
-    c.fwd_us += c.fwd_sync_us;
-    since = 0.0;
-  }
-  since = ex.bwd_us;
-  for (size_t i = n; i-- > 0;) {
-    StepCost& c = steps[i];
-    if (c.bwd_parts.empty()) {
-      since += c.bwd_us;
-      continue;
-    }
-    c.bwd_sync_us = rendezvous_us(prof, whole_world(c.bwd_parts), since);
-    c.bwd_us += c.bwd_sync_us;
-    since = 0.0;
   }
 }
 
