@@ -435,14 +435,15 @@ void fit_rendezvous(Topology& topo, Group g, std::initializer_list<int64_t> dims
   f.source = topo.nodes_emulated() ? "emulated" : "measured";
 }
 
-// The rendezvous after compute of the layer's lengths (GEMMs of 128^3 to 512^3: 0.1 to tens
-// of ms here), a line over the compute length, on a group smaller than the world (step_sync)
+// The rendezvous after compute of the layer's lengths (GEMMs of 128^3 to 384^3: 0.05 to 10
+// ms here; at 512^3, 15-25 ms, the GEMMs' own noise under load exceeded the rendezvous and
+// once made it negative), a line over the compute length, on a group smaller than the world (step_sync)
 // and on the world (step_sync_world): groups smaller than the world run out of phase with
 // one another on shared cores, the world's ranks in lock step (model.h, rendezvous_us).
 void calibrate_step_sync(Topology& topo, const CalibrateOptions& o, BenchDevice& dev,
                          Calibration& cal, const Logger& log) {
   const Layout& l = topo.layout();
-  const int iters = std::max(o.iters, 5);
+  const int iters = std::max(o.iters, 7);
   Group sub = Group::kWorld;
   for (Group g : {Group::kEp, Group::kEsp, Group::kMp}) {
     const int n = topo.comm(g).size();
@@ -451,7 +452,7 @@ void calibrate_step_sync(Topology& topo, const CalibrateOptions& o, BenchDevice&
       break;
     }
   }
-  fit_rendezvous(topo, Group::kWorld, {128, 512}, o.warmup, iters, dev,
+  fit_rendezvous(topo, Group::kWorld, {128, 384}, o.warmup, iters, dev,
                  cal.profile.step_sync_world, log);
   const SyncFit& w = cal.profile.step_sync_world;
   log("  step sync on the world ({} ranks): {:.1f} us + {:.4f} x compute per collective step",
@@ -463,7 +464,7 @@ void calibrate_step_sync(Topology& topo, const CalibrateOptions& o, BenchDevice&
     log("  no group smaller than the world in this layout: step_sync copies step_sync_world");
     return;
   }
-  fit_rendezvous(topo, sub, {128, 256, 512}, o.warmup, iters, dev, f, log);
+  fit_rendezvous(topo, sub, {128, 256, 384}, o.warmup, iters, dev, f, log);
   log("  step sync on {} ({} ranks, smaller than the world): {:.1f} us + {:.4f} x compute per "
       "collective step, r2 {:.3f}  [{} iters]",
       group_name(sub), topo.comm(sub).size(), f.us, f.per_compute, f.r2, iters);
