@@ -437,9 +437,9 @@ void fit_rendezvous(Topology& topo, Group g, std::initializer_list<int64_t> dims
 
 // The rendezvous after compute of the layer's lengths (GEMMs of 128^3 to 384^3: 0.05 to 10
 // ms here; at 512^3, 15-25 ms, the GEMMs' own noise under load exceeded the rendezvous and
-// once made it negative), a line over the compute length, on a group smaller than the world (step_sync)
-// and on the world (step_sync_world): groups smaller than the world run out of phase with
-// one another on shared cores, the world's ranks in lock step (model.h, rendezvous_us).
+// once made it negative), a line over the compute length, on a group smaller than the world
+// (step_sync) and on the world (step_sync_world): groups smaller than the world run out of
+// phase with one another on shared cores, the world's ranks in lock step (model.h).
 void calibrate_step_sync(Topology& topo, const CalibrateOptions& o, BenchDevice& dev,
                          Calibration& cal, const Logger& log) {
   const Layout& l = topo.layout();
