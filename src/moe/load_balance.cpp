@@ -5,17 +5,10 @@
 
 #include <fmt/format.h>
 
+#include "parm/error.h"
+
 namespace parm {
 namespace {
-
-double max_over_mean(const std::vector<double>& v) {
-  double sum = 0.0, mx = 0.0;
-  for (double x : v) {
-    sum += x;
-    mx = std::max(mx, x);
-  }
-  return sum > 0.0 ? mx * static_cast<double>(v.size()) / sum : 0.0;
-}
 
 // A sum (or max) over the layer's pipeline stage: its esp, ep and edp groups in turn.
 void over_stage(Topology& topo, double* v, size_t n, ReduceOp op) {
@@ -23,6 +16,29 @@ void over_stage(Topology& topo, double* v, size_t n, ReduceOp op) {
 }
 
 }  // namespace
+
+double max_over_mean(double busiest, double total, double n, double if_none) {
+  PARM_CHECK(busiest >= 0.0 && total >= 0.0,
+             "the busiest share {} and the total {} must be at least 0", busiest, total);
+  return total > 0.0 ? busiest * n / total : if_none;
+}
+
+double max_over_mean(const std::vector<double>& loads, int n_groups, double if_none) {
+  PARM_CHECK(n_groups >= 1 && !loads.empty() && loads.size() % static_cast<size_t>(n_groups) == 0,
+             "{} expert loads cannot be split over {} EP ranks", loads.size(), n_groups);
+  const size_t per_group = loads.size() / static_cast<size_t>(n_groups);
+  double total = 0.0, busiest = 0.0;
+  for (size_t j = 0; j < static_cast<size_t>(n_groups); ++j) {
+    double mine = 0.0;
+    for (size_t e = j * per_group; e < (j + 1) * per_group; ++e) {
+      PARM_CHECK(loads[e] >= 0.0, "expert {}'s load {} must be at least 0", e, loads[e]);
+      mine += loads[e];
+    }
+    total += mine;
+    busiest = std::max(busiest, mine);
+  }
+  return max_over_mean(busiest, total, n_groups, if_none);
+}
 
 std::string LoadImbalance::str() const {
   return fmt::format("max/mean per expert {:.3f}, per rank {:.3f}", expert_max_over_mean,
@@ -73,7 +89,8 @@ LoadImbalance load_imbalance(Topology& topo, MoeLayer& layer, const std::vector<
   over_stage(topo, &rows[1], 1, ReduceOp::kMax);
   const Layout& lay = topo.layout();
   const double stage_ranks = static_cast<double>(lay.edp) * lay.ep * lay.esp;
-  return {max_over_mean(loads), rows[0] > 0.0 ? rows[1] * stage_ranks / rows[0] : 0.0};
+  return {max_over_mean(loads, static_cast<int>(loads.size()), 0.0),
+          max_over_mean(rows[1], rows[0], stage_ranks, 0.0)};
 }
 
 }  // namespace parm

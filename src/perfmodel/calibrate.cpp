@@ -390,39 +390,84 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
       ff.r2, ff.samples, meas.empty() ? 0.0 : ratio_sum / static_cast<double>(meas.size()));
 }
 
-// A collective after computation against both alone, interleaved: 8 x (GEMM 128^3, then a
-// 4 KiB alltoall on group g) per iteration, against 8 GEMMs and 8 alltoalls timed apart.
-// step_sync = (chain - GEMMs - alltoalls) / 8, >= 0.
-void calibrate_step_sync(Topology& topo, Group g, const CalibrateOptions& o, BenchDevice& dev,
-                         Calibration& cal, const Logger& log) {
-  Communicator& c = topo.comm(g);
-  Communicator& world = topo.host_comm(Group::kWorld);
+// A collective after computation against both alone, interleaved: 8 x (GEMM d^3, then a
+// 4 KiB alltoall on group c) per iteration, against 8 GEMMs and 8 alltoalls timed apart.
+// Returns {compute per step C, rendezvous per step (chain - GEMMs - alltoalls) / 8}.
+std::array<double, 2> time_rendezvous(Communicator& c, Communicator& world, int64_t dim,
+                                      int warmup, int iters, BenchDevice& dev) {
   constexpr int kSteps = 8;
-  constexpr int64_t kDim = 128;
   const size_t count = 1024 / static_cast<size_t>(c.size()) + 1;
   const size_t total = count * static_cast<size_t>(c.size());
   const auto send = filled(dev, total, 1.0f), recv = filled(dev, total, 0.0f);
-  const auto a = filled(dev, kDim * kDim, 0.5f), b = filled(dev, kDim * kDim, 0.25f),
-             out = filled(dev, kDim * kDim, 0.0f);
-  auto gemm = [&] {
-    dev.gemm(false, false, kDim, kDim, kDim, a->f(), b->f(), out->f(), false, Precision::kFp32);
-  };
-  auto a2a = [&] { c.alltoall(send->f(), recv->f(), count); };
-  const int iters = std::max(o.iters, 5);
-  const auto [tc, tg, ta] = time_three_interleaved(world, o.warmup, iters, [&](int kind) {
+  const size_t n = static_cast<size_t>(dim * dim);
+  const auto a = filled(dev, n, 0.5f), b = filled(dev, n, 0.25f), out = filled(dev, n, 0.0f);
+  const auto [tc, tg, ta] = time_three_interleaved(world, warmup, iters, [&](int kind) {
     for (int s = 0; s < kSteps; ++s) {
-      if (kind != 2) gemm();  // 0: the chain, 1: GEMMs alone, 2: alltoalls alone
-      if (kind != 1) a2a();
+      // 0: the chain, 1: GEMMs alone, 2: alltoalls alone
+      if (kind != 2)
+        dev.gemm(false, false, dim, dim, dim, a->f(), b->f(), out->f(), false, Precision::kFp32);
+      if (kind != 1) c.alltoall(send->f(), recv->f(), count);
     }
     dev.sync();
   });
-  SyncFit& f = cal.profile.step_sync;
-  f.us = std::max(0.0, (tc - tg - ta) / kSteps);
-  f.samples = iters;
+  return {tg / kSteps, (tc - tg - ta) / kSteps};
+}
+
+// sync = us + per_compute * C fitted over compute lengths C (GEMMs of `dims`) on group g.
+void fit_rendezvous(Topology& topo, Group g, std::initializer_list<int64_t> dims, int warmup,
+                    int iters, BenchDevice& dev, SyncFit& f, const Logger& log) {
+  std::vector<double> compute, sync;
+  for (int64_t dim : dims) {
+    const auto [cu, su] =
+        time_rendezvous(topo.comm(g), topo.host_comm(Group::kWorld), dim, warmup, iters, dev);
+    compute.push_back(cu);
+    sync.push_back(su);
+    log("  after GEMM {}^3 ({:.0f} us per step) on {} ({} ranks, {}): rendezvous {:.1f} us "
+        "per step",
+        dim, cu, group_name(g), topo.comm(g).size(),
+        link_name(group_link(target_of(topo), g)), su);
+  }
+  const LineFit line = fit_line(compute, sync);
+  f.us = line.intercept;
+  f.per_compute = line.slope;
+  f.r2 = line.r2;
+  f.samples = static_cast<int64_t>(compute.size()) * iters;
   f.source = topo.nodes_emulated() ? "emulated" : "measured";
-  log("  step sync on {} ({} ranks): {:.1f} us per collective step (chain {:.0f} us, GEMMs "
-      "{:.0f} us, alltoalls {:.0f} us, {} steps)  [{} iters]",
-      group_name(g), c.size(), f.us, tc, tg, ta, kSteps, iters);
+}
+
+// The rendezvous after compute of the layer's lengths (GEMMs of 128^3 to 384^3: 0.05 to 10
+// ms here; at 512^3, 15-25 ms, the GEMMs' own noise under load exceeded the rendezvous and
+// once made it negative), a line over the compute length, on a group smaller than the world
+// (step_sync) and on the world (step_sync_world): groups smaller than the world run out of
+// phase with one another on shared cores, the world's ranks in lock step (model.h).
+void calibrate_step_sync(Topology& topo, const CalibrateOptions& o, BenchDevice& dev,
+                         Calibration& cal, const Logger& log) {
+  const Layout& l = topo.layout();
+  const int iters = std::max(o.iters, 7);
+  Group sub = Group::kWorld;
+  for (Group g : {Group::kEp, Group::kEsp, Group::kMp}) {
+    const int n = topo.comm(g).size();
+    if (n > 1 && n < l.world) {
+      sub = g;
+      break;
+    }
+  }
+  fit_rendezvous(topo, Group::kWorld, {128, 384}, o.warmup, iters, dev,
+                 cal.profile.step_sync_world, log);
+  const SyncFit& w = cal.profile.step_sync_world;
+  log("  step sync on the world ({} ranks): {:.1f} us + {:.4f} x compute per collective step",
+      l.world, w.us, w.per_compute);
+  SyncFit& f = cal.profile.step_sync;
+  if (sub == Group::kWorld) {
+    f = w;
+    f.source = "assumed (copied from step_sync_world: no group smaller than the world)";
+    log("  no group smaller than the world in this layout: step_sync copies step_sync_world");
+    return;
+  }
+  fit_rendezvous(topo, sub, {128, 256, 384}, o.warmup, iters, dev, f, log);
+  log("  step sync on {} ({} ranks, smaller than the world): {:.1f} us + {:.4f} x compute per "
+      "collective step, r2 {:.3f}  [{} iters]",
+      group_name(sub), topo.comm(sub).size(), f.us, f.per_compute, f.r2, iters);
 }
 
 void calibrate_gemm(Communicator& world, const CalibrateOptions& o, BenchDevice& dev,
@@ -650,7 +695,7 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   log("fused collectives ({} chunks):", o.chunks);
   calibrate_fused(topo, o, dev, cal, log);
   log("collective after computation:");
-  calibrate_step_sync(topo, l.ep > 1 ? Group::kEp : Group::kWorld, o, dev, cal, log);
+  calibrate_step_sync(topo, o, dev, cal, log);
   log("GEMM on {} at {} (all ranks at once, as in the layer):", device_name(dev.device()),
       precision_name(o.precision));
   calibrate_gemm(topo.host_comm(Group::kWorld), o, dev, cal, log);

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "comm/fused_plan.h"
+#include "moe/load_balance.h"
 #include "perfmodel/dropless_price.h"
 #include "parm/error.h"
 
@@ -278,14 +279,47 @@ struct Pricer {
                      ? fused_us(piece, piece_alpha, links, sc.chunks, prof.fused.overlap,
                                 prof.fused.per_piece_us)
                      : sum;
-      if (!piece.empty()) t += prof.step_sync.us;  // the ranks meet once per step
       (bwd ? c.bwd_us : c.fwd_us) += t;
     }
     local_copies(s, c);
   }
 };
 
+// The rendezvous of every collective step, per direction in the order the executor runs the
+// steps (backward: reversed, after the executor's own backward work), each after the compute
+// since the previous collective step.
+void add_rendezvous(const Profile& prof, const Target& target, std::vector<StepCost>& steps) {
+  const StepCost& ex = steps.back();
+  const size_t n = steps.size() - 1;
+  auto whole_world = [&](const std::vector<PartCost>& parts) {
+    for (const auto& p : parts)
+      if (group_span(target, p.group).size < target.layout.world) return false;
+    return true;
+  };
+  for (bool bwd : {false, true}) {
+    double since = bwd ? ex.bwd_us : ex.fwd_us;
+    for (size_t j = 0; j < n; ++j) {
+      StepCost& c = steps[bwd ? n - 1 - j : j];
+      const std::vector<PartCost>& parts = bwd ? c.bwd_parts : c.fwd_parts;
+      double& us = bwd ? c.bwd_us : c.fwd_us;
+      if (parts.empty()) {
+        since += us;
+        continue;
+      }
+      double& sync = bwd ? c.bwd_sync_us : c.fwd_sync_us;
+      sync = rendezvous_us(prof, whole_world(parts), since);
+      us += sync;
+      since = 0.0;
+    }
+  }
+}
+
 }  // namespace
+
+double rendezvous_us(const Profile& prof, bool whole_world, double compute_us) {
+  const SyncFit& f = whole_world ? prof.step_sync_world : prof.step_sync;
+  return f.us + f.per_compute * std::max(0.0, compute_us);
+}
 
 double mean_routed_rows(const schedule::Schedule& sc, const MoeShape& shape, const Layout& l) {
   // Per (source block, expert) segment the source's k T_gate / E choices, of which S2's MP
@@ -298,9 +332,8 @@ double mean_routed_rows(const schedule::Schedule& sc, const MoeShape& shape, con
 
 double load_of_busiest_rows(const schedule::Schedule& sc, const MoeShape& shape,
                             const Layout& l, double busiest_rank_rows) {
-  PARM_CHECK(busiest_rank_rows >= 0.0, "busiest rank's expert rows {} must be at least 0",
-             busiest_rank_rows);
-  return busiest_rank_rows / mean_routed_rows(sc, shape, l);
+  // The mean routed rows per rank are n = 1 share of a total of that much.
+  return max_over_mean(busiest_rank_rows, mean_routed_rows(sc, shape, l), 1.0, 0.0);
 }
 
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,
@@ -334,6 +367,7 @@ Prediction predict(const Profile& profile, const schedule::Schedule& sc,
   ex.fwd_us = pr.copy(kF * 2 * TM);
   ex.bwd_us = pr.copy(kF * (all + 2 * TM + 3.0 * static_cast<double>(sc.gate_weight_numel)));
   p.steps.push_back(std::move(ex));
+  add_rendezvous(profile, target, p.steps);
   for (const auto& c : p.steps) {
     p.fwd_us += c.fwd_us;
     p.bwd_us += c.bwd_us;

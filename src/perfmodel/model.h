@@ -15,8 +15,14 @@
 //                   all run at once) of (n - local_r) / (n - 1): how many ranks' worth of bus
 //                   bytes cross that node's link, which they share.
 // The two parts add: both are driven by the same cores (no overlap measured here).
-// Every collective step and direction adds step_sync (profile.h): the ranks' rendezvous
-// after computation, which back-to-back collective timings never see.
+// Every collective step and direction adds the ranks' rendezvous after computation, which
+// back-to-back collective timings never see (rendezvous_us):
+//     sync = s.us + s.per_compute * C
+// C = the step's predicted compute since the previous collective step in the order the
+// executor runs them (backward: reversed); s = step_sync_world when every group of the step
+// holds all ranks (they compute and meet in lock step), else step_sync (groups smaller than
+// the world drift out of phase on shared cores, so a rank waits for its peers' descheduled
+// compute). A fused step is one rendezvous: its pieces follow each other without compute.
 // Routing imbalance, one input (Target::load_max_over_mean = lambda): the busiest rank's
 // expert rows over the mean routed rows per rank (mean_routed_rows: every choice of k T_gate
 // counted, before any drop). The experts step prices R = min(R_pad, lambda R_mean) rows per
@@ -89,6 +95,10 @@ double collective_us(const Profile& profile, CommOp op, const GroupSpan& span, d
 // Its latency part alpha(n) alone (what each fused piece pays in full).
 double collective_alpha_us(const Profile& profile, CommOp op, const GroupSpan& span);
 
+// The rendezvous of one collective step (header comment) after compute_us of computation;
+// whole_world: every group of the step holds all ranks.
+double rendezvous_us(const Profile& profile, bool whole_world, double compute_us);
+
 // Expert rows a rank computes (summed over its E_loc local experts) when the router sends
 // every expert the same share and nothing drops: E_loc x expert_blocks x (k T_gate / E) /
 // (dispatch_slots / exchange_slots). The denominator of Target::load_max_over_mean.
@@ -113,6 +123,7 @@ struct StepCost {
   schedule::StepKind kind = schedule::StepKind::kGate;  // meaningless when executor
   bool executor = false;  // the executor's own work, not a schedule step
   double fwd_us = 0.0, bwd_us = 0.0;
+  double fwd_sync_us = 0.0, bwd_sync_us = 0.0;  // the rendezvous, included in fwd_us / bwd_us
   std::vector<PartCost> fwd_parts, bwd_parts;  // collectives only
 };
 

@@ -61,6 +61,16 @@ void read_rate_fits(JsonReader& r, const nlohmann::json& j, const char* section,
   }
 }
 
+void read_sync_fit(JsonReader& r, const nlohmann::json& j, const std::string& key, SyncFit& f) {
+  const auto& sy = r.object(j, "", key);
+  f.us = r.number(sy, key, "us", 0.0, true);
+  // Profiles written before the compute term priced a constant rendezvous.
+  if (sy.contains("per_compute")) f.per_compute = r.number(sy, key, "per_compute", 0.0, true);
+  if (sy.contains("r2")) f.r2 = r.number(sy, key, "r2", -INFINITY, true, 1.0);
+  f.samples = r.integer(sy, key, "samples", 0);
+  f.source = r.text(sy, key, "source");
+}
+
 }  // namespace
 
 nlohmann::json profile_to_json(const Profile& p) {
@@ -84,8 +94,10 @@ nlohmann::json profile_to_json(const Profile& p) {
   j["fused"] = {{"overlap", p.fused.overlap}, {"per_piece_us", p.fused.per_piece_us},
                 {"r2", p.fused.r2},
                 {"samples", p.fused.samples}, {"source", p.fused.source}};
-  j["step_sync"] = {{"us", p.step_sync.us}, {"samples", p.step_sync.samples},
-                    {"source", p.step_sync.source}};
+  for (const auto& [key, f] : {std::pair{"step_sync", &p.step_sync},
+                               std::pair{"step_sync_world", &p.step_sync_world}})
+    j[key] = {{"us", f->us}, {"per_compute", f->per_compute}, {"r2", f->r2},
+              {"samples", f->samples}, {"source", f->source}};
   write_rate_fits(p.gemm, "gflops", &GemmFit::gflops, gemm_class_name, j["gemm"]);
   write_rate_fits(p.mem, "gbps", &MemFit::gbps, mem_class_name, j["memory"]);
   return j;
@@ -149,10 +161,13 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
   p.fused.r2 = r.number(fu, "fused", "r2", -INFINITY, true, 1.0);
   p.fused.samples = r.integer(fu, "fused", "samples", 0);
   p.fused.source = r.text(fu, "fused", "source");
-  const auto& sy = r.object(j, "", "step_sync");
-  p.step_sync.us = r.number(sy, "step_sync", "us", 0.0, true);
-  p.step_sync.samples = r.integer(sy, "step_sync", "samples", 0);
-  p.step_sync.source = r.text(sy, "step_sync", "source");
+  read_sync_fit(r, j, "step_sync", p.step_sync);
+  if (j.contains("step_sync_world")) {
+    read_sync_fit(r, j, "step_sync_world", p.step_sync_world);
+  } else {  // profiles written before the world was measured apart
+    p.step_sync_world = p.step_sync;
+    p.step_sync_world.source = "assumed (copied from step_sync: not in the profile)";
+  }
   read_rate_fits(r, j, "gemm", "gflops", &GemmFit::gflops, gemm_class_name, p.gemm);
   read_rate_fits(r, j, "memory", "gbps", &MemFit::gbps, mem_class_name, p.mem);
   return p;

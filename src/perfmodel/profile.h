@@ -101,9 +101,14 @@ struct FusedFit {
 // The rendezvous of a collective step that follows computation: ranks arrive at different
 // times and a loaded or oversubscribed machine has descheduled some of them, which a
 // collective timed back to back (the collective fits) never pays. Added once per collective
-// step and direction (model.h).
+// step and direction (model.h, rendezvous_us): us + per_compute * the compute the ranks ran
+// since their last collective.
 struct SyncFit {
   double us = 0.0;
+  // Extra wait per us of compute before the step (dimensionless): a longer computation is
+  // descheduled more often, so the last rank arrives later.
+  double per_compute = 0.0;
+  double r2 = 1.0;
   int64_t samples = 0;
   std::string source = "assumed";
 };
@@ -119,7 +124,8 @@ struct Profile {
   Device device = Device::kCpu;
   std::array<std::array<CommFit, kModelOps.size()>, kNumLinks> comm{};
   FusedFit fused;
-  SyncFit step_sync;
+  SyncFit step_sync;        // a collective step on groups smaller than the world
+  SyncFit step_sync_world;  // one on the group of every rank
   std::array<GemmFit, kNumGemmClasses> gemm{};
   std::array<MemFit, kNumMemClasses> mem{};
 
@@ -142,7 +148,8 @@ struct Profile {
 //                  "alpha_per_rank_source"}, "allgather", "reduce_scatter", "alltoall"},
 //                  "inter": {...}},
 //  "fused": {"overlap", "per_piece_us", "r2", "samples", "source"},
-//  "step_sync": {"us", "samples", "source"},
+//  "step_sync": {"us", "per_compute" (absent: 0), "r2" (absent: 1), "samples", "source"},
+//  "step_sync_world": {the same keys} (absent: a copy of step_sync),
 //  "gemm": {"expert_nn": {"alpha_us", "gflops", "r2", "samples", "source"}, "expert_tn",
 //           "expert_nt", "gate"},
 //  "memory": {"copy": {"alpha_us", "gbps", "r2", "samples", "source"}, "gelu"}}

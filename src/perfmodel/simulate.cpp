@@ -65,6 +65,10 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
   p.mem.fill(mf);
   p.fused.overlap = r.number(j, "", "fused_overlap", kMinOverlap, true, 1.0);
   if (j.contains("step_sync_us")) p.step_sync.us = r.number(j, "", "step_sync_us", 0.0, true);
+  if (j.contains("step_sync_per_compute"))
+    p.step_sync.per_compute = r.number(j, "", "step_sync_per_compute", 0.0, true);
+  // The cluster file gives one rendezvous for every group.
+  p.step_sync_world = p.step_sync;
   if (j.contains("fused_per_piece_us"))
     p.fused.per_piece_us = r.number(j, "", "fused_per_piece_us", 0.0, true);
   return c;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "moe/load_balance.h"
 #include "parm/error.h"
 #include "perfmodel/model.h"
 
@@ -81,20 +82,7 @@ std::vector<std::string> schedule_names(const std::vector<model::LayerSchedule>&
 }
 
 double routed_load_max_over_mean(const std::vector<double>& loads, int n_ep) {
-  PARM_CHECK(n_ep >= 1 && !loads.empty() && loads.size() % static_cast<size_t>(n_ep) == 0,
-             "{} expert loads cannot be split over {} EP ranks", loads.size(), n_ep);
-  const size_t per_rank = loads.size() / static_cast<size_t>(n_ep);
-  double total = 0.0, busiest = 0.0;
-  for (size_t j = 0; j < static_cast<size_t>(n_ep); ++j) {
-    double mine = 0.0;
-    for (size_t e = j * per_rank; e < (j + 1) * per_rank; ++e) {
-      PARM_CHECK(loads[e] >= 0.0, "expert {}'s load {} must be at least 0", e, loads[e]);
-      mine += loads[e];
-    }
-    total += mine;
-    busiest = std::max(busiest, mine);
-  }
-  return total > 0.0 ? busiest * n_ep / total : 1.0;
+  return max_over_mean(loads, n_ep, 1.0);
 }
 
 }  // namespace parm::train

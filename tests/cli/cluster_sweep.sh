@@ -47,7 +47,13 @@ for op in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
     assert inter["alpha_per_rank_source"] == "measured", inter
     for k in ("alpha_us", "alpha_per_rank_us", "beta_us_per_byte"):
         assert inter[k] >= 0 and intra[k] >= 0, (op, k)
-print("ok: profile version 2, intra measured at 2, inter at 2 and 4 ranks across the nodes")
+# The rendezvous: a line over the compute before the step, on a 2-rank group and the world.
+for key in ("step_sync", "step_sync_world"):
+    sy = p[key]
+    assert sy["source"] in ("measured", "emulated"), (key, sy)
+    assert sy["us"] >= 0 and sy["per_compute"] >= 0 and sy["samples"] > 0, (key, sy)
+print("ok: profile version 2, intra measured at 2, inter at 2 and 4 ranks across the nodes, "
+      "the rendezvous on a group and the world")
 PY
 
 cat >"$tmp/grid.json" <<'GRID'

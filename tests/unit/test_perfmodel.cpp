@@ -391,6 +391,53 @@ TEST(PerfModel, StepSyncOncePerCollectiveStep) {
   EXPECT_GE(stepped, 3);
 }
 
+// The rendezvous grows with the compute since the previous collective step, in the order the
+// executor runs the steps (backward reversed), and a step on the world uses the world's line.
+TEST(PerfModel, RendezvousAfterTheComputeBeforeIt) {
+  Profile p = comm_only_profile(0.0, 0.0, 0.0, 0.0);
+  for (GemmClass c : {GemmClass::kExpertNN, GemmClass::kExpertTN, GemmClass::kExpertNT})
+    p.gemm_fit(c) = GemmFit{2.0, 1.0, 1.0, 0, "t"};  // only the experts compute
+  p.step_sync = SyncFit{7.0, 0.5, 1.0, 0, "t"};
+  p.step_sync_world = SyncFit{3.0, 0.25, 1.0, 0, "t"};
+  EXPECT_DOUBLE_EQ(rendezvous_us(p, false, 100.0), 57.0);
+  EXPECT_DOUBLE_EQ(rendezvous_us(p, true, 100.0), 28.0);
+  EXPECT_DOUBLE_EQ(rendezvous_us(p, false, -1.0), 7.0);
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  // 2 nodes x 2, mp = ep = esp = 2: every group has 2 of the 4 ranks. Forward: ... experts,
+  // esp reduce_scatter (after the experts), combine alltoall; backward: esp reduce_scatter's
+  // adjoint, experts, esp allgather's adjoint (after the experts' backward).
+  const Prediction s1 = predict_kind(p, shape, make_target(0, 2, 2, 2, 2), Kind::kS1, false);
+  const StepCost& ex = step_named(s1, "experts");
+  ASSERT_GT(ex.fwd_us, 4.0);
+  ASSERT_GT(ex.bwd_us, 8.0);
+  int collectives = 0;
+  double fwd_sync = 0.0, bwd_sync = 0.0;
+  for (const auto& c : s1.steps) {
+    if (c.fwd_parts.empty()) EXPECT_EQ(c.fwd_sync_us, 0.0) << c.label;
+    else EXPECT_DOUBLE_EQ(c.fwd_sync_us,
+                          c.label == "esp reduce_scatter" ? 7.0 + 0.5 * ex.fwd_us : 7.0) << c.label;
+    if (c.bwd_parts.empty()) EXPECT_EQ(c.bwd_sync_us, 0.0) << c.label;
+    else EXPECT_DOUBLE_EQ(c.bwd_sync_us,
+                          c.label == "esp allgather" ? 7.0 + 0.5 * ex.bwd_us : 7.0) << c.label;
+    collectives += !c.fwd_parts.empty();
+    fwd_sync += c.fwd_sync_us;
+    bwd_sync += c.bwd_sync_us;
+  }
+  EXPECT_GE(collectives, 5);
+  Profile unsynced = p;
+  unsynced.step_sync = unsynced.step_sync_world = SyncFit{};
+  const Prediction plain =
+      predict_kind(unsynced, shape, make_target(0, 2, 2, 2, 2), Kind::kS1, false);
+  EXPECT_NEAR(s1.fwd_us - plain.fwd_us, fwd_sync, 1e-9);
+  EXPECT_NEAR(s1.bwd_us - plain.bwd_us, bwd_sync, 1e-9);
+  // ep = 4 on 2 nodes x 2: the ep alltoall holds every rank and takes the world's line.
+  const Prediction world = predict_kind(p, shape, make_target(0, 1, 4, 1, 2), Kind::kS1, false);
+  const StepCost& wex = step_named(world, "experts");
+  EXPECT_DOUBLE_EQ(step_named(world, "combine alltoall").fwd_sync_us, 3.0 + 0.25 * wex.fwd_us);
+  EXPECT_DOUBLE_EQ(step_named(world, "dispatch alltoall").bwd_sync_us, 3.0 + 0.25 * wex.bwd_us);
+  EXPECT_DOUBLE_EQ(step_named(world, "dispatch alltoall").fwd_sync_us, 3.0);
+}
+
 // The experts step prices the busiest rank's rows: lambda (Target::load_max_over_mean)
 // times the mean routed rows, at most the exchange layout's rows.
 TEST(PerfModel, ImbalancedFillsPriceTheBusiestRank) {
@@ -503,7 +550,8 @@ Profile sample_profile() {
       v += 1.0;
     }
   p.fused = FusedFit{0.75, 3.5, 0.9, 24, "emulated"};
-  p.step_sync = SyncFit{42.0, 10, "measured"};
+  p.step_sync = SyncFit{42.0, 0.125, 0.8, 10, "measured"};
+  p.step_sync_world = SyncFit{5.0, 0.5, 0.7, 8, "emulated"};
   for (auto& g : p.gemm) {
     g = GemmFit{v, 10.0 * v, 0.95, 54, "measured"};
     v += 1.0;
@@ -537,6 +585,19 @@ TEST(Profile, WriteReadRoundTrip) {
   EXPECT_DOUBLE_EQ(q.fused.per_piece_us, 3.5);
   EXPECT_EQ(q.fused.source, "emulated");
   EXPECT_DOUBLE_EQ(q.step_sync.us, 42.0);
+  EXPECT_DOUBLE_EQ(q.step_sync.per_compute, 0.125);
+  EXPECT_DOUBLE_EQ(q.step_sync.r2, 0.8);
+  EXPECT_DOUBLE_EQ(q.step_sync_world.us, 5.0);
+  EXPECT_DOUBLE_EQ(q.step_sync_world.per_compute, 0.5);
+  EXPECT_EQ(q.step_sync_world.source, "emulated");
+  // A profile from before the world was measured apart: the world copies step_sync.
+  nlohmann::json old = profile_to_json(p);
+  old.erase("step_sync_world");
+  old["step_sync"].erase("per_compute");
+  const Profile o = profile_from_json(old, "old.json");
+  EXPECT_DOUBLE_EQ(o.step_sync.per_compute, 0.0);
+  EXPECT_DOUBLE_EQ(o.step_sync_world.us, 42.0);
+  EXPECT_NE(o.step_sync_world.source.find("assumed"), std::string::npos);
   EXPECT_EQ(q.step_sync.source, "measured");
   for (size_t c = 0; c < p.gemm.size(); ++c) {
     EXPECT_DOUBLE_EQ(q.gemm[c].gflops, p.gemm[c].gflops);

@@ -1,6 +1,7 @@
 // The trainer's re-plan input: the routing imbalance from an MoE layer's expert loads.
 #include <gtest/gtest.h>
 
+#include "moe/load_balance.h"
 #include "parm/error.h"
 #include "train/schedule_plan.h"
 
@@ -22,6 +23,17 @@ TEST(SchedulePlan, RoutedLoadRefusesBadInput) {
   EXPECT_THROW(routed_load_max_over_mean({1, 2, 3}, 2), Error);
   EXPECT_THROW(routed_load_max_over_mean({}, 1), Error);
   EXPECT_THROW(routed_load_max_over_mean({1, -2}, 1), Error);
+}
+
+// The one imbalance ratio behind the plan's, LoadImbalance's and the cost model's.
+TEST(SchedulePlan, MaxOverMeanIsTheOneRatio) {
+  EXPECT_DOUBLE_EQ(max_over_mean(6.0, 16.0, 4.0, 1.0), 1.5);  // busiest 6 of 4 shares, mean 4
+  EXPECT_DOUBLE_EQ(max_over_mean(0.0, 0.0, 4.0, 1.0), 1.0);   // nothing: the caller's value
+  EXPECT_DOUBLE_EQ(max_over_mean(0.0, 0.0, 4.0, 0.0), 0.0);
+  // Per expert (every expert its own group), as LoadImbalance::expert_max_over_mean.
+  EXPECT_DOUBLE_EQ(max_over_mean({1, 2, 3, 6}, 4, 0.0), 2.0);
+  EXPECT_DOUBLE_EQ(max_over_mean({0, 0}, 2, 0.0), 0.0);
+  EXPECT_THROW(max_over_mean(-1.0, 4.0, 2.0, 1.0), Error);
 }
 
 }  // namespace

@@ -42,9 +42,9 @@ void print_table(const perfmodel::Profile& p) {
   std::printf("%-26s %10.2f %14s %9.3f ovl  %8.4f %7lld  %s\n", "fused (per piece, overlap)",
               p.fused.per_piece_us, "-", p.fused.overlap, p.fused.r2,
               static_cast<long long>(p.fused.samples), p.fused.source.c_str());
-  std::printf("%-26s %10.2f %14s %12s %8s %7lld  %s\n", "step sync (per step)", p.step_sync.us,
-              "-", "-", "", static_cast<long long>(p.step_sync.samples),
-              p.step_sync.source.c_str());
+  std::printf("%-26s %10.2f %14s %7.4f/us  %8.4f %7lld  %s\n", "step sync (+ per compute)",
+              p.step_sync.us, "-", p.step_sync.per_compute, p.step_sync.r2,
+              static_cast<long long>(p.step_sync.samples), p.step_sync.source.c_str());
   for (int c = 0; c < kNumGemmClasses; ++c) {
     const GemmFit& f = p.gemm[static_cast<size_t>(c)];
     std::printf("%-26s %10.2f %14s %6.2f GFLOP/s %8.4f %7lld  %s\n",
