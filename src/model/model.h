@@ -110,8 +110,8 @@ class Model {
   virtual std::vector<MoeLayer*> moe_layers() { return {}; }
   // The version of the parameters' values: a number that whoever writes them (the trainer's
   // optimizer step) changes with every write, so that copies derived from them (the dense
-  // weights packed at bf16) are made once per version, not once per pass. Never called (or
-  // 0): the copies are made again at every forward pass.
+  // weights packed at bf16, the MoE experts' bf16 copies) are made once per version, not once
+  // per pass. Never called (or 0): the copies are made again at every forward pass.
   virtual void set_weights_version(uint64_t version) {}
   // All trainable parameters of this rank, in a fixed order (the same names on every layout).
   virtual std::vector<Param*> params() = 0;

@@ -113,7 +113,10 @@ class Transformer final : public Model {
   }
   double last_comm_us() const override { return last_comm_us_; }
   double last_compute_us() const override { return last_compute_us_; }
-  void set_weights_version(uint64_t version) override { wpack_.set_version(version); }
+  void set_weights_version(uint64_t version) override {
+    wpack_.set_version(version);
+    for (MoeLayer* layer : moe_layers()) layer->backend().set_weights_version(version);
+  }
   double flops_per_step(int64_t tokens) const override;
   void time_phases(moe::PhaseTimes* out) override { phases_ = out; }
 

@@ -345,18 +345,15 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   // The expert weights change only at opt.step below (loads happen before this loop): a GPU
   // layer at bf16 rounds them once per step, not once per micro-batch.
   uint64_t weights_version = 1;
-  // To the dense weights' packs and the MoE experts; again right after the optimizer step, so
-  // that an evaluation between steps reads the new weights.
-  const auto publish_weights_version = [&] {
-    model->set_weights_version(weights_version);
-    for (MoeLayer* layer : model->moe_layers()) layer->backend().set_weights_version(weights_version);
-  };
+  // The model hands it to the dense weights' packs and its MoE experts, at every step's start
+  // (a re-plan may have built a new model) and right after the optimizer step, so that an
+  // evaluation between steps reads the new weights.
   for (; step < cfg.loop.steps; ++step) {
     fault::at_training_step(topo->world_rank(), step);
     const double t0 = now_us();
     for (auto* p : params) p->grad.zero();
     phases.clear();
-    publish_weights_version();
+    model->set_weights_version(weights_version);
     std::vector<model::Batch> batches;
     double counts[1] = {0.0};
     for (int64_t a = 0; a < accum; ++a) {
@@ -399,7 +396,7 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     const double lr = lr_at(optim, step);
     opt.step(optim, lr, clip);
     ++weights_version;
-    publish_weights_version();
+    model->set_weights_version(weights_version);
     phase_lap("optimizer", t_phase);
     const bool last = step + 1 == cfg.loop.steps;
     const bool report = (step + 1) % cfg.loop.log_every == 0 || last;
