@@ -162,13 +162,19 @@ void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t cols);
 
 // ---- LayerNorm -------------------------------------------------------------------------
 // y (rows, cols) = (x - mean) * rstd * gamma + beta; writes mean (rows) and rstd (rows) for
-// the backward pass. Overwrites y, mean, rstd.
+// the backward pass. Overwrites y, mean, rstd. AVX-512 where the CPU has it, the same bits as
+// layernorm_forward_reference (the scalar loops); likewise the backward pass.
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y,
                        float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
-// Overwrites dx (rows, cols); accumulates (+=) dgamma (cols) and dbeta (cols).
+void layernorm_forward_reference(const float* x, const float* gamma, const float* beta, float* y,
+                                 float* mean, float* rstd, int64_t rows, int64_t cols, float eps);
+// Overwrites dx (rows, cols; may alias dy); accumulates (+=) dgamma (cols) and dbeta (cols).
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                         const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
                         int64_t cols);
+void layernorm_backward_reference(const float* dy, const float* x, const float* gamma,
+                                  const float* mean, const float* rstd, float* dx, float* dgamma,
+                                  float* dbeta, int64_t rows, int64_t cols);
 
 // ---- AdamW -----------------------------------------------------------------------------
 // The update's scalars, in fp32 (derived in double by the caller: model/dense_ops.h).
