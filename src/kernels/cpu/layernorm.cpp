@@ -3,8 +3,11 @@
 // same 16 partial sums per row and add them in the same order, and round every element's
 // expression in the same order (this file is compiled with -ffp-contract=off, so neither
 // fuses a multiply into an add), so they give the same bits: the scalar loops are the
-// oracle. (GCC's own vectorisation of the scalar loops shuffled the lanes of every block
-// with permutes and ran the backward pass at a third of this speed.)
+// oracle. The 16 partial sums are added in lane order (the order the CUDA kernels reproduce,
+// kernels/cuda/dense_math.h), straight from the register: going through memory (a 64-byte
+// store read back as 4-byte loads) made the forward pass slower than GCC's own loops.
+// (GCC's own vectorisation of the backward pass shuffled the lanes of every block with
+// permutes and ran it at a third of this speed.)
 #include <immintrin.h>
 
 #include <cmath>
@@ -20,6 +23,8 @@ namespace {
 
 constexpr int kL = detail::kLanes;
 
+static_assert(kL == 16, "lane_sum below adds 16 lanes");
+
 // The 16 lanes added in lane order, then the tail elements `tail(c)` for c in [c0, cols).
 template <typename Tail>
 float finish_sum(const float (&acc)[kL], int64_t c0, int64_t cols, Tail&& tail) {
@@ -29,14 +34,17 @@ float finish_sum(const float (&acc)[kL], int64_t c0, int64_t cols, Tail&& tail) 
   return s;
 }
 
-// One row's statistics and output; returns {mean, rstd}.
+// One row's statistics and output; writes its mean and rstd.
 void layernorm_row_scalar(const float* xr, const float* gamma, const float* beta, float* yr,
                           int64_t cols, float inv_cols, float eps, float* mu_out, float* rs_out) {
-  const float mu = detail::sum_f32(xr, cols) * inv_cols;
-  // Two passes: the variance of centred values does not cancel catastrophically.
   float acc[kL] = {};
   int64_t c = 0;
   for (; c + kL <= cols; c += kL)
+    for (int j = 0; j < kL; ++j) acc[j] += xr[c + j];
+  const float mu = finish_sum(acc, c, cols, [&](int64_t i) { return xr[i]; }) * inv_cols;
+  // Two passes: the variance of centred values does not cancel catastrophically.
+  for (int j = 0; j < kL; ++j) acc[j] = 0.0f;
+  for (c = 0; c + kL <= cols; c += kL)
     for (int j = 0; j < kL; ++j) {
       const float d = xr[c + j] - mu;
       acc[j] += d * d;
@@ -82,36 +90,80 @@ void layernorm_backward_row_scalar(const float* dyr, const float* xr, const floa
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps and warn about it.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
-// The scalar row, 16 columns at a time; the last cols % 16 columns as the scalar loops do them.
-PARM_AVX512 void layernorm_row_avx512(const float* xr, const float* gamma, const float* beta,
-                                      float* yr, int64_t cols, float inv_cols, float eps,
-                                      float* mu_out, float* rs_out) {
+// finish_sum's lane-order sum of v's 16 lanes (0 + lane 0 + lane 1 + ...), in registers:
+// the lane extractions do not depend on the running sum, so only the adds are serial.
+PARM_AVX512 float lane_sum(__m512 v) {
+  __m128 s = _mm_setzero_ps();
+  const __m128 q[4] = {_mm512_castps512_ps128(v), _mm512_extractf32x4_ps(v, 1),
+                       _mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)};
+  for (const __m128 x : q) {
+    s = _mm_add_ss(s, x);
+    s = _mm_add_ss(s, _mm_movehdup_ps(x));
+    s = _mm_add_ss(s, _mm_movehl_ps(x, x));
+    s = _mm_add_ss(s, _mm_shuffle_ps(x, x, 3));
+  }
+  return _mm_cvtss_f32(s);
+}
+
+// The scalar row, 16 columns at a time, for R rows at once (row i at x + i * cols): each
+// row's sums end in serial adds, and R rows' chains overlap. The last cols % 16 columns go as
+// the scalar loops do them.
+template <int R>
+PARM_AVX512 void layernorm_rows_avx512(const float* x, const float* gamma, const float* beta,
+                                       float* y, int64_t cols, float inv_cols, float eps,
+                                       float* mean, float* rstd) {
   const int64_t body = cols / kL * kL;
-  alignas(64) float acc[kL];
-  __m512 s = _mm512_setzero_ps();
-  for (int64_t c = 0; c < body; c += kL) s = _mm512_add_ps(s, _mm512_loadu_ps(xr + c));
-  _mm512_store_ps(acc, s);
-  const float mu = finish_sum(acc, body, cols, [&](int64_t i) { return xr[i]; }) * inv_cols;
-  const __m512 vmu = _mm512_set1_ps(mu);
-  __m512 q = _mm512_setzero_ps();
-  for (int64_t c = 0; c < body; c += kL) {
-    const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(xr + c), vmu);
-    q = _mm512_add_ps(q, _mm512_mul_ps(d, d));
+  __m512 s[R];
+  for (int i = 0; i < R; ++i) s[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < body; c += kL)
+    for (int i = 0; i < R; ++i) s[i] = _mm512_add_ps(s[i], _mm512_loadu_ps(x + i * cols + c));
+  float mu[R];
+  __m512 vmu[R], q[R];
+  for (int i = 0; i < R; ++i) {
+    const float* xr = x + i * cols;
+    float sum = lane_sum(s[i]);
+    for (int64_t c = body; c < cols; ++c) sum += xr[c];
+    mu[i] = sum * inv_cols;
+    vmu[i] = _mm512_set1_ps(mu[i]);
+    q[i] = _mm512_setzero_ps();
   }
-  _mm512_store_ps(acc, q);
-  float var = finish_sum(acc, body, cols, [&](int64_t i) { return (xr[i] - mu) * (xr[i] - mu); });
-  var *= inv_cols;
-  const float rs = 1.0f / std::sqrt(var + eps);
-  const __m512 vrs = _mm512_set1_ps(rs);
-  for (int64_t c = 0; c < body; c += kL) {
-    const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(xr + c), vmu), vrs);
-    _mm512_storeu_ps(yr + c, _mm512_add_ps(_mm512_mul_ps(xhat, _mm512_loadu_ps(gamma + c)),
-                                           _mm512_loadu_ps(beta + c)));
+  for (int64_t c = 0; c < body; c += kL)
+    for (int i = 0; i < R; ++i) {
+      const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i * cols + c), vmu[i]);
+      q[i] = _mm512_add_ps(q[i], _mm512_mul_ps(d, d));
+    }
+  for (int i = 0; i < R; ++i) {
+    const float* xr = x + i * cols;
+    float* yr = y + i * cols;
+    float var = lane_sum(q[i]);
+    for (int64_t c = body; c < cols; ++c) var += (xr[c] - mu[i]) * (xr[c] - mu[i]);
+    var *= inv_cols;
+    const float rs = 1.0f / std::sqrt(var + eps);
+    const __m512 vrs = _mm512_set1_ps(rs);
+    for (int64_t c = 0; c < body; c += kL) {
+      const __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(xr + c), vmu[i]), vrs);
+      _mm512_storeu_ps(yr + c, _mm512_add_ps(_mm512_mul_ps(xhat, _mm512_loadu_ps(gamma + c)),
+                                             _mm512_loadu_ps(beta + c)));
+    }
+    for (int64_t c = body; c < cols; ++c) yr[c] = (xr[c] - mu[i]) * rs * gamma[c] + beta[c];
+    mean[i] = mu[i];
+    rstd[i] = rs;
   }
-  for (int64_t c = body; c < cols; ++c) yr[c] = (xr[c] - mu) * rs * gamma[c] + beta[c];
-  *mu_out = mu;
-  *rs_out = rs;
+}
+
+PARM_AVX512 void layernorm_forward_avx512(const float* x, const float* gamma, const float* beta,
+                                          float* y, float* mean, float* rstd, int64_t rows,
+                                          int64_t cols, float inv_cols, float eps) {
+  constexpr int kRows = 4;
+  int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows)
+    layernorm_rows_avx512<kRows>(x + r * cols, gamma, beta, y + r * cols, cols, inv_cols, eps,
+                                 mean + r, rstd + r);
+  for (; r < rows; ++r)
+    layernorm_rows_avx512<1>(x + r * cols, gamma, beta, y + r * cols, cols, inv_cols, eps,
+                             mean + r, rstd + r);
 }
 
 PARM_AVX512 void layernorm_backward_row_avx512(const float* dyr, const float* xr,
@@ -127,14 +179,12 @@ PARM_AVX512 void layernorm_backward_row_avx512(const float* dyr, const float* xr
     sg = _mm512_add_ps(sg, g);
     sgx = _mm512_add_ps(sgx, _mm512_mul_ps(g, xhat));
   }
-  alignas(64) float acc_g[kL];
-  alignas(64) float acc_gx[kL];
-  _mm512_store_ps(acc_g, sg);
-  _mm512_store_ps(acc_gx, sgx);
-  const float sum_g = finish_sum(acc_g, body, cols, [&](int64_t i) { return dyr[i] * gamma[i]; });
-  const float sum_gx = finish_sum(acc_gx, body, cols, [&](int64_t i) {
-    return dyr[i] * gamma[i] * ((xr[i] - mu) * rs);
-  });
+  float sum_g = lane_sum(sg), sum_gx = lane_sum(sgx);
+  for (int64_t c = body; c < cols; ++c) {
+    const float g = dyr[c] * gamma[c];
+    sum_g += g;
+    sum_gx += g * ((xr[c] - mu) * rs);
+  }
   const float mean_g = sum_g * inv_cols;
   const float mean_gx = sum_gx * inv_cols;
   const __m512 vmg = _mm512_set1_ps(mean_g), vmgx = _mm512_set1_ps(mean_gx);
@@ -172,14 +222,13 @@ void forward_rows(bool vector, const float* x, const float* gamma, const float* 
                   float* mean, float* rstd, int64_t rows, int64_t cols, float eps) {
   check_shape("layernorm_forward", rows, cols);
   const float inv_cols = 1.0f / static_cast<float>(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    if (vector)
-      layernorm_row_avx512(x + r * cols, gamma, beta, y + r * cols, cols, inv_cols, eps, &mean[r],
-                           &rstd[r]);
-    else
-      layernorm_row_scalar(x + r * cols, gamma, beta, y + r * cols, cols, inv_cols, eps, &mean[r],
-                           &rstd[r]);
+  if (vector) {
+    layernorm_forward_avx512(x, gamma, beta, y, mean, rstd, rows, cols, inv_cols, eps);
+    return;
   }
+  for (int64_t r = 0; r < rows; ++r)
+    layernorm_row_scalar(x + r * cols, gamma, beta, y + r * cols, cols, inv_cols, eps, &mean[r],
+                         &rstd[r]);
 }
 
 // With xhat = (x - mean) rstd and g = dy gamma:
