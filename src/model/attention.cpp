@@ -17,13 +17,7 @@ void attention_forward(const AttentionShape& s, const float* q, const float* k, 
       const int64_t off = b * L * W + h * D;    // (L, D) block of head h, row stride W
       float* p = probs + (b * s.heads + h) * L * L;  // (L, L)
       dense_gemm(s.precision, false, true, L, L, D, q + off, W, k + off, W, p, L, false);  // q k^T
-      for (int64_t i = 0; i < L; ++i) {
-        float* row = p + i * L;
-        const int64_t n = s.causal ? i + 1 : L;  // keys this query sees
-        for (int64_t j = 0; j < n; ++j) row[j] *= scale;
-        cpu::softmax_forward(row, row, 1, n);
-        for (int64_t j = n; j < L; ++j) row[j] = 0.0f;
-      }
+      cpu::attention_softmax_forward(p, L, scale, s.causal);  // query i sees keys <= i if causal
       dense_gemm(s.precision, false, false, L, D, L, p, L, v + off, W, out + off, W, false);  // p v
     }
 }
@@ -42,13 +36,7 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
       dense_gemm(s.precision, true, false, L, D, L, p, L, dout + off, W, dv + off, W, false);
       dense_gemm(s.precision, false, true, L, L, D, dout + off, W, v + off, W, ds, L, false);
       // Through the softmax (masked entries have p = 0 and get no gradient), then the scale.
-      for (int64_t i = 0; i < L; ++i) {
-        float* row = ds + i * L;
-        const int64_t n = s.causal ? i + 1 : L;
-        cpu::softmax_backward(p + i * L, row, row, 1, n);
-        for (int64_t j = 0; j < n; ++j) row[j] *= scale;
-        for (int64_t j = n; j < L; ++j) row[j] = 0.0f;
-      }
+      cpu::attention_softmax_backward(p, ds, L, scale, s.causal);
       // dq = ds k; dk = ds^T q
       dense_gemm(s.precision, false, false, L, D, L, ds, L, k + off, W, dq + off, W, false);
       dense_gemm(s.precision, true, false, L, D, L, ds, L, q + off, W, dk + off, W, false);

@@ -115,6 +115,17 @@ std::string onednn_bf16_matmul_impl();
 void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols);
 // dx (rows, cols) = y * (dy - sum(dy * y)) per row; overwrites dx (may alias dy).
 void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols);
+
+// One head's attention scores p (L, L), in place: row i = softmax(scale * its first n_i
+// entries), n_i = i + 1 when causal, else L; entries n_i.. set to 0 (softmax_attention.cpp).
+// AVX-512 where the CPU has it, within a few ulp of the _reference form (per row: scale,
+// softmax_forward, zero the rest). The backward pass: ds (L, L) in place = scale *
+// softmax_backward(p row, ds row) over the first n_i entries, the rest 0.
+void attention_softmax_forward(float* p, int64_t L, float scale, bool causal);
+void attention_softmax_forward_reference(float* p, int64_t L, float scale, bool causal);
+void attention_softmax_backward(const float* p, float* ds, int64_t L, float scale, bool causal);
+void attention_softmax_backward_reference(const float* p, float* ds, int64_t L, float scale,
+                                          bool causal);
 // model::cross_entropy's contract (model/blocks.h) with the targets already checked to lie
 // in [0, vocab): the loss sum (in double) over the n rows of logits (n, vocab); with dlogits,
 // dlogits = scale * (softmax - onehot(target)), overwritten (may alias logits). The

@@ -4,8 +4,8 @@
 // expression in the same order (this file is compiled with -ffp-contract=off, so neither
 // fuses a multiply into an add), so they give the same bits: the scalar loops are the
 // oracle. The 16 partial sums are added in lane order (the order the CUDA kernels reproduce,
-// kernels/cuda/dense_math.h), straight from the register: going through memory (a 64-byte
-// store read back as 4-byte loads) made the forward pass slower than GCC's own loops.
+// kernels/cuda/dense_math.h), straight from the register (lane_sum_avx512.h): going through
+// memory made the forward pass slower than GCC's own loops.
 // (GCC's own vectorisation of the backward pass shuffled the lanes of every block with
 // permutes and ran it at a third of this speed.)
 #include <immintrin.h>
@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/lane_sum_avx512.h"
 #include "kernels/cpu/vec_math.h"
 #include "parm/error.h"
 
@@ -23,7 +24,7 @@ namespace {
 
 constexpr int kL = detail::kLanes;
 
-static_assert(kL == 16, "lane_sum below adds 16 lanes");
+static_assert(kL == 16, "lane_sum_avx512 adds 16 lanes");
 
 // The 16 lanes added in lane order, then the tail elements `tail(c)` for c in [c0, cols).
 template <typename Tail>
@@ -92,21 +93,6 @@ void layernorm_backward_row_scalar(const float* dyr, const float* xr, const floa
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// finish_sum's lane-order sum of v's 16 lanes (0 + lane 0 + lane 1 + ...), in registers:
-// the lane extractions do not depend on the running sum, so only the adds are serial.
-PARM_AVX512 float lane_sum(__m512 v) {
-  __m128 s = _mm_setzero_ps();
-  const __m128 q[4] = {_mm512_castps512_ps128(v), _mm512_extractf32x4_ps(v, 1),
-                       _mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)};
-  for (const __m128 x : q) {
-    s = _mm_add_ss(s, x);
-    s = _mm_add_ss(s, _mm_movehdup_ps(x));
-    s = _mm_add_ss(s, _mm_movehl_ps(x, x));
-    s = _mm_add_ss(s, _mm_shuffle_ps(x, x, 3));
-  }
-  return _mm_cvtss_f32(s);
-}
-
 // The scalar row, 16 columns at a time, for R rows at once (row i at x + i * cols): each
 // row's sums end in serial adds, and R rows' chains overlap. The last cols % 16 columns go as
 // the scalar loops do them.
@@ -123,7 +109,7 @@ PARM_AVX512 void layernorm_rows_avx512(const float* x, const float* gamma, const
   __m512 vmu[R], q[R];
   for (int i = 0; i < R; ++i) {
     const float* xr = x + i * cols;
-    float sum = lane_sum(s[i]);
+    float sum = detail::lane_sum_avx512(s[i]);
     for (int64_t c = body; c < cols; ++c) sum += xr[c];
     mu[i] = sum * inv_cols;
     vmu[i] = _mm512_set1_ps(mu[i]);
@@ -137,7 +123,7 @@ PARM_AVX512 void layernorm_rows_avx512(const float* x, const float* gamma, const
   for (int i = 0; i < R; ++i) {
     const float* xr = x + i * cols;
     float* yr = y + i * cols;
-    float var = lane_sum(q[i]);
+    float var = detail::lane_sum_avx512(q[i]);
     for (int64_t c = body; c < cols; ++c) var += (xr[c] - mu[i]) * (xr[c] - mu[i]);
     var *= inv_cols;
     const float rs = 1.0f / std::sqrt(var + eps);
@@ -179,7 +165,7 @@ PARM_AVX512 void layernorm_backward_row_avx512(const float* dyr, const float* xr
     sg = _mm512_add_ps(sg, g);
     sgx = _mm512_add_ps(sgx, _mm512_mul_ps(g, xhat));
   }
-  float sum_g = lane_sum(sg), sum_gx = lane_sum(sgx);
+  float sum_g = detail::lane_sum_avx512(sg), sum_gx = detail::lane_sum_avx512(sgx);
   for (int64_t c = body; c < cols; ++c) {
     const float g = dyr[c] * gamma[c];
     sum_g += g;

@@ -1,0 +1,183 @@
+// The attention's masked softmax over one head's (L, L) scores, forward and backward, with
+// the 1 / sqrt(D) scale folded in: AVX-512 where the CPU has it, else the row kernels
+// (softmax.cpp) called per row as the attention did before. The AVX-512 path keeps their
+// arithmetic (the exponential is exp_f32's: the same clamp, reduction and polynomial, with
+// FMAs; sums of 16 lanes added in lane order, the tail after them in order), so the two
+// agree to a few ulp; one call per head instead of one per row, no pass of its own for the
+// scale or the mask, and masked tails instead of scalar ones (a causal row averages L / 2
+// entries, so a third of them fell in the scalar tail).
+#include <immintrin.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/lane_sum_avx512.h"
+#include "parm/error.h"
+
+#define PARM_AVX512 __attribute__((target("avx512f")))
+
+namespace parm::cpu {
+namespace {
+
+int64_t keys_seen(int64_t row, int64_t L, bool causal) { return causal ? row + 1 : L; }
+
+void forward_rows_scalar(float* p, int64_t L, float scale, bool causal) {
+  for (int64_t i = 0; i < L; ++i) {
+    float* row = p + i * L;
+    const int64_t n = keys_seen(i, L, causal);
+    for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+    softmax_forward(row, row, 1, n);
+    for (int64_t j = n; j < L; ++j) row[j] = 0.0f;
+  }
+}
+
+void backward_rows_scalar(const float* p, float* ds, int64_t L, float scale, bool causal) {
+  for (int64_t i = 0; i < L; ++i) {
+    float* row = ds + i * L;
+    const int64_t n = keys_seen(i, L, causal);
+    softmax_backward(p + i * L, row, row, 1, n);
+    for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+    for (int64_t j = n; j < L; ++j) row[j] = 0.0f;
+  }
+}
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps and warn about it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// vec_math.h exp_f32, 16 lanes: exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN.
+PARM_AVX512 __m512 exp_avx512(__m512 x) {
+  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)),
+                                  _mm512_set1_ps(89.0f));  // NaN -> -104, fixed below
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  const __m512 n =
+      _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), round), round);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 q = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 40320.0f), _mm512_set1_ps(1.0f / 5040.0f));
+  q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f / 720.0f));
+  q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f / 120.0f));
+  q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f / 24.0f));
+  q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f / 6.0f));
+  q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(0.5f));
+  q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f));
+  q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f));
+  // 2^n as two normal factors, so that the last product rounds once into the denormals.
+  const __m512i ni = _mm512_cvttps_epi32(n);
+  const __m512i n1 = _mm512_srai_epi32(ni, 1);
+  const __m512i n2 = _mm512_sub_epi32(ni, n1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
+  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
+  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(q, s1), s2);
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+
+// Lanes [0, n) of a block of 16 (n <= 16).
+PARM_AVX512 __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xffffu) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// row[n, L) = 0: the keys a causal query does not see.
+PARM_AVX512 void zero_from(float* row, int64_t n, int64_t L) {
+  for (int64_t j = n; j < L; j += 16) _mm512_mask_storeu_ps(row + j, first_lanes(L - j), _mm512_setzero_ps());
+}
+
+PARM_AVX512 void forward_rows_avx512(float* p, int64_t L, float scale, bool causal) {
+  const __m512 vs = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+  for (int64_t i = 0; i < L; ++i) {
+    float* row = p + i * L;
+    const int64_t n = keys_seen(i, L, causal);
+    const int64_t body = n / 16 * 16;
+    const __mmask16 tail = first_lanes(n - body);
+    // The max ignores NaN, as max_f32 does (max_ps returns its second operand on NaN).
+    __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < body; j += 16)
+      mx = _mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(row + j), vs), mx);
+    mx = _mm512_mask_max_ps(mx, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + body), vs),
+                            mx);
+    const __m512 vmx = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 acc = zero;
+    for (int64_t j = 0; j < body; j += 16) {
+      const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row + j), vs), vmx));
+      acc = _mm512_add_ps(acc, e);
+      _mm512_storeu_ps(row + j, e);
+    }
+    const __m512 et =
+        exp_avx512(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + body), vs), vmx));
+    alignas(64) float tail_e[16];
+    _mm512_store_ps(tail_e, et);
+    float sum = detail::lane_sum_avx512(acc);
+    for (int64_t j = 0; j < n - body; ++j) sum += tail_e[j];
+    const __m512 inv = _mm512_set1_ps(1.0f / sum);
+    for (int64_t j = 0; j < body; j += 16)
+      _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+    _mm512_mask_storeu_ps(row + body, tail, _mm512_mul_ps(et, inv));
+    zero_from(row, n, L);
+  }
+}
+
+PARM_AVX512 void backward_rows_avx512(const float* p, float* ds, int64_t L, float scale,
+                                      bool causal) {
+  const __m512 vs = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+  for (int64_t i = 0; i < L; ++i) {
+    const float* y = p + i * L;
+    float* row = ds + i * L;
+    const int64_t n = keys_seen(i, L, causal);
+    const int64_t body = n / 16 * 16;
+    const __mmask16 tail = first_lanes(n - body);
+    __m512 acc = zero;
+    for (int64_t j = 0; j < body; j += 16)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(y + j), _mm512_loadu_ps(row + j), acc);
+    float dot = detail::lane_sum_avx512(acc);
+    for (int64_t j = body; j < n; ++j) dot += y[j] * row[j];
+    const __m512 vdot = _mm512_set1_ps(dot);
+    for (int64_t j = 0; j < body; j += 16) {
+      const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(y + j), _mm512_sub_ps(_mm512_loadu_ps(row + j), vdot));
+      _mm512_storeu_ps(row + j, _mm512_mul_ps(d, vs));
+    }
+    const __m512 dt = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, y + body),
+                                    _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + body), vdot));
+    _mm512_mask_storeu_ps(row + body, tail, _mm512_mul_ps(dt, vs));
+    zero_from(row, n, L);
+  }
+}
+#pragma GCC diagnostic pop
+
+bool have_avx512f() {
+  static const bool have = __builtin_cpu_supports("avx512f");
+  return have;
+}
+
+}  // namespace
+
+void attention_softmax_forward(float* p, int64_t L, float scale, bool causal) {
+  PARM_CHECK(L > 0, "attention_softmax_forward: {} keys; need at least 1", L);
+  if (have_avx512f())
+    forward_rows_avx512(p, L, scale, causal);
+  else
+    forward_rows_scalar(p, L, scale, causal);
+}
+
+void attention_softmax_forward_reference(float* p, int64_t L, float scale, bool causal) {
+  PARM_CHECK(L > 0, "attention_softmax_forward: {} keys; need at least 1", L);
+  forward_rows_scalar(p, L, scale, causal);
+}
+
+void attention_softmax_backward(const float* p, float* ds, int64_t L, float scale, bool causal) {
+  PARM_CHECK(L > 0, "attention_softmax_backward: {} keys; need at least 1", L);
+  if (have_avx512f())
+    backward_rows_avx512(p, ds, L, scale, causal);
+  else
+    backward_rows_scalar(p, ds, L, scale, causal);
+}
+
+void attention_softmax_backward_reference(const float* p, float* ds, int64_t L, float scale,
+                                          bool causal) {
+  PARM_CHECK(L > 0, "attention_softmax_backward: {} keys; need at least 1", L);
+  backward_rows_scalar(p, ds, L, scale, causal);
+}
+
+}  // namespace parm::cpu
