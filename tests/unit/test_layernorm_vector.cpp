@@ -8,15 +8,15 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
-#include "parm/rng.h"
+#include "normal_values.h"
 
 namespace parm::cpu {
 namespace {
 
+// N(shift, scale^2) values (normal_values.h).
 std::vector<float> normal(int64_t n, uint64_t stream, float scale, float shift) {
-  Rng rng(7, stream);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = rng.normal() * scale + shift;
+  std::vector<float> v = test::normal_values(n, 7, stream);
+  for (float& x : v) x = x * scale + shift;
   return v;
 }
 

@@ -9,15 +9,15 @@
 
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
-#include "parm/rng.h"
+#include "normal_values.h"
 
 namespace parm::cpu {
 namespace {
 
+// N(0, scale^2) values (normal_values.h).
 std::vector<float> normal(int64_t n, uint64_t stream, float scale) {
-  Rng rng(11, stream);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = rng.normal() * scale;
+  std::vector<float> v = test::normal_values(n, 11, stream);
+  for (float& x : v) x *= scale;
   return v;
 }
 
