@@ -12,10 +12,14 @@
 // buffers may live on any device the communicator moves.
 //
 // Messages: a call lists, per peer, the ranges of routed rows it sends and receives (one per
-// segment, or per part of a segment). Ranges under kPackBelowBytes travel coalesced: packed
-// into one message per peer (a local copy on each side), where the per-message cost would
-// exceed the copy's; larger ranges go directly, without a copy. Both sides see the same
-// range sizes in the same order, so they cut the same messages.
+// segment, or per part of a segment). Where both buffers of a call are back to back (the
+// packed layout: `Segments::back_to_back`, the same on every rank), consecutive segments
+// that go to consecutive segments on the peer are one range: a peer's whole part is then one
+// message, without a copy. Ranges under kPackBelowBytes travel coalesced: packed into one
+// message per peer (a local copy on each side), where the per-message cost would exceed the
+// copy's; larger ranges go directly, without a copy. Both sides see the same range sizes in
+// the same order (the merge rule reads only the segment indices and the layouts' flags, never
+// the addresses), so they cut the same messages.
 //
 // Steady state: the request list, the range lists, the packing buffers (sized by the number
 // of ranges a call lists, not by the routing) and the caller's scratch are kept between
@@ -42,6 +46,10 @@ struct Segments {
   const int32_t* fill = nullptr;
   int64_t count = 0;
   const int64_t* first = nullptr;
+  // Segment i + 1 starts right where segment i's routed rows end (first[i + 1] = first[i] +
+  // fill[i]: the packed layout, and any part view of it). A property of the layout, the same
+  // on every rank for the same buffer, so both sides of a message may rely on it.
+  bool back_to_back = false;
   int64_t routed_rows() const;
   // Segment i's routed rows, checked to lie in [0, slots].
   int64_t fill_of(int64_t i) const;
@@ -106,6 +114,9 @@ class RowExchange {
     float* data;
     int64_t elems;
   };
+  // Appends a range to `list`, or extends its last range when `joins` (the caller's rule, the
+  // same on both sides of the message); checks that a joined range really continues the last.
+  static void append(std::vector<Range>& list, float* data, int64_t elems, bool joins);
   // Posts the messages of the listed ranges (sends_[p], recvs_[p]) to / from every peer but
   // this rank (small ranges packed), waits, unpacks, and returns the bytes received. No list
   // holds more than `ranges_per_peer` ranges, whatever the routing.
@@ -116,9 +127,10 @@ class RowExchange {
   // Grows `t` (never shrinks) to at least `elems` floats in the communicator's space.
   static void reserve(Tensor& t, int64_t elems, const Communicator& c);
   // Source segment s goes to destination segment d on peer p: listed for run(), or copied
-  // locally when p is this rank (`me`).
+  // locally when p is this rank (`me`). `follows`: the pair listed before for p was
+  // (s - 1, d - 1); with both layouts back to back the two are then one range.
   void pair(int p, int me, const Segments& src, int64_t s, const Segments& dst, int64_t d,
-            int64_t row_elems, RowOps& ops);
+            bool follows, int64_t row_elems, RowOps& ops);
 
   std::vector<std::vector<Range>> sends_, recvs_;  // by peer
   std::vector<RequestPtr> requests_;
