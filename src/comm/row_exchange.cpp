@@ -49,6 +49,7 @@ void RowExchange::reset(int n) {
   }
   for (auto& v : sends_) v.clear();  // capacity kept
   for (auto& v : recvs_) v.clear();
+  local_.clear();
 }
 
 void RowExchange::reserve(Tensor& t, int64_t elems, const Communicator& c) {
@@ -123,6 +124,8 @@ double RowExchange::exchange(Communicator& c, int64_t ranges_per_peer, RowOps& o
     recv_off += pack_in;
     send_off += pack_out;
   }
+  // This rank's own part is copied while the messages travel (it feeds none of them).
+  for (const Copy& k : local_) ops.copy(k.dst, k.src, k.elems);
   wait_all(requests_);  // clears the list, keeps its capacity
   recv_off = 0;
   for (int p = 0; p < n; ++p) {
@@ -156,12 +159,11 @@ void RowExchange::append(std::vector<Range>& list, float* data, int64_t elems, b
 }
 
 void RowExchange::pair(int p, int me, const Segments& src, int64_t s, const Segments& dst,
-                       int64_t d, bool follows, int64_t row_elems, RowOps& ops) {
+                       int64_t d, bool follows, int64_t row_elems) {
   const size_t peer = static_cast<size_t>(p);
   if (p == me) {
     PARM_CHECK_EQ(src.fill_of(s), dst.fill_of(d));
-    ops.copy(dst.rows(d, row_elems), src.rows(s, row_elems),
-             src.fill_of(s) * row_elems);
+    local_.push_back({dst.rows(d, row_elems), src.rows(s, row_elems), src.fill_of(s) * row_elems});
     return;
   }
   const bool joins = follows && src.back_to_back && dst.back_to_back;
@@ -180,7 +182,7 @@ void RowExchange::alltoall(Communicator& c, const Segments& src, const Segments&
   reset(n);
   for (int p = 0; p < n; ++p)
     for (int64_t i = p * per; i < (p + 1) * per; ++i)
-      pair(p, me, src, i, dst, i, i > p * per, row_elems, ops);
+      pair(p, me, src, i, dst, i, i > p * per, row_elems);
   run(c, CommOp::kAllToAllv, ranges_per_peer(CommOp::kAllToAllv, src.count, dst.count, n), t0,
       ops);
 }
@@ -198,7 +200,7 @@ void RowExchange::allgather(Communicator& c, const Segments& src, const Segments
   for (int p = 0; p < n; ++p)
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t i = 0; i < inner; ++i) {
-        pair(p, me, src, o * inner + i, dst, (o * n + p) * inner + i, i > 0, row_elems, ops);
+        pair(p, me, src, o * inner + i, dst, (o * n + p) * inner + i, i > 0, row_elems);
       }
   run(c, CommOp::kAllGather, ranges_per_peer(CommOp::kAllGather, src.count, dst.count, n), t0,
       ops);

@@ -118,21 +118,28 @@ class RowExchange {
   // same on both sides of the message); checks that a joined range really continues the last.
   static void append(std::vector<Range>& list, float* data, int64_t elems, bool joins);
   // Posts the messages of the listed ranges (sends_[p], recvs_[p]) to / from every peer but
-  // this rank (small ranges packed), waits, unpacks, and returns the bytes received. No list
-  // holds more than `ranges_per_peer` ranges, whatever the routing.
+  // this rank (small ranges packed), makes the listed local copies (this rank's own part)
+  // while they travel, waits, unpacks, and returns the bytes received. No list holds more
+  // than `ranges_per_peer` ranges, whatever the routing.
   double exchange(Communicator& c, int64_t ranges_per_peer, RowOps& ops);
   // exchange(), then records one call of `op` with the bytes received.
   void run(Communicator& c, CommOp op, int64_t ranges_per_peer, double start_us, RowOps& ops);
   void reset(int n);
   // Grows `t` (never shrinks) to at least `elems` floats in the communicator's space.
   static void reserve(Tensor& t, int64_t elems, const Communicator& c);
-  // Source segment s goes to destination segment d on peer p: listed for run(), or copied
-  // locally when p is this rank (`me`). `follows`: the pair listed before for p was
+  // Source segment s goes to destination segment d on peer p: listed for run(), as a message
+  // or, when p is this rank (`me`), as a local copy. `follows`: the pair listed before for p was
   // (s - 1, d - 1); with both layouts back to back the two are then one range.
   void pair(int p, int me, const Segments& src, int64_t s, const Segments& dst, int64_t d,
-            bool follows, int64_t row_elems, RowOps& ops);
+            bool follows, int64_t row_elems);
 
+  struct Copy {
+    float* dst;
+    const float* src;
+    int64_t elems;
+  };
   std::vector<std::vector<Range>> sends_, recvs_;  // by peer
+  std::vector<Copy> local_;                        // this rank's own part
   std::vector<RequestPtr> requests_;
   Tensor pack_send_, pack_recv_;  // packed small ranges, all peers back to back
   int64_t messages_sent_ = 0;

@@ -11,7 +11,7 @@
 namespace parm {
 namespace {
 
-class HostRowOps final : public RowOps {
+class HostRowOps : public RowOps {
  public:
   void copy(float* dst, const float* src, int64_t n) override {
     if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
@@ -137,9 +137,21 @@ TEST(RowExchange, BackToBackSegmentsTravelAsOneMessagePerPeer) {
         df[static_cast<size_t>(i)] = fill_of(static_cast<int>(i / per), me * per + i % per, slots);
       Packed dst = make(df);
       RowExchange x;
-      HostRowOps ops;
+      // This rank's own part is copied while the messages travel: after all are posted.
+      struct Watch final : HostRowOps {
+        const RowExchange* x = nullptr;
+        std::vector<int64_t> posted;  // messages posted at each copy
+        void copy(float* d, const float* s, int64_t n) override {
+          posted.push_back(x->messages_sent());
+          HostRowOps::copy(d, s, n);
+        }
+      } ops;
+      ops.x = &x;
       x.alltoall(c, src.view(slots, b2b), dst.view(slots, b2b), row_elems, ops);
       EXPECT_EQ(x.messages_sent(), want_messages) << "alltoall, back_to_back " << b2b;
+      ASSERT_EQ(ops.posted.size(), static_cast<size_t>(per)) << "alltoall: local copies";
+      for (int64_t posted : ops.posted)
+        EXPECT_EQ(posted, want_messages) << "alltoall: a local copy before the messages left";
       for (int64_t i = 0; i < count; ++i)
         for (int64_t j = 0; j < df[static_cast<size_t>(i)]; ++j)
           ASSERT_EQ(dst.rows[static_cast<size_t>((dst.first[static_cast<size_t>(i)] + j) *
