@@ -49,6 +49,7 @@ void RowExchange::reset(int n) {
   }
   for (auto& v : sends_) v.clear();  // capacity kept
   for (auto& v : recvs_) v.clear();
+  local_.clear();
 }
 
 void RowExchange::reserve(Tensor& t, int64_t elems, const Communicator& c) {
@@ -123,6 +124,8 @@ double RowExchange::exchange(Communicator& c, int64_t ranges_per_peer, RowOps& o
     recv_off += pack_in;
     send_off += pack_out;
   }
+  // This rank's own part is copied while the messages travel (it feeds none of them).
+  for (const Copy& k : local_) ops.copy(k.dst, k.src, k.elems);
   wait_all(requests_);  // clears the list, keeps its capacity
   recv_off = 0;
   for (int p = 0; p < n; ++p) {
@@ -142,17 +145,30 @@ void RowExchange::run(Communicator& c, CommOp op, int64_t ranges_per_peer, doubl
   c.record(op, received, now_us() - start_us);
 }
 
+void RowExchange::append(std::vector<Range>& list, float* data, int64_t elems, bool joins) {
+  if (!joins || list.empty()) {
+    list.push_back({data, elems});
+    return;
+  }
+  Range& last = list.back();
+  PARM_CHECK(last.data + last.elems == data,
+             "row exchange: a segment said to be back to back starts {} floats after the end "
+             "of the one before it (a layout whose first[] is not the prefix sum of its fills)",
+             data - (last.data + last.elems));
+  last.elems += elems;
+}
+
 void RowExchange::pair(int p, int me, const Segments& src, int64_t s, const Segments& dst,
-                       int64_t d, int64_t row_elems, RowOps& ops) {
+                       int64_t d, bool follows, int64_t row_elems) {
   const size_t peer = static_cast<size_t>(p);
   if (p == me) {
     PARM_CHECK_EQ(src.fill_of(s), dst.fill_of(d));
-    ops.copy(dst.rows(d, row_elems), src.rows(s, row_elems),
-             src.fill_of(s) * row_elems);
+    local_.push_back({dst.rows(d, row_elems), src.rows(s, row_elems), src.fill_of(s) * row_elems});
     return;
   }
-  sends_[peer].push_back({src.rows(s, row_elems), src.fill_of(s) * row_elems});
-  recvs_[peer].push_back({dst.rows(d, row_elems), dst.fill_of(d) * row_elems});
+  const bool joins = follows && src.back_to_back && dst.back_to_back;
+  append(sends_[peer], src.rows(s, row_elems), src.fill_of(s) * row_elems, joins);
+  append(recvs_[peer], dst.rows(d, row_elems), dst.fill_of(d) * row_elems, joins);
 }
 
 void RowExchange::alltoall(Communicator& c, const Segments& src, const Segments& dst,
@@ -165,7 +181,8 @@ void RowExchange::alltoall(Communicator& c, const Segments& src, const Segments&
   const int64_t per = src.count / n;
   reset(n);
   for (int p = 0; p < n; ++p)
-    for (int64_t i = p * per; i < (p + 1) * per; ++i) pair(p, me, src, i, dst, i, row_elems, ops);
+    for (int64_t i = p * per; i < (p + 1) * per; ++i)
+      pair(p, me, src, i, dst, i, i > p * per, row_elems);
   run(c, CommOp::kAllToAllv, ranges_per_peer(CommOp::kAllToAllv, src.count, dst.count, n), t0,
       ops);
 }
@@ -183,7 +200,7 @@ void RowExchange::allgather(Communicator& c, const Segments& src, const Segments
   for (int p = 0; p < n; ++p)
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t i = 0; i < inner; ++i) {
-        pair(p, me, src, o * inner + i, dst, (o * n + p) * inner + i, row_elems, ops);
+        pair(p, me, src, o * inner + i, dst, (o * n + p) * inner + i, i > 0, row_elems);
       }
   run(c, CommOp::kAllGather, ranges_per_peer(CommOp::kAllGather, src.count, dst.count, n), t0,
       ops);
@@ -217,10 +234,14 @@ void RowExchange::reduce_scatter(Communicator& c, const Segments& src, const Seg
   reset(n);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
+    // The received rows land back to back in the scratch; the sent ones are one range where
+    // the source is back to back (the same on every rank, so both sides join alike).
     int64_t off = 0;
     for (int64_t i = 0; i < S; ++i) {
-      sends_[p].push_back({src.rows(p * S + i, row_elems), src.fill_of(p * S + i) * row_elems});
-      recvs_[p].push_back({region(p) + off, dst.fill_of(i) * row_elems});
+      const bool joins = i > 0 && src.back_to_back;
+      append(sends_[p], src.rows(p * S + i, row_elems), src.fill_of(p * S + i) * row_elems,
+             joins);
+      append(recvs_[p], region(p) + off, dst.fill_of(i) * row_elems, joins);
       off += dst.fill_of(i) * row_elems;
     }
   }
@@ -250,10 +271,14 @@ void RowExchange::allreduce(Communicator& c, const Segments& buf, float* scratch
   const int64_t mine = (first(me + 1) - first(me)) * row_elems;
   // Scratch region q: rank q's part of my rows (region me: my own, kept before the sum).
   auto region = [&](int q) { return scratch + q * mine; };
-  // Lists rank q's rows of buf (one range per segment they touch) on `to`.
+  // Lists rank q's rows of buf on `to`: one range per segment they touch, or one in all
+  // where buf is back to back (every rank's view of it is, so both sides join alike).
   auto list_rows = [&](std::vector<Range>& to, int q) {
-    for_rows(buf, first(q), first(q + 1), row_elems,
-             [&](float* rows, int64_t elems) { to.push_back({rows, elems}); });
+    bool later = false;
+    for_rows(buf, first(q), first(q + 1), row_elems, [&](float* rows, int64_t elems) {
+      append(to, rows, elems, later && buf.back_to_back);
+      later = true;
+    });
   };
   int64_t off = 0;
   for_rows(buf, first(me), first(me + 1), row_elems, [&](float* rows, int64_t elems) {
@@ -267,9 +292,11 @@ void RowExchange::allreduce(Communicator& c, const Segments& buf, float* scratch
     list_rows(sends_[static_cast<size_t>(q)], q);
     // The same cuts as the sender's ranges (messages pair one to one).
     off = 0;
+    bool later = false;
     for_rows(buf, first(me), first(me + 1), row_elems, [&](float*, int64_t elems) {
-      recvs_[static_cast<size_t>(q)].push_back({region(q) + off, elems});
+      append(recvs_[static_cast<size_t>(q)], region(q) + off, elems, later && buf.back_to_back);
       off += elems;
+      later = true;
     });
   }
   double received = exchange(c, ranges_per_peer(CommOp::kAllReduce, buf.count, buf.count, n), ops);

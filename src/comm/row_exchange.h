@@ -12,10 +12,14 @@
 // buffers may live on any device the communicator moves.
 //
 // Messages: a call lists, per peer, the ranges of routed rows it sends and receives (one per
-// segment, or per part of a segment). Ranges under kPackBelowBytes travel coalesced: packed
-// into one message per peer (a local copy on each side), where the per-message cost would
-// exceed the copy's; larger ranges go directly, without a copy. Both sides see the same
-// range sizes in the same order, so they cut the same messages.
+// segment, or per part of a segment). Where both buffers of a call are back to back (the
+// packed layout: `Segments::back_to_back`, the same on every rank), consecutive segments
+// that go to consecutive segments on the peer are one range: a peer's whole part is then one
+// message, without a copy. Ranges under kPackBelowBytes travel coalesced: packed into one
+// message per peer (a local copy on each side), where the per-message cost would exceed the
+// copy's; larger ranges go directly, without a copy. Both sides see the same range sizes in
+// the same order (the merge rule reads only the segment indices and the layouts' flags, never
+// the addresses), so they cut the same messages.
 //
 // Steady state: the request list, the range lists, the packing buffers (sized by the number
 // of ranges a call lists, not by the routing) and the caller's scratch are kept between
@@ -42,6 +46,10 @@ struct Segments {
   const int32_t* fill = nullptr;
   int64_t count = 0;
   const int64_t* first = nullptr;
+  // Segment i + 1 starts right where segment i's routed rows end (first[i + 1] = first[i] +
+  // fill[i]: the packed layout, and any part view of it). A property of the layout, the same
+  // on every rank for the same buffer, so both sides of a message may rely on it.
+  bool back_to_back = false;
   int64_t routed_rows() const;
   // Segment i's routed rows, checked to lie in [0, slots].
   int64_t fill_of(int64_t i) const;
@@ -106,21 +114,32 @@ class RowExchange {
     float* data;
     int64_t elems;
   };
+  // Appends a range to `list`, or extends its last range when `joins` (the caller's rule, the
+  // same on both sides of the message); checks that a joined range really continues the last.
+  static void append(std::vector<Range>& list, float* data, int64_t elems, bool joins);
   // Posts the messages of the listed ranges (sends_[p], recvs_[p]) to / from every peer but
-  // this rank (small ranges packed), waits, unpacks, and returns the bytes received. No list
-  // holds more than `ranges_per_peer` ranges, whatever the routing.
+  // this rank (small ranges packed), makes the listed local copies (this rank's own part)
+  // while they travel, waits, unpacks, and returns the bytes received. No list holds more
+  // than `ranges_per_peer` ranges, whatever the routing.
   double exchange(Communicator& c, int64_t ranges_per_peer, RowOps& ops);
   // exchange(), then records one call of `op` with the bytes received.
   void run(Communicator& c, CommOp op, int64_t ranges_per_peer, double start_us, RowOps& ops);
   void reset(int n);
   // Grows `t` (never shrinks) to at least `elems` floats in the communicator's space.
   static void reserve(Tensor& t, int64_t elems, const Communicator& c);
-  // Source segment s goes to destination segment d on peer p: listed for run(), or copied
-  // locally when p is this rank (`me`).
+  // Source segment s goes to destination segment d on peer p: listed for run(), as a message
+  // or, when p is this rank (`me`), as a local copy. `follows`: the pair listed before for p was
+  // (s - 1, d - 1); with both layouts back to back the two are then one range.
   void pair(int p, int me, const Segments& src, int64_t s, const Segments& dst, int64_t d,
-            int64_t row_elems, RowOps& ops);
+            bool follows, int64_t row_elems);
 
+  struct Copy {
+    float* dst;
+    const float* src;
+    int64_t elems;
+  };
   std::vector<std::vector<Range>> sends_, recvs_;  // by peer
+  std::vector<Copy> local_;                        // this rank's own part
   std::vector<RequestPtr> requests_;
   Tensor pack_send_, pack_recv_;  // packed small ranges, all peers back to back
   int64_t messages_sent_ = 0;

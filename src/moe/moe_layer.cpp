@@ -376,6 +376,7 @@ Segments MoeLayer::segments(int id, bool grad, int64_t split) {
   const auto& f = fills(id);
   Segments seg{t.data(), spec.slots, f.data(), static_cast<int64_t>(f.size())};
   seg.first = packed_first(id);
+  seg.back_to_back = seg.first != nullptr;  // packed: first[] is the prefix sum of the fills
   PARM_CHECK(seg.first != nullptr || seg.count * spec.slots * shape_.model_dim == t.numel(),
              "buffer {} ({}) has {} fill counts for segments of {} rows", spec.name,
              shape_str(t.shape()), f.size(), spec.slots);
@@ -391,6 +392,8 @@ Segments MoeLayer::segments(int id, bool grad, int64_t split) {
     }
   Segments view{t.data(), spec.slots / split, view_fills_.data(), seg.count * split};
   view.first = view_first_.data();
+  // Part j + 1 of a segment follows part j, and the next segment's part 0 its last part.
+  view.back_to_back = seg.back_to_back;
   return view;
 }
 

@@ -11,7 +11,7 @@
 namespace parm {
 namespace {
 
-class HostRowOps final : public RowOps {
+class HostRowOps : public RowOps {
  public:
   void copy(float* dst, const float* src, int64_t n) override {
     if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
@@ -83,6 +83,122 @@ TEST(RowExchange, AlltoallSmallRangesTravelAsOneMessagePerPeer) {
     EXPECT_EQ(x.messages_sent(), packed ? n - 1 : (n - 1) * per) << "row_elems " << row_elems;
     EXPECT_EQ(c.stats().op(CommOp::kAllToAllv).bus_bytes, routed_in * row_elems * 4.0);
     EXPECT_EQ(c.stats().op(CommOp::kAllToAllv).calls, 1);
+  }
+}
+
+// The packed layout (segments back to back at the prefix sums of their fills): with
+// Segments::back_to_back a peer's whole part of an alltoall, an allgather or a
+// reduce-scatter is one message (ranges too large to pack: (n - 1) x per without the flag),
+// and the rows arrive exactly as they do without it.
+TEST(RowExchange, BackToBackSegmentsTravelAsOneMessagePerPeer) {
+  auto topo = world_topology();
+  Communicator& c = topo->comm(Group::kWorld);
+  const int n = c.size(), me = c.rank();
+  const int64_t per = 3, slots = 4, count = per * n;
+  const int64_t row_elems = RowExchange::kPackBelowBytes / static_cast<int64_t>(sizeof(float));
+  struct Packed {  // one packed buffer: fills, starts, rows
+    std::vector<int32_t> fill;
+    std::vector<int64_t> first;
+    std::vector<float> rows;
+    Segments view(int64_t slots, bool b2b) {
+      Segments s{rows.data(), slots, fill.data(), static_cast<int64_t>(fill.size()),
+                 first.data()};
+      s.back_to_back = b2b;
+      return s;
+    }
+  };
+  auto make = [&](std::vector<int32_t> fill) {
+    Packed b{std::move(fill), {}, {}};
+    b.first.resize(b.fill.size());
+    int64_t at = 0;
+    for (size_t i = 0; i < b.fill.size(); ++i) b.first[i] = at, at += b.fill[i];
+    b.rows.assign(static_cast<size_t>(at * row_elems), kUnrouted);
+    return b;
+  };
+  // Segment i of rank r, filled with its payload.
+  auto source = [&](int r, int64_t num) {
+    std::vector<int32_t> f(static_cast<size_t>(num));
+    for (int64_t i = 0; i < num; ++i) f[static_cast<size_t>(i)] = fill_of(r, i, slots);
+    Packed b = make(f);
+    for (int64_t i = 0; i < num; ++i)
+      for (int64_t j = 0; j < f[static_cast<size_t>(i)]; ++j)
+        for (int64_t e = 0; e < row_elems; ++e)
+          b.rows[static_cast<size_t>((b.first[static_cast<size_t>(i)] + j) * row_elems + e)] =
+              payload(r, i, j, e);
+    return b;
+  };
+  for (const bool b2b : {false, true}) {
+    const int64_t want_messages = b2b ? n - 1 : (n - 1) * per;
+    // alltoall: destination part p = peer p's source part `me`.
+    {
+      Packed src = source(me, count);
+      std::vector<int32_t> df(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i)
+        df[static_cast<size_t>(i)] = fill_of(static_cast<int>(i / per), me * per + i % per, slots);
+      Packed dst = make(df);
+      RowExchange x;
+      // This rank's own part is copied while the messages travel: after all are posted.
+      struct Watch final : HostRowOps {
+        const RowExchange* x = nullptr;
+        std::vector<int64_t> posted;  // messages posted at each copy
+        void copy(float* d, const float* s, int64_t n) override {
+          posted.push_back(x->messages_sent());
+          HostRowOps::copy(d, s, n);
+        }
+      } ops;
+      ops.x = &x;
+      x.alltoall(c, src.view(slots, b2b), dst.view(slots, b2b), row_elems, ops);
+      EXPECT_EQ(x.messages_sent(), want_messages) << "alltoall, back_to_back " << b2b;
+      ASSERT_EQ(ops.posted.size(), static_cast<size_t>(per)) << "alltoall: local copies";
+      for (int64_t posted : ops.posted)
+        EXPECT_EQ(posted, want_messages) << "alltoall: a local copy before the messages left";
+      for (int64_t i = 0; i < count; ++i)
+        for (int64_t j = 0; j < df[static_cast<size_t>(i)]; ++j)
+          ASSERT_EQ(dst.rows[static_cast<size_t>((dst.first[static_cast<size_t>(i)] + j) *
+                                                 row_elems + 1)],
+                    payload(static_cast<int>(i / per), me * per + i % per, j, 1))
+              << "alltoall rank " << me << " segment " << i << " row " << j;
+    }
+    // allgather: destination segment (p, i) = peer p's segment i.
+    {
+      Packed src = source(me, per);
+      std::vector<int32_t> df(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i)
+        df[static_cast<size_t>(i)] = fill_of(static_cast<int>(i / per), i % per, slots);
+      Packed dst = make(df);
+      RowExchange x;
+      HostRowOps ops;
+      x.allgather(c, src.view(slots, b2b), dst.view(slots, b2b), 1, row_elems, ops);
+      EXPECT_EQ(x.messages_sent(), want_messages) << "allgather, back_to_back " << b2b;
+      for (int64_t i = 0; i < count; ++i)
+        for (int64_t j = 0; j < df[static_cast<size_t>(i)]; ++j)
+          ASSERT_EQ(dst.rows[static_cast<size_t>((dst.first[static_cast<size_t>(i)] + j) *
+                                                 row_elems + 1)],
+                    payload(static_cast<int>(i / per), i % per, j, 1))
+              << "allgather rank " << me << " segment " << i << " row " << j;
+    }
+    // reduce_scatter: my segment i = sum over ranks of their segment (me, i); the same fills
+    // on every rank for the segments that meet.
+    {
+      std::vector<int32_t> sf(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) sf[static_cast<size_t>(i)] = fill_of(0, i, slots);
+      Packed src = make(sf);
+      for (size_t k = 0; k < src.rows.size(); ++k)
+        src.rows[k] = static_cast<float>(me + 1) * static_cast<float>(k % 97);
+      Packed dst = make(std::vector<int32_t>(sf.begin() + me * per, sf.begin() + (me + 1) * per));
+      std::vector<float> scratch(static_cast<size_t>((n - 1) * dst.first.back() * row_elems +
+                                                     (n - 1) * dst.fill.back() * row_elems));
+      RowExchange x;
+      HostRowOps ops;
+      x.reduce_scatter(c, src.view(slots, b2b), dst.view(slots, b2b), scratch.data(), row_elems,
+                       ops);
+      EXPECT_EQ(x.messages_sent(), want_messages) << "reduce_scatter, back_to_back " << b2b;
+      const int64_t at = src.first[static_cast<size_t>(me * per)] * row_elems;
+      for (size_t k = 0; k < dst.rows.size(); ++k)
+        ASSERT_EQ(dst.rows[k], static_cast<float>(n * (n + 1) / 2) *
+                                   static_cast<float>((static_cast<int64_t>(k) + at) % 97))
+            << "reduce_scatter rank " << me << " element " << k;
+    }
   }
 }
 
