@@ -305,9 +305,16 @@ TEST(PerfModel, AutoPicksFusedOnlyWhenItPays) {
   auto c = predict_candidates(comm_only_profile(0.1, 1e-2, 0.1, 1e-2, 1.0), shape, t, 4, s1,
                               {false, true});
   EXPECT_TRUE(c[choose(c)].pred.fused);
-  // No overlap and a per-piece alpha: the pieces only add latency.
+  // No overlap: the fused step costs its parts unfused, each paying its latency once (not
+  // W times), so the totals agree.
   c = predict_candidates(comm_only_profile(50.0, 1e-2, 50.0, 1e-2, 0.0), shape, t, 4, s1,
                          {false, true});
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_NEAR(c[1].pred.total_us(), c[0].pred.total_us(), 1e-6 * c[0].pred.total_us());
+  // ... and with a cost per extra piece, the pieces only add time: unfused wins.
+  Profile slow = comm_only_profile(50.0, 1e-2, 50.0, 1e-2, 0.0);
+  slow.fused.per_piece_us = 10.0;
+  c = predict_candidates(slow, shape, t, 4, s1, {false, true});
   EXPECT_FALSE(c[choose(c)].pred.fused);
 }
 
