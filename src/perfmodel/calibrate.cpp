@@ -266,14 +266,34 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
     }
   }
   const std::string inter_source = topo.nodes_emulated() ? "emulated" : "measured";
-  for (Link link : {Link::kIntra, Link::kInter})
+  for (Link link : {Link::kIntra, Link::kInter}) {
+    std::vector<size_t> fitted;
+    std::vector<double> alphas;
     for (size_t oi = 0; oi < kModelOps.size(); ++oi) {
       const auto& shapes = by_entry[entry(link, oi)];
       if (shapes.empty()) continue;
       (link == Link::kIntra ? has_intra : has_inter) = true;
       fit_link_op(link, kModelOps[oi], shapes,
                   link == Link::kIntra ? std::string("measured") : inter_source, cal.profile);
-      const CommFit& e = cal.profile.collective(link, kModelOps[oi]);
+      fitted.push_back(oi);
+      alphas.push_back(cal.profile.collective(link, kModelOps[oi]).alpha_us);
+    }
+    if (fitted.empty()) continue;
+    // One latency of a pair for every op on this link (fit.h: pair_latency).
+    const double pair_us = pair_latency(alphas);
+    log("  {:<5} latency of a pair, every op: {:.2f} us (median of the ops' {:.2f} us)",
+        link_name(link), pair_us, fmt::join(alphas, ", "));
+    for (size_t j = 0; j < fitted.size(); ++j) {
+      const size_t oi = fitted[j];
+      CommFit& e = cal.profile.collective(link, kModelOps[oi]);
+      e.alpha_us = pair_us;
+      std::vector<double> meas, pred;
+      for (const auto& sh : by_entry[entry(link, oi)])
+        for (size_t i = 0; i < sh.bus.size(); ++i) {
+          meas.push_back(sh.us[i]);
+          pred.push_back(collective_us(cal.profile, kModelOps[oi], sh.span, sh.bus[i]));
+        }
+      e.r2 = r_squared(meas, pred);
       log("  {:<5} {:<14} alpha {:8.2f} us + {:7.2f} us/rank beyond 2  beta {:.3e} us/B "
           "({:7.3f} GB/s{})  r2 {:.4f}  [{} samples, sizes {}]",
           link_name(link), comm_op_name(kModelOps[oi]), e.alpha_us, e.alpha_per_rank_us,
@@ -281,6 +301,7 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
           link == Link::kInter ? " per node link" : " bus", e.r2, e.samples,
           fmt::join(e.group_sizes, ","));
     }
+  }
 }
 
 // Fused dispatch and combine on (ep, esp), each against its two parts run one after the

@@ -142,6 +142,11 @@ OverlapFit fit_overlap(const std::vector<double>& measured, const std::vector<do
   return f;
 }
 
+double pair_latency(const std::vector<double>& alpha_us) {
+  PARM_CHECK(!alpha_us.empty(), "a pooled pair latency needs at least one op's latency");
+  return median(alpha_us);
+}
+
 PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
                               const std::vector<std::vector<double>>& y) {
   PARM_CHECK_EQ(x.size(), y.size());

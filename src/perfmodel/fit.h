@@ -70,6 +70,13 @@ struct OverlapFit {
 OverlapFit fit_overlap(const std::vector<double>& measured, const std::vector<double>& unfused,
                        const std::vector<double>& pipelined, int chunks);
 
+// The latency of a group of 2 ranks on one link class, one for every op: the median of the
+// ops' own fitted latencies. At n = 2 each op is one exchange with the peer (Open MPI:
+// allreduce by recursive doubling, allgather, reduce_scatter and alltoall by one sendrecv),
+// so they pay one latency; the per-op fits differ by noise (one quiet calibration: allreduce
+// 312 us beside 84-106 us for the other three on the same link). Throws for an empty list.
+double pair_latency(const std::vector<double>& alpha_us);
+
 // 1 - SS_res / SS_tot of `predicted` against `measured` (1 when SS_tot is 0 and the
 // prediction is exact, 0 when it is not).
 double r_squared(const std::vector<double>& measured, const std::vector<double>& predicted);

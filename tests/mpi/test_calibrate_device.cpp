@@ -128,6 +128,11 @@ TEST(CalibrateDevice, MeasuresOnTheDevicesBuffersAndRecordsIt) {
     EXPECT_GT(dev.allocs, 0);
     EXPECT_EQ(dev.allocs, dev.releases);
     EXPECT_TRUE(allocations().empty());
+    // One latency of a pair for every op of a link (fit.h: pair_latency).
+    for (CommOp op : {CommOp::kAllGather, CommOp::kReduceScatter, CommOp::kAllToAll})
+      EXPECT_EQ(cal.profile.collective(perfmodel::Link::kIntra, op).alpha_us,
+                cal.profile.collective(perfmodel::Link::kIntra, CommOp::kAllReduce).alpha_us)
+          << comm_op_name(op);
     for (const char* entry : {"gemm.expert_nn", "memory.copy", "memory.gelu"}) {
       bool seen = false;
       for (const auto& s : cal.samples) seen = seen || s.entry == entry;

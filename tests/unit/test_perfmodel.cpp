@@ -869,6 +869,16 @@ TEST(Fit, RelativeLine) {
   EXPECT_THROW(fit_line_relative({1}, {1}), Error);
 }
 
+// One latency of a pair for every op on a link: the median of the ops' own fits. The quiet
+// 2 x 2, 1 Gbit/s calibration's intra latencies (allreduce, allgather, reduce_scatter,
+// alltoall): the outlying 312.66 us allreduce no longer sets what S1's two tiny allreduces pay.
+TEST(Fit, PairLatencyIsTheMedianOverTheOps) {
+  EXPECT_DOUBLE_EQ(pair_latency({312.66, 96.68, 83.88, 105.78}), (96.68 + 105.78) / 2);
+  EXPECT_DOUBLE_EQ(pair_latency({95.74, 126.72, 0.0, 126.72, 500.0}), 126.72);
+  EXPECT_DOUBLE_EQ(pair_latency({7.0}), 7.0);
+  EXPECT_THROW(pair_latency({}), Error);
+}
+
 TEST(Fit, FusedOverlapIsAMedianOfRatiosInZeroOne) {
   // Per size (unfused - fused) / (unfused - pipelined): 0.5, 0.5, and one delayed size at
   // -1.2: the median is 0.5 (a free line through these points has a negative slope); the
