@@ -5,6 +5,7 @@
 // Collective part (group g of n ranks, op o, bus bytes b per rank from
 // schedule::collective_parts; collective_us):
 //     alpha(n)   = alpha[L][o] + alpha_per_rank[L][o] * (n - 2)
+// (calibrate writes one alpha[L] for every op o: fit.h pair_latency)
 //     intra:  t = alpha_intra(n) + beta_intra[o] * b
 //     inter:  t = alpha_inter(n) + beta_intra[o] * intra_share * b
 //                                + beta_inter[o] * link_share * b
