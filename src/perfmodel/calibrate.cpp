@@ -244,7 +244,14 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
         if (count == 0) continue;
         const size_t total = op == CommOp::kAllReduce ? count : count * static_cast<size_t>(n);
         const auto send = filled(dev, total, 1.0f), recv = filled(dev, total, 0.0f);
-        const double us = time_all_ranks(w, o.warmup, o.iters, [&] {
+        // The two smallest sizes anchor the latency (fit_anchored_pooled): a median of 5
+        // there once put the intra allreduce at 312 us beside 84-106 us for the other ops
+        // on the same link (and 162 us beside 154-187 on the same cluster at 10 Gbit/s),
+        // and that latency, paid twice by S1's tiny l_aux and gate-gradient allreduces, made
+        // the baseline look faster where S1 was measured so. They cost microseconds: 3x the
+        // iterations.
+        const int iters = bytes <= 4 * o.min_bytes ? 3 * o.iters : o.iters;
+        const double us = time_all_ranks(w, o.warmup, iters, [&] {
           run_op(c, op, count, send->f(), recv->f());
           dev.sync();
         });
@@ -259,14 +266,34 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
     }
   }
   const std::string inter_source = topo.nodes_emulated() ? "emulated" : "measured";
-  for (Link link : {Link::kIntra, Link::kInter})
+  for (Link link : {Link::kIntra, Link::kInter}) {
+    std::vector<size_t> fitted;
+    std::vector<double> alphas;
     for (size_t oi = 0; oi < kModelOps.size(); ++oi) {
       const auto& shapes = by_entry[entry(link, oi)];
       if (shapes.empty()) continue;
       (link == Link::kIntra ? has_intra : has_inter) = true;
       fit_link_op(link, kModelOps[oi], shapes,
                   link == Link::kIntra ? std::string("measured") : inter_source, cal.profile);
-      const CommFit& e = cal.profile.collective(link, kModelOps[oi]);
+      fitted.push_back(oi);
+      alphas.push_back(cal.profile.collective(link, kModelOps[oi]).alpha_us);
+    }
+    if (fitted.empty()) continue;
+    // One latency of a pair for every op on this link (fit.h: pair_latency).
+    const double pair_us = pair_latency(alphas);
+    log("  {:<5} latency of a pair, every op: {:.2f} us (median of the ops' {:.2f} us)",
+        link_name(link), pair_us, fmt::join(alphas, ", "));
+    for (size_t j = 0; j < fitted.size(); ++j) {
+      const size_t oi = fitted[j];
+      CommFit& e = cal.profile.collective(link, kModelOps[oi]);
+      e.alpha_us = pair_us;
+      std::vector<double> meas, pred;
+      for (const auto& sh : by_entry[entry(link, oi)])
+        for (size_t i = 0; i < sh.bus.size(); ++i) {
+          meas.push_back(sh.us[i]);
+          pred.push_back(collective_us(cal.profile, kModelOps[oi], sh.span, sh.bus[i]));
+        }
+      e.r2 = r_squared(meas, pred);
       log("  {:<5} {:<14} alpha {:8.2f} us + {:7.2f} us/rank beyond 2  beta {:.3e} us/B "
           "({:7.3f} GB/s{})  r2 {:.4f}  [{} samples, sizes {}]",
           link_name(link), comm_op_name(kModelOps[oi]), e.alpha_us, e.alpha_per_rank_us,
@@ -274,15 +301,15 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
           link == Link::kInter ? " per node link" : " bus", e.r2, e.samples,
           fmt::join(e.group_sizes, ","));
     }
+  }
 }
 
 // Fused dispatch and combine on (ep, esp), each against its two parts run one after the
 // other, all interleaved in one loop (so that load changes hit them alike). The parts'
 // measured times t_i give the model's per-piece times c_i = alpha_i + (t_i - alpha_i) / W
-// (alpha_i from the collective fits), hence its serial and pipelined totals (model.h); the
-// fused time is then fitted as
-//     t_fused - serial = overlap * (pipelined - serial) + (W - 1) * per_piece_us
-// by least squares (per_piece_us >= 0: a line in (pipelined - serial) with that intercept).
+// (alpha_i from the collective fits), hence its unfused and pipelined totals (model.h); the
+// overlap is the median over sizes of (unfused - t_fused) / (unfused - pipelined) in [0, 1],
+// per_piece_us the median of what is left, per piece beyond the first.
 void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev,
                      Calibration& cal, const Logger& log) {
   Communicator& ep = topo.comm(Group::kEp);
@@ -339,7 +366,7 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
                                                : std::vector<Link>{esp_link, ep_link};
       meas.push_back(f);
       const std::vector<double> alphas = {alpha_a, alpha_b};
-      serial.push_back(fused_us(c, alphas, links, W, 0.0));
+      serial.push_back(fused_us(c, alphas, links, W, 0.0));  // the parts in sequence
       piped.push_back(fused_us(c, alphas, links, W, 1.0));
       const double bb = static_cast<double>(block * sizeof(float));
       cal.samples.push_back({dispatch ? "fused.dispatch" : "fused.combine",
@@ -351,123 +378,39 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
                              p1 + p2});
     }
   }
-  std::vector<double> gain(meas.size()), extra(meas.size());
-  double ratio_sum = 0.0;
-  bool spread = false;
+  const OverlapFit of = fit_overlap(meas, serial, piped, W);
+  ff.overlap = of.overlap;
+  ff.per_piece_us = of.per_piece_us;
+  std::vector<double> pred(meas.size()), ratios(meas.size());
   for (size_t i = 0; i < meas.size(); ++i) {
-    gain[i] = piped[i] - serial[i];
-    extra[i] = meas[i] - serial[i];
-    ratio_sum += meas[i] / serial[i];
-    spread = spread || std::abs(gain[i] - gain[0]) > 1e-9;
-  }
-  double raw = 1.0;
-  if (spread) {
-    // Intercept >= 0, slope free; absolute errors (the differences may be negative).
-    const LineFit f = fit_line(gain, extra, /*nonneg_slope=*/false);
-    raw = f.slope;
-    ff.per_piece_us = f.intercept / std::max(1, W - 1);
-  } else {
-    // Both parts on one link class: only their latencies overlap, by the same amount at
-    // every size, so overlap cannot be told from the per-piece cost; overlap 1, the rest
-    // per piece.
-    double sum = 0.0;
-    for (size_t i = 0; i < meas.size(); ++i) sum += meas[i] - piped[i];
-    ff.per_piece_us = std::max(0.0, sum / static_cast<double>(extra.size()) / std::max(1, W - 1));
-  }
-  // Below 0: the fused collective is slower than its parts one after the other; the model
-  // charges that.
-  ff.overlap = std::clamp(raw, kMinOverlap, 1.0);
-  std::vector<double> pred(meas.size());
-  for (size_t i = 0; i < meas.size(); ++i)
     pred[i] = serial[i] - ff.overlap * (serial[i] - piped[i]) + (W - 1) * ff.per_piece_us;
+    ratios[i] = meas[i] / serial[i];
+  }
   ff.r2 = r_squared(meas, pred);
   ff.samples = static_cast<int64_t>(meas.size());
   ff.source = topo.nodes_emulated() ? "emulated" : "measured";
   log("  fused dispatch+combine on ep ({} ranks, {}) x esp ({} ranks, {}), {} chunks: overlap "
-      "{:.3f} (unclamped {:.3f}), per piece {:.2f} us, r2 {:.4f}  [{} samples]; fused / parts "
-      "in sequence: {:.3f} on average",
-      n_ep, link_name(ep_link), n_esp, link_name(esp_link), W, ff.overlap, raw, ff.per_piece_us,
-      ff.r2, ff.samples, meas.empty() ? 0.0 : ratio_sum / static_cast<double>(meas.size()));
+      "{:.3f} (median of {} sizes {:.3f}, bounded to [0, 1]), per piece {:.2f} us, r2 {:.4f}  "
+      "[{} samples]; fused / parts in sequence: median {:.3f}",
+      n_ep, link_name(ep_link), n_esp, link_name(esp_link), W, ff.overlap, of.sizes_used, of.raw,
+      ff.per_piece_us, ff.r2, ff.samples, ratios.empty() ? 0.0 : median(ratios));
 }
 
-// A collective after computation against both alone, interleaved: 8 x (GEMM d^3, then a
-// 4 KiB alltoall on group c) per iteration, against 8 GEMMs and 8 alltoalls timed apart.
-// Returns {compute per step C, rendezvous per step (chain - GEMMs - alltoalls) / 8}.
-std::array<double, 2> time_rendezvous(Communicator& c, Communicator& world, int64_t dim,
-                                      int warmup, int iters, BenchDevice& dev) {
-  constexpr int kSteps = 8;
-  const size_t count = 1024 / static_cast<size_t>(c.size()) + 1;
-  const size_t total = count * static_cast<size_t>(c.size());
-  const auto send = filled(dev, total, 1.0f), recv = filled(dev, total, 0.0f);
-  const size_t n = static_cast<size_t>(dim * dim);
-  const auto a = filled(dev, n, 0.5f), b = filled(dev, n, 0.25f), out = filled(dev, n, 0.0f);
-  const auto [tc, tg, ta] = time_three_interleaved(world, warmup, iters, [&](int kind) {
-    for (int s = 0; s < kSteps; ++s) {
-      // 0: the chain, 1: GEMMs alone, 2: alltoalls alone
-      if (kind != 2)
-        dev.gemm(false, false, dim, dim, dim, a->f(), b->f(), out->f(), false, Precision::kFp32);
-      if (kind != 1) c.alltoall(send->f(), recv->f(), count);
-    }
-    dev.sync();
-  });
-  return {tg / kSteps, (tc - tg - ta) / kSteps};
-}
-
-// sync = us + per_compute * C fitted over compute lengths C (GEMMs of `dims`) on group g.
-void fit_rendezvous(Topology& topo, Group g, std::initializer_list<int64_t> dims, int warmup,
-                    int iters, BenchDevice& dev, SyncFit& f, const Logger& log) {
-  std::vector<double> compute, sync;
-  for (int64_t dim : dims) {
-    const auto [cu, su] =
-        time_rendezvous(topo.comm(g), topo.host_comm(Group::kWorld), dim, warmup, iters, dev);
-    compute.push_back(cu);
-    sync.push_back(su);
-    log("  after GEMM {}^3 ({:.0f} us per step) on {} ({} ranks, {}): rendezvous {:.1f} us "
-        "per step",
-        dim, cu, group_name(g), topo.comm(g).size(),
-        link_name(group_link(target_of(topo), g)), su);
+// The rendezvous (model.h: step_sync, step_sync_world) is not measured: it is set to 0.
+// Measured as a line over the compute before a collective (8 x a d^3 GEMM then a 4 KiB
+// alltoall against both timed apart), it came out as noise on this machine: a point after
+// 2.4 ms of compute at 80 us below one after 0.3 ms at 302 us, slopes 0-0.48 minutes apart,
+// negative points under load. Priced with the four quiet sweeps' own calibrated lines, it
+// made the choice worse on all four (selection, distinct: 2 x 2 1 Gbit/s 21% -> 38% without
+// it, 10 Gbit/s 35% -> 75%, one machine 33% -> 75%, 2 x 4 50% -> 70%; docs/perfmodel.md):
+// a fixed cost per collective step falls on the schedule with more (small) collective steps,
+// S1, which the sweeps measured fastest. A cluster file may still state one.
+void calibrate_step_sync(Calibration& cal, const Logger& log) {
+  for (SyncFit* f : {&cal.profile.step_sync, &cal.profile.step_sync_world}) {
+    *f = SyncFit{};
+    f->source = "assumed 0 (not measured: the calibrated lines made the choice worse)";
   }
-  const LineFit line = fit_line(compute, sync);
-  f.us = line.intercept;
-  f.per_compute = line.slope;
-  f.r2 = line.r2;
-  f.samples = static_cast<int64_t>(compute.size()) * iters;
-  f.source = topo.nodes_emulated() ? "emulated" : "measured";
-}
-
-// The rendezvous after compute of the layer's lengths (GEMMs of 128^3 to 384^3: 0.05 to 10
-// ms here; at 512^3, 15-25 ms, the GEMMs' own noise under load exceeded the rendezvous and
-// once made it negative), a line over the compute length, on a group smaller than the world
-// (step_sync) and on the world (step_sync_world): groups smaller than the world run out of
-// phase with one another on shared cores, the world's ranks in lock step (model.h).
-void calibrate_step_sync(Topology& topo, const CalibrateOptions& o, BenchDevice& dev,
-                         Calibration& cal, const Logger& log) {
-  const Layout& l = topo.layout();
-  const int iters = std::max(o.iters, 7);
-  Group sub = Group::kWorld;
-  for (Group g : {Group::kEp, Group::kEsp, Group::kMp}) {
-    const int n = topo.comm(g).size();
-    if (n > 1 && n < l.world) {
-      sub = g;
-      break;
-    }
-  }
-  fit_rendezvous(topo, Group::kWorld, {128, 384}, o.warmup, iters, dev,
-                 cal.profile.step_sync_world, log);
-  const SyncFit& w = cal.profile.step_sync_world;
-  log("  step sync on the world ({} ranks): {:.1f} us + {:.4f} x compute per collective step",
-      l.world, w.us, w.per_compute);
-  SyncFit& f = cal.profile.step_sync;
-  if (sub == Group::kWorld) {
-    f = w;
-    f.source = "assumed (copied from step_sync_world: no group smaller than the world)";
-    log("  no group smaller than the world in this layout: step_sync copies step_sync_world");
-    return;
-  }
-  fit_rendezvous(topo, sub, {128, 256, 384}, o.warmup, iters, dev, f, log);
-  log("  step sync on {} ({} ranks, smaller than the world): {:.1f} us + {:.4f} x compute per "
-      "collective step, r2 {:.3f}  [{} iters]",
-      group_name(sub), topo.comm(sub).size(), f.us, f.per_compute, f.r2, iters);
+  log("  not measured; step_sync and step_sync_world set to 0 (docs/perfmodel.md)");
 }
 
 void calibrate_gemm(Communicator& world, const CalibrateOptions& o, BenchDevice& dev,
@@ -521,7 +464,10 @@ void calibrate_gemm(Communicator& world, const CalibrateOptions& o, BenchDevice&
       cal.samples.push_back({fmt::format("gemm.{}", gemm_class_name(static_cast<GemmClass>(c))),
                              flops, us});
     }
-    LineFit f = fit_line(xs, ys);
+    // Relative errors: the shapes span three decades of flops, and in absolute least squares
+    // a few percent of misfit on the largest set a latency of 0.6 ms (expert_tn, a quiet
+    // calibration) that every one of a layer's 30-300 us products then paid.
+    LineFit f = fit_line_relative(xs, ys);
     if (f.slope <= 0.0) {
       // Times that do not grow with the flops (noise over too small shapes): a rate through
       // the origin is still a rate.
@@ -695,7 +641,7 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   log("fused collectives ({} chunks):", o.chunks);
   calibrate_fused(topo, o, dev, cal, log);
   log("collective after computation:");
-  calibrate_step_sync(topo, o, dev, cal, log);
+  calibrate_step_sync(cal, log);
   log("GEMM on {} at {} (all ranks at once, as in the layer):", device_name(dev.device()),
       precision_name(o.precision));
   calibrate_gemm(topo.host_comm(Group::kWorld), o, dev, cal, log);

@@ -18,14 +18,17 @@ namespace parm::perfmodel {
 
 struct CalibrateOptions {
   int64_t min_bytes = 4096;     // collective buffer sizes (nccl-tests convention), per rank,
-  int64_t max_bytes = 4 << 20;  // in x4 steps
+  int64_t max_bytes = 1 << 20;  // in x4 steps (a layer's collectives here: up to ~1 MB of
+                                // bus bytes; 4 MiB took most of a 2 x 4 calibration's time)
   int iters = 5;                // timed iterations per size (median of the max over ranks)
   int warmup = 1;
   int chunks = 4;               // pipeline depth of the fused collectives measured
-  // GEMM shapes: rows R x model dim M x expert hidden shard Hl (and the gate's E).
-  std::vector<int64_t> gemm_rows = {64, 512};
-  std::vector<int64_t> gemm_model_dims = {256, 1024};
-  std::vector<int64_t> gemm_hidden = {256, 1024};
+  // GEMM shapes: rows R x model dim M x expert hidden shard Hl (and the gate's E), the range
+  // of a layer's products here (2-270 MFLOP): 512 x 1024 x 1024 (1 GFLOP) ran 5-7x slower
+  // per flop than the rest under load and bent the rate of every smaller product.
+  std::vector<int64_t> gemm_rows = {32, 256};
+  std::vector<int64_t> gemm_model_dims = {128, 512};
+  std::vector<int64_t> gemm_hidden = {128, 1024};
   std::vector<int64_t> gate_experts = {8, 64};
   int gemm_iters = 3;
   // Where the products, kernels and collectives' buffers are measured (make_bench_device's

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "parm/error.h"
+#include "parm/stats.h"
 
 namespace parm::perfmodel {
 namespace {
@@ -76,6 +77,74 @@ LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y, boo
   }
   finish(f, x, y);
   return f;
+}
+
+LineFit fit_line_relative(const std::vector<double>& x, const std::vector<double>& y) {
+  PARM_CHECK_EQ(x.size(), y.size());
+  PARM_CHECK(x.size() >= 2, "a line fit needs at least 2 samples, got {}", x.size());
+  double sw = 0.0, mx = 0.0, my = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    PARM_CHECK(y[i] > 0.0, "a relative fit needs times > 0, sample {} is {}", i, y[i]);
+    const double w = 1.0 / (y[i] * y[i]);
+    sw += w;
+    mx += w * x[i];
+    my += w * y[i];
+  }
+  mx /= sw;
+  my /= sw;
+  double sxy = 0.0, sxx = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double w = 1.0 / (y[i] * y[i]);
+    sxy += w * (x[i] - mx) * (y[i] - my);
+    sxx += w * (x[i] - mx) * (x[i] - mx);
+  }
+  PARM_CHECK(sxx > 0.0, "a line fit needs samples at more than one x");
+  LineFit f;
+  f.slope = sxy / sxx;
+  f.intercept = my - f.slope * mx;
+  if (f.slope < 0.0) {
+    f.slope = 0.0;
+    f.intercept = my;
+  } else if (f.intercept < 0.0) {
+    double wxy = 0.0, wxx = 0.0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double w = 1.0 / (y[i] * y[i]);
+      wxy += w * x[i] * y[i];
+      wxx += w * x[i] * x[i];
+    }
+    PARM_CHECK(wxx > 0.0, "a fit through the origin needs some x != 0");
+    f.slope = wxy / wxx;
+    f.intercept = 0.0;
+  }
+  finish(f, x, y);
+  return f;
+}
+
+OverlapFit fit_overlap(const std::vector<double>& measured, const std::vector<double>& unfused,
+                       const std::vector<double>& pipelined, int chunks) {
+  PARM_CHECK_EQ(measured.size(), unfused.size());
+  PARM_CHECK_EQ(measured.size(), pipelined.size());
+  PARM_CHECK(chunks >= 1, "fused overlap fit with {} chunks", chunks);
+  OverlapFit f;
+  std::vector<double> shares;
+  for (size_t i = 0; i < measured.size(); ++i) {
+    const double gain = unfused[i] - pipelined[i];
+    if (gain > 0.02 * unfused[i]) shares.push_back((unfused[i] - measured[i]) / gain);
+  }
+  f.sizes_used = static_cast<int64_t>(shares.size());
+  f.raw = shares.empty() ? 1.0 : median(shares);
+  f.overlap = std::clamp(f.raw, 0.0, 1.0);
+  if (measured.empty() || chunks == 1) return f;
+  std::vector<double> rest(measured.size());
+  for (size_t i = 0; i < measured.size(); ++i)
+    rest[i] = measured[i] - (unfused[i] - f.overlap * (unfused[i] - pipelined[i]));
+  f.per_piece_us = std::max(0.0, median(rest)) / (chunks - 1);
+  return f;
+}
+
+double pair_latency(const std::vector<double>& alpha_us) {
+  PARM_CHECK(!alpha_us.empty(), "a pooled pair latency needs at least one op's latency");
+  return median(alpha_us);
 }
 
 PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,

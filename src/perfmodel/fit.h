@@ -23,6 +23,14 @@ LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y,
 // y = b x (no intercept).
 LineFit fit_through_origin(const std::vector<double>& x, const std::vector<double>& y);
 
+// y = a + b x minimizing the relative errors sum ((y_i - a - b x_i) / y_i)^2 (weighted least
+// squares, weights 1 / y_i^2), for times spread over decades: in absolute least squares the
+// largest samples set the intercept, so a 1% misfit at 50 ms became a 0.6 ms latency on
+// every 30 us product. The intercept is kept >= 0 (else the weighted fit through the origin)
+// and so is the slope (else the constant, weighted mean of y). r2 unweighted, as fit_line.
+// Throws parm::Error for fewer than 2 samples, mismatched sizes, a y <= 0 or x without spread.
+LineFit fit_line_relative(const std::vector<double>& x, const std::vector<double>& y);
+
 // A latency-bandwidth line for samples spread over decades of sizes: the intercept is the
 // time of the smallest sample (the latency: a free least-squares intercept is set by the
 // largest sizes and is meaningless, often negative, for a cost that is not quite linear),
@@ -43,6 +51,31 @@ struct PooledFit {
 };
 PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
                               const std::vector<std::vector<double>>& y);
+
+// The fused collective's overlap and per-piece cost (model.h) from, per size i, its measured
+// time t_i, the model's unfused parts in sequence u_i and pipelined total p_i:
+//   overlap = median over the sizes with a gain u_i - p_i > 2% of u_i of (u_i - t_i) /
+//             (u_i - p_i), bounded to [0, 1] (1 where no size gains: both parts on one link
+//             class, where only latencies meet);
+//   per_piece_us = max(0, median of t_i - (u_i - overlap (u_i - p_i))) / (W - 1).
+// Medians of ratios, not a line: the gain is small against the noise at every size, and a
+// free slope over (gain, extra) once came out at -1.92 (fusion priced above its parts) while
+// the fused collectives ran 0.96x their parts. Throws for mismatched sizes or chunks < 1.
+struct OverlapFit {
+  double overlap = 1.0;
+  double per_piece_us = 0.0;
+  double raw = 1.0;        // the median before bounding
+  int64_t sizes_used = 0;  // sizes with a gain
+};
+OverlapFit fit_overlap(const std::vector<double>& measured, const std::vector<double>& unfused,
+                       const std::vector<double>& pipelined, int chunks);
+
+// The latency of a group of 2 ranks on one link class, one for every op: the median of the
+// ops' own fitted latencies. At n = 2 each op is one exchange with the peer (Open MPI:
+// allreduce by recursive doubling, allgather, reduce_scatter and alltoall by one sendrecv),
+// so they pay one latency; the per-op fits differ by noise (one quiet calibration: allreduce
+// 312 us beside 84-106 us for the other three on the same link). Throws for an empty list.
+double pair_latency(const std::vector<double>& alpha_us);
 
 // 1 - SS_res / SS_tot of `predicted` against `measured` (1 when SS_tot is 0 and the
 // prediction is exact, 0 when it is not).

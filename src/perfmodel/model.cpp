@@ -110,23 +110,24 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<double>& 
   PARM_CHECK_EQ(alpha_us.size(), links.size());
   PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
   const int num_stages = static_cast<int>(piece_us.size());
-  double pipelined = 0.0, serial = 0.0;
+  double pipelined = 0.0;
   for (int s = 0; s < fused_plan::num_steps(num_stages, chunks); ++s) {
     // Per link class: its longest latency, then the bytes of every active stage on it.
     double latency[kNumLinks] = {0.0, 0.0}, bytes[kNumLinks] = {0.0, 0.0};
-    double all = 0.0;
     for (int i = 0; i < num_stages; ++i) {
       if (fused_plan::piece_at(s, i, chunks) < 0) continue;
       const auto k = static_cast<size_t>(i);
       const int l = static_cast<int>(links[k]);
       latency[l] = std::max(latency[l], alpha_us[k]);
       bytes[l] += piece_us[k] - alpha_us[k];
-      all += piece_us[k];
     }
     pipelined += std::max(latency[0] + bytes[0], latency[1] + bytes[1]);
-    serial += all;
   }
-  return serial - overlap * (serial - pipelined) + (chunks - 1) * per_piece_us;
+  // The parts unfused, one after the other: each pays its latency once and all its bytes.
+  double unfused = 0.0;
+  for (size_t k = 0; k < piece_us.size(); ++k)
+    unfused += alpha_us[k] + chunks * (piece_us[k] - alpha_us[k]);
+  return unfused - overlap * (unfused - pipelined) + (chunks - 1) * per_piece_us;
 }
 
 namespace {

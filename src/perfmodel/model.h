@@ -5,6 +5,7 @@
 // Collective part (group g of n ranks, op o, bus bytes b per rank from
 // schedule::collective_parts; collective_us):
 //     alpha(n)   = alpha[L][o] + alpha_per_rank[L][o] * (n - 2)
+// (calibrate writes one alpha[L] for every op o: fit.h pair_latency)
 //     intra:  t = alpha_intra(n) + beta_intra[o] * b
 //     inter:  t = alpha_inter(n) + beta_intra[o] * intra_share * b
 //                                + beta_inter[o] * link_share * b
@@ -36,11 +37,12 @@
 // run at once while the bytes on one link class share it; the step takes
 //     pipelined:  max over link classes L of  (max_{active i on L} alpha_i
 //                                              + sum_{active i on L} (c_i - alpha_i))
-//     serial:     sum_{active i} c_i
-// and the fused step costs
-//     t = serial_total - overlap * (serial_total - pipelined_total) + (W - 1) * per_piece_us,
+// and, against the parts unfused in sequence (unfused = sum_i alpha_i + W (c_i - alpha_i),
+// each part's collective_us), the fused step costs
+//     t = unfused - overlap * (unfused - pipelined_total) + (W - 1) * per_piece_us,
 // overlap and per_piece_us from the profile (ideal hardware with independent links: 1 and 0;
-// `parm calibrate` fits both on the fused collectives against their parts).
+// `parm calibrate` measures overlap as the median over sizes of (unfused - fused) /
+// (unfused - pipelined) on the fused collectives against their parts, bounded to [0, 1]).
 // For two parts on different links this is  W * max(c_a, c_b) + min(c_a, c_b): the max of
 // the parts plus one piece of the cheaper part (the pipeline fill); on the same link class
 // it is the sum of the unfused parts plus (W - 1) * max(alpha_a, alpha_b): the W - 1 steps

@@ -83,10 +83,11 @@ struct MemFit {
   double us(double bytes) const { return alpha_us + bytes / (gbps * 1e3); }
 };
 
-// How much of the ideal pipeline overlap of a fused collective this machine achieves:
-// 1 = the links of different classes work fully in parallel, 0 = not at all (the pieces run
-// one after the other), below 0 = slower than that (e.g. point-to-point pieces dearer than
-// the collectives they replace, on oversubscribed cores). Range [kMinOverlap, 1].
+// How much of the ideal pipeline overlap of a fused collective this machine achieves
+// (model.h): 1 = the pipeline (links of different classes fully in parallel), 0 = no faster
+// than its parts unfused one after the other. `calibrate` measures it in [0, 1]; profiles
+// of older calibrations may hold values below 0 (slower than the parts), so reading accepts
+// [kMinOverlap, 1].
 constexpr double kMinOverlap = -5.0;
 struct FusedFit {
   double overlap = 1.0;

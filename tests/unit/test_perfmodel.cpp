@@ -151,7 +151,11 @@ TEST(PerfModel, FusedCostHandComputed) {
   // posted together, so a step with both pays one latency (the larger, 2): steps [3],
   // [2 + 1 + 4] x 3, [5] -> 29, the parts' sum 32 less (W - 1) x min latency.
   EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {2.0, 1.0}, {Link::kIntra, Link::kIntra}, 4, 1.0), 29.0);
-  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {2.0, 1.0}, {Link::kIntra, Link::kIntra}, 4, 0.0), 32.0);
+  // Overlap 0 is the parts unfused in sequence, each paying its latency once:
+  // (2 + 4 x 1) + (1 + 4 x 4) = 23 (not the pieces' 4 x 8 = 32); half way: 23 + 0.5 x 6.
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {2.0, 1.0}, {Link::kIntra, Link::kIntra}, 4, 0.0), 23.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {2.0, 1.0}, {Link::kIntra, Link::kIntra}, 4, 0.5), 26.0);
+  EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {2.0, 1.0}, {Link::kIntra, Link::kInter}, 4, 0.0), 23.0);
   // Different links: each link's latency is its own; the step is the slower link's,
   // whatever the latencies: W max(c_a, c_b) + min(c_a, c_b) as before.
   EXPECT_DOUBLE_EQ(fused_us({3.0, 5.0}, {2.0, 1.0}, {Link::kIntra, Link::kInter}, 4, 1.0), 23.0);
@@ -301,9 +305,16 @@ TEST(PerfModel, AutoPicksFusedOnlyWhenItPays) {
   auto c = predict_candidates(comm_only_profile(0.1, 1e-2, 0.1, 1e-2, 1.0), shape, t, 4, s1,
                               {false, true});
   EXPECT_TRUE(c[choose(c)].pred.fused);
-  // No overlap and a per-piece alpha: the pieces only add latency.
+  // No overlap: the fused step costs its parts unfused, each paying its latency once (not
+  // W times), so the totals agree.
   c = predict_candidates(comm_only_profile(50.0, 1e-2, 50.0, 1e-2, 0.0), shape, t, 4, s1,
                          {false, true});
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_NEAR(c[1].pred.total_us(), c[0].pred.total_us(), 1e-6 * c[0].pred.total_us());
+  // ... and with a cost per extra piece, the pieces only add time: unfused wins.
+  Profile slow = comm_only_profile(50.0, 1e-2, 50.0, 1e-2, 0.0);
+  slow.fused.per_piece_us = 10.0;
+  c = predict_candidates(slow, shape, t, 4, s1, {false, true});
   EXPECT_FALSE(c[choose(c)].pred.fused);
 }
 
@@ -834,6 +845,64 @@ TEST(Fit, PooledAnchoredLines) {
   const auto h = fit_anchored_pooled({{1, 2, 4, 8}}, {{1000, 14, 18, 26}});
   EXPECT_NEAR(h.intercepts[0], 10.0, 1e-9);
   EXPECT_NEAR(h.slope, 2.0, 1e-9);
+}
+
+TEST(Fit, RelativeLine) {
+  // Exact lines are recovered whatever the weights.
+  const auto e = fit_line_relative({1, 2, 4}, {12, 14, 18});
+  EXPECT_NEAR(e.intercept, 10.0, 1e-12);
+  EXPECT_NEAR(e.slope, 2.0, 1e-12);
+  // Weights 1 / y^2 = (1/4, 1/4, 1/64): weighted means x 52/33, y 24/11, slope 30/29 and
+  // intercept 16/29, where absolute least squares has slope 15/7 and intercept -1 (the
+  // large sample sets it).
+  const auto r = fit_line_relative({1, 2, 4}, {2, 2, 8});
+  EXPECT_NEAR(r.slope, 30.0 / 29.0, 1e-12);
+  EXPECT_NEAR(r.intercept, 16.0 / 29.0, 1e-12);
+  EXPECT_EQ(fit_line({1, 2, 4}, {2, 2, 8}).intercept, 0.0);
+  // A negative weighted intercept (y = x^2, w = 1, 1/16, 1/81): the weighted fit through
+  // the origin, sum(w x y) / sum(w x^2).
+  const auto z = fit_line_relative({1, 2, 3}, {1, 4, 9});
+  EXPECT_EQ(z.intercept, 0.0);
+  const double wxy = 1.0 + 2.0 * 4 / 16 + 3.0 * 9 / 81, wxx = 1.0 + 4.0 / 16 + 9.0 / 81;
+  EXPECT_NEAR(z.slope, wxy / wxx, 1e-12);
+  EXPECT_THROW(fit_line_relative({1, 2}, {1, 0}), Error);
+  EXPECT_THROW(fit_line_relative({1}, {1}), Error);
+}
+
+// One latency of a pair for every op on a link: the median of the ops' own fits. The quiet
+// 2 x 2, 1 Gbit/s calibration's intra latencies (allreduce, allgather, reduce_scatter,
+// alltoall): the outlying 312.66 us allreduce no longer sets what S1's two tiny allreduces pay.
+TEST(Fit, PairLatencyIsTheMedianOverTheOps) {
+  EXPECT_DOUBLE_EQ(pair_latency({312.66, 96.68, 83.88, 105.78}), (96.68 + 105.78) / 2);
+  EXPECT_DOUBLE_EQ(pair_latency({95.74, 126.72, 0.0, 126.72, 500.0}), 126.72);
+  EXPECT_DOUBLE_EQ(pair_latency({7.0}), 7.0);
+  EXPECT_THROW(pair_latency({}), Error);
+}
+
+TEST(Fit, FusedOverlapIsAMedianOfRatiosInZeroOne) {
+  // Per size (unfused - fused) / (unfused - pipelined): 0.5, 0.5, and one delayed size at
+  // -1.2: the median is 0.5 (a free line through these points has a negative slope); the
+  // excess over the formula (0, 0, 85) has median 0, so no per-piece cost.
+  const auto a = fit_overlap({90, 80, 160}, {100, 100, 100}, {80, 60, 50}, 4);
+  EXPECT_DOUBLE_EQ(a.overlap, 0.5);
+  EXPECT_DOUBLE_EQ(a.raw, 0.5);
+  EXPECT_EQ(a.sizes_used, 3);
+  EXPECT_DOUBLE_EQ(a.per_piece_us, 0.0);
+  // Slower than the parts: bounded to 0, the excess (10, 20: median 15) spread over the
+  // W - 1 = 3 extra pieces.
+  const auto b = fit_overlap({110, 120}, {100, 100}, {80, 60}, 4);
+  EXPECT_DOUBLE_EQ(b.raw, -0.5);
+  EXPECT_DOUBLE_EQ(b.overlap, 0.0);
+  EXPECT_DOUBLE_EQ(b.per_piece_us, 5.0);
+  // Faster than the pipeline: bounded to 1.
+  EXPECT_DOUBLE_EQ(fit_overlap({70}, {100}, {80}, 4).overlap, 1.0);
+  // No size gains (both parts on one link class; a gain under 2% does not count): overlap 1,
+  // the rest over the pipeline (3, 6, 4.5: median 4.5) per extra piece.
+  const auto c = fit_overlap({109, 118, 103.5}, {100, 100, 100}, {106, 112, 99}, 4);
+  EXPECT_EQ(c.sizes_used, 0);
+  EXPECT_DOUBLE_EQ(c.overlap, 1.0);
+  EXPECT_DOUBLE_EQ(c.per_piece_us, 1.5);
+  EXPECT_THROW(fit_overlap({1}, {1, 2}, {1}, 4), Error);
 }
 
 TEST(Fit, LineAndOrigin) {

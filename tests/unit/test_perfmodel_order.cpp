@@ -1,6 +1,8 @@
 // The cost model follows --order: a group's link depends on which ranks it holds.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "parm/error.h"
 #include "perfmodel/model.h"
 #include "perfmodel/simulate.h"
@@ -44,6 +46,21 @@ TEST(PerfmodelOrder, SimulateFollowsTheGridOrder) {
     FAIL() << "order mp-tp accepted";
   } catch (const InvalidConfig& e) {
     EXPECT_NE(std::string(e.what()).find("unknown name 'tp'"), std::string::npos) << e.what();
+  }
+}
+
+// The shipped emulated-cluster files carry the terms `parm calibrate` writes today: no
+// rendezvous (calibrate writes 0), so `parm simulate` prices what `parm plan` does with a
+// profile calibrated on that cluster.
+TEST(PerfmodelOrder, EmulatedClusterFilesPriceNoRendezvous) {
+  for (const char* name : {"emulated-2x2-1g", "emulated-2x2-10g"}) {
+    SCOPED_TRACE(name);
+    const ClusterSpec c =
+        read_cluster(std::string(PARM_SOURCE_DIR "/configs/clusters/") + name + ".json");
+    EXPECT_EQ(c.profile.step_sync.us, 0.0);
+    EXPECT_EQ(c.profile.step_sync.per_compute, 0.0);
+    EXPECT_EQ(c.profile.step_sync_world.us, 0.0);
+    EXPECT_EQ(c.profile.fused.overlap, 1.0);
   }
 }
 

@@ -1,0 +1,132 @@
+#!/usr/bin/python3
+"""Offline re-pricing of a measured sweep: every configuration of a `bench-layer --sweep`
+JSON priced again with `parm plan` under a profile (balanced router, as `parm plan` prices),
+then the issue's targets computed from the sweep's measured times. The measurements never
+feed the profile: the sweep only judges it.
+
+  bench/tools/reprice.py --sweep S.json --profile P.json [--profile Q.json ...]
+                         [--devices-per-node D] [--parm build/parm] [--wrong] [--json OUT]
+
+Per profile it prints: selection (plain: auto is the measured fastest; distinct: auto runs
+the measured fastest's program), auto / fastest (median, worst), the median |predicted -
+measured| / measured over every (configuration, schedule), and auto over the baseline (min,
+median, max, share > 1.13x). --wrong lists the configurations chosen wrong (distinct).
+"""
+import argparse, concurrent.futures as cf, json, os, statistics as st, subprocess, tempfile
+
+
+def plan(parm, profile, c, dpn, world, chunks):
+    fd, out = tempfile.mkstemp(suffix='.json')
+    os.close(fd)
+    try:
+        subprocess.run([parm, 'plan', '--profile', profile, '--tokens', str(c['T']),
+                        '--model-dim', str(c['M']), '--hidden', str(c['H']), '--experts', str(c['E']),
+                        '--topk', str(c['k']), '--capacity-factor', str(c['f']),
+                        '--mp', str(c['N_MP']), '--esp', str(c['N_ESP']), '--ep', str(c['N_EP']),
+                        '--devices-per-node', str(dpn), '--world', str(world),
+                        '--schedule', 'all', '--fuse', 'both', '--chunks', str(chunks),
+                        '--json', out], check=True, capture_output=True)
+        return {x['schedule']: (x['total_ms'], x['fwd_ms'], x['bwd_ms'])
+                for x in json.load(open(out))['candidates']}
+    finally:
+        os.unlink(out)
+
+
+def ratios(sweep, prices):
+    """Median measured / predicted, forward and backward, per (T, schedule)."""
+    by = {}
+    for c, pl in zip(sweep['configs'], prices):
+        for x in c['candidates']:
+            if x['schedule'] not in pl:
+                continue
+            _, f, b = pl[x['schedule']]
+            by.setdefault((c['T'], x['schedule']), []).append(
+                (x['measured_fwd_ms'] / f, x['measured_bwd_ms'] / b, x['measured_ms'] / (f + b)))
+    for key in sorted(by):
+        v = by[key]
+        print('  T=%-5d %-9s measured/predicted: fwd %.2f bwd %.2f total %.2f  [%d]' % (
+            key[0], key[1], st.median(a for a, _, _ in v), st.median(b for _, b, _ in v),
+            st.median(t for _, _, t in v), len(v)))
+
+
+def judge(sweep, prices):
+    prices = [{n: t[0] for n, t in pl.items()} for pl in prices]
+    right = right_plain = 0
+    errs, regrets, speedups, wrong = [], [], [], []
+    for c, pl in zip(sweep['configs'], prices):
+        cand = {x['schedule']: x for x in c['candidates']}
+        names = [n for n in pl if n in cand]
+        auto = min(names, key=lambda n: pl[n])  # first on ties, as `choose`
+        fastest = c['fastest']
+        prog = lambda n: cand[n].get('same_program_as', n)
+        ok = prog(auto) == prog(fastest)
+        right += ok
+        right_plain += auto == fastest
+        regrets.append(cand[auto]['measured_ms'] / cand[fastest]['measured_ms'])
+        if 'baseline' in cand:
+            speedups.append(cand['baseline']['measured_ms'] / cand[auto]['measured_ms'])
+        errs += [abs(pl[n] - cand[n]['measured_ms']) / cand[n]['measured_ms'] for n in names]
+        if not ok:
+            wrong.append({'id': c['id'], 'T': c['T'], 'M': c['M'], 'H': c['H'], 'k': c['k'],
+                          'N_ESP': c['N_ESP'], 'N_EP': c['N_EP'], 'auto': auto,
+                          'fastest': fastest,
+                          'predicted_auto_over_fastest': pl[auto] / pl[fastest],
+                          'measured_auto_over_fastest': regrets[-1]})
+    n = len(sweep['configs'])
+    return {'selection_accuracy': right_plain / n, 'selection_accuracy_distinct': right / n,
+            'auto_over_fastest': {'median': st.median(regrets), 'worst': max(regrets)},
+            'median_abs_relative_error': st.median(errs),
+            'speedup_auto_over_baseline': {
+                'min': min(speedups), 'median': st.median(speedups), 'max': max(speedups),
+                'share_above_1_13': sum(s > 1.13 for s in speedups) / len(speedups)}
+            if speedups else None,
+            'wrong_choices': wrong}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--sweep', required=True)
+    ap.add_argument('--profile', action='append', required=True)
+    ap.add_argument('--devices-per-node', type=int, default=0,
+                    help='ranks per node of the sweep (default: its ranks_per_node, else the '
+                         'profile\'s machine.ranks / nodes: the cluster it was taken on)')
+    ap.add_argument('--parm', default=os.path.join(os.path.dirname(__file__), '../../build/parm'))
+    ap.add_argument('--wrong', action='store_true')
+    ap.add_argument('--ratios', action='store_true',
+                    help='median measured / predicted per (T, schedule), forward and backward')
+    ap.add_argument('--json')
+    a = ap.parse_args()
+    sweep = json.load(open(a.sweep))
+    world = sweep.get('world', 4)
+    chunks = sweep.get('chunks', 4)
+    results = {}
+    for prof in a.profile:
+        dpn = a.devices_per_node or sweep.get('ranks_per_node', 0)
+        if not dpn:
+            m = json.load(open(prof))['machine']
+            dpn = m['ranks'] // m['nodes']
+        with cf.ThreadPoolExecutor(max_workers=2) as ex:
+            prices = list(ex.map(lambda c: plan(a.parm, prof, c, dpn, world, chunks),
+                                 sweep['configs']))
+        r = judge(sweep, prices)
+        results[prof] = r
+        s = r['speedup_auto_over_baseline']
+        print('%s: selection %.1f%% plain, %.1f%% distinct; auto/fastest median %.3f worst %.3f; '
+              'median |err| %.1f%%; auto/baseline min %.3f median %.3f max %.3f, >1.13x %.1f%%' % (
+                  prof, 100 * r['selection_accuracy'], 100 * r['selection_accuracy_distinct'],
+                  r['auto_over_fastest']['median'], r['auto_over_fastest']['worst'],
+                  100 * r['median_abs_relative_error'], s['min'], s['median'], s['max'],
+                  100 * s['share_above_1_13']))
+        if a.ratios:
+            ratios(sweep, prices)
+        if a.wrong:
+            for w in r['wrong_choices']:
+                print('  wrong #%(id)d T=%(T)d M=%(M)d H=%(H)d k=%(k)d esp=%(N_ESP)d ep=%(N_EP)d: '
+                      'auto %(auto)s, fastest %(fastest)s (predicted %(predicted_auto_over_fastest).3f, '
+                      'measured %(measured_auto_over_fastest).3f)' % w)
+    if a.json:
+        json.dump(results, open(a.json, 'w'), indent=1)
+
+
+if __name__ == '__main__':
+    main()
