@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <ctime>
 #include <set>
 #include <fstream>
@@ -85,6 +86,26 @@ double time_all_ranks(Communicator& world, int warmup, int iters, Fn&& fn) {
     if (it >= warmup) t.push_back(dt);
   }
   return median(max_over_ranks(world, t));
+}
+
+// Times `fn` as time_all_ranks does, each sample repeating it back to back for about
+// `window_us` (CalibrateOptions::compute_window_us) and returning the time of one call: the
+// repeat count comes from one timed warm-up call, the slowest rank's, so every rank runs as
+// many (at most 1000). window_us 0: one call per sample, after one warm-up call.
+template <typename Fn>
+double time_all_ranks_windowed(Communicator& world, int iters, double window_us, Fn&& fn) {
+  if (window_us <= 0.0) return time_all_ranks(world, 1, iters, fn);
+  fn();  // first call: oneDNN creates its kernels, caches warm up
+  world.barrier();
+  const double t0 = now_us();
+  fn();
+  const double once = max_over_ranks(world, std::vector<double>{now_us() - t0}).at(0);
+  const int reps = static_cast<int>(std::clamp(std::ceil(window_us / std::max(once, 1.0)), 1.0,
+                                               1000.0));
+  return time_all_ranks(world, 0, iters, [&] {
+           for (int r = 0; r < reps; ++r) fn();
+         }) /
+         reps;
 }
 
 void run_op(Communicator& c, CommOp op, size_t count, const float* send, float* recv) {
@@ -454,7 +475,7 @@ void calibrate_gemm(Communicator& world, const CalibrateOptions& o, BenchDevice&
       dev.upload(db.get(), b.data(), b.size(), o.precision);
       const auto out = filled(dev, static_cast<size_t>(s.m * s.n), 0.0f);
       const bool acc = s.ta;  // the weight gradients accumulate, as in the executor
-      const double us = time_all_ranks(world, 1, o.gemm_iters, [&] {
+      const double us = time_all_ranks_windowed(world, o.gemm_iters, o.compute_window_us, [&] {
         dev.gemm(s.ta, s.tb, s.m, s.n, s.k, da.get(), db.get(), out->f(), acc, o.precision);
         dev.sync();
       });
@@ -508,12 +529,12 @@ void calibrate_memory(Communicator& world, const CalibrateOptions& o, BenchDevic
       const double bytes = 2.0 * static_cast<double>(n) * sizeof(float);
       double us = 0.0;
       if (mc == MemClass::kCopy) {
-        us = time_all_ranks(world, 1, o.iters, [&] {
+        us = time_all_ranks_windowed(world, o.iters, o.compute_window_us, [&] {
           dev.copy_rows(src->f(), dst->f(), rows, cols);
           dev.sync();
         });
       } else {
-        us = time_all_ranks(world, 1, o.iters, [&] {
+        us = time_all_ranks_windowed(world, o.iters, o.compute_window_us, [&] {
           dev.bias_gelu(src->f(), bias->f(), dst->f(), rows, cols);
           dev.sync();
         });
@@ -579,6 +600,11 @@ void check_measure_options(const CalibrateOptions& o) {
                     "calibrate: --iters {} and --gemm-iters {} must be >= 1, --warmup {} >= 0",
                     o.iters, o.gemm_iters, o.warmup);
   PARM_CONFIG_CHECK(o.chunks >= 1, "calibrate: --chunks {} must be at least 1", o.chunks);
+  PARM_CONFIG_CHECK(std::isfinite(o.compute_window_us) && o.compute_window_us >= 0.0 &&
+                        o.compute_window_us <= 1e7,
+                    "calibrate: --compute-window-us {} must be between 0 (one call per "
+                    "sample) and 1e7 (10 s)",
+                    o.compute_window_us);
   check_gemm_shapes(o);
 }
 

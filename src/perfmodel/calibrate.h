@@ -20,7 +20,9 @@ struct CalibrateOptions {
   int64_t min_bytes = 4096;     // collective buffer sizes (nccl-tests convention), per rank,
   int64_t max_bytes = 1 << 20;  // in x4 steps (a layer's collectives here: up to ~1 MB of
                                 // bus bytes; 4 MiB took most of a 2 x 4 calibration's time)
-  int iters = 5;                // timed iterations per size (median of the max over ranks)
+  int iters = 15;  // timed iterations per size (median of the max over ranks): at 5, two
+                   // calibrations on one 2 x 2 cluster put the pair latencies at 15 and 89 us
+                   // (inter), 71 and 175 us (intra); at 15, 163 and 189, 152 and 168 us
   int warmup = 1;
   int chunks = 4;               // pipeline depth of the fused collectives measured
   // GEMM shapes: rows R x model dim M x expert hidden shard Hl (and the gate's E), the range
@@ -31,6 +33,13 @@ struct CalibrateOptions {
   std::vector<int64_t> gemm_hidden = {128, 1024};
   std::vector<int64_t> gate_experts = {8, 64};
   int gemm_iters = 3;
+  // Each timed sample of a product or memory-bound kernel repeats it back to back for at
+  // least this long on every rank (0: one call per sample). With more ranks than cores the
+  // ranks share the cores; a single 30-300 us call after a barrier mostly runs alone, so
+  // the one-call rate came out at 96 GFLOP/s per rank with 4 ranks on 2 cores (139 for one
+  // rank alone) and the sweeps measured 1.6-2.1x their prices on one machine. A window
+  // longer than the scheduler's slice measures the rate the ranks get when all compute.
+  double compute_window_us = 20000.0;
   // Where the products, kernels and collectives' buffers are measured (make_bench_device's
   // device, recorded as the profile's "device"; the topology must move that device's
   // memory) and the products' precision (fp32, or bf16 operands with fp32 accumulation;

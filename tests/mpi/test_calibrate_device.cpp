@@ -86,6 +86,7 @@ perfmodel::CalibrateOptions tiny(Precision p) {
   o.gemm_hidden = {8};
   o.gate_experts = {2};
   o.gemm_iters = 1;
+  o.compute_window_us = 0.0;  // one call per sample: the counts below
   o.precision = p;
   return o;
 }
@@ -139,6 +140,26 @@ TEST(CalibrateDevice, MeasuresOnTheDevicesBuffersAndRecordsIt) {
       EXPECT_TRUE(seen) << entry;
     }
   }
+}
+
+// With a compute window each timed sample repeats the product back to back (the rate ranks
+// sharing cores get): the stand-in's products take well under a microsecond, so a 10 s
+// window asks for the most repeats (1000) per sample, and every shape runs more than the 2
+// calls (warm-up, timed) of one call per sample.
+TEST(CalibrateDevice, AComputeWindowRepeatsEachProductPerSample) {
+  const int world = test::world_size();
+  if (world < 2) GTEST_SKIP() << "calibrate needs 2 ranks";
+  const TopologyOptions to = staged_world(world);
+  auto topo = Topology::create(to);
+  StandInDevice dev;
+  perfmodel::CalibrateOptions o = tiny(Precision::kFp32);
+  o.compute_window_us = 1e7;
+  perfmodel::calibrate(*topo, to, o, dev, [](const std::string&) {});
+  const int shapes = 2 * 6 + 2 * 3;
+  // Per shape: a warm-up call, a timed call that sizes the repeats, then gemm_iters (1)
+  // samples of up to 1000 calls.
+  EXPECT_GT(dev.fp32_gemms, shapes * 3);
+  EXPECT_LE(dev.fp32_gemms, shapes * 1002);
 }
 
 TEST(CalibrateDevice, RefusesATopologyThatMovesAnotherMemory) {

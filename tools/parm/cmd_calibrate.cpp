@@ -156,6 +156,8 @@ Command add_calibrate(CLI::App& root) {
   app->add_option("--gemm-hidden", o.gemm_hidden, "GEMM hidden shards H/N_ESP measured")
       ->delimiter(',');
   app->add_option("--gemm-iters", o.gemm_iters, "timed iterations per GEMM shape");
+  app->add_option("--compute-window-us", o.compute_window_us,
+                  "each timed product / kernel sample repeats it for this long (0: one call)");
   app->add_option("--samples", f->samples, "also write every raw sample to this JSON file");
   app->add_option("--device", f->device,
                   "where the products, kernels and collectives' buffers are measured: cpu or "
