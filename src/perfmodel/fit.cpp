@@ -82,21 +82,21 @@ LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y, boo
 LineFit fit_line_relative(const std::vector<double>& x, const std::vector<double>& y) {
   PARM_CHECK_EQ(x.size(), y.size());
   PARM_CHECK(x.size() >= 2, "a line fit needs at least 2 samples, got {}", x.size());
+  std::vector<double> w(x.size());  // 1 / y^2: squared errors relative to y
   double sw = 0.0, mx = 0.0, my = 0.0;
   for (size_t i = 0; i < x.size(); ++i) {
     PARM_CHECK(y[i] > 0.0, "a relative fit needs times > 0, sample {} is {}", i, y[i]);
-    const double w = 1.0 / (y[i] * y[i]);
-    sw += w;
-    mx += w * x[i];
-    my += w * y[i];
+    w[i] = 1.0 / (y[i] * y[i]);
+    sw += w[i];
+    mx += w[i] * x[i];
+    my += w[i] * y[i];
   }
   mx /= sw;
   my /= sw;
   double sxy = 0.0, sxx = 0.0;
   for (size_t i = 0; i < x.size(); ++i) {
-    const double w = 1.0 / (y[i] * y[i]);
-    sxy += w * (x[i] - mx) * (y[i] - my);
-    sxx += w * (x[i] - mx) * (x[i] - mx);
+    sxy += w[i] * (x[i] - mx) * (y[i] - my);
+    sxx += w[i] * (x[i] - mx) * (x[i] - mx);
   }
   PARM_CHECK(sxx > 0.0, "a line fit needs samples at more than one x");
   LineFit f;
@@ -108,9 +108,8 @@ LineFit fit_line_relative(const std::vector<double>& x, const std::vector<double
   } else if (f.intercept < 0.0) {
     double wxy = 0.0, wxx = 0.0;
     for (size_t i = 0; i < x.size(); ++i) {
-      const double w = 1.0 / (y[i] * y[i]);
-      wxy += w * x[i] * y[i];
-      wxx += w * x[i] * x[i];
+      wxy += w[i] * x[i] * y[i];
+      wxx += w[i] * x[i] * x[i];
     }
     PARM_CHECK(wxx > 0.0, "a fit through the origin needs some x != 0");
     f.slope = wxy / wxx;

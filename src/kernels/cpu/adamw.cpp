@@ -6,9 +6,9 @@
 
 #include <cmath>
 
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/kernels.h"
 
-#define PARM_AVX512 __attribute__((target("avx512f")))
 
 namespace parm::cpu {
 namespace {
@@ -50,15 +50,11 @@ PARM_AVX512 int64_t adamw_avx512(const AdamWScalars& s, float* w, const float* g
 }
 #pragma GCC diagnostic pop
 
-bool have_avx512f() {
-  static const bool have = __builtin_cpu_supports("avx512f");
-  return have;
-}
 
 }  // namespace
 
 void adamw(const AdamWScalars& s, float* w, const float* g, float* m, float* v, int64_t n) {
-  const int64_t done = have_avx512f() ? adamw_avx512(s, w, g, m, v, n) : 0;
+  const int64_t done = detail::have_avx512f() ? adamw_avx512(s, w, g, m, v, n) : 0;
   adamw_scalar(s, w, g, m, v, done, n);
 }
 

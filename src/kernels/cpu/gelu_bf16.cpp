@@ -8,10 +8,10 @@
 // products round act and dpre to bf16 (2^-9 relative), 30x coarser.
 #include <immintrin.h>
 
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
 
-#define PARM_AVX512 __attribute__((target("avx512f")))
 
 namespace parm::cpu {
 namespace {
@@ -36,10 +36,6 @@ constexpr float kValueClamp = -20.0f;
 // As in gelu.cpp: gelu'(x) is 1 (x > 9.5) or below 2e-31 (x < -9.5) there.
 constexpr float kGradClamp = 9.5f;
 
-bool have_avx512f() {
-  static const bool have = __builtin_cpu_supports("avx512f");
-  return have;
-}
 
 // 2^t for |t| <= 126.
 PARM_AVX512 inline __m512 exp2_avx512(__m512 t) {
@@ -116,7 +112,7 @@ PARM_AVX512 void bias_gelu_backward_avx512(const float* x, const float* bias, co
 
 void bias_gelu_bf16(const float* x, const float* bias, float* act, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_bf16: bad shape ({}, {})", rows, cols);
-  if (have_avx512f())
+  if (detail::have_avx512f())
     bias_gelu_avx512(x, bias, act, rows, cols);
   else
     bias_gelu(x, bias, act, rows, cols);
@@ -125,7 +121,7 @@ void bias_gelu_bf16(const float* x, const float* bias, float* act, int64_t rows,
 void bias_gelu_backward_bf16(const float* x, const float* bias, const float* dact, float* dx,
                              float* dbias, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_backward_bf16: bad shape ({}, {})", rows, cols);
-  if (have_avx512f())
+  if (detail::have_avx512f())
     bias_gelu_backward_avx512(x, bias, dact, dx, dbias, rows, cols);
   else
     bias_gelu_backward(x, bias, dact, dx, dbias, rows, cols);

@@ -4,7 +4,7 @@
 // expression in the same order (this file is compiled with -ffp-contract=off, so neither
 // fuses a multiply into an add), so they give the same bits: the scalar loops are the
 // oracle. The 16 partial sums are added in lane order (the order the CUDA kernels reproduce,
-// kernels/cuda/dense_math.h), straight from the register (lane_sum_avx512.h): going through
+// kernels/cuda/dense_math.h), straight from the register (avx512.h: lane_sum_avx512): going through
 // memory made the forward pass slower than GCC's own loops.
 // (GCC's own vectorisation of the backward pass shuffled the lanes of every block with
 // permutes and ran it at a third of this speed.)
@@ -13,11 +13,10 @@
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/lane_sum_avx512.h"
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/vec_math.h"
 #include "parm/error.h"
 
-#define PARM_AVX512 __attribute__((target("avx512f")))
 
 namespace parm::cpu {
 namespace {
@@ -194,10 +193,6 @@ PARM_AVX512 void layernorm_backward_row_avx512(const float* dyr, const float* xr
 }
 #pragma GCC diagnostic pop
 
-bool have_avx512f() {
-  static const bool have = __builtin_cpu_supports("avx512f");
-  return have;
-}
 
 void check_shape(const char* op, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols > 0, "{}: bad shape ({}, {}): rows >= 0 and cols > 0", op, rows,
@@ -239,7 +234,7 @@ void backward_rows(bool vector, const float* dy, const float* x, const float* ga
 
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                        float* rstd, int64_t rows, int64_t cols, float eps) {
-  forward_rows(have_avx512f(), x, gamma, beta, y, mean, rstd, rows, cols, eps);
+  forward_rows(detail::have_avx512f(), x, gamma, beta, y, mean, rstd, rows, cols, eps);
 }
 
 void layernorm_forward_reference(const float* x, const float* gamma, const float* beta, float* y,
@@ -250,7 +245,7 @@ void layernorm_forward_reference(const float* x, const float* gamma, const float
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                         const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
                         int64_t cols) {
-  backward_rows(have_avx512f(), dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols);
+  backward_rows(detail::have_avx512f(), dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols);
 }
 
 void layernorm_backward_reference(const float* dy, const float* x, const float* gamma,

@@ -12,10 +12,10 @@
 #include <limits>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/lane_sum_avx512.h"
+#include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/avx512.h"
 #include "parm/error.h"
 
-#define PARM_AVX512 __attribute__((target("avx512f")))
 
 namespace parm::cpu {
 namespace {
@@ -49,13 +49,13 @@ void backward_rows_scalar(const float* p, float* ds, int64_t L, float scale, boo
 
 // vec_math.h exp_f32, 16 lanes: exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN.
 PARM_AVX512 __m512 exp_avx512(__m512 x) {
-  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)),
-                                  _mm512_set1_ps(89.0f));  // NaN -> -104, fixed below
-  const __m512 round = _mm512_set1_ps(12582912.0f);
-  const __m512 n =
-      _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), round), round);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  using namespace detail::exp_f32_constants;
+  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kLo)),
+                                  _mm512_set1_ps(kHi));  // NaN -> kLo, fixed below
+  const __m512 round = _mm512_set1_ps(kRound);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(kLog2e), round), round);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
   __m512 q = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 40320.0f), _mm512_set1_ps(1.0f / 5040.0f));
   q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f / 720.0f));
   q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f / 120.0f));
@@ -146,16 +146,12 @@ PARM_AVX512 void backward_rows_avx512(const float* p, float* ds, int64_t L, floa
 }
 #pragma GCC diagnostic pop
 
-bool have_avx512f() {
-  static const bool have = __builtin_cpu_supports("avx512f");
-  return have;
-}
 
 }  // namespace
 
 void attention_softmax_forward(float* p, int64_t L, float scale, bool causal) {
   PARM_CHECK(L > 0, "attention_softmax_forward: {} keys; need at least 1", L);
-  if (have_avx512f())
+  if (detail::have_avx512f())
     forward_rows_avx512(p, L, scale, causal);
   else
     forward_rows_scalar(p, L, scale, causal);
@@ -168,7 +164,7 @@ void attention_softmax_forward_reference(float* p, int64_t L, float scale, bool 
 
 void attention_softmax_backward(const float* p, float* ds, int64_t L, float scale, bool causal) {
   PARM_CHECK(L > 0, "attention_softmax_backward: {} keys; need at least 1", L);
-  if (have_avx512f())
+  if (detail::have_avx512f())
     backward_rows_avx512(p, ds, L, scale, causal);
   else
     backward_rows_scalar(p, ds, L, scale, causal);

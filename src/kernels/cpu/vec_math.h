@@ -52,13 +52,17 @@ inline float nan_if_nan(float y, float x) {
 // Branch-free on purpose: under the default -ftrapping-math GCC will not vectorise a loop
 // in which an fp operation depends on a float comparison (it threads the branch and then
 // may not speculate the fp op), so the clamp and the NaN check work on integer bits.
+// Its constants, shared with the AVX-512 copy (softmax_attention.cpp).
+namespace exp_f32_constants {
+inline constexpr float kLo = -104.0f;  // exp(-104) < FLT_TRUE_MIN / 2: rounds to 0
+inline constexpr float kHi = 89.0f;    // exp(89) > FLT_MAX: overflows to +inf
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f;  // 9 significant bits: n * kLn2Hi is exact
+inline constexpr float kLn2Lo = -2.12194440e-4f;
+inline constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+}  // namespace exp_f32_constants
 inline float exp_f32(float x) {
-  constexpr float kLo = -104.0f;  // exp(-104) < FLT_TRUE_MIN / 2: rounds to 0
-  constexpr float kHi = 89.0f;    // exp(89) > FLT_MAX: overflows to +inf
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;  // 9 significant bits: n * kLn2Hi is exact
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;             // 1.5 * 2^23: adding it rounds to an integer
+  using namespace exp_f32_constants;
   const float xc = clamp_f32(x, kLo, kHi);          // +NaN lands on kHi, -NaN on kLo: fixed below
   const float n = (xc * kLog2e + kRound) - kRound;  // in [-150, 128]
   float r = xc - n * kLn2Hi;
