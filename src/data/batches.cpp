@@ -28,7 +28,6 @@ Batch BatchSource::make(const std::vector<uint8_t>& text, uint64_t stream, int64
   b.targets.resize(b.tokens.size());
   const uint64_t span = text.size() - static_cast<uint64_t>(seq_len_) - 1;
   const Rng offsets(seed_, stream);
-  const Rng mask(seed_, kStreamMask ^ stream);
   for (int64_t i = 0; i < count; ++i) {
     const uint64_t g = static_cast<uint64_t>(first + i);
     const uint64_t start = offsets.block(g)[0] % span;
@@ -41,8 +40,7 @@ Batch BatchSource::make(const std::vector<uint8_t>& text, uint64_t stream, int64
         tgt[t] = text[start + static_cast<uint64_t>(t) + 1];
         continue;
       }
-      // One Philox block per (sequence, position): the same mask on every layout.
-      const auto r = mask.block(g * static_cast<uint64_t>(seq_len_) + static_cast<uint64_t>(t));
+      const auto r = mask_draw(stream, g, t);
       tok[t] = byte;
       tgt[t] = -1;
       if (r[0] % 1000 < kMaskPerMille) {
@@ -54,6 +52,24 @@ Batch BatchSource::make(const std::vector<uint8_t>& text, uint64_t stream, int64
     }
   }
   return b;
+}
+
+// One Philox block per (sequence, position): the same mask on every layout.
+std::array<uint32_t, 4> BatchSource::mask_draw(uint64_t stream, uint64_t g, int64_t t) const {
+  return Rng(seed_, kStreamMask ^ stream)
+      .block(g * static_cast<uint64_t>(seq_len_) + static_cast<uint64_t>(t));
+}
+
+int64_t BatchSource::train_targets(int64_t first, int64_t count) const {
+  PARM_CHECK(first >= 0 && count >= 0, "train_targets of sequences [{}, {} + {})", first, first,
+             count);
+  if (objective_ == Objective::kCausal) return count * seq_len_;
+  int64_t n = 0;
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t t = 0; t < seq_len_; ++t)
+      n += mask_draw(kStreamTrainOffsets, static_cast<uint64_t>(first + i), t)[0] % 1000 <
+           kMaskPerMille;
+  return n;
 }
 
 Batch BatchSource::train_batch(int64_t first, int64_t micro_batch) const {

@@ -9,6 +9,7 @@
 // micro-batches runs them all, in the same groups.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "data/batch.h"
@@ -24,12 +25,19 @@ class BatchSource {
 
   // Training micro-batch of `micro_batch` sequences starting at sequence number `first`.
   Batch train_batch(int64_t first, int64_t micro_batch) const;
+  // The positions with a target (>= 0) in training sequences [first, first + count): the count
+  // train_batch(first, count) holds, without building it (causal: every position; masked:
+  // one mask draw per position). The trainer counts a whole step's targets with it on every
+  // rank instead of summing the replicas' counts over dp.
+  int64_t train_targets(int64_t first, int64_t count) const;
   // Validation batch `index` (fixed sequences of the validation text).
   Batch val_batch(int64_t index, int64_t micro_batch) const;
 
  private:
   Batch make(const std::vector<uint8_t>& text, uint64_t stream, int64_t first,
                     int64_t count) const;
+  // The masked objective's draw for position t of sequence g: r[0] selects the position.
+  std::array<uint32_t, 4> mask_draw(uint64_t stream, uint64_t g, int64_t t) const;
 
   const Corpus& corpus_;
   Objective objective_;

@@ -348,6 +348,13 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   // The model hands it to the dense weights' packs and its MoE experts, at every step's start
   // (a re-plan may have built a new model) and right after the optimizer step, so that an
   // evaluation between steps reads the new weights.
+  // Model FLOPs of one step summed over the ranks: fixed by the configuration and the
+  // layout, so reduced once here rather than every step (a re-plan keeps both).
+  const double total_flops = [&] {
+    double f = model->flops_per_step(micro * cfg.model.seq_len) * static_cast<double>(accum);
+    world.allreduce(&f, 1);
+    return f;
+  }();
   for (; step < cfg.loop.steps; ++step) {
     fault::at_training_step(topo->world_rank(), step);
     const double t0 = now_us();
@@ -355,13 +362,14 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     phases.clear();
     model->set_weights_version(weights_version);
     std::vector<model::Batch> batches;
-    double counts[1] = {0.0};
     for (int64_t a = 0; a < accum; ++a) {
       const int64_t j = a * dp + dp_rank;
       batches.push_back(source.train_batch(data_position + j * micro, micro));
-      for (int32_t t : batches.back().targets) counts[0] += t >= 0 ? 1.0 : 0.0;
     }
-    topo->host_comm(Group::kDp).allreduce(counts, 1);
+    // The global batch's targets, counted here rather than summed over dp (one collective
+    // less per step): the step's micro-batches are sequences [data_position, + global_batch).
+    const double counts[1] = {
+        static_cast<double>(source.train_targets(data_position, global_batch))};
     double sums[3] = {0.0, 0.0, 0.0};  // lm loss sum, aux loss sum, z-loss sum
     double comm_us = 0.0, compute_us = 0.0, bubble_us = 0.0;
     if (pipeline) {
@@ -442,10 +450,6 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
       m.moe_comm_ms = moe_us / lay.world / 1e3;
     }
     m.tokens_per_s = static_cast<double>(tokens_per_step) / (times[0] / 1e6);
-    const double flops =
-        model->flops_per_step(micro * cfg.model.seq_len) * static_cast<double>(accum);
-    double total_flops = flops;
-    world.allreduce(&total_flops, 1);
     m.mfu = total_flops / (times[0] / 1e6) / (result.gemm_gflops * 1e9 * lay.world);
     // The load imbalance of this step's last micro-batch, worst over the MoE layers
     // (collective: every rank, before evaluation routes other tokens).
