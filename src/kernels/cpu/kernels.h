@@ -126,6 +126,11 @@ void attention_softmax_forward_reference(float* p, int64_t L, float scale, bool 
 void attention_softmax_backward(const float* p, float* ds, int64_t L, float scale, bool causal);
 void attention_softmax_backward_reference(const float* p, float* ds, int64_t L, float scale,
                                           bool causal);
+// The AVX-512 path one row at a time (the form before rows were taken in groups, whose bits
+// the grouped path keeps; tests compare the two with memcmp). Scalar without AVX-512.
+void attention_softmax_forward_one_row_at_a_time(float* p, int64_t L, float scale, bool causal);
+void attention_softmax_backward_one_row_at_a_time(const float* p, float* ds, int64_t L,
+                                                  float scale, bool causal);
 // model::cross_entropy's contract (model/blocks.h) with the targets already checked to lie
 // in [0, vocab): the loss sum (in double) over the n rows of logits (n, vocab); with dlogits,
 // dlogits = scale * (softmax - onehot(target)), overwritten (may alias logits). The

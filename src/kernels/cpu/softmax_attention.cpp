@@ -85,64 +85,110 @@ PARM_AVX512 void zero_from(float* row, int64_t n, int64_t L) {
   for (int64_t j = n; j < L; j += 16) _mm512_mask_storeu_ps(row + j, first_lanes(L - j), _mm512_setzero_ps());
 }
 
-PARM_AVX512 void forward_rows_avx512(float* p, int64_t L, float scale, bool causal) {
+// Rows i0 .. i0 + G - 1, each with the arithmetic of one row alone, in stages over the G
+// rows: the G rows' serial chains (the max and sum reductions, the scalar tail sums, the
+// division) are independent, so the core overlaps them instead of waiting out one row's
+// before the next (a causal row of L = 64 holds 2 vectors on average: latency, not
+// throughput, bounds it). G = 1 is the one-row form; every G gives its bits.
+template <int G>
+PARM_AVX512 void forward_group_avx512(float* p, int64_t i0, int64_t L, float scale, bool causal) {
   const __m512 vs = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
-  for (int64_t i = 0; i < L; ++i) {
-    float* row = p + i * L;
-    const int64_t n = keys_seen(i, L, causal);
-    const int64_t body = n / 16 * 16;
-    const __mmask16 tail = first_lanes(n - body);
+  float* row[G];
+  int64_t n[G], body[G];
+  __mmask16 tail[G];
+  __m512 vmx[G], acc[G], et[G];
+  alignas(64) float tail_e[G][16];
+  for (int r = 0; r < G; ++r) {
+    row[r] = p + (i0 + r) * L;
+    n[r] = keys_seen(i0 + r, L, causal);
+    body[r] = n[r] / 16 * 16;
+    tail[r] = first_lanes(n[r] - body[r]);
+  }
+  for (int r = 0; r < G; ++r) {
     // The max ignores NaN, as max_f32 does (max_ps returns its second operand on NaN).
     __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int64_t j = 0; j < body; j += 16)
-      mx = _mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(row + j), vs), mx);
-    mx = _mm512_mask_max_ps(mx, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + body), vs),
-                            mx);
-    const __m512 vmx = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 acc = zero;
-    for (int64_t j = 0; j < body; j += 16) {
-      const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row + j), vs), vmx));
-      acc = _mm512_add_ps(acc, e);
-      _mm512_storeu_ps(row + j, e);
+    for (int64_t j = 0; j < body[r]; j += 16)
+      mx = _mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(row[r] + j), vs), mx);
+    mx = _mm512_mask_max_ps(
+        mx, tail[r], _mm512_mul_ps(_mm512_maskz_loadu_ps(tail[r], row[r] + body[r]), vs), mx);
+    vmx[r] = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  }
+  for (int r = 0; r < G; ++r) {
+    acc[r] = zero;
+    for (int64_t j = 0; j < body[r]; j += 16) {
+      const __m512 e =
+          exp_avx512(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row[r] + j), vs), vmx[r]));
+      acc[r] = _mm512_add_ps(acc[r], e);
+      _mm512_storeu_ps(row[r] + j, e);
     }
-    const __m512 et =
-        exp_avx512(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + body), vs), vmx));
-    alignas(64) float tail_e[16];
-    _mm512_store_ps(tail_e, et);
-    float sum = detail::lane_sum_avx512(acc);
-    for (int64_t j = 0; j < n - body; ++j) sum += tail_e[j];
+    et[r] = exp_avx512(_mm512_sub_ps(
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(tail[r], row[r] + body[r]), vs), vmx[r]));
+    _mm512_store_ps(tail_e[r], et[r]);
+  }
+  for (int r = 0; r < G; ++r) {
+    float sum = detail::lane_sum_avx512(acc[r]);
+    for (int64_t j = 0; j < n[r] - body[r]; ++j) sum += tail_e[r][j];
     const __m512 inv = _mm512_set1_ps(1.0f / sum);
-    for (int64_t j = 0; j < body; j += 16)
-      _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
-    _mm512_mask_storeu_ps(row + body, tail, _mm512_mul_ps(et, inv));
-    zero_from(row, n, L);
+    for (int64_t j = 0; j < body[r]; j += 16)
+      _mm512_storeu_ps(row[r] + j, _mm512_mul_ps(_mm512_loadu_ps(row[r] + j), inv));
+    _mm512_mask_storeu_ps(row[r] + body[r], tail[r], _mm512_mul_ps(et[r], inv));
+    zero_from(row[r], n[r], L);
   }
 }
 
-PARM_AVX512 void backward_rows_avx512(const float* p, float* ds, int64_t L, float scale,
-                                      bool causal) {
+template <int G>
+PARM_AVX512 void backward_group_avx512(const float* p, float* ds, int64_t i0, int64_t L,
+                                       float scale, bool causal) {
   const __m512 vs = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
-  for (int64_t i = 0; i < L; ++i) {
-    const float* y = p + i * L;
-    float* row = ds + i * L;
-    const int64_t n = keys_seen(i, L, causal);
-    const int64_t body = n / 16 * 16;
-    const __mmask16 tail = first_lanes(n - body);
-    __m512 acc = zero;
-    for (int64_t j = 0; j < body; j += 16)
-      acc = _mm512_fmadd_ps(_mm512_loadu_ps(y + j), _mm512_loadu_ps(row + j), acc);
-    float dot = detail::lane_sum_avx512(acc);
-    for (int64_t j = body; j < n; ++j) dot += y[j] * row[j];
-    const __m512 vdot = _mm512_set1_ps(dot);
-    for (int64_t j = 0; j < body; j += 16) {
-      const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(y + j), _mm512_sub_ps(_mm512_loadu_ps(row + j), vdot));
-      _mm512_storeu_ps(row + j, _mm512_mul_ps(d, vs));
-    }
-    const __m512 dt = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, y + body),
-                                    _mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + body), vdot));
-    _mm512_mask_storeu_ps(row + body, tail, _mm512_mul_ps(dt, vs));
-    zero_from(row, n, L);
+  const float* y[G];
+  float* row[G];
+  int64_t n[G], body[G];
+  __mmask16 tail[G];
+  __m512 acc[G];
+  for (int r = 0; r < G; ++r) {
+    y[r] = p + (i0 + r) * L;
+    row[r] = ds + (i0 + r) * L;
+    n[r] = keys_seen(i0 + r, L, causal);
+    body[r] = n[r] / 16 * 16;
+    tail[r] = first_lanes(n[r] - body[r]);
+    acc[r] = zero;
+    for (int64_t j = 0; j < body[r]; j += 16)
+      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(y[r] + j), _mm512_loadu_ps(row[r] + j), acc[r]);
   }
+  for (int r = 0; r < G; ++r) {
+    float dot = detail::lane_sum_avx512(acc[r]);
+    for (int64_t j = body[r]; j < n[r]; ++j) dot += y[r][j] * row[r][j];
+    const __m512 vdot = _mm512_set1_ps(dot);
+    for (int64_t j = 0; j < body[r]; j += 16) {
+      const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(y[r] + j),
+                                     _mm512_sub_ps(_mm512_loadu_ps(row[r] + j), vdot));
+      _mm512_storeu_ps(row[r] + j, _mm512_mul_ps(d, vs));
+    }
+    const __m512 dt =
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(tail[r], y[r] + body[r]),
+                      _mm512_sub_ps(_mm512_maskz_loadu_ps(tail[r], row[r] + body[r]), vdot));
+    _mm512_mask_storeu_ps(row[r] + body[r], tail[r], _mm512_mul_ps(dt, vs));
+    zero_from(row[r], n[r], L);
+  }
+}
+
+// All L rows, kRowGroup at a time (1 at a time with group 1: the one-row form).
+constexpr int kRowGroup = 4;
+
+PARM_AVX512 void forward_rows_avx512(float* p, int64_t L, float scale, bool causal, int group) {
+  int64_t i = 0;
+  if (group == kRowGroup)
+    for (; i + kRowGroup <= L; i += kRowGroup) forward_group_avx512<kRowGroup>(p, i, L, scale, causal);
+  for (; i < L; ++i) forward_group_avx512<1>(p, i, L, scale, causal);
+}
+
+PARM_AVX512 void backward_rows_avx512(const float* p, float* ds, int64_t L, float scale,
+                                      bool causal, int group) {
+  int64_t i = 0;
+  if (group == kRowGroup)
+    for (; i + kRowGroup <= L; i += kRowGroup)
+      backward_group_avx512<kRowGroup>(p, ds, i, L, scale, causal);
+  for (; i < L; ++i) backward_group_avx512<1>(p, ds, i, L, scale, causal);
 }
 #pragma GCC diagnostic pop
 
@@ -152,9 +198,27 @@ PARM_AVX512 void backward_rows_avx512(const float* p, float* ds, int64_t L, floa
 void attention_softmax_forward(float* p, int64_t L, float scale, bool causal) {
   PARM_CHECK(L > 0, "attention_softmax_forward: {} keys; need at least 1", L);
   if (detail::have_avx512f())
-    forward_rows_avx512(p, L, scale, causal);
+    forward_rows_avx512(p, L, scale, causal, kRowGroup);
   else
     forward_rows_scalar(p, L, scale, causal);
+}
+
+void attention_softmax_forward_one_row_at_a_time(float* p, int64_t L, float scale,
+                                                 bool causal) {
+  PARM_CHECK(L > 0, "attention_softmax_forward: {} keys; need at least 1", L);
+  if (detail::have_avx512f())
+    forward_rows_avx512(p, L, scale, causal, 1);
+  else
+    forward_rows_scalar(p, L, scale, causal);
+}
+
+void attention_softmax_backward_one_row_at_a_time(const float* p, float* ds, int64_t L,
+                                                  float scale, bool causal) {
+  PARM_CHECK(L > 0, "attention_softmax_backward: {} keys; need at least 1", L);
+  if (detail::have_avx512f())
+    backward_rows_avx512(p, ds, L, scale, causal, 1);
+  else
+    backward_rows_scalar(p, ds, L, scale, causal);
 }
 
 void attention_softmax_forward_reference(float* p, int64_t L, float scale, bool causal) {
@@ -165,7 +229,7 @@ void attention_softmax_forward_reference(float* p, int64_t L, float scale, bool 
 void attention_softmax_backward(const float* p, float* ds, int64_t L, float scale, bool causal) {
   PARM_CHECK(L > 0, "attention_softmax_backward: {} keys; need at least 1", L);
   if (detail::have_avx512f())
-    backward_rows_avx512(p, ds, L, scale, causal);
+    backward_rows_avx512(p, ds, L, scale, causal, kRowGroup);
   else
     backward_rows_scalar(p, ds, L, scale, causal);
 }
