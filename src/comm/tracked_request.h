@@ -22,6 +22,18 @@
 
 namespace parm {
 
+// How a waiting rank spends the time between polls once the first few have failed: 0 yields
+// the core (sched_yield; the default), n > 0 sleeps n microseconds. Where ranks outnumber the
+// cores, Linux's CFS hands a yielding rank the core straight back while its virtual runtime
+// is the lowest, so it can spin through much of a time slice that the rank it waits for
+// needed; a sleeping rank leaves the run queue (and wakes up to n us, plus the timer slack,
+// late). Process-wide; set from PARM_WAIT_SLEEP_US at the first wait unless set before.
+int wait_sleep_us();
+void set_wait_sleep_us(int us);
+// PARM_WAIT_SLEEP_US's value: null or empty is 0; else an integer in [0, 10000], or throws
+// InvalidConfig naming the variable and the valid range.
+int parse_wait_sleep_us(const char* text);
+
 class TrackedRequest : public Request {
  public:
   bool test() final;
@@ -45,7 +57,8 @@ class TrackedRequest : public Request {
   // Runs once, when poll() first reports completion. A throw fails the request.
   virtual void on_done() = 0;
   // Returns once poll() reported completion; throws on failure. Default: poll, yielding the
-  // core after a few tries (ranks may outnumber cores), with watchdog() every 256 polls.
+  // core (or sleeping: wait_sleep_us()) after a few tries (ranks may outnumber cores), with
+  // watchdog() every 256 polls.
   virtual void block();
   // Throws, without failing the request, when waiting now could never return (an NCCL
   // request whose group has not been issued yet).

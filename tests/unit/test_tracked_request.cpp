@@ -74,5 +74,42 @@ TEST(TrackedRequest, TimeoutIsFinalAndRethrownByEveryLaterCall) {
   EXPECT_EQ(r.watchdogs, 2);  // no waiting after the failure
 }
 
+// PARM_WAIT_SLEEP_US: empty or unset is 0 (yield); integers 0..10000; anything else is
+// refused with the variable's name and the valid range.
+TEST(WaitPolicy, ParsesTheSleepVariable) {
+  EXPECT_EQ(parse_wait_sleep_us(nullptr), 0);
+  EXPECT_EQ(parse_wait_sleep_us(""), 0);
+  EXPECT_EQ(parse_wait_sleep_us("0"), 0);
+  EXPECT_EQ(parse_wait_sleep_us("20"), 20);
+  EXPECT_EQ(parse_wait_sleep_us("10000"), 10000);
+  for (const char* bad : {"-1", "10001", "20us", "x", " 5"}) {
+    try {
+      parse_wait_sleep_us(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InvalidConfig& e) {
+      EXPECT_NE(std::string(e.what()).find("PARM_WAIT_SLEEP_US"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("10000"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(set_wait_sleep_us(-1), InvalidConfig);
+}
+
+// Sleeping between polls still ends at the poll that completes, with the watchdog between.
+TEST(WaitPolicy, SleepingWaitEndsAtCompletion) {
+  const int before = wait_sleep_us();
+  set_wait_sleep_us(1);
+  EXPECT_EQ(wait_sleep_us(), 1);
+  {
+    Scripted r;
+    r.polls_until_done = 300;
+    r.wait();
+    EXPECT_TRUE(r.done());
+    EXPECT_EQ(r.polls, 300);
+    EXPECT_EQ(r.completions, 1);
+    EXPECT_EQ(r.watchdogs, 2);  // before polls 1 and 257
+  }
+  set_wait_sleep_us(before);
+}
+
 }  // namespace
 }  // namespace parm
