@@ -342,12 +342,6 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
   bool replan_pending = plans_schedules(cfg);
   const double run_t0 = now_us();
   std::vector<std::vector<double>> layer_loads;  // expert_loads per MoE layer, of this step
-  // The expert weights change only at opt.step below (loads happen before this loop): a GPU
-  // layer at bf16 rounds them once per step, not once per micro-batch.
-  uint64_t weights_version = 1;
-  // The model hands it to the dense weights' packs and its MoE experts, at every step's start
-  // (a re-plan may have built a new model) and right after the optimizer step, so that an
-  // evaluation between steps reads the new weights.
   // Model FLOPs of one step summed over the ranks: fixed by the configuration and the
   // layout, so reduced once here rather than every step (a re-plan keeps both).
   const double total_flops = [&] {
@@ -355,6 +349,12 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     world.allreduce(&f, 1);
     return f;
   }();
+  // The expert weights change only at opt.step below (loads happen before this loop): a GPU
+  // layer at bf16 rounds them once per step, not once per micro-batch.
+  uint64_t weights_version = 1;
+  // The model hands it to the dense weights' packs and its MoE experts, at every step's start
+  // (a re-plan may have built a new model) and right after the optimizer step, so that an
+  // evaluation between steps reads the new weights.
   for (; step < cfg.loop.steps; ++step) {
     fault::at_training_step(topo->world_rank(), step);
     const double t0 = now_us();
