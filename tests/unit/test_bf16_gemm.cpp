@@ -180,6 +180,18 @@ TEST(GemmBf16, DiffersFromFp32ByTheOperandRoundingOnly) {
   EXPECT_GT(max_rel, 64 * 0x1p-24) << "no bf16 rounding seen: are the operands fp32?";
 }
 
+// Packed operands live in Bf16Buffer so that every tile row is one cache line: its data is
+// 64-byte aligned at every size, small ones (malloc's arena) and large ones (mmap'd chunks,
+// where std::vector<uint16_t>'s data starts 16 bytes past a page), and after growing.
+TEST(Bf16Buffer, DataIsCacheLineAligned) {
+  for (size_t n : {size_t{1}, size_t{33}, size_t{4096}, size_t{1} << 20, size_t{3} << 20}) {
+    Bf16Buffer buf(n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % 64, 0u) << n << " values";
+    buf.resize(2 * n + 1);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % 64, 0u) << 2 * n + 1 << " values";
+  }
+}
+
 TEST(GemmBf16, EmptySumsAndNames) {
   std::vector<float> c(6, 5.0f);
   gemm_bf16(false, false, 2, 3, 0, nullptr, nullptr, c.data(), true);
