@@ -2,10 +2,12 @@
 // 32 rows x 32 k of packed A) and B0, B1 (16 k pairs x 32 columns of packed B). Each 32-wide
 // step of k is four tile loads (1 KiB contiguous each) and four TDPBF16PS (fp32 accumulation
 // inside the tiles), interleaved so that each product starts as soon as its two operands are
-// in: B0, A0, C0 += A0 B0, A1, C2 += A1 B0, B1, C1 += A0 B1, C3 += A1 B1. On the expert
-// products and 1024^3 that order ran 3-10% faster than four loads, then four products (one
-// thread, operands from L2/L3, same run); software prefetch of the next block's B tiles
-// gained nothing measurable on top.
+// in: B0, A0, C0 += A0 B0, A1, C2 += A1 B0, B1, C1 += A0 B1, C3 += A1 B1. On packed
+// operands 16 bytes off a cache line that order ran the expert products and 1024^3 3-10%
+// faster than four loads, then four products; on 64-byte aligned ones (Bf16Buffer) the two
+// orders ran within the noise of each other (one thread, same run). Software prefetch of the
+// next block's B tiles gained nothing measurable; prefetching the next block's C rows sped
+// the accumulating dW products by 11-15% in some runs and by nothing in others.
 // Cache blocking: k in blocks of kBlockK, columns in passes of kPassCols. Within a k block
 // the 32-row block of A (64 KiB at most) is reused across the pass's column blocks, and the
 // pass's B panels (1 MiB at most) from L2 across the row blocks; C is stored and reloaded
