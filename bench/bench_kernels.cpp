@@ -67,8 +67,8 @@ double measure_gemm_peak() {
 double measure_bf16_peak() {
   const int64_t n = 1024;
   const std::vector<float> a = random_vector(n * n, 1), b = random_vector(n * n, 2);
-  std::vector<uint16_t> pa(static_cast<size_t>(parm::cpu::bf16_packed_a_size(n, n)));
-  std::vector<uint16_t> pb(static_cast<size_t>(parm::cpu::bf16_packed_b_size(n, n)));
+  parm::cpu::Bf16Buffer pa(static_cast<size_t>(parm::cpu::bf16_packed_a_size(n, n)));
+  parm::cpu::Bf16Buffer pb(static_cast<size_t>(parm::cpu::bf16_packed_b_size(n, n)));
   parm::cpu::bf16_pack_a(false, n, n, a.data(), n, pa.data());
   parm::cpu::bf16_pack_b(false, n, n, b.data(), n, pb.data());
   std::vector<float> c(static_cast<size_t>(n * n));
@@ -189,15 +189,15 @@ void BM_ExpertGemm(benchmark::State& state, ExpertProduct product) {
                              g.trans_b ? " tb" : "", g.accumulate ? " acc" : ""));
 }
 
-// The same six products at --precision bf16: operands packed to bf16 before the loop (the
-// layer packs the weights once per pass and the rows per call; this is the product alone,
-// as the bf16 floor counts it), of_peak against the bf16 peak.
+// The same six products at --precision bf16 over R rows (args H, R): operands packed to bf16
+// before the loop (the layer packs the weights once per pass and the rows per call; this is
+// the product alone, as the bf16 floor counts it), of_peak against the bf16 peak.
 void BM_ExpertGemmBf16(benchmark::State& state, ExpertProduct product) {
-  const int64_t h = state.range(0);
-  const parm::moe::GemmCall g = parm::moe::expert_gemm(product, kR, kM, h);
+  const int64_t h = state.range(0), rows = state.range(1);
+  const parm::moe::GemmCall g = parm::moe::expert_gemm(product, rows, kM, h);
   const std::vector<float> a = random_vector(g.m * g.k, 21), b = random_vector(g.k * g.n, 22);
-  std::vector<uint16_t> pa(static_cast<size_t>(parm::cpu::bf16_packed_a_size(g.m, g.k)));
-  std::vector<uint16_t> pb(static_cast<size_t>(parm::cpu::bf16_packed_b_size(g.k, g.n)));
+  parm::cpu::Bf16Buffer pa(static_cast<size_t>(parm::cpu::bf16_packed_a_size(g.m, g.k)));
+  parm::cpu::Bf16Buffer pb(static_cast<size_t>(parm::cpu::bf16_packed_b_size(g.k, g.n)));
   parm::cpu::bf16_pack_a(g.trans_a, g.m, g.k, a.data(), g.trans_a ? g.m : g.k, pa.data());
   parm::cpu::bf16_pack_b(g.trans_b, g.k, g.n, b.data(), g.trans_b ? g.k : g.n, pb.data());
   std::vector<float> c(static_cast<size_t>(g.m * g.n), 0.0f);
@@ -317,8 +317,20 @@ BENCHMARK(BM_ExpertProductsBf16Floor)->UseManualTime()->MinTime(0.5);
   PARM_EXPERT_GEMM(fn, bwd_dW1_xT_dact, ExpertProduct::kDW1);  \
   PARM_EXPERT_GEMM(fn, bwd_dx_dact_W1T, ExpertProduct::kDX)
 PARM_EXPERT_GEMMS(BM_ExpertGemm);
-PARM_EXPERT_GEMMS(BM_ExpertGemmBf16);
 PARM_EXPERT_GEMMS(BM_ExpertGemmOnednnBf16);
+#undef PARM_EXPERT_GEMM
+// bf16 also at R = kR + 1 rows: the layer's row counts are rarely a multiple of 16 (2052 rows
+// over 4 experts on the reference layer's busiest rank), so the products there have a partial
+// row tile (pre, out, dact, dx) or a zero-padded last k step (dW1, dW2).
+#define PARM_EXPERT_GEMM(fn, row_name, product) \
+  BENCHMARK_CAPTURE(fn, row_name, product)       \
+      ->ArgNames({"H", "R"})                     \
+      ->Args({kH, kR})                           \
+      ->Args({kH / 2, kR})                       \
+      ->Args({kH, kR + 1})                       \
+      ->UseRealTime()                            \
+      ->MinTime(0.2)
+PARM_EXPERT_GEMMS(BM_ExpertGemmBf16);
 #undef PARM_EXPERT_GEMMS
 #undef PARM_EXPERT_GEMM
 

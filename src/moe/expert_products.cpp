@@ -197,12 +197,12 @@ double time_bf16_products_us(const std::vector<int64_t>& rows, int64_t M, int64_
                              const Tensor& act, const Tensor& dy, int reps) {
   const int64_t r = x.dim(0);
   auto packed_a = [](bool trans, int64_t m, int64_t k, const Tensor& t, int64_t ld) {
-    std::vector<uint16_t> p(static_cast<size_t>(cpu::bf16_packed_a_size(m, k)));
+    cpu::Bf16Buffer p(static_cast<size_t>(cpu::bf16_packed_a_size(m, k)));
     cpu::bf16_pack_a(trans, m, k, t.data(), ld, p.data());
     return p;
   };
   auto packed_b = [](bool trans, int64_t k, int64_t n, const Tensor& t, int64_t ld) {
-    std::vector<uint16_t> p(static_cast<size_t>(cpu::bf16_packed_b_size(k, n)));
+    cpu::Bf16Buffer p(static_cast<size_t>(cpu::bf16_packed_b_size(k, n)));
     cpu::bf16_pack_b(trans, k, n, t.data(), ld, p.data());
     return p;
   };
@@ -211,7 +211,7 @@ double time_bf16_products_us(const std::vector<int64_t>& rows, int64_t M, int64_
   // since the packed layout depends on k.
   const auto xa = packed_a(false, r, M, x, M), acta = packed_a(false, r, hl, act, hl);
   const auto dya = packed_a(false, r, M, dy, M), dprea = packed_a(false, r, hl, act, hl);
-  std::vector<std::vector<uint16_t>> xt, actt, dyb, dpreb;
+  std::vector<cpu::Bf16Buffer> xt, actt, dyb, dpreb;
   for (int64_t n : rows) {
     xt.push_back(packed_a(true, M, n, x, M));
     actt.push_back(packed_a(true, hl, n, act, hl));

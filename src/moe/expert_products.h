@@ -118,14 +118,14 @@ class Bf16ExpertProducts {
   int64_t experts_ = 0, max_rows_ = 0, model_dim_ = 0, hidden_ = 0;
   int64_t w_stride_ = 0;   // values per expert in each packed weight buffer
   int64_t xt_stride_ = 0, at_stride_ = 0;  // values per expert in xt_, at_
-  std::vector<uint16_t> a_, b_;  // packed row operands of the product being run
-  std::vector<uint16_t> a2_;     // a second packed A: dpre, packed beside dpre as B
+  cpu::Bf16Buffer a_, b_;  // packed row operands of the product being run
+  cpu::Bf16Buffer a2_;     // a second packed A: dpre, packed beside dpre as B
   std::vector<float> block_;     // (kFuseRows, Hl) fp32: act or dpre of one block of rows
   std::vector<float> rows_;      // (kFuseRows, M) fp32: x or dy of one block of rows
   // Per expert, packed as B: W1 (M, Hl) and W2 (Hl, M) for the forward pass, W2^T (M, Hl)
   // and W1^T (Hl, M) for the backward pass; packed as A from the forward pass: x^T (M, R),
   // act^T (Hl, R).
-  std::vector<uint16_t> w1_, w2_, w2t_, w1t_, xt_, at_;
+  cpu::Bf16Buffer w1_, w2_, w2t_, w1t_, xt_, at_;
   Bf16WeightCopies copies_;  // what w1_, w2_, w2t_, w1t_ hold
   double last_pack_us_ = 0;
 };

@@ -109,6 +109,43 @@ TEST(GemmBf16, MatchesFp64AcrossCacheBlocks) {
   }
 }
 
+// A partial tile (m or n not a multiple of 16, or a block of one tile row or column) gives
+// each element the bits the same element gets inside full tiles: the (m, n) product over the
+// first m rows of A and n columns of B against the (round_up(m, 32) + 32, round_up(n, 32) +
+// 32) one, both accumulate modes, transposed A, k past one cache block; and nothing is
+// written past C's m rows or n columns (guard values after them stay).
+void expect_edges_match_full_tiles(int64_t m, int64_t n, int64_t k) {
+  const int64_t mb = (m + 31) / 32 * 32 + 32, nb = (n + 31) / 32 * 32 + 32;
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, acc = t & 2;
+    const int64_t lda = ta ? mb : k;  // A stored (mb, k) or, transposed, (k, mb)
+    const auto a = normal(mb * k, 6), b = normal(k * nb, 7), c0 = normal(mb * nb, 8);
+    std::vector<float> big = c0;
+    gemm_bf16(ta, false, mb, nb, k, a.data(), lda, b.data(), nb, big.data(), nb, acc);
+    // C (m, n) with ldc nb, inside a buffer of mb rows: guards after row m and column n.
+    std::vector<float> small = c0;
+    gemm_bf16(ta, false, m, n, k, a.data(), lda, b.data(), nb, small.data(), nb, acc);
+    for (int64_t i = 0; i < mb; ++i)
+      for (int64_t j = 0; j < nb; ++j) {
+        const size_t at = static_cast<size_t>(i * nb + j);
+        const float want = i < m && j < n ? big[at] : c0[at];
+        ASSERT_EQ(small[at], want) << bf16_kernel_name() << " m=" << m << " n=" << n
+                                   << " k=" << k << " ta=" << ta << " acc=" << acc << " at "
+                                   << i << "," << j << (i < m && j < n ? "" : " (guard)");
+      }
+  }
+}
+
+TEST(GemmBf16, EdgeTilesGiveTheBitsOfFullTiles) {
+  for (Bf16Kernel kernel : kernels()) {
+    KernelScope scope(kernel);
+    for (int64_t m : {1, 5, 16, 17, 31, 33, 513})
+      for (int64_t n : {1, 7, 16, 17, 47})
+        ASSERT_NO_FATAL_FAILURE(expect_edges_match_full_tiles(m, n, m == 513 ? 40 : 70));
+    ASSERT_NO_FATAL_FAILURE(expect_edges_match_full_tiles(19, 530, 1100));
+  }
+}
+
 // A row of 1 + 2^-9 (not a bf16 value: it rounds to 1) against a column of ones: fp32 gives
 // k (1 + 2^-9) exactly, bf16 gives exactly k.
 TEST(GemmBf16, RoundsOperandsToBf16) {
@@ -141,6 +178,18 @@ TEST(GemmBf16, DiffersFromFp32ByTheOperandRoundingOnly) {
       max_rel = std::max(max_rel, rel);
     }
   EXPECT_GT(max_rel, 64 * 0x1p-24) << "no bf16 rounding seen: are the operands fp32?";
+}
+
+// Packed operands live in Bf16Buffer so that every tile row is one cache line: its data is
+// 64-byte aligned at every size, small ones (malloc's arena) and large ones (mmap'd chunks,
+// where std::vector<uint16_t>'s data starts 16 bytes past a page), and after growing.
+TEST(Bf16Buffer, DataIsCacheLineAligned) {
+  for (size_t n : {size_t{1}, size_t{33}, size_t{4096}, size_t{1} << 20, size_t{3} << 20}) {
+    Bf16Buffer buf(n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % 64, 0u) << n << " values";
+    buf.resize(2 * n + 1);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % 64, 0u) << 2 * n + 1 << " values";
+  }
 }
 
 TEST(GemmBf16, EmptySumsAndNames) {

@@ -57,7 +57,7 @@ bool use_amx() {
 }
 
 struct PackScratch {
-  std::vector<uint16_t> a, b;
+  Bf16Buffer a, b;
 };
 
 }  // namespace
@@ -155,7 +155,7 @@ void gemm_bf16_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const flo
     gemm_bf16_packed(m, n, k, nullptr, nullptr, c, ldc, accumulate);
     return;
   }
-  std::vector<uint16_t>& pa = pack_scratch().a;
+  Bf16Buffer& pa = pack_scratch().a;
   const auto a_size = static_cast<size_t>(bf16_packed_a_size(m, k));
   if (pa.size() < a_size) pa.resize(a_size);
   bf16_pack_a(trans_a, m, k, a, lda, pa.data());
@@ -168,7 +168,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cons
     gemm_bf16_packed(m, n, k, nullptr, nullptr, c, ldc, accumulate);
     return;
   }
-  std::vector<uint16_t>& pb = pack_scratch().b;
+  Bf16Buffer& pb = pack_scratch().b;
   const auto b_size = static_cast<size_t>(bf16_packed_b_size(k, n));
   if (pb.size() < b_size) pb.resize(b_size);
   bf16_pack_b(trans_b, k, n, b, ldb, pb.data());
