@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/bf16_buffer.h"
 #include "model/dense_ops.h"
 
 namespace parm::model {
@@ -47,7 +48,7 @@ class Bf16WeightPacks {
     const float* src = nullptr;
     int64_t rows = 0, cols = 0;
     bool fresh = false;
-    std::vector<uint16_t> w, wt;
+    cpu::Bf16Buffer w, wt;  // 64-byte aligned: the AMX kernel loads each tile row from one line
   };
   const DenseOps* ops_;
   std::vector<Entry> entries_;  // a few per block: looked up in order

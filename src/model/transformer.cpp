@@ -255,7 +255,7 @@ class Transformer final : public Model {
   bool pack_dense_ = false;
   // When pack_dense_: LN1's output packed once for the Q, K and V products, as A of ln1 W
   // (forward) and as A of ln1^T dqkv (backward), and dq / dk / dv packed as B in turn.
-  std::vector<uint16_t> ln1_packed_, ln1t_packed_, dqkv_packed_;
+  cpu::Bf16Buffer ln1_packed_, ln1t_packed_, dqkv_packed_;  // aligned (bf16_buffer.h)
   int64_t B_, L_, T_, M_, V_, Ml_, Hl_, Fl_, D_;  // Hl_: local heads
   std::vector<std::unique_ptr<Param>> params_;
   Param* wte_ = nullptr;  // (V, M)

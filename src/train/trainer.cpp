@@ -72,8 +72,8 @@ double gemm_gflops_for_mfu(const std::string& profile, Precision precision, Devi
                 : "measured at start";
   const int64_t n = 384;
   std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a), c(a);
-  std::vector<uint16_t> pa(static_cast<size_t>(cpu::bf16_packed_a_size(n, n)));
-  std::vector<uint16_t> pb(static_cast<size_t>(cpu::bf16_packed_b_size(n, n)));
+  cpu::Bf16Buffer pa(static_cast<size_t>(cpu::bf16_packed_a_size(n, n)));
+  cpu::Bf16Buffer pb(static_cast<size_t>(cpu::bf16_packed_b_size(n, n)));
   cpu::bf16_pack_a(false, n, n, a.data(), n, pa.data());
   cpu::bf16_pack_b(false, n, n, b.data(), n, pb.data());
   const auto product = [&] {
