@@ -493,6 +493,22 @@ bool MoeLayer::dropless_move(const Step& s) const {
 }
 
 void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {
+  if (!schedule::joins_sum(s, backward)) {
+    run_pass(s, backward, dl_aux);
+    return;
+  }
+  // Forward: the value summed (a kSumDup's move); backward: the gradient (a kShareDup's).
+  Tensor& t = !backward                              ? bufs_[static_cast<size_t>(s.joined_sum)]
+              : s.joined_sum == schedule::kGateWeight ? dwg_call_
+                                                      : dbufs_[static_cast<size_t>(s.joined_sum)];
+  backend_->sync();  // the tensor is complete before the collective reads it
+  RequestPtr sum = topo_.comm(s.group).iallreduce(t.data(), static_cast<size_t>(t.numel()),
+                                                  DType::kF32);
+  run_pass(s, backward, dl_aux);
+  sum->wait();
+}
+
+void MoeLayer::run_pass(const Step& s, bool backward, float dl_aux) {
   const auto i = static_cast<size_t>(&s - schedule_.steps.data());
   const Move move = schedule::step_move(s.kind, backward);
   if (schedule_.dropless && !backward && s.out >= 0) {

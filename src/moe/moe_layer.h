@@ -126,8 +126,10 @@ class MoeLayer {
 
  private:
   // Step s's forward (or backward) pass: its computation, or the move schedule::step_info
-  // names for it.
+  // names for it, with its joined sum (Step::joined_sum) posted before the move and
+  // completed after it.
   void run_step(const schedule::Step& s, bool backward, float dl_aux);
+  void run_pass(const schedule::Step& s, bool backward, float dl_aux);
   void compute_forward(const schedule::Step& s, moe::PhaseTimes* phases);
   void compute_backward(const schedule::Step& s, float dl_aux, moe::PhaseTimes* phases);
   // Moves the fill counts of buffer `in` along a dispatch-path step to buffer `out`.

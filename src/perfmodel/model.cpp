@@ -259,7 +259,7 @@ struct Pricer {
       std::vector<PartCost>& out = bwd ? c.bwd_parts : c.fwd_parts;
       std::vector<double> piece, piece_alpha;
       std::vector<Link> links;
-      double sum = 0.0;
+      double sum = 0.0, beside = 0.0;
       const double share = dropless_share(sc, s, shape, target.load_max_over_mean);
       for (auto& p : parts) {
         p.bus_bytes *= share;
@@ -269,6 +269,10 @@ struct Pricer {
         const GroupSpan sp = group_span(target, p.group);
         const double us = collective_us(prof, p.op, sp, p.bus_bytes);
         out.push_back({p.group, p.op, sp.link, p.bus_bytes, us});
+        if (p.beside) {  // runs at once with the step's collective (Step::joined_sum)
+          beside = std::max(beside, us);
+          continue;
+        }
         sum += us;
         // A piece pays the whole latency and 1/W of the bytes.
         const double alpha = collective_alpha_us(prof, p.op, sp);
@@ -280,7 +284,7 @@ struct Pricer {
                      ? fused_us(piece, piece_alpha, links, sc.chunks, prof.fused.overlap,
                                 prof.fused.per_piece_us)
                      : sum;
-      (bwd ? c.bwd_us : c.fwd_us) += t;
+      (bwd ? c.bwd_us : c.fwd_us) += std::max(t, beside);
     }
     local_copies(s, c);
   }

@@ -9,7 +9,7 @@ namespace {
 auto fields(const schedule::BufferSpec& b) { return std::tie(b.shape, b.slots, b.fills_like); }
 auto fields(const schedule::Step& s) {
   return std::tie(s.kind, s.group, s.in, s.out, s.outer, s.chunk, s.group2, s.group3, s.mid,
-                  s.block, s.carries_fills);
+                  s.block, s.carries_fills, s.joined_sum);
 }
 auto fields(const schedule::Schedule& s) {
   return std::tie(s.input, s.output, s.gate_tokens, s.total_tokens, s.capacity,

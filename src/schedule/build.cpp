@@ -48,15 +48,17 @@ class Builder {
 };
 
 // Gate, l_aux and dispatch on `tokens` (rows, M); returns the dispatch buffer.
-// S1 gates on slices of the MP group's tokens and sums the statistics over mp.
-int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, bool stats_over_mp,
-                      int64_t slots) {
+// S1 with N_MP > 1 gates on slices of the MP group's tokens: it passes `stats_over_mp`,
+// receives the statistics buffer there, sums it over mp and forms l_aux itself (build_s1).
+int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, int64_t slots,
+                      int* stats_over_mp = nullptr) {
   const auto& sh = spec.shape;
   const int stats = b.buffer("aux_stats", {stats_numel(sh.experts, spec.z_loss)});
   b.compute(StepKind::kGate, tokens, stats, "gate");
-  if (stats_over_mp)
-    b.collective(StepKind::kSumDup, Group::kMp, stats, "", {}, "l_aux statistics allreduce");
-  b.compute(StepKind::kAuxLoss, stats, -1, "l_aux");
+  if (stats_over_mp != nullptr)
+    *stats_over_mp = stats;
+  else
+    b.compute(StepKind::kAuxLoss, stats, -1, "l_aux");
   const int disp = b.buffer("dispatch", {sh.experts, slots, sh.model_dim});
   b.segmented(disp, slots);
   b.compute(StepKind::kDispatch, tokens, disp, "dispatch");
@@ -160,19 +162,25 @@ Schedule build_s1(const LayerSpec& spec, Kind kind) {
   s.capacity = capacity(sh.topk, sh.capacity_factor, rows, sh.experts);
   s.dispatch_slots = s.exchange_slots = s.capacity;
   s.expert_blocks = l.esp * l.ep;
-  // Runs last in the backward pass: the gate weight is read by every MP rank on its own
-  // tokens, so its gradient is summed over mp.
-  if (l.mp > 1)
-    s.steps.push_back({StepKind::kShareDup, Group::kMp, kGateWeight, kGateWeight, 1, 0,
-                       "gate weight gradient allreduce"});
+  // Two small sums over mp, each riding on an MP AllGather the schedule runs anyway (one
+  // rendezvous of the MP group instead of two; SPEC §3): the gate weight is read by every MP
+  // rank on its own tokens, so its gradient is summed over mp, with the AllGather of dx (the
+  // slice's adjoint, the backward pass's last step); the l_aux statistics with the output's
+  // AllGather, after which l_aux is formed (nothing before it reads them).
   const int xs = b.collective(StepKind::kSlice, Group::kMp, s.input, "x_slice", {rows, M},
                               "mp slice tokens", 1, rows * M);
-  const int disp = gate_and_dispatch(b, spec, xs, true, s.dispatch_slots);
+  if (l.mp > 1) s.steps.back().joined_sum = kGateWeight;
+  int stats = -1;
+  const int disp = gate_and_dispatch(b, spec, xs, s.dispatch_slots, l.mp > 1 ? &stats : nullptr);
   const int back = expert_exchange(b, spec, disp, s.exchange_slots);
   const int ys = b.buffer("out_slice", {rows, M});
   b.compute(StepKind::kCombine, back, ys, "combine");
   s.output = b.collective(StepKind::kGatherDup, Group::kMp, ys, "out", {T, M}, "mp allgather",
                           1, rows * M);
+  if (l.mp > 1) {
+    s.steps.back().joined_sum = stats;
+    b.compute(StepKind::kAuxLoss, stats, -1, "l_aux");
+  }
   return std::move(s);
 }
 
@@ -190,7 +198,7 @@ Schedule build_s2(const LayerSpec& spec, Kind kind) {
   s.dispatch_slots = cs * l.mp;
   s.exchange_slots = cs;
   s.expert_blocks = l.esp * l.ep;
-  const int disp = gate_and_dispatch(b, spec, s.input, false, s.dispatch_slots);
+  const int disp = gate_and_dispatch(b, spec, s.input, s.dispatch_slots);
   const int mine = b.collective(StepKind::kSlice, Group::kMp, disp, "dispatch_slice",
                                 {E, cs, M}, "mp slice slots", E, cs * M);
   b.segmented(mine, cs);
@@ -215,7 +223,7 @@ Schedule build_baseline(const LayerSpec& spec) {
   s.capacity = s.dispatch_slots = s.exchange_slots =
       capacity(sh.topk, sh.capacity_factor, T, sh.experts);
   s.expert_blocks = l.ep;
-  const int disp = gate_and_dispatch(b, spec, s.input, false, s.dispatch_slots);
+  const int disp = gate_and_dispatch(b, spec, s.input, s.dispatch_slots);
   const int back = expert_exchange_duplicated(b, spec, disp, s.exchange_slots);
   s.output = b.buffer("out", {T, M});
   b.compute(StepKind::kCombine, back, s.output, "combine");
@@ -276,6 +284,10 @@ Schedule build(const LayerSpec& spec, Kind kind) {
   if (dropless)
     for (BufferSpec& buf : s.buffers)
       if (buf.slots > 0) buf.max_routed_rows = dropless_buffer_rows(s, spec.shape.topk, buf);
+  for (const Step& st : s.steps)
+    PARM_CHECK(st.joined_sum == -1 || joins_sum(st, false) != joins_sum(st, true),
+               "step '{}' carries a joined sum but moves data over {} in {} passes", st.label,
+               group_name(st.group), joins_sum(st, false) ? 2 : 0);
   s.z_loss = spec.z_loss;
   s.gate_weight_numel = spec.shape.model_dim * spec.shape.experts;
   for (const Step& st : s.steps)

@@ -63,6 +63,13 @@ Move step_move(StepKind k, bool backward) {
   return backward ? step_info(k).backward : step_info(k).forward;
 }
 
+bool joins_sum(const Step& s, bool backward) {
+  if (s.joined_sum == -1) return false;
+  const Move m = step_move(s.kind, backward);
+  return m == Move::kAllGather || m == Move::kAllToAll || m == Move::kReduceScatter ||
+         m == Move::kAllReduce;
+}
+
 namespace {
 
 constexpr double kF = sizeof(float);
@@ -125,6 +132,11 @@ std::vector<CollectivePart> collective_parts(const Schedule& sc, const Step& s, 
       if (s.has_mp_part()) add(s.group3, CommOp::kAllGather, static_cast<double>(s.outer * s.chunk) * kF);
       break;
   }
+  if (joins_sum(s, backward)) {
+    const size_t before = parts.size();
+    add(s.group, CommOp::kAllReduce, numel_of(sc, s.joined_sum) * kF);
+    if (parts.size() > before) parts.back().beside = true;
+  }
   return parts;
 }
 
@@ -154,8 +166,9 @@ std::string Schedule::describe() const {
     return id == kGateWeight ? std::string("dWg") : id < 0 ? std::string("-") : buffers[id].name;
   };
   for (const Step& s : steps)
-    out += fmt::format("  {:<34} {:<15} {} -> {}\n", s.label, step_kind_name(s.kind), name(s.in),
-                       name(s.out));
+    out += fmt::format("  {:<34} {:<15} {} -> {}{}\n", s.label, step_kind_name(s.kind),
+                       name(s.in), name(s.out),
+                       s.joined_sum == -1 ? "" : fmt::format(" (+ sum of {})", name(s.joined_sum)));
   return out;
 }
 

@@ -126,8 +126,19 @@ struct Step {
   // A dispatch-path collective (forward): the per-expert fill counts of its input travel
   // with the tokens (CommOp::kMetadata), so that the experts compute filled rows only.
   bool carries_fills = false;
+  // A small duplicated tensor (a buffer id, or kGateWeight) summed in place over `group` in
+  // the pass in which this step moves data over it (joins_sum), posted before the step's
+  // collective and completed after it: one rendezvous of the group where a kSumDup (the
+  // value, forward) or kShareDup (the gradient, backward) step would add a second. S1's
+  // l_aux statistics ride on its output AllGather, its dWg on the AllGather of dx. -1: none.
+  int joined_sum = -1;
   bool has_mp_part() const { return mid >= 0; }
 };
+
+// Whether `step` sums its joined_sum tensor in this pass: the pass that moves data over its
+// group (an AllGather, AllToAll, ReduceScatter or AllReduce; a step has one such pass where
+// it carries a joined sum, build() checks).
+bool joins_sum(const Step& step, bool backward);
 
 // One collective a step issues, and the bus bytes it moves on this rank
 // (parm::bus_bytes of its size); a fused step has one part per constituent collective, and
@@ -136,6 +147,9 @@ struct CollectivePart {
   Group group;
   CommOp op;
   double bus_bytes;
+  // Posted beside the step's main collective and completed with it (Step::joined_sum): the
+  // two run at once, with one rendezvous.
+  bool beside = false;
 };
 
 struct Schedule {

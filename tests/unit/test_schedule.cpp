@@ -144,5 +144,55 @@ TEST(Schedule, EveryStepAnswersForItsMoves) {
   }
 }
 
+// S1's two small sums over mp ride on the MP AllGathers it runs anyway: the l_aux statistics
+// (the gate's output) on the output's AllGather (forward), dWg on the AllGather of dx (the
+// token slice's adjoint, backward). Per pass the MP group then meets once, fused or not, and
+// the sum is one more part of that step, posted beside its collective.
+TEST(Schedule, S1SumsRideOnTheMpGathers) {
+  for (bool fuse : {false, true})
+  for (bool dropless : {false, true}) {
+    const MoeShape sh = MoeShape::of(24, 8, 24, 8, 2, dropless ? "none" : "1.1");
+    const Layout l = layout_of(2, 2, 2);
+    const Schedule s1 = build({sh, l, 0, fuse, 2}, Kind::kS1);
+    int stats = -1;
+    for (const Step& s : s1.steps)
+      if (s.kind == StepKind::kGate) stats = s.out;
+    int mp_calls[2] = {0, 0};
+    for (const Step& s : s1.steps) {
+      EXPECT_NE(s.kind, StepKind::kSumDup) << s.label;
+      EXPECT_NE(s.kind, StepKind::kShareDup) << s.label;
+      for (bool backward : {false, true})
+        for (const CollectivePart& p : collective_parts(s1, s, l, backward))
+          if (p.group == Group::kMp && !p.beside) mp_calls[backward] += 1;
+    }
+    EXPECT_EQ(mp_calls[0], 1);
+    EXPECT_EQ(mp_calls[1], 1);
+    const Step& out = s1.steps[static_cast<size_t>(s1.steps.size() - 2)];
+    EXPECT_EQ(out.kind, StepKind::kGatherDup);
+    EXPECT_EQ(out.joined_sum, stats);
+    EXPECT_TRUE(joins_sum(out, false));
+    EXPECT_FALSE(joins_sum(out, true));
+    const auto fwd = collective_parts(s1, out, l, false);
+    ASSERT_EQ(fwd.size(), 2u);
+    EXPECT_EQ(fwd[1].op, CommOp::kAllReduce);
+    EXPECT_TRUE(fwd[1].beside);
+    EXPECT_DOUBLE_EQ(fwd[1].bus_bytes, bus_bytes(CommOp::kAllReduce, 2, 2.0 * 8 * sizeof(float)));
+    // l_aux is formed after the sum.
+    EXPECT_EQ(s1.steps.back().kind, StepKind::kAuxLoss);
+    const Step& slice = s1.steps.front();
+    EXPECT_EQ(slice.kind, StepKind::kSlice);
+    EXPECT_EQ(slice.joined_sum, kGateWeight);
+    const auto bwd = collective_parts(s1, slice, l, true);
+    ASSERT_EQ(bwd.size(), 2u);
+    EXPECT_TRUE(bwd[1].beside);
+    EXPECT_DOUBLE_EQ(bwd[1].bus_bytes, bus_bytes(CommOp::kAllReduce, 2, 8.0 * 8 * sizeof(float)));
+    EXPECT_TRUE(collective_parts(s1, slice, l, false).empty());
+  }
+  // N_MP = 1: nothing to sum, and the list is the other schedules' (l_aux after the gate).
+  const Schedule one = build({test_shape(), layout_of(1, 2, 2), 0, false, 2}, Kind::kS1);
+  for (const Step& s : one.steps) EXPECT_EQ(s.joined_sum, -1) << s.label;
+  EXPECT_EQ(one.steps[1].kind, StepKind::kAuxLoss);
+}
+
 }  // namespace
 }  // namespace parm::schedule
