@@ -93,7 +93,11 @@ nlohmann::json profile_to_json(const Profile& p) {
     }
   j["fused"] = {{"overlap", p.fused.overlap}, {"per_piece_us", p.fused.per_piece_us},
                 {"r2", p.fused.r2},
-                {"samples", p.fused.samples}, {"source", p.fused.source}};
+                {"samples", p.fused.samples}, {"source", p.fused.source},
+                {"eager_limit_bytes", p.fused.eager_limit_bytes},
+                {"eager_limit_source", p.fused.eager_limit_source},
+                {"eager_gain", p.fused.eager_gain},
+                {"eager_gain_source", p.fused.eager_gain_source}};
   for (const auto& [key, f] : {std::pair{"step_sync", &p.step_sync},
                                std::pair{"step_sync_world", &p.step_sync_world}})
     j[key] = {{"us", f->us}, {"per_compute", f->per_compute}, {"r2", f->r2},
@@ -161,6 +165,12 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
   p.fused.r2 = r.number(fu, "fused", "r2", -INFINITY, true, 1.0);
   p.fused.samples = r.integer(fu, "fused", "samples", 0);
   p.fused.source = r.text(fu, "fused", "source");
+  if (fu.contains("eager_gain")) {  // older profiles: not priced (FusedFit's defaults)
+    p.fused.eager_limit_bytes = r.number(fu, "fused", "eager_limit_bytes", 0.0, true);
+    p.fused.eager_limit_source = r.text(fu, "fused", "eager_limit_source");
+    p.fused.eager_gain = r.number(fu, "fused", "eager_gain", 0.0, true, 1.0);
+    p.fused.eager_gain_source = r.text(fu, "fused", "eager_gain_source");
+  }
   read_sync_fit(r, j, "step_sync", p.step_sync);
   if (j.contains("step_sync_world")) {
     read_sync_fit(r, j, "step_sync_world", p.step_sync_world);

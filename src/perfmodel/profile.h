@@ -97,6 +97,15 @@ struct FusedFit {
   double r2 = 1.0;
   int64_t samples = 0;
   std::string source = "assumed";
+  // The rendezvous a fused step's pieces avoid (model.h, eager_saving_us): the largest
+  // message the inter-node transport sends eagerly (bytes; 0: no such limit priced), and
+  // the share of an inter-node part's bytes time saved where its unfused messages are above
+  // that limit and its pieces' are not. `calibrate` measures the share inside the layer
+  // (calibrate_fused_layer); older profiles: 0 (not priced).
+  double eager_limit_bytes = 0.0;
+  std::string eager_limit_source = "assumed 0 (not in the profile)";
+  double eager_gain = 0.0;
+  std::string eager_gain_source = "assumed 0 (not in the profile)";
 };
 
 // The rendezvous of a collective step that follows computation: ranks arrive at different
