@@ -58,17 +58,17 @@ void calibrate_fused_layer(Topology& topo, const CalibrateOptions& o, Calibratio
   ff.eager_gain = 0.0;
   const Layout& l = topo.layout();
   const Target here = target_of(topo);
-  auto skip = [&](const std::string& why) {
+  auto no_gain = [&](const std::string& why) {
     ff.eager_gain_source = "assumed 0 (" + why + ")";
-    log(fmt::format("  fused in the layer: not measured ({}); eager gain 0", why));
+    log(fmt::format("  eager gain: not measured ({}); 0", why));
   };
-  if (ff.eager_limit_bytes <= 0.0) return skip("no eager limit");
-  if (o.chunks < 2) return skip("one chunk: nothing is cut into pieces");
-  if (topo.device() != Device::kCpu) return skip("measured on the CPU only");
-  if (l.ep < 2 || l.esp < 2 || group_link(here, Group::kEp) != Link::kInter)
-    return skip("needs an inter-node EP group and N_ESP > 1");
-
-  const MoeShape shape = eager_calibration_shape(l, ff.eager_limit_bytes);
+  if (topo.device() != Device::kCpu) {
+    cal.profile.layer_compute.source = "assumed 1 (measured on the CPU only)";
+    return no_gain("measured on the CPU only");
+  }
+  // Without an eager limit the shape still needs one to size itself: Open MPI's TCP default.
+  const MoeShape shape =
+      eager_calibration_shape(l, ff.eager_limit_bytes > 0.0 ? ff.eager_limit_bytes : 65536.0);
   const int W = o.chunks;
   Communicator& world = topo.host_comm(Group::kWorld);
   const ref::MoeParams<float> params = ref::init_params<float>(shape, 1);
@@ -82,8 +82,12 @@ void calibrate_fused_layer(Topology& topo, const CalibrateOptions& o, Calibratio
         std::make_unique<MoeLayer>(topo, shape, schedule::Kind::kS1, v == 1, W);
     layers[static_cast<size_t>(v)]->load_whole(params);
   }
-  // Rounds, the two schedules interleaved so that a load change hits both alike.
+  // Rounds, the two schedules interleaved so that a load change hits both alike. The
+  // unfused layer's compute steps (their own timers: MoeLayer::forward_step_us) give the
+  // layer's compute scale.
   std::array<std::vector<double>, 2> t;
+  std::vector<double> compute;
+  const auto& steps = layers[0]->schedule().steps;
   for (int it = 0; it < o.warmup + o.iters; ++it)
     for (size_t v = 0; v < 2; ++v) {
       layers[v]->zero_grad();
@@ -91,34 +95,69 @@ void calibrate_fused_layer(Topology& topo, const CalibrateOptions& o, Calibratio
       const double t0 = now_us();
       layers[v]->forward(xt);
       layers[v]->backward(dt, 0.01f);
-      if (it >= o.warmup) t[v].push_back(now_us() - t0);
+      if (it < o.warmup) continue;
+      t[v].push_back(now_us() - t0);
+      if (v != 0) continue;
+      double c = 0.0;
+      for (size_t i = 0; i < steps.size(); ++i)
+        if (!schedule::is_collective(steps[i].kind))
+          c += layers[0]->forward_step_us()[i] + layers[0]->backward_step_us()[i];
+      compute.push_back(c);
     }
   const double t_u = median(max_over_ranks(world, t[0]));
   const double t_f = median(max_over_ranks(world, t[1]));
+  const double t_compute = median(max_over_ranks(world, compute));
+  cal.samples.push_back({"layer.s1", static_cast<double>(shape.tokens), t_u});
+  cal.samples.push_back({"layer.s1+fused", static_cast<double>(shape.tokens), t_f});
+  cal.samples.push_back({"layer.s1.compute", static_cast<double>(shape.tokens), t_compute});
+  const std::string source = topo.nodes_emulated() ? "emulated" : "measured";
 
+  // The compute scale: the measured compute steps over their price at scale 1 (the same
+  // steps, balanced router).
   Profile prof = cal.profile;
+  prof.layer_compute.scale = 1.0;
+  const Prediction p1 =
+      predict(prof, schedule::build({shape, l, 0, false, W}, schedule::Kind::kS1), shape, here);
+  double priced = 0.0;
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (!schedule::is_collective(steps[i].kind))
+      priced += p1.steps[i].fwd_us + p1.steps[i].bwd_us;
+  const double raw_scale = priced > 0.0 ? t_compute / priced : 1.0;
+  ComputeScale& cs = cal.profile.layer_compute;
+  cs.scale = std::clamp(raw_scale, kMinComputeScale, kMaxComputeScale);
+  cs.source = source;
+  prof.layer_compute = cs;
+  log(fmt::format("  layer S1 T={} M=256 H=256 E={} k=1 f=1: compute steps {:.3f} ms measured "
+                  "(slowest rank), {:.3f} ms priced from the products and kernels timed alone: "
+                  "compute scale {:.3f} ({:.3f} before bounding to [{}, {}])",
+                  shape.tokens, shape.experts, t_compute / 1e3, priced / 1e3, cs.scale,
+                  raw_scale, kMinComputeScale, kMaxComputeScale));
+
+  if (ff.eager_limit_bytes <= 0.0) return no_gain("no eager limit");
+  if (W < 2) return no_gain("one chunk: nothing is cut into pieces");
+  if (l.ep < 2 || l.esp < 2 || group_link(here, Group::kEp) != Link::kInter)
+    return no_gain("needs an inter-node EP group and N_ESP > 1");
   prof.fused.eager_gain = 0.0;
   const double p_u = total_us(prof, shape, here, false, W);
   const double p_f0 = total_us(prof, shape, here, true, W);
   prof.fused.eager_gain = 1.0;
   const double eligible = p_f0 - total_us(prof, shape, here, true, W);
-  const double m = inter_fused_message(predict(
-      prof, schedule::build({shape, l, 0, true, W}, schedule::Kind::kS1), shape, here), here);
-  cal.samples.push_back({"fused_layer.s1", static_cast<double>(shape.tokens), t_u});
-  cal.samples.push_back({"fused_layer.s1+fused", static_cast<double>(shape.tokens), t_f});
+  const double m = inter_fused_message(
+      predict(prof, schedule::build({shape, l, 0, true, W}, schedule::Kind::kS1), shape, here),
+      here);
   if (eligible <= 0.0)
-    return skip(fmt::format("no inter-node part of the calibration layer above the limit "
-                            "(message {:.0f} bytes)", m));
+    return no_gain(fmt::format("no inter-node part of the calibration layer above the limit "
+                               "(message {:.0f} bytes)", m));
   const double raw = (p_f0 - p_u - (t_f - t_u)) / eligible;
   ff.eager_gain = std::clamp(raw, 0.0, 1.0);
-  ff.eager_gain_source = topo.nodes_emulated() ? "emulated" : "measured";
+  ff.eager_gain_source = source;
   log(fmt::format(
-      "  fused in the layer: S1 T={} M=256 H=256 E={} k=1 f=1 ({:.0f} bytes per inter-node peer "
-      "message, pieces {:.0f}; eager limit {:.0f}): measured unfused {:.3f} ms, fused {:.3f} ms; "
-      "priced without the gain {:.3f} / {:.3f} ms, at gain 1 {:.3f} ms less: eager gain {:.3f} "
-      "({:.3f} before bounding to [0, 1])",
-      shape.tokens, shape.experts, m, m / W, ff.eager_limit_bytes, t_u / 1e3, t_f / 1e3,
-      p_u / 1e3, p_f0 / 1e3, eligible / 1e3, ff.eager_gain, raw));
+      "  fused in that layer ({:.0f} bytes per inter-node peer message, pieces {:.0f}; eager "
+      "limit {:.0f}): measured unfused {:.3f} ms, fused {:.3f} ms; priced without the gain "
+      "{:.3f} / {:.3f} ms, at gain 1 {:.3f} ms less: eager gain {:.3f} ({:.3f} before bounding "
+      "to [0, 1])",
+      m, m / W, ff.eager_limit_bytes, t_u / 1e3, t_f / 1e3, p_u / 1e3, p_f0 / 1e3,
+      eligible / 1e3, ff.eager_gain, raw));
 }
 
 }  // namespace parm::perfmodel

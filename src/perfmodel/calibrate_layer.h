@@ -2,8 +2,10 @@
 // timed alone (calibrate_fused) meets ranks that all wait in MPI; in the layer a rank reaches
 // its exchange while its peers still compute, and a message above the transport's eager limit
 // then waits for the receiver's handshake, while the fused pipeline's smaller pieces travel at
-// once. This runs the real executor on S1 unfused and S1 fused, measures what fusion saves and
-// records it as the profile's fused.eager_gain (model.h, eager_saving_us).
+// once. And ranks that wait in MPI take cycles from those that compute where ranks share
+// cores. This runs the real executor on S1 unfused and S1 fused, measures what fusion saves and
+// how long the compute steps take, and records them as the profile's fused.eager_gain (model.h,
+// eager_saving_us) and layer_compute.scale.
 #pragma once
 
 #include <functional>
@@ -22,14 +24,18 @@ namespace parm::perfmodel {
 // that reaches it.
 MoeShape eager_calibration_shape(const Layout& layout, double eager_limit_bytes);
 
-// Measures fused.eager_gain on this topology (collective) and writes it, with its source,
-// into cal.profile (whose other terms must be calibrated already: it prices both schedules).
-// Interleaved rounds of forward + backward, median over options.iters of the slowest rank:
+// Measures layer_compute.scale and fused.eager_gain on this topology (collective) and writes
+// them, with their sources, into cal.profile (whose other terms must be calibrated already:
+// it prices both schedules). Interleaved rounds of forward + backward, median over
+// options.iters of the slowest rank:
+//     scale = t_compute / p_compute,  bounded to [kMinComputeScale, kMaxComputeScale]
+// (the unfused layer's compute steps, measured by their own timers, over their price), then
+// with that scale
 //     gain = (p_fused0 - p_unfused - (t_fused - t_unfused)) / S,  bounded to [0, 1]
 // p: the model's prices with gain 0, t: measured, S: what gain 1 would save (the eligible
 // inter-node parts' bytes time). Not measured (gain 0, source "assumed 0 (why)") without an
-// inter-node EP group and an ESP group of more than one rank, on a device other than the CPU,
-// with chunks < 2 or no eager limit.
+// inter-node EP group and an ESP group of more than one rank, with chunks < 2 or no eager
+// limit; neither on a device other than the CPU (scale 1, gain 0, "assumed").
 void calibrate_fused_layer(Topology& topo, const CalibrateOptions& options, Calibration& cal,
                            const std::function<void(const std::string&)>& log);
 

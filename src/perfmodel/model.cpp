@@ -172,10 +172,10 @@ struct Pricer {
   }
   double gemm(GemmClass c, double m, double n, double k) const {
     const double flops = 2.0 * m * n * k;
-    return flops > 0.0 ? prof.gemm_fit(c).us(flops) : 0.0;
+    return flops > 0.0 ? prof.layer_compute.scale * prof.gemm_fit(c).us(flops) : 0.0;
   }
   double mem(MemClass c, double bytes) const {
-    return bytes > 0.0 ? prof.mem_fit(c).us(bytes) : 0.0;
+    return bytes > 0.0 ? prof.layer_compute.scale * prof.mem_fit(c).us(bytes) : 0.0;
   }
   double copy(double bytes) const { return mem(MemClass::kCopy, bytes); }
 

@@ -55,7 +55,10 @@
 // pieces' m / W do not is priced
 //     t_fused -= eager_gain * (t_part - alpha_part)     (the share of its bytes time saved)
 // with E and eager_gain from the profile (`calibrate` measures eager_gain inside the layer).
-// GEMM (m, n, k): alpha_c + 2 m n k / rate_c. Memory-bound work: alpha + bytes / bandwidth.
+// GEMM (m, n, k): s (alpha_c + 2 m n k / rate_c). Memory-bound work: s (alpha + bytes /
+// bandwidth). s = the profile's layer_compute.scale: the layer's compute steps measured inside
+// the layer over their price from the products and kernels timed alone (ranks that wait in
+// MPI take cycles from those that compute where ranks share cores).
 #pragma once
 
 #include <string>

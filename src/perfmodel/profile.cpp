@@ -102,6 +102,7 @@ nlohmann::json profile_to_json(const Profile& p) {
                                std::pair{"step_sync_world", &p.step_sync_world}})
     j[key] = {{"us", f->us}, {"per_compute", f->per_compute}, {"r2", f->r2},
               {"samples", f->samples}, {"source", f->source}};
+  j["layer_compute"] = {{"scale", p.layer_compute.scale}, {"source", p.layer_compute.source}};
   write_rate_fits(p.gemm, "gflops", &GemmFit::gflops, gemm_class_name, j["gemm"]);
   write_rate_fits(p.mem, "gbps", &MemFit::gbps, mem_class_name, j["memory"]);
   return j;
@@ -177,6 +178,12 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
   } else {  // profiles written before the world was measured apart
     p.step_sync_world = p.step_sync;
     p.step_sync_world.source = "assumed (copied from step_sync: not in the profile)";
+  }
+  if (j.contains("layer_compute")) {  // older profiles: 1 (ComputeScale's default)
+    const auto& lc = r.object(j, "", "layer_compute");
+    p.layer_compute.scale =
+        r.number(lc, "layer_compute", "scale", kMinComputeScale, true, kMaxComputeScale);
+    p.layer_compute.source = r.text(lc, "layer_compute", "source");
   }
   read_rate_fits(r, j, "gemm", "gflops", &GemmFit::gflops, gemm_class_name, p.gemm);
   read_rate_fits(r, j, "memory", "gbps", &MemFit::gbps, mem_class_name, p.mem);

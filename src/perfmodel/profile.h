@@ -123,6 +123,17 @@ struct SyncFit {
   std::string source = "assumed";
 };
 
+// How much slower the layer's compute runs than the products and kernels timed alone
+// (model.h): with more ranks than cores, ranks that wait in MPI poll and yield and take
+// cycles from those that compute, which calibration's products (all ranks computing at
+// once) never see. `calibrate` measures it inside the layer (calibrate_fused_layer); older
+// profiles: 1.
+constexpr double kMinComputeScale = 0.25, kMaxComputeScale = 4.0;
+struct ComputeScale {
+  double scale = 1.0;
+  std::string source = "assumed 1 (not in the profile)";
+};
+
 struct Profile {
   // 2: per-group-size latency (alpha_per_rank_us), inter beta per byte over a node's link,
   // group_sizes and per-term sources. Version 1 files are refused (their inter beta meant
@@ -134,6 +145,7 @@ struct Profile {
   Device device = Device::kCpu;
   std::array<std::array<CommFit, kModelOps.size()>, kNumLinks> comm{};
   FusedFit fused;
+  ComputeScale layer_compute;  // JSON "layer_compute": {"scale", "source"}
   SyncFit step_sync;        // a collective step on groups smaller than the world
   SyncFit step_sync_world;  // one on the group of every rank
   std::array<GemmFit, kNumGemmClasses> gemm{};

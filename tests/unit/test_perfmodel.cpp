@@ -244,6 +244,31 @@ TEST(PerfModel, FusedStepSavesTheRendezvousOfItsInterNodePart) {
               5 * ai + bi * 192.0, 1e-9);
 }
 
+// The layer's compute scale multiplies every compute step (GEMMs and memory-bound work, the
+// executor's copies too) and nothing else: hand values, gate rate 1 GFLOP/s, copy 1 GB/s.
+TEST(PerfModel, LayerComputeScaleMultipliesTheComputeOnly) {
+  Profile prof = comm_only_profile(10.0, 1e-3, 100.0, 1e-2, 1.0);
+  prof.gemm_fit(GemmClass::kGate) = GemmFit{2.0, 1.0, 1.0, 0, "test"};
+  prof.mem_fit(MemClass::kCopy) = MemFit{0.0, 1.0, 1.0, 0, "test"};
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const Prediction a = predict_kind(prof, shape, t, Kind::kS1, false);
+  prof.layer_compute.scale = 3.0;
+  const Prediction b = predict_kind(prof, shape, t, Kind::kS1, false);
+  // S1's gate on 4 tokens: GEMM (4, E = 4, M = 4) = 128 flop at 1 GFLOP/s = 0.128 us + 2 us,
+  // copies 4 (4 x 4 x 4 + 6 x 4 x 2) = 448 bytes at 1 GB/s = 0.448 us.
+  EXPECT_NEAR(step_named(a, "gate").fwd_us, 2.0 + 0.128 + 0.448, 1e-9);
+  EXPECT_NEAR(step_named(b, "gate").fwd_us, 3.0 * (2.0 + 0.128 + 0.448), 1e-9);
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    if (a.steps[i].fwd_parts.empty() && a.steps[i].bwd_parts.empty()) {
+      EXPECT_NEAR(b.steps[i].fwd_us, 3.0 * a.steps[i].fwd_us, 1e-9) << a.steps[i].label;
+      EXPECT_NEAR(b.steps[i].bwd_us, 3.0 * a.steps[i].bwd_us, 1e-9) << a.steps[i].label;
+    } else if (a.steps[i].label == "l_aux statistics allreduce") {  // a collective alone
+      EXPECT_NEAR(b.steps[i].fwd_us, a.steps[i].fwd_us, 1e-9);
+    }
+  }
+}
+
 // The layer calibrate_fused_layer runs: S1's fused ep alltoall sends each peer the first
 // message of at least twice the eager limit (so its 4 pieces are at most the limit).
 TEST(PerfModel, EagerCalibrationShapeCrossesTheLimit) {
@@ -647,6 +672,7 @@ Profile sample_profile() {
   p.fused.eager_limit_source = "assumed (test)";
   p.fused.eager_gain = 0.4;
   p.fused.eager_gain_source = "measured";
+  p.layer_compute = ComputeScale{1.25, "measured"};
   p.step_sync = SyncFit{42.0, 0.125, 0.8, 10, "measured"};
   p.step_sync_world = SyncFit{5.0, 0.5, 0.7, 8, "emulated"};
   for (auto& g : p.gemm) {
@@ -685,6 +711,8 @@ TEST(Profile, WriteReadRoundTrip) {
   EXPECT_EQ(q.fused.eager_limit_source, "assumed (test)");
   EXPECT_DOUBLE_EQ(q.fused.eager_gain, 0.4);
   EXPECT_EQ(q.fused.eager_gain_source, "measured");
+  EXPECT_DOUBLE_EQ(q.layer_compute.scale, 1.25);
+  EXPECT_EQ(q.layer_compute.source, "measured");
   EXPECT_DOUBLE_EQ(q.step_sync.us, 42.0);
   EXPECT_DOUBLE_EQ(q.step_sync.per_compute, 0.125);
   EXPECT_DOUBLE_EQ(q.step_sync.r2, 0.8);
@@ -698,11 +726,14 @@ TEST(Profile, WriteReadRoundTrip) {
   for (const char* key : {"eager_limit_bytes", "eager_limit_source", "eager_gain",
                           "eager_gain_source"})
     old["fused"].erase(key);
+  old.erase("layer_compute");
   const Profile o = profile_from_json(old, "old.json");
   // A profile from before the eager gain was measured: fusion's rendezvous saving unpriced.
   EXPECT_DOUBLE_EQ(o.fused.eager_gain, 0.0);
   EXPECT_DOUBLE_EQ(o.fused.eager_limit_bytes, 0.0);
   EXPECT_NE(o.fused.eager_gain_source.find("assumed 0"), std::string::npos);
+  EXPECT_DOUBLE_EQ(o.layer_compute.scale, 1.0);  // and the compute as calibrated alone
+  EXPECT_NE(o.layer_compute.source.find("assumed 1"), std::string::npos);
   EXPECT_DOUBLE_EQ(o.step_sync.per_compute, 0.0);
   EXPECT_DOUBLE_EQ(o.step_sync_world.us, 42.0);
   EXPECT_NE(o.step_sync_world.source.find("assumed"), std::string::npos);
@@ -796,6 +827,9 @@ TEST(Profile, RefusesNonNumbersAndBadRanges) {
   j = profile_to_json(sample_profile());
   j["fused"]["overlap"] = 1.5;
   EXPECT_TRUE(has(refusal(j), "'fused.overlap' = 1.5 is out of range")) << refusal(j);
+  j = profile_to_json(sample_profile());
+  j["layer_compute"]["scale"] = 0.1;
+  EXPECT_TRUE(has(refusal(j), "'layer_compute.scale' = 0.1 is out of range")) << refusal(j);
   j = profile_to_json(sample_profile());
   j["fused"]["eager_gain"] = 1.5;
   EXPECT_TRUE(has(refusal(j), "'fused.eager_gain' = 1.5 is out of range")) << refusal(j);
