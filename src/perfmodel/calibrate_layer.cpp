@@ -62,9 +62,12 @@ void calibrate_fused_layer(Topology& topo, const CalibrateOptions& o, Calibratio
     ff.eager_gain_source = "assumed 0 (" + why + ")";
     log(fmt::format("  eager gain: not measured ({}); 0", why));
   };
-  if (topo.device() != Device::kCpu) {
-    cal.profile.layer_compute.source = "assumed 1 (measured on the CPU only)";
-    return no_gain("measured on the CPU only");
+  // The layer here runs on the CPU over host memory (a topology that stages "device" buffers
+  // refuses the layer's host buffers).
+  if (topo.device() != Device::kCpu ||
+      topo.comm(Group::kWorld).memory_space() != MemorySpace::kHost) {
+    cal.profile.layer_compute.source = "assumed 1 (measured on the CPU over host memory only)";
+    return no_gain("measured on the CPU over host memory only");
   }
   // Without an eager limit the shape still needs one to size itself: Open MPI's TCP default.
   const MoeShape shape =
