@@ -11,9 +11,10 @@
 //                             + beta_us_per_byte * link_share * bus_bytes
 //   (bus bytes carry the (n-1)/n volume factors, comm.h; an inter beta is per byte through
 //   one node's link, shared by every rank of the node that sends across it)
-//   GEMM of class c (m, n, k):   t_us = alpha_us + 2 m n k / (gflops * 1e3)
-//   memory-bound kernel class c: t_us = alpha_us + bytes / (gbps * 1e3)
-//   fused collective:            see model.h (overlap in [0, 1])
+//   GEMM of class c (m, n, k):   t_us = s (alpha_us + 2 m n k / (gflops * 1e3))
+//   memory-bound kernel class c: t_us = s (alpha_us + bytes / (gbps * 1e3))
+//   (s = layer_compute.scale, measured inside the layer; 1 in older profiles)
+//   fused collective:            see model.h (overlap in [0, 1]; eager_gain in [0, 1])
 #pragma once
 
 #include <algorithm>
