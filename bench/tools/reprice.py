@@ -6,6 +6,10 @@ feed the profile: the sweep only judges it.
 
   bench/tools/reprice.py --sweep S.json --profile P.json [--profile Q.json ...]
                          [--devices-per-node D] [--parm build/parm] [--wrong] [--json OUT]
+                         [--eager-limit-bytes E --eager-gain G] [--compute-scale S]
+
+--eager-limit-bytes / --eager-gain / --compute-scale set those terms (docs/perfmodel.md) in a
+copy of each profile, marked "assumed (reprice.py)": for profiles taken before they existed.
 
 Per profile it prints: selection (plain: auto is the measured fastest; distinct: auto runs
 the measured fastest's program), auto / fastest (median, worst), the median |predicted -
@@ -13,6 +17,25 @@ measured| / measured over every (configuration, schedule), and auto over the bas
 median, max, share > 1.13x). --wrong lists the configurations chosen wrong (distinct).
 """
 import argparse, concurrent.futures as cf, json, os, statistics as st, subprocess, tempfile
+
+
+def with_terms(profile, a):
+    """profile, or a temporary copy with the terms given on the command line set."""
+    if a.eager_gain is None and a.eager_limit_bytes is None and a.compute_scale is None:
+        return profile
+    p = json.load(open(profile))
+    why = 'assumed (reprice.py)'
+    if a.eager_gain is not None or a.eager_limit_bytes is not None:
+        if a.eager_gain is None or a.eager_limit_bytes is None:
+            raise SystemExit('reprice.py: --eager-gain and --eager-limit-bytes go together')
+        p['fused'].update(eager_gain=a.eager_gain, eager_gain_source=why,
+                          eager_limit_bytes=a.eager_limit_bytes, eager_limit_source=why)
+    if a.compute_scale is not None:
+        p['layer_compute'] = {'scale': a.compute_scale, 'source': why}
+    fd, out = tempfile.mkstemp(suffix='.json')
+    with os.fdopen(fd, 'w') as f:
+        json.dump(p, f)
+    return out
 
 
 def plan(parm, profile, c, dpn, world, chunks):
@@ -95,6 +118,9 @@ def main():
     ap.add_argument('--ratios', action='store_true',
                     help='median measured / predicted per (T, schedule), forward and backward')
     ap.add_argument('--json')
+    ap.add_argument('--eager-limit-bytes', type=float)
+    ap.add_argument('--eager-gain', type=float)
+    ap.add_argument('--compute-scale', type=float)
     a = ap.parse_args()
     sweep = json.load(open(a.sweep))
     world = sweep.get('world', 4)
@@ -105,9 +131,14 @@ def main():
         if not dpn:
             m = json.load(open(prof))['machine']
             dpn = m['ranks'] // m['nodes']
-        with cf.ThreadPoolExecutor(max_workers=2) as ex:
-            prices = list(ex.map(lambda c: plan(a.parm, prof, c, dpn, world, chunks),
-                                 sweep['configs']))
+        priced = with_terms(prof, a)
+        try:
+            with cf.ThreadPoolExecutor(max_workers=2) as ex:
+                prices = list(ex.map(lambda c: plan(a.parm, priced, c, dpn, world, chunks),
+                                     sweep['configs']))
+        finally:
+            if priced != prof:
+                os.unlink(priced)
         r = judge(sweep, prices)
         results[prof] = r
         s = r['speedup_auto_over_baseline']

@@ -20,6 +20,7 @@
 #include "parm/rng.h"
 #include "parm/timer.h"
 #include "perfmodel/bench_device.h"
+#include "perfmodel/calibrate_layer.h"
 #include "perfmodel/fit.h"
 #include "perfmodel/model.h"
 
@@ -600,6 +601,9 @@ void check_measure_options(const CalibrateOptions& o) {
                     "calibrate: --iters {} and --gemm-iters {} must be >= 1, --warmup {} >= 0",
                     o.iters, o.gemm_iters, o.warmup);
   PARM_CONFIG_CHECK(o.chunks >= 1, "calibrate: --chunks {} must be at least 1", o.chunks);
+  PARM_CONFIG_CHECK(o.eager_limit_bytes >= 0.0 || o.eager_limit_bytes == -1.0,
+                    "calibrate: --eager-limit-bytes {} must be at least 0 (0: not priced)",
+                    o.eager_limit_bytes);
   PARM_CONFIG_CHECK(std::isfinite(o.compute_window_us) && o.compute_window_us >= 0.0 &&
                         o.compute_window_us <= 1e7,
                     "calibrate: --compute-window-us {} must be between 0 (one call per "
@@ -673,6 +677,23 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   calibrate_gemm(topo.host_comm(Group::kWorld), o, dev, cal, log);
   log("memory-bound kernels on {}:", device_name(dev.device()));
   calibrate_memory(topo.host_comm(Group::kWorld), o, dev, cal, log);
+  // Last: it prices the layer with every term above.
+  FusedFit& ff = cal.profile.fused;
+  if (o.eager_limit_bytes >= 0.0) {
+    ff.eager_limit_bytes = o.eager_limit_bytes;
+    ff.eager_limit_source = "given (--eager-limit-bytes)";
+  } else if (topo.nodes_emulated()) {
+    ff.eager_limit_bytes = 4096.0;
+    ff.eager_limit_source =
+        "assumed (Open MPI's btl_vader_eager_limit default: emulated nodes share memory)";
+  } else {
+    ff.eager_limit_bytes = 65536.0;
+    ff.eager_limit_source =
+        "assumed (Open MPI's btl_tcp_eager_limit default: nodes exchange over TCP)";
+  }
+  log("fused collectives in the layer (eager limit {:.0f} bytes, {}):", ff.eager_limit_bytes,
+      ff.eager_limit_source);
+  calibrate_fused_layer(topo, o, cal, log_fn);
   return cal;
 }
 

@@ -25,6 +25,11 @@ struct CalibrateOptions {
                    // (inter), 71 and 175 us (intra); at 15, 163 and 189, 152 and 168 us
   int warmup = 1;
   int chunks = 4;               // pipeline depth of the fused collectives measured
+  // The largest message the inter-node transport sends eagerly (bytes; model.h,
+  // eager_saving_us). < 0: assumed from Open MPI's defaults, 64 KiB over TCP between nodes
+  // (btl_tcp_eager_limit), 4 KiB where emulated nodes exchange over shared memory
+  // (btl_vader_eager_limit); 0: not priced.
+  double eager_limit_bytes = -1.0;
   // GEMM shapes: rows R x model dim M x expert hidden shard Hl (and the gate's E), the range
   // of a layer's products here (2-270 MFLOP): 512 x 1024 x 1024 (1 GFLOP) ran 5-7x slower
   // per flop than the rest under load and bent the rate of every smaller product.

@@ -130,6 +130,13 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<double>& 
   return unfused - overlap * (unfused - pipelined) + (chunks - 1) * per_piece_us;
 }
 
+double eager_saving_us(const FusedFit& f, double message_bytes, int chunks, double bytes_us) {
+  PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
+  const double limit = f.eager_limit_bytes;
+  if (limit <= 0.0 || message_bytes <= limit || message_bytes / chunks > limit) return 0.0;
+  return f.eager_gain * std::max(0.0, bytes_us);
+}
+
 namespace {
 
 constexpr double kF = sizeof(float);
@@ -165,10 +172,10 @@ struct Pricer {
   }
   double gemm(GemmClass c, double m, double n, double k) const {
     const double flops = 2.0 * m * n * k;
-    return flops > 0.0 ? prof.gemm_fit(c).us(flops) : 0.0;
+    return flops > 0.0 ? prof.layer_compute.scale * prof.gemm_fit(c).us(flops) : 0.0;
   }
   double mem(MemClass c, double bytes) const {
-    return bytes > 0.0 ? prof.mem_fit(c).us(bytes) : 0.0;
+    return bytes > 0.0 ? prof.layer_compute.scale * prof.mem_fit(c).us(bytes) : 0.0;
   }
   double copy(double bytes) const { return mem(MemClass::kCopy, bytes); }
 
@@ -259,7 +266,7 @@ struct Pricer {
       std::vector<PartCost>& out = bwd ? c.bwd_parts : c.fwd_parts;
       std::vector<double> piece, piece_alpha;
       std::vector<Link> links;
-      double sum = 0.0, beside = 0.0;
+      double sum = 0.0, beside = 0.0, eager = 0.0;
       const double share = dropless_share(sc, s, shape, target.load_max_over_mean);
       for (auto& p : parts) {
         p.bus_bytes *= share;
@@ -279,10 +286,13 @@ struct Pricer {
         piece.push_back(alpha + (us - alpha) / sc.chunks);
         piece_alpha.push_back(alpha);
         links.push_back(sp.link);
+        if (sp.link == Link::kInter)
+          eager += eager_saving_us(prof.fused, p.bus_bytes / (sp.size - 1), sc.chunks, us - alpha);
       }
       double t = fused && !piece.empty()
                      ? fused_us(piece, piece_alpha, links, sc.chunks, prof.fused.overlap,
-                                prof.fused.per_piece_us)
+                                prof.fused.per_piece_us) -
+                           eager
                      : sum;
       (bwd ? c.bwd_us : c.fwd_us) += std::max(t, beside);
     }

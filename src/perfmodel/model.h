@@ -47,7 +47,18 @@
 // the parts plus one piece of the cheaper part (the pipeline fill); on the same link class
 // it is the sum of the unfused parts plus (W - 1) * max(alpha_a, alpha_b): the W - 1 steps
 // in which both stages run pay one latency between them.
-// GEMM (m, n, k): alpha_c + 2 m n k / rate_c. Memory-bound work: alpha + bytes / bandwidth.
+// A fused step also avoids rendezvous (eager_saving_us): a point-to-point message above the
+// transport's eager limit E moves only after the receiver answers a handshake, and inside the
+// layer the receiver is often still computing, so the transfer starts when it arrives; a
+// message up to E travels at once and that wait overlaps it. A fused step's part on an
+// inter-node group whose unfused per-peer message m = b / (n - 1) exceeds E while its
+// pieces' m / W do not is priced
+//     t_fused -= eager_gain * (t_part - alpha_part)     (the share of its bytes time saved)
+// with E and eager_gain from the profile (`calibrate` measures eager_gain inside the layer).
+// GEMM (m, n, k): s (alpha_c + 2 m n k / rate_c). Memory-bound work: s (alpha + bytes /
+// bandwidth). s = the profile's layer_compute.scale: the layer's compute steps measured inside
+// the layer over their price from the products and kernels timed alone (ranks that wait in
+// MPI take cycles from those that compute where ranks share cores).
 #pragma once
 
 #include <string>
@@ -145,6 +156,12 @@ struct Prediction {
 double fused_us(const std::vector<double>& piece_us, const std::vector<double>& alpha_us,
                 const std::vector<Link>& links, int chunks, double overlap,
                 double per_piece_us = 0.0);
+
+// What one part of a fused step saves by sending its pieces eagerly (header comment):
+// eager_gain * bytes_us when message_bytes > eager_limit_bytes >= message_bytes / chunks,
+// else 0. message_bytes: the part's unfused per-peer message; bytes_us: its unfused time
+// less its latency.
+double eager_saving_us(const FusedFit& fused, double message_bytes, int chunks, double bytes_us);
 
 // Prices `sc` (built for `shape` on target.layout) step by step.
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,

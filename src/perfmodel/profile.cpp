@@ -93,11 +93,16 @@ nlohmann::json profile_to_json(const Profile& p) {
     }
   j["fused"] = {{"overlap", p.fused.overlap}, {"per_piece_us", p.fused.per_piece_us},
                 {"r2", p.fused.r2},
-                {"samples", p.fused.samples}, {"source", p.fused.source}};
+                {"samples", p.fused.samples}, {"source", p.fused.source},
+                {"eager_limit_bytes", p.fused.eager_limit_bytes},
+                {"eager_limit_source", p.fused.eager_limit_source},
+                {"eager_gain", p.fused.eager_gain},
+                {"eager_gain_source", p.fused.eager_gain_source}};
   for (const auto& [key, f] : {std::pair{"step_sync", &p.step_sync},
                                std::pair{"step_sync_world", &p.step_sync_world}})
     j[key] = {{"us", f->us}, {"per_compute", f->per_compute}, {"r2", f->r2},
               {"samples", f->samples}, {"source", f->source}};
+  j["layer_compute"] = {{"scale", p.layer_compute.scale}, {"source", p.layer_compute.source}};
   write_rate_fits(p.gemm, "gflops", &GemmFit::gflops, gemm_class_name, j["gemm"]);
   write_rate_fits(p.mem, "gbps", &MemFit::gbps, mem_class_name, j["memory"]);
   return j;
@@ -161,12 +166,24 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
   p.fused.r2 = r.number(fu, "fused", "r2", -INFINITY, true, 1.0);
   p.fused.samples = r.integer(fu, "fused", "samples", 0);
   p.fused.source = r.text(fu, "fused", "source");
+  if (fu.contains("eager_gain")) {  // older profiles: not priced (FusedFit's defaults)
+    p.fused.eager_limit_bytes = r.number(fu, "fused", "eager_limit_bytes", 0.0, true);
+    p.fused.eager_limit_source = r.text(fu, "fused", "eager_limit_source");
+    p.fused.eager_gain = r.number(fu, "fused", "eager_gain", 0.0, true, 1.0);
+    p.fused.eager_gain_source = r.text(fu, "fused", "eager_gain_source");
+  }
   read_sync_fit(r, j, "step_sync", p.step_sync);
   if (j.contains("step_sync_world")) {
     read_sync_fit(r, j, "step_sync_world", p.step_sync_world);
   } else {  // profiles written before the world was measured apart
     p.step_sync_world = p.step_sync;
     p.step_sync_world.source = "assumed (copied from step_sync: not in the profile)";
+  }
+  if (j.contains("layer_compute")) {  // older profiles: 1 (ComputeScale's default)
+    const auto& lc = r.object(j, "", "layer_compute");
+    p.layer_compute.scale =
+        r.number(lc, "layer_compute", "scale", kMinComputeScale, true, kMaxComputeScale);
+    p.layer_compute.source = r.text(lc, "layer_compute", "source");
   }
   read_rate_fits(r, j, "gemm", "gflops", &GemmFit::gflops, gemm_class_name, p.gemm);
   read_rate_fits(r, j, "memory", "gbps", &MemFit::gbps, mem_class_name, p.mem);

@@ -11,9 +11,10 @@
 //                             + beta_us_per_byte * link_share * bus_bytes
 //   (bus bytes carry the (n-1)/n volume factors, comm.h; an inter beta is per byte through
 //   one node's link, shared by every rank of the node that sends across it)
-//   GEMM of class c (m, n, k):   t_us = alpha_us + 2 m n k / (gflops * 1e3)
-//   memory-bound kernel class c: t_us = alpha_us + bytes / (gbps * 1e3)
-//   fused collective:            see model.h (overlap in [0, 1])
+//   GEMM of class c (m, n, k):   t_us = s (alpha_us + 2 m n k / (gflops * 1e3))
+//   memory-bound kernel class c: t_us = s (alpha_us + bytes / (gbps * 1e3))
+//   (s = layer_compute.scale, measured inside the layer; 1 in older profiles)
+//   fused collective:            see model.h (overlap in [0, 1]; eager_gain in [0, 1])
 #pragma once
 
 #include <algorithm>
@@ -97,6 +98,15 @@ struct FusedFit {
   double r2 = 1.0;
   int64_t samples = 0;
   std::string source = "assumed";
+  // The rendezvous a fused step's pieces avoid (model.h, eager_saving_us): the largest
+  // message the inter-node transport sends eagerly (bytes; 0: no such limit priced), and
+  // the share of an inter-node part's bytes time saved where its unfused messages are above
+  // that limit and its pieces' are not. `calibrate` measures the share inside the layer
+  // (calibrate_fused_layer); older profiles: 0 (not priced).
+  double eager_limit_bytes = 0.0;
+  std::string eager_limit_source = "assumed 0 (not in the profile)";
+  double eager_gain = 0.0;
+  std::string eager_gain_source = "assumed 0 (not in the profile)";
 };
 
 // The rendezvous of a collective step that follows computation: ranks arrive at different
@@ -114,6 +124,17 @@ struct SyncFit {
   std::string source = "assumed";
 };
 
+// How much slower the layer's compute runs than the products and kernels timed alone
+// (model.h): with more ranks than cores, ranks that wait in MPI poll and yield and take
+// cycles from those that compute, which calibration's products (all ranks computing at
+// once) never see. `calibrate` measures it inside the layer (calibrate_fused_layer); older
+// profiles: 1.
+constexpr double kMinComputeScale = 0.25, kMaxComputeScale = 4.0;
+struct ComputeScale {
+  double scale = 1.0;
+  std::string source = "assumed 1 (not in the profile)";
+};
+
 struct Profile {
   // 2: per-group-size latency (alpha_per_rank_us), inter beta per byte over a node's link,
   // group_sizes and per-term sources. Version 1 files are refused (their inter beta meant
@@ -125,6 +146,7 @@ struct Profile {
   Device device = Device::kCpu;
   std::array<std::array<CommFit, kModelOps.size()>, kNumLinks> comm{};
   FusedFit fused;
+  ComputeScale layer_compute;  // JSON "layer_compute": {"scale", "source"}
   SyncFit step_sync;        // a collective step on groups smaller than the world
   SyncFit step_sync_world;  // one on the group of every rank
   std::array<GemmFit, kNumGemmClasses> gemm{};

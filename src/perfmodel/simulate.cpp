@@ -71,6 +71,11 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
   p.step_sync_world = p.step_sync;
   if (j.contains("fused_per_piece_us"))
     p.fused.per_piece_us = r.number(j, "", "fused_per_piece_us", 0.0, true);
+  // The rendezvous a fused step's pieces avoid (model.h, eager_saving_us): both or neither.
+  if (j.contains("fused_eager_gain") || j.contains("fused_eager_limit_bytes")) {
+    p.fused.eager_gain = r.number(j, "", "fused_eager_gain", 0.0, true, 1.0);
+    p.fused.eager_limit_bytes = r.number(j, "", "fused_eager_limit_bytes", 0.0, true);
+  }
   return c;
 }
 

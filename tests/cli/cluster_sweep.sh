@@ -54,8 +54,15 @@ for key in ("step_sync", "step_sync_world"):
     assert sy["us"] == 0 and sy["per_compute"] == 0, (key, sy)
 # The fused overlap is a median of ratios bounded to [0, 1].
 assert 0.0 <= p["fused"]["overlap"] <= 1.0, p["fused"]
+# The eager gain is measured inside the layer (ep crosses the nodes, esp = 2), in [0, 1];
+# the eager limit is Open MPI's TCP default, and the profile says it is assumed.
+fu = p["fused"]
+assert fu["eager_gain_source"] == "measured" and 0.0 <= fu["eager_gain"] <= 1.0, fu
+assert fu["eager_limit_bytes"] == 65536 and fu["eager_limit_source"].startswith("assumed"), fu
+lc = p["layer_compute"]  # the layer's compute steps over their price, measured there too
+assert lc["source"] == "measured" and 0.25 <= lc["scale"] <= 4.0, lc
 print("ok: profile version 2, intra measured at 2, inter at 2 and 4 ranks across the nodes, "
-      "no rendezvous, fused overlap in [0, 1]")
+      "no rendezvous, fused overlap in [0, 1], eager gain measured in the layer")
 PY
 
 cat >"$tmp/grid.json" <<'GRID'

@@ -28,6 +28,8 @@ fi
 out="$(prun -n 1 -- calibrate --out "$tmp/c.json" --comm nccl)"; rc=$?
 check "calibrate --comm without --device cuda is refused" 2 $rc "pass it with --device cuda" "$out"
 
+out="$(prun -n 2 -- calibrate --out "$tmp/eager.json" --eager-limit-bytes -5)"; rc=$?
+check "calibrate with a negative eager limit is refused" 2 $rc "--eager-limit-bytes -5 must be at least 0" "$out"
 out="$(prun -n 2 -- calibrate --out "$tmp/two.json" --min-bytes 4096 --max-bytes 16384)"; rc=$?
 check "calibrate with two collective sizes is refused" 2 $rc "at least 16 times it" "$out"
 

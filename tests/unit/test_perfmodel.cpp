@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -13,6 +14,7 @@
 #include "comm/fused_plan.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
+#include "perfmodel/calibrate_layer.h"
 #include "perfmodel/fit.h"
 #include "perfmodel/model.h"
 #include "perfmodel/profile.h"
@@ -199,6 +201,111 @@ TEST(PerfModel, FusedStepPricedFromItsParts) {
   const Prediction s1 = predict_kind(prof, shape, t, Kind::kS1, false);
   EXPECT_NEAR(step_named(s1, "dispatch alltoall").fwd_us + step_named(s1, "esp allgather").fwd_us,
               (ae + be * 2 * 64) + (ai + bi * 128), 1e-9);
+}
+
+TEST(PerfModel, EagerSavingHandComputed) {
+  FusedFit f;
+  f.eager_limit_bytes = 64.0;
+  f.eager_gain = 0.25;
+  // Unfused 128 bytes per peer (above 64), 4 pieces of 32 (not): a quarter of 40 us.
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 128.0, 4, 40.0), 10.0);
+  // Exactly the limit is eager already; pieces of exactly the limit are eager.
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 64.0, 4, 40.0), 0.0);
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 256.0, 4, 40.0), 10.0);
+  // Pieces above the limit wait for the handshake too.
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 257.0, 4, 40.0), 0.0);
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 128.0, 1, 40.0), 0.0);
+  f.eager_limit_bytes = 0.0;  // not priced
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 128.0, 4, 40.0), 0.0);
+}
+
+// 2 nodes x 2 ranks, mp = esp = 2 (one node), ep = 2 (across): each fused step's ep alltoall
+// sends its peer 64 bytes (2 ranks of a node behind one link: link share 2). With an eager
+// limit of 32 its 4 pieces of 16 bytes go eagerly: the step costs eager_gain times that
+// part's bytes time (beta_inter x 2 x 64) less; the intra-node part saves nothing.
+TEST(PerfModel, FusedStepSavesTheRendezvousOfItsInterNodePart) {
+  const double ai = 10.0, bi = 1e-3, ae = 100.0, be = 1e-2;
+  Profile prof = comm_only_profile(ai, bi, ae, be, 1.0);
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const double ca = ae + be * 2 * 64.0 / 4, cb = ai + bi * 128.0 / 4;
+  const double pipelined = 4 * std::max(ca, cb) + std::min(ca, cb);
+  auto dispatch = [&](double limit, double gain) {
+    prof.fused.eager_limit_bytes = limit;
+    prof.fused.eager_gain = gain;
+    return step_named(predict_kind(prof, shape, t, Kind::kS1, true, 4),
+                      "fused dispatch (ep alltoall + esp allgather)");
+  };
+  const StepCost d = dispatch(32.0, 0.5);
+  EXPECT_NEAR(d.fwd_us, pipelined - 0.5 * be * 2 * 64.0, 1e-9);
+  EXPECT_NEAR(d.bwd_us, pipelined - 0.5 * be * 2 * 64.0, 1e-9);
+  EXPECT_NEAR(dispatch(64.0, 0.5).fwd_us, pipelined, 1e-9);  // 64 bytes are eager unfused
+  EXPECT_NEAR(dispatch(8.0, 0.5).fwd_us, pipelined, 1e-9);   // pieces of 16 are not
+  EXPECT_NEAR(dispatch(32.0, 0.0).fwd_us, pipelined, 1e-9);
+  // Unfused schedules and one node (no inter-node part) are not touched.
+  prof.fused.eager_limit_bytes = 32.0;
+  prof.fused.eager_gain = 0.5;
+  const Prediction s1 = predict_kind(prof, shape, t, Kind::kS1, false);
+  EXPECT_NEAR(step_named(s1, "dispatch alltoall").fwd_us, ae + be * 2 * 64, 1e-9);
+  const Target one = make_target(0, 2, 2, 2, 0);
+  EXPECT_NEAR(step_named(predict_kind(prof, shape, one, Kind::kS1, true, 4),
+                         "fused dispatch (ep alltoall + esp allgather)")
+                  .fwd_us,
+              5 * ai + bi * 192.0, 1e-9);
+}
+
+// The layer's compute scale multiplies every compute step (GEMMs and memory-bound work, the
+// executor's copies too) and nothing else: hand values, gate rate 1 GFLOP/s, copy 1 GB/s.
+TEST(PerfModel, LayerComputeScaleMultipliesTheComputeOnly) {
+  Profile prof = comm_only_profile(10.0, 1e-3, 100.0, 1e-2, 1.0);
+  prof.gemm_fit(GemmClass::kGate) = GemmFit{2.0, 1.0, 1.0, 0, "test"};
+  prof.mem_fit(MemClass::kCopy) = MemFit{0.0, 1.0, 1.0, 0, "test"};
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const Prediction a = predict_kind(prof, shape, t, Kind::kS1, false);
+  prof.layer_compute.scale = 3.0;
+  const Prediction b = predict_kind(prof, shape, t, Kind::kS1, false);
+  // S1's gate on 4 tokens: GEMM (4, E = 4, M = 4) = 128 flop at 1 GFLOP/s = 0.128 us + 2 us,
+  // copies 4 (4 x 4 x 4 + 6 x 4 x 2) = 448 bytes at 1 GB/s = 0.448 us.
+  EXPECT_NEAR(step_named(a, "gate").fwd_us, 2.0 + 0.128 + 0.448, 1e-9);
+  EXPECT_NEAR(step_named(b, "gate").fwd_us, 3.0 * (2.0 + 0.128 + 0.448), 1e-9);
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    if (a.steps[i].fwd_parts.empty() && a.steps[i].bwd_parts.empty()) {
+      EXPECT_NEAR(b.steps[i].fwd_us, 3.0 * a.steps[i].fwd_us, 1e-9) << a.steps[i].label;
+      EXPECT_NEAR(b.steps[i].bwd_us, 3.0 * a.steps[i].bwd_us, 1e-9) << a.steps[i].label;
+    } else if (a.steps[i].label == "l_aux statistics allreduce") {  // a collective alone
+      EXPECT_NEAR(b.steps[i].fwd_us, a.steps[i].fwd_us, 1e-9);
+    }
+  }
+}
+
+// The layer calibrate_fused_layer runs: S1's fused ep alltoall sends each peer the first
+// message of at least twice the eager limit (so its 4 pieces are at most the limit).
+TEST(PerfModel, EagerCalibrationShapeCrossesTheLimit) {
+  for (auto [mp, ep, esp, dpn] : {std::array{2, 2, 2, 2}, std::array{4, 2, 4, 4}}) {
+    const Target t = make_target(0, mp, ep, esp, dpn);
+    const MoeShape shape = eager_calibration_shape(t.layout, 65536.0);
+    const Profile prof = comm_only_profile(10.0, 1e-3, 100.0, 1e-2, 1.0);
+    const auto message = [&](const MoeShape& sh) {
+      const Prediction pred = predict_kind(prof, sh, t, Kind::kS1, true, 4);
+      const auto& d = step_named(pred, "fused dispatch (ep alltoall + esp allgather)");
+      for (const auto& part : d.fwd_parts)
+        if (part.op == CommOp::kAllToAll) return part.bus_bytes / (ep - 1);
+      return 0.0;
+    };
+    const double m = message(shape);
+    EXPECT_GE(m, 2 * 65536.0) << "mp " << mp;
+    EXPECT_EQ(step_named(predict_kind(prof, shape, t, Kind::kS1, true, 4),
+                         "fused dispatch (ep alltoall + esp allgather)")
+                  .fwd_parts[0]
+                  .link,
+              Link::kInter);
+    // The smallest such T: one step of N_MP x E tokens less stays below.
+    const MoeShape less =
+        MoeShape::of(shape.tokens - mp * shape.experts, 256, 256, shape.experts, 1, "1");
+    EXPECT_LT(message(less), 2 * 65536.0) << "mp " << mp;
+  }
+  EXPECT_THROW(eager_calibration_shape(make_target(0, 2, 2, 2, 2).layout, 0.0), Error);
 }
 
 // On one node both parts of the fused dispatch use the intra-node link: the pieces' bytes
@@ -581,6 +688,11 @@ Profile sample_profile() {
       v += 1.0;
     }
   p.fused = FusedFit{0.75, 3.5, 0.9, 24, "emulated"};
+  p.fused.eager_limit_bytes = 65536.0;
+  p.fused.eager_limit_source = "assumed (test)";
+  p.fused.eager_gain = 0.4;
+  p.fused.eager_gain_source = "measured";
+  p.layer_compute = ComputeScale{1.25, "measured"};
   p.step_sync = SyncFit{42.0, 0.125, 0.8, 10, "measured"};
   p.step_sync_world = SyncFit{5.0, 0.5, 0.7, 8, "emulated"};
   for (auto& g : p.gemm) {
@@ -615,6 +727,12 @@ TEST(Profile, WriteReadRoundTrip) {
   EXPECT_DOUBLE_EQ(q.fused.overlap, 0.75);
   EXPECT_DOUBLE_EQ(q.fused.per_piece_us, 3.5);
   EXPECT_EQ(q.fused.source, "emulated");
+  EXPECT_DOUBLE_EQ(q.fused.eager_limit_bytes, 65536.0);
+  EXPECT_EQ(q.fused.eager_limit_source, "assumed (test)");
+  EXPECT_DOUBLE_EQ(q.fused.eager_gain, 0.4);
+  EXPECT_EQ(q.fused.eager_gain_source, "measured");
+  EXPECT_DOUBLE_EQ(q.layer_compute.scale, 1.25);
+  EXPECT_EQ(q.layer_compute.source, "measured");
   EXPECT_DOUBLE_EQ(q.step_sync.us, 42.0);
   EXPECT_DOUBLE_EQ(q.step_sync.per_compute, 0.125);
   EXPECT_DOUBLE_EQ(q.step_sync.r2, 0.8);
@@ -625,7 +743,17 @@ TEST(Profile, WriteReadRoundTrip) {
   nlohmann::json old = profile_to_json(p);
   old.erase("step_sync_world");
   old["step_sync"].erase("per_compute");
+  for (const char* key : {"eager_limit_bytes", "eager_limit_source", "eager_gain",
+                          "eager_gain_source"})
+    old["fused"].erase(key);
+  old.erase("layer_compute");
   const Profile o = profile_from_json(old, "old.json");
+  // A profile from before the eager gain was measured: fusion's rendezvous saving unpriced.
+  EXPECT_DOUBLE_EQ(o.fused.eager_gain, 0.0);
+  EXPECT_DOUBLE_EQ(o.fused.eager_limit_bytes, 0.0);
+  EXPECT_NE(o.fused.eager_gain_source.find("assumed 0"), std::string::npos);
+  EXPECT_DOUBLE_EQ(o.layer_compute.scale, 1.0);  // and the compute as calibrated alone
+  EXPECT_NE(o.layer_compute.source.find("assumed 1"), std::string::npos);
   EXPECT_DOUBLE_EQ(o.step_sync.per_compute, 0.0);
   EXPECT_DOUBLE_EQ(o.step_sync_world.us, 42.0);
   EXPECT_NE(o.step_sync_world.source.find("assumed"), std::string::npos);
@@ -719,6 +847,12 @@ TEST(Profile, RefusesNonNumbersAndBadRanges) {
   j = profile_to_json(sample_profile());
   j["fused"]["overlap"] = 1.5;
   EXPECT_TRUE(has(refusal(j), "'fused.overlap' = 1.5 is out of range")) << refusal(j);
+  j = profile_to_json(sample_profile());
+  j["layer_compute"]["scale"] = 0.1;
+  EXPECT_TRUE(has(refusal(j), "'layer_compute.scale' = 0.1 is out of range")) << refusal(j);
+  j = profile_to_json(sample_profile());
+  j["fused"]["eager_gain"] = 1.5;
+  EXPECT_TRUE(has(refusal(j), "'fused.eager_gain' = 1.5 is out of range")) << refusal(j);
   j = profile_to_json(sample_profile());
   j["memory"]["copy"]["samples"] = 2.5;
   EXPECT_TRUE(has(refusal(j), "'memory.copy.samples' must be a whole number")) << refusal(j);

@@ -42,6 +42,12 @@ void print_table(const perfmodel::Profile& p) {
   std::printf("%-26s %10.2f %14s %9.3f ovl  %8.4f %7lld  %s\n", "fused (per piece, overlap)",
               p.fused.per_piece_us, "-", p.fused.overlap, p.fused.r2,
               static_cast<long long>(p.fused.samples), p.fused.source.c_str());
+  std::printf("%-26s %10.0f %14s %12s %8s %7s  %s\n", "fused eager limit (bytes)",
+              p.fused.eager_limit_bytes, "-", "-", "", "", p.fused.eager_limit_source.c_str());
+  std::printf("%-26s %10.3f %14s %12s %8s %7s  %s\n", "fused eager gain (share)",
+              p.fused.eager_gain, "-", "-", "", "", p.fused.eager_gain_source.c_str());
+  std::printf("%-26s %10.3f %14s %12s %8s %7s  %s\n", "layer compute scale", p.layer_compute.scale,
+              "-", "-", "", "", p.layer_compute.source.c_str());
   std::printf("%-26s %10.2f %14s %7.4f/us  %8.4f %7lld  %s\n", "step sync (+ per compute)",
               p.step_sync.us, "-", p.step_sync.per_compute, p.step_sync.r2,
               static_cast<long long>(p.step_sync.samples), p.step_sync.source.c_str());
@@ -149,6 +155,10 @@ Command add_calibrate(CLI::App& root) {
   app->add_option("--iters", o.iters, "timed iterations per collective size");
   app->add_option("--warmup", o.warmup, "untimed iterations per collective size");
   app->add_option("--chunks", o.chunks, "pipeline depth of the fused collectives measured");
+  app->add_option("--eager-limit-bytes", o.eager_limit_bytes,
+                  "largest message the inter-node transport sends eagerly (default: Open MPI's, "
+                  "64 KiB over TCP, 4 KiB on emulated nodes; 0: fusion's rendezvous saving not "
+                  "priced)");
   app->add_option("--gemm-rows", o.gemm_rows, "GEMM rows (expert tokens) measured")
       ->delimiter(',');
   app->add_option("--gemm-model-dims", o.gemm_model_dims, "GEMM model dims M measured")

@@ -1,0 +1,42 @@
+// The fused collectives measured where they run: inside the MoE layer. A fused collective
+// timed alone (calibrate_fused) meets ranks that all wait in MPI; in the layer a rank reaches
+// its exchange while its peers still compute, and a message above the transport's eager limit
+// then waits for the receiver's handshake, while the fused pipeline's smaller pieces travel at
+// once. And ranks that wait in MPI take cycles from those that compute where ranks share
+// cores. This runs the real executor on S1 unfused and S1 fused, measures what fusion saves and
+// how long the compute steps take, and records them as the profile's fused.eager_gain (model.h,
+// eager_saving_us) and layer_compute.scale.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "layer/shape.h"
+#include "parm/topology.h"
+#include "perfmodel/calibrate.h"
+
+namespace parm::perfmodel {
+
+// The layer shape calibrate runs on `layout`: S1's fused dispatch sends each EP peer a
+// message of about 2 x eager_limit_bytes (above the limit, its pieces at most the limit for
+// chunks >= 2): M = H = 256, E = 2 N_EP, k = 1, f = 1, T the smallest multiple of N_MP x E
+// that reaches it.
+MoeShape eager_calibration_shape(const Layout& layout, double eager_limit_bytes);
+
+// Measures layer_compute.scale and fused.eager_gain on this topology (collective) and writes
+// them, with their sources, into cal.profile (whose other terms must be calibrated already:
+// it prices both schedules). Interleaved rounds of forward + backward, median over
+// options.iters of the slowest rank:
+//     scale = t_compute / p_compute,  bounded to [kMinComputeScale, kMaxComputeScale]
+// (the unfused layer's compute steps, measured by their own timers, over their price), then
+// with that scale
+//     gain = (p_fused0 - p_unfused - (t_fused - t_unfused)) / S,  bounded to [0, 1]
+// p: the model's prices with gain 0, t: measured, S: what gain 1 would save (the eligible
+// inter-node parts' bytes time). Not measured (gain 0, source "assumed 0 (why)") without an
+// inter-node EP group and an ESP group of more than one rank, with chunks < 2 or no eager
+// limit; neither on a device other than the CPU (scale 1, gain 0, "assumed").
+void calibrate_fused_layer(Topology& topo, const CalibrateOptions& options, Calibration& cal,
+                           const std::function<void(const std::string&)>& log);
+
+}  // namespace parm::perfmodel
