@@ -132,9 +132,10 @@ void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const fl
   float* act = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
-    cpu::bias_gelu_bf16(pre + r0 * hl, b1, act, nr, hl);
-    // Row block r0 of packed A starts after the packed A of r0 rows; act^T's k block r0.
-    cpu::bf16_pack_a(false, nr, hl, act, hl, a_.data() + cpu::bf16_packed_a_size(r0, hl));
+    // act, and as row block r0 of packed A (after the packed A of r0 rows) from registers;
+    // act^T's k block r0 from the fp32 block.
+    cpu::bias_gelu_pack_a_bf16(pre + r0 * hl, b1, act, nr, hl,
+                               a_.data() + cpu::bf16_packed_a_size(r0, hl));
     cpu::bf16_pack_at_rows(r0, nr, hl, rows, act, hl, at_.data() + e * at_stride_);
   }
   cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
@@ -164,9 +165,9 @@ void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, con
   float* dpre = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
-    cpu::bias_gelu_backward_bf16(pre + r0 * hl, b1, dact + r0 * hl, dpre, db1, nr, hl);
-    // dpre as A (for dx) and as rows r0.. of B (for dW1)
-    cpu::bf16_pack_a(false, nr, hl, dpre, hl, a2_.data() + cpu::bf16_packed_a_size(r0, hl));
+    // dpre, and as A (for dx) from registers; as rows r0.. of B (for dW1) from the block
+    cpu::bias_gelu_backward_pack_a_bf16(pre + r0 * hl, b1, dact + r0 * hl, dpre, db1, nr, hl,
+                                        a2_.data() + cpu::bf16_packed_a_size(r0, hl));
     cpu::bf16_pack_b_rows(r0, nr, rows, hl, dpre, hl, b_.data());
   }
   // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T
