@@ -5,8 +5,6 @@
 
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
-#include "parm/stats.h"
-#include "parm/tensor.h"
 #include "parm/timer.h"
 
 namespace parm::moe {
@@ -134,9 +132,10 @@ void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const fl
   float* act = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
-    cpu::bias_gelu_bf16(pre + r0 * hl, b1, act, nr, hl);
-    // Row block r0 of packed A starts after the packed A of r0 rows; act^T's k block r0.
-    cpu::bf16_pack_a(false, nr, hl, act, hl, a_.data() + cpu::bf16_packed_a_size(r0, hl));
+    // act, and as row block r0 of packed A (after the packed A of r0 rows) from registers;
+    // act^T's k block r0 from the fp32 block.
+    cpu::bias_gelu_pack_a_bf16(pre + r0 * hl, b1, act, nr, hl,
+                               a_.data() + cpu::bf16_packed_a_size(r0, hl));
     cpu::bf16_pack_at_rows(r0, nr, hl, rows, act, hl, at_.data() + e * at_stride_);
   }
   cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
@@ -166,9 +165,9 @@ void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, con
   float* dpre = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
-    cpu::bias_gelu_backward_bf16(pre + r0 * hl, b1, dact + r0 * hl, dpre, db1, nr, hl);
-    // dpre as A (for dx) and as rows r0.. of B (for dW1)
-    cpu::bf16_pack_a(false, nr, hl, dpre, hl, a2_.data() + cpu::bf16_packed_a_size(r0, hl));
+    // dpre, and as A (for dx) from registers; as rows r0.. of B (for dW1) from the block
+    cpu::bias_gelu_backward_pack_a_bf16(pre + r0 * hl, b1, dact + r0 * hl, dpre, db1, nr, hl,
+                                        a2_.data() + cpu::bf16_packed_a_size(r0, hl));
     cpu::bf16_pack_b_rows(r0, nr, rows, hl, dpre, hl, b_.data());
   }
   // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T
@@ -187,85 +186,6 @@ double expert_product_flops(int64_t rows, int64_t M, int64_t hl) {
   double flops = 0.0;
   for (ExpertProduct p : kExpertProducts) flops += expert_gemm(p, rows, M, hl).flops();
   return flops;
-}
-
-namespace {
-
-// The bf16 floor: every operand packed once, then the six packed GEMMs per expert timed.
-double time_bf16_products_us(const std::vector<int64_t>& rows, int64_t M, int64_t hl,
-                             const Tensor& x, const Tensor& w1, const Tensor& w2,
-                             const Tensor& act, const Tensor& dy, int reps) {
-  const int64_t r = x.dim(0);
-  auto packed_a = [](bool trans, int64_t m, int64_t k, const Tensor& t, int64_t ld) {
-    cpu::Bf16Buffer p(static_cast<size_t>(cpu::bf16_packed_a_size(m, k)));
-    cpu::bf16_pack_a(trans, m, k, t.data(), ld, p.data());
-    return p;
-  };
-  auto packed_b = [](bool trans, int64_t k, int64_t n, const Tensor& t, int64_t ld) {
-    cpu::Bf16Buffer p(static_cast<size_t>(cpu::bf16_packed_b_size(k, n)));
-    cpu::bf16_pack_b(trans, k, n, t.data(), ld, p.data());
-    return p;
-  };
-  // Row operands read as A (rows as m) are packed once for the largest row count (a smaller
-  // one reads their first rows); those whose rows are the sum (k) are packed per expert,
-  // since the packed layout depends on k.
-  const auto xa = packed_a(false, r, M, x, M), acta = packed_a(false, r, hl, act, hl);
-  const auto dya = packed_a(false, r, M, dy, M), dprea = packed_a(false, r, hl, act, hl);
-  std::vector<cpu::Bf16Buffer> xt, actt, dyb, dpreb;
-  for (int64_t n : rows) {
-    xt.push_back(packed_a(true, M, n, x, M));
-    actt.push_back(packed_a(true, hl, n, act, hl));
-    dyb.push_back(packed_b(false, n, M, dy, M));
-    dpreb.push_back(packed_b(false, n, hl, act, hl));
-  }
-  const auto w1b = packed_b(false, M, hl, w1, hl), w2b = packed_b(false, hl, M, w2, M);
-  const auto w2tb = packed_b(true, M, hl, w2, M), w1tb = packed_b(true, hl, M, w1, hl);
-  Tensor pre({r, hl}), out({r, M}), dact({r, hl}), dx({r, M}), dw1({M, hl}), dw2({hl, M});
-  std::vector<double> totals;
-  for (int i = 0; i < reps + 1; ++i) {  // one untimed round first
-    const double t0 = now_us();
-    for (size_t e = 0; e < rows.size(); ++e) {
-      const int64_t n = rows[e];
-      cpu::gemm_bf16_packed(n, hl, M, xa.data(), w1b.data(), pre.data(), hl, false);
-      cpu::gemm_bf16_packed(n, M, hl, acta.data(), w2b.data(), out.data(), M, false);
-      cpu::gemm_bf16_packed(hl, M, n, actt[e].data(), dyb[e].data(), dw2.data(), M, true);
-      cpu::gemm_bf16_packed(n, hl, M, dya.data(), w2tb.data(), dact.data(), hl, false);
-      cpu::gemm_bf16_packed(M, hl, n, xt[e].data(), dpreb[e].data(), dw1.data(), hl, true);
-      cpu::gemm_bf16_packed(n, M, hl, dprea.data(), w1tb.data(), dx.data(), M, false);
-    }
-    if (i > 0) totals.push_back(now_us() - t0);
-  }
-  return median(totals);
-}
-
-}  // namespace
-
-double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int64_t hl,
-                               int reps, Precision p) {
-  const int64_t r = std::max<int64_t>(1, *std::max_element(rows.begin(), rows.end()));
-  // Inputs with ordinary magnitudes (denormals or zeros could change the rate).
-  auto filled = [](Shape shape) {
-    Tensor t(std::move(shape));
-    for (int64_t i = 0; i < t.numel(); ++i) t[i] = 0.01f * static_cast<float>(i % 97) - 0.48f;
-    return t;
-  };
-  // Inputs are never written, so magnitudes stay ordinary over the repetitions.
-  const Tensor x = filled({r, M}), w1 = filled({M, hl}), w2 = filled({hl, M}),
-               act = filled({r, hl}), dy = filled({r, M});
-  if (p == Precision::kBf16) return time_bf16_products_us(rows, M, hl, x, w1, w2, act, dy, reps);
-  Tensor pre({r, hl}), out({r, M}), dact({r, hl}), dx({r, M}), dw1({M, hl}), dw2({hl, M});
-  std::vector<double> totals;
-  for (int i = 0; i < reps + 1; ++i) {  // one untimed round first
-    const double t0 = now_us();
-    for (int64_t n : rows) {
-      fc1_forward(n, M, hl, x.data(), w1.data(), pre.data());
-      fc2_forward(n, M, hl, act.data(), w2.data(), out.data());
-      fc2_backward(n, M, hl, act.data(), dy.data(), w2.data(), dw2.data(), dact.data());
-      fc1_backward(n, M, hl, x.data(), act.data(), w1.data(), dw1.data(), dx.data());
-    }
-    if (i > 0) totals.push_back(now_us() - t0);
-  }
-  return median(totals);
 }
 
 }  // namespace parm::moe

@@ -134,8 +134,9 @@ class Bf16ExpertProducts {
 double expert_product_flops(int64_t rows, int64_t model_dim, int64_t hidden);
 
 // The floor of a forward + backward pass: the six products of every expert (rows[e] rows
-// each) run alone on scratch memory, `reps` times; returns the median total (us). At bf16
-// the operands are packed before the clock starts: the floor is the bf16 GEMMs alone.
+// each), each on its own operands, run alone `reps` times; returns the median total (us).
+// At bf16 the operands are packed before the clock starts: the floor is the bf16 GEMMs
+// alone. Allocates its operands on every call (moe/expert_floor.h: ExpertProductsFloor).
 double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
                                int64_t hidden, int reps, Precision p = Precision::kFp32);
 

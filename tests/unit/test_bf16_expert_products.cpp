@@ -8,9 +8,11 @@
 // backend's packed weights kept per weight version (Bf16WeightCopies).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
@@ -307,6 +309,43 @@ TEST(GeluBf16, WithinItsErrorOfTheFp32GeLU) {
 
 // B packed in blocks of rows (k0 multiples of 32, a partial last block) equals B packed at
 // once, padding included; bad blocks are refused.
+// The GeLU steps that also pack their output as A give the bits of the GeLU step followed by
+// bf16_pack_a (padding rows and columns included: the packed buffer starts full of 0xffff),
+// and the same dbias, with AVX512-BF16 and with the portable packing.
+TEST(GeluBf16, PackedAsAMatchesGeluThenPack) {
+  for (cpu::Bf16Kernel kernel : kernels()) {
+    cpu::set_bf16_kernel(kernel);
+    for (int64_t rows : {1, 15, 16, 17, 32}) {
+      for (int64_t cols : {37, 40, 72, 2048}) {
+        const auto x = normal(rows * cols, 21, 3.0f), bias = normal(cols, 22);
+        const auto dact = normal(rows * cols, 23);
+        const auto packed_size = static_cast<size_t>(cpu::bf16_packed_a_size(rows, cols));
+        const std::string at = std::string(cpu::bf16_kernel_name()) + ", rows " +
+                               std::to_string(rows) + ", cols " + std::to_string(cols);
+        std::vector<float> want(x.size()), got(x.size());
+        std::vector<uint16_t> want_p(packed_size, 0xffff), got_p(packed_size, 0xffff);
+        cpu::bias_gelu_bf16(x.data(), bias.data(), want.data(), rows, cols);
+        cpu::bf16_pack_a(false, rows, cols, want.data(), cols, want_p.data());
+        cpu::bias_gelu_pack_a_bf16(x.data(), bias.data(), got.data(), rows, cols, got_p.data());
+        EXPECT_EQ(want, got) << at;
+        EXPECT_EQ(want_p, got_p) << at;
+        std::vector<float> db_want(static_cast<size_t>(cols), 0.25f), db_got = db_want;
+        std::fill(want_p.begin(), want_p.end(), uint16_t{0xffff});
+        std::fill(got_p.begin(), got_p.end(), uint16_t{0xffff});
+        cpu::bias_gelu_backward_bf16(x.data(), bias.data(), dact.data(), want.data(),
+                                     db_want.data(), rows, cols);
+        cpu::bf16_pack_a(false, rows, cols, want.data(), cols, want_p.data());
+        cpu::bias_gelu_backward_pack_a_bf16(x.data(), bias.data(), dact.data(), got.data(),
+                                            db_got.data(), rows, cols, got_p.data());
+        EXPECT_EQ(want, got) << at;
+        EXPECT_EQ(want_p, got_p) << at;
+        EXPECT_EQ(db_want, db_got) << at;
+      }
+    }
+  }
+  cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+}
+
 TEST(Bf16PackBRows, BlocksMatchTheWholeOperand) {
   for (bool portable : {true, false}) {
     cpu::set_bf16_kernel(portable ? cpu::Bf16Kernel::kPortable : cpu::Bf16Kernel::kAuto);

@@ -40,6 +40,8 @@ inline float from_bf16(uint16_t h) {
   return f;
 }
 
+// True when this CPU has AVX512-BF16 (VCVTNE2PS2BF16) with AVX512-F and -BW; asked once.
+bool have_avx512_bf16();
 // True while set_bf16_kernel(kPortable) is in force: the packing runs its scalar loops too.
 bool bf16_portable_forced();
 // True when this CPU has AMX bf16 tiles and the kernel granted this process their state

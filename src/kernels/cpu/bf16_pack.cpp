@@ -20,9 +20,7 @@ using detail::kTileRows;
 using detail::round_up;
 using detail::to_bf16;
 
-namespace {
-
-bool have_avx512_bf16() {
+bool detail::have_avx512_bf16() {
   static const bool have = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
@@ -32,6 +30,10 @@ bool have_avx512_bf16() {
   }();
   return have;
 }
+
+using detail::have_avx512_bf16;
+
+namespace {
 
 // ---- AVX512-BF16 --------------------------------------------------------------------------
 

@@ -171,6 +171,16 @@ inline constexpr float kGeluBf16Error = 1e-4f;
 void bias_gelu_bf16(const float* x, const float* bias, float* act, int64_t rows, int64_t cols);
 void bias_gelu_backward_bf16(const float* x, const float* bias, const float* dact, float* dx,
                              float* dbias, int64_t rows, int64_t cols);
+// The same two with their output also rounded into packed A (kernels.h's bf16 layout,
+// bf16_packed_a_size(rows, cols) values at `packed`, padding included): the bits of
+// bias_gelu_bf16 (or bias_gelu_backward_bf16) followed by bf16_pack_a(false, rows, cols, out,
+// cols, packed). With AVX512-BF16 each 32 values are rounded from the registers that hold
+// them, instead of read back from the fp32 output in a second pass.
+void bias_gelu_pack_a_bf16(const float* x, const float* bias, float* act, int64_t rows,
+                           int64_t cols, uint16_t* packed);
+void bias_gelu_backward_pack_a_bf16(const float* x, const float* bias, const float* dact,
+                                    float* dx, float* dbias, int64_t rows, int64_t cols,
+                                    uint16_t* packed);
 
 // ---- Bias ------------------------------------------------------------------------------
 // y (rows, cols) += bias (cols) for every row.
