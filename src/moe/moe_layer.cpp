@@ -492,15 +492,18 @@ bool MoeLayer::dropless_move(const Step& s) const {
   return schedule_.dropless && segmented(s.in) && segmented(s.out) && schedule::is_collective(s.kind);
 }
 
+Tensor& MoeLayer::pass_tensor(int id, bool backward) {
+  if (!backward) return bufs_[static_cast<size_t>(id)];
+  return id == schedule::kGateWeight ? dwg_call_ : dbufs_[static_cast<size_t>(id)];
+}
+
 void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {
   if (!schedule::joins_sum(s, backward)) {
     run_pass(s, backward, dl_aux);
     return;
   }
   // Forward: the value summed (a kSumDup's move); backward: the gradient (a kShareDup's).
-  Tensor& t = !backward                              ? bufs_[static_cast<size_t>(s.joined_sum)]
-              : s.joined_sum == schedule::kGateWeight ? dwg_call_
-                                                      : dbufs_[static_cast<size_t>(s.joined_sum)];
+  Tensor& t = pass_tensor(s.joined_sum, backward);
   backend_->sync();  // the tensor is complete before the collective reads it
   RequestPtr sum = topo_.comm(s.group).iallreduce(t.data(), static_cast<size_t>(t.numel()),
                                                   DType::kF32);
@@ -529,12 +532,8 @@ void MoeLayer::run_pass(const Step& s, bool backward, float dl_aux) {
   }
   if (move == Move::kNone) return;
   // The pass moves its source to its destination: forward in -> out, backward d out -> d in.
-  auto tensor = [&](int id) -> Tensor& {
-    if (!backward) return bufs_[static_cast<size_t>(id)];
-    return id == schedule::kGateWeight ? dwg_call_ : dbufs_[static_cast<size_t>(id)];
-  };
-  Tensor& src = tensor(backward ? s.out : s.in);
-  Tensor& dst = tensor(backward ? s.in : s.out);
+  Tensor& src = pass_tensor(backward ? s.out : s.in, backward);
+  Tensor& dst = pass_tensor(backward ? s.in : s.out, backward);
   // The fill counts travel with the tokens of the forward pass (see fills_).
   const bool with_fills = !backward && s.carries_fills;
   Communicator& c = topo_.comm(s.group);
@@ -564,8 +563,8 @@ void MoeLayer::run_pass(const Step& s, bool backward, float dl_aux) {
     case Move::kFusedDispatch: {
       const Tensor* from = &src;
       if (s.has_mp_part()) {  // the adjoint of the MP gather: keep my chunk first
-        keep_chunk(topo_.comm(s.group3), s.outer, src, tensor(s.mid));
-        from = &tensor(s.mid);
+        keep_chunk(topo_.comm(s.group3), s.outer, src, pass_tensor(s.mid, backward));
+        from = &pass_tensor(s.mid, backward);
       }
       // The counts take the data's two hops: the EP exchange runs beside the pipeline, the
       // (intra-node, tiny) ESP gather of its result after it.
@@ -583,7 +582,7 @@ void MoeLayer::run_pass(const Step& s, bool backward, float dl_aux) {
       // With an MP part the combine lands in mid and its last stage gathers into dst.
       MpGatherPart mp{s.has_mp_part() ? &topo_.comm(s.group3) : nullptr, s.outer, s.chunk,
                       dst.data()};
-      Tensor& to = s.has_mp_part() ? tensor(s.mid) : dst;
+      Tensor& to = s.has_mp_part() ? pass_tensor(s.mid, backward) : dst;
       fused_combine_any(topo_.comm(g1), topo_.comm(g2), src.data(), to.data(),
                         static_cast<size_t>(s.block), schedule_.chunks,
                         s.has_mp_part() ? &mp : nullptr);

@@ -130,6 +130,9 @@ class MoeLayer {
   // completed after it.
   void run_step(const schedule::Step& s, bool backward, float dl_aux);
   void run_pass(const schedule::Step& s, bool backward, float dl_aux);
+  // What a pass reads or writes of buffer `id`: the buffer forward, its gradient backward
+  // (kGateWeight: this call's dWg).
+  Tensor& pass_tensor(int id, bool backward);
   void compute_forward(const schedule::Step& s, moe::PhaseTimes* phases);
   void compute_backward(const schedule::Step& s, float dl_aux, moe::PhaseTimes* phases);
   // Moves the fill counts of buffer `in` along a dispatch-path step to buffer `out`.

@@ -33,6 +33,12 @@ int32_t fill_of(int r, int64_t i, int64_t slots) {
   return static_cast<int32_t>(1 + (3 * r + 5 * i) % slots);
 }
 
+// Rows destination segment i of rank `me` receives in an alltoall of `per` segments per peer:
+// peer i / per's source segment me * per + i % per.
+int32_t alltoall_in_fill(int me, int64_t i, int64_t per, int64_t slots) {
+  return fill_of(static_cast<int>(i / per), me * per + i % per, slots);
+}
+
 // Element c of row j of segment i on rank r: names its source.
 float payload(int r, int64_t i, int64_t j, int64_t c) {
   return static_cast<float>(r * 10000 + i * 100 + j * 10) + 0.5f * static_cast<float>(c % 2);
@@ -52,8 +58,7 @@ TEST(RowExchange, AlltoallSmallRangesTravelAsOneMessagePerPeer) {
     for (int64_t i = 0; i < count; ++i) {
       src_fill[static_cast<size_t>(i)] = fill_of(me, i, slots);
       // Destination part p holds peer p's source part `me`.
-      dst_fill[static_cast<size_t>(i)] =
-          fill_of(static_cast<int>(i / per), me * per + i % per, slots);
+      dst_fill[static_cast<size_t>(i)] = alltoall_in_fill(me, i, per, slots);
     }
     std::vector<float> src(static_cast<size_t>(count * slots * row_elems), kUnrouted);
     std::vector<float> dst(src.size(), kUnrouted);
@@ -134,7 +139,7 @@ TEST(RowExchange, BackToBackSegmentsTravelAsOneMessagePerPeer) {
       Packed src = source(me, count);
       std::vector<int32_t> df(static_cast<size_t>(count));
       for (int64_t i = 0; i < count; ++i)
-        df[static_cast<size_t>(i)] = fill_of(static_cast<int>(i / per), me * per + i % per, slots);
+        df[static_cast<size_t>(i)] = alltoall_in_fill(me, i, per, slots);
       Packed dst = make(df);
       RowExchange x;
       // This rank's own part is copied while the messages travel: after all are posted.

@@ -1,11 +1,16 @@
-// What the CPU kernels' AVX-512 paths share: the target attribute they are compiled with,
-// the run-time check that picks them (else their scalar loops), and a lane-ordered sum.
+// What the CPU kernels' AVX-512 paths share: the target attributes they are compiled with,
+// the run-time check that picks them (else their scalar loops), the mask of a row's tail
+// lanes and a lane-ordered sum.
 // Private to the CPU kernels.
 #pragma once
 
 #include <immintrin.h>
 
+#include <cstdint>
+
 #define PARM_AVX512 __attribute__((target("avx512f")))
+// The bf16 conversions (vcvtne2ps2bf16); picked after detail::have_avx512_bf16().
+#define PARM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 namespace parm::cpu::detail {
 
@@ -13,6 +18,11 @@ namespace parm::cpu::detail {
 inline bool have_avx512f() {
   static const bool have = __builtin_cpu_supports("avx512f");
   return have;
+}
+
+// Lanes [0, n) of a block of 16: all 16 from n >= 16, none at n <= 0.
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16{0xffff} : n <= 0 ? __mmask16{0} : static_cast<__mmask16>((1u << n) - 1u);
 }
 
 // The 16 lanes of an AVX-512 register added in lane order (0 + lane 0 + lane 1 + ... + lane

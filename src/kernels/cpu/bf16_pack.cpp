@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <cpuid.h>
 
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/bf16_detail.h"
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
 
-#define PARM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 namespace parm::cpu {
 
@@ -39,9 +39,7 @@ namespace {
 
 // 16 lanes of fp32 from p (the first `count`, the rest zero).
 PARM_AVX512_BF16 inline __m512 load16(const float* p, int64_t count) {
-  if (count >= 16) return _mm512_loadu_ps(p);
-  if (count <= 0) return _mm512_setzero_ps();
-  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), p);
+  return _mm512_maskz_loadu_ps(detail::first_lanes(count), p);
 }
 
 // bf16 pairs (lo[i], hi[i]) as 16 dwords: lane i = lo[i] | hi[i] << 16.

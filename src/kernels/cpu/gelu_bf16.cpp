@@ -15,9 +15,10 @@
 #include "kernels/cpu/kernels.h"
 #include "parm/error.h"
 
-
 namespace parm::cpu {
 namespace {
+
+using detail::first_lanes;
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps and warn about it.
 #pragma GCC diagnostic push
@@ -62,12 +63,6 @@ PARM_AVX512 inline __m512 load(const float* p, __mmask16 mask) {
   return _mm512_maskz_loadu_ps(mask, p);
 }
 
-// Lanes c .. c + 15 of a row of `cols` values (fewer at the end; none past it).
-inline __mmask16 lanes(int64_t c, int64_t cols) {
-  const int64_t n = cols - c;
-  return n >= 16 ? __mmask16{0xffff} : n <= 0 ? __mmask16{0} : static_cast<__mmask16>((1u << n) - 1u);
-}
-
 // gelu(x + bias) of lanes c .. c + 15 (0 in lanes past the row).
 PARM_AVX512 inline __m512 gelu16(const float* xr, const float* bias, int64_t c, __mmask16 m) {
   // max(lo, v) returns v where v is NaN: t clamps to a number, and v s stays NaN.
@@ -105,7 +100,7 @@ PARM_AVX512 void bias_gelu_avx512(const float* x, const float* bias, float* act,
                                   int64_t cols) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; c += 16) {
-      const __mmask16 m = lanes(c, cols);
+      const __mmask16 m = first_lanes(cols - c);
       _mm512_mask_storeu_ps(act + r * cols + c, m, gelu16(x + r * cols, bias, c, m));
     }
 }
@@ -114,7 +109,7 @@ PARM_AVX512 void bias_gelu_backward_avx512(const float* x, const float* bias, co
                                            float* dx, float* dbias, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; c += 16) {
-      const __mmask16 m = lanes(c, cols);
+      const __mmask16 m = first_lanes(cols - c);
       const __m512 d = gelu_grad16(x + r * cols, bias, dact + r * cols, dbias, c, m);
       _mm512_mask_storeu_ps(dx + r * cols + c, m, d);
     }
@@ -122,7 +117,6 @@ PARM_AVX512 void bias_gelu_backward_avx512(const float* x, const float* bias, co
 
 // The two above, 32 values at a time, each 32 also rounded into packed A from the registers
 // (the padding columns up to a multiple of 32 hold 0 there: gelu(0) and 0 dact give 0).
-#define PARM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 PARM_AVX512_BF16 inline void store32(float* out, int64_t c, __mmask16 m0, __mmask16 m1,
                                      __m512 lo, __m512 hi, uint16_t* packed_row) {
   _mm512_mask_storeu_ps(out + c, m0, lo);
@@ -136,7 +130,7 @@ PARM_AVX512_BF16 void bias_gelu_pack_avx512(const float* x, const float* bias, f
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     for (int64_t c = 0; c < kp; c += 32) {
-      const __mmask16 m0 = lanes(c, cols), m1 = lanes(c + 16, cols);
+      const __mmask16 m0 = first_lanes(cols - c), m1 = first_lanes(cols - (c + 16));
       store32(act + r * cols, c, m0, m1, gelu16(xr, bias, c, m0), gelu16(xr, bias, c + 16, m1),
               packed + detail::packed_a_offset(r, c, kp));
     }
@@ -151,7 +145,7 @@ PARM_AVX512_BF16 void bias_gelu_backward_pack_avx512(const float* x, const float
   for (int64_t r = 0; r < rows; ++r) {
     const float *xr = x + r * cols, *gr = dact + r * cols;
     for (int64_t c = 0; c < kp; c += 32) {
-      const __mmask16 m0 = lanes(c, cols), m1 = lanes(c + 16, cols);
+      const __mmask16 m0 = first_lanes(cols - c), m1 = first_lanes(cols - (c + 16));
       const __m512 lo = gelu_grad16(xr, bias, gr, dbias, c, m0);
       const __m512 hi = gelu_grad16(xr, bias, gr, dbias, c + 16, m1);
       store32(dx + r * cols, c, m0, m1, lo, hi, packed + detail::packed_a_offset(r, c, kp));

@@ -75,14 +75,10 @@ PARM_AVX512 __m512 exp_avx512(__m512 x) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
 }
 
-// Lanes [0, n) of a block of 16 (n <= 16).
-PARM_AVX512 __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? __mmask16(0xffffu) : static_cast<__mmask16>((1u << n) - 1u);
-}
-
 // row[n, L) = 0: the keys a causal query does not see.
 PARM_AVX512 void zero_from(float* row, int64_t n, int64_t L) {
-  for (int64_t j = n; j < L; j += 16) _mm512_mask_storeu_ps(row + j, first_lanes(L - j), _mm512_setzero_ps());
+  for (int64_t j = n; j < L; j += 16)
+    _mm512_mask_storeu_ps(row + j, detail::first_lanes(L - j), _mm512_setzero_ps());
 }
 
 // Rows i0 .. i0 + G - 1, each with the arithmetic of one row alone, in stages over the G
@@ -102,7 +98,7 @@ PARM_AVX512 void forward_group_avx512(float* p, int64_t i0, int64_t L, float sca
     row[r] = p + (i0 + r) * L;
     n[r] = keys_seen(i0 + r, L, causal);
     body[r] = n[r] / 16 * 16;
-    tail[r] = first_lanes(n[r] - body[r]);
+    tail[r] = detail::first_lanes(n[r] - body[r]);
   }
   for (int r = 0; r < G; ++r) {
     // The max ignores NaN, as max_f32 does (max_ps returns its second operand on NaN).
@@ -150,7 +146,7 @@ PARM_AVX512 void backward_group_avx512(const float* p, float* ds, int64_t i0, in
     row[r] = ds + (i0 + r) * L;
     n[r] = keys_seen(i0 + r, L, causal);
     body[r] = n[r] / 16 * 16;
-    tail[r] = first_lanes(n[r] - body[r]);
+    tail[r] = detail::first_lanes(n[r] - body[r]);
     acc[r] = zero;
     for (int64_t j = 0; j < body[r]; j += 16)
       acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(y[r] + j), _mm512_loadu_ps(row[r] + j), acc[r]);
