@@ -40,8 +40,8 @@ struct BackendSizes {
   // (and the combine's adjoint) leave the others unwritten instead of zeroing them.
   bool dropless = false;
   // Dropless, packed layout (schedule::Schedule::packed): the gate numbers the dispatch rows
-  // back to back (moe::pack_routing) and the experts read their segments at the starts they
-  // are given. The CPU backend only; the CUDA one keeps the C = T layout and refuses it.
+  // back to back (moe::pack_routing; the CUDA one on the device, moe_pack_routing) and the
+  // experts read their segments at the starts they are given.
   bool packed = false;
 };
 

@@ -70,9 +70,8 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   PARM_CONFIG_CHECK(!router_z_loss || device == Device::kCpu,
                     "the router z-loss runs on the CPU only, this MoE layer is on {}; use "
                     "router_z_loss 0 there", device_name(device));
-  // Dropless buffers packed (sized by the rows routed) on the CPU backend; the CUDA one keeps
-  // the C = T layout (docs/dropless.md).
-  const bool packed = device == Device::kCpu;
+  // Dropless buffers packed (sized by the rows routed) on every backend (docs/dropless.md).
+  const bool packed = true;
   schedule_ =
       schedule::build({shape, l, esp_rank_, fuse, chunks, router_z_loss, packed}, kind);
   const int64_t M = shape.model_dim, E = shape.experts;

@@ -187,7 +187,7 @@ struct LayerSpec {
   // numbers (2E + 1 values, summed over mp under S1); off, they are the 2E of SPEC's table.
   bool z_loss = false;
   // Dropless: the segmented buffers in the packed layout (Schedule::packed), sized by the
-  // rows routed. The CUDA backend's layer passes false: it keeps C = T slots per expert.
+  // rows routed (every backend's layer passes true; false keeps C = T slots per expert).
   bool packed = true;
 };
 

@@ -313,6 +313,80 @@ TEST(CudaBackend, GateDispatchCombineMatchCpu) {
   EXPECT_GT(with_drops, 10);
 }
 
+// Dropless, packed layout (BackendSizes::packed): the device gate numbers rows first[e] +
+// slot as moe::pack_routing does, and dispatch, combine and their adjoints over buffers of the
+// routed rows (T k, nothing else) match the CPU's packed functions. Gate::kZero routes every
+// token to experts 0..k-1 (the others get none).
+TEST(CudaBackend, PackedDroplessMatchesCpu) {
+  PARM_SKIP_WITHOUT_GPU();
+  const Case packed_cases[] = {{37, 5, 2, 37, 37, 16, Gate::kQuarters},
+                               {300, 8, 2, 300, 300, 16, Gate::kZero},
+                               {300, 8, 1, 300, 300, 13, Gate::kZero},
+                               {5000, 4, 2, 5000, 5000, 16, Gate::kQuarters},
+                               {2100, 8, 8, 2100, 2100, 13, Gate::kQuarters}};
+  for (const Case& c : packed_cases) {
+    SCOPED_TRACE(c.name());
+    const int64_t T = c.T, E = c.E, M = c.M, rows = T * c.k;
+    BackendSizes sizes = sizes_for(c);
+    sizes.dropless = true;
+    sizes.packed = true;
+    CudaBackend backend(Precision::kFp32, sizes);
+    const Tensor x = host_quarters({T, M}, 21);
+    Tensor wg = host_quarters({M, E}, 22);
+    if (c.gate == Gate::kZero) wg.zero();
+    const Tensor x_d = on_gpu(x), wg_d = on_gpu(wg);
+
+    Tensor probs({T, E});
+    GateRouting r;
+    std::vector<float> stats(static_cast<size_t>(2 * E + 1));
+    gate_forward(x, wg, c.k, T, T, probs, r, stats.data());
+    pack_routing(r);
+    Tensor stats_d({2 * E + 1}, Device::kCuda);
+    backend.gate_forward(x_d, wg_d, c.k, T, T, stats_d.data(), nullptr);
+    const GateRouting& g = backend.routing();
+    ASSERT_EQ(g.expert, r.expert);
+    ASSERT_EQ(g.fill, r.fill);
+    ASSERT_EQ(g.first, r.first);
+    ASSERT_EQ(g.row, r.row);
+
+    Tensor buf({rows, M});
+    dispatch_forward(x, r, buf, false);
+    Tensor buf_d = on_gpu(host_filled({rows, M}, kNaN));
+    backend.dispatch_forward(x_d, buf_d);
+    expect_close(buf_d, buf, kRoutedTol, "packed dispatch forward");
+
+    const Tensor y = host_normal({rows, M}, 23);
+    const Tensor y_d = on_gpu(y);
+    Tensor out({T, M});
+    combine_forward(y, r, out);
+    Tensor out_d = on_gpu(host_filled({T, M}, kNaN));
+    backend.combine_forward(y_d, out_d);
+    expect_close(out_d, out, kRoutedTol, "packed combine forward");
+
+    const Tensor dout = host_normal({T, M}, 24);
+    Tensor dy({rows, M});
+    std::vector<float> dweight;
+    combine_backward(y, dout, r, dy, dweight, false);
+    Tensor dy_d = on_gpu(host_filled({rows, M}, kNaN));
+    const Tensor dout_d = on_gpu(dout);
+    backend.combine_backward(y_d, dout_d, dy_d);
+    expect_close(dy_d, dy, kRoutedTol, "packed combine backward dbuf");
+    expect_close(backend.last_dweight(), Tensor::view(dweight.data(), {T, c.k}), kDotTol,
+                 "packed combine backward dweight");
+
+    Tensor dx = host_normal({T, M}, 25);
+    Tensor dx_d = on_gpu(dx);
+    dispatch_backward(y, r, dx);
+    backend.dispatch_backward(y_d, dx_d);
+    expect_close(dx_d, dx, kRoutedTol, "packed dispatch backward");
+
+    // A buffer short of the routed rows is refused before anything is written.
+    Tensor short_d({rows - 1, M}, Device::kCuda);
+    EXPECT_THROW(backend.dispatch_forward(x_d, short_d), parm::Error);
+    if (HasFatalFailure()) return;
+  }
+}
+
 // The same gate call twice gives the same bits (no atomics, no order that depends on timing).
 TEST(CudaBackend, GateIsDeterministic) {
   PARM_SKIP_WITHOUT_GPU();

@@ -38,6 +38,7 @@
 #include "kernels/cuda/expert_kernels.h"
 #include "kernels/cuda/expert_math.h"
 #include "kernels/cuda/gemm.h"
+#include "layer/packed_rows.h"
 #include "moe/cuda/device_experts.h"
 #include "moe/moe_ops.h"
 #include "parm/device.h"
@@ -520,8 +521,10 @@ void check_layer(DeviceExperts& dev, const LayerCase& c, double tol, uint64_t se
   const Tensor in_gpu = gpu(in), dout_gpu = gpu(dout);
   Tensor out_gpu = gpu_filled(layout, 7.0f), din_gpu = gpu_filled(layout, 7.0f);
   PhaseTimes gpu_fwd, gpu_bwd;
-  dev.forward(in_gpu, w_gpu, c.blocks, c.slots, c.fills.data(), c.add_b2, out_gpu, &gpu_fwd);
-  dev.backward(dout_gpu, w_gpu, c.blocks, c.slots, c.fills.data(), dw_gpu, din_gpu, &gpu_bwd);
+  dev.forward(in_gpu, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, c.add_b2, out_gpu,
+              &gpu_fwd);
+  dev.backward(dout_gpu, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, dw_gpu, din_gpu,
+               &gpu_bwd);
   device_sync();
 
   for (int64_t e = 0; e < E; ++e)
@@ -583,6 +586,83 @@ TEST(CudaDeviceExperts, Bf16LoopOfGemmsMatchesCpuExperts) {
   check_all_cases(Precision::kBf16, GroupedGemm::Mode::kLoop, kBf16LayerTol);
 }
 
+// Dropless, packed layout: the same pass over the segments' filled rows back to back (at
+// parm::packed_starts of the fills, the CPU's numbering) gives the bits of the (blocks,
+// E_loc, slots) layout at every filled row and every weight gradient, writes no row past the
+// routed ones, and is captured and replayed from CUDA graphs like the unpacked pass (its key
+// holds the starts).
+TEST(CudaDeviceExperts, PackedLayoutGivesTheUnpackedBits) {
+  PARM_SKIP_WITHOUT_GPU();
+  uint64_t stream = 7000;
+  for (const LayerCase& c : layer_cases()) {
+    SCOPED_TRACE(describe(c));
+    const int64_t E = c.e_loc, M = c.M, hl = c.hl, segments = c.blocks * E;
+    std::vector<int64_t> first(static_cast<size_t>(segments));
+    const int64_t routed = packed_starts(c.fills.data(), segments, first.data());
+    const Shape layout = {c.blocks, E, c.slots, M};
+    const Shape packed = {routed + 1, M};  // one spare row: never written
+    uint64_t s = stream;
+    stream += 100;
+    ExpertShards w{host_normal({E, M, hl}, s++, 0.2f), host_normal({E, hl}, s++, 0.1f),
+                   host_normal({E, hl, M}, s++, 0.2f), host_normal({E, M}, s++, 0.1f)};
+    const Tensor in = host_normal(layout, s++, 1.0f), dout = host_normal(layout, s++, 1.0f);
+    // The filled rows of `t` (layout) back to back.
+    auto pack = [&](const Tensor& t) {
+      Tensor p(packed);
+      p.fill(7.0f);
+      for (int64_t i = 0; i < segments; ++i)
+        std::copy(t.data() + i * c.slots * M, t.data() + (i * c.slots + c.fills[i]) * M,
+                  p.data() + first[static_cast<size_t>(i)] * M);
+      return p;
+    };
+    const ExpertShards w_gpu{gpu(w.w1), gpu(w.b1), gpu(w.w2), gpu(w.b2)};
+    auto zero_grads = [&] {
+      return ExpertShards{gpu_filled(w.w1.shape(), 0.0f), gpu_filled(w.b1.shape(), 0.0f),
+                          gpu_filled(w.w2.shape(), 0.0f), gpu_filled(w.b2.shape(), 0.0f)};
+    };
+    // Unpacked reference.
+    DeviceExperts plain(E, c.blocks * c.slots, M, hl, Precision::kFp32);
+    ExpertShards dw_plain = zero_grads();
+    Tensor out_plain = gpu_filled(layout, 7.0f), din_plain = gpu_filled(layout, 7.0f);
+    const Tensor in_plain = gpu(in), dout_plain = gpu(dout);
+    plain.forward(in_plain, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, c.add_b2,
+                  out_plain);
+    plain.backward(dout_plain, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, dw_plain,
+                   din_plain);
+    const Tensor out_want = pack(host(out_plain)), din_want = pack(host(din_plain));
+    // Packed, three passes with graphs on: eager, captured, replayed.
+    DeviceExperts dev(E, c.blocks * c.slots, M, hl, Precision::kFp32);
+    dev.set_graphs(true);
+    const Tensor in_p = gpu(pack(in)), dout_p = gpu(pack(dout));
+    for (int pass = 0; pass < 3; ++pass) {
+      ExpertShards dw = zero_grads();
+      Tensor out = gpu_filled(packed, 7.0f), din = gpu_filled(packed, 7.0f);
+      dev.forward(in_p, w_gpu, c.blocks, c.slots, c.fills.data(), first.data(), c.add_b2, out);
+      dev.backward(dout_p, w_gpu, c.blocks, c.slots, c.fills.data(), first.data(), dw, din);
+      device_sync();
+      // Spare rows keep their 7s in both (pack() put 7s there too).
+      expect_close(out, out_want, 0.0, "packed out, pass " + std::to_string(pass));
+      expect_close(din, din_want, 0.0, "packed din, pass " + std::to_string(pass));
+      expect_close(dw.w1, host(dw_plain.w1), 0.0, "packed dW1");
+      expect_close(dw.b1, host(dw_plain.b1), 0.0, "packed db1");
+      expect_close(dw.w2, host(dw_plain.w2), 0.0, "packed dW2");
+      expect_close(dw.b2, host(dw_plain.b2), 0.0, "packed db2");
+    }
+    if (routed > 0) {
+      EXPECT_EQ(dev.forward_graphs().replays(), 1) << dev.graph_failures();
+      EXPECT_EQ(dev.backward_graphs().replays(), 1) << dev.graph_failures();
+    }
+    // Starts that leave the buffer are refused.
+    std::vector<int64_t> bad = first;
+    bad.back() = routed + 1;
+    Tensor out = gpu_filled(packed, 7.0f);
+    if (c.fills.back() > 0)
+      EXPECT_THROW(dev.forward(in_p, w_gpu, c.blocks, c.slots, c.fills.data(), bad.data(),
+                               c.add_b2, out),
+                   parm::Error);
+  }
+}
+
 // One DeviceExperts through several steps with different fills (a larger workspace than
 // needed), as the layer uses it: nothing may leak from one step into the next.
 TEST(CudaDeviceExperts, ReusedAcrossStepsWithDifferentFills) {
@@ -618,8 +698,8 @@ TEST(CudaDeviceExperts, GraphsReplayTheEagerPass) {
     // One pass from zero gradients; returns out, din, dW1, db1, dW2, db2 on the host.
     auto pass = [&](const std::vector<int32_t>& f) {
       for (Tensor* t : {&dw.w1, &dw.b1, &dw.w2, &dw.b2}) device_zero(t->data(), t->bytes());
-      dev.forward(in, w, blocks, slots, f.data(), true, out);
-      dev.backward(dout, w, blocks, slots, f.data(), dw, din);
+      dev.forward(in, w, blocks, slots, f.data(), nullptr, true, out);
+      dev.backward(dout, w, blocks, slots, f.data(), nullptr, dw, din);
       return std::vector<Tensor>{host(out), host(din), host(dw.w1), host(dw.b1), host(dw.w2), host(dw.b2)};
     };
     // The same launches, so the same numbers; a tolerance (not memcmp) in case cuBLAS picks
@@ -644,8 +724,8 @@ TEST(CudaDeviceExperts, GraphsReplayTheEagerPass) {
     DeviceExperts plain(E, blocks * slots, M, hl, p);
     const std::vector<Tensor> got = pass(other);
     for (Tensor* t : {&dw.w1, &dw.b1, &dw.w2, &dw.b2}) device_zero(t->data(), t->bytes());
-    plain.forward(in, w, blocks, slots, other.data(), true, out);
-    plain.backward(dout, w, blocks, slots, other.data(), dw, din);
+    plain.forward(in, w, blocks, slots, other.data(), nullptr, true, out);
+    plain.backward(dout, w, blocks, slots, other.data(), nullptr, dw, din);
     same(got, {host(out), host(din), host(dw.w1), host(dw.b1), host(dw.w2), host(dw.b2)},
          "other fills");
     EXPECT_EQ(dev.forward_graphs().eager(), 2);
@@ -672,7 +752,7 @@ TEST(CudaDeviceExperts, Bf16WeightsRoundedOncePerVersion) {
     const std::vector<int32_t> fills = {6, 1, 3};
     Tensor out(layout, Device::kCuda);
     auto run = [&](DeviceExperts& d) {
-      d.forward(in, w, blocks, slots, fills.data(), true, out);
+      d.forward(in, w, blocks, slots, fills.data(), nullptr, true, out);
       return host(out);
     };
     dev.set_weights_version(1);
@@ -702,18 +782,18 @@ TEST(CudaDeviceExperts, RefusesBadCalls) {
                        Tensor({2, 4, 8}, Device::kCuda), Tensor({2, 8}, Device::kCuda)};
   Tensor in({2, 2, 5, 8}, Device::kCuda), out({2, 2, 5, 8}, Device::kCuda);
   const std::vector<int32_t> too_full = {6, 0, 0, 0};
-  EXPECT_THROW(dev.forward(in, w, 2, 5, too_full.data(), true, out), parm::Error);
+  EXPECT_THROW(dev.forward(in, w, 2, 5, too_full.data(), nullptr, true, out), parm::Error);
   const std::vector<int32_t> ok = {5, 0, 1, 2};
   Tensor big({3, 2, 5, 8}, Device::kCuda);  // 3 x 5 rows > the 10 reserved
-  EXPECT_THROW(dev.forward(big, w, 3, 5, std::vector<int32_t>(6, 0).data(), true, big),
+  EXPECT_THROW(dev.forward(big, w, 3, 5, std::vector<int32_t>(6, 0).data(), nullptr, true, big),
                parm::Error);
   Tensor host_in({2, 2, 5, 8});
-  EXPECT_THROW(dev.forward(host_in, w, 2, 5, ok.data(), true, out), parm::Error);
-  EXPECT_NO_THROW(dev.forward(in, w, 2, 5, ok.data(), true, out));
+  EXPECT_THROW(dev.forward(host_in, w, 2, 5, ok.data(), nullptr, true, out), parm::Error);
+  EXPECT_NO_THROW(dev.forward(in, w, 2, 5, ok.data(), nullptr, true, out));
   const std::vector<int32_t> other = {4, 0, 1, 2};  // backward with other fills
   ExpertShards dw{Tensor({2, 8, 4}, Device::kCuda), Tensor({2, 4}, Device::kCuda),
                   Tensor({2, 4, 8}, Device::kCuda), Tensor({2, 8}, Device::kCuda)};
-  EXPECT_THROW(dev.backward(in, w, 2, 5, other.data(), dw, out), parm::Error);
+  EXPECT_THROW(dev.backward(in, w, 2, 5, other.data(), nullptr, dw, out), parm::Error);
 }
 
 TEST(CudaDeviceExperts, ProductFloorIsTimed) {

@@ -2,13 +2,16 @@
 // segment copies that gather each expert's filled rows out of the exchange layout and
 // scatter them back, run here by a host emulation of the copy kernel, must give exactly the
 // rows the layout contract names (moe_ops.h), write nothing else on a gather and every
-// element on a scatter (zeros at empty slots).
+// element on a scatter (zeros at empty slots). In the packed layout of dropless routing the
+// segments start at parm::packed_starts of the fills (the CPU backend's numbering): the same
+// rows, and a scatter writes the routed rows and nothing else.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
 #include "kernels/cuda/expert_math.h"
+#include "layer/packed_rows.h"
 #include "moe/cuda/expert_rows.h"
 #include "parm/error.h"
 
@@ -44,16 +47,28 @@ struct Layout {
   std::vector<int32_t> fills;  // (blocks, e_loc)
 };
 
-void check_gather_and_scatter(const Layout& l) {
+void check_gather_and_scatter(const Layout& l, bool packed_layout) {
   const int64_t max_rows = l.blocks * l.slots;
   const int64_t stride = max_rows * l.M + 3;  // not the tight stride: offsets must use it
-  std::vector<float> layout(static_cast<size_t>(l.blocks * l.e_loc * l.slots * l.M));
+  // Packed: segment i at the CPU's packed_starts, and two spare rows past the routed ones.
+  const int64_t segments = l.blocks * l.e_loc;
+  std::vector<int64_t> starts(static_cast<size_t>(segments));
+  const int64_t routed = packed_starts(l.fills.data(), segments, starts.data());
+  const int64_t* first = packed_layout ? starts.data() : nullptr;
+  const int64_t layout_rows = packed_layout ? routed + 2 : segments * l.slots;
+  // Slots of segment [b, e] the layout holds: all of them, or packed its filled ones.
+  auto held = [&](int64_t b, int64_t e) {
+    return packed_layout ? int64_t{l.fills[static_cast<size_t>(b * l.e_loc + e)]} : l.slots;
+  };
+  std::vector<float> layout(static_cast<size_t>(layout_rows * l.M), kSentinel);
   for (int64_t b = 0; b < l.blocks; ++b)
     for (int64_t e = 0; e < l.e_loc; ++e)
-      for (int64_t s = 0; s < l.slots; ++s)
+      for (int64_t s = 0; s < held(b, e); ++s)
         for (int64_t c = 0; c < l.M; ++c)
-          layout[static_cast<size_t>(segment_offset(b, e, l.e_loc, l.slots, l.M) + s * l.M + c)] =
-              layout_value(b, e, s, c);
+          layout[static_cast<size_t>(segment_offset(b, e, l.e_loc, l.slots, l.M, first) +
+                                     s * l.M + c)] = layout_value(b, e, s, c);
+  for (int64_t i = 0; i < (packed_layout ? routed : layout_rows) * l.M; ++i)
+    ASSERT_NE(layout[static_cast<size_t>(i)], kSentinel) << "rows overlap or leave a gap at " << i;
 
   std::vector<int64_t> rows;
   count_rows(l.fills.data(), l.blocks, l.e_loc, rows);
@@ -64,8 +79,8 @@ void check_gather_and_scatter(const Layout& l) {
   std::vector<float> packed(static_cast<size_t>(l.e_loc * stride), kSentinel);
   std::vector<uint16_t> packed_bf16(packed.size(), 0xdead);
   int emitted = 0;
-  plan_gather(layout.data(), l.blocks, l.e_loc, l.slots, l.M, l.fills.data(), packed.data(),
-              packed_bf16.data(), stride, [&](const parm::cuda::SegmentCopy& s) {
+  plan_gather(layout.data(), l.blocks, l.e_loc, l.slots, l.M, l.fills.data(), first,
+              packed.data(), packed_bf16.data(), stride, [&](const parm::cuda::SegmentCopy& s) {
                 EXPECT_GT(s.copy, 0);
                 EXPECT_EQ(s.zero, 0);
                 apply(s);
@@ -94,7 +109,7 @@ void check_gather_and_scatter(const Layout& l) {
 
   // A bf16-only gather (the forward pass at bf16) writes the same bf16 rows and no fp32.
   std::vector<uint16_t> only_bf16(packed.size(), 0xdead);
-  plan_gather(layout.data(), l.blocks, l.e_loc, l.slots, l.M, l.fills.data(), nullptr,
+  plan_gather(layout.data(), l.blocks, l.e_loc, l.slots, l.M, l.fills.data(), first, nullptr,
               only_bf16.data(), stride, [&](const parm::cuda::SegmentCopy& s) {
                 EXPECT_EQ(s.dst, nullptr);
                 apply(s);
@@ -103,7 +118,7 @@ void check_gather_and_scatter(const Layout& l) {
 
   // Scatter back into a layout full of sentinels: filled rows come back where they were (plus
   // the expert's bias, from the fp32 or the bf16 rows), every empty slot is zero, and no
-  // element keeps its sentinel.
+  // element keeps its sentinel; packed, the spare rows past the routed ones keep theirs.
   std::vector<float> bias(static_cast<size_t>(l.e_loc * l.M));
   for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.25f * static_cast<float>(i + 1);
   for (int variant = 0; variant < 3; ++variant) {
@@ -112,14 +127,19 @@ void check_gather_and_scatter(const Layout& l) {
     std::vector<float> back(layout.size(), kSentinel);
     plan_scatter(from_bf16 ? nullptr : packed.data(), from_bf16 ? packed_bf16.data() : nullptr,
                  stride, with_bias ? bias.data() : nullptr, l.blocks, l.e_loc, l.slots, l.M,
-                 l.fills.data(), back.data(), [&](const parm::cuda::SegmentCopy& s) {
+                 l.fills.data(), first, back.data(), [&](const parm::cuda::SegmentCopy& s) {
                    EXPECT_EQ(s.dst_bf16, nullptr);
-                   EXPECT_EQ(s.copy + s.zero, l.slots * l.M);
+                   if (packed_layout)
+                     EXPECT_EQ(s.zero, 0);
+                   else
+                     EXPECT_EQ(s.copy + s.zero, l.slots * l.M);
                    apply(s);
                  });
+    for (int64_t i = routed * l.M; packed_layout && i < layout_rows * l.M; ++i)
+      ASSERT_EQ(back[static_cast<size_t>(i)], kSentinel) << "spare element " << i;
     for (int64_t b = 0; b < l.blocks; ++b)
       for (int64_t e = 0; e < l.e_loc; ++e)
-        for (int64_t s = 0; s < l.slots; ++s)
+        for (int64_t s = 0; s < held(b, e); ++s)
           for (int64_t c = 0; c < l.M; ++c) {
             float want = 0.0f;
             if (s < l.fills[static_cast<size_t>(b * l.e_loc + e)]) {
@@ -127,8 +147,8 @@ void check_gather_and_scatter(const Layout& l) {
               want = from_bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
               if (with_bias) want += bias[static_cast<size_t>(e * l.M + c)];
             }
-            ASSERT_EQ(back[static_cast<size_t>(segment_offset(b, e, l.e_loc, l.slots, l.M) +
-                                               s * l.M + c)],
+            ASSERT_EQ(back[static_cast<size_t>(
+                          segment_offset(b, e, l.e_loc, l.slots, l.M, first) + s * l.M + c)],
                       want)
                 << "b=" << b << " e=" << e << " s=" << s << " c=" << c;
           }
@@ -148,14 +168,41 @@ TEST(CudaExpertRows, GatherAndScatterFollowTheLayout) {
   for (const Layout& l : layouts) {
     SCOPED_TRACE(testing::Message() << "blocks=" << l.blocks << " E_loc=" << l.e_loc
                                     << " slots=" << l.slots << " M=" << l.M);
-    check_gather_and_scatter(l);
+    check_gather_and_scatter(l, false);
   }
+}
+
+// Dropless, packed: the segments back to back at the CPU's starts, on skewed fills (one
+// expert taking every slot of a block, segments and whole experts with none).
+TEST(CudaExpertRows, PackedGatherAndScatterReadTheCpuStarts) {
+  const Layout layouts[] = {
+      {1, 1, 4, 3, {2}},
+      {2, 3, 5, 2, {5, 0, 2, 3, 0, 5}},
+      {3, 2, 4, 5, {0, 4, 1, 0, 4, 3}},
+      {4, 2, 3, 2, {3, 0, 3, 0, 0, 0, 3, 0}},  // expert 0 takes everything, expert 1 nothing
+      {2, 4, 6, 3, {0, 0, 6, 0, 1, 0, 0, 2}},
+      {2, 2, 3, 4, {0, 0, 0, 0}},
+  };
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(testing::Message() << "packed blocks=" << l.blocks << " E_loc=" << l.e_loc
+                                    << " slots=" << l.slots << " M=" << l.M);
+    check_gather_and_scatter(l, true);
+  }
+}
+
+TEST(CudaExpertRows, PackedStartsOutsideTheBufferAreRefused) {
+  const std::vector<int32_t> fills = {2, 0, 3};
+  const std::vector<int64_t> ok = {0, 2, 2};
+  EXPECT_NO_THROW(check_starts(fills.data(), ok.data(), 3, 5));
+  EXPECT_THROW(check_starts(fills.data(), ok.data(), 3, 4), parm::Error);
+  const std::vector<int64_t> negative = {-1, 2, 2};
+  EXPECT_THROW(check_starts(fills.data(), negative.data(), 3, 5), parm::Error);
 }
 
 TEST(CudaExpertRows, ScatterOfZeroSlotsEmitsNothing) {
   const std::vector<int32_t> fills = {0, 0};
   int emitted = 0;
-  plan_scatter(nullptr, nullptr, 0, nullptr, 1, 2, 0, 8, fills.data(), nullptr,
+  plan_scatter(nullptr, nullptr, 0, nullptr, 1, 2, 0, 8, fills.data(), nullptr, nullptr,
                [&](const parm::cuda::SegmentCopy&) { ++emitted; });
   EXPECT_EQ(emitted, 0);
 }

@@ -489,6 +489,118 @@ TEST(CudaMoeMath, GateDispatchCombineMatchCpu) {
   EXPECT_GT(multi_chunk, 3);
 }
 
+// Dropless, packed layout: the device gate's renumbering (moe_pack_routing: packed_starts
+// and packed_row, emulated as its grid runs them) gives the rows and starts of the CPU's
+// moe::pack_routing, and the choice scatter (moe_scatter_choices) the CPU's packed dispatch
+// and combine-backward buffers; dispatch backward and combine forward read the packed rows.
+// Skewed routings: every token to experts 0..k-1 (uniform logits), or to the last expert
+// and its neighbours (a dominant logit), so some experts take every token and others none.
+TEST(CudaMoeMath, PackedRoutingMatchesCpu) {
+  const int64_t M = kModelDim;
+  int checked = 0, skewed = 0;
+  for (int64_t T : {1, 7, 300, 4500})
+    for (int64_t E : {1, 3, 8, 20})
+      for (int k : {1, 2, static_cast<int>(E)}) {
+        if (k > E) continue;
+        for (int variant = 0; variant < 3; ++variant) {
+          const GateCase c{T, E, k, T, T, variant == 1 ? Logits::kUniform : Logits::kRandom};
+          SCOPED_TRACE(c.name() + " variant " + std::to_string(variant));
+          Tensor x, wg;
+          make_gate_inputs(c, x, wg);
+          if (variant == 2) {  // feature 0 pulls every token to the last expert, then down
+            for (int64_t t = 0; t < T; ++t) x.at(t, 0) = 8.0f;
+            for (int64_t e = 0; e < E; ++e) wg.at(0, e) = static_cast<float>(e);
+          }
+          Tensor probs({T, E});
+          moe::GateRouting r;
+          std::vector<float> stats(static_cast<size_t>(2 * E + 1));
+          moe::gate_forward(x, wg, k, T, T, probs, r, stats.data());
+          const Slots s = emulate_slots(r.expert, T, E, k, T, T);
+          moe::pack_routing(r);
+
+          // The pack kernel: each block computes the starts, then renumbers its choices.
+          std::vector<int32_t> first(static_cast<size_t>(E), -7);
+          const int64_t routed = packed_starts(s.fill.data(), E, first.data());
+          ASSERT_EQ(routed, T * k) << "dropless routes every choice";
+          ASSERT_EQ(std::vector<int64_t>(first.begin(), first.end()), r.first);
+          std::vector<int32_t> row(s.row.size());
+          for (size_t ch = 0; ch < row.size(); ++ch) {
+            const int32_t e = r.expert[ch];
+            row[ch] = packed_row(s.row[ch], e, T, first[static_cast<size_t>(e)]);
+          }
+          ASSERT_EQ(std::vector<int64_t>(row.begin(), row.end()), r.row);
+
+          // Dispatch forward and the combine's dbuf: one "block" per choice.
+          auto scatter = [&](const float* src, const float* scale) {
+            std::vector<float> buf(static_cast<size_t>(routed * M), kNaN);
+            for (int64_t ch = 0; ch < T * k; ++ch) {
+              const int32_t rr = row[static_cast<size_t>(ch)];
+              if (rr < 0) continue;
+              const float* xs = src + choice_token(ch, k) * M;
+              for (int64_t m = 0; m < M; ++m)
+                buf[static_cast<size_t>(rr * M + m)] =
+                    scale == nullptr ? xs[m] : mul_nc(scale[ch], xs[m]);
+            }
+            return buf;
+          };
+          Tensor buf({routed, M});
+          buf.fill(kNaN);
+          moe::dispatch_forward(x, r, buf, false);
+          const std::vector<float> my_buf = scatter(x.data(), nullptr);
+          expect_bits(my_buf.data(), buf.data(), buf.numel(), "packed dispatch forward");
+
+          const Tensor ybuf = tensor_of(normal(routed * M, 11), {routed, M});
+          const Tensor dout = tensor_of(normal(T * M, 12), {T, M});
+          Tensor dbuf({routed, M});
+          dbuf.fill(kNaN);
+          std::vector<float> dweight;
+          moe::combine_backward(ybuf, dout, r, dbuf, dweight, false);
+          const std::vector<float> my_dbuf = scatter(dout.data(), r.weight.data());
+          expect_bits(my_dbuf.data(), dbuf.data(), dbuf.numel(), "packed combine backward dbuf");
+
+          // Combine forward and dispatch backward through the packed rows.
+          Tensor out({T, M});
+          moe::combine_forward(ybuf, r, out);
+          Tensor dx = tensor_of(normal(T * M, 13), {T, M});
+          std::vector<float> my_dx(dx.data(), dx.data() + dx.numel());
+          moe::dispatch_backward(ybuf, r, dx);
+          std::vector<float> my_out(static_cast<size_t>(T * M));
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t m = 0; m < M; ++m) {
+              const size_t i = static_cast<size_t>(t * M + m);
+              my_out[i] = combine_element(&row[static_cast<size_t>(t * k)],
+                                          &r.weight[static_cast<size_t>(t * k)], k,
+                                          ybuf.data(), M, m);
+              my_dx[i] = dispatch_backward_element(my_dx[i], &row[static_cast<size_t>(t * k)],
+                                                   k, ybuf.data(), M, m);
+            }
+          expect_bits(my_out.data(), out.data(), T * M, "packed combine forward");
+          expect_bits(my_dx.data(), dx.data(), T * M, "packed dispatch backward");
+          ++checked;
+          skewed += std::count(r.fill.begin(), r.fill.end(), 0) > 0 &&
+                    *std::max_element(r.fill.begin(), r.fill.end()) == T;
+          if (HasFatalFailure()) return;
+        }
+      }
+  std::printf("[ info ] %d packed cases, %d with an expert taking every token and one none\n",
+              checked, skewed);
+  EXPECT_GT(skewed, 10);
+}
+
+TEST(CudaMoeMath, PackedRowFollowsTheExpertsBefore) {
+  // fill (2, 0, 3): starts (0, 2, 2); slot 1 of expert 2 (row 2 * 5 + 1 with 5 slots) -> 3.
+  const int32_t fill[] = {2, 0, 3};
+  int32_t first[3] = {-1, -1, -1};
+  EXPECT_EQ(packed_starts(fill, 3, first), 5);
+  EXPECT_EQ(first[0], 0);
+  EXPECT_EQ(first[1], 2);
+  EXPECT_EQ(first[2], 2);
+  EXPECT_EQ(packed_row(11, 2, 5, first[2]), 3);
+  EXPECT_EQ(packed_row(1, 0, 5, first[0]), 1);
+  EXPECT_EQ(packed_row(-1, 2, 5, first[2]), -1);
+  EXPECT_EQ(choice_token(7, 2), 3);
+}
+
 TEST(CudaMoeMath, DotLanesMatchCpuForEveryLengthMod16) {
   // dot_lane + sum_lanes against the CPU combine's dweight for lengths around 16 multiples.
   for (int64_t M : {1, 5, 15, 16, 17, 31, 32, 33, 100}) {

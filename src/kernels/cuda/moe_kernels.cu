@@ -161,6 +161,29 @@ __global__ void __launch_bounds__(kSlotThreads)
   }
 }
 
+// ---- the packed layout ----
+
+constexpr int kPackThreads = 256;
+
+// Every block computes the starts (E small) into shared memory, block 0 also to `first`; then
+// each kept choice's row moves to its expert's start.
+__global__ void __launch_bounds__(kPackThreads)
+    pack_routing_kernel(const int32_t* expert, const int32_t* fill, int64_t choices,
+                        int64_t experts, int64_t slots, int32_t* row, int32_t* first) {
+  extern __shared__ int32_t s_first[];
+  if (threadIdx.x == 0) {
+    math::packed_starts(fill, experts, s_first);
+    if (blockIdx.x == 0)
+      for (int64_t e = 0; e < experts; ++e) first[e] = s_first[e];
+  }
+  __syncthreads();
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < choices;
+       c += int64_t{gridDim.x} * blockDim.x) {
+    const int32_t e = expert[c];
+    row[c] = math::packed_row(row[c], e, slots, s_first[e]);
+  }
+}
+
 // ---- dispatch / combine ----
 
 constexpr int kRowThreads = 128;
@@ -185,6 +208,39 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   const int64_t c = source[e * tokens + s];
   const float* src = x + (c / k) * model_dim;
+  if (scale == nullptr) {
+    if constexpr (kVec4) {
+      for (int64_t m = threadIdx.x; m < model_dim / 4; m += kRowThreads)
+        reinterpret_cast<float4*>(dst)[m] = reinterpret_cast<const float4*>(src)[m];
+    } else {
+      for (int64_t m = threadIdx.x; m < model_dim; m += kRowThreads) dst[m] = src[m];
+    }
+    return;
+  }
+  const float w = scale[c];
+  if constexpr (kVec4) {
+    for (int64_t m = threadIdx.x; m < model_dim / 4; m += kRowThreads) {
+      const float4 v = reinterpret_cast<const float4*>(src)[m];
+      reinterpret_cast<float4*>(dst)[m] =
+          make_float4(math::mul_nc(w, v.x), math::mul_nc(w, v.y), math::mul_nc(w, v.z),
+                      math::mul_nc(w, v.w));
+    }
+  } else {
+    for (int64_t m = threadIdx.x; m < model_dim; m += kRowThreads)
+      dst[m] = math::mul_nc(w, src[m]);
+  }
+}
+
+// One block per choice c: buf row row[c] (kept choices only).
+template <bool kVec4>
+__global__ void __launch_bounds__(kRowThreads)
+    scatter_choices_kernel(const float* x, const int32_t* row, const float* scale, int k,
+                           int64_t model_dim, float* buf) {
+  const int64_t c = blockIdx.x;
+  const int32_t r = row[c];
+  if (r < 0) return;
+  float* dst = buf + int64_t{r} * model_dim;
+  const float* src = x + math::choice_token(c, k) * model_dim;
   if (scale == nullptr) {
     if constexpr (kVec4) {
       for (int64_t m = threadIdx.x; m < model_dim / 4; m += kRowThreads)
@@ -395,6 +451,19 @@ void moe_slots_stats(const int32_t* expert, const float* probs, int64_t rows, in
   PARM_CUDA_CHECK_LAUNCH();
 }
 
+void moe_pack_routing(const int32_t* expert, const int32_t* fill, int64_t rows, int k,
+                      int64_t experts, int64_t slots, int32_t* row, int32_t* first) {
+  // The starts live in shared memory: 48 KiB hold 12288 experts.
+  PARM_KERNEL_CHECK(experts >= 1 && experts <= 12288 && k >= 1 && rows * k <= INT32_MAX,
+                    "moe_pack_routing: E = " + std::to_string(experts) + " (1 to 12288), k = " +
+                        std::to_string(k) + ", rows " + std::to_string(rows));
+  const int64_t choices = rows * k;
+  const unsigned grid = choices > 0 ? grid_for(choices, kPackThreads) : 1u;
+  pack_routing_kernel<<<grid, kPackThreads, static_cast<size_t>(experts) * sizeof(int32_t),
+                        stream()>>>(expert, fill, choices, experts, slots, row, first);
+  PARM_CUDA_CHECK_LAUNCH();
+}
+
 void moe_weights_backward(const int32_t* expert, const float* prob, const float* dweight,
                           const float* dpsum, int64_t rows, int64_t experts, int k,
                           float* dprobs) {
@@ -425,6 +494,21 @@ void moe_gather_slots(const float* x, const int32_t* source, const int32_t* fill
   else
     gather_slots_kernel<false><<<grid, kRowThreads, 0, stream()>>>(x, source, fill, scale, rows,
                                                                    k, slots, model_dim, buf);
+  PARM_CUDA_CHECK_LAUNCH();
+}
+
+void moe_scatter_choices(const float* x, const int32_t* row, const float* scale, int64_t rows,
+                         int k, int64_t model_dim, float* buf) {
+  const int64_t choices = rows * k;
+  if (choices == 0 || model_dim == 0) return;
+  check_grid(choices, "moe_scatter_choices");
+  const auto grid = static_cast<unsigned>(choices);
+  if (model_dim % 4 == 0 && aligned16(x) && aligned16(buf))
+    scatter_choices_kernel<true><<<grid, kRowThreads, 0, stream()>>>(x, row, scale, k,
+                                                                     model_dim, buf);
+  else
+    scatter_choices_kernel<false><<<grid, kRowThreads, 0, stream()>>>(x, row, scale, k,
+                                                                      model_dim, buf);
   PARM_CUDA_CHECK_LAUNCH();
 }
 

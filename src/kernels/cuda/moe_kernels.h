@@ -40,6 +40,13 @@ void moe_slots_stats(const int32_t* expert, const float* probs, int64_t rows, in
                      int k, int64_t capacity, int64_t slots, int32_t* row, int32_t* source,
                      int32_t* fill, float* stats);
 
+// Dropless, packed layout (moe::pack_routing): renumbers the kept rows of a routing from
+// moe_slots_stats (e * slots + slot) to first[e] + slot, first (E) = the exclusive prefix sum
+// of fill, computed on the device from fill (nothing is read on the host, so a captured
+// launch stays right for any counts). Overwrites row (rows * k choices) and first.
+void moe_pack_routing(const int32_t* expert, const int32_t* fill, int64_t rows, int k,
+                      int64_t experts, int64_t slots, int32_t* row, int32_t* first);
+
 // ---- gate backward ----
 
 // dprobs (rows, E) = dpsum (E) on every row, plus the adjoint of the combine weights w.r.t.
@@ -62,6 +69,13 @@ void moe_softmax_backward(const float* y, const float* dy, float* dx, int64_t ro
 void moe_gather_slots(const float* x, const int32_t* source, const int32_t* fill,
                       const float* scale, int64_t rows, int64_t experts, int k, int64_t slots,
                       int64_t model_dim, float* buf);
+
+// The packed layout's moe_gather_slots: buf row row[c] = scale[c] * x row c / k for every
+// kept choice c (scale null: a plain copy), the same values as moe_gather_slots writes;
+// rows no choice names are left as they are (dropless: never read or sent). buf holds at
+// least the routed rows.
+void moe_scatter_choices(const float* x, const int32_t* row, const float* scale, int64_t rows,
+                         int k, int64_t model_dim, float* buf);
 
 // dx (rows, M) += dbuf rows row[t * k + j] of the kept choices, added in choice order.
 // Accumulates.

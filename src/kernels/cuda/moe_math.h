@@ -232,6 +232,28 @@ PARM_HD inline int64_t assign_slots(const unsigned char* flag, int items, int64_
   return pos;
 }
 
+// ---- the packed layout of dropless routing (layer/packed_rows.h, moe::pack_routing) --------
+
+// first[e] = fill[0] + ... + fill[e - 1] for e in [0, experts) (rows); returns the total. The
+// device twin of parm::packed_starts: the pack kernel runs it where the fill counts live.
+PARM_HD inline int64_t packed_starts(const int32_t* fill, int64_t experts, int32_t* first) {
+  int64_t at = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    first[e] = static_cast<int32_t>(at);
+    at += fill[e];
+  }
+  return at;
+}
+
+// A choice's row in the packed layout: its slot in expert e (row - e * slots, the slot scan's
+// numbering) after the rows of the experts before e (first_e); a drop (-1) stays -1.
+PARM_HD inline int32_t packed_row(int32_t row, int64_t e, int64_t slots, int32_t first_e) {
+  return row < 0 ? -1 : static_cast<int32_t>(row - e * slots + first_e);
+}
+
+// The token whose x row choice c (= t * k + j) carries.
+PARM_HD inline int64_t choice_token(int64_t c, int k) { return c / k; }
+
 // ---- gate backward of one token (moe::gate_backward) --------------------------------------
 
 // dp (E) = dpsum (E), then += the adjoint of the combine weights w.r.t. the chosen

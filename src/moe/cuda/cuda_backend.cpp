@@ -53,8 +53,6 @@ const BackendSizes& checked(const BackendSizes& s) {
   PARM_CHECK(s.gate_rows * s.topk <= INT32_MAX && s.gate_rows * s.experts <= INT32_MAX,
              "CUDA backend: gate rows {} x (k {}, E {}) overflow the int32 routing",
              s.gate_rows, s.topk, s.experts);
-  PARM_CHECK(!s.packed, "CUDA backend: the packed dropless layout is the CPU backend's; a "
-             "CUDA layer builds its schedule with LayerSpec::packed = false (docs/dropless.md)");
   return s;
 }
 
@@ -85,6 +83,7 @@ CudaBackend::CudaBackend(Precision precision, const BackendSizes& sizes)
       row_(device_ints(sizes.gate_rows * sizes.topk)),
       source_(device_ints(sizes.experts * sizes.gate_rows)),
       fill_(device_ints(sizes.experts)),
+      first_(device_ints(sizes.packed ? sizes.experts : 0)),
       fill_host32_(static_cast<size_t>(sizes.experts), 0),
       fill_host_(static_cast<size_t>(sizes.experts), 0),
       stats_host_(static_cast<size_t>(2 * sizes.experts), 0.0f),
@@ -123,6 +122,10 @@ void CudaBackend::gate_forward(const Tensor& x, const Tensor& wg, int topk, int6
   clock.lap("top-k");
   parm::cuda::moe_slots_stats(expert_.data(), probs_.data(), rows, E, topk, capacity, slots,
                               row_.data(), source_.data(), fill_.data(), stats);
+  // Dropless, packed: rows first[e] + slot (moe::pack_routing), first from the device fills.
+  if (sizes_.packed)
+    parm::cuda::moe_pack_routing(expert_.data(), fill_.data(), rows, topk, E, slots, row_.data(),
+                                 first_.data());
   // fill() is host data: the one wait of the forward gate.
   cudaStream_t stream = parm::cuda::stream();
   PARM_CUDA_CHECK(cudaMemcpyAsync(fill_host32_.data(), fill_.data(),
@@ -159,6 +162,12 @@ const GateRouting& CudaBackend::routing() {
   device_copy(row32.data(), row_.data(), bytes);
   r.row.assign(row32.begin(), row32.end());
   r.fill = fill_host_;
+  r.first.clear();
+  if (sizes_.packed) {  // the device's starts, not the host's prefix sum: checks compare them
+    std::vector<int32_t> first32(static_cast<size_t>(sizes_.experts));
+    device_copy(first32.data(), first_.data(), first32.size() * sizeof(int32_t));
+    r.first.assign(first32.begin(), first32.end());
+  }
   return r;
 }
 
@@ -218,6 +227,17 @@ void CudaBackend::check_routed(const Tensor& tokens, const Tensor& slots_buf,
   PARM_CHECK(gated_, "CUDA backend: {} before any gate_forward", what);
   check_on_gpu(tokens, what);
   check_on_gpu(slots_buf, what);
+  if (sizes_.packed) {
+    int64_t routed = 0;
+    for (int64_t f : fill_host_) routed += f;
+    const int64_t M = tokens.cols();
+    PARM_CHECK(tokens.rows() == rows_ && M > 0 && slots_buf.numel() % M == 0 &&
+                   slots_buf.numel() / M >= routed,
+               "CUDA backend: {} with tokens {} and buffer {} after a gate of {} rows that "
+               "routed {} rows (packed: the buffer needs at least that many rows of {})",
+               what, shape_str(tokens.shape()), shape_str(slots_buf.shape()), rows_, routed, M);
+    return;
+  }
   PARM_CHECK(tokens.rows() == rows_ && slots_buf.numel() == sizes_.experts * slots_ * tokens.cols(),
              "CUDA backend: {} with tokens {} and buffer {} after a gate of {} rows into {} x {} "
              "slots",
@@ -227,6 +247,11 @@ void CudaBackend::check_routed(const Tensor& tokens, const Tensor& slots_buf,
 
 void CudaBackend::dispatch_forward(const Tensor& x, Tensor& buf) {
   check_routed(x, buf, "dispatch_forward");
+  if (sizes_.packed) {
+    parm::cuda::moe_scatter_choices(x.data(), row_.data(), nullptr, rows_, topk_, x.cols(),
+                                    buf.data());
+    return;
+  }
   parm::cuda::moe_gather_slots(x.data(), source_.data(), fill_.data(), nullptr, rows_,
                                sizes_.experts, topk_, slots_, x.cols(), buf.data());
 }
@@ -249,8 +274,12 @@ void CudaBackend::combine_backward(const Tensor& buf, const Tensor& dout, Tensor
   PARM_CHECK(dbuf.numel() == buf.numel(), "CUDA backend: combine_backward dbuf {} for buf {}",
              shape_str(dbuf.shape()), shape_str(buf.shape()));
   const int64_t M = dout.cols();
-  parm::cuda::moe_gather_slots(dout.data(), source_.data(), fill_.data(), weight_.data(), rows_,
-                               sizes_.experts, topk_, slots_, M, dbuf.data());
+  if (sizes_.packed)
+    parm::cuda::moe_scatter_choices(dout.data(), row_.data(), weight_.data(), rows_, topk_, M,
+                                    dbuf.data());
+  else
+    parm::cuda::moe_gather_slots(dout.data(), source_.data(), fill_.data(), weight_.data(),
+                                 rows_, sizes_.experts, topk_, slots_, M, dbuf.data());
   parm::cuda::moe_combine_dweight(buf.data(), dout.data(), row_.data(), rows_, topk_, M,
                                   dweight_.data());
   have_dweight_ = true;
@@ -261,17 +290,13 @@ void CudaBackend::combine_backward(const Tensor& buf, const Tensor& dout, Tensor
 void CudaBackend::experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks,
                                   int64_t slots, const int32_t* fills, const int64_t* first,
                                   bool add_b2, Tensor& out, PhaseTimes* times) {
-  PARM_CHECK(first == nullptr, "the CUDA experts take the (blocks, E_loc, slots) layout, not "
-             "the packed one (docs/dropless.md)");
-  experts_.forward(in, w, blocks, slots, fills, add_b2, out, times);
+  experts_.forward(in, w, blocks, slots, fills, first, add_b2, out, times);
 }
 
 void CudaBackend::experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
                                    int64_t slots, const int32_t* fills, const int64_t* first,
                                    ExpertShards& dw, Tensor& din, PhaseTimes* times) {
-  PARM_CHECK(first == nullptr, "the CUDA experts take the (blocks, E_loc, slots) layout, not "
-             "the packed one (docs/dropless.md)");
-  experts_.backward(dout, w, blocks, slots, fills, dw, din, times);
+  experts_.backward(dout, w, blocks, slots, fills, first, dw, din, times);
 }
 
 double CudaBackend::time_expert_products_us(const std::vector<int64_t>& rows,
@@ -310,7 +335,7 @@ Tensor CudaBackend::last_dweight() const {
 int64_t CudaBackend::held_bytes() const {
   int64_t b = experts_.held_bytes();
   for (const Tensor* t : {&probs_, &dprobs_, &prob_, &weight_, &dweight_}) b += t->bytes();
-  for (const DeviceInts* a : {&expert_, &row_, &source_, &fill_}) b += a->bytes();
+  for (const DeviceInts* a : {&expert_, &row_, &source_, &fill_, &first_}) b += a->bytes();
   return b;
 }
 

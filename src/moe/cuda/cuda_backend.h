@@ -52,7 +52,7 @@ class CudaBackend final : public LayerBackend {
   void combine_forward(const Tensor& buf, Tensor& out) override;
   void combine_backward(const Tensor& buf, const Tensor& dout, Tensor& dbuf) override;
 
-  // first must be null: the CUDA backend keeps the (blocks, E_loc, slots) layout.
+  // first (host; null: the (blocks, E_loc, slots) layout): the packed segments' starts.
   void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                        const int32_t* fills, const int64_t* first, bool add_b2, Tensor& out,
                        PhaseTimes* times) override;
@@ -88,7 +88,8 @@ class CudaBackend final : public LayerBackend {
     int64_t bytes() const { return count * static_cast<int64_t>(sizeof(int32_t)); }
   };
   static DeviceInts device_ints(int64_t count);
-  // Checks that the dispatch/combine calls follow a gate call and get tensors of its shape.
+  // Checks that the dispatch/combine calls follow a gate call and get tensors of its shape
+  // (packed: a buffer of M-wide rows holding at least the routed ones).
   void check_routed(const Tensor& tokens, const Tensor& slots_buf, const char* what) const;
 
   Precision precision_;
@@ -109,6 +110,7 @@ class CudaBackend final : public LayerBackend {
   DeviceInts row_;        // (T, k) dispatch-buffer rows, -1 dropped
   DeviceInts source_;     // (E, T) inverse map: choice index of each taken slot
   DeviceInts fill_;       // (E) slots taken
+  DeviceInts first_;      // (E) packed layout: expert e's first dispatch row (moe_pack_routing)
   // Host copies.
   std::vector<int32_t> fill_host32_;  // (E)
   std::vector<int64_t> fill_host_;    // (E)

@@ -188,7 +188,7 @@ DeviceExperts::Bf16Buffer DeviceExperts::bf16_buffer(int64_t elements) {
 
 void DeviceExperts::check_call(const ExpertShards& w, const Tensor& a, const Tensor& b,
                                int64_t blocks, int64_t slots, const int32_t* fills,
-                               const char* what) const {
+                               const int64_t* first, const char* what) const {
   const int64_t M = model_dim_, hl = hidden_;
   PARM_CHECK(w.w1.ndim() == 3 && w.w1.dim(0) == e_loc_ && w.w1.dim(1) == M && w.w1.dim(2) == hl &&
                  w.b1.numel() == e_loc_ * hl && w.w2.numel() == e_loc_ * hl * M &&
@@ -197,10 +197,13 @@ void DeviceExperts::check_call(const ExpertShards& w, const Tensor& a, const Ten
              shape_str(w.w1.shape()), shape_str(w.b1.shape()), shape_str(w.w2.shape()),
              shape_str(w.b2.shape()), e_loc_, M, hl);
   for (const Tensor* t : {&w.w1, &w.b1, &w.w2, &w.b2}) check_on_gpu(*t, "weight");
-  PARM_CHECK(blocks >= 0 && slots >= 0 && a.numel() == blocks * e_loc_ * slots * M &&
-                 b.numel() == a.numel(),
-             "device experts {}: buffers {} / {} for blocks={} E_loc={} slots={} M={}", what,
-             shape_str(a.shape()), shape_str(b.shape()), blocks, e_loc_, slots, M);
+  // Packed: the buffers hold the segments' rows back to back, at least the routed rows.
+  PARM_CHECK(blocks >= 0 && slots >= 0 && b.numel() == a.numel() &&
+                 (first != nullptr ? a.numel() % M == 0
+                                   : a.numel() == blocks * e_loc_ * slots * M),
+             "device experts {}: buffers {} / {} for blocks={} E_loc={} slots={} M={}{}", what,
+             shape_str(a.shape()), shape_str(b.shape()), blocks, e_loc_, slots, M,
+             first != nullptr ? " (packed rows)" : "");
   check_on_gpu(a, "buffer");
   check_on_gpu(b, "buffer");
   PARM_CHECK(blocks * slots <= max_rows_,
@@ -208,6 +211,7 @@ void DeviceExperts::check_call(const ExpertShards& w, const Tensor& a, const Ten
              max_rows_, blocks, slots);
   PARM_CHECK(fills != nullptr || blocks == 0, "device experts {}: no fill counts", what);
   check_fills(fills, blocks, e_loc_, slots);
+  if (first != nullptr) check_starts(fills, first, blocks * e_loc_, a.numel() / M);
 }
 
 parm::cuda::ExpertRows DeviceExperts::expert_rows(int64_t cols) const {
@@ -255,12 +259,16 @@ void DeviceExperts::set_graphs(bool on) {
 
 namespace {
 
-// key = the pass's tensors, sizes and fills (pass_graphs.h); overwritten.
+// key = the pass's tensors, sizes, fills and the packed segments' starts (first, when not
+// null: the copies' addresses are made of them) (pass_graphs.h); overwritten.
 void make_key(PassKey& key, std::initializer_list<const Tensor*> tensors,
-              std::initializer_list<int64_t> sizes, const int32_t* fills, int64_t num_fills) {
+              std::initializer_list<int64_t> sizes, const int32_t* fills, const int64_t* first,
+              int64_t num_fills) {
   key.clear();
   for (const Tensor* t : tensors) key.pointers.push_back(t->data());
   key.sizes.assign(sizes.begin(), sizes.end());
+  key.sizes.push_back(first != nullptr ? 1 : 0);
+  if (first != nullptr) key.sizes.insert(key.sizes.end(), first, first + num_fills);
   key.fills.assign(fills, fills + num_fills);
 }
 
@@ -288,24 +296,26 @@ void DeviceExperts::run_pass(GraphPolicy& policy, parm::cuda::StreamGraph& graph
 }
 
 void DeviceExperts::forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
-                            const int32_t* fills, bool add_b2, Tensor& out, PhaseTimes* times) {
-  check_call(w, in, out, blocks, slots, fills, "forward");
+                            const int32_t* fills, const int64_t* first, bool add_b2, Tensor& out,
+                            PhaseTimes* times) {
+  check_call(w, in, out, blocks, slots, fills, first, "forward");
   count_rows(fills, blocks, e_loc_, rows_);
   have_forward_ = true;
   const bool convert =
       precision_ == Precision::kBf16 && weight_copies_.stale(w.w1.data(), w.w2.data());
   if (times != nullptr || !fwd_policy_.enabled()) {
-    forward_work(in, w, blocks, slots, fills, add_b2, convert, out, times);
+    forward_work(in, w, blocks, slots, fills, first, add_b2, convert, out, times);
     return;
   }
   // Outside the pass's graph: a replay must not round the weights again when they are the
   // same, nor skip it when they changed.
   if (convert) convert_weights(w);
   make_key(key_, {&in, &out, &w.w1, &w.b1, &w.w2, &w.b2},
-           {blocks, slots, add_b2 ? 1 : 0, static_cast<int64_t>(gemm_.mode())}, fills,
+           {blocks, slots, add_b2 ? 1 : 0, static_cast<int64_t>(gemm_.mode())}, fills, first,
            blocks * e_loc_);
-  run_pass(fwd_policy_, fwd_graph_,
-           [&] { forward_work(in, w, blocks, slots, fills, add_b2, false, out, nullptr); });
+  run_pass(fwd_policy_, fwd_graph_, [&] {
+    forward_work(in, w, blocks, slots, fills, first, add_b2, false, out, nullptr);
+  });
 }
 
 void DeviceExperts::convert_weights(const ExpertShards& w) {
@@ -316,8 +326,8 @@ void DeviceExperts::convert_weights(const ExpertShards& w) {
 }
 
 void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_t blocks,
-                                 int64_t slots, const int32_t* fills, bool add_b2,
-                                 bool convert, Tensor& out, PhaseTimes* times) {
+                                 int64_t slots, const int32_t* fills, const int64_t* first,
+                                 bool add_b2, bool convert, Tensor& out, PhaseTimes* times) {
   const int64_t M = model_dim_, hl = hidden_;
   const bool bf16 = precision_ == Precision::kBf16;
   if (times != nullptr) device_sync();  // earlier queued work is not this step's
@@ -332,7 +342,7 @@ void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_
   auto add = [&](const SegmentCopy& s) { batch.add(s); };
 
   // Straight into the grouped products' row layout, in their operand type.
-  plan_gather(in.data(), blocks, e_loc_, slots, M, fills, bf16 ? nullptr : in_.data(),
+  plan_gather(in.data(), blocks, e_loc_, slots, M, fills, first, bf16 ? nullptr : in_.data(),
               bf16 ? in_bf16_.data() : nullptr, stride_m_, add);
   batch.flush();
   lap("rows in/out");
@@ -350,15 +360,16 @@ void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_
   lap("expert products");
   // The scatter adds b2 (fp32) to each output row on its way out.
   plan_scatter(bf16 ? nullptr : out_rows_.data(), bf16 ? out_bf16_.data() : nullptr, stride_m_,
-               add_b2 ? w.b2.data() : nullptr, blocks, e_loc_, slots, M, fills, out.data(), add);
+               add_b2 ? w.b2.data() : nullptr, blocks, e_loc_, slots, M, fills, first, out.data(),
+               add);
   batch.flush();
   lap("rows in/out");
 }
 
 void DeviceExperts::backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
-                             int64_t slots, const int32_t* fills, ExpertShards& dw, Tensor& din,
-                             PhaseTimes* times) {
-  check_call(w, dout, din, blocks, slots, fills, "backward");
+                             int64_t slots, const int32_t* fills, const int64_t* first,
+                             ExpertShards& dw, Tensor& din, PhaseTimes* times) {
+  check_call(w, dout, din, blocks, slots, fills, first, "backward");
   PARM_CHECK(dw.w1.numel() == w.w1.numel() && dw.b1.numel() == w.b1.numel() &&
                  dw.w2.numel() == w.w2.numel() && dw.b2.numel() == w.b2.numel(),
              "device experts backward: gradients dW1 {} db1 {} dW2 {} db2 {} do not match the "
@@ -373,18 +384,18 @@ void DeviceExperts::backward(const Tensor& dout, const ExpertShards& w, int64_t 
     PARM_CHECK_EQ(n, rows_[static_cast<size_t>(e)]);
   }
   if (times != nullptr || !bwd_policy_.enabled()) {
-    backward_work(dout, w, blocks, slots, fills, dw, din, times);
+    backward_work(dout, w, blocks, slots, fills, first, dw, din, times);
     return;
   }
   make_key(key_, {&dout, &din, &w.w1, &w.b1, &w.w2, &w.b2, &dw.w1, &dw.b1, &dw.w2, &dw.b2},
-           {blocks, slots, static_cast<int64_t>(gemm_.mode())}, fills, blocks * e_loc_);
+           {blocks, slots, static_cast<int64_t>(gemm_.mode())}, fills, first, blocks * e_loc_);
   run_pass(bwd_policy_, bwd_graph_,
-           [&] { backward_work(dout, w, blocks, slots, fills, dw, din, nullptr); });
+           [&] { backward_work(dout, w, blocks, slots, fills, first, dw, din, nullptr); });
 }
 
 void DeviceExperts::backward_work(const Tensor& dout, const ExpertShards& w, int64_t blocks,
-                                  int64_t slots, const int32_t* fills, ExpertShards& dw,
-                                  Tensor& din, PhaseTimes* times) {
+                                  int64_t slots, const int32_t* fills, const int64_t* first,
+                                  ExpertShards& dw, Tensor& din, PhaseTimes* times) {
   const int64_t M = model_dim_, hl = hidden_;
   const bool bf16 = precision_ == Precision::kBf16;
   if (times != nullptr) device_sync();
@@ -400,13 +411,27 @@ void DeviceExperts::backward_work(const Tensor& dout, const ExpertShards& w, int
   float* scratch = col_scratch_.data();
 
   // Straight into the products' row layout, in their operand type.
-  plan_gather(dout.data(), blocks, e_loc_, slots, M, fills, bf16 ? nullptr : d_out_.data(),
+  plan_gather(dout.data(), blocks, e_loc_, slots, M, fills, first, bf16 ? nullptr : d_out_.data(),
               bf16 ? d_out_bf16_.data() : nullptr, stride_m_, add);
   batch.flush();
   lap("rows in/out");
   // db2 from the exchange layout itself (fp32 at every precision), block by block: in block b
-  // expert e's filled rows are the first fills[b * E_loc + e] slots of its segment.
-  for (int64_t b = 0; b < blocks; ++b) {
+  // expert e's filled rows are the first fills[b * E_loc + e] slots of its segment. Packed,
+  // a block's segments have no common stride: one call per non-empty segment, each summing
+  // that segment's rows as the per-block call sums them.
+  for (int64_t b = 0; first != nullptr && b < blocks; ++b)
+    for (int64_t e = 0; e < e_loc_; ++e) {
+      block_rows_[0] = fills[b * e_loc_ + e];
+      if (block_rows_[0] == 0) continue;
+      parm::cuda::ExpertRows r;
+      r.rows = block_rows_.data();
+      r.experts = 1;
+      r.stride = block_rows_[0] * M;
+      r.cols = M;
+      parm::cuda::bias_backward(dout.data() + segment_offset(b, e, e_loc_, slots, M, first),
+                                dw.b2.data() + e * M, scratch, r);
+    }
+  for (int64_t b = 0; first == nullptr && b < blocks; ++b) {
     for (int64_t e = 0; e < e_loc_; ++e)
       block_rows_[static_cast<size_t>(e)] = fills[b * e_loc_ + e];
     parm::cuda::ExpertRows r;
@@ -435,7 +460,7 @@ void DeviceExperts::backward_work(const Tensor& dout, const ExpertShards& w, int
   run_product(ExpertProduct::kDX, rows_, M, hl, o, gemm_, problems_);
   lap("expert products");
   plan_scatter(bf16 ? nullptr : out_rows_.data(), bf16 ? out_bf16_.data() : nullptr, stride_m_,
-               nullptr, blocks, e_loc_, slots, M, fills, din.data(), add);
+               nullptr, blocks, e_loc_, slots, M, fills, first, din.data(), add);
   batch.flush();
   lap("rows in/out");
 }

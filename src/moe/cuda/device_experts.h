@@ -56,14 +56,18 @@ class DeviceExperts {
 
   // Same contract as moe::experts_forward: in/out (blocks, E_loc, slots, M) on the GPU, the
   // weights w on the GPU (fp32), fills on the HOST (int32, blocks * E_loc). Overwrites out
-  // (zero at empty slots). Keeps the rows and activations for backward().
+  // (zero at empty slots). Keeps the rows and activations for backward(). first (HOST, may
+  // be null; dropless, packed): segment [b, e] starts at row first[b * E_loc + e] of in/out,
+  // which then hold at least the routed rows (layer/packed_rows.h); only its rows are written.
   void forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
-               const int32_t* fills, bool add_b2, Tensor& out, PhaseTimes* times = nullptr);
+               const int32_t* fills, const int64_t* first, bool add_b2, Tensor& out,
+               PhaseTimes* times = nullptr);
   // Same contract as moe::experts_backward, after forward() with the same fills and weights:
   // accumulates dw (dW1, db1, dW2 of this shard, db2 whole), overwrites din (zero at empty
-  // slots).
+  // slots); first as in forward().
   void backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
-                const int32_t* fills, ExpertShards& dw, Tensor& din, PhaseTimes* times = nullptr);
+                const int32_t* fills, const int64_t* first, ExpertShards& dw, Tensor& din,
+                PhaseTimes* times = nullptr);
 
   // Filled rows per expert in the last forward().
   const std::vector<int64_t>& rows() const { return rows_; }
@@ -97,18 +101,20 @@ class DeviceExperts {
   parm::cuda::ExpertRows expert_rows(int64_t cols) const;
   Bf16Buffer bf16_buffer(int64_t elements);
   void check_call(const ExpertShards& w, const Tensor& a, const Tensor& b, int64_t blocks,
-                  int64_t slots, const int32_t* fills, const char* what) const;
+                  int64_t slots, const int32_t* fills, const int64_t* first,
+                  const char* what) const;
   // The operands of the six products in this workspace (dw may be null in the forward pass).
   ProductOperands operands(const ExpertShards& w, ExpertShards* dw);
   // The launches of each pass (after the checks; rows_ set), timed when times is not null.
   // convert: round W1 and W2 to bf16 first (in the pass, so that a breakdown times it).
   void forward_work(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
-                    const int32_t* fills, bool add_b2, bool convert, Tensor& out,
-                    PhaseTimes* times);
+                    const int32_t* fills, const int64_t* first, bool add_b2, bool convert,
+                    Tensor& out, PhaseTimes* times);
   // Rounds W1 and W2 to w1_bf16_, w2_bf16_ (queued) and records it.
   void convert_weights(const ExpertShards& w);
   void backward_work(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
-                     const int32_t* fills, ExpertShards& dw, Tensor& din, PhaseTimes* times);
+                     const int32_t* fills, const int64_t* first, ExpertShards& dw, Tensor& din,
+                     PhaseTimes* times);
   // Runs `work` as policy says for key_ (eagerly, captured then launched, or replayed).
   void run_pass(GraphPolicy& policy, parm::cuda::StreamGraph& graph,
                 const std::function<void()>& work);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda/expert_kernels.h"
+#include "kernels/cuda/host_device.h"
 #include "parm/error.h"
 
 namespace parm::moe::cuda {
@@ -43,18 +44,38 @@ inline int64_t expert_block_stride(int64_t max_rows, int64_t cols) {
   return (n + kExpertBlockAlign - 1) / kExpertBlockAlign * kExpertBlockAlign;
 }
 
-// Offset (elements) of segment [b, e]'s first row in the layout.
-inline int64_t segment_offset(int64_t b, int64_t e, int64_t e_loc, int64_t slots, int64_t M) {
-  return ((b * e_loc + e) * slots) * M;
+// Offset (elements) of segment [b, e]'s first row in the layout: at (b * E_loc + e) slots
+// rows, or, with `first` (dropless, packed: layer/packed_rows.h), at row first[b * E_loc + e].
+PARM_HD inline int64_t segment_offset(int64_t b, int64_t e, int64_t e_loc, int64_t slots,
+                                      int64_t M, const int64_t* first = nullptr) {
+  const int64_t i = b * e_loc + e;
+  return (first != nullptr ? first[i] : i * slots) * M;
+}
+
+// Rows of segment [b, e] a scatter zeroes after its f filled ones: the empty slots, none in
+// the packed layout (its segments hold their filled rows only).
+PARM_HD inline int64_t segment_empty_rows(int64_t slots, int64_t f, const int64_t* first) {
+  return first != nullptr ? 0 : slots - f;
+}
+
+// Throws unless every packed segment [first[i], first[i] + fills[i]) lies in a buffer of
+// `rows` rows.
+inline void check_starts(const int32_t* fills, const int64_t* first, int64_t segments,
+                         int64_t rows) {
+  for (int64_t i = 0; i < segments; ++i)
+    PARM_CHECK(first[i] >= 0 && first[i] + fills[i] <= rows,
+               "expert segment {} starts at row {} with {} rows, outside the buffer's {} rows "
+               "(corrupt packed starts)",
+               i, first[i], fills[i], rows);
 }
 
 // The gather: emit(SegmentCopy) for every non-empty segment, copying its filled rows from
-// `layout` to expert e's packed rows in fp32 (packed) and bf16 (packed_bf16), each when not
-// null (same offsets).
+// `layout` (segments at segment_offset(..., first); first may be null) to expert e's packed
+// rows in fp32 (packed) and bf16 (packed_bf16), each when not null (same offsets).
 template <class Emit>
 void plan_gather(const float* layout, int64_t blocks, int64_t e_loc, int64_t slots, int64_t M,
-                 const int32_t* fills, float* packed, uint16_t* packed_bf16, int64_t packed_stride,
-                 Emit&& emit) {
+                 const int32_t* fills, const int64_t* first, float* packed,
+                 uint16_t* packed_bf16, int64_t packed_stride, Emit&& emit) {
   for (int64_t e = 0; e < e_loc; ++e) {
     int64_t n = 0;  // rows of expert e so far
     for (int64_t b = 0; b < blocks; ++b) {
@@ -62,7 +83,7 @@ void plan_gather(const float* layout, int64_t blocks, int64_t e_loc, int64_t slo
       if (f > 0) {
         const int64_t dst = e * packed_stride + n * M;
         parm::cuda::SegmentCopy s;
-        s.src = layout + segment_offset(b, e, e_loc, slots, M);
+        s.src = layout + segment_offset(b, e, e_loc, slots, M, first);
         s.dst = packed != nullptr ? packed + dst : nullptr;
         s.dst_bf16 = packed_bf16 != nullptr ? packed_bf16 + dst : nullptr;
         s.copy = f * M;
@@ -74,14 +95,15 @@ void plan_gather(const float* layout, int64_t blocks, int64_t e_loc, int64_t slo
   }
 }
 
-// The scatter: emit(SegmentCopy) for every segment, copying expert e's packed rows (fp32
-// packed, or bf16 packed_bf16 when that is not null) plus bias + e * M (when bias, (E_loc, M),
-// is not null) into its filled slots and zeroing the empty ones, so the whole layout is
-// written.
+// The scatter: emit(SegmentCopy) for every segment with rows to write, copying expert e's
+// packed rows (fp32 packed, or bf16 packed_bf16 when that is not null) plus bias + e * M
+// (when bias, (E_loc, M), is not null) into its filled slots and zeroing the empty ones, so
+// the whole layout is written; with `first` (packed layout) its segments' rows, which are
+// all filled.
 template <class Emit>
 void plan_scatter(const float* packed, const uint16_t* packed_bf16, int64_t packed_stride,
                   const float* bias, int64_t blocks, int64_t e_loc, int64_t slots, int64_t M,
-                  const int32_t* fills, float* layout, Emit&& emit) {
+                  const int32_t* fills, const int64_t* first, float* layout, Emit&& emit) {
   if (slots * M == 0) return;
   for (int64_t e = 0; e < e_loc; ++e) {
     int64_t n = 0;
@@ -95,11 +117,11 @@ void plan_scatter(const float* packed, const uint16_t* packed_bf16, int64_t pack
         s.src = packed + src;
       s.bias = bias != nullptr ? bias + e * M : nullptr;
       s.cols = M;
-      s.dst = layout + segment_offset(b, e, e_loc, slots, M);
+      s.dst = layout + segment_offset(b, e, e_loc, slots, M, first);
       s.dst_bf16 = nullptr;
       s.copy = f * M;
-      s.zero = (slots - f) * M;
-      emit(s);
+      s.zero = segment_empty_rows(slots, f, first) * M;
+      if (s.copy + s.zero > 0) emit(s);
       n += f;
     }
   }
