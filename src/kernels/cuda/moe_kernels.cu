@@ -9,7 +9,10 @@
 //   contiguous items): positions are exact integers. The same block sums its column of the
 //   probabilities in a fixed tree.
 // - dispatch forward / dbuf of the combine backward: one block per buffer row, gathered
-//   through the inverse map `source` (every row written once, unfilled ones zeroed).
+//   through the inverse map `source` (every row written once, unfilled ones zeroed); in the
+//   packed layout one block per choice, written to its row (rows are distinct).
+// - the packed layout's renumbering: every block forms the expert starts in shared memory
+//   (one thread; E is small), then a grid-stride loop over the choices.
 // - dispatch backward, combine forward: one block per token, its k choices in order.
 // - combine dweight: 16 lanes (a half warp) per choice, lane l summing the elements
 //   i = l (mod 16) as the CPU's 16-lane dot product does, the partials added in lane order.
@@ -188,26 +191,11 @@ __global__ void __launch_bounds__(kPackThreads)
 
 constexpr int kRowThreads = 128;
 
-// One block per buffer row r = e * slots + s.
+// dst (model_dim) = scale[c] * x row c / k (scale null: a plain copy), by the block's threads.
 template <bool kVec4>
-__global__ void __launch_bounds__(kRowThreads)
-    gather_slots_kernel(const float* x, const int32_t* source, const int32_t* fill,
-                        const float* scale, int64_t tokens, int k, int64_t slots,
-                        int64_t model_dim, float* buf) {
-  const int64_t r = blockIdx.x;
-  const int64_t e = r / slots, s = r - e * slots;
-  float* dst = buf + r * model_dim;
-  if (s >= fill[e]) {
-    if constexpr (kVec4) {
-      for (int64_t m = threadIdx.x; m < model_dim / 4; m += kRowThreads)
-        reinterpret_cast<float4*>(dst)[m] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    } else {
-      for (int64_t m = threadIdx.x; m < model_dim; m += kRowThreads) dst[m] = 0.0f;
-    }
-    return;
-  }
-  const int64_t c = source[e * tokens + s];
-  const float* src = x + (c / k) * model_dim;
+__device__ __forceinline__ void write_choice_row(const float* x, int64_t c, const float* scale,
+                                                 int k, int64_t model_dim, float* dst) {
+  const float* src = x + math::choice_token(c, k) * model_dim;
   if (scale == nullptr) {
     if constexpr (kVec4) {
       for (int64_t m = threadIdx.x; m < model_dim / 4; m += kRowThreads)
@@ -231,6 +219,28 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// One block per buffer row r = e * slots + s.
+template <bool kVec4>
+__global__ void __launch_bounds__(kRowThreads)
+    gather_slots_kernel(const float* x, const int32_t* source, const int32_t* fill,
+                        const float* scale, int64_t tokens, int k, int64_t slots,
+                        int64_t model_dim, float* buf) {
+  const int64_t r = blockIdx.x;
+  const int64_t e = r / slots, s = r - e * slots;
+  float* dst = buf + r * model_dim;
+  if (s >= fill[e]) {
+    if constexpr (kVec4) {
+      for (int64_t m = threadIdx.x; m < model_dim / 4; m += kRowThreads)
+        reinterpret_cast<float4*>(dst)[m] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    } else {
+      for (int64_t m = threadIdx.x; m < model_dim; m += kRowThreads) dst[m] = 0.0f;
+    }
+    return;
+  }
+  const int64_t c = source[e * tokens + s];
+  write_choice_row<kVec4>(x, c, scale, k, model_dim, dst);
+}
+
 // One block per choice c: buf row row[c] (kept choices only).
 template <bool kVec4>
 __global__ void __launch_bounds__(kRowThreads)
@@ -239,29 +249,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t c = blockIdx.x;
   const int32_t r = row[c];
   if (r < 0) return;
-  float* dst = buf + int64_t{r} * model_dim;
-  const float* src = x + math::choice_token(c, k) * model_dim;
-  if (scale == nullptr) {
-    if constexpr (kVec4) {
-      for (int64_t m = threadIdx.x; m < model_dim / 4; m += kRowThreads)
-        reinterpret_cast<float4*>(dst)[m] = reinterpret_cast<const float4*>(src)[m];
-    } else {
-      for (int64_t m = threadIdx.x; m < model_dim; m += kRowThreads) dst[m] = src[m];
-    }
-    return;
-  }
-  const float w = scale[c];
-  if constexpr (kVec4) {
-    for (int64_t m = threadIdx.x; m < model_dim / 4; m += kRowThreads) {
-      const float4 v = reinterpret_cast<const float4*>(src)[m];
-      reinterpret_cast<float4*>(dst)[m] =
-          make_float4(math::mul_nc(w, v.x), math::mul_nc(w, v.y), math::mul_nc(w, v.z),
-                      math::mul_nc(w, v.w));
-    }
-  } else {
-    for (int64_t m = threadIdx.x; m < model_dim; m += kRowThreads)
-      dst[m] = math::mul_nc(w, src[m]);
-  }
+  write_choice_row<kVec4>(x, c, scale, k, model_dim, buf + int64_t{r} * model_dim);
 }
 
 // One block per token t.
