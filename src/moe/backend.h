@@ -32,9 +32,9 @@ struct BackendSizes {
   int64_t hidden_shard = 0;      // H / N_ESP
   int64_t max_expert_rows = 0;   // rows of one local expert across all blocks of the layout
   // Dropless: the most rows all local experts get together in one pass (0: E_loc x
-  // max_expert_rows, the capacity-factor bound). The CPU backend then packs the experts'
-  // workspace into one pool of this many rows (ExpertWorkspace); the CUDA one keeps
-  // max_expert_rows per expert.
+  // max_expert_rows, the capacity-factor bound). Both backends then pack the experts'
+  // workspace into one pool of this many rows per buffer (ExpertWorkspace; the CUDA
+  // DeviceExperts, each expert's rows aligned).
   int64_t max_local_rows = 0;
   // Dropless: only routed rows of the dispatch-path buffers are read or sent, so the dispatch
   // (and the combine's adjoint) leave the others unwritten instead of zeroing them.

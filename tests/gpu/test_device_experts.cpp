@@ -590,7 +590,9 @@ TEST(CudaDeviceExperts, Bf16LoopOfGemmsMatchesCpuExperts) {
 // parm::packed_starts of the fills, the CPU's numbering) gives the bits of the (blocks,
 // E_loc, slots) layout at every filled row and every weight gradient, writes no row past the
 // routed ones, and is captured and replayed from CUDA graphs like the unpacked pass (its key
-// holds the starts).
+// holds the starts). The same with the workspace pooled (max_total_rows: expert e's rows
+// after the experts before it, each start as aligned as a block's, so cuBLAS runs the same
+// kernels), in both layouts; a pool too small for the fills is refused before any work.
 TEST(CudaDeviceExperts, PackedLayoutGivesTheUnpackedBits) {
   PARM_SKIP_WITHOUT_GPU();
   uint64_t stream = 7000;
@@ -630,37 +632,65 @@ TEST(CudaDeviceExperts, PackedLayoutGivesTheUnpackedBits) {
     plain.backward(dout_plain, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, dw_plain,
                    din_plain);
     const Tensor out_want = pack(host(out_plain)), din_want = pack(host(din_plain));
-    // Packed, three passes with graphs on: eager, captured, replayed.
-    DeviceExperts dev(E, c.blocks * c.slots, M, hl, Precision::kFp32);
-    dev.set_graphs(true);
-    const Tensor in_p = gpu(pack(in)), dout_p = gpu(pack(dout));
-    for (int pass = 0; pass < 3; ++pass) {
+    auto expect_plain_grads = [&](const ExpertShards& dw, const std::string& what) {
+      expect_close(dw.w1, host(dw_plain.w1), 0.0, what + " dW1");
+      expect_close(dw.b1, host(dw_plain.b1), 0.0, what + " db1");
+      expect_close(dw.w2, host(dw_plain.w2), 0.0, what + " dW2");
+      expect_close(dw.b2, host(dw_plain.b2), 0.0, what + " db2");
+    };
+    // The pool: the routed rows, and at least one expert's most (the constructor's floor).
+    const int64_t pool_rows = std::max<int64_t>(routed, c.blocks * c.slots);
+    for (int64_t max_total_rows : {int64_t{0}, pool_rows}) {
+      const std::string ws = max_total_rows > 0 ? "pooled" : "blocks";
+      SCOPED_TRACE(ws + " workspace");
+      // Packed, three passes with graphs on: eager, captured, replayed.
+      DeviceExperts dev(E, c.blocks * c.slots, M, hl, Precision::kFp32, max_total_rows);
+      EXPECT_EQ(dev.pooled(), max_total_rows > 0);
+      dev.set_graphs(true);
+      const Tensor in_p = gpu(pack(in)), dout_p = gpu(pack(dout));
+      for (int pass = 0; pass < 3; ++pass) {
+        ExpertShards dw = zero_grads();
+        Tensor out = gpu_filled(packed, 7.0f), din = gpu_filled(packed, 7.0f);
+        dev.forward(in_p, w_gpu, c.blocks, c.slots, c.fills.data(), first.data(), c.add_b2, out);
+        dev.backward(dout_p, w_gpu, c.blocks, c.slots, c.fills.data(), first.data(), dw, din);
+        device_sync();
+        // Spare rows keep their 7s in both (pack() put 7s there too).
+        expect_close(out, out_want, 0.0, ws + " packed out, pass " + std::to_string(pass));
+        expect_close(din, din_want, 0.0, ws + " packed din, pass " + std::to_string(pass));
+        expect_plain_grads(dw, ws + " packed");
+      }
+      if (routed > 0) {
+        EXPECT_EQ(dev.forward_graphs().replays(), 1) << dev.graph_failures();
+        EXPECT_EQ(dev.backward_graphs().replays(), 1) << dev.graph_failures();
+      }
+      // Starts that leave the buffer are refused.
+      std::vector<int64_t> bad = first;
+      bad.back() = routed + 1;
+      Tensor out = gpu_filled(packed, 7.0f);
+      if (c.fills.back() > 0)
+        EXPECT_THROW(dev.forward(in_p, w_gpu, c.blocks, c.slots, c.fills.data(), bad.data(),
+                                 c.add_b2, out),
+                     parm::Error);
+      if (max_total_rows == 0) continue;
+      // The pooled workspace under the (blocks, E_loc, slots) layout: the plain bits.
       ExpertShards dw = zero_grads();
-      Tensor out = gpu_filled(packed, 7.0f), din = gpu_filled(packed, 7.0f);
-      dev.forward(in_p, w_gpu, c.blocks, c.slots, c.fills.data(), first.data(), c.add_b2, out);
-      dev.backward(dout_p, w_gpu, c.blocks, c.slots, c.fills.data(), first.data(), dw, din);
+      Tensor out_l = gpu_filled(layout, 7.0f), din_l = gpu_filled(layout, 7.0f);
+      dev.forward(in_plain, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, c.add_b2, out_l);
+      dev.backward(dout_plain, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, dw, din_l);
       device_sync();
-      // Spare rows keep their 7s in both (pack() put 7s there too).
-      expect_close(out, out_want, 0.0, "packed out, pass " + std::to_string(pass));
-      expect_close(din, din_want, 0.0, "packed din, pass " + std::to_string(pass));
-      expect_close(dw.w1, host(dw_plain.w1), 0.0, "packed dW1");
-      expect_close(dw.b1, host(dw_plain.b1), 0.0, "packed db1");
-      expect_close(dw.w2, host(dw_plain.w2), 0.0, "packed dW2");
-      expect_close(dw.b2, host(dw_plain.b2), 0.0, "packed db2");
+      expect_close(out_l, host(out_plain), 0.0, "pooled, unpacked layout: out");
+      expect_close(din_l, host(din_plain), 0.0, "pooled, unpacked layout: din");
+      expect_plain_grads(dw, "pooled, unpacked layout");
+      // Fills past the pool (each expert within its own max_rows) are refused.
+      const std::vector<int32_t> full(static_cast<size_t>(segments), static_cast<int32_t>(c.slots));
+      if (c.blocks * c.slots * E > max_total_rows)
+        EXPECT_THROW(dev.forward(in_plain, w_gpu, c.blocks, c.slots, full.data(), nullptr,
+                                 c.add_b2, out_l),
+                     parm::Error);
     }
-    if (routed > 0) {
-      EXPECT_EQ(dev.forward_graphs().replays(), 1) << dev.graph_failures();
-      EXPECT_EQ(dev.backward_graphs().replays(), 1) << dev.graph_failures();
-    }
-    // Starts that leave the buffer are refused.
-    std::vector<int64_t> bad = first;
-    bad.back() = routed + 1;
-    Tensor out = gpu_filled(packed, 7.0f);
-    if (c.fills.back() > 0)
-      EXPECT_THROW(dev.forward(in_p, w_gpu, c.blocks, c.slots, c.fills.data(), bad.data(),
-                               c.add_b2, out),
-                   parm::Error);
   }
+  // A pool smaller than one expert's most rows is refused.
+  EXPECT_THROW(DeviceExperts(2, 10, 8, 4, Precision::kFp32, 9), parm::Error);
 }
 
 // One DeviceExperts through several steps with different fills (a larger workspace than

@@ -13,6 +13,7 @@
 #include "kernels/cuda/expert_math.h"
 #include "layer/packed_rows.h"
 #include "moe/cuda/expert_rows.h"
+#include "moe/moe_ops.h"
 #include "parm/error.h"
 
 namespace parm::moe::cuda {
@@ -47,7 +48,9 @@ struct Layout {
   std::vector<int32_t> fills;  // (blocks, e_loc)
 };
 
-void check_gather_and_scatter(const Layout& l, bool packed_layout) {
+// packed_layout: the exchange layout's segments back to back (first); pooled: the experts'
+// packed rows in one pool (expert_row_offsets) instead of a block of `stride` each.
+void check_gather_and_scatter(const Layout& l, bool packed_layout, bool pooled) {
   const int64_t max_rows = l.blocks * l.slots;
   const int64_t stride = max_rows * l.M + 3;  // not the tight stride: offsets must use it
   // Packed: segment i at the CPU's packed_starts, and two spare rows past the routed ones.
@@ -74,13 +77,18 @@ void check_gather_and_scatter(const Layout& l, bool packed_layout) {
   count_rows(l.fills.data(), l.blocks, l.e_loc, rows);
   ASSERT_EQ(static_cast<int64_t>(rows.size()), l.e_loc);
 
-  // Gather: expert e's packed row n is the n-th filled row in block order; nothing else
-  // of the packed buffers is written.
-  std::vector<float> packed(static_cast<size_t>(l.e_loc * stride), kSentinel);
+  // Gather: expert e's packed row n is the n-th filled row in block order, at at[e]; nothing
+  // else of the packed buffers is written.
+  std::vector<int64_t> at(static_cast<size_t>(l.e_loc));
+  const int64_t used = expert_row_offsets(rows.data(), l.e_loc, l.M, pooled, stride, at.data());
+  const int64_t elements = pooled ? expert_pool_elements(routed, l.e_loc, l.M) : l.e_loc * stride;
+  ASSERT_LE(used, elements);
+  std::vector<float> packed(static_cast<size_t>(elements), kSentinel);
   std::vector<uint16_t> packed_bf16(packed.size(), 0xdead);
+  std::vector<char> expert_rows_here(packed.size(), 0);  // 1 where an expert's rows lie
   int emitted = 0;
   plan_gather(layout.data(), l.blocks, l.e_loc, l.slots, l.M, l.fills.data(), first,
-              packed.data(), packed_bf16.data(), stride, [&](const parm::cuda::SegmentCopy& s) {
+              packed.data(), packed_bf16.data(), at.data(), [&](const parm::cuda::SegmentCopy& s) {
                 EXPECT_GT(s.copy, 0);
                 EXPECT_EQ(s.zero, 0);
                 apply(s);
@@ -97,20 +105,23 @@ void check_gather_and_scatter(const Layout& l, bool packed_layout) {
     for (int64_t b = 0; b < l.blocks; ++b)
       for (int64_t s = 0; s < l.fills[static_cast<size_t>(b * l.e_loc + e)]; ++s, ++n)
         for (int64_t c = 0; c < l.M; ++c) {
-          const size_t i = static_cast<size_t>(e * stride + n * l.M + c);
+          const size_t i = static_cast<size_t>(at[static_cast<size_t>(e)] + n * l.M + c);
+          ASSERT_EQ(expert_rows_here[i], 0) << "experts' rows overlap at " << i;
+          expert_rows_here[i] = 1;
           ASSERT_EQ(packed[i], layout_value(b, e, s, c)) << "e=" << e << " b=" << b << " s=" << s;
           ASSERT_EQ(packed_bf16[i], f32_to_bf16(layout_value(b, e, s, c)));
         }
-    for (int64_t i = n * l.M; i < stride; ++i) {
-      ASSERT_EQ(packed[static_cast<size_t>(e * stride + i)], kSentinel) << "e=" << e << " i=" << i;
-      ASSERT_EQ(packed_bf16[static_cast<size_t>(e * stride + i)], 0xdead);
-    }
   }
+  for (size_t i = 0; i < packed.size(); ++i)
+    if (expert_rows_here[i] == 0) {
+      ASSERT_EQ(packed[i], kSentinel) << "i=" << i;
+      ASSERT_EQ(packed_bf16[i], 0xdead) << "i=" << i;
+    }
 
   // A bf16-only gather (the forward pass at bf16) writes the same bf16 rows and no fp32.
   std::vector<uint16_t> only_bf16(packed.size(), 0xdead);
   plan_gather(layout.data(), l.blocks, l.e_loc, l.slots, l.M, l.fills.data(), first, nullptr,
-              only_bf16.data(), stride, [&](const parm::cuda::SegmentCopy& s) {
+              only_bf16.data(), at.data(), [&](const parm::cuda::SegmentCopy& s) {
                 EXPECT_EQ(s.dst, nullptr);
                 apply(s);
               });
@@ -126,7 +137,7 @@ void check_gather_and_scatter(const Layout& l, bool packed_layout) {
     const bool from_bf16 = variant == 2, with_bias = variant > 0;
     std::vector<float> back(layout.size(), kSentinel);
     plan_scatter(from_bf16 ? nullptr : packed.data(), from_bf16 ? packed_bf16.data() : nullptr,
-                 stride, with_bias ? bias.data() : nullptr, l.blocks, l.e_loc, l.slots, l.M,
+                 at.data(), with_bias ? bias.data() : nullptr, l.blocks, l.e_loc, l.slots, l.M,
                  l.fills.data(), first, back.data(), [&](const parm::cuda::SegmentCopy& s) {
                    EXPECT_EQ(s.dst_bf16, nullptr);
                    if (packed_layout)
@@ -168,7 +179,10 @@ TEST(CudaExpertRows, GatherAndScatterFollowTheLayout) {
   for (const Layout& l : layouts) {
     SCOPED_TRACE(testing::Message() << "blocks=" << l.blocks << " E_loc=" << l.e_loc
                                     << " slots=" << l.slots << " M=" << l.M);
-    check_gather_and_scatter(l, false);
+    for (bool pooled : {false, true}) {
+      SCOPED_TRACE(pooled ? "pooled workspace" : "a block per expert");
+      check_gather_and_scatter(l, false, pooled);
+    }
   }
 }
 
@@ -186,7 +200,10 @@ TEST(CudaExpertRows, PackedGatherAndScatterReadTheCpuStarts) {
   for (const Layout& l : layouts) {
     SCOPED_TRACE(testing::Message() << "packed blocks=" << l.blocks << " E_loc=" << l.e_loc
                                     << " slots=" << l.slots << " M=" << l.M);
-    check_gather_and_scatter(l, true);
+    for (bool pooled : {false, true}) {
+      SCOPED_TRACE(pooled ? "pooled workspace" : "a block per expert");
+      check_gather_and_scatter(l, true, pooled);
+    }
   }
 }
 
@@ -202,7 +219,8 @@ TEST(CudaExpertRows, PackedStartsOutsideTheBufferAreRefused) {
 TEST(CudaExpertRows, ScatterOfZeroSlotsEmitsNothing) {
   const std::vector<int32_t> fills = {0, 0};
   int emitted = 0;
-  plan_scatter(nullptr, nullptr, 0, nullptr, 1, 2, 0, 8, fills.data(), nullptr, nullptr,
+  const std::vector<int64_t> at = {0, 0};
+  plan_scatter(nullptr, nullptr, at.data(), nullptr, 1, 2, 0, 8, fills.data(), nullptr, nullptr,
                [&](const parm::cuda::SegmentCopy&) { ++emitted; });
   EXPECT_EQ(emitted, 0);
 }
@@ -223,6 +241,71 @@ TEST(CudaExpertRows, ExpertBlocksAreAlignedAndHoldTheirRows) {
   EXPECT_EQ(expert_block_stride(64, 1), 64);
   EXPECT_EQ(expert_block_stride(65, 1), 128);
   static_assert(kExpertBlockAlign * sizeof(uint16_t) % 16 == 0, "16-byte bf16 blocks");
+}
+
+// Dropless: the GPU workspace pool puts expert e's rows where the CPU backend's
+// ExpertWorkspace does (first[e] = the rows of the experts before it), on skewed fills (one
+// expert taking every row, experts with none): the same element when the row width is a
+// multiple of kExpertBlockAlign, otherwise no more than the alignment of the experts before
+// it further on; aligned, not overlapping, inside expert_pool_elements of the CPU's bound.
+// With a capacity factor every expert keeps its block at e * stride (the addresses the
+// experts had before the pool).
+TEST(CudaExpertRows, PooledOffsetsAreTheCpuWorkspaceStarts) {
+  struct Case {
+    int64_t blocks, e_loc, slots;
+    std::vector<int32_t> fills;  // (blocks, e_loc)
+  };
+  const Case cases[] = {
+      {1, 1, 4, {3}},
+      {2, 3, 5, {5, 0, 2, 3, 0, 5}},
+      {2, 4, 6, {0, 6, 0, 0, 0, 6, 0, 0}},           // expert 1 takes every row, the rest none
+      {3, 4, 3, {3, 0, 1, 2, 0, 0, 3, 3, 1, 0, 0, 3}},
+      {2, 3, 4, {0, 0, 4, 0, 0, 4}},                 // only the last expert
+      {2, 2, 3, {0, 0, 0, 0}},
+  };
+  for (const Case& c : cases) {
+    std::vector<int64_t> rows;
+    count_rows(c.fills.data(), c.blocks, c.e_loc, rows);
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;
+    const int64_t max_rows = c.blocks * c.slots;
+    const int64_t bound = c.e_loc * max_rows;  // what the CPU pool is reserved for
+    for (const auto& dims : {std::vector<int64_t>{64, 128}, std::vector<int64_t>{3, 100}}) {
+      const int64_t M = dims[0], hl = dims[1];
+      SCOPED_TRACE(testing::Message() << "blocks=" << c.blocks << " E_loc=" << c.e_loc
+                                      << " slots=" << c.slots << " M=" << M << " Hl=" << hl);
+      ExpertWorkspace ws;
+      ws.reserve(c.e_loc, max_rows, M, hl, Precision::kFp32, bound);
+      for (int64_t e = 0; e < c.e_loc; ++e) ws.place(e, rows[static_cast<size_t>(e)]);
+      for (int64_t cols : {M, hl}) {
+        std::vector<int64_t> at(static_cast<size_t>(c.e_loc));
+        const int64_t end = expert_row_offsets(rows.data(), c.e_loc, cols, true, 0, at.data());
+        EXPECT_LE(end, expert_pool_elements(total, c.e_loc, cols));
+        EXPECT_LE(end, expert_pool_elements(bound, c.e_loc, cols));
+        for (int64_t e = 0; e < c.e_loc; ++e) {
+          const auto i = static_cast<size_t>(e);
+          // The CPU's element offset of expert e's rows in its pool of this width.
+          const int64_t cpu = cols == M ? ws.in_rows(e) - ws.in[0].data()
+                                        : ws.pre_rows(e) - ws.pre[0].data();
+          EXPECT_EQ(cpu, ws.first[i] * cols);
+          if (cols % kExpertBlockAlign == 0) {
+            EXPECT_EQ(at[i], cpu) << "e=" << e;
+          } else {
+            EXPECT_GE(at[i], cpu) << "e=" << e;
+            EXPECT_LE(at[i], cpu + e * (kExpertBlockAlign - 1)) << "e=" << e;
+          }
+          EXPECT_EQ(at[i] % kExpertBlockAlign, 0) << "e=" << e;
+          const int64_t next = e + 1 < c.e_loc ? at[i + 1] : end;
+          EXPECT_LE(at[i] + rows[i] * cols, next) << "e=" << e << " overlaps the next expert";
+        }
+        // A block per expert: at e * stride whatever the fills.
+        const int64_t stride = expert_block_stride(max_rows, cols);
+        EXPECT_EQ(expert_row_offsets(rows.data(), c.e_loc, cols, false, stride, at.data()),
+                  c.e_loc * stride);
+        for (int64_t e = 0; e < c.e_loc; ++e) EXPECT_EQ(at[static_cast<size_t>(e)], e * stride);
+      }
+    }
+  }
 }
 
 TEST(CudaExpertRows, FillCountsOutOfRangeAreRefused) {

@@ -29,22 +29,24 @@ __device__ inline float load(const void* p, bool bf16, int64_t i) {
               : static_cast<const float*>(p)[i];
 }
 
-// The per-expert row counts of one launch (kernel argument), block y (or z) = expert.
+// The per-expert row counts and first elements (ExpertRows::at) of one launch (kernel
+// argument), block y (or z) = expert.
 struct RowTable {
+  int64_t at[kMaxExpertsPerLaunch];
   int32_t rows[kMaxExpertsPerLaunch];
 };
-static_assert(sizeof(RowTable) <= 1024, "kernel arguments are limited to 4 KiB in all");
+static_assert(sizeof(RowTable) <= 3 * 1024, "kernel arguments are limited to 4 KiB in all");
 
-// Block y = expert e of the launch: a grid-stride loop over its rows[e] x cols elements at
-// e * stride. The column is found with a modulo; Index is uint32_t whenever the indices fit
-// (a 64-bit modulo costs several times more on the GPU).
+// Block y = expert e of the launch: a grid-stride loop over its rows[e] x cols elements from
+// element at[e]. The column is found with a modulo; Index is uint32_t whenever the indices
+// fit (a 64-bit modulo costs several times more on the GPU).
 template <class Index>
 __global__ void bias_gelu_kernel(const void* pre, bool pre_bf16, const float* __restrict__ bias,
                                  float* __restrict__ act, uint16_t* __restrict__ act_bf16,
-                                 const RowTable table, int64_t stride, Index cols) {
+                                 const RowTable table, Index cols) {
   const int64_t e = blockIdx.y;
   const Index n = static_cast<Index>(table.rows[e]) * cols;
-  const int64_t base = e * stride;
+  const int64_t base = table.at[e];
   const float* b = bias + e * static_cast<int64_t>(cols);
   const Index step = static_cast<Index>(gridDim.x) * blockDim.x;
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
@@ -80,7 +82,7 @@ __global__ void column_partials_kernel(const void* pre, bool pre_bf16, const flo
                                        const void* src, bool src_bf16, float* dpre,
                                        uint16_t* dpre_bf16, float* partial,
                                        int64_t partial_stride, const RowTable table,
-                                       int64_t stride, int64_t cols) {
+                                       int64_t cols) {
   __shared__ float tile[kRowThreads][kColTile + 1];
   const int64_t e = blockIdx.z;
   const int64_t rows = table.rows[e];
@@ -88,7 +90,7 @@ __global__ void column_partials_kernel(const void* pre, bool pre_bf16, const flo
   if (r0 >= rows) return;  // the whole block: no thread reaches the barriers below
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
   const int64_t r1 = r0 + kColumnSumChunkRows < rows ? r0 + kColumnSumChunkRows : rows;
-  const int64_t base = e * stride;
+  const int64_t base = table.at[e];
   float sum = 0.0f;
   if (col < cols) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
@@ -127,7 +129,7 @@ __global__ void column_finish_kernel(const float* __restrict__ partial, int64_t 
 }
 
 // Calls launch(table, first, num, most) for each launch's experts [first, first + num):
-// table = their row counts, most = the largest of them.
+// table = their row counts and first elements, most = the largest count.
 template <class Launch>
 void for_expert_launches(const ExpertRows& r, Launch&& launch) {
   for (int64_t first = 0; first < r.experts; first += kMaxExpertsPerLaunch) {
@@ -137,6 +139,7 @@ void for_expert_launches(const ExpertRows& r, Launch&& launch) {
     for (int64_t e = 0; e < num; ++e) {
       const int64_t rows = r.rows[first + e];
       table.rows[e] = static_cast<int32_t>(rows);
+      table.at[e] = r.at != nullptr ? r.at[first + e] : (first + e) * r.stride;
       most = std::max(most, rows);
     }
     if (most > 0 && r.cols > 0) launch(table, first, num, most);
@@ -152,22 +155,15 @@ void column_sums(Values pre, const float* bias, Values src, float* dpre, uint16_
     const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile),
                     static_cast<unsigned>(chunks), static_cast<unsigned>(num));
     const dim3 block(kColTile, kRowThreads);
-    const int64_t at = first * r.stride;  // the launch's first row block
-    auto shift = [at](const void* p, bool bf16) -> const void* {
-      if (p == nullptr) return nullptr;
-      return static_cast<const char*>(p) + at * (bf16 ? 2 : 4);
-    };
     cudaStream_t s = stream();
     if (gelu)
       column_partials_kernel<true><<<grid, block, 0, s>>>(
-          shift(pre.data, pre.bf16), pre.bf16, bias + first * cols, shift(src.data, src.bf16),
-          src.bf16, dpre != nullptr ? dpre + at : nullptr,
-          dpre_bf16 != nullptr ? dpre_bf16 + at : nullptr, scratch, partial_stride, table,
-          r.stride, cols);
+          pre.data, pre.bf16, bias + first * cols, src.data, src.bf16, dpre, dpre_bf16, scratch,
+          partial_stride, table, cols);
     else
-      column_partials_kernel<false><<<grid, block, 0, s>>>(
-          nullptr, false, nullptr, shift(src.data, src.bf16), src.bf16, nullptr, nullptr,
-          scratch, partial_stride, table, r.stride, cols);
+      column_partials_kernel<false><<<grid, block, 0, s>>>(nullptr, false, nullptr, src.data,
+                                                           src.bf16, nullptr, nullptr, scratch,
+                                                           partial_stride, table, cols);
     PARM_CUDA_CHECK_LAUNCH();
     const dim3 finish(std::min<unsigned>(grid_for(cols), 64u), static_cast<unsigned>(num));
     column_finish_kernel<<<finish, kThreads, 0, s>>>(scratch, partial_stride, table, cols,
@@ -264,18 +260,14 @@ ExpertRows one_expert(const int64_t* rows, int64_t cols) {
 void bias_gelu(Values pre, const float* bias, float* act, uint16_t* act_bf16, const ExpertRows& r) {
   for_expert_launches(r, [&](const RowTable& table, int64_t first, int64_t num, int64_t most) {
     const int64_t n = most * r.cols;
-    const int64_t at = first * r.stride;
-    const void* p = static_cast<const char*>(pre.data) + at * (pre.bf16 ? 2 : 4);
     const dim3 grid(std::min<unsigned>(grid_for(n), 4096u), static_cast<unsigned>(num));
-    float* a = act != nullptr ? act + at : nullptr;
-    uint16_t* ab = act_bf16 != nullptr ? act_bf16 + at : nullptr;
     const float* b = bias + first * r.cols;
     if (fits_u32(n))
       bias_gelu_kernel<uint32_t><<<grid, kThreads, 0, stream()>>>(
-          p, pre.bf16, b, a, ab, table, r.stride, static_cast<uint32_t>(r.cols));
+          pre.data, pre.bf16, b, act, act_bf16, table, static_cast<uint32_t>(r.cols));
     else
       bias_gelu_kernel<int64_t>
-          <<<grid, kThreads, 0, stream()>>>(p, pre.bf16, b, a, ab, table, r.stride, r.cols);
+          <<<grid, kThreads, 0, stream()>>>(pre.data, pre.bf16, b, act, act_bf16, table, r.cols);
     PARM_CUDA_CHECK_LAUNCH();
   });
 }

@@ -29,15 +29,17 @@ inline Values bf16_values(const uint16_t* p) { return Values{p, true}; }
 
 // The local experts' row blocks, for kernels that cover every expert in one launch (a
 // launch per kMaxExpertsPerLaunch experts): expert e's filled rows, rows[e] of them with cols
-// values each, start at element e * stride of every per-expert row buffer; its bias (and
-// bias gradient) is at e * cols. rows is host memory, read when the call is made; every count
-// fits an int32 and rows[e] * cols <= stride (the callers check).
+// values each, start at element at[e] of every row buffer the call is given (or e * stride
+// when `at` is null: one block per expert); its bias (and bias gradient) is at e * cols. rows
+// and at are host memory, read when the call is made; every count fits an int32 and no two
+// experts' rows overlap (the callers check).
 inline constexpr int64_t kMaxExpertsPerLaunch = 256;
 struct ExpertRows {
   const int64_t* rows = nullptr;  // (experts)
   int64_t experts = 0;
   int64_t stride = 0;
   int64_t cols = 0;
+  const int64_t* at = nullptr;    // (experts) or null
 };
 // Scratch floats of the column sums over the experts of `r`: the chunk partials of the
 // experts of one launch, each expert's at (its index in the launch) x the largest count.

@@ -89,7 +89,7 @@ CudaBackend::CudaBackend(Precision precision, const BackendSizes& sizes)
       stats_host_(static_cast<size_t>(2 * sizes.experts), 0.0f),
       dstats_host_(static_cast<size_t>(2 * sizes.experts), 0.0f),
       experts_(sizes.local_experts, sizes.max_expert_rows, sizes.model_dim, sizes.hidden_shard,
-               precision) {
+               precision, sizes.max_local_rows) {
   experts_.set_graphs(cuda_graphs_from_env());
 }
 

@@ -22,10 +22,11 @@ using parm::cuda::GemmType;
 using parm::cuda::GroupedGemm;
 using parm::cuda::SegmentCopy;
 
-// Per expert e, the operands of the six products (expert_products.h) at
-// base + e * stride: GEMM inputs in the operand type (fp32 or bf16, in_elem bytes each), the
-// row outputs (pre, out, dact, dx) in rows_type's output type, the weight gradients fp32.
-// Row buffers are (R, cols) blocks per expert, weights (M, Hl) or (Hl, M).
+// Per expert e, the operands of the six products (expert_products.h): row buffers at
+// base + rows_m_at[e] or rows_h_at[e] elements (expert_row_offsets), weights at
+// base + e * weight_stride. GEMM inputs in the operand type (fp32 or bf16, in_elem bytes
+// each), the row outputs (pre, out, dact, dx) in rows_type's output type, the weight
+// gradients fp32. Row buffers hold (rows, cols) per expert, weights (M, Hl) or (Hl, M).
 struct ProductOperands {
   GemmType rows_type = GemmType::kF32;    // pre, out, dact, dx: kF32 or kBf16ToBf16
   GemmType weight_type = GemmType::kF32;  // dW1, dW2 (fp32 C): kF32 or kBf16
@@ -42,9 +43,9 @@ struct ProductOperands {
   void* dact = nullptr;        // (R, Hl)
   float* dw1 = nullptr;        // (M, Hl) accumulated
   void* dx = nullptr;          // (R, M)
-  int64_t rows_m_stride = 0;   // elements per expert of an (R, M) buffer
-  int64_t rows_h_stride = 0;   // of an (R, Hl) buffer
-  int64_t weight_stride = 0;   // of a weight: M * Hl
+  const int64_t* rows_m_at = nullptr;  // (experts) expert e's first element, (R, M) buffers
+  const int64_t* rows_h_at = nullptr;  // of (R, Hl) buffers
+  int64_t weight_stride = 0;           // elements per expert of a weight: M * Hl
 };
 
 namespace {
@@ -72,7 +73,7 @@ void run_product(ExpertProduct p, const std::vector<int64_t>& rows, int64_t M, i
     if (r == 0) continue;
     const GemmCall g = expert_gemm(p, r, M, hl);
     const int64_t ei = static_cast<int64_t>(e);
-    const int64_t rm = ei * o.rows_m_stride, rh = ei * o.rows_h_stride, w = ei * o.weight_stride;
+    const int64_t rm = o.rows_m_at[e], rh = o.rows_h_at[e], w = ei * o.weight_stride;
     GemmProblem q;
     q.m = g.m;
     q.n = g.n;
@@ -136,28 +137,41 @@ void check_on_gpu(const Tensor& t, const char* name) {
 
 }  // namespace
 
-DeviceExperts::DeviceExperts(int64_t e_loc, int64_t max_rows, int64_t M, int64_t hl, Precision p)
+DeviceExperts::DeviceExperts(int64_t e_loc, int64_t max_rows, int64_t M, int64_t hl, Precision p,
+                             int64_t max_total_rows)
     : e_loc_(e_loc),
       max_rows_(max_rows),
       model_dim_(M),
       hidden_(hl),
+      max_total_rows_(max_total_rows),
       stride_m_(expert_block_stride(max_rows, M)),
       stride_h_(expert_block_stride(max_rows, hl)),
+      elems_m_(max_total_rows > 0 ? expert_pool_elements(max_total_rows, e_loc, M)
+                                  : e_loc * stride_m_),
+      elems_h_(max_total_rows > 0 ? expert_pool_elements(max_total_rows, e_loc, hl)
+                                  : e_loc * stride_h_),
       precision_(p),
       gemm_(std::max<int64_t>(1, e_loc)) {
   PARM_CHECK(e_loc >= 1 && max_rows >= 0 && M >= 1 && hl >= 1,
              "DeviceExperts: bad sizes E_loc={} max_rows={} M={} Hl={}", e_loc, max_rows, M, hl);
   PARM_CHECK(max_rows <= std::numeric_limits<int32_t>::max(),
              "DeviceExperts: {} rows per expert do not fit the kernels' int32 row counts", max_rows);
+  PARM_CHECK(max_total_rows == 0 || max_total_rows >= max_rows,
+             "DeviceExperts: a pool of {} rows for E_loc={} experts of up to {} rows each; it "
+             "must hold at least {} (one expert may take every row), or be 0 (a block per expert)",
+             max_total_rows, e_loc, max_rows, max_rows);
   rows_.assign(static_cast<size_t>(e_loc), 0);
+  at_m_.assign(static_cast<size_t>(e_loc), 0);
+  at_h_.assign(static_cast<size_t>(e_loc), 0);
   problems_.reserve(static_cast<size_t>(e_loc));
   auto device = [this](int64_t elements) {
     Tensor t({std::max<int64_t>(1, elements)}, Device::kCuda);
     held_bytes_ += t.bytes();
     return t;
   };
-  const int64_t rows_m = e_loc * stride_m_, rows_h = e_loc * stride_h_;
+  const int64_t rows_m = elems_m_, rows_h = elems_h_;
   block_rows_.assign(static_cast<size_t>(e_loc), 0);
+  block_at_.assign(static_cast<size_t>(e_loc), 0);
   const int64_t launch = std::min(e_loc, parm::cuda::kMaxExpertsPerLaunch);
   col_scratch_ = device(launch * parm::cuda::column_sum_scratch_floats(max_rows, std::max(M, hl)));
   if (p == Precision::kBf16) {
@@ -214,12 +228,33 @@ void DeviceExperts::check_call(const ExpertShards& w, const Tensor& a, const Ten
   if (first != nullptr) check_starts(fills, first, blocks * e_loc_, a.numel() / M);
 }
 
+void DeviceExperts::place_rows(const int32_t* fills, int64_t blocks, const char* what) {
+  const bool pool = pooled();
+  int64_t total = 0;
+  for (int64_t i = 0; i < blocks * e_loc_; ++i) total += fills[i];
+  PARM_CHECK(!pool || total <= max_total_rows_,
+             "device experts {}: the fill counts give the {} local experts {} rows in all; the "
+             "workspace pool holds {} (corrupt routing counts)",
+             what, e_loc_, total, max_total_rows_);
+  count_rows(fills, blocks, e_loc_, rows_);
+  // Holds by the sizes (expert_pool_elements; blocks * slots <= max_rows): a broken offset
+  // function stops here instead of writing past a buffer.
+  const int64_t end_m =
+      expert_row_offsets(rows_.data(), e_loc_, model_dim_, pool, stride_m_, at_m_.data());
+  const int64_t end_h =
+      expert_row_offsets(rows_.data(), e_loc_, hidden_, pool, stride_h_, at_h_.data());
+  PARM_CHECK(end_m <= elems_m_ && end_h <= elems_h_,
+             "device experts {}: the experts' rows end at element {} / {} of row buffers of {} / "
+             "{} (M={}, Hl={})",
+             what, end_m, end_h, elems_m_, elems_h_, model_dim_, hidden_);
+}
+
 parm::cuda::ExpertRows DeviceExperts::expert_rows(int64_t cols) const {
   parm::cuda::ExpertRows r;
   r.rows = rows_.data();
   r.experts = e_loc_;
-  r.stride = cols == model_dim_ ? stride_m_ : stride_h_;
   r.cols = cols;
+  r.at = cols == model_dim_ ? at_m_.data() : at_h_.data();
   return r;
 }
 
@@ -242,8 +277,8 @@ ProductOperands DeviceExperts::operands(const ExpertShards& w, ExpertShards* dw)
   o.dx = pick(out_bf16_.data(), out_rows_.data());
   o.dw1 = dw != nullptr ? dw->w1.data() : nullptr;
   o.dw2 = dw != nullptr ? dw->w2.data() : nullptr;
-  o.rows_m_stride = stride_m_;
-  o.rows_h_stride = stride_h_;
+  o.rows_m_at = at_m_.data();
+  o.rows_h_at = at_h_.data();
   o.weight_stride = model_dim_ * hidden_;
   return o;
 }
@@ -260,7 +295,9 @@ void DeviceExperts::set_graphs(bool on) {
 namespace {
 
 // key = the pass's tensors, sizes, fills and the packed segments' starts (first, when not
-// null: the copies' addresses are made of them) (pass_graphs.h); overwritten.
+// null: the copies' addresses are made of them) (pass_graphs.h); overwritten. Where each
+// expert's rows sit in a pooled workspace follows from the fills (expert_row_offsets), so
+// the fills cover it.
 void make_key(PassKey& key, std::initializer_list<const Tensor*> tensors,
               std::initializer_list<int64_t> sizes, const int32_t* fills, const int64_t* first,
               int64_t num_fills) {
@@ -299,7 +336,7 @@ void DeviceExperts::forward(const Tensor& in, const ExpertShards& w, int64_t blo
                             const int32_t* fills, const int64_t* first, bool add_b2, Tensor& out,
                             PhaseTimes* times) {
   check_call(w, in, out, blocks, slots, fills, first, "forward");
-  count_rows(fills, blocks, e_loc_, rows_);
+  place_rows(fills, blocks, "forward");
   have_forward_ = true;
   const bool convert =
       precision_ == Precision::kBf16 && weight_copies_.stale(w.w1.data(), w.w2.data());
@@ -343,7 +380,7 @@ void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_
 
   // Straight into the grouped products' row layout, in their operand type.
   plan_gather(in.data(), blocks, e_loc_, slots, M, fills, first, bf16 ? nullptr : in_.data(),
-              bf16 ? in_bf16_.data() : nullptr, stride_m_, add);
+              bf16 ? in_bf16_.data() : nullptr, at_m_.data(), add);
   batch.flush();
   lap("rows in/out");
   if (convert) convert_weights(w);  // when they changed; the backward pass reuses them
@@ -359,8 +396,8 @@ void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_
   run_product(ExpertProduct::kOut, rows_, M, hl, o, gemm_, problems_);
   lap("expert products");
   // The scatter adds b2 (fp32) to each output row on its way out.
-  plan_scatter(bf16 ? nullptr : out_rows_.data(), bf16 ? out_bf16_.data() : nullptr, stride_m_,
-               add_b2 ? w.b2.data() : nullptr, blocks, e_loc_, slots, M, fills, first, out.data(),
+  plan_scatter(bf16 ? nullptr : out_rows_.data(), bf16 ? out_bf16_.data() : nullptr,
+               at_m_.data(), add_b2 ? w.b2.data() : nullptr, blocks, e_loc_, slots, M, fills, first, out.data(),
                add);
   batch.flush();
   lap("rows in/out");
@@ -412,35 +449,23 @@ void DeviceExperts::backward_work(const Tensor& dout, const ExpertShards& w, int
 
   // Straight into the products' row layout, in their operand type.
   plan_gather(dout.data(), blocks, e_loc_, slots, M, fills, first, bf16 ? nullptr : d_out_.data(),
-              bf16 ? d_out_bf16_.data() : nullptr, stride_m_, add);
+              bf16 ? d_out_bf16_.data() : nullptr, at_m_.data(), add);
   batch.flush();
   lap("rows in/out");
-  // db2 from the exchange layout itself (fp32 at every precision), block by block: in block b
-  // expert e's filled rows are the first fills[b * E_loc + e] slots of its segment. Packed,
-  // a block's segments have no common stride: one call per non-empty segment, each summing
-  // that segment's rows as the per-block call sums them.
-  for (int64_t b = 0; first != nullptr && b < blocks; ++b)
+  // db2 from the exchange layout itself (fp32 at every precision), one call per block: in
+  // block b expert e's filled rows are the first fills[b * E_loc + e] rows of segment [b, e],
+  // at segment_offset (either layout).
+  for (int64_t b = 0; b < blocks; ++b) {
     for (int64_t e = 0; e < e_loc_; ++e) {
-      block_rows_[0] = fills[b * e_loc_ + e];
-      if (block_rows_[0] == 0) continue;
-      parm::cuda::ExpertRows r;
-      r.rows = block_rows_.data();
-      r.experts = 1;
-      r.stride = block_rows_[0] * M;
-      r.cols = M;
-      parm::cuda::bias_backward(dout.data() + segment_offset(b, e, e_loc_, slots, M, first),
-                                dw.b2.data() + e * M, scratch, r);
-    }
-  for (int64_t b = 0; first == nullptr && b < blocks; ++b) {
-    for (int64_t e = 0; e < e_loc_; ++e)
       block_rows_[static_cast<size_t>(e)] = fills[b * e_loc_ + e];
+      block_at_[static_cast<size_t>(e)] = segment_offset(b, e, e_loc_, slots, M, first);
+    }
     parm::cuda::ExpertRows r;
     r.rows = block_rows_.data();
     r.experts = e_loc_;
-    r.stride = slots * M;
     r.cols = M;
-    parm::cuda::bias_backward(dout.data() + segment_offset(b, 0, e_loc_, slots, M), dw.b2.data(),
-                              scratch, r);
+    r.at = block_at_.data();
+    parm::cuda::bias_backward(dout.data(), dw.b2.data(), scratch, r);
   }
   lap("GeLU + bias backward");
   run_product(ExpertProduct::kDW2, rows_, M, hl, o, gemm_, problems_);
@@ -459,8 +484,8 @@ void DeviceExperts::backward_work(const Tensor& dout, const ExpertShards& w, int
   run_product(ExpertProduct::kDW1, rows_, M, hl, o, gemm_, problems_);
   run_product(ExpertProduct::kDX, rows_, M, hl, o, gemm_, problems_);
   lap("expert products");
-  plan_scatter(bf16 ? nullptr : out_rows_.data(), bf16 ? out_bf16_.data() : nullptr, stride_m_,
-               nullptr, blocks, e_loc_, slots, M, fills, first, din.data(), add);
+  plan_scatter(bf16 ? nullptr : out_rows_.data(), bf16 ? out_bf16_.data() : nullptr,
+               at_m_.data(), nullptr, blocks, e_loc_, slots, M, fills, first, din.data(), add);
   batch.flush();
   lap("rows in/out");
 }
@@ -493,8 +518,13 @@ double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int6
   const bool bf16 = p == Precision::kBf16;
   ProductOperands o;
   set_types(p, o);
-  o.rows_m_stride = expert_block_stride(r, M);
-  o.rows_h_stride = expert_block_stride(r, hl);
+  std::vector<int64_t> at_m(rows.size()), at_h(rows.size());
+  const int64_t rows_m = expert_row_offsets(rows.data(), E, M, false,
+                                            expert_block_stride(r, M), at_m.data());
+  const int64_t rows_h = expert_row_offsets(rows.data(), E, hl, false,
+                                            expert_block_stride(r, hl), at_h.data());
+  o.rows_m_at = at_m.data();
+  o.rows_h_at = at_h.data();
   o.weight_stride = M * hl;
   // Every expert has its own operands, as in the layer (the grouped call needs C apart), in
   // the layer's types: inputs filled with a pattern (rounded to bf16 at Precision::kBf16).
@@ -511,7 +541,7 @@ double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int6
     parm::cuda::to_bf16(f, h, elements);
     return h;
   };
-  const int64_t rows_m = E * o.rows_m_stride, rows_h = E * o.rows_h_stride, wts = E * M * hl;
+  const int64_t wts = E * M * hl;
   o.x = input(rows_m);
   o.w1 = input(wts);
   o.act = input(rows_h);

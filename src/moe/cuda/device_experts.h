@@ -51,8 +51,13 @@ class DeviceExperts {
  public:
   // Allocates the whole workspace once, for e_loc experts of at most max_rows filled rows
   // each (blocks * slots of any call must not exceed it), model dim M and hidden shard Hl.
+  // max_total_rows (dropless; 0: none) bounds the rows all experts get together in one pass:
+  // each row buffer is then one pool of that many rows (plus each expert's alignment),
+  // expert e's rows after those of the experts before it (expert_row_offsets, the CPU
+  // backend's ExpertWorkspace), instead of e_loc blocks of max_rows rows; it must be at
+  // least max_rows (one expert may take every row).
   DeviceExperts(int64_t e_loc, int64_t max_rows, int64_t model_dim, int64_t hidden_shard,
-                Precision p);
+                Precision p, int64_t max_total_rows = 0);
 
   // Same contract as moe::experts_forward: in/out (blocks, E_loc, slots, M) on the GPU, the
   // weights w on the GPU (fp32), fills on the HOST (int32, blocks * E_loc). Overwrites out
@@ -71,6 +76,8 @@ class DeviceExperts {
 
   // Filled rows per expert in the last forward().
   const std::vector<int64_t>& rows() const { return rows_; }
+  // Whether the row buffers are one pool (max_total_rows > 0).
+  bool pooled() const { return max_total_rows_ > 0; }
   // Device memory held by the workspace (bytes).
   int64_t held_bytes() const { return held_bytes_; }
   Precision precision() const { return precision_; }
@@ -99,6 +106,9 @@ class DeviceExperts {
   };
   // The experts' row blocks of `cols` values for the kernels (rows of the last forward).
   parm::cuda::ExpertRows expert_rows(int64_t cols) const;
+  // Sets rows_ from the fills and where each expert's rows start (at_m_, at_h_); throws,
+  // before any work, when they do not fit the pools.
+  void place_rows(const int32_t* fills, int64_t blocks, const char* what);
   Bf16Buffer bf16_buffer(int64_t elements);
   void check_call(const ExpertShards& w, const Tensor& a, const Tensor& b, int64_t blocks,
                   int64_t slots, const int32_t* fills, const int64_t* first,
@@ -120,22 +130,29 @@ class DeviceExperts {
                 const std::function<void()>& work);
 
   int64_t e_loc_, max_rows_, model_dim_, hidden_;
-  int64_t stride_m_, stride_h_;  // elements per expert of an (R, M) / (R, Hl) row buffer
+  int64_t max_total_rows_;       // 0: a block per expert
+  int64_t stride_m_, stride_h_;  // elements of one expert's block of an (R, M) / (R, Hl) buffer
+  int64_t elems_m_, elems_h_;    // elements of an (R, M) / (R, Hl) row buffer: pool or blocks
   Precision precision_;
   int64_t held_bytes_ = 0;
   std::vector<int64_t> rows_;  // (E_loc) filled rows of the last forward
+  // (E_loc) expert e's first element in every (R, M) / (R, Hl) row buffer, for rows_
+  // (expert_row_offsets: e * stride_m_ / e * stride_h_, or its place in the pool).
+  std::vector<int64_t> at_m_, at_h_;
   bool have_forward_ = false;
-  // Row buffers, expert e's block at e * stride_m_ or e * stride_h_ (on the GPU):
+  // Row buffers of elems_m_ (M-wide rows) or elems_h_ (Hl-wide) elements on the GPU, expert
+  // e's rows from at_m_[e] or at_h_[e]:
   // fp32 (Precision::kFp32 only; empty at bf16)
-  Tensor in_;        // (E_loc, R, M) the gathered rows
-  Tensor pre_;       // (E_loc, R, Hl) x W1 (b1 added on the fly)
-  Tensor act_;       // (E_loc, R, Hl) gelu(pre + b1)
-  Tensor out_rows_;  // (E_loc, R, M) forward outputs; dx in the backward pass
-  Tensor d_act_;     // (E_loc, R, Hl) dact, then dpre in place
-  Tensor d_out_;     // (E_loc, R, M) the gathered output gradient
+  Tensor in_;        // (rows, M) the gathered rows
+  Tensor pre_;       // (rows, Hl) x W1 (b1 added on the fly)
+  Tensor act_;       // (rows, Hl) gelu(pre + b1)
+  Tensor out_rows_;  // (rows, M) forward outputs; dx in the backward pass
+  Tensor d_act_;     // (rows, Hl) dact, then dpre in place
+  Tensor d_out_;     // (rows, M) the gathered output gradient
   // both precisions
   Tensor col_scratch_;                // column-sum partials
   std::vector<int64_t> block_rows_;   // (E_loc) one block's fill counts
+  std::vector<int64_t> block_at_;     // (E_loc) its segments' first elements in the layout
   // bf16 (Precision::kBf16 only; empty at fp32), as the fp32 buffers above
   Bf16Buffer in_bf16_, pre_bf16_, act_bf16_, out_bf16_, d_out_bf16_;
   Bf16Buffer d_act_bf16_;          // dact, then dpre in place

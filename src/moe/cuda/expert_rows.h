@@ -4,9 +4,9 @@
 // back (moe_ops.h: expert e's rows in block b are the first fills[b * E_loc + e] slots of
 // segment [b, e]; the rest are empty slots).
 //
-// Packed rows: expert e's filled rows, blocks in order, start at packed + e * packed_stride
-// (elements); they are what the expert's GEMMs read and write (the grouped products' row
-// layout).
+// Packed rows: expert e's filled rows, blocks in order, start at packed + packed_at[e]
+// (elements; expert_row_offsets); they are what the expert's GEMMs read and write (the
+// grouped products' row layout).
 #pragma once
 
 #include <cstdint>
@@ -39,9 +39,37 @@ inline void count_rows(const int32_t* fills, int64_t blocks, int64_t e_loc,
 // in bf16 and 256-byte aligned in fp32 (when the buffer does), the alignment cuBLAS's
 // tensor-core kernels want of their operands.
 inline constexpr int64_t kExpertBlockAlign = 64;
-inline int64_t expert_block_stride(int64_t max_rows, int64_t cols) {
+PARM_HD inline int64_t expert_block_stride(int64_t max_rows, int64_t cols) {
   const int64_t n = max_rows * cols;
   return (n + kExpertBlockAlign - 1) / kExpertBlockAlign * kExpertBlockAlign;
+}
+
+// Where each expert's rows (rows[e] of them, cols values each) start in a workspace row
+// buffer, in elements from its start: at[e] for e in [0, experts). Every reader of the
+// workspace (gather, scatter, grouped products, row kernels) takes these offsets.
+// - Blocks (pooled false; a capacity factor): at[e] = e * block_stride, each expert its own
+//   block of the most rows it can get (block_stride = expert_block_stride(max_rows, cols)).
+// - Pooled (dropless): one pool, expert e's rows after those of the experts before it, at row
+//   rows[0] + ... + rows[e - 1] (the CPU backend's ExpertWorkspace::first[e]) times cols, each
+//   expert's rows rounded up to kExpertBlockAlign elements so that every expert starts as
+//   aligned as a block does (the same row when cols is a multiple of kExpertBlockAlign).
+// Returns the elements taken: the end of the last expert's (aligned) rows in the pool, or
+// experts * block_stride.
+PARM_HD inline int64_t expert_row_offsets(const int64_t* rows, int64_t experts, int64_t cols,
+                                          bool pooled, int64_t block_stride, int64_t* at) {
+  int64_t next = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    at[e] = next;
+    next += pooled ? expert_block_stride(rows[e], cols) : block_stride;
+  }
+  return next;
+}
+
+// Elements of a pool that holds any rows of `experts` experts adding up to at most
+// max_total_rows (expert_row_offsets, pooled): the rows plus each expert's alignment.
+PARM_HD inline int64_t expert_pool_elements(int64_t max_total_rows, int64_t experts,
+                                            int64_t cols) {
+  return expert_block_stride(max_total_rows, cols) + experts * (kExpertBlockAlign - 1);
 }
 
 // Offset (elements) of segment [b, e]'s first row in the layout: at (b * E_loc + e) slots
@@ -71,17 +99,18 @@ inline void check_starts(const int32_t* fills, const int64_t* first, int64_t seg
 
 // The gather: emit(SegmentCopy) for every non-empty segment, copying its filled rows from
 // `layout` (segments at segment_offset(..., first); first may be null) to expert e's packed
-// rows in fp32 (packed) and bf16 (packed_bf16), each when not null (same offsets).
+// rows, at packed_at[e] (expert_row_offsets), in fp32 (packed) and bf16 (packed_bf16), each
+// when not null (same offsets).
 template <class Emit>
 void plan_gather(const float* layout, int64_t blocks, int64_t e_loc, int64_t slots, int64_t M,
                  const int32_t* fills, const int64_t* first, float* packed,
-                 uint16_t* packed_bf16, int64_t packed_stride, Emit&& emit) {
+                 uint16_t* packed_bf16, const int64_t* packed_at, Emit&& emit) {
   for (int64_t e = 0; e < e_loc; ++e) {
     int64_t n = 0;  // rows of expert e so far
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t f = fills[b * e_loc + e];
       if (f > 0) {
-        const int64_t dst = e * packed_stride + n * M;
+        const int64_t dst = packed_at[e] + n * M;
         parm::cuda::SegmentCopy s;
         s.src = layout + segment_offset(b, e, e_loc, slots, M, first);
         s.dst = packed != nullptr ? packed + dst : nullptr;
@@ -96,12 +125,12 @@ void plan_gather(const float* layout, int64_t blocks, int64_t e_loc, int64_t slo
 }
 
 // The scatter: emit(SegmentCopy) for every segment with rows to write, copying expert e's
-// packed rows (fp32 packed, or bf16 packed_bf16 when that is not null) plus bias + e * M
-// (when bias, (E_loc, M), is not null) into its filled slots and zeroing the empty ones, so
-// the whole layout is written; with `first` (packed layout) its segments' rows, which are
-// all filled.
+// packed rows at packed_at[e] (fp32 packed, or bf16 packed_bf16 when that is not null) plus
+// bias + e * M (when bias, (E_loc, M), is not null) into its filled slots and zeroing the
+// empty ones, so the whole layout is written; with `first` (packed layout) its segments'
+// rows, which are all filled.
 template <class Emit>
-void plan_scatter(const float* packed, const uint16_t* packed_bf16, int64_t packed_stride,
+void plan_scatter(const float* packed, const uint16_t* packed_bf16, const int64_t* packed_at,
                   const float* bias, int64_t blocks, int64_t e_loc, int64_t slots, int64_t M,
                   const int32_t* fills, const int64_t* first, float* layout, Emit&& emit) {
   if (slots * M == 0) return;
@@ -110,7 +139,7 @@ void plan_scatter(const float* packed, const uint16_t* packed_bf16, int64_t pack
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t f = fills[b * e_loc + e];
       parm::cuda::SegmentCopy s;
-      const int64_t src = e * packed_stride + n * M;
+      const int64_t src = packed_at[e] + n * M;
       if (packed_bf16 != nullptr)
         s.src_bf16 = packed_bf16 + src;
       else
