@@ -7,6 +7,7 @@
 // rows, and a scatter writes the routed rows and nothing else.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -166,6 +167,18 @@ void check_gather_and_scatter(const Layout& l, bool packed_layout, bool pooled) 
   }
 }
 
+// check_gather_and_scatter of every layout, with a block per expert and pooled.
+template <size_t N>
+void check_layouts(const Layout (&layouts)[N], bool packed_layout) {
+  for (const Layout& l : layouts)
+    for (bool pooled : {false, true}) {
+      SCOPED_TRACE(testing::Message() << (packed_layout ? "packed " : "") << "blocks=" << l.blocks
+                                      << " E_loc=" << l.e_loc << " slots=" << l.slots
+                                      << " M=" << l.M << (pooled ? " pooled" : " blocks"));
+      check_gather_and_scatter(l, packed_layout, pooled);
+    }
+}
+
 TEST(CudaExpertRows, GatherAndScatterFollowTheLayout) {
   const Layout layouts[] = {
       {1, 1, 4, 3, {2}},
@@ -176,14 +189,7 @@ TEST(CudaExpertRows, GatherAndScatterFollowTheLayout) {
       {4, 1, 2, 1, {1, 2, 0, 2}},
       {2, 2, 3, 4, {0, 0, 0, 0}},
   };
-  for (const Layout& l : layouts) {
-    SCOPED_TRACE(testing::Message() << "blocks=" << l.blocks << " E_loc=" << l.e_loc
-                                    << " slots=" << l.slots << " M=" << l.M);
-    for (bool pooled : {false, true}) {
-      SCOPED_TRACE(pooled ? "pooled workspace" : "a block per expert");
-      check_gather_and_scatter(l, false, pooled);
-    }
-  }
+  check_layouts(layouts, false);
 }
 
 // Dropless, packed: the segments back to back at the CPU's starts, on skewed fills (one
@@ -197,14 +203,7 @@ TEST(CudaExpertRows, PackedGatherAndScatterReadTheCpuStarts) {
       {2, 4, 6, 3, {0, 0, 6, 0, 1, 0, 0, 2}},
       {2, 2, 3, 4, {0, 0, 0, 0}},
   };
-  for (const Layout& l : layouts) {
-    SCOPED_TRACE(testing::Message() << "packed blocks=" << l.blocks << " E_loc=" << l.e_loc
-                                    << " slots=" << l.slots << " M=" << l.M);
-    for (bool pooled : {false, true}) {
-      SCOPED_TRACE(pooled ? "pooled workspace" : "a block per expert");
-      check_gather_and_scatter(l, true, pooled);
-    }
-  }
+  check_layouts(layouts, true);
 }
 
 TEST(CudaExpertRows, PackedStartsOutsideTheBufferAreRefused) {

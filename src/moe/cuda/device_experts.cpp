@@ -397,8 +397,8 @@ void DeviceExperts::forward_work(const Tensor& in, const ExpertShards& w, int64_
   lap("expert products");
   // The scatter adds b2 (fp32) to each output row on its way out.
   plan_scatter(bf16 ? nullptr : out_rows_.data(), bf16 ? out_bf16_.data() : nullptr,
-               at_m_.data(), add_b2 ? w.b2.data() : nullptr, blocks, e_loc_, slots, M, fills, first, out.data(),
-               add);
+               at_m_.data(), add_b2 ? w.b2.data() : nullptr, blocks, e_loc_, slots, M, fills,
+               first, out.data(), add);
   batch.flush();
   lap("rows in/out");
 }

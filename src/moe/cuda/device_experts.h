@@ -1,7 +1,8 @@
 // The local experts (ESP shards) on the GPU: the contract of moe::experts_forward /
 // experts_backward (moe_ops.h) over device tensors. Every step covers all local experts at
 // once: one segment-copy gather into the grouped products' row layout (each expert's filled
-// rows packed at its own block, expert_rows.h), one grouped cuBLAS call per product
+// rows back to back in its own block, or under dropless at its place in one pool:
+// expert_row_offsets in expert_rows.h), one grouped cuBLAS call per product
 // (kernels/cuda/gemm.h), one kernel for bias + GeLU and one for its adjoint with the bias
 // gradient (kernels/cuda/expert_kernels.h), and one scatter, which adds b2 on the way.
 // CUDA builds only.
