@@ -115,6 +115,13 @@ bool gain_of(const Profile& base, const MoeShape& shape, const Target& here, sch
                       "{:.0f} bytes)", m);
     return false;
   }
+  if (!eager_gain_measurable(eligible, t.unfused_us)) {
+    why = fmt::format("what gain 1 saves, {:.3f} ms, is under {:.0f}% of the measured layer's "
+                      "{:.3f} ms: timing noise would decide it", eligible / 1e3,
+                      100 * kMinEligibleShare, t.unfused_us / 1e3);
+    log("  " + why);
+    return false;
+  }
   const double raw = (p_f0 - p_u - (t.fused_us - t.unfused_us)) / eligible;
   gain = std::clamp(raw, 0.0, 1.0);
   const Layout& l = here.layout;
@@ -145,6 +152,10 @@ bool mixed_layout(const Topology& topo, TopologyOptions& out) {
 }
 
 }  // namespace
+
+bool eager_gain_measurable(double eligible_us, double unfused_us) {
+  return eligible_us > 0.0 && unfused_us > 0.0 && eligible_us >= kMinEligibleShare * unfused_us;
+}
 
 MoeShape eager_calibration_shape(const Layout& l, double eager_limit_bytes) {
   PARM_CHECK(eager_limit_bytes > 0.0, "eager calibration shape for an eager limit of {} bytes",

@@ -24,6 +24,15 @@ namespace parm::perfmodel {
 // that reaches it.
 MoeShape eager_calibration_shape(const Layout& layout, double eager_limit_bytes);
 
+// The smallest share of the measured unfused layer that the eligible bytes time (what gain 1
+// saves) must reach for a gain to be measured there: the gain is a difference of two layer
+// timings over it, and two timings of one layer in one sweep differ by 2% at the median and up
+// to 8-16% (docs/perfmodel.md, sixth round), which below this share moves the gain by more
+// than 0.3.
+inline constexpr double kMinEligibleShare = 0.1;
+// True when eligible_us >= kMinEligibleShare * unfused_us (both > 0).
+bool eager_gain_measurable(double eligible_us, double unfused_us);
+
 // Measures layer_compute.scale and fused.eager_gain on this topology (collective) and writes
 // them, with their sources, into cal.profile (whose other terms must be calibrated already:
 // it prices both schedules). Interleaved rounds of forward + backward, median over
@@ -37,9 +46,9 @@ MoeShape eager_calibration_shape(const Layout& layout, double eager_limit_bytes)
 // gives the share of its span; where that is eager_gain (every EP peer on another node), a
 // second layout, topo_options with EP = 2 x nodes and ESP = ranks per node / 2 (N_MP = ESP,
 // or 2 with S2 where ESP = 1), gives eager_gain_mixed. A share not measured copies the other
-// ("assumed (copied from ...)"), or is 0 where neither is: without an inter-node EP group
-// with a fused step, with chunks < 2 or no eager limit; neither on a device other than the CPU
-// (scale 1, gains 0, "assumed").
+// ("assumed (copied from ...)"), or is 0 where neither is: where eager_gain_measurable
+// fails, without an inter-node EP group with a fused step, with chunks < 2 or no eager limit;
+// neither on a device other than the CPU (scale 1, gains 0, "assumed").
 void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
                            const CalibrateOptions& options, Calibration& cal,
                            const std::function<void(const std::string&)>& log);

@@ -348,6 +348,16 @@ TEST(PerfModel, EagerCalibrationShapeCrossesTheLimit) {
   EXPECT_THROW(eager_calibration_shape(make_target(0, 2, 2, 2, 2).layout, 0.0), Error);
 }
 
+// A gain is measured only where what it saves is at least a tenth of the layer's time.
+TEST(PerfModel, EagerGainMeasurableOnlyAboveATenthOfTheLayer) {
+  EXPECT_TRUE(eager_gain_measurable(10.0, 100.0));
+  EXPECT_TRUE(eager_gain_measurable(11.3, 33.3));   // 2 x 2, 1 Gbit/s
+  EXPECT_FALSE(eager_gain_measurable(9.99, 100.0));
+  EXPECT_FALSE(eager_gain_measurable(1.65, 26.8));  // 2 x 2, 10 Gbit/s
+  EXPECT_FALSE(eager_gain_measurable(0.0, 100.0));
+  EXPECT_FALSE(eager_gain_measurable(10.0, 0.0));
+}
+
 // On one node both parts of the fused dispatch use the intra-node link: the pieces' bytes
 // add up, their latencies are paid once per lock-step step (comm/fused_plan.h).
 TEST(PerfModel, FusedStepOnOneLinkPaysOneLatencyPerStep) {
