@@ -6,10 +6,12 @@ feed the profile: the sweep only judges it.
 
   bench/tools/reprice.py --sweep S.json --profile P.json [--profile Q.json ...]
                          [--devices-per-node D] [--parm build/parm] [--wrong] [--json OUT]
-                         [--eager-limit-bytes E --eager-gain G] [--compute-scale S]
+                         [--eager-limit-bytes E --eager-gain G] [--eager-gain-mixed G2]
+                         [--compute-scale S]
 
---eager-limit-bytes / --eager-gain / --compute-scale set those terms (docs/perfmodel.md) in a
-copy of each profile, marked "assumed (reprice.py)": for profiles taken before they existed.
+--eager-limit-bytes / --eager-gain / --eager-gain-mixed / --compute-scale set those terms
+(docs/perfmodel.md) in a copy of each profile, marked "assumed (reprice.py)": for profiles taken
+before they existed. --eager-gain alone sets both shares (the pure and the mixed span).
 
 Per profile it prints: selection (plain: auto is the measured fastest; distinct: auto runs
 the measured fastest's program), auto / fastest (median, worst), the median |predicted -
@@ -21,7 +23,8 @@ import argparse, concurrent.futures as cf, json, os, statistics as st, subproces
 
 def with_terms(profile, a):
     """profile, or a temporary copy with the terms given on the command line set."""
-    if a.eager_gain is None and a.eager_limit_bytes is None and a.compute_scale is None:
+    if (a.eager_gain is None and a.eager_limit_bytes is None and a.compute_scale is None and
+            a.eager_gain_mixed is None):
         return profile
     p = json.load(open(profile))
     why = 'assumed (reprice.py)'
@@ -29,7 +32,12 @@ def with_terms(profile, a):
         if a.eager_gain is None or a.eager_limit_bytes is None:
             raise SystemExit('reprice.py: --eager-gain and --eager-limit-bytes go together')
         p['fused'].update(eager_gain=a.eager_gain, eager_gain_source=why,
+                          eager_gain_mixed=a.eager_gain, eager_gain_mixed_source=why,
                           eager_limit_bytes=a.eager_limit_bytes, eager_limit_source=why)
+    if a.eager_gain_mixed is not None:
+        p['fused'].setdefault('eager_gain', p['fused'].get('eager_gain', 0.0))
+        p['fused'].setdefault('eager_gain_source', why)
+        p['fused'].update(eager_gain_mixed=a.eager_gain_mixed, eager_gain_mixed_source=why)
     if a.compute_scale is not None:
         p['layer_compute'] = {'scale': a.compute_scale, 'source': why}
     fd, out = tempfile.mkstemp(suffix='.json')
@@ -120,6 +128,8 @@ def main():
     ap.add_argument('--json')
     ap.add_argument('--eager-limit-bytes', type=float)
     ap.add_argument('--eager-gain', type=float)
+    ap.add_argument('--eager-gain-mixed', type=float,
+                    help='the share where the group has peers on a rank\'s own node too')
     ap.add_argument('--compute-scale', type=float)
     a = ap.parse_args()
     sweep = json.load(open(a.sweep))

@@ -693,7 +693,7 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   }
   log("fused collectives in the layer (eager limit {:.0f} bytes, {}):", ff.eager_limit_bytes,
       ff.eager_limit_source);
-  calibrate_fused_layer(topo, o, cal, log_fn);
+  calibrate_fused_layer(topo, topo_options, o, cal, log_fn);
   return cal;
 }
 

@@ -30,49 +30,36 @@ double inter_fused_message(const Prediction& p, const Target& target) {
   return m;
 }
 
-double total_us(const Profile& prof, const MoeShape& shape, const Target& target, bool fuse,
-                int chunks) {
-  const auto sc = schedule::build({shape, target.layout, 0, fuse, chunks}, schedule::Kind::kS1);
+double total_us(const Profile& prof, const MoeShape& shape, const Target& target,
+                schedule::Kind kind, bool fuse, int chunks) {
+  const auto sc = schedule::build({shape, target.layout, 0, fuse, chunks}, kind);
   return predict(prof, sc, shape, target).total_us();
 }
 
-}  // namespace
-
-MoeShape eager_calibration_shape(const Layout& l, double eager_limit_bytes) {
-  PARM_CHECK(eager_limit_bytes > 0.0, "eager calibration shape for an eager limit of {} bytes",
-             eager_limit_bytes);
-  const int64_t E = 2 * static_cast<int64_t>(l.ep);
-  const int64_t step = static_cast<int64_t>(l.mp) * E;
-  // S1: T / N_MP tokens per rank, C1 = T / (N_MP E) slots per expert at k = f = 1; an EP peer
-  // gets its E / N_EP experts' slots, (E / N_EP) C1 M floats.
-  const double per_token = static_cast<double>(E / l.ep) * 256.0 * sizeof(float) /
-                           static_cast<double>(step);
-  int64_t T = step;
-  while (static_cast<double>(T) * per_token < 2.0 * eager_limit_bytes) T += step;
-  return MoeShape::of(T, 256, 256, E, 1, "1");
+// The schedule whose fused steps carry an inter-node EP part on layout l: S1 where the ESP
+// group has more than one rank (both steps fused), else S2 with its MP allgather joined to the
+// combine (N_MP > 1); none (false) otherwise.
+bool fused_kind(const Layout& l, schedule::Kind& kind) {
+  if (l.ep < 2) return false;
+  if (l.esp > 1) {
+    kind = schedule::Kind::kS1;
+    return true;
+  }
+  kind = schedule::Kind::kS2;
+  return l.mp > 1;
 }
 
-void calibrate_fused_layer(Topology& topo, const CalibrateOptions& o, Calibration& cal,
-                           const std::function<void(const std::string&)>& log) {
-  FusedFit& ff = cal.profile.fused;
-  ff.eager_gain = 0.0;
+struct LayerTimes {
+  double unfused_us = 0.0, fused_us = 0.0;
+  double compute_us = 0.0;  // the unfused layer's compute steps
+  int64_t tokens = 0;
+};
+
+// Interleaved rounds of forward + backward of `kind` unfused and fused on topo (collective), so
+// that a load change hits both alike: medians over o.iters of the slowest rank.
+LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind kind,
+                           const CalibrateOptions& o) {
   const Layout& l = topo.layout();
-  const Target here = target_of(topo);
-  auto no_gain = [&](const std::string& why) {
-    ff.eager_gain_source = "assumed 0 (" + why + ")";
-    log(fmt::format("  eager gain: not measured ({}); 0", why));
-  };
-  // The layer here runs on the CPU over host memory (a topology that stages "device" buffers
-  // refuses the layer's host buffers).
-  if (topo.device() != Device::kCpu ||
-      topo.comm(Group::kWorld).memory_space() != MemorySpace::kHost) {
-    cal.profile.layer_compute.source = "assumed 1 (measured on the CPU over host memory only)";
-    return no_gain("measured on the CPU over host memory only");
-  }
-  // Without an eager limit the shape still needs one to size itself: Open MPI's TCP default.
-  const MoeShape shape =
-      eager_calibration_shape(l, ff.eager_limit_bytes > 0.0 ? ff.eager_limit_bytes : 65536.0);
-  const int W = o.chunks;
   Communicator& world = topo.host_comm(Group::kWorld);
   const ref::MoeParams<float> params = ref::init_params<float>(shape, 1);
   const int group = group_coord(l, Group::kMp, topo.world_rank()).index;
@@ -81,13 +68,9 @@ void calibrate_fused_layer(Topology& topo, const CalibrateOptions& o, Calibratio
   const Tensor dt = Tensor::view(dout.data(), {shape.tokens, shape.model_dim});
   std::array<std::unique_ptr<MoeLayer>, 2> layers;
   for (int v = 0; v < 2; ++v) {
-    layers[static_cast<size_t>(v)] =
-        std::make_unique<MoeLayer>(topo, shape, schedule::Kind::kS1, v == 1, W);
+    layers[static_cast<size_t>(v)] = std::make_unique<MoeLayer>(topo, shape, kind, v == 1, o.chunks);
     layers[static_cast<size_t>(v)]->load_whole(params);
   }
-  // Rounds, the two schedules interleaved so that a load change hits both alike. The
-  // unfused layer's compute steps (their own timers: MoeLayer::forward_step_us) give the
-  // layer's compute scale.
   std::array<std::vector<double>, 2> t;
   std::vector<double> compute;
   const auto& steps = layers[0]->schedule().steps;
@@ -107,23 +90,128 @@ void calibrate_fused_layer(Topology& topo, const CalibrateOptions& o, Calibratio
           c += layers[0]->forward_step_us()[i] + layers[0]->backward_step_us()[i];
       compute.push_back(c);
     }
-  const double t_u = median(max_over_ranks(world, t[0]));
-  const double t_f = median(max_over_ranks(world, t[1]));
-  const double t_compute = median(max_over_ranks(world, compute));
-  cal.samples.push_back({"layer.s1", static_cast<double>(shape.tokens), t_u});
-  cal.samples.push_back({"layer.s1+fused", static_cast<double>(shape.tokens), t_f});
-  cal.samples.push_back({"layer.s1.compute", static_cast<double>(shape.tokens), t_compute});
+  return {median(max_over_ranks(world, t[0])), median(max_over_ranks(world, t[1])),
+          median(max_over_ranks(world, compute)), shape.tokens};
+}
+
+// The share of the eligible bytes time that fusion saved in a measured layer pair, for the
+// span class of its EP group (mixed: some rank has an EP peer on its own node):
+//     gain = (p_fused0 - p_unfused - (t_fused - t_unfused)) / S,  bounded to [0, 1]
+// with S what that share at 1 would save. Returns false (and says why) where nothing of the
+// layer is eligible.
+bool gain_of(const Profile& base, const MoeShape& shape, const Target& here, schedule::Kind kind,
+             int W, const LayerTimes& t, bool mixed, double& gain, std::string& why,
+             const std::function<void(const std::string&)>& log) {
+  Profile prof = base;
+  prof.fused.eager_gain = prof.fused.eager_gain_mixed = 0.0;
+  const double p_u = total_us(prof, shape, here, kind, false, W);
+  const double p_f0 = total_us(prof, shape, here, kind, true, W);
+  (mixed ? prof.fused.eager_gain_mixed : prof.fused.eager_gain) = 1.0;
+  const double eligible = p_f0 - total_us(prof, shape, here, kind, true, W);
+  const double m = inter_fused_message(
+      predict(prof, schedule::build({shape, here.layout, 0, true, W}, kind), shape, here), here);
+  if (eligible <= 0.0) {
+    why = fmt::format("no inter-node part of the calibration layer above the limit (message "
+                      "{:.0f} bytes)", m);
+    return false;
+  }
+  if (!eager_gain_measurable(eligible, t.unfused_us)) {
+    why = fmt::format("what gain 1 saves, {:.3f} ms, is under {:.0f}% of the measured layer's "
+                      "{:.3f} ms: timing noise would decide it", eligible / 1e3,
+                      100 * kMinEligibleShare, t.unfused_us / 1e3);
+    log("  " + why);
+    return false;
+  }
+  const double raw = (p_f0 - p_u - (t.fused_us - t.unfused_us)) / eligible;
+  gain = std::clamp(raw, 0.0, 1.0);
+  const Layout& l = here.layout;
+  log(fmt::format(
+      "  {} fused, mp={} ep={} esp={} (EP peers {}), T={} ({:.0f} bytes per inter-node peer "
+      "message, pieces {:.0f}; eager limit {:.0f}): measured unfused {:.3f} ms, fused {:.3f} "
+      "ms; priced without the gain {:.3f} / {:.3f} ms, at gain 1 {:.3f} ms less: eager gain{} "
+      "{:.3f} ({:.3f} before bounding to [0, 1])",
+      schedule::kind_name(kind), l.mp, l.ep, l.esp,
+      mixed ? "on this node and others" : "all on other nodes", t.tokens, m, m / W,
+      prof.fused.eager_limit_bytes, t.unfused_us / 1e3, t.fused_us / 1e3, p_u / 1e3, p_f0 / 1e3,
+      eligible / 1e3, mixed ? " (mixed)" : "", gain, raw));
+  return true;
+}
+
+// The layout, beside `here`'s, whose EP group spans the nodes with peers on a rank's own node
+// too: EP = 2 x nodes, ESP = ranks per node / 2 (N_MP = ESP, or 2 where ESP = 1). False where
+// the nodes hold an odd number of ranks.
+bool mixed_layout(const Topology& topo, TopologyOptions& out) {
+  const int world = topo.layout().world, nodes = topo.num_nodes();
+  if (nodes < 2 || world % nodes != 0 || (world / nodes) % 2 != 0) return false;
+  out.ep = 2 * nodes;
+  out.esp = world / nodes / 2;
+  out.mp = out.esp > 1 ? out.esp : 2;
+  out.pp = 1;
+  out.order = kDefaultOrder;
+  return true;
+}
+
+}  // namespace
+
+bool eager_gain_measurable(double eligible_us, double unfused_us) {
+  return eligible_us > 0.0 && unfused_us > 0.0 && eligible_us >= kMinEligibleShare * unfused_us;
+}
+
+MoeShape eager_calibration_shape(const Layout& l, double eager_limit_bytes) {
+  PARM_CHECK(eager_limit_bytes > 0.0, "eager calibration shape for an eager limit of {} bytes",
+             eager_limit_bytes);
+  const int64_t E = 2 * static_cast<int64_t>(l.ep);
+  const int64_t step = static_cast<int64_t>(l.mp) * E;
+  // S1: T / N_MP tokens per rank, C1 = T / (N_MP E) slots per expert at k = f = 1; an EP peer
+  // gets its E / N_EP experts' slots, (E / N_EP) C1 M floats.
+  const double per_token = static_cast<double>(E / l.ep) * 256.0 * sizeof(float) /
+                           static_cast<double>(step);
+  int64_t T = step;
+  while (static_cast<double>(T) * per_token < 2.0 * eager_limit_bytes) T += step;
+  return MoeShape::of(T, 256, 256, E, 1, "1");
+}
+
+void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
+                           const CalibrateOptions& o, Calibration& cal,
+                           const std::function<void(const std::string&)>& log) {
+  FusedFit& ff = cal.profile.fused;
+  ff.eager_gain = ff.eager_gain_mixed = 0.0;
+  const Layout& l = topo.layout();
+  const Target here = target_of(topo);
+  auto no_gain = [&](const std::string& why) {
+    ff.eager_gain_source = ff.eager_gain_mixed_source = "assumed 0 (" + why + ")";
+    log(fmt::format("  eager gain: not measured ({}); 0", why));
+  };
+  // The layer here runs on the CPU over host memory (a topology that stages "device" buffers
+  // refuses the layer's host buffers).
+  if (topo.device() != Device::kCpu ||
+      topo.comm(Group::kWorld).memory_space() != MemorySpace::kHost) {
+    cal.profile.layer_compute.source = "assumed 1 (measured on the CPU over host memory only)";
+    return no_gain("measured on the CPU over host memory only");
+  }
+  // Without an eager limit the shape still needs one to size itself: Open MPI's TCP default.
+  const double size_limit = ff.eager_limit_bytes > 0.0 ? ff.eager_limit_bytes : 65536.0;
+  const MoeShape shape = eager_calibration_shape(l, size_limit);
+  const int W = o.chunks;
+  schedule::Kind kind = schedule::Kind::kS1;
+  const bool has_fused = fused_kind(l, kind);
+  const LayerTimes t = time_layer_pair(topo, shape, kind, o);
+  const std::string name = fmt::format("layer.{}", schedule::kind_name(kind));
+  const double x = static_cast<double>(shape.tokens);
+  cal.samples.push_back({name, x, t.unfused_us});
+  cal.samples.push_back({name + "+fused", x, t.fused_us});
+  cal.samples.push_back({name + ".compute", x, t.compute_us});
   const std::string source = topo.nodes_emulated() ? "emulated" : "measured";
 
   // The compute scale: the measured compute steps over their price at scale 1 (the same
   // steps, balanced router).
   Profile prof = cal.profile;
   prof.layer_compute.scale = 1.0;
-  const Prediction p1 =
-      predict(prof, schedule::build({shape, l, 0, false, W}, schedule::Kind::kS1), shape, here);
+  const schedule::Schedule sc = schedule::build({shape, l, 0, false, W}, kind);
+  const Prediction p1 = predict(prof, sc, shape, here);
   double priced = 0.0;
-  for (size_t i = 0; i < steps.size(); ++i)
-    if (!schedule::is_collective(steps[i].kind))
+  for (size_t i = 0; i < sc.steps.size(); ++i)
+    if (!schedule::is_collective(sc.steps[i].kind))
       priced += p1.steps[i].fwd_us + p1.steps[i].bwd_us;
   // Recorded (the sample and the log), not applied: on this small layer the ratio came out
   // 0.59-0.66 on all four quiet cluster sweeps of 2026-12-02, and pricing those sweeps with
@@ -131,42 +219,64 @@ void calibrate_fused_layer(Topology& topo, const CalibrateOptions& o, Calibratio
   // (docs/perfmodel.md, "Issue 20, fifth round"): a layer this small runs from cache and
   // does not stand for the sweep's layers. The scale stays 1, assumed; a profile or cluster
   // file may still state one.
-  const double ratio = priced > 0.0 ? t_compute / priced : 1.0;
-  cal.samples.push_back({"layer.s1.compute_over_price", static_cast<double>(shape.tokens), ratio});
+  const double ratio = priced > 0.0 ? t.compute_us / priced : 1.0;
+  cal.samples.push_back({name + ".compute_over_price", x, ratio});
   ComputeScale& cs = cal.profile.layer_compute;
   cs.scale = 1.0;
   cs.source = fmt::format("assumed 1 (the calibration layer measured {:.3f}, not applied)", ratio);
   prof.layer_compute = cs;
-  log(fmt::format("  layer S1 T={} M=256 H=256 E={} k=1 f=1: compute steps {:.3f} ms measured "
+  log(fmt::format("  layer {} T={} M=256 H=256 E={} k=1 f=1: compute steps {:.3f} ms measured "
                   "(slowest rank), {:.3f} ms priced from the products and kernels timed alone: "
                   "ratio {:.3f}, recorded, not applied (compute scale 1)",
-                  shape.tokens, shape.experts, t_compute / 1e3, priced / 1e3, ratio));
+                  schedule::kind_name(kind), shape.tokens, shape.experts, t.compute_us / 1e3,
+                  priced / 1e3, ratio));
 
   if (ff.eager_limit_bytes <= 0.0) return no_gain("no eager limit");
   if (W < 2) return no_gain("one chunk: nothing is cut into pieces");
-  if (l.ep < 2 || l.esp < 2 || group_link(here, Group::kEp) != Link::kInter)
-    return no_gain("needs an inter-node EP group and N_ESP > 1");
-  prof.fused.eager_gain = 0.0;
-  const double p_u = total_us(prof, shape, here, false, W);
-  const double p_f0 = total_us(prof, shape, here, true, W);
-  prof.fused.eager_gain = 1.0;
-  const double eligible = p_f0 - total_us(prof, shape, here, true, W);
-  const double m = inter_fused_message(
-      predict(prof, schedule::build({shape, l, 0, true, W}, schedule::Kind::kS1), shape, here),
-      here);
-  if (eligible <= 0.0)
-    return no_gain(fmt::format("no inter-node part of the calibration layer above the limit "
-                               "(message {:.0f} bytes)", m));
-  const double raw = (p_f0 - p_u - (t_f - t_u)) / eligible;
-  ff.eager_gain = std::clamp(raw, 0.0, 1.0);
-  ff.eager_gain_source = source;
-  log(fmt::format(
-      "  fused in that layer ({:.0f} bytes per inter-node peer message, pieces {:.0f}; eager "
-      "limit {:.0f}): measured unfused {:.3f} ms, fused {:.3f} ms; priced without the gain "
-      "{:.3f} / {:.3f} ms, at gain 1 {:.3f} ms less: eager gain {:.3f} ({:.3f} before bounding "
-      "to [0, 1])",
-      m, m / W, ff.eager_limit_bytes, t_u / 1e3, t_f / 1e3, p_u / 1e3, p_f0 / 1e3,
-      eligible / 1e3, ff.eager_gain, raw));
+  // One share per span class of the EP group (model.h): [0] all peers on other nodes, [1]
+  // mixed. This layout measures its own class; a second layout the mixed one.
+  std::array<bool, 2> have{false, false};
+  std::array<std::string, 2> why{"no inter-node EP group of that span in the layouts measured",
+                                 "no inter-node EP group of that span in the layouts measured"};
+  auto record = [&](bool mixed, double g) {
+    (mixed ? ff.eager_gain_mixed : ff.eager_gain) = g;
+    (mixed ? ff.eager_gain_mixed_source : ff.eager_gain_source) = source;
+    have[mixed] = true;
+  };
+  double g = 0.0;
+  if (has_fused && group_link(here, Group::kEp) == Link::kInter) {
+    const bool mixed = group_span(here, Group::kEp).intra_share > 0.0;
+    if (gain_of(prof, shape, here, kind, W, t, mixed, g, why[mixed], log)) record(mixed, g);
+  }
+  TopologyOptions mo = topo_options;
+  if (!have[1] && mixed_layout(topo, mo)) {
+    auto mt = Topology::create(mo);
+    const Target mhere = target_of(*mt);
+    schedule::Kind mk = schedule::Kind::kS1;
+    if (fused_kind(mt->layout(), mk) && group_link(mhere, Group::kEp) == Link::kInter &&
+        group_span(mhere, Group::kEp).intra_share > 0.0) {
+      const MoeShape ms = eager_calibration_shape(mt->layout(), size_limit);
+      const LayerTimes mtimes = time_layer_pair(*mt, ms, mk, o);
+      const std::string mname = fmt::format("layer.mixed.{}", schedule::kind_name(mk));
+      cal.samples.push_back({mname, static_cast<double>(ms.tokens), mtimes.unfused_us});
+      cal.samples.push_back({mname + "+fused", static_cast<double>(ms.tokens), mtimes.fused_us});
+      if (gain_of(prof, ms, mhere, mk, W, mtimes, true, g, why[1], log)) record(true, g);
+    }
+  }
+  for (int c = 0; c < 2; ++c) {
+    if (have[c]) continue;
+    const char* key = c ? "eager_gain_mixed" : "eager_gain";
+    const char* other = c ? "eager_gain" : "eager_gain_mixed";
+    if (have[1 - c]) {
+      (c ? ff.eager_gain_mixed : ff.eager_gain) = c ? ff.eager_gain : ff.eager_gain_mixed;
+      (c ? ff.eager_gain_mixed_source : ff.eager_gain_source) =
+          fmt::format("assumed (copied from {}: {})", other, why[c]);
+      log(fmt::format("  {}: not measured ({}); copied from {}", key, why[c], other));
+    } else {
+      (c ? ff.eager_gain_mixed_source : ff.eager_gain_source) = "assumed 0 (" + why[c] + ")";
+      log(fmt::format("  {}: not measured ({}); 0", key, why[c]));
+    }
+  }
 }
 
 }  // namespace parm::perfmodel

@@ -130,11 +130,12 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<double>& 
   return unfused - overlap * (unfused - pipelined) + (chunks - 1) * per_piece_us;
 }
 
-double eager_saving_us(const FusedFit& f, double message_bytes, int chunks, double bytes_us) {
+double eager_saving_us(const FusedFit& f, double message_bytes, int chunks, double bytes_us,
+                       bool mixed) {
   PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
   const double limit = f.eager_limit_bytes;
   if (limit <= 0.0 || message_bytes <= limit || message_bytes / chunks > limit) return 0.0;
-  return f.eager_gain * std::max(0.0, bytes_us);
+  return (mixed ? f.eager_gain_mixed : f.eager_gain) * std::max(0.0, bytes_us);
 }
 
 namespace {
@@ -287,7 +288,8 @@ struct Pricer {
         piece_alpha.push_back(alpha);
         links.push_back(sp.link);
         if (sp.link == Link::kInter)
-          eager += eager_saving_us(prof.fused, p.bus_bytes / (sp.size - 1), sc.chunks, us - alpha);
+          eager += eager_saving_us(prof.fused, p.bus_bytes / (sp.size - 1), sc.chunks, us - alpha,
+                                   sp.intra_share > 0.0);
       }
       double t = fused && !piece.empty()
                      ? fused_us(piece, piece_alpha, links, sc.chunks, prof.fused.overlap,

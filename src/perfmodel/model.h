@@ -53,8 +53,11 @@
 // message up to E travels at once and that wait overlaps it. A fused step's part on an
 // inter-node group whose unfused per-peer message m = b / (n - 1) exceeds E while its
 // pieces' m / W do not is priced
-//     t_fused -= eager_gain * (t_part - alpha_part)     (the share of its bytes time saved)
-// with E and eager_gain from the profile (`calibrate` measures eager_gain inside the layer).
+//     t_fused -= g * (t_part - alpha_part)     (the share of its bytes time saved)
+// g = eager_gain where no rank of the group has a peer on its own node (intra_share = 0),
+// eager_gain_mixed where some have (those peers exchange over shared memory, whose pieces
+// still wait for the receiver); E and both shares from the profile (`calibrate` measures
+// each inside the layer, on a group of that span).
 // GEMM (m, n, k): s (alpha_c + 2 m n k / rate_c). Memory-bound work: s (alpha + bytes /
 // bandwidth). s = the profile's layer_compute.scale: the layer's compute steps measured inside
 // the layer over their price from the products and kernels timed alone (ranks that wait in
@@ -158,10 +161,12 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<double>& 
                 double per_piece_us = 0.0);
 
 // What one part of a fused step saves by sending its pieces eagerly (header comment):
-// eager_gain * bytes_us when message_bytes > eager_limit_bytes >= message_bytes / chunks,
-// else 0. message_bytes: the part's unfused per-peer message; bytes_us: its unfused time
+// g * bytes_us when message_bytes > eager_limit_bytes >= message_bytes / chunks, else 0;
+// g = eager_gain_mixed when `mixed` (some rank of the group has a peer on its own node), else
+// eager_gain. message_bytes: the part's unfused per-peer message; bytes_us: its unfused time
 // less its latency.
-double eager_saving_us(const FusedFit& fused, double message_bytes, int chunks, double bytes_us);
+double eager_saving_us(const FusedFit& fused, double message_bytes, int chunks, double bytes_us,
+                       bool mixed = false);
 
 // Prices `sc` (built for `shape` on target.layout) step by step.
 Prediction predict(const Profile& profile, const schedule::Schedule& sc,

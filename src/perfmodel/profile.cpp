@@ -97,7 +97,9 @@ nlohmann::json profile_to_json(const Profile& p) {
                 {"eager_limit_bytes", p.fused.eager_limit_bytes},
                 {"eager_limit_source", p.fused.eager_limit_source},
                 {"eager_gain", p.fused.eager_gain},
-                {"eager_gain_source", p.fused.eager_gain_source}};
+                {"eager_gain_source", p.fused.eager_gain_source},
+                {"eager_gain_mixed", p.fused.eager_gain_mixed},
+                {"eager_gain_mixed_source", p.fused.eager_gain_mixed_source}};
   for (const auto& [key, f] : {std::pair{"step_sync", &p.step_sync},
                                std::pair{"step_sync_world", &p.step_sync_world}})
     j[key] = {{"us", f->us}, {"per_compute", f->per_compute}, {"r2", f->r2},
@@ -171,6 +173,13 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
     p.fused.eager_limit_source = r.text(fu, "fused", "eager_limit_source");
     p.fused.eager_gain = r.number(fu, "fused", "eager_gain", 0.0, true, 1.0);
     p.fused.eager_gain_source = r.text(fu, "fused", "eager_gain_source");
+    if (fu.contains("eager_gain_mixed")) {
+      p.fused.eager_gain_mixed = r.number(fu, "fused", "eager_gain_mixed", 0.0, true, 1.0);
+      p.fused.eager_gain_mixed_source = r.text(fu, "fused", "eager_gain_mixed_source");
+    } else {  // profiles of one measured share: it priced every span
+      p.fused.eager_gain_mixed = p.fused.eager_gain;
+      p.fused.eager_gain_mixed_source = "assumed (copied from eager_gain: not in the profile)";
+    }
   }
   read_sync_fit(r, j, "step_sync", p.step_sync);
   if (j.contains("step_sync_world")) {

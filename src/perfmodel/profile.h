@@ -102,11 +102,17 @@ struct FusedFit {
   // message the inter-node transport sends eagerly (bytes; 0: no such limit priced), and
   // the share of an inter-node part's bytes time saved where its unfused messages are above
   // that limit and its pieces' are not. `calibrate` measures the share inside the layer
-  // (calibrate_fused_layer); older profiles: 0 (not priced).
+  // (calibrate_fused_layer); older profiles: 0 (not priced). Two shares, by the span of the
+  // part's group: eager_gain where every peer of a rank lies on another node, eager_gain_mixed
+  // where some share its node (their messages go over shared memory, whose own eager limit
+  // is below every piece, so those pieces still wait for the receiver); older profiles:
+  // eager_gain_mixed = eager_gain.
   double eager_limit_bytes = 0.0;
   std::string eager_limit_source = "assumed 0 (not in the profile)";
   double eager_gain = 0.0;
   std::string eager_gain_source = "assumed 0 (not in the profile)";
+  double eager_gain_mixed = 0.0;
+  std::string eager_gain_mixed_source = "assumed 0 (not in the profile)";
 };
 
 // The rendezvous of a collective step that follows computation: ranks arrive at different

@@ -75,6 +75,10 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
   if (j.contains("fused_eager_gain") || j.contains("fused_eager_limit_bytes")) {
     p.fused.eager_gain = r.number(j, "", "fused_eager_gain", 0.0, true, 1.0);
     p.fused.eager_limit_bytes = r.number(j, "", "fused_eager_limit_bytes", 0.0, true);
+    p.fused.eager_gain_mixed =
+        j.contains("fused_eager_gain_mixed")
+            ? r.number(j, "", "fused_eager_gain_mixed", 0.0, true, 1.0)
+            : p.fused.eager_gain;
   }
   return c;
 }

@@ -48,6 +48,13 @@ check "calibrate measures memory on 64 KiB .. 2 MiB buffers" 0 0 "12 131072 4194
 check "calibrate emulates nodes on one machine" 0 $rc "Emulating 2 nodes" "$out"
 check "calibrate copies the missing link class" 0 $rc "assumed (copied from inter" "$out"
 check "calibrate prints r2 per entry" 0 $rc "gemm.expert_nn" "$out"
+# One rank per emulated node: no EP group with a peer on a rank's own node, so the mixed
+# span's eager share is not measured, and the profile says so.
+mixed=$(/usr/bin/python3 -c 'import json, sys
+f = json.load(open(sys.argv[1]))["fused"]
+print(f["eager_gain_mixed"], f["eager_gain_mixed_source"])' "$tmp/p.json" 2>&1)
+check "calibrate writes the mixed span's eager share and its source" 0 0 "0.0 assumed 0 (" "$mixed"
+check "calibrate prints the mixed span's eager share" 0 $rc "fused eager gain, mixed" "$out"
 rec=$(/usr/bin/python3 -c 'import json, sys
 p = json.load(open(sys.argv[1]))
 print(p["device"], p["machine"]["device"]["device"], p["machine"]["gemm_precision"], p["machine"]["comm"])

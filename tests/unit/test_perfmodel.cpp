@@ -215,8 +215,45 @@ TEST(PerfModel, EagerSavingHandComputed) {
   // Pieces above the limit wait for the handshake too.
   EXPECT_DOUBLE_EQ(eager_saving_us(f, 257.0, 4, 40.0), 0.0);
   EXPECT_DOUBLE_EQ(eager_saving_us(f, 128.0, 1, 40.0), 0.0);
+  // A group with peers on a rank's own node takes the mixed share.
+  f.eager_gain_mixed = 0.75;
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 128.0, 4, 40.0, true), 30.0);
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 128.0, 4, 40.0, false), 10.0);
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 257.0, 4, 40.0, true), 0.0);
   f.eager_limit_bytes = 0.0;  // not priced
   EXPECT_DOUBLE_EQ(eager_saving_us(f, 128.0, 4, 40.0), 0.0);
+  EXPECT_DOUBLE_EQ(eager_saving_us(f, 128.0, 4, 40.0, true), 0.0);
+}
+
+// 2 nodes x 2 ranks, mp = 2, ep = 4 (the world: one peer on a rank's node, two on the other),
+// esp = 1: S2's fused combine joins the ep alltoall and the mp allgather. The alltoall's span:
+// intra share (2 - 1) / 3, link share 2 x (4 - 2) / 3, so its bytes time is
+// (bi / 3 + be 4 / 3) b. With the limit between m = b / 3 and m / 4 the step saves
+// eager_gain_mixed times that; eager_gain (the pure span's share) does not touch it.
+TEST(PerfModel, FusedStepOnAMixedGroupTakesTheMixedShare) {
+  const double ai = 10.0, bi = 1e-3, ae = 100.0, be = 1e-2;
+  Profile prof = comm_only_profile(ai, bi, ae, be, 1.0);
+  const auto shape = shape_of(64, 8, 8, 8, 1, "1.0");
+  const Target t = make_target(0, 2, 4, 1, 2);
+  const GroupSpan sp = group_span(t, Group::kEp);
+  ASSERT_EQ(sp.link, Link::kInter);
+  ASSERT_NEAR(sp.intra_share, 1.0 / 3.0, 1e-12);
+  ASSERT_NEAR(sp.link_share, 4.0 / 3.0, 1e-12);
+  const std::string label = "fused combine (esp reduce_scatter + ep alltoall + mp allgather)";
+  auto combine = [&](double gain, double mixed) {
+    prof.fused.eager_gain = gain;
+    prof.fused.eager_gain_mixed = mixed;
+    return step_named(predict_kind(prof, shape, t, Kind::kS2, true, 4), label);
+  };
+  double b = 0.0;
+  for (const auto& p : combine(0.0, 0.0).fwd_parts)
+    if (p.group == Group::kEp) b = p.bus_bytes;
+  ASSERT_GT(b, 0.0);
+  prof.fused.eager_limit_bytes = b / 3.0 / 2.0;
+  const double none = combine(0.0, 0.0).fwd_us;
+  EXPECT_NEAR(combine(0.5, 0.0).fwd_us, none, 1e-9);
+  EXPECT_NEAR(combine(0.0, 0.5).fwd_us, none - 0.5 * (bi / 3.0 + be * 4.0 / 3.0) * b, 1e-9);
+  EXPECT_NEAR(combine(0.9, 0.5).fwd_us, none - 0.5 * (bi / 3.0 + be * 4.0 / 3.0) * b, 1e-9);
 }
 
 // 2 nodes x 2 ranks, mp = esp = 2 (one node), ep = 2 (across): each fused step's ep alltoall
@@ -242,6 +279,9 @@ TEST(PerfModel, FusedStepSavesTheRendezvousOfItsInterNodePart) {
   EXPECT_NEAR(dispatch(64.0, 0.5).fwd_us, pipelined, 1e-9);  // 64 bytes are eager unfused
   EXPECT_NEAR(dispatch(8.0, 0.5).fwd_us, pipelined, 1e-9);   // pieces of 16 are not
   EXPECT_NEAR(dispatch(32.0, 0.0).fwd_us, pipelined, 1e-9);
+  // Every EP peer lies on the other node: the mixed share does not apply.
+  prof.fused.eager_gain_mixed = 0.9;
+  EXPECT_NEAR(dispatch(32.0, 0.5).fwd_us, pipelined - 0.5 * be * 2 * 64.0, 1e-9);
   // Unfused schedules and one node (no inter-node part) are not touched.
   prof.fused.eager_limit_bytes = 32.0;
   prof.fused.eager_gain = 0.5;
@@ -306,6 +346,16 @@ TEST(PerfModel, EagerCalibrationShapeCrossesTheLimit) {
     EXPECT_LT(message(less), 2 * 65536.0) << "mp " << mp;
   }
   EXPECT_THROW(eager_calibration_shape(make_target(0, 2, 2, 2, 2).layout, 0.0), Error);
+}
+
+// A gain is measured only where what it saves is at least a tenth of the layer's time.
+TEST(PerfModel, EagerGainMeasurableOnlyAboveATenthOfTheLayer) {
+  EXPECT_TRUE(eager_gain_measurable(10.0, 100.0));
+  EXPECT_TRUE(eager_gain_measurable(11.3, 33.3));   // 2 x 2, 1 Gbit/s
+  EXPECT_FALSE(eager_gain_measurable(9.99, 100.0));
+  EXPECT_FALSE(eager_gain_measurable(1.65, 26.8));  // 2 x 2, 10 Gbit/s
+  EXPECT_FALSE(eager_gain_measurable(0.0, 100.0));
+  EXPECT_FALSE(eager_gain_measurable(10.0, 0.0));
 }
 
 // On one node both parts of the fused dispatch use the intra-node link: the pieces' bytes
@@ -692,6 +742,8 @@ Profile sample_profile() {
   p.fused.eager_limit_source = "assumed (test)";
   p.fused.eager_gain = 0.4;
   p.fused.eager_gain_source = "measured";
+  p.fused.eager_gain_mixed = 0.2;
+  p.fused.eager_gain_mixed_source = "emulated";
   p.layer_compute = ComputeScale{1.25, "measured"};
   p.step_sync = SyncFit{42.0, 0.125, 0.8, 10, "measured"};
   p.step_sync_world = SyncFit{5.0, 0.5, 0.7, 8, "emulated"};
@@ -731,6 +783,8 @@ TEST(Profile, WriteReadRoundTrip) {
   EXPECT_EQ(q.fused.eager_limit_source, "assumed (test)");
   EXPECT_DOUBLE_EQ(q.fused.eager_gain, 0.4);
   EXPECT_EQ(q.fused.eager_gain_source, "measured");
+  EXPECT_DOUBLE_EQ(q.fused.eager_gain_mixed, 0.2);
+  EXPECT_EQ(q.fused.eager_gain_mixed_source, "emulated");
   EXPECT_DOUBLE_EQ(q.layer_compute.scale, 1.25);
   EXPECT_EQ(q.layer_compute.source, "measured");
   EXPECT_DOUBLE_EQ(q.step_sync.us, 42.0);
@@ -741,6 +795,12 @@ TEST(Profile, WriteReadRoundTrip) {
   EXPECT_EQ(q.step_sync_world.source, "emulated");
   // A profile from before the world was measured apart: the world copies step_sync.
   nlohmann::json old = profile_to_json(p);
+  // A profile of one measured share: it prices both spans.
+  old["fused"].erase("eager_gain_mixed");
+  old["fused"].erase("eager_gain_mixed_source");
+  const Profile one = profile_from_json(old, "one-share.json");
+  EXPECT_DOUBLE_EQ(one.fused.eager_gain_mixed, 0.4);
+  EXPECT_NE(one.fused.eager_gain_mixed_source.find("copied from eager_gain"), std::string::npos);
   old.erase("step_sync_world");
   old["step_sync"].erase("per_compute");
   for (const char* key : {"eager_limit_bytes", "eager_limit_source", "eager_gain",

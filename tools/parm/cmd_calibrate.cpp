@@ -46,6 +46,8 @@ void print_table(const perfmodel::Profile& p) {
               p.fused.eager_limit_bytes, "-", "-", "", "", p.fused.eager_limit_source.c_str());
   std::printf("%-26s %10.3f %14s %12s %8s %7s  %s\n", "fused eager gain (share)",
               p.fused.eager_gain, "-", "-", "", "", p.fused.eager_gain_source.c_str());
+  std::printf("%-26s %10.3f %14s %12s %8s %7s  %s\n", "fused eager gain, mixed",
+              p.fused.eager_gain_mixed, "-", "-", "", "", p.fused.eager_gain_mixed_source.c_str());
   std::printf("%-26s %10.3f %14s %12s %8s %7s  %s\n", "layer compute scale", p.layer_compute.scale,
               "-", "-", "", "", p.layer_compute.source.c_str());
   std::printf("%-26s %10.2f %14s %7.4f/us  %8.4f %7lld  %s\n", "step sync (+ per compute)",
