@@ -54,6 +54,14 @@ void fc1_backward(int64_t rows, int64_t M, int64_t hl, const float* x, const flo
 // are packed.
 constexpr int64_t kFuseRows = 32;
 
+namespace {
+
+void lap(PhaseClock* clock, const char* phase) {
+  if (clock != nullptr) clock->lap(phase);
+}
+
+}  // namespace
+
 void RowRuns::copy(int64_t r0, int64_t n, float* dst) const {
   const auto bytes = [this](int64_t rows) { return static_cast<size_t>(rows * cols) * sizeof(float); };
   if (counts == nullptr) {
@@ -113,7 +121,8 @@ bool Bf16ExpertProducts::pack_weights(const float* w1, const float* w2) {
   return true;
 }
 
-void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre) {
+void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre,
+                                     PhaseClock* clock) {
   const int64_t M = model_dim_, hl = hidden_;
   float* block = rows_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
@@ -123,11 +132,14 @@ void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const RowRuns& x, 
     cpu::bf16_pack_a(false, nr, M, block, M, a_.data() + cpu::bf16_packed_a_size(r0, M));
     cpu::bf16_pack_at_rows(r0, nr, M, rows, block, M, xt_.data() + e * xt_stride_);
   }
+  lap(clock, "rows in/out");
   cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w1_.data() + e * w_stride_, pre, hl, false);
+  lap(clock, "expert products");
 }
 
 void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre,
-                                               const float* b1, float* out) {
+                                               const float* b1, float* out,
+                                               PhaseClock* clock) {
   const int64_t M = model_dim_, hl = hidden_;
   float* act = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
@@ -138,11 +150,13 @@ void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const fl
                                a_.data() + cpu::bf16_packed_a_size(r0, hl));
     cpu::bf16_pack_at_rows(r0, nr, hl, rows, act, hl, at_.data() + e * at_stride_);
   }
+  lap(clock, "bias + GeLU");
   cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
+  lap(clock, "expert products");
 }
 
 void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const RowRuns& dy, float* db2,
-                                      float* dw2, float* dact) {
+                                      float* dw2, float* dact, PhaseClock* clock) {
   const int64_t M = model_dim_, hl = hidden_;
   float* block = rows_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
@@ -153,14 +167,17 @@ void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const RowRuns& dy
     cpu::bf16_pack_b_rows(r0, nr, rows, M, block, M, b_.data());
     cpu::bf16_pack_a(false, nr, M, block, M, a_.data() + cpu::bf16_packed_a_size(r0, M));
   }
+  lap(clock, "rows in/out");
   // dW2 (Hl, M) += act^T dy; dact (R, Hl) = dy W2^T
   cpu::gemm_bf16_packed(hl, M, rows, at_.data() + e * at_stride_, b_.data(), dw2, M, true);
   cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w2t_.data() + e * w_stride_, dact, hl, false);
+  lap(clock, "expert products");
 }
 
 void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre,
                                                     const float* b1, const float* dact,
-                                                    float* db1, float* dw1, float* dx) {
+                                                    float* db1, float* dw1, float* dx,
+                                                    PhaseClock* clock) {
   const int64_t M = model_dim_, hl = hidden_;
   float* dpre = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
@@ -170,9 +187,11 @@ void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, con
                                         a2_.data() + cpu::bf16_packed_a_size(r0, hl));
     cpu::bf16_pack_b_rows(r0, nr, rows, hl, dpre, hl, b_.data());
   }
+  lap(clock, "GeLU + bias backward");
   // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T
   cpu::gemm_bf16_packed(M, hl, rows, xt_.data() + e * xt_stride_, b_.data(), dw1, hl, true);
   cpu::gemm_bf16_packed(rows, M, hl, a2_.data(), w1t_.data() + e * w_stride_, dx, M, false);
+  lap(clock, "expert products");
 }
 
 int64_t Bf16ExpertProducts::held_bytes() const {

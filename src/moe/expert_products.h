@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "moe/bf16_weight_copies.h"
+#include "moe/phase_times.h"
 #include "parm/device.h"
 
 namespace parm::moe {
@@ -97,21 +98,27 @@ class Bf16ExpertProducts {
   // Times the weights were packed so far, and the wall time of the last packing (us).
   int64_t weight_packs() const { return copies_.copies_made(); }
   double last_pack_us() const { return last_pack_us_; }
+  // Each step below laps `clock` (may be null) after its elementwise work and after its
+  // products, with the phase names of the fp32 path (experts_forward / experts_backward):
+  // reading and packing x or dy "rows in/out" (db2 included), the GeLU steps with their
+  // packing "bias + GeLU" / "GeLU + bias backward", the GEMMs alone "expert products".
   // pre (R, Hl) = x (R, M) W1 for expert e, x's R rows read from `x`; keeps x^T packed.
   // Overwrites pre.
-  void fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre);
+  void fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre,
+                   PhaseClock* clock = nullptr);
   // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed. Overwrites out.
   void bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre, const float* b1,
-                             float* out);
+                             float* out, PhaseClock* clock = nullptr);
   // db2 (M) += column sums of dy (skipped when db2 is null); dW2 (Hl, M) += act^T dy;
   // dact (R, Hl) = dy (R, M) W2^T, dy's R rows read from `dy`. Accumulates db2 and dw2,
   // overwrites dact.
   void fc2_backward(int64_t e, int64_t rows, const RowRuns& dy, float* db2, float* dw2,
-                    float* dact);
+                    float* dact, PhaseClock* clock = nullptr);
   // dpre = gelu'(pre + b1) dact (scratch), db1 += its column sums, dW1 (M, Hl) += x^T dpre,
   // dx (R, M) = dpre W1^T. Accumulates db1 and dw1, overwrites dx.
   void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre, const float* b1,
-                                  const float* dact, float* db1, float* dw1, float* dx);
+                                  const float* dact, float* db1, float* dw1, float* dx,
+                                  PhaseClock* clock = nullptr);
   int64_t held_bytes() const;
 
  private:

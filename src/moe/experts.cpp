@@ -164,24 +164,23 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     ws.place(e, filled_rows(fills, blocks, e_loc, e));
     float* pre = ws.pre_rows(e);
     const int64_t n = ws.rows[static_cast<size_t>(e)];
-    if (bf16) {  // reads x where the layout holds it, packing it (timed as products)
-      ws.bf16.fc1_forward(e, n, filled_runs(in, lay, blocks, e, fills), pre);
+    if (bf16) {  // reads x where the layout holds it, packing it; GeLU packs act (each
+                 // step laps the clock: the GEMMs alone are "expert products")
+      ws.bf16.fc1_forward(e, n, filled_runs(in, lay, blocks, e, fills), pre, &clock);
+      ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, ws.out_rows.data(),
+                                    &clock);
     } else {
       float* x = ws.in_rows(e);
       PARM_CHECK_EQ(gather_filled(in, lay, blocks, e, fills, x), n);
       clock.lap("rows in/out");
       fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
-    }
-    clock.lap("expert products");
-    if (bf16) {  // bias + GeLU fused with packing act (timed as products)
-      ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, ws.out_rows.data());
-    } else {
+      clock.lap("expert products");
       float* act = ws.act_rows(e);
       cpu::bias_gelu(pre, w.b1.data() + e * hl, act, n, hl);
       clock.lap("bias + GeLU");
       fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
+      clock.lap("expert products");
     }
-    clock.lap("expert products");
     if (add_b2) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, n, M);
     clock.lap("bias + GeLU");
     scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, out);
@@ -203,9 +202,13 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
     const float* pre = ws.pre_rows(e);
     const int64_t n = ws.rows[static_cast<size_t>(e)];
     PARM_CHECK_EQ(filled_rows(fills, blocks, e_loc, e), n);
-    if (bf16) {  // reads dy where the layout holds it: db2 and its packing (timed as products)
+    if (bf16) {  // reads dy where the layout holds it (db2 and its packing); GeLU + bias
+                 // backward packs dpre (each step laps the clock, as in the forward pass)
       ws.bf16.fc2_backward(e, n, filled_runs(dout, lay, blocks, e, fills),
-                           dw.b2.data() + e * M, dw.w2.data() + e * hl * M, dact);
+                           dw.b2.data() + e * M, dw.w2.data() + e * hl * M, dact, &clock);
+      ws.bf16.gelu_backward_fc1_backward(e, n, pre, w.b1.data() + e * hl, dact,
+                                         dw.b1.data() + e * hl, dw.w1.data() + e * M * hl,
+                                         ws.out_rows.data(), &clock);
     } else {
       PARM_CHECK_EQ(gather_filled(dout, lay, blocks, e, fills, dy), n);
       clock.lap("rows in/out");
@@ -213,21 +216,15 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
       clock.lap("GeLU + bias backward");
       fc2_backward(n, M, hl, ws.act_rows(e), dy,
                    w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
-    }
-    clock.lap("expert products");
-    if (bf16) {  // GeLU + bias backward fused with packing dpre (timed as products)
-      ws.bf16.gelu_backward_fc1_backward(e, n, pre, w.b1.data() + e * hl, dact,
-                                         dw.b1.data() + e * hl, dw.w1.data() + e * M * hl,
-                                         ws.out_rows.data());
-    } else {
+      clock.lap("expert products");
       const float* x = ws.in_rows(e);
       cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
                               hl);
       clock.lap("GeLU + bias backward");
       fc1_backward(n, M, hl, x, dact, w.w1.data() + e * M * hl, dw.w1.data() + e * M * hl,
                    ws.out_rows.data());
+      clock.lap("expert products");
     }
-    clock.lap("expert products");
     scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, din);
     clock.lap("rows in/out");
   }

@@ -146,7 +146,9 @@ struct ExpertWorkspace {
 // first[b * E_loc + e] instead (layer/packed_rows.h), and in/out hold at least the routed rows. out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly one shard of an
 // ESP group adds it, so that the sum over the group holds it once) at filled rows, zero at
 // empty ones. Overwrites out. `times` (may be null): "rows in/out", "expert products",
-// "bias + GeLU", and at bf16 "bf16 weight packing" in a pass that packs W1 and W2.
+// "bias + GeLU", and at bf16 "bf16 weight packing" in a pass that packs W1 and W2 (at either
+// precision "expert products" is the GEMMs alone; at bf16 packing x is "rows in/out" and
+// packing act "bias + GeLU").
 void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                      const int32_t* fills, bool add_b2, ExpertWorkspace& ws, Tensor& out,
                      PhaseTimes* times = nullptr, const int64_t* first = nullptr);
