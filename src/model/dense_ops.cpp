@@ -30,10 +30,7 @@ void cpu_copy(float* dst, const float* src, int64_t n) {
 
 double cpu_sum_of_squares(const float* const* bufs, const int64_t* sizes, int64_t count,
                           double acc) {
-  for (int64_t b = 0; b < count; ++b) {
-    const float* g = bufs[b];
-    for (int64_t i = 0; i < sizes[b]; ++i) acc += static_cast<double>(g[i]) * g[i];
-  }
+  for (int64_t b = 0; b < count; ++b) acc += cpu::sum_of_squares(bufs[b], sizes[b]);
   return acc;
 }
 

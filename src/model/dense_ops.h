@@ -81,7 +81,8 @@ struct DenseOps {
   // dst (n) = src (n), both memory of this device; they do not overlap.
   void (*copy)(float* dst, const float* src, int64_t n);
   // acc + the sum over the `count` buffers, in order, of the squares of their elements,
-  // in double (the CPU adds them one by one into one running sum). Host result.
+  // in double (the CPU sums each buffer in 32 partial sums, cpu::sum_of_squares, and adds
+  // the buffers' sums to acc in order). Host result.
   double (*sum_of_squares)(const float* const* bufs, const int64_t* sizes, int64_t count,
                            double acc);
   // AdamW over n elements, in fp32 with the scalars derived in double: g' = g * grad_scale;

@@ -224,6 +224,13 @@ void adamw(const AdamWScalars& s, float* w, const float* g, float* m, float* v, 
 void adamw_reference(const AdamWScalars& s, float* w, const float* g, float* m, float* v,
                      int64_t n);
 
+// ---- Sum of squares (the gradient norm) ------------------------------------------------
+// x[0]^2 + ... + x[n-1]^2 in double: element i is added into partial sum i mod 32, and the 32
+// partial sums are added in order at the end. AVX-512 where the CPU has it, the same bits as
+// sum_of_squares_reference (the scalar loop).
+double sum_of_squares(const float* x, int64_t n);
+double sum_of_squares_reference(const float* x, int64_t n);
+
 // ---- Row gather / scatter-add ----------------------------------------------------------
 // dst (n, cols): row i = src row idx[i] (idx[i] < 0: a zero row). Overwrites dst.
 void gather_rows(const float* src, int64_t cols, const int64_t* idx, int64_t n, float* dst);
