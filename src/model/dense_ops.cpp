@@ -104,6 +104,8 @@ DenseOps make_cpu_ops() {
   o.gemm_bf16_packed = cpu_gemm_bf16_packed;
   o.bias_gelu_bf16 = cpu::bias_gelu_bf16;
   o.bias_gelu_backward_bf16 = cpu::bias_gelu_backward_bf16;
+  o.bias_gelu_pack_a_bf16 = cpu::bias_gelu_pack_a_bf16;
+  o.bias_gelu_backward_pack_a_bf16 = cpu::bias_gelu_backward_pack_a_bf16;
   o.alloc_bytes = cpu_alloc_bytes;
   o.free_bytes = cpu_free_bytes;
   o.upload = cpu_upload;

@@ -117,6 +117,15 @@ struct DenseOps {
                          int64_t cols) = nullptr;
   void (*bias_gelu_backward_bf16)(const float* x, const float* bias, const float* dact,
                                   float* dx, float* dbias, int64_t rows, int64_t cols) = nullptr;
+  // The same two with their output also rounded into packed A (bf16_packed_a_size(rows,
+  // cols) values at `packed`): the bits of the two above followed by bf16_pack_a (cpu::
+  // bias_gelu_pack_a_bf16 / bias_gelu_backward_pack_a_bf16), in one pass. Set where the two
+  // above and the packs are.
+  void (*bias_gelu_pack_a_bf16)(const float* x, const float* bias, float* act, int64_t rows,
+                                int64_t cols, uint16_t* packed) = nullptr;
+  void (*bias_gelu_backward_pack_a_bf16)(const float* x, const float* bias, const float* dact,
+                                         float* dx, float* dbias, int64_t rows, int64_t cols,
+                                         uint16_t* packed) = nullptr;
 
   // ---- raw memory of this device ------------------------------------------------------
   void* (*alloc_bytes)(size_t bytes);  // zero-filled

@@ -256,6 +256,10 @@ class Transformer final : public Model {
   // When pack_dense_: LN1's output packed once for the Q, K and V products, as A of ln1 W
   // (forward) and as A of ln1^T dqkv (backward), and dq / dk / dv packed as B in turn.
   cpu::Bf16Buffer ln1_packed_, ln1t_packed_, dqkv_packed_;  // aligned (bf16_buffer.h)
+  // When pack_dense_ in a stage with dense MLPs: the GeLU's output rounded into packed A as it
+  // is made, act for fc2 (forward) and dpre for fc1's input gradient (backward), one at a
+  // time.
+  cpu::Bf16Buffer ffn_packed_;
   int64_t B_, L_, T_, M_, V_, Ml_, Hl_, Fl_, D_;  // Hl_: local heads
   std::vector<std::unique_ptr<Param>> params_;
   Param* wte_ = nullptr;  // (V, M)
@@ -550,6 +554,9 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     ln1_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(T_, M_)));
     ln1t_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(M_, T_)));
     dqkv_packed_.resize(static_cast<size_t>(ops_.bf16_packed_b_size(T_, Ml_)));
+    const bool dense_mlp = std::any_of(blocks_.begin(), blocks_.end(),
+                                       [](const Block& b) { return !b.is_moe; });
+    if (dense_mlp) ffn_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(T_, Fl_)));
   }
   datt_ = here({T_, Ml_});
   dfc_ = here({T_, std::max<int64_t>(Fl_, 1)});
@@ -645,11 +652,20 @@ const float* Transformer::dense_ffn_forward(Block& b) {
   Tensor& partial = dtmp_;  // (T, M)
   lin_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_);
   // fp32: fc_pre becomes x W1 + b1 in place; bf16: it stays x W1 (the backward adds b1).
-  if (gelu_bf16())
-    ops_.bias_gelu_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
-  else
-    ops_.bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
-  lin_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M);
+  if (pack_dense_ && gelu_bf16()) {  // act also rounded into packed A, as A of act W2
+    ops_.bias_gelu_pack_a_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T,
+                               Fl_, ffn_packed_.data());
+    linear_forward_packed_x(ops_, ffn_packed_.data(),
+                            wpack_.get(b.fc2_w->value.data(), Fl_, M), nullptr, partial.data(),
+                            T, Fl_, M);
+  } else {
+    if (gelu_bf16())
+      ops_.bias_gelu_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
+    else
+      ops_.bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T,
+                             Fl_);
+    lin_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M);
+  }
   tp_.g_forward(partial.data(), T * M);
   ops_.add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
   return partial.data();
@@ -744,6 +760,18 @@ const float* Transformer::dense_ffn_backward(Block& b) {
                b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false);
   // bf16: the GeLU's backward also sums db1 (fc_pre holds x W1 without b1).
   float* db1 = b.fc1_b->grad.data();
+  if (pack_dense_ && gelu_bf16()) {
+    // dpre also rounded into packed A, as A of dx = dpre W1^T; dW1 += ln2^T dpre reads it
+    // in fp32 (its own layout).
+    ops_.bias_gelu_backward_pack_a_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), dfc_.data(),
+                                        dfc_.data(), db1, T, Fl_, ffn_packed_.data());
+    ops_.gemm(Precision::kBf16, true, false, M, Fl_, T, b.a.ln2.data(), dfc_.data(),
+              b.fc1_w->grad.data(), /*accumulate=*/true);
+    ops_.gemm_bf16_packed(T, M, Fl_, ffn_packed_.data(),
+                          wpack_.get(b.fc1_w->value.data(), M, Fl_).wt, dln_.data(), false);
+    tp_.f_backward(dln_.data(), T * M);  // [f] backward: sum the partial input gradients
+    return dln_.data();
+  }
   if (gelu_bf16()) {
     ops_.bias_gelu_backward_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), dfc_.data(),
                                  dfc_.data(), db1, T, Fl_);
