@@ -85,6 +85,7 @@ DenseOps make_cpu_ops() {
   o.cross_entropy = cross_entropy;
   o.layernorm_forward = cpu::layernorm_forward;
   o.layernorm_backward = cpu::layernorm_backward;
+  o.layernorm_backward_add = cpu::layernorm_backward_add;
   o.bias_gelu_forward = cpu::bias_gelu_forward;
   o.gelu_backward = cpu::gelu_backward;
   o.add_bias = cpu::add_bias;

@@ -65,6 +65,12 @@ struct DenseOps {
   void (*layernorm_backward)(const float* dy, const float* x, const float* gamma,
                              const float* mean, const float* rstd, float* dx, float* dgamma,
                              float* dbeta, int64_t rows, int64_t cols);
+  // layernorm_backward adding its input gradient into dx (+=, a residual stream's gradient;
+  // dx must not alias dy): the bits of layernorm_backward then add. Null on tables without it
+  // (the caller runs those two).
+  void (*layernorm_backward_add)(const float* dy, const float* x, const float* gamma,
+                                 const float* mean, const float* rstd, float* dx, float* dgamma,
+                                 float* dbeta, int64_t rows, int64_t cols) = nullptr;
   void (*bias_gelu_forward)(float* pre, const float* bias, float* act, int64_t rows,
                             int64_t cols);
   void (*gelu_backward)(const float* x, const float* dy, float* dx, int64_t n);

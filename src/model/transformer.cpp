@@ -224,6 +224,10 @@ class Transformer final : public Model {
   // gradient at LN2's output), and the rest from dffn_in, that gradient.
   const float* dense_ffn_backward(Block& b);
   void block_backward_rest(Block& b, const float* dffn_in);
+  // dres_ (T, M) += the input gradient of a block's LayerNorm (weight w, bias `bias`) at
+  // input x from dy (not dres_); accumulates w's and bias's gradients.
+  void ln_backward_add(const float* dy, const float* x, Param* w, Param* bias, const float* mean,
+                       const float* rstd);
   // The dense products: the table's linear_forward / linear_backward, or at bf16 on a table
   // that packs weights, the same products with w (in, out) packed once per pass (wpack_).
   void lin_forward(const float* x, const float* w, const float* b, float* y, int64_t rows,
@@ -785,13 +789,23 @@ const float* Transformer::dense_ffn_backward(Block& b) {
   return dln_.data();
 }
 
+void Transformer::ln_backward_add(const float* dy, const float* x, Param* w, Param* bias,
+                                  const float* mean, const float* rstd) {
+  if (ops_.layernorm_backward_add != nullptr) {
+    ops_.layernorm_backward_add(dy, x, w->value.data(), mean, rstd, dres_.data(), w->grad.data(),
+                                bias->grad.data(), T_, M_);
+    return;
+  }
+  ops_.layernorm_backward(dy, x, w->value.data(), mean, rstd, dtmp_.data(), w->grad.data(),
+                          bias->grad.data(), T_, M_);
+  ops_.add(dres_.data(), dtmp_.data(), dres_.data(), T_ * M_);
+}
+
 void Transformer::block_backward_rest(Block& b, const float* dffn_in) {
   const int64_t T = T_, M = M_, Ml = Ml_;
   const Tensor& in = res_[static_cast<size_t>(&b - blocks_.data())];
-  ops_.layernorm_backward(dffn_in, b.a.res_mid.data(), b.ln2_w->value.data(), b.a.ln2_mean.data(),
-                          b.a.ln2_rstd.data(), dtmp_.data(), b.ln2_w->grad.data(),
-                          b.ln2_b->grad.data(), T, M);
-  ops_.add(dres_.data(), dtmp_.data(), dres_.data(), T * M);
+  ln_backward_add(dffn_in, b.a.res_mid.data(), b.ln2_w, b.ln2_b, b.a.ln2_mean.data(),
+                  b.a.ln2_rstd.data());
   // Attention. dres_ = d res_mid.
   lin_backward(dres_.data(), b.a.att.data(), b.proj_w->value.data(), datt_.data(),
                b.proj_w->grad.data(), b.proj_b->grad.data(), T, Ml, M, false);
@@ -815,10 +829,8 @@ void Transformer::block_backward_rest(Block& b, const float* dffn_in) {
                    T, M, Ml, /*accumulate_dx=*/c > 0);
   }
   tp_.f_backward(dln_.data(), T * M);
-  ops_.layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.a.ln1_mean.data(),
-                          b.a.ln1_rstd.data(), dtmp_.data(), b.ln1_w->grad.data(),
-                          b.ln1_b->grad.data(), T, M);
-  ops_.add(dres_.data(), dtmp_.data(), dres_.data(), T * M);
+  ln_backward_add(dln_.data(), in.data(), b.ln1_w, b.ln1_b, b.a.ln1_mean.data(),
+                  b.a.ln1_rstd.data());
 }
 
 LossParts Transformer::stage_forward(int slot, const Batch& batch, double lm_denominator,

@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "normal_values.h"
+#include "parm/error.h"
 
 namespace parm::cpu {
 namespace {
@@ -51,6 +52,38 @@ TEST(LayerNormVector, VectorAndScalarGiveTheSameBits) {
     EXPECT_TRUE(same_bits(dg1, dg2)) << cols;
     EXPECT_TRUE(same_bits(db1, db2)) << cols;
   }
+}
+
+// layernorm_backward_add: dx += the input gradient, the bits of layernorm_backward into a
+// scratch and then add (x + g in fp32), vector and scalar alike, every tail width.
+TEST(LayerNormVector, BackwardAddIsBackwardThenAdd) {
+  const int64_t rows = 5;
+  for (const int64_t cols : {1, 7, 16, 31, 37, 128, 130}) {
+    const int64_t n = rows * cols;
+    const auto x = normal(n, 21, 1.5f, 3.0f), dy = normal(n, 22, 1.0f, 0.0f);
+    const auto gamma = normal(cols, 23, 0.5f, 1.0f), beta = normal(cols, 24, 0.1f, 0.0f);
+    const auto res = normal(n, 25, 1.0f, 0.5f);  // the residual gradient dx starts from
+    std::vector<float> y(n), mean(rows), rstd(rows);
+    layernorm_forward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(),
+                      rows, cols, 1e-5f);
+    std::vector<float> g(n), want(n), dg1(cols, 0.0f), db1(cols, 0.0f);
+    layernorm_backward(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), g.data(),
+                       dg1.data(), db1.data(), rows, cols);
+    add(res.data(), g.data(), want.data(), n);
+    for (const bool vector : {true, false}) {
+      std::vector<float> dx = res, dg(cols, 0.0f), db(cols, 0.0f);
+      (vector ? layernorm_backward_add : layernorm_backward_add_reference)(
+          dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dg.data(),
+          db.data(), rows, cols);
+      EXPECT_TRUE(same_bits(dx, want)) << cols << (vector ? " vector" : " scalar");
+      EXPECT_TRUE(same_bits(dg, dg1)) << cols;
+      EXPECT_TRUE(same_bits(db, db1)) << cols;
+    }
+  }
+  std::vector<float> v(8, 1.0f), s(2, 1.0f), d(8, 0.0f);  // dx aliasing dy: refused
+  EXPECT_THROW(layernorm_backward_add(v.data(), v.data(), s.data(), s.data(), s.data(), v.data(),
+                                      d.data(), d.data(), 2, 4),
+               Error);
 }
 
 TEST(LayerNormVector, BackwardMatchesItsFormulaInDouble) {

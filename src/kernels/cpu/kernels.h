@@ -205,6 +205,15 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
 void layernorm_backward_reference(const float* dy, const float* x, const float* gamma,
                                   const float* mean, const float* rstd, float* dx, float* dgamma,
                                   float* dbeta, int64_t rows, int64_t cols);
+// The same with the input gradient added into dx (+=; a residual stream's gradient), each
+// element as dx + g: the bits of layernorm_backward into a scratch g followed by add(dx, g,
+// dx), in one pass. dx must not alias dy.
+void layernorm_backward_add(const float* dy, const float* x, const float* gamma,
+                            const float* mean, const float* rstd, float* dx, float* dgamma,
+                            float* dbeta, int64_t rows, int64_t cols);
+void layernorm_backward_add_reference(const float* dy, const float* x, const float* gamma,
+                                      const float* mean, const float* rstd, float* dx,
+                                      float* dgamma, float* dbeta, int64_t rows, int64_t cols);
 
 // ---- AdamW -----------------------------------------------------------------------------
 // The update's scalars, in fp32 (derived in double by the caller: model/dense_ops.h).
