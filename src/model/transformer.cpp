@@ -238,6 +238,11 @@ class Transformer final : public Model {
   bool gelu_bf16() const {
     return dense_ == Precision::kBf16 && ops_.bias_gelu_bf16 != nullptr;
   }
+  // ... and also rounds its output into packed A for the next product (packed weights).
+  bool gelu_packs() const {
+    return pack_dense_ && gelu_bf16() && ops_.bias_gelu_pack_a_bf16 != nullptr &&
+           ops_.bias_gelu_backward_pack_a_bf16 != nullptr;
+  }
 
   Topology& topo_;
   StageBlocks stage_;
@@ -560,7 +565,8 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     dqkv_packed_.resize(static_cast<size_t>(ops_.bf16_packed_b_size(T_, Ml_)));
     const bool dense_mlp = std::any_of(blocks_.begin(), blocks_.end(),
                                        [](const Block& b) { return !b.is_moe; });
-    if (dense_mlp) ffn_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(T_, Fl_)));
+    if (dense_mlp && gelu_packs())
+      ffn_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(T_, Fl_)));
   }
   datt_ = here({T_, Ml_});
   dfc_ = here({T_, std::max<int64_t>(Fl_, 1)});
@@ -656,7 +662,7 @@ const float* Transformer::dense_ffn_forward(Block& b) {
   Tensor& partial = dtmp_;  // (T, M)
   lin_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_);
   // fp32: fc_pre becomes x W1 + b1 in place; bf16: it stays x W1 (the backward adds b1).
-  if (pack_dense_ && gelu_bf16()) {  // act also rounded into packed A, as A of act W2
+  if (gelu_packs()) {  // act also rounded into packed A, as A of act W2
     ops_.bias_gelu_pack_a_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T,
                                Fl_, ffn_packed_.data());
     linear_forward_packed_x(ops_, ffn_packed_.data(),
@@ -764,7 +770,7 @@ const float* Transformer::dense_ffn_backward(Block& b) {
                b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false);
   // bf16: the GeLU's backward also sums db1 (fc_pre holds x W1 without b1).
   float* db1 = b.fc1_b->grad.data();
-  if (pack_dense_ && gelu_bf16()) {
+  if (gelu_packs()) {
     // dpre also rounded into packed A, as A of dx = dpre W1^T; dW1 += ln2^T dpre reads it
     // in fp32 (its own layout).
     ops_.bias_gelu_backward_pack_a_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), dfc_.data(),
