@@ -30,10 +30,7 @@ void cpu_copy(float* dst, const float* src, int64_t n) {
 
 double cpu_sum_of_squares(const float* const* bufs, const int64_t* sizes, int64_t count,
                           double acc) {
-  for (int64_t b = 0; b < count; ++b) {
-    const float* g = bufs[b];
-    for (int64_t i = 0; i < sizes[b]; ++i) acc += static_cast<double>(g[i]) * g[i];
-  }
+  for (int64_t b = 0; b < count; ++b) acc += cpu::sum_of_squares(bufs[b], sizes[b]);
   return acc;
 }
 
@@ -88,6 +85,7 @@ DenseOps make_cpu_ops() {
   o.cross_entropy = cross_entropy;
   o.layernorm_forward = cpu::layernorm_forward;
   o.layernorm_backward = cpu::layernorm_backward;
+  o.layernorm_backward_add = cpu::layernorm_backward_add;
   o.bias_gelu_forward = cpu::bias_gelu_forward;
   o.gelu_backward = cpu::gelu_backward;
   o.add_bias = cpu::add_bias;
@@ -107,6 +105,8 @@ DenseOps make_cpu_ops() {
   o.gemm_bf16_packed = cpu_gemm_bf16_packed;
   o.bias_gelu_bf16 = cpu::bias_gelu_bf16;
   o.bias_gelu_backward_bf16 = cpu::bias_gelu_backward_bf16;
+  o.bias_gelu_pack_a_bf16 = cpu::bias_gelu_pack_a_bf16;
+  o.bias_gelu_backward_pack_a_bf16 = cpu::bias_gelu_backward_pack_a_bf16;
   o.alloc_bytes = cpu_alloc_bytes;
   o.free_bytes = cpu_free_bytes;
   o.upload = cpu_upload;

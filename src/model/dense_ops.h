@@ -65,6 +65,12 @@ struct DenseOps {
   void (*layernorm_backward)(const float* dy, const float* x, const float* gamma,
                              const float* mean, const float* rstd, float* dx, float* dgamma,
                              float* dbeta, int64_t rows, int64_t cols);
+  // layernorm_backward adding its input gradient into dx (+=, a residual stream's gradient;
+  // dx must not alias dy): the bits of layernorm_backward then add. Null on tables without it
+  // (the caller runs those two).
+  void (*layernorm_backward_add)(const float* dy, const float* x, const float* gamma,
+                                 const float* mean, const float* rstd, float* dx, float* dgamma,
+                                 float* dbeta, int64_t rows, int64_t cols) = nullptr;
   void (*bias_gelu_forward)(float* pre, const float* bias, float* act, int64_t rows,
                             int64_t cols);
   void (*gelu_backward)(const float* x, const float* dy, float* dx, int64_t n);
@@ -81,7 +87,8 @@ struct DenseOps {
   // dst (n) = src (n), both memory of this device; they do not overlap.
   void (*copy)(float* dst, const float* src, int64_t n);
   // acc + the sum over the `count` buffers, in order, of the squares of their elements,
-  // in double (the CPU adds them one by one into one running sum). Host result.
+  // in double (the CPU sums each buffer in 32 partial sums, cpu::sum_of_squares, and adds
+  // the buffers' sums to acc in order). Host result.
   double (*sum_of_squares)(const float* const* bufs, const int64_t* sizes, int64_t count,
                            double acc);
   // AdamW over n elements, in fp32 with the scalars derived in double: g' = g * grad_scale;
@@ -116,6 +123,15 @@ struct DenseOps {
                          int64_t cols) = nullptr;
   void (*bias_gelu_backward_bf16)(const float* x, const float* bias, const float* dact,
                                   float* dx, float* dbias, int64_t rows, int64_t cols) = nullptr;
+  // The same two with their output also rounded into packed A (bf16_packed_a_size(rows,
+  // cols) values at `packed`): the bits of the two above followed by bf16_pack_a (cpu::
+  // bias_gelu_pack_a_bf16 / bias_gelu_backward_pack_a_bf16), in one pass. Set where the two
+  // above and the packs are.
+  void (*bias_gelu_pack_a_bf16)(const float* x, const float* bias, float* act, int64_t rows,
+                                int64_t cols, uint16_t* packed) = nullptr;
+  void (*bias_gelu_backward_pack_a_bf16)(const float* x, const float* bias, const float* dact,
+                                         float* dx, float* dbias, int64_t rows, int64_t cols,
+                                         uint16_t* packed) = nullptr;
 
   // ---- raw memory of this device ------------------------------------------------------
   void* (*alloc_bytes)(size_t bytes);  // zero-filled

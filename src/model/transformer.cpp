@@ -224,6 +224,10 @@ class Transformer final : public Model {
   // gradient at LN2's output), and the rest from dffn_in, that gradient.
   const float* dense_ffn_backward(Block& b);
   void block_backward_rest(Block& b, const float* dffn_in);
+  // dres_ (T, M) += the input gradient of a block's LayerNorm (weight w, bias `bias`) at
+  // input x from dy (not dres_); accumulates w's and bias's gradients.
+  void ln_backward_add(const float* dy, const float* x, Param* w, Param* bias, const float* mean,
+                       const float* rstd);
   // The dense products: the table's linear_forward / linear_backward, or at bf16 on a table
   // that packs weights, the same products with w (in, out) packed once per pass (wpack_).
   void lin_forward(const float* x, const float* w, const float* b, float* y, int64_t rows,
@@ -233,6 +237,11 @@ class Transformer final : public Model {
   // The bf16 GeLU of the dense MLP (the table has it and the products run at bf16).
   bool gelu_bf16() const {
     return dense_ == Precision::kBf16 && ops_.bias_gelu_bf16 != nullptr;
+  }
+  // ... and also rounds its output into packed A for the next product (packed weights).
+  bool gelu_packs() const {
+    return pack_dense_ && gelu_bf16() && ops_.bias_gelu_pack_a_bf16 != nullptr &&
+           ops_.bias_gelu_backward_pack_a_bf16 != nullptr;
   }
 
   Topology& topo_;
@@ -256,6 +265,10 @@ class Transformer final : public Model {
   // When pack_dense_: LN1's output packed once for the Q, K and V products, as A of ln1 W
   // (forward) and as A of ln1^T dqkv (backward), and dq / dk / dv packed as B in turn.
   cpu::Bf16Buffer ln1_packed_, ln1t_packed_, dqkv_packed_;  // aligned (bf16_buffer.h)
+  // When pack_dense_ in a stage with dense MLPs: the GeLU's output rounded into packed A as it
+  // is made, act for fc2 (forward) and dpre for fc1's input gradient (backward), one at a
+  // time.
+  cpu::Bf16Buffer ffn_packed_;
   int64_t B_, L_, T_, M_, V_, Ml_, Hl_, Fl_, D_;  // Hl_: local heads
   std::vector<std::unique_ptr<Param>> params_;
   Param* wte_ = nullptr;  // (V, M)
@@ -550,6 +563,10 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
     ln1_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(T_, M_)));
     ln1t_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(M_, T_)));
     dqkv_packed_.resize(static_cast<size_t>(ops_.bf16_packed_b_size(T_, Ml_)));
+    const bool dense_mlp = std::any_of(blocks_.begin(), blocks_.end(),
+                                       [](const Block& b) { return !b.is_moe; });
+    if (dense_mlp && gelu_packs())
+      ffn_packed_.resize(static_cast<size_t>(ops_.bf16_packed_a_size(T_, Fl_)));
   }
   datt_ = here({T_, Ml_});
   dfc_ = here({T_, std::max<int64_t>(Fl_, 1)});
@@ -645,11 +662,20 @@ const float* Transformer::dense_ffn_forward(Block& b) {
   Tensor& partial = dtmp_;  // (T, M)
   lin_forward(b.a.ln2.data(), b.fc1_w->value.data(), nullptr, b.a.fc_pre.data(), T, M, Fl_);
   // fp32: fc_pre becomes x W1 + b1 in place; bf16: it stays x W1 (the backward adds b1).
-  if (gelu_bf16())
-    ops_.bias_gelu_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
-  else
-    ops_.bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
-  lin_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M);
+  if (gelu_packs()) {  // act also rounded into packed A, as A of act W2
+    ops_.bias_gelu_pack_a_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T,
+                               Fl_, ffn_packed_.data());
+    linear_forward_packed_x(ops_, ffn_packed_.data(),
+                            wpack_.get(b.fc2_w->value.data(), Fl_, M), nullptr, partial.data(),
+                            T, Fl_, M);
+  } else {
+    if (gelu_bf16())
+      ops_.bias_gelu_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T, Fl_);
+    else
+      ops_.bias_gelu_forward(b.a.fc_pre.data(), b.fc1_b->value.data(), b.a.fc_act.data(), T,
+                             Fl_);
+    lin_forward(b.a.fc_act.data(), b.fc2_w->value.data(), nullptr, partial.data(), T, Fl_, M);
+  }
   tp_.g_forward(partial.data(), T * M);
   ops_.add_bias(partial.data(), b.fc2_b->value.data(), T, M);  // once, after the sum
   return partial.data();
@@ -744,6 +770,18 @@ const float* Transformer::dense_ffn_backward(Block& b) {
                b.fc2_w->grad.data(), b.fc2_b->grad.data(), T, Fl_, M, false);
   // bf16: the GeLU's backward also sums db1 (fc_pre holds x W1 without b1).
   float* db1 = b.fc1_b->grad.data();
+  if (gelu_packs()) {
+    // dpre also rounded into packed A, as A of dx = dpre W1^T; dW1 += ln2^T dpre reads it
+    // in fp32 (its own layout).
+    ops_.bias_gelu_backward_pack_a_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), dfc_.data(),
+                                        dfc_.data(), db1, T, Fl_, ffn_packed_.data());
+    ops_.gemm(Precision::kBf16, true, false, M, Fl_, T, b.a.ln2.data(), dfc_.data(),
+              b.fc1_w->grad.data(), /*accumulate=*/true);
+    ops_.gemm_bf16_packed(T, M, Fl_, ffn_packed_.data(),
+                          wpack_.get(b.fc1_w->value.data(), M, Fl_).wt, dln_.data(), false);
+    tp_.f_backward(dln_.data(), T * M);  // [f] backward: sum the partial input gradients
+    return dln_.data();
+  }
   if (gelu_bf16()) {
     ops_.bias_gelu_backward_bf16(b.a.fc_pre.data(), b.fc1_b->value.data(), dfc_.data(),
                                  dfc_.data(), db1, T, Fl_);
@@ -757,13 +795,23 @@ const float* Transformer::dense_ffn_backward(Block& b) {
   return dln_.data();
 }
 
+void Transformer::ln_backward_add(const float* dy, const float* x, Param* w, Param* bias,
+                                  const float* mean, const float* rstd) {
+  if (ops_.layernorm_backward_add != nullptr) {
+    ops_.layernorm_backward_add(dy, x, w->value.data(), mean, rstd, dres_.data(), w->grad.data(),
+                                bias->grad.data(), T_, M_);
+    return;
+  }
+  ops_.layernorm_backward(dy, x, w->value.data(), mean, rstd, dtmp_.data(), w->grad.data(),
+                          bias->grad.data(), T_, M_);
+  ops_.add(dres_.data(), dtmp_.data(), dres_.data(), T_ * M_);
+}
+
 void Transformer::block_backward_rest(Block& b, const float* dffn_in) {
   const int64_t T = T_, M = M_, Ml = Ml_;
   const Tensor& in = res_[static_cast<size_t>(&b - blocks_.data())];
-  ops_.layernorm_backward(dffn_in, b.a.res_mid.data(), b.ln2_w->value.data(), b.a.ln2_mean.data(),
-                          b.a.ln2_rstd.data(), dtmp_.data(), b.ln2_w->grad.data(),
-                          b.ln2_b->grad.data(), T, M);
-  ops_.add(dres_.data(), dtmp_.data(), dres_.data(), T * M);
+  ln_backward_add(dffn_in, b.a.res_mid.data(), b.ln2_w, b.ln2_b, b.a.ln2_mean.data(),
+                  b.a.ln2_rstd.data());
   // Attention. dres_ = d res_mid.
   lin_backward(dres_.data(), b.a.att.data(), b.proj_w->value.data(), datt_.data(),
                b.proj_w->grad.data(), b.proj_b->grad.data(), T, Ml, M, false);
@@ -787,10 +835,8 @@ void Transformer::block_backward_rest(Block& b, const float* dffn_in) {
                    T, M, Ml, /*accumulate_dx=*/c > 0);
   }
   tp_.f_backward(dln_.data(), T * M);
-  ops_.layernorm_backward(dln_.data(), in.data(), b.ln1_w->value.data(), b.a.ln1_mean.data(),
-                          b.a.ln1_rstd.data(), dtmp_.data(), b.ln1_w->grad.data(),
-                          b.ln1_b->grad.data(), T, M);
-  ops_.add(dres_.data(), dtmp_.data(), dres_.data(), T * M);
+  ln_backward_add(dln_.data(), in.data(), b.ln1_w, b.ln1_b, b.a.ln1_mean.data(),
+                  b.a.ln1_rstd.data());
 }
 
 LossParts Transformer::stage_forward(int slot, const Batch& batch, double lm_denominator,

@@ -397,8 +397,9 @@ TrainResult run_training(const TrainConfig& cfg, bool verbose) {
     double t_phase = t_sync;  // the model's last phase waited for the device
     model->sum_tied_grads();
     reduce_gradients(*topo, params, &grad_flat);
-    const double norm = global_grad_norm(*topo, params);
     phase_lap("grad-reduce", t_phase);
+    const double norm = global_grad_norm(*topo, params);
+    phase_lap("grad-norm", t_phase);
     const double clip =
         optim.grad_clip > 0 && norm > optim.grad_clip ? optim.grad_clip / (norm + 1e-6) : 1.0;
     const double lr = lr_at(optim, step);

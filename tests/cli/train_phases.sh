@@ -13,16 +13,16 @@ out="$(prun "${args[@]}" --phase-times --metrics "$tmp/phases.jsonl")"
 check "train --phase-times" 0 $? "phases (ms, world rank 0):  embed+head" "$out"
 line="$(grep -F 'phases (ms' <<<"$out" | head -1)"
 names=""
-for p in embed+head attention dense moe grad-reduce optimizer; do
+for p in embed+head attention dense moe grad-reduce grad-norm optimizer; do
   grep -qF " $p " <<<"$line" && names="$names $p"
 done
 check "the phases line names every phase" 0 0 \
-  " embed+head attention dense moe grad-reduce optimizer" "$names"
+  " embed+head attention dense moe grad-reduce grad-norm optimizer" "$names"
 out="$(/usr/bin/python3 - "$tmp/plain.jsonl" "$tmp/phases.jsonl" 2>&1 <<'PY'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
-want = {"embed+head", "attention", "dense", "moe", "grad-reduce", "optimizer"}
+want = {"embed+head", "attention", "dense", "moe", "grad-reduce", "grad-norm", "optimizer"}
 assert len(a) == len(b) == 3, (len(a), len(b))
 for x, y in zip(a, b):
     assert "phase_ms" not in x, x

@@ -37,12 +37,12 @@ TEST(DenseOps, TheCpuTableIsTheCpuKernels) {
   for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + y2[i];
   ops.add(a.data(), y2.data(), a.data(), rows * cols);
   EXPECT_EQ(a, sum);
-  // sum_of_squares: one running double over the buffers in order, starting from acc.
+  // sum_of_squares: acc plus each buffer's cpu::sum_of_squares, buffers in order.
   const float* bufs[2] = {x.data(), g.data()};
   const int64_t sizes[2] = {rows * cols, cols};
   double want = 0.5;
-  for (float v : x) want += static_cast<double>(v) * v;
-  for (float v : g) want += static_cast<double>(v) * v;
+  want += cpu::sum_of_squares_reference(x.data(), rows * cols);
+  want += cpu::sum_of_squares_reference(g.data(), cols);
   EXPECT_EQ(ops.sum_of_squares(bufs, sizes, 2, 0.5), want);
 }
 

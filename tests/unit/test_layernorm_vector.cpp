@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "normal_values.h"
+#include "parm/error.h"
 
 namespace parm::cpu {
 namespace {
@@ -24,12 +25,25 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Widths that leave every tail of a 16-lane vector, over 5 rows.
+constexpr int64_t kRows = 5;
+constexpr int64_t kWidths[] = {1, 7, 16, 31, 37, 128, 130};
+
+// A LayerNorm's inputs (rows, cols): x, dy (rows, cols), gamma, beta (cols), from streams
+// stream .. stream + 3.
+struct LnInputs {
+  std::vector<float> x, dy, gamma, beta;
+};
+LnInputs ln_inputs(int64_t rows, int64_t cols, uint64_t stream) {
+  return {normal(rows * cols, stream, 1.5f, 3.0f), normal(rows * cols, stream + 1, 1.0f, 0.0f),
+          normal(cols, stream + 2, 0.5f, 1.0f), normal(cols, stream + 3, 0.1f, 0.0f)};
+}
+
 TEST(LayerNormVector, VectorAndScalarGiveTheSameBits) {
-  const int64_t rows = 5;
-  for (const int64_t cols : {1, 7, 16, 31, 37, 128, 130}) {
+  const int64_t rows = kRows;
+  for (const int64_t cols : kWidths) {
     const int64_t n = rows * cols;
-    const auto x = normal(n, 1, 1.5f, 3.0f), dy = normal(n, 2, 1.0f, 0.0f);
-    const auto gamma = normal(cols, 3, 0.5f, 1.0f), beta = normal(cols, 4, 0.1f, 0.0f);
+    const auto [x, dy, gamma, beta] = ln_inputs(rows, cols, 1);
     std::vector<float> y1(n), m1(rows), r1(rows), y2(n), m2(rows), r2(rows);
     layernorm_forward(x.data(), gamma.data(), beta.data(), y1.data(), m1.data(), r1.data(), rows,
                       cols, 1e-5f);
@@ -51,6 +65,37 @@ TEST(LayerNormVector, VectorAndScalarGiveTheSameBits) {
     EXPECT_TRUE(same_bits(dg1, dg2)) << cols;
     EXPECT_TRUE(same_bits(db1, db2)) << cols;
   }
+}
+
+// layernorm_backward_add: dx += the input gradient, the bits of layernorm_backward into a
+// scratch and then add (x + g in fp32), vector and scalar alike, every tail width.
+TEST(LayerNormVector, BackwardAddIsBackwardThenAdd) {
+  const int64_t rows = kRows;
+  for (const int64_t cols : kWidths) {
+    const int64_t n = rows * cols;
+    const auto [x, dy, gamma, beta] = ln_inputs(rows, cols, 21);
+    const auto res = normal(n, 25, 1.0f, 0.5f);  // the residual gradient dx starts from
+    std::vector<float> y(n), mean(rows), rstd(rows);
+    layernorm_forward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(),
+                      rows, cols, 1e-5f);
+    std::vector<float> g(n), want(n), dg1(cols, 0.0f), db1(cols, 0.0f);
+    layernorm_backward(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), g.data(),
+                       dg1.data(), db1.data(), rows, cols);
+    add(res.data(), g.data(), want.data(), n);
+    for (const bool vector : {true, false}) {
+      std::vector<float> dx = res, dg(cols, 0.0f), db(cols, 0.0f);
+      (vector ? layernorm_backward_add : layernorm_backward_add_reference)(
+          dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dg.data(),
+          db.data(), rows, cols);
+      EXPECT_TRUE(same_bits(dx, want)) << cols << (vector ? " vector" : " scalar");
+      EXPECT_TRUE(same_bits(dg, dg1)) << cols;
+      EXPECT_TRUE(same_bits(db, db1)) << cols;
+    }
+  }
+  std::vector<float> v(8, 1.0f), s(2, 1.0f), d(8, 0.0f);  // dx aliasing dy: refused
+  EXPECT_THROW(layernorm_backward_add(v.data(), v.data(), s.data(), s.data(), s.data(), v.data(),
+                                      d.data(), d.data(), 2, 4),
+               Error);
 }
 
 TEST(LayerNormVector, BackwardMatchesItsFormulaInDouble) {

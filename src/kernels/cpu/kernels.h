@@ -205,6 +205,15 @@ void layernorm_backward(const float* dy, const float* x, const float* gamma, con
 void layernorm_backward_reference(const float* dy, const float* x, const float* gamma,
                                   const float* mean, const float* rstd, float* dx, float* dgamma,
                                   float* dbeta, int64_t rows, int64_t cols);
+// The same with the input gradient added into dx (+=; a residual stream's gradient), each
+// element as dx + g: the bits of layernorm_backward into a scratch g followed by add(dx, g,
+// dx), in one pass. dx must not alias dy.
+void layernorm_backward_add(const float* dy, const float* x, const float* gamma,
+                            const float* mean, const float* rstd, float* dx, float* dgamma,
+                            float* dbeta, int64_t rows, int64_t cols);
+void layernorm_backward_add_reference(const float* dy, const float* x, const float* gamma,
+                                      const float* mean, const float* rstd, float* dx,
+                                      float* dgamma, float* dbeta, int64_t rows, int64_t cols);
 
 // ---- AdamW -----------------------------------------------------------------------------
 // The update's scalars, in fp32 (derived in double by the caller: model/dense_ops.h).
@@ -223,6 +232,13 @@ struct AdamWScalars {
 void adamw(const AdamWScalars& s, float* w, const float* g, float* m, float* v, int64_t n);
 void adamw_reference(const AdamWScalars& s, float* w, const float* g, float* m, float* v,
                      int64_t n);
+
+// ---- Sum of squares (the gradient norm) ------------------------------------------------
+// x[0]^2 + ... + x[n-1]^2 in double: element i is added into partial sum i mod 32, and the 32
+// partial sums are added in order at the end. AVX-512 where the CPU has it, the same bits as
+// sum_of_squares_reference (the scalar loop).
+double sum_of_squares(const float* x, int64_t n);
+double sum_of_squares_reference(const float* x, int64_t n);
 
 // ---- Row gather / scatter-add ----------------------------------------------------------
 // dst (n, cols): row i = src row idx[i] (idx[i] < 0: a zero row). Overwrites dst.

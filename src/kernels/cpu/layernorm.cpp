@@ -59,7 +59,7 @@ void layernorm_row_scalar(const float* xr, const float* gamma, const float* beta
 
 void layernorm_backward_row_scalar(const float* dyr, const float* xr, const float* gamma, float mu,
                                    float rs, float* dxr, float* dgamma, float* dbeta, int64_t cols,
-                                   float inv_cols) {
+                                   float inv_cols, bool accumulate) {
   float acc_g[kL] = {};
   float acc_gx[kL] = {};
   int64_t c = 0;
@@ -83,7 +83,8 @@ void layernorm_backward_row_scalar(const float* dyr, const float* xr, const floa
   // Last, so that dx may alias dy.
   for (c = 0; c < cols; ++c) {
     const float xhat = (xr[c] - mu) * rs;
-    dxr[c] = rs * (dyr[c] * gamma[c] - mean_g - xhat * mean_gx);
+    const float d = rs * (dyr[c] * gamma[c] - mean_g - xhat * mean_gx);
+    dxr[c] = accumulate ? dxr[c] + d : d;
   }
 }
 
@@ -154,7 +155,7 @@ PARM_AVX512 void layernorm_forward_avx512(const float* x, const float* gamma, co
 PARM_AVX512 void layernorm_backward_row_avx512(const float* dyr, const float* xr,
                                                const float* gamma, float mu, float rs, float* dxr,
                                                float* dgamma, float* dbeta, int64_t cols,
-                                               float inv_cols) {
+                                               float inv_cols, bool accumulate) {
   const int64_t body = cols / kL * kL;
   const __m512 vmu = _mm512_set1_ps(mu), vrs = _mm512_set1_ps(rs);
   __m512 sg = _mm512_setzero_ps(), sgx = _mm512_setzero_ps();
@@ -180,15 +181,17 @@ PARM_AVX512 void layernorm_backward_row_avx512(const float* dyr, const float* xr
     _mm512_storeu_ps(dgamma + c, _mm512_add_ps(_mm512_loadu_ps(dgamma + c), _mm512_mul_ps(dy, xhat)));
     _mm512_storeu_ps(dbeta + c, _mm512_add_ps(_mm512_loadu_ps(dbeta + c), dy));
     const __m512 g = _mm512_mul_ps(dy, _mm512_loadu_ps(gamma + c));
-    _mm512_storeu_ps(dxr + c, _mm512_mul_ps(vrs, _mm512_sub_ps(_mm512_sub_ps(g, vmg),
-                                                                _mm512_mul_ps(xhat, vmgx))));
+    const __m512 d =
+        _mm512_mul_ps(vrs, _mm512_sub_ps(_mm512_sub_ps(g, vmg), _mm512_mul_ps(xhat, vmgx)));
+    _mm512_storeu_ps(dxr + c, accumulate ? _mm512_add_ps(_mm512_loadu_ps(dxr + c), d) : d);
   }
   for (int64_t c = body; c < cols; ++c) {
     const float xhat = (xr[c] - mu) * rs;
     const float dy = dyr[c];
     dgamma[c] += dy * xhat;
     dbeta[c] += dy;
-    dxr[c] = rs * (dy * gamma[c] - mean_g - xhat * mean_gx);
+    const float d = rs * (dy * gamma[c] - mean_g - xhat * mean_gx);
+    dxr[c] = accumulate ? dxr[c] + d : d;
   }
 }
 #pragma GCC diagnostic pop
@@ -216,17 +219,20 @@ void forward_rows(bool vector, const float* x, const float* gamma, const float* 
 //   dx = rstd (g - mean_c(g) - xhat mean_c(g xhat)),  dgamma += sum_r dy xhat,  dbeta += sum_r dy.
 void backward_rows(bool vector, const float* dy, const float* x, const float* gamma,
                    const float* mean, const float* rstd, float* dx, float* dgamma, float* dbeta,
-                   int64_t rows, int64_t cols) {
-  check_shape("layernorm_backward", rows, cols);
+                   int64_t rows, int64_t cols, bool accumulate) {
+  check_shape(accumulate ? "layernorm_backward_add" : "layernorm_backward", rows, cols);
+  PARM_CHECK(!accumulate || dx != dy || rows == 0,
+             "layernorm_backward_add: dx (rows {}, cols {}) aliases dy; it adds into dx", rows,
+             cols);
   const float inv_cols = 1.0f / static_cast<float>(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t o = r * cols;
     if (vector)
       layernorm_backward_row_avx512(dy + o, x + o, gamma, mean[r], rstd[r], dx + o, dgamma, dbeta,
-                                    cols, inv_cols);
+                                    cols, inv_cols, accumulate);
     else
       layernorm_backward_row_scalar(dy + o, x + o, gamma, mean[r], rstd[r], dx + o, dgamma, dbeta,
-                                    cols, inv_cols);
+                                    cols, inv_cols, accumulate);
   }
 }
 
@@ -245,13 +251,27 @@ void layernorm_forward_reference(const float* x, const float* gamma, const float
 void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                         const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
                         int64_t cols) {
-  backward_rows(detail::have_avx512f(), dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols);
+  backward_rows(detail::have_avx512f(), dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols,
+                false);
 }
 
 void layernorm_backward_reference(const float* dy, const float* x, const float* gamma,
                                   const float* mean, const float* rstd, float* dx, float* dgamma,
                                   float* dbeta, int64_t rows, int64_t cols) {
-  backward_rows(false, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols);
+  backward_rows(false, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, false);
+}
+
+void layernorm_backward_add(const float* dy, const float* x, const float* gamma,
+                            const float* mean, const float* rstd, float* dx, float* dgamma,
+                            float* dbeta, int64_t rows, int64_t cols) {
+  backward_rows(detail::have_avx512f(), dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols,
+                true);
+}
+
+void layernorm_backward_add_reference(const float* dy, const float* x, const float* gamma,
+                                      const float* mean, const float* rstd, float* dx,
+                                      float* dgamma, float* dbeta, int64_t rows, int64_t cols) {
+  backward_rows(false, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, true);
 }
 
 }  // namespace parm::cpu
