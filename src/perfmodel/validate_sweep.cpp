@@ -27,6 +27,9 @@ struct Totals {
   double max_total = 0.0;  // the slowest round's
   double spread = 0.0;     // (slowest - fastest round) / median round, forward + backward
   double busiest_rank_rows = 0.0;
+  // The median round total of the even and of the odd rounds: two half-measurements of the
+  // same candidate, whose disagreement on the fastest program is the measurement's own noise.
+  double half_total[2] = {0.0, 0.0};
   double total() const { return fwd + bwd; }
 };
 
@@ -78,8 +81,16 @@ std::vector<Totals> measure_rounds(Topology& topo, const MoeShape& shape,
     const double mid = median(round_total);
     out.push_back({median(f), median(b), *lo, *hi, mid > 0.0 ? (*hi - *lo) / mid : 0.0,
                    max_over_ranks(world, std::vector<double>{rows})[0]});
+    std::vector<double> half[2];
+    for (size_t r = 0; r < round_total.size(); ++r) half[r % 2].push_back(round_total[r]);
+    for (int h = 0; h < 2; ++h) out.back().half_total[h] = half[h].empty() ? NAN : median(half[h]);
   }
   return out;
+}
+
+// The candidate with the least time (the first on ties).
+size_t fastest_of(const std::vector<double>& t) {
+  return static_cast<size_t>(std::min_element(t.begin(), t.end()) - t.begin());
 }
 
 double max_of(const std::vector<double>& v) {
@@ -113,6 +124,9 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   std::vector<double> spreads;  // each (configuration, schedule)'s spread over the rounds
   int64_t measured_configs = 0, correct = 0, correct_distinct = 0, within5 = 0, skipped = 0;
   int64_t wrong_within_rounds = 0;  // wrong choices whose rounds overlap the fastest's
+  // Configurations with two or more rounds, and those whose even and odd rounds measured the
+  // same fastest program (the measurement agreeing with itself).
+  int64_t halves_compared = 0, halves_agree = 0;
   for (size_t ci = 0; ci < grid.configs.size(); ++ci) {
     const auto& c = grid.configs[ci];
     const MoeShape shape = c.shape();
@@ -190,8 +204,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       cand_json.push_back(x);
       by_schedule[cand.pred.name()].push_back(rel_errors.back());
     }
-    const size_t oracle =
-        static_cast<size_t>(std::min_element(meas.begin(), meas.end()) - meas.begin());
+    const size_t oracle = fastest_of(meas);
     const double ratio = meas[chosen] / meas[oracle];
     ++measured_configs;
     // Candidates that run the same program are one: picking either is right by the distinct
@@ -201,6 +214,18 @@ nlohmann::json validate_sweep(const SweepOptions& o,
     correct_distinct += same ? 1 : 0;
     for (size_t i = 0; i < cands.size(); ++i)
       if (twin[i] != i) twins.push_back(std::abs(meas[i] / meas[twin[i]] - 1.0));
+    if (o.iters >= 2) {
+      std::vector<double> even, odd;
+      for (const Totals& t : totals) {
+        even.push_back(t.half_total[0]);
+        odd.push_back(t.half_total[1]);
+      }
+      const size_t fe = fastest_of(even), fo = fastest_of(odd);
+      ++halves_compared;
+      halves_agree += twin[fe] == twin[fo] ? 1 : 0;
+      cj["fastest_even_rounds"] = cands[fe].pred.name();
+      cj["fastest_odd_rounds"] = cands[fo].pred.name();
+    }
     within5 += ratio <= 1.05 ? 1 : 0;
     ratios.push_back(ratio);
     cj["candidates"] = cand_json;
@@ -258,6 +283,11 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       {"median_abs_relative_error_by_schedule", nlohmann::json::object()},
       {"wrong_choices", wrong},
       {"wrong_choices_rounds_overlap", wrong_within_rounds},
+      {"measurement_self_agreement",
+       {{"configs", halves_compared},
+        {"share", halves_compared ? static_cast<double>(halves_agree) /
+                                        static_cast<double>(halves_compared)
+                                  : NAN}}},
       {"speedup_auto_over_baseline",
        {{"count", speedups.size()},
         {"min", speedups.empty() ? NAN : *std::min_element(speedups.begin(), speedups.end())},
@@ -279,6 +309,12 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                   correct_distinct, measured_configs, 100.0 * within));
   log(fmt::format("auto / fastest (measured): median {:.3f}, worst {:.3f}", median(ratios),
                   max_of(ratios)));
+  if (halves_compared > 0)
+    log(fmt::format("the measurement against itself: the even and the odd rounds measured the "
+                    "same fastest program in {:.1f}% ({} of {}) of the configurations (where the "
+                    "halves disagree, the measurement cannot confirm any choice)",
+                    100.0 * halves_agree / static_cast<double>(halves_compared), halves_agree,
+                    halves_compared));
   log(fmt::format("median |predicted - measured| / measured: {:.1f}% over {} (config, schedule) "
                   "pairs (max {:.1f}%)",
                   100.0 * median(rel_errors), rel_errors.size(), 100.0 * max_of(rel_errors)));

@@ -32,7 +32,8 @@ struct SweepOptions {
 // selection_accuracy, selection_accuracy_distinct, auto_within_5pct_of_fastest,
 // auto_over_fastest: {median, worst}, median_abs_relative_error, abs_relative_error_max,
 // predictions_compared, median_abs_relative_error_by_schedule, wrong_choices: [lines],
-// wrong_choices_rounds_overlap, speedup_auto_over_baseline, same_schedule_spread: {pairs,
+// wrong_choices_rounds_overlap, measurement_self_agreement: {configs, share},
+// speedup_auto_over_baseline, same_schedule_spread: {pairs,
 // median, max}, round_spread: {median, max}}, configs: [one row per measured configuration:
 // its shape and layout, candidates (schedule, predicted_ms, predicted_fwd_ms,
 // predicted_bwd_ms, measured_ms, measured_fwd_ms, measured_bwd_ms, measured_min_ms,
@@ -50,6 +51,10 @@ struct SweepOptions {
 // unfused where N_ESP = 1); those pairs' measured spread is the noise floor. A wrong choice
 // whose rounds overlap the fastest's (auto's fastest round <= the fastest's slowest) is one
 // the measurement cannot order: wrong_choices_rounds_overlap counts them.
+// measurement_self_agreement: the share of configurations (with 2 or more rounds) whose even
+// rounds and odd rounds, each taken as a measurement of its own (median per candidate),
+// measured the same fastest program (fastest_even_rounds, fastest_odd_rounds per row): how
+// often the measurement confirms its own choice.
 // `log` receives the progress lines and the summary (on every rank; print them on rank 0).
 // Throws InvalidConfig for bad options or an unreadable grid before any measurement.
 nlohmann::json validate_sweep(const SweepOptions& options,

@@ -85,7 +85,7 @@ echo "$out"
 for want in "3 configurations measured (1 skipped)" "selection accuracy" "regret (auto / fastest)" \
             "<- auto" "<- fastest" "median error by schedule" "noise floor" \
             "counting schedules that run the same program as one" "(same program as baseline)" \
-            "spread over the rounds"; do
+            "spread over the rounds" "the measurement against itself"; do
   grep -qF -- "$want" <<<"$out" || fail "the sweep report lacks '$want'"
 done
 "$PY" - "$tmp/sweep.json" <<'PY' || fail "the sweep JSON lacks a key"
@@ -98,6 +98,8 @@ for k in ("selection_accuracy", "selection_accuracy_distinct", "median_abs_relat
     assert k in s, k
 assert 0 <= s["selection_accuracy"] <= s["selection_accuracy_distinct"] <= 1, s
 assert 0 <= s["wrong_choices_rounds_overlap"] <= len(s["wrong_choices"]), s
+agree = s["measurement_self_agreement"]
+assert agree["configs"] == 3 and 0 <= agree["share"] <= 1, agree
 assert "worst" in s["auto_over_fastest"] and "median" in s["auto_over_fastest"]
 assert s["configs_measured"] == 3 and len(r["configs"]) == 3, s
 assert r["ranks_per_node"] == 0  # nodes found by shared memory, not emulated
@@ -106,6 +108,7 @@ for c in r["configs"]:
     assert c["auto"] in names and c["fastest"] in names, c
     assert c["regret"] >= 1.0 and c["regret"] == c["auto_over_fastest"], c
     assert c["auto_is_fastest"] == (c["auto"] == c["fastest"]), c
+    assert c["fastest_even_rounds"] in names and c["fastest_odd_rounds"] in names, c
     assert c["auto_is_fastest_program"] in (True, False) and "auto_over_baseline" in c, c
     for x in c["candidates"]:
         for k in ("predicted_ms", "measured_ms", "measured_min_ms", "predicted_balanced_ms",
