@@ -8,14 +8,17 @@
 
 #include <cstdint>
 
+#include "parm/host_device.h"
+
 namespace parm {
 
-// first[i] = fill[0] + ... + fill[i - 1] for i in [0, count) (rows); returns the total.
-template <typename Fill>
-int64_t packed_starts(const Fill* fill, int64_t count, int64_t* first) {
+// first[i] = fill[0] + ... + fill[i - 1] for i in [0, count) (rows); returns the total. Host
+// and device (the CUDA gate's pack kernel forms the starts where the fill counts live).
+template <typename Fill, typename First>
+PARM_HD int64_t packed_starts(const Fill* fill, int64_t count, First* first) {
   int64_t at = 0;
   for (int64_t i = 0; i < count; ++i) {
-    first[i] = at;
+    first[i] = static_cast<First>(at);
     at += static_cast<int64_t>(fill[i]);
   }
   return at;

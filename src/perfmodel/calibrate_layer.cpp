@@ -235,12 +235,16 @@ void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
   if (W < 2) return no_gain("one chunk: nothing is cut into pieces");
   // One share per span class of the EP group (model.h): [0] all peers on other nodes, [1]
   // mixed. This layout measures its own class; a second layout the mixed one.
+  const std::array<double*, 2> share{&ff.eager_gain, &ff.eager_gain_mixed};
+  const std::array<std::string*, 2> share_source{&ff.eager_gain_source,
+                                                 &ff.eager_gain_mixed_source};
+  const std::array<const char*, 2> key{"eager_gain", "eager_gain_mixed"};
   std::array<bool, 2> have{false, false};
   std::array<std::string, 2> why{"no inter-node EP group of that span in the layouts measured",
                                  "no inter-node EP group of that span in the layouts measured"};
   auto record = [&](bool mixed, double g) {
-    (mixed ? ff.eager_gain_mixed : ff.eager_gain) = g;
-    (mixed ? ff.eager_gain_mixed_source : ff.eager_gain_source) = source;
+    *share[mixed] = g;
+    *share_source[mixed] = source;
     have[mixed] = true;
   };
   double g = 0.0;
@@ -265,16 +269,14 @@ void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
   }
   for (int c = 0; c < 2; ++c) {
     if (have[c]) continue;
-    const char* key = c ? "eager_gain_mixed" : "eager_gain";
-    const char* other = c ? "eager_gain" : "eager_gain_mixed";
-    if (have[1 - c]) {
-      (c ? ff.eager_gain_mixed : ff.eager_gain) = c ? ff.eager_gain : ff.eager_gain_mixed;
-      (c ? ff.eager_gain_mixed_source : ff.eager_gain_source) =
-          fmt::format("assumed (copied from {}: {})", other, why[c]);
-      log(fmt::format("  {}: not measured ({}); copied from {}", key, why[c], other));
+    const int other = 1 - c;
+    if (have[other]) {
+      *share[c] = *share[other];
+      *share_source[c] = fmt::format("assumed (copied from {}: {})", key[other], why[c]);
+      log(fmt::format("  {}: not measured ({}); copied from {}", key[c], why[c], key[other]));
     } else {
-      (c ? ff.eager_gain_mixed_source : ff.eager_gain_source) = "assumed 0 (" + why[c] + ")";
-      log(fmt::format("  {}: not measured ({}); 0", key, why[c]));
+      *share_source[c] = "assumed 0 (" + why[c] + ")";
+      log(fmt::format("  {}: not measured ({}); 0", key[c], why[c]));
     }
   }
 }

@@ -1,16 +1,12 @@
 // What the per-element maths of the CUDA kernels shares with the CPU tests that run the same
-// code: PARM_HD marks a function for both sides (under nvcc: __host__ __device__; under g++:
-// nothing), and bit casts that work on either side. Includes no CUDA header.
+// code: PARM_HD (parm/host_device.h: a function for both sides) and bit casts that work on
+// either side. Includes no CUDA header.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define PARM_HD __host__ __device__
-#else
-#define PARM_HD
-#endif
+#include "parm/host_device.h"
 
 namespace parm::cuda {
 

@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kPackThreads)
                         int64_t experts, int64_t slots, int32_t* row, int32_t* first) {
   extern __shared__ int32_t s_first[];
   if (threadIdx.x == 0) {
-    math::packed_starts(fill, experts, s_first);
+    parm::packed_starts(fill, experts, s_first);
     if (blockIdx.x == 0)
       for (int64_t e = 0; e < experts; ++e) first[e] = s_first[e];
   }

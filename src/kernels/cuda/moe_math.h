@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/host_device.h"
+#include "layer/packed_rows.h"
 
 namespace parm::cuda::math {
 
@@ -234,16 +235,7 @@ PARM_HD inline int64_t assign_slots(const unsigned char* flag, int items, int64_
 
 // ---- the packed layout of dropless routing (layer/packed_rows.h, moe::pack_routing) --------
 
-// first[e] = fill[0] + ... + fill[e - 1] for e in [0, experts) (rows); returns the total. The
-// device twin of parm::packed_starts: the pack kernel runs it where the fill counts live.
-PARM_HD inline int64_t packed_starts(const int32_t* fill, int64_t experts, int32_t* first) {
-  int64_t at = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    first[e] = static_cast<int32_t>(at);
-    at += fill[e];
-  }
-  return at;
-}
+// The experts' starts: parm::packed_starts (layer/packed_rows.h, host and device).
 
 // A choice's row in the packed layout: its slot in expert e (row - e * slots, the slot scan's
 // numbering) after the rows of the experts before e (first_e); a drop (-1) stays -1.
