@@ -643,14 +643,19 @@ TEST(CudaDeviceExperts, PackedLayoutGivesTheUnpackedBits) {
     for (int64_t max_total_rows : {int64_t{0}, pool_rows}) {
       const std::string ws = max_total_rows > 0 ? "pooled" : "blocks";
       SCOPED_TRACE(ws + " workspace");
-      // Packed, three passes with graphs on: eager, captured, replayed.
+      // Packed, three passes with graphs on: eager, captured, replayed. The same tensors in
+      // every pass (the graph key holds their addresses; new ones could land elsewhere and
+      // make every pass eager), reset to 7s and zero gradients before each.
       DeviceExperts dev(E, c.blocks * c.slots, M, hl, Precision::kFp32, max_total_rows);
       EXPECT_EQ(dev.pooled(), max_total_rows > 0);
       dev.set_graphs(true);
       const Tensor in_p = gpu(pack(in)), dout_p = gpu(pack(dout));
+      const Tensor sevens = gpu_filled(packed, 7.0f);
+      ExpertShards dw = zero_grads();
+      Tensor out = gpu_filled(packed, 7.0f), din = gpu_filled(packed, 7.0f);
       for (int pass = 0; pass < 3; ++pass) {
-        ExpertShards dw = zero_grads();
-        Tensor out = gpu_filled(packed, 7.0f), din = gpu_filled(packed, 7.0f);
+        for (Tensor* t : {&dw.w1, &dw.b1, &dw.w2, &dw.b2}) device_zero(t->data(), t->bytes());
+        for (Tensor* t : {&out, &din}) device_copy(t->data(), sevens.data(), sevens.bytes());
         dev.forward(in_p, w_gpu, c.blocks, c.slots, c.fills.data(), first.data(), c.add_b2, out);
         dev.backward(dout_p, w_gpu, c.blocks, c.slots, c.fills.data(), first.data(), dw, din);
         device_sync();
@@ -666,21 +671,20 @@ TEST(CudaDeviceExperts, PackedLayoutGivesTheUnpackedBits) {
       // Starts that leave the buffer are refused.
       std::vector<int64_t> bad = first;
       bad.back() = routed + 1;
-      Tensor out = gpu_filled(packed, 7.0f);
       if (c.fills.back() > 0)
         EXPECT_THROW(dev.forward(in_p, w_gpu, c.blocks, c.slots, c.fills.data(), bad.data(),
                                  c.add_b2, out),
                      parm::Error);
       if (max_total_rows == 0) continue;
       // The pooled workspace under the (blocks, E_loc, slots) layout: the plain bits.
-      ExpertShards dw = zero_grads();
+      ExpertShards dw_l = zero_grads();
       Tensor out_l = gpu_filled(layout, 7.0f), din_l = gpu_filled(layout, 7.0f);
       dev.forward(in_plain, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, c.add_b2, out_l);
-      dev.backward(dout_plain, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, dw, din_l);
+      dev.backward(dout_plain, w_gpu, c.blocks, c.slots, c.fills.data(), nullptr, dw_l, din_l);
       device_sync();
       expect_close(out_l, host(out_plain), 0.0, "pooled, unpacked layout: out");
       expect_close(din_l, host(din_plain), 0.0, "pooled, unpacked layout: din");
-      expect_plain_grads(dw, "pooled, unpacked layout");
+      expect_plain_grads(dw_l, "pooled, unpacked layout");
       // Fills past the pool (each expert within its own max_rows) are refused.
       const std::vector<int32_t> full(static_cast<size_t>(segments), static_cast<int32_t>(c.slots));
       if (c.blocks * c.slots * E > max_total_rows)
