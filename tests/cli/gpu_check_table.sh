@@ -12,6 +12,20 @@ check "bench/gpu-check parses (bash -n)" 0 $rc "" "$out"
 out="$(grep -c 'stage_shapes' "$src/bench/gpu-check")"
 check "bench/gpu-check defines and runs the shapes stage" 0 0 "2" "$out"
 
+# Its deadline: capped LIMIT RESERVE cuts a run's limit to what is left before
+# GPU_CHECK_DEADLINE_S (less the reserve, at least 1 s), so a run started late cannot outlast
+# the device tool's limit.
+out="$(bash -c 'source <(sed -n "/^capped() {/,/^}/p" "$1")
+  deadline_s=100
+  elapsed() { echo "$t"; }
+  for t in 0 40 95 120; do printf "%s " "$(capped 50 15)"; done' _ "$src/bench/gpu-check" 2>&1)"
+check "gpu-check caps run limits by its deadline" 0 $? "50 45 1 1 " "$out"
+# The equiv stage runs the dropless checks (issue 18) before the bf16 ones, so that a bf16
+# run hanging to its limit cannot starve them.
+out="$(awk '/check_layer fp32 "\$spec" none/ && !d {d = NR} /check_layer bf16 "\$spec" 1.0/ && !b {b = NR}
+            END {print (d > 0 && b > d) ? "dropless first" : "order " d " " b}' "$src/bench/gpu-check")"
+check "gpu-check runs dropless before bf16" 0 0 "dropless first" "$out"
+
 r="$tmp/res"
 mkdir -p "$r"
 # shape_json FILE T M H E K FWD BWD FLOOR_MS FLOOR_GFLOPS
