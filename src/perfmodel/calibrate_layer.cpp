@@ -11,6 +11,7 @@
 #include "parm/error.h"
 #include "parm/stats.h"
 #include "parm/timer.h"
+#include "perfmodel/measured_steps.h"
 #include "perfmodel/model.h"
 
 namespace parm::perfmodel {
@@ -73,7 +74,7 @@ LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind
   }
   std::array<std::vector<double>, 2> t;
   std::vector<double> compute;
-  const auto& steps = layers[0]->schedule().steps;
+  const schedule::Schedule& sc = layers[0]->schedule();
   for (int it = 0; it < o.warmup + o.iters; ++it)
     for (size_t v = 0; v < 2; ++v) {
       layers[v]->zero_grad();
@@ -83,12 +84,7 @@ LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind
       layers[v]->backward(dt, 0.01f);
       if (it < o.warmup) continue;
       t[v].push_back(now_us() - t0);
-      if (v != 0) continue;
-      double c = 0.0;
-      for (size_t i = 0; i < steps.size(); ++i)
-        if (!schedule::is_collective(steps[i].kind))
-          c += layers[0]->forward_step_us()[i] + layers[0]->backward_step_us()[i];
-      compute.push_back(c);
+      if (v == 0) compute.push_back(compute_us_of(sc, last_pass_step_us(*layers[0])));
     }
   return {median(max_over_ranks(world, t[0])), median(max_over_ranks(world, t[1])),
           median(max_over_ranks(world, compute)), shape.tokens};
@@ -209,10 +205,7 @@ void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
   prof.layer_compute.scale = 1.0;
   const schedule::Schedule sc = schedule::build({shape, l, 0, false, W}, kind);
   const Prediction p1 = predict(prof, sc, shape, here);
-  double priced = 0.0;
-  for (size_t i = 0; i < sc.steps.size(); ++i)
-    if (!schedule::is_collective(sc.steps[i].kind))
-      priced += p1.steps[i].fwd_us + p1.steps[i].bwd_us;
+  const double priced = compute_steps_us(p1);
   // Recorded (the sample and the log), not applied: on this small layer the ratio came out
   // 0.59-0.66 on all four quiet cluster sweeps of 2026-12-02, and pricing those sweeps with
   // it put the median error at 29-44% against 13-18% at 1, with no better choice

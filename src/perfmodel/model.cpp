@@ -392,6 +392,13 @@ Prediction predict(const Profile& profile, const schedule::Schedule& sc,
   return p;
 }
 
+double compute_steps_us(const Prediction& p) {
+  double us = 0.0;
+  for (const auto& c : p.steps)
+    if (!c.executor && !schedule::is_collective(c.kind)) us += c.fwd_us + c.bwd_us;
+  return us;
+}
+
 std::vector<Candidate> predict_candidates(const Profile& profile, const MoeShape& shape,
                                           const Target& target, int chunks,
                                           const std::vector<Kind>& kinds,

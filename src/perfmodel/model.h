@@ -153,6 +153,11 @@ struct Prediction {
   std::string name() const;  // "s2+fused", "baseline", ...
 };
 
+// The price of p's compute steps, forward + backward: every schedule step that is not a
+// collective (a collective step's local copies and the executor's own work are not in it), so
+// the same steps the executor's compute-step timers measure (MoeLayer::forward_step_us).
+double compute_steps_us(const Prediction& p);
+
 // Fused step time for parts with per-piece times piece_us (c_i) and latencies alpha_us
 // (alpha_i, the part of c_i that active stages pay once between them; see the header
 // comment). Exposed for calibrate and tests.

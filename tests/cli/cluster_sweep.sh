@@ -85,7 +85,8 @@ echo "$out"
 for want in "3 configurations measured (1 skipped)" "selection accuracy" "regret (auto / fastest)" \
             "<- auto" "<- fastest" "median error by schedule" "noise floor" \
             "counting schedules that run the same program as one" "(same program as baseline)" \
-            "spread over the rounds" "the measurement against itself"; do
+            "spread over the rounds" "the measurement against itself" \
+            "measured / predicted, median per schedule, of the compute steps"; do
   grep -qF -- "$want" <<<"$out" || fail "the sweep report lacks '$want'"
 done
 "$PY" - "$tmp/sweep.json" <<'PY' || fail "the sweep JSON lacks a key"
@@ -116,6 +117,14 @@ for c in r["configs"]:
             assert x[k] > 0, (k, x)
         assert x["measured_spread"] >= 0, x
         assert x["measured_min_ms"] <= x["measured_ms"] <= x["measured_max_ms"], x
+        # The compute steps (the executor's step timers) and the rest add up to the total.
+        for side in ("measured", "predicted"):
+            comp, rest = x[side + "_compute_ms"], x[side + "_rest_ms"]
+            assert 0 < comp < x[side + "_ms"] and rest > 0, (side, x)
+            assert abs(comp + rest - x[side + "_ms"]) <= 1e-9 * x[side + "_ms"], (side, x)
+        assert x["measured_compute_ms"] <= x["measured_compute_step_max_ms"] * (1 + 1e-9), x
+        for part in ("compute", "rest", "total"):
+            assert s["measured_over_predicted_by_schedule"][x["schedule"]][part] > 0, (part, s)
     # The twins: S2 unfused compiles to the baseline's step list exactly where N_ESP = 1.
     twins = {x["schedule"]: x.get("same_program_as") for x in c["candidates"]}
     assert (twins.get("s2") == "baseline") == (c["N_ESP"] == 1), (c["N_ESP"], twins)
