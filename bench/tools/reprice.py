@@ -7,9 +7,10 @@ feed the profile: the sweep only judges it.
   bench/tools/reprice.py --sweep S.json --profile P.json [--profile Q.json ...]
                          [--devices-per-node D] [--parm build/parm] [--wrong] [--json OUT]
                          [--eager-limit-bytes E --eager-gain G] [--eager-gain-mixed G2]
-                         [--compute-scale S]
+                         [--compute-scale S] [--rendezvous-per-compute R]
 
---eager-limit-bytes / --eager-gain / --eager-gain-mixed / --compute-scale set those terms
+--eager-limit-bytes / --eager-gain / --eager-gain-mixed / --compute-scale /
+--rendezvous-per-compute (step_sync.per_compute and step_sync_world.per_compute) set those terms
 (docs/perfmodel.md) in a copy of each profile, marked "assumed (reprice.py)": for profiles taken
 before they existed. --eager-gain alone sets both shares (the pure and the mixed span).
 
@@ -24,7 +25,7 @@ import argparse, concurrent.futures as cf, json, os, statistics as st, subproces
 def with_terms(profile, a):
     """profile, or a temporary copy with the terms given on the command line set."""
     if (a.eager_gain is None and a.eager_limit_bytes is None and a.compute_scale is None and
-            a.eager_gain_mixed is None):
+            a.eager_gain_mixed is None and a.rendezvous_per_compute is None):
         return profile
     p = json.load(open(profile))
     why = 'assumed (reprice.py)'
@@ -40,6 +41,11 @@ def with_terms(profile, a):
         p['fused'].update(eager_gain_mixed=a.eager_gain_mixed, eager_gain_mixed_source=why)
     if a.compute_scale is not None:
         p['layer_compute'] = {'scale': a.compute_scale, 'source': why}
+    if a.rendezvous_per_compute is not None:
+        for key in ('step_sync', 'step_sync_world'):
+            sync = dict(p.get(key) or p['step_sync'])
+            sync.update(per_compute=a.rendezvous_per_compute, source=why)
+            p[key] = sync
     fd, out = tempfile.mkstemp(suffix='.json')
     with os.fdopen(fd, 'w') as f:
         json.dump(p, f)
@@ -131,6 +137,8 @@ def main():
     ap.add_argument('--eager-gain-mixed', type=float,
                     help='the share where the group has peers on a rank\'s own node too')
     ap.add_argument('--compute-scale', type=float)
+    ap.add_argument('--rendezvous-per-compute', type=float,
+                    help='the rendezvous per us of compute before a collective step (model.h)')
     a = ap.parse_args()
     sweep = json.load(open(a.sweep))
     world = sweep.get('world', 4)

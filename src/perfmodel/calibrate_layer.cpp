@@ -50,16 +50,10 @@ bool fused_kind(const Layout& l, schedule::Kind& kind) {
   return l.mp > 1;
 }
 
-struct LayerTimes {
-  double unfused_us = 0.0, fused_us = 0.0;
-  double compute_us = 0.0;  // the unfused layer's compute steps
-  int64_t tokens = 0;
-};
+}  // namespace
 
-// Interleaved rounds of forward + backward of `kind` unfused and fused on topo (collective), so
-// that a load change hits both alike: medians over o.iters of the slowest rank.
 LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind kind,
-                           const CalibrateOptions& o) {
+                           const CalibrateOptions& o, bool fused_too) {
   const Layout& l = topo.layout();
   Communicator& world = topo.host_comm(Group::kWorld);
   const ref::MoeParams<float> params = ref::init_params<float>(shape, 1);
@@ -67,8 +61,9 @@ LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind
   std::vector<float> x = check_input(shape, 1, group), dout = check_dout(shape, 1, group);
   const Tensor xt = Tensor::view(x.data(), {shape.tokens, shape.model_dim});
   const Tensor dt = Tensor::view(dout.data(), {shape.tokens, shape.model_dim});
+  const size_t variants = fused_too ? 2 : 1;
   std::array<std::unique_ptr<MoeLayer>, 2> layers;
-  for (int v = 0; v < 2; ++v) {
+  for (int v = 0; v < static_cast<int>(variants); ++v) {
     layers[static_cast<size_t>(v)] = std::make_unique<MoeLayer>(topo, shape, kind, v == 1, o.chunks);
     layers[static_cast<size_t>(v)]->load_whole(params);
   }
@@ -76,7 +71,7 @@ LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind
   std::vector<double> compute;
   const schedule::Schedule& sc = layers[0]->schedule();
   for (int it = 0; it < o.warmup + o.iters; ++it)
-    for (size_t v = 0; v < 2; ++v) {
+    for (size_t v = 0; v < variants; ++v) {
       layers[v]->zero_grad();
       world.barrier();
       const double t0 = now_us();
@@ -86,9 +81,12 @@ LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind
       t[v].push_back(now_us() - t0);
       if (v == 0) compute.push_back(compute_us_of(sc, last_pass_step_us(*layers[0])));
     }
-  return {median(max_over_ranks(world, t[0])), median(max_over_ranks(world, t[1])),
+  return {median(max_over_ranks(world, t[0])),
+          fused_too ? median(max_over_ranks(world, t[1])) : 0.0,
           median(max_over_ranks(world, compute)), shape.tokens};
 }
+
+namespace {
 
 // The share of the eligible bytes time that fusion saved in a measured layer pair, for the
 // span class of its EP group (mixed: some rank has an EP peer on its own node):
@@ -191,7 +189,7 @@ void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
   const int W = o.chunks;
   schedule::Kind kind = schedule::Kind::kS1;
   const bool has_fused = fused_kind(l, kind);
-  const LayerTimes t = time_layer_pair(topo, shape, kind, o);
+  const LayerTimes t = time_layer_pair(topo, shape, kind, o, true);
   const std::string name = fmt::format("layer.{}", schedule::kind_name(kind));
   const double x = static_cast<double>(shape.tokens);
   cal.samples.push_back({name, x, t.unfused_us});
@@ -253,7 +251,7 @@ void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
     if (fused_kind(mt->layout(), mk) && group_link(mhere, Group::kEp) == Link::kInter &&
         group_span(mhere, Group::kEp).intra_share > 0.0) {
       const MoeShape ms = eager_calibration_shape(mt->layout(), size_limit);
-      const LayerTimes mtimes = time_layer_pair(*mt, ms, mk, o);
+      const LayerTimes mtimes = time_layer_pair(*mt, ms, mk, o, true);
       const std::string mname = fmt::format("layer.mixed.{}", schedule::kind_name(mk));
       cal.samples.push_back({mname, static_cast<double>(ms.tokens), mtimes.unfused_us});
       cal.samples.push_back({mname + "+fused", static_cast<double>(ms.tokens), mtimes.fused_us});
