@@ -21,14 +21,16 @@ namespace parm::perfmodel {
 // k = 1, f = 1, T = 1024 rounded up to a multiple of N_MP x E.
 MoeShape rendezvous_calibration_shape(const Layout& layout);
 
-// Measures step_sync.per_compute on this topology (collective): S1 unfused on
+// Measures the rendezvous' per_compute on this topology (collective): S1 unfused on
 // rendezvous_calibration_shape, forward + backward, median over options.iters of the slowest
 // rank, its compute steps by the executor's step timers; per_compute =
 // rendezvous_per_compute (model.h) against the layer priced by cal.profile (whose other terms
-// must be calibrated already) without a rendezvous. step_sync.us stays 0 (assumed: a fixed
-// cost per collective step made the choice worse, calibrate.cpp); step_sync_world copies
-// step_sync. On a device other than the CPU, or where the layout has no collective step,
-// both stay as they are (0, assumed).
+// must be calibrated already) without a rendezvous. Recorded (sample
+// layer.rendezvous.per_compute, the log, the sources of step_sync and step_sync_world:
+// "assumed 0 (the layer measured per_compute X, not applied)"), not applied: both lines stay
+// 0 (the value moved with the machine's load and raised the error on two of four sweeps;
+// calibrate_rendezvous.cpp). On a device other than the CPU, or where the layout has no
+// collective step, both stay as they are (0, assumed).
 void calibrate_rendezvous(Topology& topo, const CalibrateOptions& options, Calibration& cal,
                           const std::function<void(const std::string&)>& log);
 

@@ -680,8 +680,11 @@ TEST(PerfModel, RendezvousPerComputeRecoversThePricedLine) {
 TEST(PerfModel, ComputeStepsAreTheNonCollectiveSteps) {
   Profile p = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
   p.gemm_fit(GemmClass::kExpertNN) = GemmFit{2.0, 1.0, 1.0, 0, "t"};
+  p.mem_fit(MemClass::kCopy) = MemFit{1.0, 1.0, 1.0, 0, "t"};  // the executor's copies cost
   const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
   const Prediction s1 = predict_kind(p, shape, make_target(0, 2, 2, 2, 2), Kind::kS1, false);
+  ASSERT_TRUE(s1.steps.back().executor);
+  ASSERT_GT(s1.steps.back().fwd_us, 0.0);
   double compute = 0.0, other = 0.0;
   for (const auto& c : s1.steps) {
     const bool computes = !c.executor && (c.kind == StepKind::kGate || c.kind == StepKind::kAuxLoss ||
