@@ -36,6 +36,9 @@ struct Totals {
   // and the sum over the compute steps of each step's slowest rank (>= the first; the two
   // differ by how far the ranks' slow steps fall on different ranks).
   double compute = 0.0, compute_step_max = 0.0;
+  // The pass's time outside every step timer (the executor's own work between and around the
+  // steps), median over the rounds of the largest rank's.
+  double outside_steps = 0.0;
   double total() const { return fwd + bwd; }
 };
 
@@ -97,7 +100,7 @@ std::vector<Totals> measure_rounds(Topology& topo, const MoeShape& shape,
     const schedule::Schedule& sc = layers[i]->schedule();
     const size_t per_round = 2 * sc.steps.size();
     const std::vector<double> step_max = max_over_ranks(world, steps[i]);
-    std::vector<double> mine, of_step_max;
+    std::vector<double> mine, of_step_max, outside;
     for (size_t r = 0; r * per_round < steps[i].size(); ++r) {
       const auto at = [&](const std::vector<double>& v) {
         const auto first = v.begin() + static_cast<std::ptrdiff_t>(r * per_round);
@@ -105,9 +108,13 @@ std::vector<Totals> measure_rounds(Topology& topo, const MoeShape& shape,
       };
       mine.push_back(compute_us_of(sc, at(steps[i])) / 1e3);
       of_step_max.push_back(compute_us_of(sc, at(step_max)) / 1e3);
+      double stepped = 0.0;
+      for (double us : at(steps[i])) stepped += us;
+      outside.push_back(fwd[i][r] + bwd[i][r] - stepped / 1e3);
     }
     out.back().compute = median(max_over_ranks(world, mine));
     out.back().compute_step_max = median(of_step_max);
+    out.back().outside_steps = median(max_over_ranks(world, outside));
   }
   return out;
 }
@@ -231,6 +238,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                           {"measured_compute_ms", m.compute},
                           {"measured_rest_ms", m.total() - m.compute},
                           {"measured_compute_step_max_ms", m.compute_step_max},
+                          {"measured_outside_steps_ms", m.outside_steps},
                           {"predicted_compute_ms", pred_compute},
                           {"predicted_rest_ms", pred - pred_compute}};
       auto& pr = part_ratios[cand.pred.name()];

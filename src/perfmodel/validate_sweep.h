@@ -40,7 +40,8 @@ struct SweepOptions {
 // predicted_bwd_ms, measured_ms, measured_fwd_ms, measured_bwd_ms, measured_min_ms,
 // measured_max_ms, measured_spread, predicted_balanced_ms, busiest_rank_expert_rows,
 // load_max_over_mean, measured_compute_ms, measured_rest_ms, measured_compute_step_max_ms,
-// predicted_compute_ms, predicted_rest_ms, same_program_as where it has a twin), auto, fastest, auto_over_fastest
+// measured_outside_steps_ms, predicted_compute_ms, predicted_rest_ms, same_program_as where it
+// has a twin), auto, fastest, auto_over_fastest
 // (= regret), auto_is_fastest, auto_is_fastest_program, auto_over_baseline where there is a
 // baseline]}.
 // The candidates of a configuration run in rounds (each once per round, the order rotated
@@ -61,7 +62,9 @@ struct SweepOptions {
 // (measured_steps.h), median over the rounds of the slowest rank's sum;
 // measured_compute_step_max_ms the median of the sum over compute steps of each step's slowest
 // rank; measured_rest_ms = measured_ms - measured_compute_ms (collective steps with their
-// local copies and waits for peers, the executor's own work); predicted_compute_ms the same
+// local copies and waits for peers, the executor's own work); measured_outside_steps_ms the
+// median over the rounds of the largest rank's pass time outside every step timer (the
+// executor's own work: the part of the rest not in a collective step); predicted_compute_ms the same
 // steps' price (model.h compute_steps_us), predicted_rest_ms = predicted_ms - it.
 // measured_over_predicted_by_schedule: the median over configurations of each part's
 // measured / predicted.

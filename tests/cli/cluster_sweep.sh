@@ -126,6 +126,7 @@ for c in r["configs"]:
             assert 0 < comp < x[side + "_ms"] and rest > 0, (side, x)
             assert abs(comp + rest - x[side + "_ms"]) <= 1e-9 * x[side + "_ms"], (side, x)
         assert x["measured_compute_ms"] <= x["measured_compute_step_max_ms"] * (1 + 1e-9), x
+        assert 0 <= x["measured_outside_steps_ms"] < x["measured_ms"], x
         for part in ("compute", "rest", "total"):
             assert s["measured_over_predicted_by_schedule"][x["schedule"]][part] > 0, (part, s)
     # The twins: S2 unfused compiles to the baseline's step list exactly where N_ESP = 1.

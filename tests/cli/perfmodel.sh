@@ -110,6 +110,7 @@ for c in r["configs"]:
             assert 0 < comp < total and rest > 0, (side, x)
             assert math.isclose(comp + rest, total, rel_tol=1e-9), (side, x)
         assert x["measured_compute_ms"] <= x["measured_compute_step_max_ms"] * (1 + 1e-9), x
+        assert 0 <= x["measured_outside_steps_ms"] < x["measured_ms"], x
         for part in ("compute", "rest", "total"):
             assert split[x["schedule"]][part] > 0, (part, split)
 print("split ok")
