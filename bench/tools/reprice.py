@@ -7,16 +7,19 @@ feed the profile: the sweep only judges it.
   bench/tools/reprice.py --sweep S.json --profile P.json [--profile Q.json ...]
                          [--devices-per-node D] [--parm build/parm] [--wrong] [--json OUT]
                          [--eager-limit-bytes E --eager-gain G] [--eager-gain-mixed G2]
-                         [--compute-scale S]
+                         [--compute-scale S] [--rendezvous-per-compute R]
 
---eager-limit-bytes / --eager-gain / --eager-gain-mixed / --compute-scale set those terms
+--eager-limit-bytes / --eager-gain / --eager-gain-mixed / --compute-scale /
+--rendezvous-per-compute (step_sync.per_compute and step_sync_world.per_compute) set those terms
 (docs/perfmodel.md) in a copy of each profile, marked "assumed (reprice.py)": for profiles taken
 before they existed. --eager-gain alone sets both shares (the pure and the mixed span).
 
 Per profile it prints: selection (plain: auto is the measured fastest; distinct: auto runs
 the measured fastest's program), auto / fastest (median, worst), the median |predicted -
 measured| / measured over every (configuration, schedule), and auto over the baseline (min,
-median, max, share > 1.13x). --wrong lists the configurations chosen wrong (distinct).
+median, max, share > 1.13x). --wrong lists the configurations chosen wrong (distinct). --ratios
+prints the median measured / predicted per (T, schedule), and of the compute steps and the rest
+where the sweep measured them (`parm plan`'s compute_ms against measured_compute_ms).
 """
 import argparse, concurrent.futures as cf, json, os, statistics as st, subprocess, tempfile
 
@@ -24,7 +27,7 @@ import argparse, concurrent.futures as cf, json, os, statistics as st, subproces
 def with_terms(profile, a):
     """profile, or a temporary copy with the terms given on the command line set."""
     if (a.eager_gain is None and a.eager_limit_bytes is None and a.compute_scale is None and
-            a.eager_gain_mixed is None):
+            a.eager_gain_mixed is None and a.rendezvous_per_compute is None):
         return profile
     p = json.load(open(profile))
     why = 'assumed (reprice.py)'
@@ -40,6 +43,11 @@ def with_terms(profile, a):
         p['fused'].update(eager_gain_mixed=a.eager_gain_mixed, eager_gain_mixed_source=why)
     if a.compute_scale is not None:
         p['layer_compute'] = {'scale': a.compute_scale, 'source': why}
+    if a.rendezvous_per_compute is not None:
+        for key in ('step_sync', 'step_sync_world'):
+            sync = dict(p.get(key) or p['step_sync'])
+            sync.update(per_compute=a.rendezvous_per_compute, source=why)
+            p[key] = sync
     fd, out = tempfile.mkstemp(suffix='.json')
     with os.fdopen(fd, 'w') as f:
         json.dump(p, f)
@@ -57,27 +65,35 @@ def plan(parm, profile, c, dpn, world, chunks):
                         '--devices-per-node', str(dpn), '--world', str(world),
                         '--schedule', 'all', '--fuse', 'both', '--chunks', str(chunks),
                         '--json', out], check=True, capture_output=True)
-        return {x['schedule']: (x['total_ms'], x['fwd_ms'], x['bwd_ms'])
+        return {x['schedule']: (x['total_ms'], x['fwd_ms'], x['bwd_ms'], x['compute_ms'])
                 for x in json.load(open(out))['candidates']}
     finally:
         os.unlink(out)
 
 
 def ratios(sweep, prices):
-    """Median measured / predicted, forward and backward, per (T, schedule)."""
+    """Median measured / predicted, forward and backward, per (T, schedule); and of the compute
+    steps and the rest where the sweep measured them (measured_compute_ms, measured_rest_ms)."""
     by = {}
     for c, pl in zip(sweep['configs'], prices):
         for x in c['candidates']:
             if x['schedule'] not in pl:
                 continue
-            _, f, b = pl[x['schedule']]
+            _, f, b, comp = pl[x['schedule']]
+            split = ((x['measured_compute_ms'] / comp, x['measured_rest_ms'] / (f + b - comp))
+                     if 'measured_compute_ms' in x else None)
             by.setdefault((c['T'], x['schedule']), []).append(
-                (x['measured_fwd_ms'] / f, x['measured_bwd_ms'] / b, x['measured_ms'] / (f + b)))
+                (x['measured_fwd_ms'] / f, x['measured_bwd_ms'] / b, x['measured_ms'] / (f + b),
+                 split))
     for key in sorted(by):
         v = by[key]
-        print('  T=%-5d %-9s measured/predicted: fwd %.2f bwd %.2f total %.2f  [%d]' % (
-            key[0], key[1], st.median(a for a, _, _ in v), st.median(b for _, b, _ in v),
-            st.median(t for _, _, t in v), len(v)))
+        splits = [s for *_, s in v if s is not None]
+        print('  T=%-5d %-9s measured/predicted: fwd %.2f bwd %.2f total %.2f%s  [%d]' % (
+            key[0], key[1], st.median(a[0] for a in v), st.median(a[1] for a in v),
+            st.median(a[2] for a in v),
+            '; compute %.2f rest %.2f' % (st.median(s[0] for s in splits),
+                                         st.median(s[1] for s in splits)) if splits else '',
+            len(v)))
 
 
 def judge(sweep, prices):
@@ -131,6 +147,8 @@ def main():
     ap.add_argument('--eager-gain-mixed', type=float,
                     help='the share where the group has peers on a rank\'s own node too')
     ap.add_argument('--compute-scale', type=float)
+    ap.add_argument('--rendezvous-per-compute', type=float,
+                    help='the rendezvous per us of compute before a collective step (model.h)')
     a = ap.parse_args()
     sweep = json.load(open(a.sweep))
     world = sweep.get('world', 4)

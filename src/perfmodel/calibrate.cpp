@@ -21,6 +21,7 @@
 #include "parm/timer.h"
 #include "perfmodel/bench_device.h"
 #include "perfmodel/calibrate_layer.h"
+#include "perfmodel/calibrate_rendezvous.h"
 #include "perfmodel/fit.h"
 #include "perfmodel/model.h"
 
@@ -418,8 +419,9 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
       ff.per_piece_us, ff.r2, ff.samples, ratios.empty() ? 0.0 : median(ratios));
 }
 
-// The rendezvous (model.h: step_sync, step_sync_world) is not measured: it is set to 0.
-// Measured as a line over the compute before a collective (8 x a d^3 GEMM then a 4 KiB
+// The rendezvous (model.h: step_sync, step_sync_world) is not measured here: it is set to 0,
+// and calibrate_rendezvous measures its per_compute inside the layer (last, as it prices the
+// layer with every other term). Measured as a line over the compute before a collective (8 x a d^3 GEMM then a 4 KiB
 // alltoall against both timed apart), it came out as noise on this machine: a point after
 // 2.4 ms of compute at 80 us below one after 0.3 ms at 302 us, slopes 0-0.48 minutes apart,
 // negative points under load. Priced with the four quiet sweeps' own calibrated lines, it
@@ -430,9 +432,10 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
 void calibrate_step_sync(Calibration& cal, const Logger& log) {
   for (SyncFit* f : {&cal.profile.step_sync, &cal.profile.step_sync_world}) {
     *f = SyncFit{};
-    f->source = "assumed 0 (not measured: the calibrated lines made the choice worse)";
+    f->source = "assumed 0 (not measured in the layer)";
   }
-  log("  not measured; step_sync and step_sync_world set to 0 (docs/perfmodel.md)");
+  log("  not measured alone; step_sync and step_sync_world 0 until the layer measures them "
+      "(docs/perfmodel.md)");
 }
 
 void calibrate_gemm(Communicator& world, const CalibrateOptions& o, BenchDevice& dev,
@@ -691,6 +694,8 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
     ff.eager_limit_source =
         "assumed (Open MPI's btl_tcp_eager_limit default: nodes exchange over TCP)";
   }
+  log("collective after computation, inside the layer:");
+  calibrate_rendezvous(topo, o, cal, log_fn);
   log("fused collectives in the layer (eager limit {:.0f} bytes, {}):", ff.eager_limit_bytes,
       ff.eager_limit_source);
   calibrate_fused_layer(topo, topo_options, o, cal, log_fn);

@@ -11,6 +11,7 @@
 #include "parm/error.h"
 #include "parm/stats.h"
 #include "parm/timer.h"
+#include "perfmodel/measured_steps.h"
 #include "perfmodel/model.h"
 
 namespace parm::perfmodel {
@@ -49,16 +50,10 @@ bool fused_kind(const Layout& l, schedule::Kind& kind) {
   return l.mp > 1;
 }
 
-struct LayerTimes {
-  double unfused_us = 0.0, fused_us = 0.0;
-  double compute_us = 0.0;  // the unfused layer's compute steps
-  int64_t tokens = 0;
-};
+}  // namespace
 
-// Interleaved rounds of forward + backward of `kind` unfused and fused on topo (collective), so
-// that a load change hits both alike: medians over o.iters of the slowest rank.
 LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind kind,
-                           const CalibrateOptions& o) {
+                           const CalibrateOptions& o, bool fused_too) {
   const Layout& l = topo.layout();
   Communicator& world = topo.host_comm(Group::kWorld);
   const ref::MoeParams<float> params = ref::init_params<float>(shape, 1);
@@ -66,16 +61,17 @@ LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind
   std::vector<float> x = check_input(shape, 1, group), dout = check_dout(shape, 1, group);
   const Tensor xt = Tensor::view(x.data(), {shape.tokens, shape.model_dim});
   const Tensor dt = Tensor::view(dout.data(), {shape.tokens, shape.model_dim});
+  const size_t variants = fused_too ? 2 : 1;
   std::array<std::unique_ptr<MoeLayer>, 2> layers;
-  for (int v = 0; v < 2; ++v) {
+  for (int v = 0; v < static_cast<int>(variants); ++v) {
     layers[static_cast<size_t>(v)] = std::make_unique<MoeLayer>(topo, shape, kind, v == 1, o.chunks);
     layers[static_cast<size_t>(v)]->load_whole(params);
   }
   std::array<std::vector<double>, 2> t;
   std::vector<double> compute;
-  const auto& steps = layers[0]->schedule().steps;
+  const schedule::Schedule& sc = layers[0]->schedule();
   for (int it = 0; it < o.warmup + o.iters; ++it)
-    for (size_t v = 0; v < 2; ++v) {
+    for (size_t v = 0; v < variants; ++v) {
       layers[v]->zero_grad();
       world.barrier();
       const double t0 = now_us();
@@ -83,16 +79,14 @@ LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind
       layers[v]->backward(dt, 0.01f);
       if (it < o.warmup) continue;
       t[v].push_back(now_us() - t0);
-      if (v != 0) continue;
-      double c = 0.0;
-      for (size_t i = 0; i < steps.size(); ++i)
-        if (!schedule::is_collective(steps[i].kind))
-          c += layers[0]->forward_step_us()[i] + layers[0]->backward_step_us()[i];
-      compute.push_back(c);
+      if (v == 0) compute.push_back(compute_us_of(sc, last_pass_step_us(*layers[0])));
     }
-  return {median(max_over_ranks(world, t[0])), median(max_over_ranks(world, t[1])),
+  return {median(max_over_ranks(world, t[0])),
+          fused_too ? median(max_over_ranks(world, t[1])) : 0.0,
           median(max_over_ranks(world, compute)), shape.tokens};
 }
+
+namespace {
 
 // The share of the eligible bytes time that fusion saved in a measured layer pair, for the
 // span class of its EP group (mixed: some rank has an EP peer on its own node):
@@ -195,7 +189,7 @@ void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
   const int W = o.chunks;
   schedule::Kind kind = schedule::Kind::kS1;
   const bool has_fused = fused_kind(l, kind);
-  const LayerTimes t = time_layer_pair(topo, shape, kind, o);
+  const LayerTimes t = time_layer_pair(topo, shape, kind, o, true);
   const std::string name = fmt::format("layer.{}", schedule::kind_name(kind));
   const double x = static_cast<double>(shape.tokens);
   cal.samples.push_back({name, x, t.unfused_us});
@@ -209,10 +203,7 @@ void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
   prof.layer_compute.scale = 1.0;
   const schedule::Schedule sc = schedule::build({shape, l, 0, false, W}, kind);
   const Prediction p1 = predict(prof, sc, shape, here);
-  double priced = 0.0;
-  for (size_t i = 0; i < sc.steps.size(); ++i)
-    if (!schedule::is_collective(sc.steps[i].kind))
-      priced += p1.steps[i].fwd_us + p1.steps[i].bwd_us;
+  const double priced = compute_steps_us(p1);
   // Recorded (the sample and the log), not applied: on this small layer the ratio came out
   // 0.59-0.66 on all four quiet cluster sweeps of 2026-12-02, and pricing those sweeps with
   // it put the median error at 29-44% against 13-18% at 1, with no better choice
@@ -260,7 +251,7 @@ void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
     if (fused_kind(mt->layout(), mk) && group_link(mhere, Group::kEp) == Link::kInter &&
         group_span(mhere, Group::kEp).intra_share > 0.0) {
       const MoeShape ms = eager_calibration_shape(mt->layout(), size_limit);
-      const LayerTimes mtimes = time_layer_pair(*mt, ms, mk, o);
+      const LayerTimes mtimes = time_layer_pair(*mt, ms, mk, o, true);
       const std::string mname = fmt::format("layer.mixed.{}", schedule::kind_name(mk));
       cal.samples.push_back({mname, static_cast<double>(ms.tokens), mtimes.unfused_us});
       cal.samples.push_back({mname + "+fused", static_cast<double>(ms.tokens), mtimes.fused_us});

@@ -15,6 +15,7 @@
 #include "layer/shape.h"
 #include "parm/topology.h"
 #include "perfmodel/calibrate.h"
+#include "schedule/schedule.h"
 
 namespace parm::perfmodel {
 
@@ -23,6 +24,18 @@ namespace parm::perfmodel {
 // chunks >= 2): M = H = 256, E = 2 N_EP, k = 1, f = 1, T the smallest multiple of N_MP x E
 // that reaches it.
 MoeShape eager_calibration_shape(const Layout& layout, double eager_limit_bytes);
+
+// One layer measured by calibrate: `kind` unfused (and fused), forward + backward.
+struct LayerTimes {
+  double unfused_us = 0.0, fused_us = 0.0;  // fused_us: 0 when not timed
+  double compute_us = 0.0;  // the unfused layer's compute steps (measured_steps.h)
+  int64_t tokens = 0;
+};
+// Interleaved rounds of forward + backward of `kind` unfused and (fused_too) fused on topo
+// (collective), so that a load change hits both alike: medians over o.iters of the slowest
+// rank, after o.warmup rounds.
+LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind kind,
+                           const CalibrateOptions& o, bool fused_too);
 
 // The smallest share of the measured unfused layer that the eligible bytes time (what gain 1
 // saves) must reach for a gain to be measured there: the gain is a difference of two layer

@@ -338,6 +338,13 @@ double rendezvous_us(const Profile& prof, bool whole_world, double compute_us) {
   return f.us + f.per_compute * std::max(0.0, compute_us);
 }
 
+double rendezvous_per_compute(double total_us, double compute_us, double priced_total_us,
+                              double priced_compute_us, double rendezvous_at_one_us) {
+  if (rendezvous_at_one_us <= 0.0 || compute_us <= 0.0 || priced_compute_us <= 0.0) return 0.0;
+  const double excess = (total_us - compute_us) - (priced_total_us - priced_compute_us);
+  return std::max(0.0, excess / (rendezvous_at_one_us * compute_us / priced_compute_us));
+}
+
 double mean_routed_rows(const schedule::Schedule& sc, const MoeShape& shape, const Layout& l) {
   // Per (source block, expert) segment the source's k T_gate / E choices, of which S2's MP
   // slice keeps 1 / N_MP (dispatch_slots / exchange_slots).
@@ -390,6 +397,13 @@ Prediction predict(const Profile& profile, const schedule::Schedule& sc,
     p.bwd_us += c.bwd_us;
   }
   return p;
+}
+
+double compute_steps_us(const Prediction& p) {
+  double us = 0.0;
+  for (const auto& c : p.steps)
+    if (!c.executor && !schedule::is_collective(c.kind)) us += c.fwd_us + c.bwd_us;
+  return us;
 }
 
 std::vector<Candidate> predict_candidates(const Profile& profile, const MoeShape& shape,

@@ -24,6 +24,13 @@
 // holds all ranks (they compute and meet in lock step), else step_sync (groups smaller than
 // the world drift out of phase on shared cores, so a rank waits for its peers' descheduled
 // compute). A fused step is one rendezvous: its pieces follow each other without compute.
+// `calibrate` measures per_compute inside a layer (rendezvous_per_compute; recorded in the
+// profile's source, not applied: calibrate_rendezvous.h): the layer's time outside its
+// compute steps beyond its price, per us of compute the ranks did before its collective steps,
+//     per_compute = ((t - t_c) - (p0 - p_c)) / (R1 * t_c / p_c),   bounded below by 0
+// t, t_c: the measured layer and its compute steps (slowest rank); p0, p_c: their prices
+// without the rendezvous; R1: the layer's rendezvous priced at per_compute 1 (the sum of C
+// over its collective steps), scaled by t_c / p_c to the compute the ranks really did.
 // Routing imbalance, one input (Target::load_max_over_mean = lambda): the busiest rank's
 // expert rows over the mean routed rows per rank (mean_routed_rows: every choice of k T_gate
 // counted, before any drop). The experts step prices R = min(R_pad, lambda R_mean) rows per
@@ -114,6 +121,11 @@ double collective_alpha_us(const Profile& profile, CommOp op, const GroupSpan& s
 // The rendezvous of one collective step (header comment) after compute_us of computation;
 // whole_world: every group of the step holds all ranks.
 double rendezvous_us(const Profile& profile, bool whole_world, double compute_us);
+// The measured per_compute of the header comment, from one layer's measured total_us and
+// compute_us and its prices without the rendezvous (priced_total_us, priced_compute_us) and
+// at per_compute 1 (rendezvous_at_one_us = R1). 0 where R1 or a compute time is not positive.
+double rendezvous_per_compute(double total_us, double compute_us, double priced_total_us,
+                              double priced_compute_us, double rendezvous_at_one_us);
 
 // Expert rows a rank computes (summed over its E_loc local experts) when the router sends
 // every expert the same share and nothing drops: E_loc x expert_blocks x (k T_gate / E) /
@@ -152,6 +164,11 @@ struct Prediction {
   double total_us() const { return fwd_us + bwd_us; }
   std::string name() const;  // "s2+fused", "baseline", ...
 };
+
+// The price of p's compute steps, forward + backward: every schedule step that is not a
+// collective (a collective step's local copies and the executor's own work are not in it), so
+// the same steps the executor's compute-step timers measure (MoeLayer::forward_step_us).
+double compute_steps_us(const Prediction& p);
 
 // Fused step time for parts with per-piece times piece_us (c_i) and latencies alpha_us
 // (alpha_i, the part of c_i that active stages pay once between them; see the header

@@ -10,6 +10,7 @@
 #include "parm/error.h"
 #include "parm/stats.h"
 #include "parm/timer.h"
+#include "perfmodel/measured_steps.h"
 #include "perfmodel/model.h"
 #include "perfmodel/same_program.h"
 #include "perfmodel/simulate.h"
@@ -30,6 +31,14 @@ struct Totals {
   // The median round total of the even and of the odd rounds: two half-measurements of the
   // same candidate, whose disagreement on the fastest program is the measurement's own noise.
   double half_total[2] = {0.0, 0.0};
+  // The compute steps by the executor's own step timers (measured_steps.h), median over the
+  // rounds of: the slowest rank's sum over its compute steps (as calibrate's layer reads them),
+  // and the sum over the compute steps of each step's slowest rank (>= the first; the two
+  // differ by how far the ranks' slow steps fall on different ranks).
+  double compute = 0.0, compute_step_max = 0.0;
+  // The pass's time outside every step timer (the executor's own work between and around the
+  // steps), median over the rounds of the largest rank's.
+  double outside_steps = 0.0;
   double total() const { return fwd + bwd; }
 };
 
@@ -53,6 +62,8 @@ std::vector<Totals> measure_rounds(Topology& topo, const MoeShape& shape,
   }
   const size_t n = layers.size();
   std::vector<std::vector<double>> fwd(n), bwd(n);
+  // Per candidate, this rank's step times of every timed round, one round after the other.
+  std::vector<std::vector<double>> steps(n);
   for (int round = 0; round < o.warmup + o.iters; ++round)
     for (size_t j = 0; j < n; ++j) {
       const size_t i = (j + static_cast<size_t>(round)) % n;
@@ -69,6 +80,8 @@ std::vector<Totals> measure_rounds(Topology& topo, const MoeShape& shape,
       if (round < o.warmup) continue;
       fwd[i].push_back((t1 - t0) / 1e3);
       bwd[i].push_back((t3 - t2) / 1e3);
+      const std::vector<double> us = last_pass_step_us(layer);
+      steps[i].insert(steps[i].end(), us.begin(), us.end());
     }
   std::vector<Totals> out;
   for (size_t i = 0; i < n; ++i) {
@@ -84,6 +97,24 @@ std::vector<Totals> measure_rounds(Topology& topo, const MoeShape& shape,
     std::vector<double> half[2];
     for (size_t r = 0; r < round_total.size(); ++r) half[r % 2].push_back(round_total[r]);
     for (int h = 0; h < 2; ++h) out.back().half_total[h] = half[h].empty() ? NAN : median(half[h]);
+    const schedule::Schedule& sc = layers[i]->schedule();
+    const size_t per_round = 2 * sc.steps.size();
+    const std::vector<double> step_max = max_over_ranks(world, steps[i]);
+    std::vector<double> mine, of_step_max, outside;
+    for (size_t r = 0; r * per_round < steps[i].size(); ++r) {
+      const auto at = [&](const std::vector<double>& v) {
+        const auto first = v.begin() + static_cast<std::ptrdiff_t>(r * per_round);
+        return std::vector<double>(first, first + static_cast<std::ptrdiff_t>(per_round));
+      };
+      mine.push_back(compute_us_of(sc, at(steps[i])) / 1e3);
+      of_step_max.push_back(compute_us_of(sc, at(step_max)) / 1e3);
+      double stepped = 0.0;
+      for (double us : at(steps[i])) stepped += us;
+      outside.push_back(fwd[i][r] + bwd[i][r] - stepped / 1e3);
+    }
+    out.back().compute = median(max_over_ranks(world, mine));
+    out.back().compute_step_max = median(of_step_max);
+    out.back().outside_steps = median(max_over_ranks(world, outside));
   }
   return out;
 }
@@ -122,6 +153,9 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   std::vector<double> speedups;  // measured baseline / auto, where there is a baseline
   std::vector<double> twins;  // |t_a / t_b - 1| of candidates that run the same program
   std::vector<double> spreads;  // each (configuration, schedule)'s spread over the rounds
+  // Measured / predicted of each part of the layer's time (compute steps, the rest, the
+  // total), per schedule: where the model's common error lives.
+  std::map<std::string, std::map<std::string, std::vector<double>>> part_ratios;
   int64_t measured_configs = 0, correct = 0, correct_distinct = 0, within5 = 0, skipped = 0;
   int64_t wrong_within_rounds = 0;  // wrong choices whose rounds overlap the fastest's
   // Configurations with two or more rounds, and those whose even and odd rounds measured the
@@ -185,6 +219,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       const Totals& m = totals[i];
       meas.push_back(m.total());
       const double pred = cand.pred.total_us() / 1e3;
+      const double pred_compute = compute_steps_us(cand.pred) / 1e3;
       rel_errors.push_back(std::abs(pred - m.total()) / m.total());
       spreads.push_back(m.spread);
       nlohmann::json x = {{"schedule", cand.pred.name()},
@@ -199,7 +234,17 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                           {"measured_spread", m.spread},
                           {"predicted_balanced_ms", balanced_ms[i]},
                           {"busiest_rank_expert_rows", m.busiest_rank_rows},
-                          {"load_max_over_mean", loads[i]}};
+                          {"load_max_over_mean", loads[i]},
+                          {"measured_compute_ms", m.compute},
+                          {"measured_rest_ms", m.total() - m.compute},
+                          {"measured_compute_step_max_ms", m.compute_step_max},
+                          {"measured_outside_steps_ms", m.outside_steps},
+                          {"predicted_compute_ms", pred_compute},
+                          {"predicted_rest_ms", pred - pred_compute}};
+      auto& pr = part_ratios[cand.pred.name()];
+      pr["compute"].push_back(m.compute / pred_compute);
+      pr["rest"].push_back((m.total() - m.compute) / (pred - pred_compute));
+      pr["total"].push_back(m.total() / pred);
       if (twin[i] != i) x["same_program_as"] = cands[twin[i]].pred.name();
       cand_json.push_back(x);
       by_schedule[cand.pred.name()].push_back(rel_errors.back());
@@ -250,16 +295,21 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                                   overlap ? " (their rounds overlap)" : ""));
     }
     std::string table =
-        fmt::format("[{}] {}\n    {:<10} {:>10} {:>10} {:>7} {:>7} {:>6}", ci, desc, "schedule",
-                    "pred ms", "meas ms", "error", "spread", "load");
-    for (size_t i = 0; i < cands.size(); ++i)
-      table += fmt::format("\n    {:<10} {:>10.2f} {:>10.2f} {:>+6.0f}% {:>6.0f}% {:>6.2f}{}{}{}",
-                           cands[i].pred.name(), cands[i].pred.total_us() / 1e3, meas[i],
-                           100.0 * (cands[i].pred.total_us() / 1e3 - meas[i]) / meas[i],
-                           100.0 * totals[i].spread, loads[i], i == chosen ? "  <- auto" : "",
+        fmt::format("[{}] {}\n    {:<10} {:>10} {:>10} {:>7} {:>7} {:>6} {:>15} {:>15}", ci,
+                    desc, "schedule", "pred ms", "meas ms", "error", "spread", "load",
+                    "compute p / m", "rest p / m");
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const double pc = compute_steps_us(cands[i].pred) / 1e3, pt = cands[i].pred.total_us() / 1e3;
+      const double mc = totals[i].compute;
+      table += fmt::format("\n    {:<10} {:>10.2f} {:>10.2f} {:>+6.0f}% {:>6.0f}% {:>6.2f} {:>7.2f} {:>7.2f} "
+                           "{:>7.2f} {:>7.2f}{}{}{}",
+                           cands[i].pred.name(), pt, meas[i], 100.0 * (pt - meas[i]) / meas[i],
+                           100.0 * totals[i].spread, loads[i], pc, mc, pt - pc, meas[i] - mc,
+                           i == chosen ? "  <- auto" : "",
                            i == oracle ? "  <- fastest" : "",
                            twin[i] != i ? "  (same program as " + cands[twin[i]].pred.name() + ")"
                                         : std::string());
+    }
     table += fmt::format("\n    auto {}, fastest {}, regret (auto / fastest) {:.3f}",
                          cands[chosen].pred.name(), cands[oracle].pred.name(), ratio);
     log(table);
@@ -300,6 +350,15 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       {"round_spread", {{"median", median(spreads)}, {"max", max_of(spreads)}}}};
   for (const auto& [name, errs] : by_schedule)
     summary["median_abs_relative_error_by_schedule"][name] = median(errs);
+  summary["measured_over_predicted_by_schedule"] = nlohmann::json::object();
+  std::string split;
+  for (const auto& [name, parts] : part_ratios) {
+    for (const auto& [part, r] : parts)
+      summary["measured_over_predicted_by_schedule"][name][part] = median(r);
+    split += fmt::format("\n  {:<10} compute {:.3f}  rest {:.3f}  total {:.3f}", name,
+                         median(parts.at("compute")), median(parts.at("rest")),
+                         median(parts.at("total")));
+  }
   log(fmt::format("\n# sweep summary: {} configurations measured ({} skipped)", measured_configs,
                   skipped));
   log(fmt::format("selection accuracy (auto = measured fastest): {:.1f}% ({} of {}); counting "
@@ -322,6 +381,9 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   for (const auto& [name, errs] : by_schedule)
     per += fmt::format("  {} {:.1f}%", name, 100.0 * median(errs));
   log("median error by schedule:" + per);
+  log("measured / predicted, median per schedule, of the compute steps (the slowest rank's, by "
+      "the executor's step timers), the rest (total - compute: collectives, waits, the "
+      "executor's own work) and the total:" + split);
   if (!speedups.empty())
     log(fmt::format("measured speedup of auto over the baseline: min {:.3f}, median {:.3f}, max "
                     "{:.3f}; above 1.13x in {:.1f}% of {} configurations",

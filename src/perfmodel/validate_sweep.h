@@ -34,11 +34,14 @@ struct SweepOptions {
 // predictions_compared, median_abs_relative_error_by_schedule, wrong_choices: [lines],
 // wrong_choices_rounds_overlap, measurement_self_agreement: {configs, share},
 // speedup_auto_over_baseline, same_schedule_spread: {pairs,
-// median, max}, round_spread: {median, max}}, configs: [one row per measured configuration:
+// median, max}, round_spread: {median, max}, measured_over_predicted_by_schedule: {schedule:
+// {compute, rest, total}}}, configs: [one row per measured configuration:
 // its shape and layout, candidates (schedule, predicted_ms, predicted_fwd_ms,
 // predicted_bwd_ms, measured_ms, measured_fwd_ms, measured_bwd_ms, measured_min_ms,
 // measured_max_ms, measured_spread, predicted_balanced_ms, busiest_rank_expert_rows,
-// load_max_over_mean, same_program_as where it has a twin), auto, fastest, auto_over_fastest
+// load_max_over_mean, measured_compute_ms, measured_rest_ms, measured_compute_step_max_ms,
+// measured_outside_steps_ms, predicted_compute_ms, predicted_rest_ms, same_program_as where it
+// has a twin), auto, fastest, auto_over_fastest
 // (= regret), auto_is_fastest, auto_is_fastest_program, auto_over_baseline where there is a
 // baseline]}.
 // The candidates of a configuration run in rounds (each once per round, the order rotated
@@ -55,6 +58,16 @@ struct SweepOptions {
 // rounds and odd rounds, each taken as a measurement of its own (median per candidate),
 // measured the same fastest program (fastest_even_rounds, fastest_odd_rounds per row): how
 // often the measurement confirms its own choice.
+// The split: measured_compute_ms is the compute steps by the executor's own step timers
+// (measured_steps.h), median over the rounds of the slowest rank's sum;
+// measured_compute_step_max_ms the median of the sum over compute steps of each step's slowest
+// rank; measured_rest_ms = measured_ms - measured_compute_ms (collective steps with their
+// local copies and waits for peers, the executor's own work); measured_outside_steps_ms the
+// median over the rounds of the largest rank's pass time outside every step timer (the
+// executor's own work: the part of the rest not in a collective step); predicted_compute_ms the same
+// steps' price (model.h compute_steps_us), predicted_rest_ms = predicted_ms - it.
+// measured_over_predicted_by_schedule: the median over configurations of each part's
+// measured / predicted.
 // `log` receives the progress lines and the summary (on every rank; print them on rank 0).
 // Throws InvalidConfig for bad options or an unreadable grid before any measurement.
 nlohmann::json validate_sweep(const SweepOptions& options,

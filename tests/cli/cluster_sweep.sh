@@ -47,10 +47,13 @@ for op in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
     assert inter["alpha_per_rank_source"] == "measured", inter
     for k in ("alpha_us", "alpha_per_rank_us", "beta_us_per_byte"):
         assert inter[k] >= 0 and intra[k] >= 0, (op, k)
-# The rendezvous is not measured (calibrate_step_sync): 0, and the profile says so.
+# The rendezvous: its per_compute measured inside the layer (calibrate_rendezvous) and
+# recorded in the source, not applied: both lines 0, and the profile says so.
+import re
 for key in ("step_sync", "step_sync_world"):
     sy = p[key]
-    assert sy["source"].startswith("assumed 0"), (key, sy)
+    assert re.fullmatch(r"assumed 0 \(the layer measured per_compute -?[0-9.]+, not applied\)",
+                        sy["source"]), (key, sy)
     assert sy["us"] == 0 and sy["per_compute"] == 0, (key, sy)
 # The fused overlap is a median of ratios bounded to [0, 1].
 assert 0.0 <= p["fused"]["overlap"] <= 1.0, p["fused"]
@@ -71,7 +74,7 @@ assert fu["eager_limit_bytes"] == 65536 and fu["eager_limit_source"].startswith(
 lc = p["layer_compute"]
 assert lc["scale"] == 1.0 and lc["source"].startswith("assumed 1 (the calibration layer measured"), lc
 print("ok: profile version 2, intra measured at 2, inter at 2 and 4 ranks across the nodes, "
-      "no rendezvous, fused overlap in [0, 1], eager shares taken in the layer")
+      "the rendezvous and the eager shares taken in the layer, fused overlap in [0, 1]")
 PY
 
 cat >"$tmp/grid.json" <<'GRID'
@@ -85,7 +88,8 @@ echo "$out"
 for want in "3 configurations measured (1 skipped)" "selection accuracy" "regret (auto / fastest)" \
             "<- auto" "<- fastest" "median error by schedule" "noise floor" \
             "counting schedules that run the same program as one" "(same program as baseline)" \
-            "spread over the rounds" "the measurement against itself"; do
+            "spread over the rounds" "the measurement against itself" \
+            "measured / predicted, median per schedule, of the compute steps"; do
   grep -qF -- "$want" <<<"$out" || fail "the sweep report lacks '$want'"
 done
 "$PY" - "$tmp/sweep.json" <<'PY' || fail "the sweep JSON lacks a key"
@@ -116,6 +120,15 @@ for c in r["configs"]:
             assert x[k] > 0, (k, x)
         assert x["measured_spread"] >= 0, x
         assert x["measured_min_ms"] <= x["measured_ms"] <= x["measured_max_ms"], x
+        # The compute steps (the executor's step timers) and the rest add up to the total.
+        for side in ("measured", "predicted"):
+            comp, rest = x[side + "_compute_ms"], x[side + "_rest_ms"]
+            assert 0 < comp < x[side + "_ms"] and rest > 0, (side, x)
+            assert abs(comp + rest - x[side + "_ms"]) <= 1e-9 * x[side + "_ms"], (side, x)
+        assert x["measured_compute_ms"] <= x["measured_compute_step_max_ms"] * (1 + 1e-9), x
+        assert 0 <= x["measured_outside_steps_ms"] < x["measured_ms"], x
+        for part in ("compute", "rest", "total"):
+            assert s["measured_over_predicted_by_schedule"][x["schedule"]][part] > 0, (part, s)
     # The twins: S2 unfused compiles to the baseline's step list exactly where N_ESP = 1.
     twins = {x["schedule"]: x.get("same_program_as") for x in c["candidates"]}
     assert (twins.get("s2") == "baseline") == (c["N_ESP"] == 1), (c["N_ESP"], twins)

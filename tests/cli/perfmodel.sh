@@ -96,6 +96,27 @@ check "bench-layer --sweep measures what fits" 0 $rc "2 configurations measured 
 check "bench-layer --sweep reports selection accuracy" 0 $rc "selection accuracy" "$out"
 grep -q '"median_abs_relative_error"' "$tmp/sweep.json" 2>/dev/null
 check "bench-layer --sweep writes JSON" 0 $? "" ""
+# The split of each candidate's time into its compute steps and the rest, measured (the
+# executor's step timers) and predicted: the parts add up to the totals, per schedule in the
+# summary.
+out="$(/usr/bin/python3 - "$tmp/sweep.json" 2>&1 <<'PY'
+import json, math, sys
+r = json.load(open(sys.argv[1]))
+split = r["summary"]["measured_over_predicted_by_schedule"]
+for c in r["configs"]:
+    for x in c["candidates"]:
+        for side in ("measured", "predicted"):
+            comp, rest, total = x[side + "_compute_ms"], x[side + "_rest_ms"], x[side + "_ms"]
+            assert 0 < comp < total and rest > 0, (side, x)
+            assert math.isclose(comp + rest, total, rel_tol=1e-9), (side, x)
+        assert x["measured_compute_ms"] <= x["measured_compute_step_max_ms"] * (1 + 1e-9), x
+        assert 0 <= x["measured_outside_steps_ms"] < x["measured_ms"], x
+        for part in ("compute", "rest", "total"):
+            assert split[x["schedule"]][part] > 0, (part, split)
+print("split ok")
+PY
+)"
+check "bench-layer --sweep splits compute and the rest" 0 $? "split ok" "$out"
 
 for c in pcie-8gpu cluster-32gpu; do
   out="$(prun -n 1 -- simulate --cluster "$src/configs/clusters/$c.json" \

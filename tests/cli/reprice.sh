@@ -66,4 +66,25 @@ import json, sys
 r = json.load(open('$tmp/r.json'))['$tmp/p.json']
 print('median %.3f wrong %d' % (r['median_abs_relative_error'], len(r['wrong_choices'])))")"
 check "the median error over every pair is 0 and one choice is wrong" 0 $? "median 0.000 wrong 1" "$err"
+
+# --ratios with the sweep's split (bench-layer --sweep: measured_compute_ms, measured_rest_ms):
+# every compute step measured at its price, the rest at 3x its price.
+/usr/bin/python3 - "$tmp/a.json" "$tmp/split.json" <<'PY'
+import json, sys
+rows = []
+for c in json.load(open(sys.argv[1]))["candidates"]:
+    comp, rest = c["compute_ms"], 3.0 * (c["total_ms"] - c["compute_ms"])
+    r = (comp + rest) / c["total_ms"]
+    rows.append({"schedule": c["schedule"], "measured_ms": comp + rest,
+                 "measured_fwd_ms": r * c["fwd_ms"], "measured_bwd_ms": r * c["bwd_ms"],
+                 "measured_compute_ms": comp, "measured_rest_ms": rest})
+json.dump({"world": 4, "chunks": 4, "ranks_per_node": 2,
+           "configs": [{"id": 0, "T": 64, "M": 16, "H": 32, "E": 4, "k": 2, "f": "1.2",
+                        "N_MP": 2, "N_ESP": 1, "N_EP": 2, "fastest": rows[0]["schedule"],
+                        "candidates": rows}]}, open(sys.argv[2], "w"))
+PY
+out="$(/usr/bin/python3 "$src/bench/tools/reprice.py" --sweep "$tmp/split.json" \
+        --profile "$tmp/p.json" --parm "$parm" --ratios 2>&1)"
+check "reprice --ratios splits compute and the rest" 0 $? "s1        measured/predicted" "$out"
+check "the split is measured / predicted of each part" 0 0 "; compute 1.00 rest 3.00" "$out"
 finish

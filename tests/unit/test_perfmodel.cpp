@@ -15,6 +15,7 @@
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "perfmodel/calibrate_layer.h"
+#include "perfmodel/calibrate_rendezvous.h"
 #include "perfmodel/fit.h"
 #include "perfmodel/model.h"
 #include "perfmodel/profile.h"
@@ -321,6 +322,20 @@ TEST(PerfModel, LayerComputeScaleMultipliesTheComputeOnly) {
 
 // The layer calibrate_fused_layer runs: S1's fused ep alltoall sends each peer the first
 // message of at least twice the eager limit (so its 4 pieces are at most the limit).
+// The rendezvous layer: sweep-sized (M 256, H 1024, E = 2 N_EP, k 1), T = 1024 rounded up to
+// a multiple of N_MP x E.
+TEST(PerfModel, RendezvousCalibrationShape) {
+  const MoeShape a = rendezvous_calibration_shape(make_target(0, 2, 2, 2, 2).layout);
+  EXPECT_EQ(a.tokens, 1024);
+  EXPECT_EQ(a.model_dim, 256);
+  EXPECT_EQ(a.hidden, 1024);
+  EXPECT_EQ(a.experts, 4);
+  EXPECT_EQ(a.topk, 1);
+  const MoeShape b = rendezvous_calibration_shape(make_target(0, 3, 3, 1, 0).layout);
+  EXPECT_EQ(b.experts, 6);
+  EXPECT_EQ(b.tokens, 1026);  // 57 x 18
+}
+
 TEST(PerfModel, EagerCalibrationShapeCrossesTheLimit) {
   for (auto [mp, ep, esp, dpn] : {std::array{2, 2, 2, 2}, std::array{4, 2, 4, 4}}) {
     const Target t = make_target(0, mp, ep, esp, dpn);
@@ -624,6 +639,64 @@ TEST(PerfModel, RendezvousAfterTheComputeBeforeIt) {
   EXPECT_DOUBLE_EQ(step_named(world, "combine alltoall").fwd_sync_us, 3.0 + 0.25 * wex.fwd_us);
   EXPECT_DOUBLE_EQ(step_named(world, "dispatch alltoall").bwd_sync_us, 3.0 + 0.25 * wex.bwd_us);
   EXPECT_DOUBLE_EQ(step_named(world, "dispatch alltoall").fwd_sync_us, 3.0);
+}
+
+// calibrate's per_compute from one measured layer (model.h): the rest's excess over its price
+// per us of compute the ranks did before their collective steps.
+TEST(PerfModel, RendezvousPerComputeHandComputed) {
+  // Measured 100 us, 40 of it compute; priced 70 without a rendezvous, 50 of it compute; R1
+  // 30 us. Rest 60 against 20 priced: 40 us more, over R1 scaled to the compute done,
+  // 30 x 40 / 50 = 24: 40 / 24.
+  EXPECT_DOUBLE_EQ(rendezvous_per_compute(100.0, 40.0, 70.0, 50.0, 30.0), 40.0 / 24.0);
+  // A rest at or below its price measures no rendezvous: 0, never negative.
+  EXPECT_DOUBLE_EQ(rendezvous_per_compute(60.0, 40.0, 70.0, 50.0, 30.0), 0.0);
+  // Nothing to divide by: 0.
+  EXPECT_DOUBLE_EQ(rendezvous_per_compute(100.0, 40.0, 70.0, 50.0, 0.0), 0.0);
+  EXPECT_DOUBLE_EQ(rendezvous_per_compute(100.0, 0.0, 70.0, 50.0, 30.0), 0.0);
+}
+
+// The measurement inverts the price: a layer "measured" at what a profile with per_compute
+// 0.3 predicts (its compute exactly at its price) gives back 0.3, with R1 the difference of
+// the prices at per_compute 1 and 0, as calibrate_rendezvous takes it.
+TEST(PerfModel, RendezvousPerComputeRecoversThePricedLine) {
+  Profile p = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
+  for (GemmClass c : {GemmClass::kExpertNN, GemmClass::kExpertTN, GemmClass::kExpertNT})
+    p.gemm_fit(c) = GemmFit{2.0, 1.0, 1.0, 0, "t"};
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const Prediction p0 = predict_kind(p, shape, t, Kind::kS1, false);
+  Profile one = p, line = p;
+  one.step_sync.per_compute = one.step_sync_world.per_compute = 1.0;
+  line.step_sync.per_compute = line.step_sync_world.per_compute = 0.3;
+  const double r1 = predict_kind(one, shape, t, Kind::kS1, false).total_us() - p0.total_us();
+  ASSERT_GT(r1, 0.0);
+  const Prediction measured = predict_kind(line, shape, t, Kind::kS1, false);
+  const double c = compute_steps_us(p0);
+  ASSERT_GT(c, 0.0);
+  EXPECT_NEAR(rendezvous_per_compute(measured.total_us(), c, p0.total_us(), c, r1), 0.3, 1e-12);
+}
+
+// compute_steps_us sums exactly the steps that are not collectives and not the executor's.
+TEST(PerfModel, ComputeStepsAreTheNonCollectiveSteps) {
+  Profile p = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
+  p.gemm_fit(GemmClass::kExpertNN) = GemmFit{2.0, 1.0, 1.0, 0, "t"};
+  p.mem_fit(MemClass::kCopy) = MemFit{1.0, 1.0, 1.0, 0, "t"};  // the executor's copies cost
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Prediction s1 = predict_kind(p, shape, make_target(0, 2, 2, 2, 2), Kind::kS1, false);
+  ASSERT_TRUE(s1.steps.back().executor);
+  ASSERT_GT(s1.steps.back().fwd_us, 0.0);
+  double compute = 0.0, other = 0.0;
+  for (const auto& c : s1.steps) {
+    const bool computes = !c.executor && (c.kind == StepKind::kGate || c.kind == StepKind::kAuxLoss ||
+                                          c.kind == StepKind::kDispatch ||
+                                          c.kind == StepKind::kExperts ||
+                                          c.kind == StepKind::kCombine);
+    (computes ? compute : other) += c.fwd_us + c.bwd_us;
+  }
+  EXPECT_GT(compute, 0.0);
+  EXPECT_GT(other, 0.0);
+  EXPECT_DOUBLE_EQ(compute_steps_us(s1), compute);
+  EXPECT_NEAR(compute_steps_us(s1) + other, s1.total_us(), 1e-9);
 }
 
 // The experts step prices the busiest rank's rows: lambda (Target::load_max_over_mean)

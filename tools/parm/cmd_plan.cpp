@@ -106,6 +106,7 @@ int run_plan(PlanFlags f) {
                    {"fwd_ms", p.fwd_us / 1e3},
                    {"bwd_ms", p.bwd_us / 1e3},
                    {"total_ms", p.total_us() / 1e3},
+                   {"compute_ms", perfmodel::compute_steps_us(p) / 1e3},
                    {"steps", steps}});
   }
   double baseline = 0.0;
