@@ -80,12 +80,13 @@ struct RowRuns {
 // pack_weights packs every expert's W1, W2 and W1^T, W2^T before the forward products when
 // they are stale (moe/bf16_weight_copies.h: other tensors, another version given to
 // set_weights_version, or no version given: every forward call); the products of later passes
-// at the same version, backward ones among them, reuse them. An expert's forward pass keeps x^T and act^T packed for its backward pass (half
-// the bytes of fp32 copies; act is never written in fp32); the elementwise steps between
-// the products run a block of rows at a time, packed while the block is in cache, with the
-// bf16 GeLU (cpu::bias_gelu_bf16); so do the row operands x and dy, read where the exchange
-// layout holds them (RowRuns) a block at a time and packed twice from cache, with no fp32
-// copy of the rows. Nothing is allocated after reserve().
+// at the same version, backward ones among them, reuse them. An expert's forward pass keeps x^T
+// and act^T packed and gelu'(pre + b1) in bf16 for its backward pass (half the bytes of fp32
+// copies; act and dpre are never written in fp32); the GeLU steps run 32 rows at a time with
+// the bf16 GeLU and round every output into its packed layouts from registers
+// (cpu::bias_gelu_pack_both_bf16, gelu_grad_pack_both_bf16); the row operands x and dy are
+// read where the exchange layout holds them (RowRuns) a block at a time and packed twice
+// from cache, with no fp32 copy of the rows. Nothing is allocated after reserve().
 class Bf16ExpertProducts {
  public:
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
@@ -106,7 +107,8 @@ class Bf16ExpertProducts {
   // Overwrites pre.
   void fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre,
                    PhaseClock* clock = nullptr);
-  // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed. Overwrites out.
+  // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed and gelu'(pre + b1) in
+  // bf16 for the backward pass, so pre need not outlive this call. Overwrites out.
   void bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre, const float* b1,
                              float* out, PhaseClock* clock = nullptr);
   // db2 (M) += column sums of dy (skipped when db2 is null); dW2 (Hl, M) += act^T dy;
@@ -114,11 +116,11 @@ class Bf16ExpertProducts {
   // overwrites dact.
   void fc2_backward(int64_t e, int64_t rows, const RowRuns& dy, float* db2, float* dw2,
                     float* dact, PhaseClock* clock = nullptr);
-  // dpre = gelu'(pre + b1) dact (scratch), db1 += its column sums, dW1 (M, Hl) += x^T dpre,
-  // dx (R, M) = dpre W1^T. Accumulates db1 and dw1, overwrites dx.
-  void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre, const float* b1,
-                                  const float* dact, float* db1, float* dw1, float* dx,
-                                  PhaseClock* clock = nullptr);
+  // dpre = gelu'(pre + b1) dact (gelu' as the forward pass kept it, in bf16), db1 += its
+  // column sums, dW1 (M, Hl) += x^T dpre, dx (R, M) = dpre W1^T. Accumulates db1 and dw1,
+  // overwrites dx.
+  void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* dact, float* db1,
+                                  float* dw1, float* dx, PhaseClock* clock = nullptr);
   int64_t held_bytes() const;
 
  private:
@@ -127,12 +129,19 @@ class Bf16ExpertProducts {
   int64_t xt_stride_ = 0, at_stride_ = 0;  // values per expert in xt_, at_
   cpu::Bf16Buffer a_, b_;  // packed row operands of the product being run
   cpu::Bf16Buffer a2_;     // a second packed A: dpre, packed beside dpre as B
-  std::vector<float> block_;     // (kFuseRows, Hl) fp32: act or dpre of one block of rows
+  // The GeLU steps' scratch (cpu::gelu_pack_scratch_size(Hl) floats): act's bf16 pairs
+  // staged for act^T's transpose, or without AVX512-BF16 act or dpre of one block in fp32
+  std::vector<float> block_;
   std::vector<float> rows_;      // (kFuseRows, M) fp32: x or dy of one block of rows
   // Per expert, packed as B: W1 (M, Hl) and W2 (Hl, M) for the forward pass, W2^T (M, Hl)
   // and W1^T (Hl, M) for the backward pass; packed as A from the forward pass: x^T (M, R),
   // act^T (Hl, R).
   cpu::Bf16Buffer w1_, w2_, w2t_, w1t_, xt_, at_;
+  // Per expert, (max_rows, Hl) row-major: gelu'(pre + b1) from the forward pass, so that the
+  // backward pass multiplies instead of recomputing 2^t (bf16: act and dpre are rounded to
+  // bf16 for the products anyway, and it moves half the bytes of fp32 pre).
+  cpu::Bf16Buffer grad_;
+  int64_t grad_stride_ = 0;
   Bf16WeightCopies copies_;  // what w1_, w2_, w2t_, w1t_ hold
   double last_pack_us_ = 0;
 };

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -32,6 +33,12 @@ std::vector<float> normal(int64_t n, uint64_t stream, float scale = 1.0f) {
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = scale * rng.normal();
   return v;
+}
+
+// fp32 -> bf16 -> fp32, round to nearest even (finite x).
+float round_bf16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  return std::bit_cast<float>(((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16);
 }
 
 std::vector<cpu::Bf16Kernel> kernels() {
@@ -92,12 +99,17 @@ TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
       std::vector<float> dw1_f = normal(M * hl, 8), dw1_s = dw1_f;
       std::vector<float> db1_f = normal(hl, 9), db1_s = db1_f;
       const std::vector<float> dact_before = dact_f;
-      fused.gelu_backward_fc1_backward(e, rows, pre_in.data(), bias, dact_f.data(),
-                                       db1_f.data(), dw1_f.data(), dx_f.data());
+      fused.gelu_backward_fc1_backward(e, rows, dact_f.data(), db1_f.data(), dw1_f.data(),
+                                       dx_f.data());
       EXPECT_EQ(dact_f, dact_before) << at << ": dact is read only";
+      // dpre = gelu' dact with gelu' (of the forward's pre) rounded to bf16, db1 row by row.
       std::vector<float> dpre(max_rows * hl);
-      cpu::bias_gelu_backward_bf16(pre_in.data(), bias, dact_s.data(), dpre.data(), db1_s.data(),
-                                   rows, hl);
+      cpu::bias_gelu_grad_bf16(pre_in.data(), bias, dpre.data(), rows, hl);
+      for (int64_t i = 0; i < rows * hl; ++i) {
+        const auto k = static_cast<size_t>(i);
+        dpre[k] = round_bf16(dpre[k]) * dact_s[k];
+      }
+      cpu::bias_backward(dpre.data(), db1_s.data(), rows, hl);
       cpu::gemm_bf16(true, false, M, hl, rows, x.data(), dpre.data(), dw1_s.data(), true);
       cpu::gemm_bf16(false, true, rows, M, hl, dpre.data(), w1e, dx_s.data(), false);
       EXPECT_EQ(db1_f, db1_s) << at;
@@ -141,8 +153,8 @@ TEST(Bf16ExpertProducts, RowsReadFromRunsMatchContiguousRows) {
     p.fc1_forward(0, rows, xr, o.pre.data());
     p.bias_gelu_fc2_forward(0, rows, o.pre.data(), b1.data(), o.out.data());
     p.fc2_backward(0, rows, dyr, o.db2.data(), o.dw2.data(), o.dact.data());
-    p.gelu_backward_fc1_backward(0, rows, o.pre.data(), b1.data(), o.dact.data(), o.db1.data(),
-                                 o.dw1.data(), o.dx.data());
+    p.gelu_backward_fc1_backward(0, rows, o.dact.data(), o.db1.data(), o.dw1.data(),
+                                 o.dx.data());
     return o;
   };
   for (cpu::Bf16Kernel kernel : kernels()) {
@@ -196,8 +208,7 @@ TEST(Bf16ExpertProducts, EachStepLapsItsElementwiseWorkApartFromItsProducts) {
   p.fc2_backward(0, rows, RowRuns::contiguous(dy.data(), rows, M), db2.data(), dw2.data(),
                  dact.data(), &b);
   EXPECT_EQ(phase_names(bwd), (std::vector<std::string>{"rows in/out", "expert products"}));
-  p.gelu_backward_fc1_backward(0, rows, pre.data(), b1.data(), dact.data(), db1.data(),
-                               dw1.data(), dx.data(), &b);
+  p.gelu_backward_fc1_backward(0, rows, dact.data(), db1.data(), dw1.data(), dx.data(), &b);
   EXPECT_EQ(phase_names(bwd), (std::vector<std::string>{"rows in/out", "expert products",
                                                         "GeLU + bias backward"}));
 }
@@ -416,6 +427,155 @@ TEST(GeluBf16, PackedAsAMatchesGeluThenPack) {
     }
   }
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+}
+
+// The experts' one-pass forward GeLU step, block by block over k rows (partial 16- and 32-row
+// blocks, cols that leave partial 16- and 32-column pieces): act as packed A and act^T as
+// packed A, and gelu' in bf16, are bit for bit bias_gelu_bf16 followed by bf16_pack_a of act
+// and of act^T, and bias_gelu_grad_bf16 rounded to bf16; padding included (the buffers start
+// full of 0xffff), on both packings. Inputs cover +-inf, +-kGradClamp and beyond (a gradient
+// clamped there), and NaN (NaN out). Seen failing: act^T's tile rows stored 16 rows apart
+// (the wrong tile offset), and the gradient beyond the clamp taken as exactly 0 and 1.
+TEST(GeluBf16, PackBothMatchesGeluThenPacks) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (cpu::Bf16Kernel kernel : kernels()) {
+    cpu::set_bf16_kernel(kernel);
+    for (int64_t k : {1, 15, 17, 32, 33, 70}) {
+      for (int64_t cols : {37, 40, 48, 72, 2048}) {
+        auto x = normal(k * cols, 31, 4.0f);
+        const auto bias = normal(cols, 32);
+        const float special[] = {inf, -inf, 9.5f, -9.5f, 9.75f, -9.75f, -15.0f, 30.0f, 0.0f};
+        for (size_t i = 0; i < std::size(special) && i < x.size(); ++i)
+          x[i * 7 % x.size()] = special[i] - bias[i * 7 % x.size() % static_cast<size_t>(cols)];
+        x[x.size() / 2] = std::nanf("");
+        const std::string at = std::string(cpu::bf16_kernel_name()) + ", k " +
+                               std::to_string(k) + ", cols " + std::to_string(cols);
+        std::vector<float> act(x.size()), g(x.size());
+        cpu::bias_gelu_bf16(x.data(), bias.data(), act.data(), k, cols);
+        cpu::bias_gelu_grad_bf16(x.data(), bias.data(), g.data(), k, cols);
+        std::vector<uint16_t> want_a(static_cast<size_t>(cpu::bf16_packed_a_size(k, cols)), 0xffff);
+        std::vector<uint16_t> want_at(static_cast<size_t>(cpu::bf16_packed_a_size(cols, k)), 0xffff);
+        cpu::bf16_pack_a(false, k, cols, act.data(), cols, want_a.data());
+        cpu::bf16_pack_a(true, cols, k, act.data(), cols, want_at.data());
+        auto got_a = std::vector<uint16_t>(want_a.size(), 0xffff), got_at = got_a;
+        got_at.assign(want_at.size(), 0xffff);
+        std::vector<uint16_t> got_g(x.size(), 0xffff);
+        std::vector<float> scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(cols)));
+        for (int64_t k0 = 0; k0 < k; k0 += 32)
+          cpu::bias_gelu_pack_both_bf16(x.data() + k0 * cols, bias.data(), k0,
+                                        std::min<int64_t>(32, k - k0), k, cols,
+                                        got_a.data() + cpu::bf16_packed_a_size(k0, cols),
+                                        got_at.data(), got_g.data() + k0 * cols, scratch.data());
+        EXPECT_EQ(got_a, want_a) << at;
+        EXPECT_EQ(got_at, want_at) << at;
+        for (size_t i = 0; i < x.size(); ++i) {
+          const float want = g[i], got = std::bit_cast<float>(uint32_t{got_g[i]} << 16);
+          if (std::isnan(want))
+            ASSERT_TRUE(std::isnan(got)) << at << ", value " << i;
+          else
+            ASSERT_EQ(got, round_bf16(want)) << at << ", value " << i << ", x + b = "
+                                             << x[i] + bias[i % static_cast<size_t>(cols)];
+        }
+      }
+    }
+  }
+  cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+  std::vector<float> x(64 * 8), scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(8)));
+  std::vector<uint16_t> a(static_cast<size_t>(cpu::bf16_packed_a_size(64, 8))), at = a, g(x.size());
+  // A block must start at a multiple of 32 and hold 32 rows unless it ends at k.
+  EXPECT_THROW(cpu::bias_gelu_pack_both_bf16(x.data(), x.data(), 16, 16, 64, 8, a.data(),
+                                             at.data(), g.data(), scratch.data()),
+               Error);
+  EXPECT_THROW(cpu::bias_gelu_pack_both_bf16(x.data(), x.data(), 0, 16, 64, 8, a.data(),
+                                             at.data(), g.data(), scratch.data()),
+               Error);
+  EXPECT_THROW(cpu::gelu_grad_pack_both_bf16(g.data(), x.data(), x.data(), 32, 40, 64, 8,
+                                             a.data(), at.data(), scratch.data()),
+               Error);
+}
+
+// The one-pass backward step: dpre = gelu' dact (gelu' in bf16) into packed A and rows of
+// packed B, block by block, and dbias summed row by row, bit for bit the multiply followed by
+// bias_backward, bf16_pack_a and bf16_pack_b of the whole operand (padding included), on both
+// packings. Seen failing: the second row of a pair added to dbias before the first (dbias
+// off in the last bit), and B's second panel of a 32-column piece written for a column count
+// that has only one.
+TEST(GeluBf16, GradPackBothMatchesMultiplyThenPacks) {
+  for (cpu::Bf16Kernel kernel : kernels()) {
+    cpu::set_bf16_kernel(kernel);
+    for (int64_t k : {1, 2, 15, 17, 32, 33, 70}) {
+      for (int64_t cols : {37, 40, 48, 72, 2048}) {
+        const auto gf = normal(k * cols, 33), dact = normal(k * cols, 34, 2.0f);
+        std::vector<uint16_t> g(gf.size());
+        for (size_t i = 0; i < g.size(); ++i)
+          g[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(round_bf16(gf[i])) >> 16);
+        std::vector<float> d(gf.size());
+        for (size_t i = 0; i < d.size(); ++i)
+          d[i] = std::bit_cast<float>(uint32_t{g[i]} << 16) * dact[i];
+        std::vector<float> db_want = normal(cols, 35), db_got = db_want;
+        cpu::bias_backward(d.data(), db_want.data(), k, cols);
+        std::vector<uint16_t> want_a(static_cast<size_t>(cpu::bf16_packed_a_size(k, cols)), 0xffff);
+        std::vector<uint16_t> want_b(static_cast<size_t>(cpu::bf16_packed_b_size(k, cols)), 0xffff);
+        cpu::bf16_pack_a(false, k, cols, d.data(), cols, want_a.data());
+        cpu::bf16_pack_b(false, k, cols, d.data(), cols, want_b.data());
+        std::vector<uint16_t> got_a(want_a.size(), 0xffff), got_b(want_b.size(), 0xffff);
+        std::vector<float> scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(cols)));
+        for (int64_t k0 = 0; k0 < k; k0 += 32)
+          cpu::gelu_grad_pack_both_bf16(g.data() + k0 * cols, dact.data() + k0 * cols,
+                                        db_got.data(), k0, std::min<int64_t>(32, k - k0), k,
+                                        cols, got_a.data() + cpu::bf16_packed_a_size(k0, cols),
+                                        got_b.data(), scratch.data());
+        const std::string at = std::string(cpu::bf16_kernel_name()) + ", k " +
+                               std::to_string(k) + ", cols " + std::to_string(cols);
+        EXPECT_EQ(got_a, want_a) << at;
+        EXPECT_EQ(got_b, want_b) << at;
+        EXPECT_EQ(db_got, db_want) << at;
+      }
+    }
+  }
+  cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+}
+
+// What the backward step computes now against the fp32 GeLU's gradient: dpre = bf16(gelu')
+// dact, read back one row at a time as dbias (a one-row block from dbias = 0 is dpre itself),
+// within (kGeluBf16Error + 2^-8) |dact| (bf16's rounding of |gelu'| <= 1.13 is at most half
+// an ulp of [1, 2), 2^-8) of gelu'(x) dact over x in
+// [-20, 20]. And bias_gelu_grad_bf16 / bias_gelu_grad are the factors the GeLU backward steps
+// multiply dact by (the same bits). Seen failing: gelu' kept as bf16 truncated instead of
+// rounded (errors up to 2^-8 |gelu'|).
+TEST(GeluBf16, KeptGradientWithinBoundOfTheFp32Gradient) {
+  const int64_t cols = 1000;
+  std::vector<float> x(cols), zero(cols, 0.0f), dact = normal(cols, 36);
+  for (int64_t i = 0; i < cols; ++i)
+    x[static_cast<size_t>(i)] = -20.0f + 40.0f * static_cast<float>(i) / (cols - 1);
+  std::vector<float> ref(cols), db_ref(cols, 0.0f);
+  cpu::bias_gelu_backward(x.data(), zero.data(), dact.data(), ref.data(), db_ref.data(), 1, cols);
+  std::vector<uint16_t> a(static_cast<size_t>(cpu::bf16_packed_a_size(1, cols))), at(
+      static_cast<size_t>(cpu::bf16_packed_a_size(cols, 1))), g(cols);
+  std::vector<uint16_t> b(static_cast<size_t>(cpu::bf16_packed_b_size(1, cols)));
+  std::vector<float> scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(cols))), dpre(cols, 0.0f);
+  cpu::bias_gelu_pack_both_bf16(x.data(), zero.data(), 0, 1, 1, cols, a.data(), at.data(),
+                                g.data(), scratch.data());
+  cpu::gelu_grad_pack_both_bf16(g.data(), dact.data(), dpre.data(), 0, 1, 1, cols, a.data(),
+                                b.data(), scratch.data());
+  const double tol = cpu::kGeluBf16Error + std::ldexp(1.0, -8);
+  for (int64_t i = 0; i < cols; ++i) {
+    const auto k = static_cast<size_t>(i);
+    ASSERT_NEAR(dpre[k], ref[k], tol * std::fabs(dact[k])) << "gelu' at x = " << x[k];
+  }
+  // The factors, against the backward steps with the same inputs.
+  const int64_t rows = 7;
+  const auto xs = normal(rows * cols, 37, 5.0f), bias = normal(cols, 38);
+  const auto dy = normal(rows * cols, 39);
+  for (bool bf16 : {false, true}) {
+    std::vector<float> gg(xs.size()), want(xs.size()), dbias(cols, 0.0f);
+    (bf16 ? cpu::bias_gelu_grad_bf16 : cpu::bias_gelu_grad)(xs.data(), bias.data(), gg.data(),
+                                                            rows, cols);
+    (bf16 ? cpu::bias_gelu_backward_bf16 : cpu::bias_gelu_backward)(
+        xs.data(), bias.data(), dy.data(), want.data(), dbias.data(), rows, cols);
+    for (size_t i = 0; i < xs.size(); ++i)
+      ASSERT_EQ(gg[i] * dy[i], want[i]) << (bf16 ? "bf16" : "fp32") << ", value " << i;
+  }
 }
 
 TEST(Bf16PackBRows, BlocksMatchTheWholeOperand) {
