@@ -105,7 +105,7 @@ void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, i
   at_stride_ = cpu::bf16_packed_a_size(hl, max_rows);
   xt_.assign(n(experts * xt_stride_), 0);
   at_.assign(n(experts * at_stride_), 0);
-  grad_stride_ = max_rows * hl;
+  grad_stride_ = cpu::bf16_gelu_grad_size(max_rows, hl);
   grad_.assign(n(experts * grad_stride_), 0);
 }
 
@@ -150,7 +150,8 @@ void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const fl
     // r0, and gelu' for the backward pass, all from the registers that computed them.
     cpu::bias_gelu_pack_both_bf16(pre + r0 * hl, b1, r0, nr, rows, hl,
                                   a_.data() + cpu::bf16_packed_a_size(r0, hl),
-                                  at_.data() + e * at_stride_, grad + r0 * hl, block_.data());
+                                  at_.data() + e * at_stride_,
+                                  grad + cpu::bf16_gelu_grad_size(r0, hl), block_.data());
   }
   lap(clock, "bias + GeLU");
   cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
@@ -184,7 +185,8 @@ void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, con
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
     // dpre = gelu' dact, as A (for dx) and as rows r0.. of B (for dW1), from registers
-    cpu::gelu_grad_pack_both_bf16(grad + r0 * hl, dact + r0 * hl, db1, r0, nr, rows, hl,
+    cpu::gelu_grad_pack_both_bf16(grad + cpu::bf16_gelu_grad_size(r0, hl), dact + r0 * hl, db1,
+                                  r0, nr, rows, hl,
                                   a2_.data() + cpu::bf16_packed_a_size(r0, hl), b_.data(),
                                   block_.data());
   }

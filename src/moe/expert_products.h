@@ -137,9 +137,10 @@ class Bf16ExpertProducts {
   // and W1^T (Hl, M) for the backward pass; packed as A from the forward pass: x^T (M, R),
   // act^T (Hl, R).
   cpu::Bf16Buffer w1_, w2_, w2t_, w1t_, xt_, at_;
-  // Per expert, (max_rows, Hl) row-major: gelu'(pre + b1) from the forward pass, so that the
-  // backward pass multiplies instead of recomputing 2^t (bf16: act and dpre are rounded to
-  // bf16 for the products anyway, and it moves half the bytes of fp32 pre).
+  // Per expert (cpu::bf16_gelu_grad_size(max_rows, Hl) values): gelu'(pre + b1) from the
+  // forward pass, so that the backward pass multiplies instead of recomputing 2^t (bf16: act
+  // and dpre are rounded to bf16 for the products anyway, and it moves half the bytes of
+  // fp32 pre).
   cpu::Bf16Buffer grad_;
   int64_t grad_stride_ = 0;
   Bf16WeightCopies copies_;  // what w1_, w2_, w2t_, w1t_ hold

@@ -429,59 +429,106 @@ TEST(GeluBf16, PackedAsAMatchesGeluThenPack) {
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
 }
 
-// The experts' one-pass forward GeLU step, block by block over k rows (partial 16- and 32-row
-// blocks, cols that leave partial 16- and 32-column pieces): act as packed A and act^T as
-// packed A, and gelu' in bf16, are bit for bit bias_gelu_bf16 followed by bf16_pack_a of act
-// and of act^T, and bias_gelu_grad_bf16 rounded to bf16; padding included (the buffers start
-// full of 0xffff), on both packings. Inputs cover +-inf, +-kGradClamp and beyond (a gradient
-// clamped there), and NaN (NaN out). Seen failing: act^T's tile rows stored 16 rows apart
-// (the wrong tile offset), and the gradient beyond the clamp taken as exactly 0 and 1.
-TEST(GeluBf16, PackBothMatchesGeluThenPacks) {
+// The experts' one-pass GeLU steps, block by block over k rows (partial 16- and 32-row blocks,
+// cols that leave partial 16- and 32-column pieces and a partial 128-column group), on both
+// packings, bit for bit against the separate steps (the packed buffers start full of 0xffff,
+// so padding is checked too):
+// - forward: act as packed A and act^T as packed A equal bias_gelu_bf16 followed by
+//   bf16_pack_a of act and of act^T;
+// - backward, from the gelu' the forward kept: dpre as packed A and as packed B, and dbias,
+//   equal dpre = bf16(bias_gelu_grad_bf16) dact followed by bias_backward (row by row),
+//   bf16_pack_a and bf16_pack_b of the whole operand.
+// Inputs cover +-inf, +-kGradClamp and beyond (the gradient clamped there). Seen failing:
+// act^T's tile rows stored at the wrong tile (row block j + 1), the gradient beyond the clamp
+// taken as exactly 0 (dbias off), the second row of a pair added to dbias before the first.
+TEST(GeluBf16, PackBothStepsMatchTheSeparateSteps) {
   const float inf = std::numeric_limits<float>::infinity();
   for (cpu::Bf16Kernel kernel : kernels()) {
     cpu::set_bf16_kernel(kernel);
-    for (int64_t k : {1, 15, 17, 32, 33, 70}) {
-      for (int64_t cols : {37, 40, 48, 72, 2048}) {
+    for (int64_t k : {1, 2, 15, 17, 32, 33, 70}) {
+      for (int64_t cols : {37, 40, 48, 72, 200, 2048}) {
         auto x = normal(k * cols, 31, 4.0f);
-        const auto bias = normal(cols, 32);
+        const auto bias = normal(cols, 32), dact = normal(k * cols, 34, 2.0f);
         const float special[] = {inf, -inf, 9.5f, -9.5f, 9.75f, -9.75f, -15.0f, 30.0f, 0.0f};
-        for (size_t i = 0; i < std::size(special) && i < x.size(); ++i)
-          x[i * 7 % x.size()] = special[i] - bias[i * 7 % x.size() % static_cast<size_t>(cols)];
-        x[x.size() / 2] = std::nanf("");
+        for (size_t i = 0; i < std::size(special) && i < x.size(); ++i) {
+          const size_t at = i * 7 % x.size();
+          x[at] = special[i] - bias[at % static_cast<size_t>(cols)];
+        }
         const std::string at = std::string(cpu::bf16_kernel_name()) + ", k " +
                                std::to_string(k) + ", cols " + std::to_string(cols);
-        std::vector<float> act(x.size()), g(x.size());
+        // The separate steps.
+        std::vector<float> act(x.size()), d(x.size());
         cpu::bias_gelu_bf16(x.data(), bias.data(), act.data(), k, cols);
-        cpu::bias_gelu_grad_bf16(x.data(), bias.data(), g.data(), k, cols);
-        std::vector<uint16_t> want_a(static_cast<size_t>(cpu::bf16_packed_a_size(k, cols)), 0xffff);
-        std::vector<uint16_t> want_at(static_cast<size_t>(cpu::bf16_packed_a_size(cols, k)), 0xffff);
+        cpu::bias_gelu_grad_bf16(x.data(), bias.data(), d.data(), k, cols);
+        for (size_t i = 0; i < d.size(); ++i) d[i] = round_bf16(d[i]) * dact[i];
+        std::vector<float> db_want = normal(cols, 35), db_got = db_want;
+        cpu::bias_backward(d.data(), db_want.data(), k, cols);
+        const auto a_size = static_cast<size_t>(cpu::bf16_packed_a_size(k, cols));
+        const auto at_size = static_cast<size_t>(cpu::bf16_packed_a_size(cols, k));
+        const auto b_size = static_cast<size_t>(cpu::bf16_packed_b_size(k, cols));
+        std::vector<uint16_t> want_a(a_size, 0xffff), want_at(at_size, 0xffff);
+        std::vector<uint16_t> want_da(a_size, 0xffff), want_db(b_size, 0xffff);
         cpu::bf16_pack_a(false, k, cols, act.data(), cols, want_a.data());
         cpu::bf16_pack_a(true, cols, k, act.data(), cols, want_at.data());
-        auto got_a = std::vector<uint16_t>(want_a.size(), 0xffff), got_at = got_a;
-        got_at.assign(want_at.size(), 0xffff);
-        std::vector<uint16_t> got_g(x.size(), 0xffff);
+        cpu::bf16_pack_a(false, k, cols, d.data(), cols, want_da.data());
+        cpu::bf16_pack_b(false, k, cols, d.data(), cols, want_db.data());
+        // The one-pass steps, 32 rows at a time.
+        std::vector<uint16_t> got_a(a_size, 0xffff), got_at(at_size, 0xffff);
+        std::vector<uint16_t> got_da(a_size, 0xffff), got_db(b_size, 0xffff);
+        std::vector<uint16_t> grad(static_cast<size_t>(cpu::bf16_gelu_grad_size(k, cols)));
         std::vector<float> scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(cols)));
         for (int64_t k0 = 0; k0 < k; k0 += 32)
           cpu::bias_gelu_pack_both_bf16(x.data() + k0 * cols, bias.data(), k0,
                                         std::min<int64_t>(32, k - k0), k, cols,
                                         got_a.data() + cpu::bf16_packed_a_size(k0, cols),
-                                        got_at.data(), got_g.data() + k0 * cols, scratch.data());
+                                        got_at.data(),
+                                        grad.data() + cpu::bf16_gelu_grad_size(k0, cols),
+                                        scratch.data());
         EXPECT_EQ(got_a, want_a) << at;
         EXPECT_EQ(got_at, want_at) << at;
-        for (size_t i = 0; i < x.size(); ++i) {
-          const float want = g[i], got = std::bit_cast<float>(uint32_t{got_g[i]} << 16);
-          if (std::isnan(want))
-            ASSERT_TRUE(std::isnan(got)) << at << ", value " << i;
-          else
-            ASSERT_EQ(got, round_bf16(want)) << at << ", value " << i << ", x + b = "
-                                             << x[i] + bias[i % static_cast<size_t>(cols)];
-        }
+        for (int64_t k0 = 0; k0 < k; k0 += 32)
+          cpu::gelu_grad_pack_both_bf16(grad.data() + cpu::bf16_gelu_grad_size(k0, cols),
+                                        dact.data() + k0 * cols, db_got.data(), k0,
+                                        std::min<int64_t>(32, k - k0), k, cols,
+                                        got_da.data() + cpu::bf16_packed_a_size(k0, cols),
+                                        got_db.data(), scratch.data());
+        EXPECT_EQ(got_da, want_da) << at;
+        EXPECT_EQ(got_db, want_db) << at;
+        EXPECT_EQ(db_got, db_want) << at;
       }
     }
   }
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+}
+
+// NaN in: NaN act and NaN gradient, in that column only; and blocks are checked.
+TEST(GeluBf16, PackBothStepsPropagateNaNAndRefuseBadBlocks) {
+  const int64_t k = 3, cols = 40;
+  for (cpu::Bf16Kernel kernel : kernels()) {
+    cpu::set_bf16_kernel(kernel);
+    auto x = normal(k * cols, 36);
+    x[cols + 5] = std::nanf("");
+    const std::vector<float> bias(cols, 0.0f), dact(k * cols, 1.0f);
+    std::vector<uint16_t> a(static_cast<size_t>(cpu::bf16_packed_a_size(k, cols)));
+    std::vector<uint16_t> at(static_cast<size_t>(cpu::bf16_packed_a_size(cols, k)));
+    std::vector<uint16_t> b(static_cast<size_t>(cpu::bf16_packed_b_size(k, cols)));
+    std::vector<uint16_t> grad(static_cast<size_t>(cpu::bf16_gelu_grad_size(k, cols)));
+    std::vector<float> scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(cols)));
+    std::vector<float> db(cols, 0.0f);
+    cpu::bias_gelu_pack_both_bf16(x.data(), bias.data(), 0, k, k, cols, a.data(), at.data(),
+                                  grad.data(), scratch.data());
+    cpu::gelu_grad_pack_both_bf16(grad.data(), dact.data(), db.data(), 0, k, k, cols, a.data(),
+                                  b.data(), scratch.data());
+    const auto unpack = [](uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); };
+    EXPECT_TRUE(std::isnan(unpack(at[static_cast<size_t>(5 * 32 + 1)])))
+        << cpu::bf16_kernel_name() << ": act^T (5, 1)";
+    for (int64_t c = 0; c < cols; ++c)
+      EXPECT_EQ(std::isnan(db[static_cast<size_t>(c)]), c == 5) << cpu::bf16_kernel_name() << ", " << c;
+  }
+  cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
   std::vector<float> x(64 * 8), scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(8)));
-  std::vector<uint16_t> a(static_cast<size_t>(cpu::bf16_packed_a_size(64, 8))), at = a, g(x.size());
+  std::vector<uint16_t> a(static_cast<size_t>(cpu::bf16_packed_a_size(64, 8))), at = a;
+  std::vector<uint16_t> g(static_cast<size_t>(cpu::bf16_gelu_grad_size(64, 8)));
   // A block must start at a multiple of 32 and hold 32 rows unless it ends at k.
   EXPECT_THROW(cpu::bias_gelu_pack_both_bf16(x.data(), x.data(), 16, 16, 64, 8, a.data(),
                                              at.data(), g.data(), scratch.data()),
@@ -492,48 +539,6 @@ TEST(GeluBf16, PackBothMatchesGeluThenPacks) {
   EXPECT_THROW(cpu::gelu_grad_pack_both_bf16(g.data(), x.data(), x.data(), 32, 40, 64, 8,
                                              a.data(), at.data(), scratch.data()),
                Error);
-}
-
-// The one-pass backward step: dpre = gelu' dact (gelu' in bf16) into packed A and rows of
-// packed B, block by block, and dbias summed row by row, bit for bit the multiply followed by
-// bias_backward, bf16_pack_a and bf16_pack_b of the whole operand (padding included), on both
-// packings. Seen failing: the second row of a pair added to dbias before the first (dbias
-// off in the last bit), and B's second panel of a 32-column piece written for a column count
-// that has only one.
-TEST(GeluBf16, GradPackBothMatchesMultiplyThenPacks) {
-  for (cpu::Bf16Kernel kernel : kernels()) {
-    cpu::set_bf16_kernel(kernel);
-    for (int64_t k : {1, 2, 15, 17, 32, 33, 70}) {
-      for (int64_t cols : {37, 40, 48, 72, 2048}) {
-        const auto gf = normal(k * cols, 33), dact = normal(k * cols, 34, 2.0f);
-        std::vector<uint16_t> g(gf.size());
-        for (size_t i = 0; i < g.size(); ++i)
-          g[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(round_bf16(gf[i])) >> 16);
-        std::vector<float> d(gf.size());
-        for (size_t i = 0; i < d.size(); ++i)
-          d[i] = std::bit_cast<float>(uint32_t{g[i]} << 16) * dact[i];
-        std::vector<float> db_want = normal(cols, 35), db_got = db_want;
-        cpu::bias_backward(d.data(), db_want.data(), k, cols);
-        std::vector<uint16_t> want_a(static_cast<size_t>(cpu::bf16_packed_a_size(k, cols)), 0xffff);
-        std::vector<uint16_t> want_b(static_cast<size_t>(cpu::bf16_packed_b_size(k, cols)), 0xffff);
-        cpu::bf16_pack_a(false, k, cols, d.data(), cols, want_a.data());
-        cpu::bf16_pack_b(false, k, cols, d.data(), cols, want_b.data());
-        std::vector<uint16_t> got_a(want_a.size(), 0xffff), got_b(want_b.size(), 0xffff);
-        std::vector<float> scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(cols)));
-        for (int64_t k0 = 0; k0 < k; k0 += 32)
-          cpu::gelu_grad_pack_both_bf16(g.data() + k0 * cols, dact.data() + k0 * cols,
-                                        db_got.data(), k0, std::min<int64_t>(32, k - k0), k,
-                                        cols, got_a.data() + cpu::bf16_packed_a_size(k0, cols),
-                                        got_b.data(), scratch.data());
-        const std::string at = std::string(cpu::bf16_kernel_name()) + ", k " +
-                               std::to_string(k) + ", cols " + std::to_string(cols);
-        EXPECT_EQ(got_a, want_a) << at;
-        EXPECT_EQ(got_b, want_b) << at;
-        EXPECT_EQ(db_got, db_want) << at;
-      }
-    }
-  }
-  cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
 }
 
 // What the backward step computes now against the fp32 GeLU's gradient: dpre = bf16(gelu')
@@ -551,7 +556,8 @@ TEST(GeluBf16, KeptGradientWithinBoundOfTheFp32Gradient) {
   std::vector<float> ref(cols), db_ref(cols, 0.0f);
   cpu::bias_gelu_backward(x.data(), zero.data(), dact.data(), ref.data(), db_ref.data(), 1, cols);
   std::vector<uint16_t> a(static_cast<size_t>(cpu::bf16_packed_a_size(1, cols))), at(
-      static_cast<size_t>(cpu::bf16_packed_a_size(cols, 1))), g(cols);
+      static_cast<size_t>(cpu::bf16_packed_a_size(cols, 1)));
+  std::vector<uint16_t> g(static_cast<size_t>(cpu::bf16_gelu_grad_size(1, cols)));
   std::vector<uint16_t> b(static_cast<size_t>(cpu::bf16_packed_b_size(1, cols)));
   std::vector<float> scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(cols))), dpre(cols, 0.0f);
   cpu::bias_gelu_pack_both_bf16(x.data(), zero.data(), 0, 1, 1, cols, a.data(), at.data(),
