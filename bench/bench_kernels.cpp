@@ -459,7 +459,7 @@ BENCHMARK(BM_BiasGeluBackward)->UseRealTime()->MinTime(0.2);
 // L2), 32 rows at a time as Bf16ExpertProducts runs them, with every packing they feed.
 // steps = 0: the previous steps (bias + GeLU packing act as A from registers, then act^T from
 // an fp32 block; backward: gelu' recomputed from pre, dpre as A from registers, then as B
-// rows from an fp32 block); steps = 1: the one-pass kernels (act, act^T and gelu' in bf16
+// rows from an fp32 block); steps = 1: the one-pass kernels (act and act^T in bf16, gelu' fp32,
 // from registers; backward: dpre = gelu' dact into A and B from registers). value_time is
 // the time per value.
 constexpr int64_t kGeluRows = 513;
@@ -476,7 +476,7 @@ void BM_ExpertGeluForwardBf16(benchmark::State& state) {
   const std::vector<float> pre = random_vector(rows * cols, 41), bias = random_vector(cols, 42);
   std::vector<float> block(static_cast<size_t>(parm::cpu::gelu_pack_scratch_size(cols)));
   auto a = packed_a(rows, cols), at = packed_a(cols, rows);
-  std::vector<uint16_t> grad(static_cast<size_t>(parm::cpu::bf16_gelu_grad_size(rows, cols)));
+  std::vector<float> grad(static_cast<size_t>(parm::cpu::gelu_pack_grad_size(rows, cols)));
   for (auto _ : state) {
     for (int64_t r0 = 0; r0 < rows; r0 += 32) {
       const int64_t nr = std::min<int64_t>(32, rows - r0);
@@ -487,7 +487,7 @@ void BM_ExpertGeluForwardBf16(benchmark::State& state) {
         parm::cpu::bf16_pack_at_rows(r0, nr, cols, rows, block.data(), cols, at.data());
       } else {
         parm::cpu::bias_gelu_pack_both_bf16(pre.data() + r0 * cols, bias.data(), r0, nr, rows,
-                                            cols, a_block, at.data(), grad.data() + parm::cpu::bf16_gelu_grad_size(r0, cols),
+                                            cols, a_block, at.data(), grad.data() + parm::cpu::gelu_pack_grad_size(r0, cols),
                                             block.data());
       }
     }
@@ -505,12 +505,12 @@ void BM_ExpertGeluBackwardBf16(benchmark::State& state) {
       dbias(static_cast<size_t>(cols));
   auto a = packed_a(rows, cols), at = packed_a(cols, rows);
   std::vector<uint16_t> b(static_cast<size_t>(parm::cpu::bf16_packed_b_size(rows, cols)));
-  std::vector<uint16_t> grad(static_cast<size_t>(parm::cpu::bf16_gelu_grad_size(rows, cols)));
+  std::vector<float> grad(static_cast<size_t>(parm::cpu::gelu_pack_grad_size(rows, cols)));
   for (int64_t r0 = 0; r0 < rows; r0 += 32)  // gelu' as the forward pass keeps it
     parm::cpu::bias_gelu_pack_both_bf16(pre.data() + r0 * cols, bias.data(), r0,
                                         std::min<int64_t>(32, rows - r0), rows, cols,
                                         a.data() + parm::cpu::bf16_packed_a_size(r0, cols),
-                                        at.data(), grad.data() + parm::cpu::bf16_gelu_grad_size(r0, cols), block.data());
+                                        at.data(), grad.data() + parm::cpu::gelu_pack_grad_size(r0, cols), block.data());
   for (auto _ : state) {
     for (int64_t r0 = 0; r0 < rows; r0 += 32) {
       const int64_t nr = std::min<int64_t>(32, rows - r0);
@@ -521,7 +521,7 @@ void BM_ExpertGeluBackwardBf16(benchmark::State& state) {
                                                   dbias.data(), nr, cols, a_block);
         parm::cpu::bf16_pack_b_rows(r0, nr, rows, cols, block.data(), cols, b.data());
       } else {
-        parm::cpu::gelu_grad_pack_both_bf16(grad.data() + parm::cpu::bf16_gelu_grad_size(r0, cols), dact.data() + r0 * cols,
+        parm::cpu::gelu_grad_pack_both_bf16(grad.data() + parm::cpu::gelu_pack_grad_size(r0, cols), dact.data() + r0 * cols,
                                             dbias.data(), r0, nr, rows, cols, a_block, b.data(),
                                             block.data());
       }

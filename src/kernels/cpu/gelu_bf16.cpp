@@ -197,15 +197,6 @@ inline int64_t grad_offset(int64_t r, int64_t c, int64_t kp) {
   return c0 * kTileK + r * width + (c - c0);
 }
 
-// bf16 <-> fp32 of 16 lanes (bf16 is the upper half of fp32: the widening is exact).
-PARM_AVX512_BF16 inline __m512 widen16(const uint16_t* p, __mmask16 m) {
-  const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-}
-PARM_AVX512_BF16 inline __m256i narrow16(__m512 v) {
-  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
-}
-
 // gelu(x + bias) of lanes c .. c + 15 (gelu16's bits), and in `grad` gelu'(x + bias) (the
 // bits of grad_at16 with the NaN put back): one 2^t serves both. Beyond +-kGradClamp the
 // gradient is grad_at16's there, `grad_hi` / `grad_lo`.
@@ -240,7 +231,7 @@ PARM_AVX512 inline __m512 gelu_and_grad16(const float* xr, const float* bias, in
 PARM_AVX512_BF16 void gelu_pack_both_avx512(const float* x, const float* bias, int64_t k0,
                                             int64_t rows, int64_t k, int64_t cols,
                                             uint16_t* packed_a, uint16_t* packed_at,
-                                            uint16_t* grad, __m512i* stage) {
+                                            float* grad, __m512i* stage) {
   const int64_t kp_a = detail::round_up(cols, kTileK), kp_t = detail::round_up(k, kTileK);
   const int64_t chunks = detail::round_up(cols, kTileRows) / kTileRows;
   const __m512 grad_hi = grad_at16(_mm512_set1_ps(kGradClamp));
@@ -264,8 +255,9 @@ PARM_AVX512_BF16 void gelu_pack_both_avx512(const float* x, const float* bias, i
         a[h][1] = gelu_and_grad16(xr, bias, c + 16, m1, grad_hi, grad_lo, g1);
         _mm512_storeu_si512(packed_a + detail::packed_a_offset(r + h, c, kp_a),
                             reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a[h][1], a[h][0])));
-        _mm512_storeu_si512(grad + grad_offset(r + h, c, kp_a),
-                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(g1, g0)));
+        float* gr = grad + grad_offset(r + h, c, kp_a);
+        _mm512_storeu_ps(gr, g0);
+        _mm512_storeu_ps(gr + 16, g1);
       }
       const int64_t j = c / kTileRows;
       _mm512_storeu_si512(stage + j * 16 + q, detail::pairs16(a[0][0], a[1][0]));
@@ -285,7 +277,7 @@ PARM_AVX512_BF16 void gelu_pack_both_avx512(const float* x, const float* bias, i
 // its column sums (row by row: bias_gelu_backward's order), rounded into packed A (row block
 // at packed_a) and rows k0 .. of packed B (k, cols). Rows 2p and 2p + 1, 32 columns at a
 // time: two 64-byte rows of A, and (paired) one 64-byte row of each of two B panels.
-PARM_AVX512_BF16 void grad_pack_both_avx512(const uint16_t* grad, const float* dact, float* dbias,
+PARM_AVX512_BF16 void grad_pack_both_avx512(const float* grad, const float* dact, float* dbias,
                                             int64_t k0, int64_t rows, int64_t k, int64_t cols,
                                             uint16_t* packed_a, uint16_t* packed_b) {
   const int64_t kp_a = detail::round_up(cols, kTileK), pairs = detail::round_up(k, kTileK) / 2;
@@ -302,10 +294,10 @@ PARM_AVX512_BF16 void grad_pack_both_avx512(const uint16_t* grad, const float* d
       if (r < rows) {
         __m512 db0 = load(dbias + c, m0), db1 = load(dbias + c + 16, m1);
         for (int64_t h = 0; h < 2 && r + h < rows; ++h) {
-          const uint16_t* gr = grad + grad_offset(r + h, c, kp_a);
+          const float* gr = grad + grad_offset(r + h, c, kp_a);
           const float* ar = dact + (r + h) * cols + c;
-          d[h][0] = _mm512_mul_ps(widen16(gr, m0), load(ar, m0));
-          d[h][1] = _mm512_mul_ps(widen16(gr + 16, m1), load(ar + 16, m1));
+          d[h][0] = _mm512_mul_ps(load(gr, m0), load(ar, m0));
+          d[h][1] = _mm512_mul_ps(load(gr + 16, m1), load(ar + 16, m1));
           db0 = _mm512_add_ps(db0, d[h][0]);
           db1 = _mm512_add_ps(db1, d[h][1]);
         }
@@ -384,7 +376,7 @@ void bias_gelu_backward_pack_a_bf16(const float* x, const float* bias, const flo
   zero_padding_rows(rows, cols, packed);
 }
 
-int64_t bf16_gelu_grad_size(int64_t rows, int64_t cols) {
+int64_t gelu_pack_grad_size(int64_t rows, int64_t cols) {
   return detail::round_up(rows, kTileK) * detail::round_up(cols, kTileK);
 }
 
@@ -420,7 +412,7 @@ void check_gelu_block(const char* op, int64_t k0, int64_t rows, int64_t k, int64
 
 void bias_gelu_pack_both_bf16(const float* x, const float* bias, int64_t k0, int64_t rows,
                               int64_t k, int64_t cols, uint16_t* packed_a, uint16_t* packed_at,
-                              uint16_t* grad, float* scratch) {
+                              float* grad, float* scratch) {
   check_gelu_block("bias_gelu_pack_both_bf16", k0, rows, k, cols);
   if (!fused_packing()) {
     const int64_t ld = std::max<int64_t>(cols, 1);
@@ -431,7 +423,7 @@ void bias_gelu_pack_both_bf16(const float* x, const float* bias, int64_t k0, int
     const int64_t kp = detail::round_up(cols, kTileK);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < kp; ++c)
-        grad[grad_offset(r, c, kp)] = c < cols ? detail::to_bf16(scratch[r * cols + c]) : 0;
+        grad[grad_offset(r, c, kp)] = c < cols ? scratch[r * cols + c] : 0.0f;
     return;
   }
   gelu_pack_both_avx512(x, bias, k0, rows, k, cols, packed_a, packed_at, grad,
@@ -439,7 +431,7 @@ void bias_gelu_pack_both_bf16(const float* x, const float* bias, int64_t k0, int
   zero_padding_rows(rows, cols, packed_a);
 }
 
-void gelu_grad_pack_both_bf16(const uint16_t* grad, const float* dact, float* dbias, int64_t k0,
+void gelu_grad_pack_both_bf16(const float* grad, const float* dact, float* dbias, int64_t k0,
                               int64_t rows, int64_t k, int64_t cols, uint16_t* packed_a,
                               uint16_t* packed_b, float* scratch) {
   check_gelu_block("gelu_grad_pack_both_bf16", k0, rows, k, cols);
@@ -448,7 +440,7 @@ void gelu_grad_pack_both_bf16(const uint16_t* grad, const float* dact, float* db
     const int64_t kp = detail::round_up(cols, kTileK);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
-        scratch[r * cols + c] = detail::from_bf16(grad[grad_offset(r, c, kp)]) * dact[r * cols + c];
+        scratch[r * cols + c] = grad[grad_offset(r, c, kp)] * dact[r * cols + c];
     bias_backward(scratch, dbias, rows, cols);
     bf16_pack_a(false, rows, cols, scratch, ld, packed_a);
     bf16_pack_b_rows(k0, rows, k, cols, scratch, ld, packed_b);
