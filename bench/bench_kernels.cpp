@@ -266,8 +266,7 @@ void BM_ExpertPassBf16(benchmark::State& state) {
                            w2 = random_vector(kExperts * h * kM, 32);
   const std::vector<float> x = random_vector(kR * kM, 33), b1 = random_vector(kExperts * h, 34),
                            dy = random_vector(kR * kM, 35);
-  // pre is one expert's scratch, as in the layer (the forward keeps gelu'(pre) in bf16).
-  std::vector<float> pre(static_cast<size_t>(kR * h)), out(static_cast<size_t>(kR * kM));
+  std::vector<float> pre(static_cast<size_t>(kExperts * kR * h)), out(static_cast<size_t>(kR * kM));
   std::vector<float> dact(static_cast<size_t>(kR * h)), dx(out.size()), dw1(w1.size()),
       dw2(w2.size()), db1(b1.size()), db2(static_cast<size_t>(kExperts * kM));
   parm::moe::Bf16ExpertProducts products;
@@ -275,15 +274,16 @@ void BM_ExpertPassBf16(benchmark::State& state) {
   for (auto _ : state) {
     products.pack_weights(w1.data(), w2.data());
     for (int64_t e = 0; e < kExperts; ++e) {
-      float* pre_e = pre.data();
+      float* pre_e = pre.data() + e * kR * h;
       products.fc1_forward(e, kR, parm::moe::RowRuns::contiguous(x.data(), kR, kM), pre_e);
       products.bias_gelu_fc2_forward(e, kR, pre_e, b1.data() + e * h, out.data());
     }
     for (int64_t e = 0; e < kExperts; ++e) {
       products.fc2_backward(e, kR, parm::moe::RowRuns::contiguous(dy.data(), kR, kM),
                             db2.data() + e * kM, dw2.data() + e * h * kM, dact.data());
-      products.gelu_backward_fc1_backward(e, kR, dact.data(), db1.data() + e * h,
-                                          dw1.data() + e * kM * h, dx.data());
+      products.gelu_backward_fc1_backward(e, kR, pre.data() + e * kR * h, dact.data(),
+                                          db1.data() + e * h, dw1.data() + e * kM * h,
+                                          dx.data());
     }
     benchmark::ClobberMemory();
   }
@@ -459,8 +459,8 @@ BENCHMARK(BM_BiasGeluBackward)->UseRealTime()->MinTime(0.2);
 // L2), 32 rows at a time as Bf16ExpertProducts runs them, with every packing they feed.
 // steps = 0: the previous steps (bias + GeLU packing act as A from registers, then act^T from
 // an fp32 block; backward: gelu' recomputed from pre, dpre as A from registers, then as B
-// rows from an fp32 block); steps = 1: the one-pass kernels (act and act^T in bf16, gelu' fp32,
-// from registers; backward: dpre = gelu' dact into A and B from registers). value_time is
+// rows from an fp32 block); steps = 1: the one-pass kernels (act and act^T from registers,
+// gelu' over pre; backward: dpre = gelu' dact into A and B from registers). value_time is
 // the time per value.
 constexpr int64_t kGeluRows = 513;
 std::vector<uint16_t> packed_a(int64_t m, int64_t k) {
@@ -476,8 +476,11 @@ void BM_ExpertGeluForwardBf16(benchmark::State& state) {
   const std::vector<float> pre = random_vector(rows * cols, 41), bias = random_vector(cols, 42);
   std::vector<float> block(static_cast<size_t>(parm::cpu::gelu_pack_scratch_size(cols)));
   auto a = packed_a(rows, cols), at = packed_a(cols, rows);
-  std::vector<float> grad(static_cast<size_t>(parm::cpu::gelu_pack_grad_size(rows, cols)));
+  std::vector<float> x = pre;  // the new step overwrites it with gelu'
   for (auto _ : state) {
+    state.PauseTiming();
+    std::copy(pre.begin(), pre.end(), x.begin());
+    state.ResumeTiming();
     for (int64_t r0 = 0; r0 < rows; r0 += 32) {
       const int64_t nr = std::min<int64_t>(32, rows - r0);
       uint16_t* a_block = a.data() + parm::cpu::bf16_packed_a_size(r0, cols);
@@ -486,9 +489,8 @@ void BM_ExpertGeluForwardBf16(benchmark::State& state) {
                                          cols, a_block);
         parm::cpu::bf16_pack_at_rows(r0, nr, cols, rows, block.data(), cols, at.data());
       } else {
-        parm::cpu::bias_gelu_pack_both_bf16(pre.data() + r0 * cols, bias.data(), r0, nr, rows,
-                                            cols, a_block, at.data(), grad.data() + parm::cpu::gelu_pack_grad_size(r0, cols),
-                                            block.data());
+        parm::cpu::bias_gelu_pack_both_bf16(x.data() + r0 * cols, bias.data(), r0, nr, rows,
+                                            cols, a_block, at.data(), block.data());
       }
     }
     benchmark::DoNotOptimize(at.data());
@@ -505,12 +507,12 @@ void BM_ExpertGeluBackwardBf16(benchmark::State& state) {
       dbias(static_cast<size_t>(cols));
   auto a = packed_a(rows, cols), at = packed_a(cols, rows);
   std::vector<uint16_t> b(static_cast<size_t>(parm::cpu::bf16_packed_b_size(rows, cols)));
-  std::vector<float> grad(static_cast<size_t>(parm::cpu::gelu_pack_grad_size(rows, cols)));
-  for (int64_t r0 = 0; r0 < rows; r0 += 32)  // gelu' as the forward pass keeps it
-    parm::cpu::bias_gelu_pack_both_bf16(pre.data() + r0 * cols, bias.data(), r0,
+  std::vector<float> grad = pre;
+  for (int64_t r0 = 0; r0 < rows; r0 += 32)  // gelu' as the forward pass leaves it
+    parm::cpu::bias_gelu_pack_both_bf16(grad.data() + r0 * cols, bias.data(), r0,
                                         std::min<int64_t>(32, rows - r0), rows, cols,
                                         a.data() + parm::cpu::bf16_packed_a_size(r0, cols),
-                                        at.data(), grad.data() + parm::cpu::gelu_pack_grad_size(r0, cols), block.data());
+                                        at.data(), block.data());
   for (auto _ : state) {
     for (int64_t r0 = 0; r0 < rows; r0 += 32) {
       const int64_t nr = std::min<int64_t>(32, rows - r0);
@@ -521,7 +523,7 @@ void BM_ExpertGeluBackwardBf16(benchmark::State& state) {
                                                   dbias.data(), nr, cols, a_block);
         parm::cpu::bf16_pack_b_rows(r0, nr, rows, cols, block.data(), cols, b.data());
       } else {
-        parm::cpu::gelu_grad_pack_both_bf16(grad.data() + parm::cpu::gelu_pack_grad_size(r0, cols), dact.data() + r0 * cols,
+        parm::cpu::gelu_grad_pack_both_bf16(grad.data() + r0 * cols, dact.data() + r0 * cols,
                                             dbias.data(), r0, nr, rows, cols, a_block, b.data(),
                                             block.data());
       }

@@ -105,8 +105,6 @@ void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, i
   at_stride_ = cpu::bf16_packed_a_size(hl, max_rows);
   xt_.assign(n(experts * xt_stride_), 0);
   at_.assign(n(experts * at_stride_), 0);
-  grad_stride_ = cpu::gelu_pack_grad_size(max_rows, hl);
-  grad_.assign(n(experts * grad_stride_), 0);
 }
 
 bool Bf16ExpertProducts::pack_weights(const float* w1, const float* w2) {
@@ -139,19 +137,17 @@ void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const RowRuns& x, 
   lap(clock, "expert products");
 }
 
-void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre,
+void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, float* pre,
                                                const float* b1, float* out,
                                                PhaseClock* clock) {
   const int64_t M = model_dim_, hl = hidden_;
-  float* grad = grad_.data() + e * grad_stride_;
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
     // act as row block r0 of packed A (after the packed A of r0 rows) and as act^T's k block
-    // r0, and gelu' for the backward pass, all from the registers that computed them.
+    // r0 from the registers that computed it; gelu' over pre for the backward pass.
     cpu::bias_gelu_pack_both_bf16(pre + r0 * hl, b1, r0, nr, rows, hl,
                                   a_.data() + cpu::bf16_packed_a_size(r0, hl),
-                                  at_.data() + e * at_stride_,
-                                  grad + cpu::gelu_pack_grad_size(r0, hl), block_.data());
+                                  at_.data() + e * at_stride_, block_.data());
   }
   lap(clock, "bias + GeLU");
   cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
@@ -177,16 +173,14 @@ void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const RowRuns& dy
   lap(clock, "expert products");
 }
 
-void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* dact,
-                                                    float* db1, float* dw1, float* dx,
-                                                    PhaseClock* clock) {
+void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* grad,
+                                                    const float* dact, float* db1, float* dw1,
+                                                    float* dx, PhaseClock* clock) {
   const int64_t M = model_dim_, hl = hidden_;
-  const float* grad = grad_.data() + e * grad_stride_;
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
     // dpre = gelu' dact, as A (for dx) and as rows r0.. of B (for dW1), from registers
-    cpu::gelu_grad_pack_both_bf16(grad + cpu::gelu_pack_grad_size(r0, hl), dact + r0 * hl, db1,
-                                  r0, nr, rows, hl,
+    cpu::gelu_grad_pack_both_bf16(grad + r0 * hl, dact + r0 * hl, db1, r0, nr, rows, hl,
                                   a2_.data() + cpu::bf16_packed_a_size(r0, hl), b_.data(),
                                   block_.data());
   }
@@ -201,7 +195,7 @@ int64_t Bf16ExpertProducts::held_bytes() const {
   size_t n = a_.size() + a2_.size() + b_.size() + w1_.size() + w2_.size() + w2t_.size() +
              w1t_.size() + xt_.size() + at_.size();
   return static_cast<int64_t>(n * sizeof(uint16_t) +
-                              (block_.size() + rows_.size() + grad_.size()) * sizeof(float));
+                              (block_.size() + rows_.size()) * sizeof(float));
 }
 
 double expert_product_flops(int64_t rows, int64_t M, int64_t hl) {

@@ -82,7 +82,7 @@ struct RowRuns {
 // set_weights_version, or no version given: every forward call); the products of later passes
 // at the same version, backward ones among them, reuse them. An expert's forward pass keeps x^T
 // and act^T packed (half the bytes of fp32 copies; act and dpre are never written in fp32)
-// and gelu'(pre + b1) in fp32 for its backward pass; the GeLU steps run 32 rows at a time with
+// and gelu'(pre + b1) in fp32 over pre for its backward pass; the GeLU steps run 32 rows at a time with
 // the bf16 GeLU and round every output into its packed layouts from registers
 // (cpu::bias_gelu_pack_both_bf16, gelu_grad_pack_both_bf16); the row operands x and dy are
 // read where the exchange layout holds them (RowRuns) a block at a time and packed twice
@@ -107,20 +107,20 @@ class Bf16ExpertProducts {
   // Overwrites pre.
   void fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre,
                    PhaseClock* clock = nullptr);
-  // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed and gelu'(pre + b1) for
-  // the backward pass, so pre need not outlive this call. Overwrites out.
-  void bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre, const float* b1,
-                             float* out, PhaseClock* clock = nullptr);
+  // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed and overwrites pre with
+  // gelu'(pre + b1) for the backward pass. Overwrites out and pre.
+  void bias_gelu_fc2_forward(int64_t e, int64_t rows, float* pre, const float* b1, float* out,
+                             PhaseClock* clock = nullptr);
   // db2 (M) += column sums of dy (skipped when db2 is null); dW2 (Hl, M) += act^T dy;
   // dact (R, Hl) = dy (R, M) W2^T, dy's R rows read from `dy`. Accumulates db2 and dw2,
   // overwrites dact.
   void fc2_backward(int64_t e, int64_t rows, const RowRuns& dy, float* db2, float* dw2,
                     float* dact, PhaseClock* clock = nullptr);
-  // dpre = gelu'(pre + b1) dact (gelu' as the forward pass kept it), db1 += its
-  // column sums, dW1 (M, Hl) += x^T dpre, dx (R, M) = dpre W1^T. Accumulates db1 and dw1,
-  // overwrites dx.
-  void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* dact, float* db1,
-                                  float* dw1, float* dx, PhaseClock* clock = nullptr);
+  // dpre = grad dact (grad (R, Hl): gelu'(pre + b1), what bias_gelu_fc2_forward left in pre),
+  // db1 += its column sums, dW1 (M, Hl) += x^T dpre, dx (R, M) = dpre W1^T. Accumulates db1
+  // and dw1, overwrites dx.
+  void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* grad, const float* dact,
+                                  float* db1, float* dw1, float* dx, PhaseClock* clock = nullptr);
   int64_t held_bytes() const;
 
  private:
@@ -137,12 +137,6 @@ class Bf16ExpertProducts {
   // and W1^T (Hl, M) for the backward pass; packed as A from the forward pass: x^T (M, R),
   // act^T (Hl, R).
   cpu::Bf16Buffer w1_, w2_, w2t_, w1t_, xt_, at_;
-  // Per expert (cpu::gelu_pack_grad_size(max_rows, Hl) values): gelu'(pre + b1) from the
-  // forward pass, so that the backward pass multiplies instead of recomputing 2^t. fp32, as
-  // pre was: kept in bf16 it made the backward pass faster still but changed db1 and dpre,
-  // and moved gpt2-moe-tiny's loss at step 100 from +1.39% to +3.15% of fp32's.
-  std::vector<float> grad_;
-  int64_t grad_stride_ = 0;
   Bf16WeightCopies copies_;  // what w1_, w2_, w2t_, w1t_ hold
   double last_pack_us_ = 0;
 };

@@ -102,17 +102,14 @@ void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int
   in.clear();
   pre.clear();
   act.clear();
-  // At bf16 x, act and gelu'(pre) are kept packed (bf16) for the backward pass, and x and
-  // dy are packed from the exchange layout itself: x and act are not written in fp32, and
-  // pre is one expert's scratch, not kept.
-  if (bf16_path) {
-    pre.emplace_back(Shape{max_rows, hl});
-  } else {
-    for (int64_t e = 0; e < (packed ? 1 : experts); ++e) {
-      in.emplace_back(Shape{total_rows, M});
-      pre.emplace_back(Shape{total_rows, hl});
-      act.emplace_back(Shape{total_rows, hl});
-    }
+  const int64_t pools = packed ? 1 : experts;
+  for (int64_t e = 0; e < pools; ++e) {
+    // At bf16 x and act are kept packed (bf16) for the backward pass, and x and dy are
+    // packed from the exchange layout itself: neither x nor act is written in fp32. pre
+    // holds gelu'(pre + b1) from the forward GeLU step on.
+    if (!bf16_path) in.emplace_back(Shape{total_rows, M});
+    pre.emplace_back(Shape{total_rows, hl});
+    if (!bf16_path) act.emplace_back(Shape{total_rows, hl});
   }
   out_rows = Tensor({max_rows, M});
   d_out = bf16_path ? Tensor() : Tensor({max_rows, M});
@@ -135,7 +132,6 @@ float* ExpertWorkspace::in_rows(int64_t e) {
   return in[static_cast<size_t>(e)].data();
 }
 float* ExpertWorkspace::pre_rows(int64_t e) {
-  if (precision == Precision::kBf16) return pre[0].data();  // one expert's scratch
   if (packed) return pre[0].data() + first[static_cast<size_t>(e)] * pre[0].cols();
   return pre[static_cast<size_t>(e)].data();
 }
@@ -204,13 +200,14 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
   float* dact = ws.d_act.data();
   const bool bf16 = ws.precision == Precision::kBf16;
   for (int64_t e = 0; e < e_loc; ++e) {
+    const float* pre = ws.pre_rows(e);
     const int64_t n = ws.rows[static_cast<size_t>(e)];
     PARM_CHECK_EQ(filled_rows(fills, blocks, e_loc, e), n);
     if (bf16) {  // reads dy where the layout holds it (db2 and its packing); dpre from the
-                 // kept gelu', packed (each step laps the clock, as in the forward pass)
+                 // gelu' the forward pass left in pre (each step laps the clock, as there)
       ws.bf16.fc2_backward(e, n, filled_runs(dout, lay, blocks, e, fills),
                            dw.b2.data() + e * M, dw.w2.data() + e * hl * M, dact, &clock);
-      ws.bf16.gelu_backward_fc1_backward(e, n, dact, dw.b1.data() + e * hl,
+      ws.bf16.gelu_backward_fc1_backward(e, n, pre, dact, dw.b1.data() + e * hl,
                                          dw.w1.data() + e * M * hl, ws.out_rows.data(), &clock);
     } else {
       PARM_CHECK_EQ(gather_filled(dout, lay, blocks, e, fills, dy), n);
@@ -221,7 +218,7 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
                    w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
       clock.lap("expert products");
       const float* x = ws.in_rows(e);
-      cpu::bias_gelu_backward(ws.pre_rows(e), w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
+      cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
                               hl);
       clock.lap("GeLU + bias backward");
       fc1_backward(n, M, hl, x, dact, w.w1.data() + e * M * hl, dw.w1.data() + e * M * hl,

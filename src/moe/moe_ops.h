@@ -106,8 +106,8 @@ struct ExpertShards {
 // the backward pass. Sized once for the most rows an expert can get (reserve); the layer's
 // steady state then allocates nothing. At Precision::kBf16 the six products run on bf16
 // operands (Bf16ExpertProducts), which packs x and dy straight from the exchange layout and
-// keeps x and act packed and gelu'(pre) for the backward pass: `in`, `act` and `d_out` are then
-// empty, and `pre` is one (max_rows, Hl) fp32 scratch that every expert's forward pass reuses.
+// keeps x and act packed for the backward pass: `in`, `act` and `d_out` are then empty; pre
+// stays fp32 and holds gelu'(pre + b1) after the forward GeLU step.
 //
 // Packed (max_total_rows > 0, dropless): in, pre and act are one pool each, of
 // max_total_rows rows, the bound on the rows all local experts get together in one pass;

@@ -73,7 +73,10 @@ TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
       EXPECT_EQ(pre_f, pre_s) << at;
       std::vector<float> act(max_rows * hl, 7.0f);
       std::vector<float> out_f(max_rows * M, 7.0f), out_s = out_f;
-      fused.bias_gelu_fc2_forward(e, rows, pre_in.data(), bias, out_f.data());
+      std::vector<float> grad = pre_in, grad_s = pre_in;  // pre, overwritten with gelu'
+      fused.bias_gelu_fc2_forward(e, rows, grad.data(), bias, out_f.data());
+      cpu::bias_gelu_grad_bf16(pre_in.data(), bias, grad_s.data(), rows, hl);
+      EXPECT_EQ(grad, grad_s) << at;
       cpu::bias_gelu_bf16(pre_in.data(), bias, act.data(), rows, hl);
       cpu::gemm_bf16(false, false, rows, M, hl, act.data(), w2e, out_s.data(), false);
       EXPECT_EQ(out_f, out_s) << at;
@@ -93,8 +96,8 @@ TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
       std::vector<float> dw1_f = normal(M * hl, 8), dw1_s = dw1_f;
       std::vector<float> db1_f = normal(hl, 9), db1_s = db1_f;
       const std::vector<float> dact_before = dact_f;
-      fused.gelu_backward_fc1_backward(e, rows, dact_f.data(), db1_f.data(), dw1_f.data(),
-                                       dx_f.data());
+      fused.gelu_backward_fc1_backward(e, rows, grad.data(), dact_f.data(), db1_f.data(),
+                                       dw1_f.data(), dx_f.data());
       EXPECT_EQ(dact_f, dact_before) << at << ": dact is read only";
       std::vector<float> dpre(max_rows * hl);
       cpu::bias_gelu_backward_bf16(pre_in.data(), bias, dact_s.data(), dpre.data(), db1_s.data(),
@@ -142,8 +145,8 @@ TEST(Bf16ExpertProducts, RowsReadFromRunsMatchContiguousRows) {
     p.fc1_forward(0, rows, xr, o.pre.data());
     p.bias_gelu_fc2_forward(0, rows, o.pre.data(), b1.data(), o.out.data());
     p.fc2_backward(0, rows, dyr, o.db2.data(), o.dw2.data(), o.dact.data());
-    p.gelu_backward_fc1_backward(0, rows, o.dact.data(), o.db1.data(), o.dw1.data(),
-                                 o.dx.data());
+    p.gelu_backward_fc1_backward(0, rows, o.pre.data(), o.dact.data(), o.db1.data(),
+                                 o.dw1.data(), o.dx.data());
     return o;
   };
   for (cpu::Bf16Kernel kernel : kernels()) {
@@ -197,7 +200,8 @@ TEST(Bf16ExpertProducts, EachStepLapsItsElementwiseWorkApartFromItsProducts) {
   p.fc2_backward(0, rows, RowRuns::contiguous(dy.data(), rows, M), db2.data(), dw2.data(),
                  dact.data(), &b);
   EXPECT_EQ(phase_names(bwd), (std::vector<std::string>{"rows in/out", "expert products"}));
-  p.gelu_backward_fc1_backward(0, rows, dact.data(), db1.data(), dw1.data(), dx.data(), &b);
+  p.gelu_backward_fc1_backward(0, rows, pre.data(), dact.data(), db1.data(), dw1.data(),
+                               dx.data(), &b);
   EXPECT_EQ(phase_names(bwd), (std::vector<std::string>{"rows in/out", "expert products",
                                                         "GeLU + bias backward"}));
 }
@@ -423,7 +427,7 @@ TEST(GeluBf16, PackedAsAMatchesGeluThenPack) {
 // packings, bit for bit against the separate steps (the packed buffers start full of 0xffff,
 // so padding is checked too):
 // - forward: act as packed A and act^T as packed A equal bias_gelu_bf16 followed by
-//   bf16_pack_a of act and of act^T;
+//   bf16_pack_a of act and of act^T, and x is left holding bias_gelu_grad_bf16;
 // - backward, from the gelu' the forward kept: dpre as packed A and as packed B, and dbias,
 //   equal bias_gelu_backward_bf16 (dpre and dbias) followed by bf16_pack_a and bf16_pack_b of
 //   the whole operand.
@@ -463,19 +467,19 @@ TEST(GeluBf16, PackBothStepsMatchTheSeparateSteps) {
         // The one-pass steps, 32 rows at a time.
         std::vector<uint16_t> got_a(a_size, 0xffff), got_at(at_size, 0xffff);
         std::vector<uint16_t> got_da(a_size, 0xffff), got_db(b_size, 0xffff);
-        std::vector<float> grad(static_cast<size_t>(cpu::gelu_pack_grad_size(k, cols)));
+        std::vector<float> grad = x, want_grad(x.size());  // x, overwritten with gelu'
+        cpu::bias_gelu_grad_bf16(x.data(), bias.data(), want_grad.data(), k, cols);
         std::vector<float> scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(cols)));
         for (int64_t k0 = 0; k0 < k; k0 += 32)
-          cpu::bias_gelu_pack_both_bf16(x.data() + k0 * cols, bias.data(), k0,
+          cpu::bias_gelu_pack_both_bf16(grad.data() + k0 * cols, bias.data(), k0,
                                         std::min<int64_t>(32, k - k0), k, cols,
                                         got_a.data() + cpu::bf16_packed_a_size(k0, cols),
-                                        got_at.data(),
-                                        grad.data() + cpu::gelu_pack_grad_size(k0, cols),
-                                        scratch.data());
+                                        got_at.data(), scratch.data());
         EXPECT_EQ(got_a, want_a) << at;
         EXPECT_EQ(got_at, want_at) << at;
+        EXPECT_EQ(grad, want_grad) << at;
         for (int64_t k0 = 0; k0 < k; k0 += 32)
-          cpu::gelu_grad_pack_both_bf16(grad.data() + cpu::gelu_pack_grad_size(k0, cols),
+          cpu::gelu_grad_pack_both_bf16(grad.data() + k0 * cols,
                                         dact.data() + k0 * cols, db_got.data(), k0,
                                         std::min<int64_t>(32, k - k0), k, cols,
                                         got_da.data() + cpu::bf16_packed_a_size(k0, cols),
@@ -500,12 +504,11 @@ TEST(GeluBf16, PackBothStepsPropagateNaNAndRefuseBadBlocks) {
     std::vector<uint16_t> a(static_cast<size_t>(cpu::bf16_packed_a_size(k, cols)));
     std::vector<uint16_t> at(static_cast<size_t>(cpu::bf16_packed_a_size(cols, k)));
     std::vector<uint16_t> b(static_cast<size_t>(cpu::bf16_packed_b_size(k, cols)));
-    std::vector<float> grad(static_cast<size_t>(cpu::gelu_pack_grad_size(k, cols)));
     std::vector<float> scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(cols)));
     std::vector<float> db(cols, 0.0f);
     cpu::bias_gelu_pack_both_bf16(x.data(), bias.data(), 0, k, k, cols, a.data(), at.data(),
-                                  grad.data(), scratch.data());
-    cpu::gelu_grad_pack_both_bf16(grad.data(), dact.data(), db.data(), 0, k, k, cols, a.data(),
+                                  scratch.data());
+    cpu::gelu_grad_pack_both_bf16(x.data(), dact.data(), db.data(), 0, k, k, cols, a.data(),
                                   b.data(), scratch.data());
     const auto unpack = [](uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); };
     EXPECT_TRUE(std::isnan(unpack(at[static_cast<size_t>(5 * 32 + 1)])))
@@ -516,15 +519,14 @@ TEST(GeluBf16, PackBothStepsPropagateNaNAndRefuseBadBlocks) {
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
   std::vector<float> x(64 * 8), scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(8)));
   std::vector<uint16_t> a(static_cast<size_t>(cpu::bf16_packed_a_size(64, 8))), at = a;
-  std::vector<float> g(static_cast<size_t>(cpu::gelu_pack_grad_size(64, 8)));
   // A block must start at a multiple of 32 and hold 32 rows unless it ends at k.
   EXPECT_THROW(cpu::bias_gelu_pack_both_bf16(x.data(), x.data(), 16, 16, 64, 8, a.data(),
-                                             at.data(), g.data(), scratch.data()),
+                                             at.data(), scratch.data()),
                Error);
   EXPECT_THROW(cpu::bias_gelu_pack_both_bf16(x.data(), x.data(), 0, 16, 64, 8, a.data(),
-                                             at.data(), g.data(), scratch.data()),
+                                             at.data(), scratch.data()),
                Error);
-  EXPECT_THROW(cpu::gelu_grad_pack_both_bf16(g.data(), x.data(), x.data(), 32, 40, 64, 8,
+  EXPECT_THROW(cpu::gelu_grad_pack_both_bf16(x.data(), x.data(), x.data(), 32, 40, 64, 8,
                                              a.data(), at.data(), scratch.data()),
                Error);
 }

@@ -188,15 +188,6 @@ bool fused_packing() {
 // value, half the backward step (one thread, Hl 2048, 513 rows).
 constexpr int64_t kGroupCols = 128;
 
-// Where the forward step keeps gelu' of row r (of its block) and column c: in the order both
-// steps visit them (groups of 128 columns, then rows, then columns), so that each writes and
-// reads it front to back. Row-major (rows 4 KiB apart at Hl 2048) put a group's 32 rows into
-// the same L1 sets, and the forward step paid for reading every line before writing it.
-inline int64_t grad_offset(int64_t r, int64_t c, int64_t kp) {
-  const int64_t c0 = c / kGroupCols * kGroupCols, width = std::min(kGroupCols, kp - c0);
-  return c0 * kTileK + r * width + (c - c0);
-}
-
 // gelu(x + bias) of lanes c .. c + 15 (gelu16's bits), and in `grad` gelu'(x + bias) (the
 // bits of grad_at16 with the NaN put back): one 2^t serves both. Beyond +-kGradClamp the
 // gradient is grad_at16's there, `grad_hi` / `grad_lo`.
@@ -221,17 +212,17 @@ PARM_AVX512 inline __m512 gelu_and_grad16(const float* xr, const float* bias, in
 }
 
 // One block of at most 32 rows (k0 = its first row among k): act as packed A (row block at
-// packed_a), act^T's k block k0 (packed_at, the whole (cols, k) operand) and gelu' in bf16
-// (rows, cols). Rows 2q and 2q + 1, 32 columns at a time (each row read front to back, two
-// 64-byte rows of A and of gelu' written): their bf16 pairs are staged chunk by chunk of 16
-// columns (`stage`, 16 pairs x 64 bytes per chunk), then each chunk's 16 pairs are transposed
-// into 16 rows of act^T's tile. Reading 16 columns of all 32 rows at a time instead (no
-// staging) read 32 rows 8 KiB apart, which share a few L1 sets: 2x slower at Hl = 2048.
-// Pairs past `rows` stage zeros (act^T's padding columns of the last k block).
-PARM_AVX512_BF16 void gelu_pack_both_avx512(const float* x, const float* bias, int64_t k0,
+// packed_a), act^T's k block k0 (packed_at, the whole (cols, k) operand), and gelu' over x.
+// Rows 2q and 2q + 1, 32 columns at a time (64-byte rows of A written): their bf16 pairs are
+// staged chunk by chunk of 16 columns (`stage`, 16 pairs x 64 bytes per chunk), then each
+// chunk's 16 pairs are transposed into 16 rows of act^T's tile. Reading 16 columns of all 32
+// rows at a time instead (no staging) read 32 rows 8 KiB apart, which share a few L1 sets:
+// 2x slower at Hl = 2048. Pairs past `rows` stage zeros (act^T's padding columns of the last
+// k block).
+PARM_AVX512_BF16 void gelu_pack_both_avx512(float* x, const float* bias, int64_t k0,
                                             int64_t rows, int64_t k, int64_t cols,
                                             uint16_t* packed_a, uint16_t* packed_at,
-                                            float* grad, __m512i* stage) {
+                                            __m512i* stage) {
   const int64_t kp_a = detail::round_up(cols, kTileK), kp_t = detail::round_up(k, kTileK);
   const int64_t chunks = detail::round_up(cols, kTileRows) / kTileRows;
   const __m512 grad_hi = grad_at16(_mm512_set1_ps(kGradClamp));
@@ -249,15 +240,15 @@ PARM_AVX512_BF16 void gelu_pack_both_avx512(const float* x, const float* bias, i
       const __mmask16 m0 = first_lanes(cols - c), m1 = first_lanes(cols - c - 16);
       __m512 a[2][2] = {{zero, zero}, {zero, zero}};  // [row][half]
       for (int64_t h = 0; h < 2 && r + h < rows; ++h) {
-        const float* xr = x + (r + h) * cols;
+        float* xr = x + (r + h) * cols;
         __m512 g0, g1;
         a[h][0] = gelu_and_grad16(xr, bias, c, m0, grad_hi, grad_lo, g0);
         a[h][1] = gelu_and_grad16(xr, bias, c + 16, m1, grad_hi, grad_lo, g1);
         _mm512_storeu_si512(packed_a + detail::packed_a_offset(r + h, c, kp_a),
                             reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a[h][1], a[h][0])));
-        float* gr = grad + grad_offset(r + h, c, kp_a);
-        _mm512_storeu_ps(gr, g0);
-        _mm512_storeu_ps(gr + 16, g1);
+        // gelu' over x, in place: these lines were just read, so the stores find them in L1
+        _mm512_mask_storeu_ps(xr + c, m0, g0);
+        _mm512_mask_storeu_ps(xr + c + 16, m1, g1);
       }
       const int64_t j = c / kTileRows;
       _mm512_storeu_si512(stage + j * 16 + q, detail::pairs16(a[0][0], a[1][0]));
@@ -294,7 +285,7 @@ PARM_AVX512_BF16 void grad_pack_both_avx512(const float* grad, const float* dact
       if (r < rows) {
         __m512 db0 = load(dbias + c, m0), db1 = load(dbias + c + 16, m1);
         for (int64_t h = 0; h < 2 && r + h < rows; ++h) {
-          const float* gr = grad + grad_offset(r + h, c, kp_a);
+          const float* gr = grad + (r + h) * cols + c;
           const float* ar = dact + (r + h) * cols + c;
           d[h][0] = _mm512_mul_ps(load(gr, m0), load(ar, m0));
           d[h][1] = _mm512_mul_ps(load(gr + 16, m1), load(ar + 16, m1));
@@ -376,10 +367,6 @@ void bias_gelu_backward_pack_a_bf16(const float* x, const float* bias, const flo
   zero_padding_rows(rows, cols, packed);
 }
 
-int64_t gelu_pack_grad_size(int64_t rows, int64_t cols) {
-  return detail::round_up(rows, kTileK) * detail::round_up(cols, kTileK);
-}
-
 int64_t gelu_pack_scratch_size(int64_t cols) {
   return kTileK * std::max<int64_t>(detail::round_up(cols, kTileRows), 1);
 }
@@ -410,23 +397,19 @@ void check_gelu_block(const char* op, int64_t k0, int64_t rows, int64_t k, int64
 
 }  // namespace
 
-void bias_gelu_pack_both_bf16(const float* x, const float* bias, int64_t k0, int64_t rows,
+void bias_gelu_pack_both_bf16(float* x, const float* bias, int64_t k0, int64_t rows,
                               int64_t k, int64_t cols, uint16_t* packed_a, uint16_t* packed_at,
-                              float* grad, float* scratch) {
+                              float* scratch) {
   check_gelu_block("bias_gelu_pack_both_bf16", k0, rows, k, cols);
   if (!fused_packing()) {
     const int64_t ld = std::max<int64_t>(cols, 1);
     bias_gelu_bf16(x, bias, scratch, rows, cols);
     bf16_pack_a(false, rows, cols, scratch, ld, packed_a);
     bf16_pack_at_rows(k0, rows, cols, k, scratch, ld, packed_at);
-    bias_gelu_grad_bf16(x, bias, scratch, rows, cols);
-    const int64_t kp = detail::round_up(cols, kTileK);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < kp; ++c)
-        grad[grad_offset(r, c, kp)] = c < cols ? scratch[r * cols + c] : 0.0f;
+    bias_gelu_grad_bf16(x, bias, x, rows, cols);
     return;
   }
-  gelu_pack_both_avx512(x, bias, k0, rows, k, cols, packed_a, packed_at, grad,
+  gelu_pack_both_avx512(x, bias, k0, rows, k, cols, packed_a, packed_at,
                         reinterpret_cast<__m512i*>(scratch));
   zero_padding_rows(rows, cols, packed_a);
 }
@@ -437,10 +420,7 @@ void gelu_grad_pack_both_bf16(const float* grad, const float* dact, float* dbias
   check_gelu_block("gelu_grad_pack_both_bf16", k0, rows, k, cols);
   if (!fused_packing()) {
     const int64_t ld = std::max<int64_t>(cols, 1);
-    const int64_t kp = detail::round_up(cols, kTileK);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        scratch[r * cols + c] = grad[grad_offset(r, c, kp)] * dact[r * cols + c];
+    for (int64_t i = 0; i < rows * cols; ++i) scratch[i] = grad[i] * dact[i];
     bias_backward(scratch, dbias, rows, cols);
     bf16_pack_a(false, rows, cols, scratch, ld, packed_a);
     bf16_pack_b_rows(k0, rows, k, cols, scratch, ld, packed_b);

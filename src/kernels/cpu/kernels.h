@@ -188,28 +188,25 @@ void bias_gelu_backward_pack_a_bf16(const float* x, const float* bias, const flo
 // bias_gelu_backward_bf16 multiplies dact by (the same bits; NaN where x + bias is NaN).
 void bias_gelu_grad_bf16(const float* x, const float* bias, float* g, int64_t rows, int64_t cols);
 // The experts' GeLU steps, on one block of rows k0 .. k0 + rows - 1 of an expert's k rows (k0
-// a multiple of 32; 32 rows unless the block ends at k), every output in bf16 only:
+// a multiple of 32; 32 rows unless the block ends at k):
 // - forward: act = gelu(x + bias) (x (rows, cols) fp32) as packed A of (rows, cols) at
-//   packed_a (bf16_packed_a_size(rows, cols) values, padding included), as k block k0 of
-//   packed A of act^T (cols, k) at packed_at (as bf16_pack_at_rows), and gelu'(x + bias)
-//   (fp32) at grad, in an order of the two steps' own (gelu_pack_grad_size(rows, cols)
-//   values; block k0 at grad + gelu_pack_grad_size(k0, cols)): the bits of bias_gelu_bf16
-//   followed by those packs, and of bias_gelu_grad_bf16. The backward pass then recomputes
-//   no 2^t.
-// - backward: dpre = grad dact (grad of the same block from the forward step; dact (rows,
-//   cols) fp32, read only), dbias (cols) += its
-//   column sums row by row, dpre as packed A (row block at packed_a) and as rows k0 .. of
-//   packed B of (k, cols) (as bf16_pack_b_rows): the bits of bias_gelu_backward_bf16
-//   followed by those packs (NaN where x + bias was NaN).
+//   packed_a (bf16_packed_a_size(rows, cols) values, padding included) and as k block k0 of
+//   packed A of act^T (cols, k) at packed_at (as bf16_pack_at_rows); x is then overwritten
+//   with gelu'(x + bias): the bits of bias_gelu_bf16 followed by those packs, and of
+//   bias_gelu_grad_bf16. The backward step then recomputes no 2^t.
+// - backward: dpre = grad dact (grad (rows, cols): what the forward step left in x; dact
+//   (rows, cols) fp32, read only), dbias (cols) += its column sums row by row, dpre as packed
+//   A (row block at packed_a) and as rows k0 .. of packed B of (k, cols) (as
+//   bf16_pack_b_rows): the bits of bias_gelu_backward_bf16 followed by those packs (NaN where
+//   x + bias was NaN).
 // With AVX512-BF16 each value is rounded into every layout from the registers that hold it,
 // with no fp32 block written (the forward stages act's bf16 pairs in `scratch` for its
 // transpose); otherwise through `scratch` in fp32. scratch: gelu_pack_scratch_size(cols)
 // floats, overwritten.
-int64_t gelu_pack_grad_size(int64_t rows, int64_t cols);
 int64_t gelu_pack_scratch_size(int64_t cols);
-void bias_gelu_pack_both_bf16(const float* x, const float* bias, int64_t k0, int64_t rows,
-                              int64_t k, int64_t cols, uint16_t* packed_a, uint16_t* packed_at,
-                              float* grad, float* scratch);
+void bias_gelu_pack_both_bf16(float* x, const float* bias, int64_t k0, int64_t rows, int64_t k,
+                              int64_t cols, uint16_t* packed_a, uint16_t* packed_at,
+                              float* scratch);
 void gelu_grad_pack_both_bf16(const float* grad, const float* dact, float* dbias, int64_t k0,
                               int64_t rows, int64_t k, int64_t cols, uint16_t* packed_a,
                               uint16_t* packed_b, float* scratch);
