@@ -432,8 +432,10 @@ TEST(GeluBf16, PackedAsAMatchesGeluThenPack) {
 //   equal bias_gelu_backward_bf16 (dpre and dbias) followed by bf16_pack_a and bf16_pack_b of
 //   the whole operand.
 // Inputs cover +-inf, +-kGradClamp and beyond (the gradient clamped there). Seen failing:
-// act^T's tile rows stored at the wrong tile (row block j + 1), the gradient beyond the clamp
-// taken as exactly 0 (dbias off), the second row of a pair added to dbias before the first.
+// act^T's pairs staged the wrong way round (row 2q + 1 first), the gradient below
+// -kGradClamp taken as 0 (x's gelu' and the backward's outputs off), and the second row of a
+// pair added to dbias before the first (dbias off in the last bits; also in
+// Bf16ExpertProducts.FusedStepsMatchTheSeparateStepsBitForBit's db1).
 TEST(GeluBf16, PackBothStepsMatchTheSeparateSteps) {
   const float inf = std::numeric_limits<float>::infinity();
   for (cpu::Bf16Kernel kernel : kernels()) {
@@ -493,7 +495,8 @@ TEST(GeluBf16, PackBothStepsMatchTheSeparateSteps) {
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
 }
 
-// NaN in: NaN act and NaN gradient, in that column only; and blocks are checked.
+// NaN in: NaN act and NaN gradient, in that column only; and blocks are checked. Seen
+// failing: NaN lanes given the gradient below the clamp (an unordered compare).
 TEST(GeluBf16, PackBothStepsPropagateNaNAndRefuseBadBlocks) {
   const int64_t k = 3, cols = 40;
   for (cpu::Bf16Kernel kernel : kernels()) {
@@ -533,7 +536,7 @@ TEST(GeluBf16, PackBothStepsPropagateNaNAndRefuseBadBlocks) {
 
 // bias_gelu_grad_bf16 / bias_gelu_grad are the factors the GeLU backward steps multiply dact
 // by (the same bits), so the forward step may keep them for the backward one. Seen failing:
-// bias_gelu_grad_bf16 clamping at kValueClamp as the forward value does (gelu' off below -9.5).
+// bias_gelu_grad_bf16 clamping x + b at -9 (gelu' off below -9).
 TEST(GeluBf16, GradientIsTheBackwardStepsFactor) {
   const int64_t rows = 7, cols = 1000;
   auto xs = normal(rows * cols, 37, 5.0f);
