@@ -82,8 +82,8 @@ struct RowRuns {
 // set_weights_version, or no version given: every forward call); the products of later passes
 // at the same version, backward ones among them, reuse them. An expert's forward pass keeps x^T
 // and act^T packed (half the bytes of fp32 copies; act and dpre are never written in fp32)
-// and gelu'(pre + b1) in fp32 over pre for its backward pass; the GeLU steps run 32 rows at a time with
-// the bf16 GeLU and round every output into its packed layouts from registers
+// and gelu'(pre + b1) in fp32 over pre for its backward pass; the GeLU steps run 32 rows at
+// a time with the bf16 GeLU and round every output into its packed layouts from registers
 // (cpu::bias_gelu_pack_both_bf16, gelu_grad_pack_both_bf16); the row operands x and dy are
 // read where the exchange layout holds them (RowRuns) a block at a time and packed twice
 // from cache, with no fp32 copy of the rows. Nothing is allocated after reserve().

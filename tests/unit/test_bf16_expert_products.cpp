@@ -517,7 +517,8 @@ TEST(GeluBf16, PackBothStepsPropagateNaNAndRefuseBadBlocks) {
     EXPECT_TRUE(std::isnan(unpack(at[static_cast<size_t>(5 * 32 + 1)])))
         << cpu::bf16_kernel_name() << ": act^T (5, 1)";
     for (int64_t c = 0; c < cols; ++c)
-      EXPECT_EQ(std::isnan(db[static_cast<size_t>(c)]), c == 5) << cpu::bf16_kernel_name() << ", " << c;
+      EXPECT_EQ(std::isnan(db[static_cast<size_t>(c)]), c == 5)
+          << cpu::bf16_kernel_name() << ", " << c;
   }
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
   std::vector<float> x(64 * 8), scratch(static_cast<size_t>(cpu::gelu_pack_scratch_size(8)));

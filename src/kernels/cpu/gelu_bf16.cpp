@@ -189,7 +189,7 @@ bool fused_packing() {
 constexpr int64_t kGroupCols = 128;
 
 // gelu(x + bias) of lanes c .. c + 15 (gelu16's bits), and in `grad` gelu'(x + bias) (the
-// bits of grad_at16 with the NaN put back): one 2^t serves both. Beyond +-kGradClamp the
+// bits of grad_at16; NaN where x + bias is NaN): one 2^t serves both. Beyond +-kGradClamp the
 // gradient is grad_at16's there, `grad_hi` / `grad_lo`.
 PARM_AVX512 inline __m512 gelu_and_grad16(const float* xr, const float* bias, int64_t c,
                                           __mmask16 m, __m512 grad_hi, __m512 grad_lo,
@@ -228,31 +228,34 @@ PARM_AVX512_BF16 void gelu_pack_both_avx512(float* x, const float* bias, int64_t
   const __m512 grad_hi = grad_at16(_mm512_set1_ps(kGradClamp));
   const __m512 grad_lo = grad_at16(_mm512_set1_ps(-kGradClamp));
   const __m512 zero = _mm512_setzero_ps();
-  for (int64_t c0 = 0; c0 < kp_a; c0 += kGroupCols)
-  for (int64_t q = 0; q < kTileRows; ++q) {
-    const int64_t r = 2 * q, c1 = std::min(kp_a, c0 + kGroupCols);
-    if (r >= rows) {
-      for (int64_t j = c0 / kTileRows; j < std::min(chunks, c1 / kTileRows); ++j)
-        _mm512_storeu_si512(stage + j * 16 + q, _mm512_setzero_si512());
-      continue;
-    }
-    for (int64_t c = c0; c < c1; c += 32) {
-      const __mmask16 m0 = first_lanes(cols - c), m1 = first_lanes(cols - c - 16);
-      __m512 a[2][2] = {{zero, zero}, {zero, zero}};  // [row][half]
-      for (int64_t h = 0; h < 2 && r + h < rows; ++h) {
-        float* xr = x + (r + h) * cols;
-        __m512 g0, g1;
-        a[h][0] = gelu_and_grad16(xr, bias, c, m0, grad_hi, grad_lo, g0);
-        a[h][1] = gelu_and_grad16(xr, bias, c + 16, m1, grad_hi, grad_lo, g1);
-        _mm512_storeu_si512(packed_a + detail::packed_a_offset(r + h, c, kp_a),
-                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a[h][1], a[h][0])));
-        // gelu' over x, in place: these lines were just read, so the stores find them in L1
-        _mm512_mask_storeu_ps(xr + c, m0, g0);
-        _mm512_mask_storeu_ps(xr + c + 16, m1, g1);
+  for (int64_t c0 = 0; c0 < kp_a; c0 += kGroupCols) {
+    const int64_t c1 = std::min(kp_a, c0 + kGroupCols);
+    for (int64_t q = 0; q < kTileRows; ++q) {
+      const int64_t r = 2 * q;
+      if (r >= rows) {
+        for (int64_t j = c0 / kTileRows; j < std::min(chunks, c1 / kTileRows); ++j)
+          _mm512_storeu_si512(stage + j * 16 + q, _mm512_setzero_si512());
+        continue;
       }
-      const int64_t j = c / kTileRows;
-      _mm512_storeu_si512(stage + j * 16 + q, detail::pairs16(a[0][0], a[1][0]));
-      if (j + 1 < chunks) _mm512_storeu_si512(stage + (j + 1) * 16 + q, detail::pairs16(a[0][1], a[1][1]));
+      for (int64_t c = c0; c < c1; c += 32) {
+        const __mmask16 m0 = first_lanes(cols - c), m1 = first_lanes(cols - c - 16);
+        __m512 a[2][2] = {{zero, zero}, {zero, zero}};  // [row][half]
+        for (int64_t h = 0; h < 2 && r + h < rows; ++h) {
+          float* xr = x + (r + h) * cols;
+          __m512 g0, g1;
+          a[h][0] = gelu_and_grad16(xr, bias, c, m0, grad_hi, grad_lo, g0);
+          a[h][1] = gelu_and_grad16(xr, bias, c + 16, m1, grad_hi, grad_lo, g1);
+          _mm512_storeu_si512(packed_a + detail::packed_a_offset(r + h, c, kp_a),
+                              reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a[h][1], a[h][0])));
+          // gelu' over x, in place: these lines were just read, so the stores find them in L1
+          _mm512_mask_storeu_ps(xr + c, m0, g0);
+          _mm512_mask_storeu_ps(xr + c + 16, m1, g1);
+        }
+        const int64_t j = c / kTileRows;
+        _mm512_storeu_si512(stage + j * 16 + q, detail::pairs16(a[0][0], a[1][0]));
+        if (j + 1 < chunks)
+          _mm512_storeu_si512(stage + (j + 1) * 16 + q, detail::pairs16(a[0][1], a[1][1]));
+      }
     }
   }
   for (int64_t j = 0; j < chunks; ++j) {
@@ -276,35 +279,37 @@ PARM_AVX512_BF16 void grad_pack_both_avx512(const float* grad, const float* dact
   const int64_t a_rows = detail::round_up(rows, kTileRows);
   const __m512 zero = _mm512_setzero_ps();
   // Pairs past the block's rows are B's padding (the last block) and zeros.
-  for (int64_t c0 = 0; c0 < kp_a; c0 += kGroupCols)
-  for (int64_t p = 0; p < kTileK / 2; ++p) {
-    const int64_t r = 2 * p;
-    for (int64_t c = c0; c < std::min(kp_a, c0 + kGroupCols); c += 32) {
-      const __mmask16 m0 = first_lanes(cols - c), m1 = first_lanes(cols - c - 16);
-      __m512 d[2][2] = {{zero, zero}, {zero, zero}};  // [row][half]
-      if (r < rows) {
-        __m512 db0 = load(dbias + c, m0), db1 = load(dbias + c + 16, m1);
-        for (int64_t h = 0; h < 2 && r + h < rows; ++h) {
-          const float* gr = grad + (r + h) * cols + c;
-          const float* ar = dact + (r + h) * cols + c;
-          d[h][0] = _mm512_mul_ps(load(gr, m0), load(ar, m0));
-          d[h][1] = _mm512_mul_ps(load(gr + 16, m1), load(ar + 16, m1));
-          db0 = _mm512_add_ps(db0, d[h][0]);
-          db1 = _mm512_add_ps(db1, d[h][1]);
+  for (int64_t c0 = 0; c0 < kp_a; c0 += kGroupCols) {
+    const int64_t c1 = std::min(kp_a, c0 + kGroupCols);
+    for (int64_t p = 0; p < kTileK / 2; ++p) {
+      const int64_t r = 2 * p;
+      for (int64_t c = c0; c < c1; c += 32) {
+        const __mmask16 m0 = first_lanes(cols - c), m1 = first_lanes(cols - c - 16);
+        __m512 d[2][2] = {{zero, zero}, {zero, zero}};  // [row][half]
+        if (r < rows) {
+          __m512 db0 = load(dbias + c, m0), db1 = load(dbias + c + 16, m1);
+          for (int64_t h = 0; h < 2 && r + h < rows; ++h) {
+            const float* gr = grad + (r + h) * cols + c;
+            const float* ar = dact + (r + h) * cols + c;
+            d[h][0] = _mm512_mul_ps(load(gr, m0), load(ar, m0));
+            d[h][1] = _mm512_mul_ps(load(gr + 16, m1), load(ar + 16, m1));
+            db0 = _mm512_add_ps(db0, d[h][0]);
+            db1 = _mm512_add_ps(db1, d[h][1]);
+          }
+          _mm512_mask_storeu_ps(dbias + c, m0, db0);
+          _mm512_mask_storeu_ps(dbias + c + 16, m1, db1);
         }
-        _mm512_mask_storeu_ps(dbias + c, m0, db0);
-        _mm512_mask_storeu_ps(dbias + c + 16, m1, db1);
+        for (int64_t h = 0; h < 2; ++h)
+          if (r + h < a_rows)
+            _mm512_storeu_si512(packed_a + detail::packed_a_offset(r + h, c, kp_a),
+                                reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(d[h][1], d[h][0])));
+        const int64_t jp = c / kTileRows, pair = k0 / 2 + p;
+        _mm512_storeu_si512(packed_b + (jp * pairs + pair) * 2 * kTileRows,
+                            detail::pairs16(d[0][0], d[1][0]));
+        if (jp + 1 < panels)
+          _mm512_storeu_si512(packed_b + ((jp + 1) * pairs + pair) * 2 * kTileRows,
+                              detail::pairs16(d[0][1], d[1][1]));
       }
-      for (int64_t h = 0; h < 2; ++h)
-        if (r + h < a_rows)
-          _mm512_storeu_si512(packed_a + detail::packed_a_offset(r + h, c, kp_a),
-                              reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(d[h][1], d[h][0])));
-      const int64_t jp = c / kTileRows, pair = k0 / 2 + p;
-      _mm512_storeu_si512(packed_b + (jp * pairs + pair) * 2 * kTileRows,
-                          detail::pairs16(d[0][0], d[1][0]));
-      if (jp + 1 < panels)
-        _mm512_storeu_si512(packed_b + ((jp + 1) * pairs + pair) * 2 * kTileRows,
-                            detail::pairs16(d[0][1], d[1][1]));
     }
   }
 }
