@@ -281,9 +281,9 @@ void BM_ExpertPassBf16(benchmark::State& state) {
     for (int64_t e = 0; e < kExperts; ++e) {
       products.fc2_backward(e, kR, parm::moe::RowRuns::contiguous(dy.data(), kR, kM),
                             db2.data() + e * kM, dw2.data() + e * h * kM, dact.data());
-      products.gelu_backward_fc1_backward(e, kR, pre.data() + e * kR * h, b1.data() + e * h,
-                                          dact.data(), db1.data() + e * h,
-                                          dw1.data() + e * kM * h, dx.data());
+      products.gelu_backward_fc1_backward(e, kR, pre.data() + e * kR * h, dact.data(),
+                                          db1.data() + e * h, dw1.data() + e * kM * h,
+                                          dx.data());
     }
     benchmark::ClobberMemory();
   }
@@ -454,6 +454,86 @@ void BM_BiasGeluBackward(benchmark::State& state) {
   set_byte_counters(state, 4.0 * 3 * n);
 }
 BENCHMARK(BM_BiasGeluBackward)->UseRealTime()->MinTime(0.2);
+
+// The experts' GeLU steps over one expert's 513 rows (Hl 2048; pre and dact 4 MiB, out of
+// L2), 32 rows at a time as Bf16ExpertProducts runs them, with every packing they feed.
+// steps = 0: the previous steps (bias + GeLU packing act as A from registers, then act^T from
+// an fp32 block; backward: gelu' recomputed from pre, dpre as A from registers, then as B
+// rows from an fp32 block); steps = 1: the one-pass kernels (act and act^T from registers,
+// gelu' over pre; backward: dpre = gelu' dact into A and B from registers). value_time is
+// the time per value.
+constexpr int64_t kGeluRows = 513;
+std::vector<uint16_t> packed_a(int64_t m, int64_t k) {
+  return std::vector<uint16_t>(static_cast<size_t>(parm::cpu::bf16_packed_a_size(m, k)));
+}
+void set_value_time(benchmark::State& state, int64_t values) {
+  state.counters["value_time"] = benchmark::Counter(
+      static_cast<double>(values), benchmark::Counter::kIsIterationInvariantRate |
+                                       benchmark::Counter::kInvert);
+}
+void BM_ExpertGeluForwardBf16(benchmark::State& state) {
+  const int64_t rows = kGeluRows, cols = kH;
+  const std::vector<float> pre = random_vector(rows * cols, 41), bias = random_vector(cols, 42);
+  std::vector<float> block(static_cast<size_t>(parm::cpu::gelu_pack_scratch_size(cols)));
+  auto a = packed_a(rows, cols), at = packed_a(cols, rows);
+  std::vector<float> x = pre;  // the new step overwrites it with gelu'
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::copy(pre.begin(), pre.end(), x.begin());
+    state.ResumeTiming();
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+      const int64_t nr = std::min<int64_t>(32, rows - r0);
+      uint16_t* a_block = a.data() + parm::cpu::bf16_packed_a_size(r0, cols);
+      if (state.range(0) == 0) {
+        parm::cpu::bias_gelu_pack_a_bf16(pre.data() + r0 * cols, bias.data(), block.data(), nr,
+                                         cols, a_block);
+        parm::cpu::bf16_pack_at_rows(r0, nr, cols, rows, block.data(), cols, at.data());
+      } else {
+        parm::cpu::bias_gelu_pack_both_bf16(x.data() + r0 * cols, bias.data(), r0, nr, rows,
+                                            cols, a_block, at.data(), block.data());
+      }
+    }
+    benchmark::DoNotOptimize(at.data());
+    benchmark::ClobberMemory();
+  }
+  set_value_time(state, rows * cols);
+}
+BENCHMARK(BM_ExpertGeluForwardBf16)->ArgName("steps")->Arg(0)->Arg(1)->UseRealTime()->MinTime(0.2);
+void BM_ExpertGeluBackwardBf16(benchmark::State& state) {
+  const int64_t rows = kGeluRows, cols = kH;
+  const std::vector<float> pre = random_vector(rows * cols, 41), bias = random_vector(cols, 42);
+  const std::vector<float> dact = random_vector(rows * cols, 43);
+  std::vector<float> block(static_cast<size_t>(parm::cpu::gelu_pack_scratch_size(cols))),
+      dbias(static_cast<size_t>(cols));
+  auto a = packed_a(rows, cols), at = packed_a(cols, rows);
+  std::vector<uint16_t> b(static_cast<size_t>(parm::cpu::bf16_packed_b_size(rows, cols)));
+  std::vector<float> grad = pre;
+  for (int64_t r0 = 0; r0 < rows; r0 += 32)  // gelu' as the forward pass leaves it
+    parm::cpu::bias_gelu_pack_both_bf16(grad.data() + r0 * cols, bias.data(), r0,
+                                        std::min<int64_t>(32, rows - r0), rows, cols,
+                                        a.data() + parm::cpu::bf16_packed_a_size(r0, cols),
+                                        at.data(), block.data());
+  for (auto _ : state) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+      const int64_t nr = std::min<int64_t>(32, rows - r0);
+      uint16_t* a_block = a.data() + parm::cpu::bf16_packed_a_size(r0, cols);
+      if (state.range(0) == 0) {
+        parm::cpu::bias_gelu_backward_pack_a_bf16(pre.data() + r0 * cols, bias.data(),
+                                                  dact.data() + r0 * cols, block.data(),
+                                                  dbias.data(), nr, cols, a_block);
+        parm::cpu::bf16_pack_b_rows(r0, nr, rows, cols, block.data(), cols, b.data());
+      } else {
+        parm::cpu::gelu_grad_pack_both_bf16(grad.data() + r0 * cols, dact.data() + r0 * cols,
+                                            dbias.data(), r0, nr, rows, cols, a_block, b.data(),
+                                            block.data());
+      }
+    }
+    benchmark::DoNotOptimize(b.data());
+    benchmark::ClobberMemory();
+  }
+  set_value_time(state, rows * cols);
+}
+BENCHMARK(BM_ExpertGeluBackwardBf16)->ArgName("steps")->Arg(0)->Arg(1)->UseRealTime()->MinTime(0.2);
 
 void BM_LayerNorm(benchmark::State& state) {
   const int64_t rows = 2048, cols = 512;

@@ -96,7 +96,7 @@ void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, i
   b_.assign(n(std::max(cpu::bf16_packed_b_size(max_rows, M),
                        cpu::bf16_packed_b_size(max_rows, hl))),
             0);
-  block_.assign(n(kFuseRows * hl), 0.0f);
+  block_.assign(n(cpu::gelu_pack_scratch_size(hl)), 0.0f);
   rows_.assign(n(kFuseRows * M), 0.0f);
   // The layouts of (M, Hl) and (Hl, M) differ in size when M or Hl is not a multiple of 32.
   w_stride_ = std::max(cpu::bf16_packed_b_size(M, hl), cpu::bf16_packed_b_size(hl, M));
@@ -137,18 +137,17 @@ void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const RowRuns& x, 
   lap(clock, "expert products");
 }
 
-void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre,
+void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, float* pre,
                                                const float* b1, float* out,
                                                PhaseClock* clock) {
   const int64_t M = model_dim_, hl = hidden_;
-  float* act = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
-    // act, and as row block r0 of packed A (after the packed A of r0 rows) from registers;
-    // act^T's k block r0 from the fp32 block.
-    cpu::bias_gelu_pack_a_bf16(pre + r0 * hl, b1, act, nr, hl,
-                               a_.data() + cpu::bf16_packed_a_size(r0, hl));
-    cpu::bf16_pack_at_rows(r0, nr, hl, rows, act, hl, at_.data() + e * at_stride_);
+    // act as row block r0 of packed A (after the packed A of r0 rows) and as act^T's k block
+    // r0 from the registers that computed it; gelu' over pre for the backward pass.
+    cpu::bias_gelu_pack_both_bf16(pre + r0 * hl, b1, r0, nr, rows, hl,
+                                  a_.data() + cpu::bf16_packed_a_size(r0, hl),
+                                  at_.data() + e * at_stride_, block_.data());
   }
   lap(clock, "bias + GeLU");
   cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
@@ -174,18 +173,16 @@ void Bf16ExpertProducts::fc2_backward(int64_t e, int64_t rows, const RowRuns& dy
   lap(clock, "expert products");
 }
 
-void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre,
-                                                    const float* b1, const float* dact,
-                                                    float* db1, float* dw1, float* dx,
-                                                    PhaseClock* clock) {
+void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* grad,
+                                                    const float* dact, float* db1, float* dw1,
+                                                    float* dx, PhaseClock* clock) {
   const int64_t M = model_dim_, hl = hidden_;
-  float* dpre = block_.data();
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
-    // dpre, and as A (for dx) from registers; as rows r0.. of B (for dW1) from the block
-    cpu::bias_gelu_backward_pack_a_bf16(pre + r0 * hl, b1, dact + r0 * hl, dpre, db1, nr, hl,
-                                        a2_.data() + cpu::bf16_packed_a_size(r0, hl));
-    cpu::bf16_pack_b_rows(r0, nr, rows, hl, dpre, hl, b_.data());
+    // dpre = gelu' dact, as A (for dx) and as rows r0.. of B (for dW1), from registers
+    cpu::gelu_grad_pack_both_bf16(grad + r0 * hl, dact + r0 * hl, db1, r0, nr, rows, hl,
+                                  a2_.data() + cpu::bf16_packed_a_size(r0, hl), b_.data(),
+                                  block_.data());
   }
   lap(clock, "GeLU + bias backward");
   // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T

@@ -80,12 +80,13 @@ struct RowRuns {
 // pack_weights packs every expert's W1, W2 and W1^T, W2^T before the forward products when
 // they are stale (moe/bf16_weight_copies.h: other tensors, another version given to
 // set_weights_version, or no version given: every forward call); the products of later passes
-// at the same version, backward ones among them, reuse them. An expert's forward pass keeps x^T and act^T packed for its backward pass (half
-// the bytes of fp32 copies; act is never written in fp32); the elementwise steps between
-// the products run a block of rows at a time, packed while the block is in cache, with the
-// bf16 GeLU (cpu::bias_gelu_bf16); so do the row operands x and dy, read where the exchange
-// layout holds them (RowRuns) a block at a time and packed twice from cache, with no fp32
-// copy of the rows. Nothing is allocated after reserve().
+// at the same version, backward ones among them, reuse them. An expert's forward pass keeps x^T
+// and act^T packed (half the bytes of fp32 copies; act and dpre are never written in fp32)
+// and gelu'(pre + b1) in fp32 over pre for its backward pass; the GeLU steps run 32 rows at
+// a time with the bf16 GeLU and round every output into its packed layouts from registers
+// (cpu::bias_gelu_pack_both_bf16, gelu_grad_pack_both_bf16); the row operands x and dy are
+// read where the exchange layout holds them (RowRuns) a block at a time and packed twice
+// from cache, with no fp32 copy of the rows. Nothing is allocated after reserve().
 class Bf16ExpertProducts {
  public:
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
@@ -106,19 +107,20 @@ class Bf16ExpertProducts {
   // Overwrites pre.
   void fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre,
                    PhaseClock* clock = nullptr);
-  // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed. Overwrites out.
-  void bias_gelu_fc2_forward(int64_t e, int64_t rows, const float* pre, const float* b1,
-                             float* out, PhaseClock* clock = nullptr);
+  // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed and overwrites pre with
+  // gelu'(pre + b1) for the backward pass. Overwrites out and pre.
+  void bias_gelu_fc2_forward(int64_t e, int64_t rows, float* pre, const float* b1, float* out,
+                             PhaseClock* clock = nullptr);
   // db2 (M) += column sums of dy (skipped when db2 is null); dW2 (Hl, M) += act^T dy;
   // dact (R, Hl) = dy (R, M) W2^T, dy's R rows read from `dy`. Accumulates db2 and dw2,
   // overwrites dact.
   void fc2_backward(int64_t e, int64_t rows, const RowRuns& dy, float* db2, float* dw2,
                     float* dact, PhaseClock* clock = nullptr);
-  // dpre = gelu'(pre + b1) dact (scratch), db1 += its column sums, dW1 (M, Hl) += x^T dpre,
-  // dx (R, M) = dpre W1^T. Accumulates db1 and dw1, overwrites dx.
-  void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre, const float* b1,
-                                  const float* dact, float* db1, float* dw1, float* dx,
-                                  PhaseClock* clock = nullptr);
+  // dpre = grad dact (grad (R, Hl): gelu'(pre + b1), what bias_gelu_fc2_forward left in pre),
+  // db1 += its column sums, dW1 (M, Hl) += x^T dpre, dx (R, M) = dpre W1^T. Accumulates db1
+  // and dw1, overwrites dx.
+  void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* grad, const float* dact,
+                                  float* db1, float* dw1, float* dx, PhaseClock* clock = nullptr);
   int64_t held_bytes() const;
 
  private:
@@ -127,7 +129,9 @@ class Bf16ExpertProducts {
   int64_t xt_stride_ = 0, at_stride_ = 0;  // values per expert in xt_, at_
   cpu::Bf16Buffer a_, b_;  // packed row operands of the product being run
   cpu::Bf16Buffer a2_;     // a second packed A: dpre, packed beside dpre as B
-  std::vector<float> block_;     // (kFuseRows, Hl) fp32: act or dpre of one block of rows
+  // The GeLU steps' scratch (cpu::gelu_pack_scratch_size(Hl) floats): act's bf16 pairs
+  // staged for act^T's transpose, or without AVX512-BF16 act or dpre of one block in fp32
+  std::vector<float> block_;
   std::vector<float> rows_;      // (kFuseRows, M) fp32: x or dy of one block of rows
   // Per expert, packed as B: W1 (M, Hl) and W2 (Hl, M) for the forward pass, W2^T (M, Hl)
   // and W1^T (Hl, M) for the backward pass; packed as A from the forward pass: x^T (M, R),

@@ -105,7 +105,8 @@ void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int
   const int64_t pools = packed ? 1 : experts;
   for (int64_t e = 0; e < pools; ++e) {
     // At bf16 x and act are kept packed (bf16) for the backward pass, and x and dy are
-    // packed from the exchange layout itself: neither x nor act is written in fp32.
+    // packed from the exchange layout itself: neither x nor act is written in fp32. pre
+    // holds gelu'(pre + b1) from the forward GeLU step on.
     if (!bf16_path) in.emplace_back(Shape{total_rows, M});
     pre.emplace_back(Shape{total_rows, hl});
     if (!bf16_path) act.emplace_back(Shape{total_rows, hl});
@@ -202,13 +203,12 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
     const float* pre = ws.pre_rows(e);
     const int64_t n = ws.rows[static_cast<size_t>(e)];
     PARM_CHECK_EQ(filled_rows(fills, blocks, e_loc, e), n);
-    if (bf16) {  // reads dy where the layout holds it (db2 and its packing); GeLU + bias
-                 // backward packs dpre (each step laps the clock, as in the forward pass)
+    if (bf16) {  // reads dy where the layout holds it (db2 and its packing); dpre from the
+                 // gelu' the forward pass left in pre (each step laps the clock, as there)
       ws.bf16.fc2_backward(e, n, filled_runs(dout, lay, blocks, e, fills),
                            dw.b2.data() + e * M, dw.w2.data() + e * hl * M, dact, &clock);
-      ws.bf16.gelu_backward_fc1_backward(e, n, pre, w.b1.data() + e * hl, dact,
-                                         dw.b1.data() + e * hl, dw.w1.data() + e * M * hl,
-                                         ws.out_rows.data(), &clock);
+      ws.bf16.gelu_backward_fc1_backward(e, n, pre, dact, dw.b1.data() + e * hl,
+                                         dw.w1.data() + e * M * hl, ws.out_rows.data(), &clock);
     } else {
       PARM_CHECK_EQ(gather_filled(dout, lay, blocks, e, fills, dy), n);
       clock.lap("rows in/out");

@@ -107,7 +107,7 @@ struct ExpertShards {
 // steady state then allocates nothing. At Precision::kBf16 the six products run on bf16
 // operands (Bf16ExpertProducts), which packs x and dy straight from the exchange layout and
 // keeps x and act packed for the backward pass: `in`, `act` and `d_out` are then empty; pre
-// stays fp32.
+// stays fp32 and holds gelu'(pre + b1) after the forward GeLU step.
 //
 // Packed (max_total_rows > 0, dropless): in, pre and act are one pool each, of
 // max_total_rows rows, the bound on the rows all local experts get together in one pass;

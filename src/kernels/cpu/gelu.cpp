@@ -98,4 +98,15 @@ void bias_gelu_backward(const float* x, const float* bias, const float* dact, fl
   }
 }
 
+PARM_SIMD_CLONES
+void bias_gelu_grad(const float* x, const float* bias, float* g, int64_t rows, int64_t cols) {
+  PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_grad: bad shape ({}, {})", rows, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* gr = g + r * cols;
+#pragma GCC ivdep
+    for (int64_t c = 0; c < cols; ++c) gr[c] = gelu_grad(xr[c] + bias[c]);
+  }
+}
+
 }  // namespace parm::cpu

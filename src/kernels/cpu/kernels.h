@@ -162,6 +162,9 @@ void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int6
 // gelu_backward at x + bias followed by bias_backward).
 void bias_gelu_backward(const float* x, const float* bias, const float* dact, float* dx,
                         float* dbias, int64_t rows, int64_t cols);
+// g (rows, cols) = gelu'(x + bias): the factor bias_gelu_backward multiplies dact by (the
+// same bits). Overwrites g.
+void bias_gelu_grad(const float* x, const float* bias, float* g, int64_t rows, int64_t cols);
 // The same two at the bf16 path's accuracy (its products round act and dpre to bf16, 2^-9
 // relative): on AVX-512 a degree-5 2^x and a 14-bit reciprocal instead of the fp32 path's
 // exp and division, values within kGeluBf16Error relative of bias_gelu's and gradients
@@ -181,6 +184,32 @@ void bias_gelu_pack_a_bf16(const float* x, const float* bias, float* act, int64_
 void bias_gelu_backward_pack_a_bf16(const float* x, const float* bias, const float* dact,
                                     float* dx, float* dbias, int64_t rows, int64_t cols,
                                     uint16_t* packed);
+// g (rows, cols) = gelu'(x + bias) at the bf16 path's accuracy: the factor
+// bias_gelu_backward_bf16 multiplies dact by (the same bits; NaN where x + bias is NaN).
+void bias_gelu_grad_bf16(const float* x, const float* bias, float* g, int64_t rows, int64_t cols);
+// The experts' GeLU steps, on one block of rows k0 .. k0 + rows - 1 of an expert's k rows (k0
+// a multiple of 32; 32 rows unless the block ends at k):
+// - forward: act = gelu(x + bias) (x (rows, cols) fp32) as packed A of (rows, cols) at
+//   packed_a (bf16_packed_a_size(rows, cols) values, padding included) and as k block k0 of
+//   packed A of act^T (cols, k) at packed_at (as bf16_pack_at_rows); x is then overwritten
+//   with gelu'(x + bias): the bits of bias_gelu_bf16 followed by those packs, and of
+//   bias_gelu_grad_bf16. The backward step then recomputes no 2^t.
+// - backward: dpre = grad dact (grad (rows, cols): what the forward step left in x; dact
+//   (rows, cols) fp32, read only), dbias (cols) += its column sums row by row, dpre as packed
+//   A (row block at packed_a) and as rows k0 .. of packed B of (k, cols) (as
+//   bf16_pack_b_rows): the bits of bias_gelu_backward_bf16 followed by those packs (NaN where
+//   x + bias was NaN).
+// With AVX512-BF16 each value is rounded into every layout from the registers that hold it,
+// with no fp32 block written (the forward stages act's bf16 pairs in `scratch` for its
+// transpose); otherwise through `scratch` in fp32. scratch: gelu_pack_scratch_size(cols)
+// floats, overwritten.
+int64_t gelu_pack_scratch_size(int64_t cols);
+void bias_gelu_pack_both_bf16(float* x, const float* bias, int64_t k0, int64_t rows, int64_t k,
+                              int64_t cols, uint16_t* packed_a, uint16_t* packed_at,
+                              float* scratch);
+void gelu_grad_pack_both_bf16(const float* grad, const float* dact, float* dbias, int64_t k0,
+                              int64_t rows, int64_t k, int64_t cols, uint16_t* packed_a,
+                              uint16_t* packed_b, float* scratch);
 
 // ---- Bias ------------------------------------------------------------------------------
 // y (rows, cols) += bias (cols) for every row.
