@@ -49,23 +49,26 @@ void calibrate_rendezvous(Topology& topo, const CalibrateOptions& o, Calibration
   cal.samples.push_back({"layer.rendezvous", x, t.unfused_us});
   cal.samples.push_back({"layer.rendezvous.compute", x, t.compute_us});
   cal.samples.push_back({"layer.rendezvous.per_compute", x, pc});
-  // Applied to both lines (per_compute only; no fixed cost per step). Priced with the value its
-  // own calibration measured, each of the four quiet sweeps of 2026-12-02 09:13-09:29 (2 x 2 at
-  // 1 and 10 Gbit/s, one machine, 2 x 4) had its median error fall (23.1 -> 16.5%, 13.6 ->
-  // 8.6%, 19.4 -> 11.7%, 28.1 -> 21.7%) and no choice move (docs/perfmodel.md, "Issue 20,
-  // ninth round"). Measured under a load that changed before the sweep it moves with the load.
+  // Recorded (the sample, the source and the log), not applied: measured under the load of
+  // the moment it came out 0.24-1.52 on the four clusters (2026-12-02, other sessions
+  // running), and priced with it the quiet sweeps' median error fell on two (2 x 2 10 Gbit/s
+  // 23.8 -> 9.2%, one machine 23.4 -> 18.3%) and rose on two (2 x 2 1 Gbit/s 17.1 -> 27.0%,
+  // 2 x 4 23.9 -> 86.2%; docs/perfmodel.md, "Issue 20, ninth round"). Quiet, each sweep run
+  // right after its own calibration (two sets of four), its value lowered the error on six
+  // and raised it on two (2 x 2 1 Gbit/s 14.0 -> 29.2%, 2 x 4 24.5 -> 70.2% at 1.77): one
+  // layer's value is not stable enough to price every layer. A profile, a cluster file or
+  // reprice.py --rendezvous-per-compute may state one.
   const std::string source = topo.nodes_emulated() ? "emulated" : "measured";
   for (SyncFit* f : {&cal.profile.step_sync, &cal.profile.step_sync_world}) {
     *f = SyncFit{};
-    f->per_compute = pc;
     f->samples = o.iters;
-    f->source = fmt::format("{} (per_compute inside the layer; no fixed cost per step)", source);
+    f->source = fmt::format("assumed 0 (the layer {} per_compute {:.3f}, not applied)", source, pc);
   }
   log(fmt::format(
       "  layer {} T={} M={} H={} E={} k=1 f=1, mp={} ep={} esp={}: measured {:.3f} ms, of it "
       "compute steps {:.3f} ms (slowest rank); priced without the rendezvous {:.3f} ms, compute "
       "{:.3f} ms; rest measured / priced {:.3f} / {:.3f} ms; the rendezvous at per_compute 1 "
-      "{:.3f} ms: per_compute {:.3f} (applied; us 0)",
+      "{:.3f} ms: per_compute {:.3f}, recorded, not applied (0)",
       schedule::kind_name(kind), shape.tokens, shape.model_dim, shape.hidden, shape.experts,
       l.mp, l.ep, l.esp, t.unfused_us / 1e3, t.compute_us / 1e3, pr0.total_us() / 1e3,
       priced_compute / 1e3, (t.unfused_us - t.compute_us) / 1e3,
