@@ -210,6 +210,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
     }
     const size_t chosen = choose(cands);
     std::vector<double> meas;
+    std::vector<double> pred_compute_ms;  // each candidate's priced compute steps
     nlohmann::json cj = {{"id", ci}, {"B", c.B}, {"L", c.L}, {"T", c.tokens()}, {"M", c.M},
                          {"H", c.H}, {"E", c.E}, {"k", c.k}, {"f", c.f}, {"N_MP", c.mp},
                          {"N_ESP", c.esp}, {"N_EP", c.ep}};
@@ -220,6 +221,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       meas.push_back(m.total());
       const double pred = cand.pred.total_us() / 1e3;
       const double pred_compute = compute_steps_us(cand.pred) / 1e3;
+      pred_compute_ms.push_back(pred_compute);
       rel_errors.push_back(std::abs(pred - m.total()) / m.total());
       spreads.push_back(m.spread);
       nlohmann::json x = {{"schedule", cand.pred.name()},
@@ -299,7 +301,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                     desc, "schedule", "pred ms", "meas ms", "error", "spread", "load",
                     "compute p / m", "rest p / m");
     for (size_t i = 0; i < cands.size(); ++i) {
-      const double pc = compute_steps_us(cands[i].pred) / 1e3, pt = cands[i].pred.total_us() / 1e3;
+      const double pc = pred_compute_ms[i], pt = cands[i].pred.total_us() / 1e3;
       const double mc = totals[i].compute;
       table += fmt::format("\n    {:<10} {:>10.2f} {:>10.2f} {:>+6.0f}% {:>6.0f}% {:>6.2f} {:>7.2f} {:>7.2f} "
                            "{:>7.2f} {:>7.2f}{}{}{}",
