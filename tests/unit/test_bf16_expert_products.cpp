@@ -42,6 +42,11 @@ std::vector<cpu::Bf16Kernel> kernels() {
     out.push_back(cpu::Bf16Kernel::kAmx);
   } catch (const InvalidConfig&) {
   }
+  try {
+    cpu::set_bf16_kernel(cpu::Bf16Kernel::kAvx512);
+    out.push_back(cpu::Bf16Kernel::kAvx512);
+  } catch (const InvalidConfig&) {
+  }
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
   return out;
 }

@@ -48,6 +48,11 @@ std::vector<Bf16Kernel> kernels() {
     out.push_back(Bf16Kernel::kAmx);
   } catch (const InvalidConfig&) {
   }
+  try {
+    set_bf16_kernel(Bf16Kernel::kAvx512);
+    out.push_back(Bf16Kernel::kAvx512);
+  } catch (const InvalidConfig&) {
+  }
   set_bf16_kernel(Bf16Kernel::kAuto);
   return out;
 }

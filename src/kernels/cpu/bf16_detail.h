@@ -1,4 +1,4 @@
-// Private to the CPU kernels: the packed bf16 layouts and the two kernels that read them
+// Private to the CPU kernels: the packed bf16 layouts and the three kernels that read them
 // (gemm_bf16.cpp dispatches between them). The layouts are documented with
 // bf16_packed_a_size / bf16_packed_b_size in kernels.h.
 #pragma once
@@ -50,5 +50,9 @@ bool amx_usable();
 // C (m, n) (+)= A B over packed operands with AMX tiles. Requires amx_usable().
 void gemm_bf16_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
                    float* c, int64_t ldc, bool accumulate);
+// The same with AVX512-BF16 (vdpbf16ps) on the same packed operands. Requires
+// have_avx512_bf16().
+void gemm_bf16_avx512(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
+                      float* c, int64_t ldc, bool accumulate);
 
 }  // namespace parm::cpu::detail

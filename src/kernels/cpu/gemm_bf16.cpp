@@ -1,5 +1,5 @@
-// The bf16 GEMM: argument checks, the choice between the AMX kernel (gemm_bf16_amx.cpp) and
-// the portable one below, the convenience form over fp32 operands, and what `parm info`
+// The bf16 GEMM: argument checks, the choice between the AMX kernel (gemm_bf16_amx.cpp), the
+// AVX512-BF16 one (gemm_bf16_avx512.cpp) and the portable one below, the convenience form over fp32 operands, and what `parm info`
 // says about the CPU's bf16 support.
 #include <oneapi/dnnl/dnnl.h>
 
@@ -51,9 +51,14 @@ void gemm_bf16_portable(int64_t m, int64_t n, int64_t k, const uint16_t* a, cons
   }
 }
 
-bool use_amx() {
+// The kernel that runs: the forced one, else AMX where usable, else AVX512-BF16 where
+// present, else the portable loop.
+Bf16Kernel kernel_in_use() {
   const Bf16Kernel forced = g_kernel.load(std::memory_order_relaxed);
-  return forced == Bf16Kernel::kAmx || (forced == Bf16Kernel::kAuto && detail::amx_usable());
+  if (forced != Bf16Kernel::kAuto) return forced;
+  if (detail::amx_usable()) return Bf16Kernel::kAmx;
+  if (detail::have_avx512_bf16()) return Bf16Kernel::kAvx512;
+  return Bf16Kernel::kPortable;
 }
 
 struct PackScratch {
@@ -71,12 +76,21 @@ void set_bf16_kernel(Bf16Kernel kernel) {
                     "bf16 kernel: AMX requested, but this CPU or kernel offers no AMX bf16 "
                     "tiles ({})",
                     cpu_bf16_capability());
+  PARM_CONFIG_CHECK(kernel != Bf16Kernel::kAvx512 || detail::have_avx512_bf16(),
+                    "bf16 kernel: AVX512-BF16 requested, but this CPU lacks it ({})",
+                    cpu_bf16_capability());
   g_kernel.store(kernel, std::memory_order_relaxed);
 }
 
 const char* bf16_kernel_name() {
-  return use_amx() ? "parm AMX tiles (amx_bf16, fp32 accumulation)"
-                   : "parm portable C++ (no AMX: bf16 widened to fp32, fp32 accumulation)";
+  switch (kernel_in_use()) {
+    case Bf16Kernel::kAmx: return "parm AMX tiles (amx_bf16, fp32 accumulation)";
+    case Bf16Kernel::kAvx512:
+      return "parm AVX512-BF16 (vdpbf16ps, no AMX; fp32 accumulation)";
+    default:
+      return "parm portable C++ (no AMX or AVX512-BF16 in use: bf16 widened to fp32, fp32 "
+             "accumulation)";
+  }
 }
 
 const char* cpu_bf16_capability() {
@@ -132,10 +146,11 @@ void gemm_bf16_packed(int64_t m, int64_t n, int64_t k, const uint16_t* a, const 
   PARM_CHECK(m >= 0 && n >= 0 && k >= 0 && ldc >= std::max<int64_t>(1, n),
              "gemm_bf16: m = {}, n = {}, k = {}, ldc = {}", m, n, k, ldc);
   if (detail::gemm_done_without_products("gemm_bf16", m, n, k, a, b, c, ldc, accumulate)) return;
-  if (use_amx())
-    detail::gemm_bf16_amx(m, n, k, a, b, c, ldc, accumulate);
-  else
-    gemm_bf16_portable(m, n, k, a, b, c, ldc, accumulate);
+  switch (kernel_in_use()) {
+    case Bf16Kernel::kAmx: detail::gemm_bf16_amx(m, n, k, a, b, c, ldc, accumulate); break;
+    case Bf16Kernel::kAvx512: detail::gemm_bf16_avx512(m, n, k, a, b, c, ldc, accumulate); break;
+    default: gemm_bf16_portable(m, n, k, a, b, c, ldc, accumulate);
+  }
 }
 
 namespace {

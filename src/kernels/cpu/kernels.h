@@ -101,10 +101,11 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cons
 void gemm_bf16_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a,
                         int64_t lda, const uint16_t* packed_b, float* c, int64_t ldc,
                         bool accumulate);
-// Which bf16 kernel runs: kAuto (AMX when usable), or one forced process-wide (tests;
-// kPortable also packs with scalar loops instead of AVX512-BF16);
-// forcing kAmx where AMX is not usable throws InvalidConfig.
-enum class Bf16Kernel { kAuto, kAmx, kPortable };
+// Which bf16 kernel runs: kAuto (AMX when usable, else AVX512-BF16's vdpbf16ps where present,
+// else the portable loop), or one forced process-wide (tests; kPortable also packs with
+// scalar loops instead of AVX512-BF16); forcing kAmx or kAvx512 where this CPU lacks it
+// throws InvalidConfig.
+enum class Bf16Kernel { kAuto, kAmx, kAvx512, kPortable };
 void set_bf16_kernel(Bf16Kernel kernel);
 // The kernel gemm_bf16 runs now, in words.
 const char* bf16_kernel_name();
