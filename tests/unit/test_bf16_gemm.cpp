@@ -1,4 +1,4 @@
-// The bf16 GEMM (kernels.h): both kernels (AMX where this CPU has it, and the portable one)
+// The bf16 GEMM (kernels.h): every kernel this CPU has (AMX, AVX512-BF16, the portable one)
 // against an fp64 sum over the bf16-rounded operands, over shapes that leave every kind of
 // partial tile, all four transpositions and both accumulate modes; and checks that the
 // operands really are rounded to bf16 (the result differs from fp32 by the rounding, and
@@ -205,6 +205,23 @@ TEST(GemmBf16, EmptySumsAndNames) {
   EXPECT_EQ(c[5], 0.0f);
   EXPECT_NE(std::string(cpu_bf16_capability()).find("amx_bf16"), std::string::npos);
   EXPECT_FALSE(onednn_bf16_matmul_impl().empty());
+}
+
+// Auto picks the fastest kernel the CPU has: AMX where its tiles are granted, else
+// AVX512-BF16's vdpbf16ps where the CPU has it, else the portable loop; forcing one the CPU
+// lacks is refused. (Seen failing with auto falling to the portable loop on a CPU with
+// avx512_bf16 and no AMX, the state before the AVX512-BF16 kernel.)
+TEST(GemmBf16, AutoPicksTheFastestKernelTheCpuHas) {
+  const std::string cap = cpu_bf16_capability();
+  const bool amx = cap.find("(tiles granted)") != std::string::npos;
+  const bool avx512 = cap.find("avx512_bf16 yes") != std::string::npos;
+  set_bf16_kernel(Bf16Kernel::kAuto);
+  const std::string name = bf16_kernel_name();
+  const char* want = amx ? "AMX" : avx512 ? "vdpbf16ps" : "portable";
+  EXPECT_NE(name.find(want), std::string::npos) << name << " on a CPU with " << cap;
+  if (!amx) EXPECT_THROW(set_bf16_kernel(Bf16Kernel::kAmx), InvalidConfig) << cap;
+  if (!avx512) EXPECT_THROW(set_bf16_kernel(Bf16Kernel::kAvx512), InvalidConfig) << cap;
+  set_bf16_kernel(Bf16Kernel::kAuto);
 }
 
 }  // namespace
