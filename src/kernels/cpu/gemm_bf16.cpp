@@ -1,6 +1,6 @@
 // The bf16 GEMM: argument checks, the choice between the AMX kernel (gemm_bf16_amx.cpp), the
-// AVX512-BF16 one (gemm_bf16_avx512.cpp) and the portable one below, the convenience form over fp32 operands, and what `parm info`
-// says about the CPU's bf16 support.
+// AVX512-BF16 one (gemm_bf16_avx512.cpp) and the portable one below, the convenience form
+// over fp32 operands, and what `parm info` says about the CPU's bf16 support.
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
