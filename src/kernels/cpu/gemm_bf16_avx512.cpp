@@ -112,8 +112,7 @@ void gemm_bf16_avx512(int64_t m, int64_t n, int64_t k, const uint16_t* a, const 
       const uint16_t* bj = b + jp * panel;
       for (int64_t i = 0; i < m; i += kRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
-        // Row i in packed A: its 16-row block, then 32 values a row inside each tile.
-        const uint16_t* ai = a + (i / kTileRows) * kTileRows * kp + (i % kTileRows) * kTileK;
+        const uint16_t* ai = a + packed_a_offset(i, 0, kp);
         const BlockFn fn = rows == kRows && np == kPanels ? full : block_for(rows, np);
         fn(ai, bj, panel, q0, q1, c + i * ldc + jp * kTileRows, ldc, masks, load);
       }
