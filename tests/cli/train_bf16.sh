@@ -48,7 +48,7 @@ for layout in "2 --mp 1 --ep 2 --esp 1" "4 --mp 2 --ep 2 --esp 2"; do
 done
 
 out=$(prun -n 1 -- info)
-check "parm info names the CPU's bf16 support and the bf16 kernel" 0 $? "parm runs parm " "$out"
+check "parm info names the CPU's bf16 support and the bf16 kernel" 0 $? "; products: parm " "$out"
 out=$(prun -n 2 -- bench-layer --ep 2 --tokens 64 --model-dim 32 --hidden 64 --experts 4 \
       --topk 2 --schedule s2 --iters 1 --warmup 1 --precision bf16)
 check "bench-layer --precision bf16 names the bf16 kernel" 0 $? "# bf16 products: parm " "$out"

@@ -101,16 +101,17 @@ TEST(GemmBf16, MatchesFp64OverRoundedOperandsForEveryTileEdge) {
   }
 }
 
-// Shapes past the AMX kernel's cache blocks (k in blocks of 1024, columns in passes of
-// 512): several k blocks with a partial last one (C carried from one block to the next,
-// edge tiles included), several column passes with a partial last one, rows not a multiple
-// of 16 or 32.
+// Shapes past the kernels' cache blocks (AMX: k in blocks of 1024, columns in passes of
+// 512; AVX512-BF16: k in blocks of 256, rows in blocks of 512): several k blocks with a
+// partial last one (C carried from one block to the next, edge tiles included), several
+// column passes and row blocks with a partial last one, rows not a multiple of 16 or 32.
 TEST(GemmBf16, MatchesFp64AcrossCacheBlocks) {
   for (Bf16Kernel kernel : kernels()) {
     KernelScope scope(kernel);
     ASSERT_NO_FATAL_FAILURE(expect_matches_fp64(47, 530, 1100));
     ASSERT_NO_FATAL_FAILURE(expect_matches_fp64(33, 1040, 40));
     ASSERT_NO_FATAL_FAILURE(expect_matches_fp64(17, 20, 2090));
+    ASSERT_NO_FATAL_FAILURE(expect_matches_fp64(1041, 50, 300));
   }
 }
 

@@ -22,7 +22,7 @@ int run_info(const LayoutFlags& flags) {
 
   std::printf("parm %s (%s build, C++%ld)\n", PARM_VERSION, PARM_BUILD_TYPE, __cplusplus / 100 - 2000);
   std::printf("gemm:   %s\n", cpu::gemm_backend());
-  std::printf("bf16:   cpu %s; parm runs %s; oneDNN's bf16 matmul here: %s\n",
+  std::printf("bf16:   cpu %s; products: %s; oneDNN's bf16 matmul here: %s\n",
               cpu::cpu_bf16_capability(), cpu::bf16_kernel_name(),
               cpu::onednn_bf16_matmul_impl().c_str());
   std::printf("mpi:    %s\n", mpi_line.c_str());

@@ -6,8 +6,10 @@
 // A register block is kRows rows x kPanels panels of C (24 accumulators, 3 B registers, one
 // broadcast); over each k pair it issues 3 loads of B, 8 broadcasts of A and 24 products.
 // Cache blocking: k in blocks of kBlockPairs pairs (a group's three B panels, 24 KiB, stay in
-// L1 while every row block of A streams past from L2); C is loaded and stored once per k
-// block. Each element of C is the same sum in the same order wherever its block lies (k pairs
+// L1 while the register blocks of A's rows stream past from L2), rows in blocks of
+// kBlockRows (their k block of A, 256 KiB, stays in L2 while every panel group passes it: a
+// (2048, 512) x (512, 512) product measured 1.07x faster at the median than without); C is
+// loaded and stored once per k block. Each element of C is the same sum in the same order wherever its block lies (k pairs
 // in order, C carried exactly between k blocks), so partial blocks give the bits of full ones.
 // Rows of C past m and columns past n are never read or written (masked stores); the rows
 // and columns of padding in the packed operands are zeros, so the products over them are
@@ -30,6 +32,7 @@ namespace {
 constexpr int kRows = 8;     // rows of C in a register block (half a 16-row block of A)
 constexpr int kPanels = 3;   // 16-column panels of C in a register block
 constexpr int64_t kBlockPairs = 128;  // k pairs per cache block (k 256)
+constexpr int64_t kBlockRows = 512;   // rows of A per cache block (256 KiB of a k block)
 
 // C rows [0, R) x panels [0, P) of a register block over k pairs [p0, p1). `a` points at the
 // block's first row inside its packed 16-row block (row r is 32 values further), `b` at its
@@ -102,19 +105,22 @@ void gemm_bf16_avx512(int64_t m, int64_t n, int64_t k, const uint16_t* a, const 
   for (int64_t q0 = 0; q0 < pairs; q0 += kBlockPairs) {
     const int64_t q1 = std::min(pairs, q0 + kBlockPairs);
     const bool load = accumulate || q0 > 0;
-    for (int64_t jp = 0; jp < panels; jp += kPanels) {
-      const int np = static_cast<int>(std::min<int64_t>(kPanels, panels - jp));
-      __mmask16 masks[kPanels];
-      for (int j = 0; j < np; ++j) {
-        const int64_t width = std::min<int64_t>(kTileRows, n - (jp + j) * kTileRows);
-        masks[j] = static_cast<__mmask16>((1u << width) - 1u);
-      }
-      const uint16_t* bj = b + jp * panel;
-      for (int64_t i = 0; i < m; i += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
-        const uint16_t* ai = a + packed_a_offset(i, 0, kp);
-        const BlockFn fn = rows == kRows && np == kPanels ? full : block_for(rows, np);
-        fn(ai, bj, panel, q0, q1, c + i * ldc + jp * kTileRows, ldc, masks, load);
+    for (int64_t i0 = 0; i0 < m; i0 += kBlockRows) {
+      const int64_t i1 = std::min(m, i0 + kBlockRows);
+      for (int64_t jp = 0; jp < panels; jp += kPanels) {
+        const int np = static_cast<int>(std::min<int64_t>(kPanels, panels - jp));
+        __mmask16 masks[kPanels];
+        for (int j = 0; j < np; ++j) {
+          const int64_t width = std::min<int64_t>(kTileRows, n - (jp + j) * kTileRows);
+          masks[j] = static_cast<__mmask16>((1u << width) - 1u);
+        }
+        const uint16_t* bj = b + jp * panel;
+        for (int64_t i = i0; i < i1; i += kRows) {
+          const int rows = static_cast<int>(std::min<int64_t>(kRows, i1 - i));
+          const uint16_t* ai = a + packed_a_offset(i, 0, kp);
+          const BlockFn fn = rows == kRows && np == kPanels ? full : block_for(rows, np);
+          fn(ai, bj, panel, q0, q1, c + i * ldc + jp * kTileRows, ldc, masks, load);
+        }
       }
     }
   }
