@@ -128,4 +128,17 @@ for c in pcie-8gpu cluster-32gpu; do
   check "simulate $c writes summary.json and speedup.svg" 0 $? "" ""
 done
 
+# A cluster file from the calibrated profile (bench/tools/cluster_from_profile.py), which
+# simulate then reads; a file that is no profile is refused, naming what is missing.
+out="$(/usr/bin/python3 "$src/bench/tools/cluster_from_profile.py" --profile "$tmp/p.json" \
+        --name from-p --description "the CTest calibration" --out "$tmp/from-p.json" 2>&1)"
+check "cluster_from_profile writes a cluster file" 0 $? "" "$out"
+out="$(prun -n 1 -- simulate --cluster "$tmp/from-p.json" \
+        --grid "$src/configs/grids/cluster-sample.json" --out "$tmp/sim-from-p")"; rc=$?
+check "simulate reads the cluster file made from the profile" 0 $rc "in the grid" "$out"
+echo '{"machine": {"nodes": 2, "ranks": 4}}' >"$tmp/not-a-profile.json"
+out="$(/usr/bin/python3 "$src/bench/tools/cluster_from_profile.py" \
+        --profile "$tmp/not-a-profile.json" --name x --description y 2>&1)"
+check "cluster_from_profile refuses a file without collectives" 2 $? "no collectives.intra" "$out"
+
 finish

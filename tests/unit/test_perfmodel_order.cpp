@@ -53,7 +53,8 @@ TEST(PerfmodelOrder, SimulateFollowsTheGridOrder) {
 // rendezvous (calibrate writes 0), so `parm simulate` prices what `parm plan` does with a
 // profile calibrated on that cluster.
 TEST(PerfmodelOrder, EmulatedClusterFilesPriceNoRendezvous) {
-  for (const char* name : {"emulated-2x2-1g", "emulated-2x2-10g"}) {
+  for (const char* name :
+       {"emulated-2x2-1g", "emulated-2x2-10g", "emulated-2x4-1g", "emulated-2x4-10g"}) {
     SCOPED_TRACE(name);
     const ClusterSpec c =
         read_cluster(std::string(PARM_SOURCE_DIR "/configs/clusters/") + name + ".json");

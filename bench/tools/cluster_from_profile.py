@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""A cluster file for `parm simulate` from a profile that `parm calibrate` wrote on that cluster,
+by the rule the emulated cluster files in configs/clusters/ state in their notes: per link class
+the median over the collectives' fitted terms (alpha, alpha per rank, beta), the GEMM rate and
+intercept the median over the GEMM classes, the memory terms the median over the memory
+classes, and the fused, eager and rendezvous terms as the profile has them.
+
+  bench/tools/cluster_from_profile.py --profile P.json --name NAME --description TEXT
+                                      [--out C.json]   (default: standard output)
+
+Nodes and devices per node come from the profile's machine block (ranks / nodes). The file is
+written whole or not at all (a temporary file renamed into place). Refuses a profile without
+the terms a cluster file needs, naming what is missing.
+"""
+import argparse, json, os, statistics as st, sys, tempfile
+
+
+def die(msg):
+    print(f"cluster_from_profile.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def median_of(table, key, where):
+    values = [v[key] for v in table.values() if isinstance(v, dict) and key in v]
+    if not values:
+        die(f"{where}: no entry has '{key}' (a profile from `parm calibrate` has one per class)")
+    return st.median(values)
+
+
+def link(profile, name):
+    ops = profile.get("collectives", {}).get(name)
+    if not isinstance(ops, dict) or not ops:
+        die(f"the profile has no collectives.{name} (valid: a profile `parm calibrate` wrote)")
+    where = f"collectives.{name}"
+    out = {"alpha_us": round(median_of(ops, "alpha_us", where), 1)}
+    if any("alpha_per_rank_us" in v for v in ops.values()):
+        out["alpha_per_rank_us"] = round(median_of(ops, "alpha_per_rank_us", where), 1)
+    out["beta_us_per_byte"] = float(f"{median_of(ops, 'beta_us_per_byte', where):.5g}")
+    return out
+
+
+def cluster(profile, name, description):
+    m = profile.get("machine", {})
+    nodes, ranks = m.get("nodes"), m.get("ranks")
+    if not isinstance(nodes, int) or not isinstance(ranks, int) or nodes < 1 or ranks % nodes:
+        die(f"machine.nodes {nodes!r} and machine.ranks {ranks!r}: need positive integers, "
+            "ranks a multiple of nodes")
+    intra, inter = link(profile, "intra"), link(profile, "inter")
+    gemm, memory = profile.get("gemm"), profile.get("memory")
+    if not isinstance(gemm, dict) or not gemm or not isinstance(memory, dict) or not memory:
+        die("the profile has no gemm or memory block (valid: a profile `parm calibrate` wrote)")
+    fused = profile.get("fused", {})
+    sync = profile.get("step_sync", {})
+    created = m.get("created_utc", "an unknown time")
+    c = {
+        "name": name,
+        "description": description,
+        "nodes": nodes,
+        "devices_per_node": ranks // nodes,
+        "intra": intra,
+        "inter": inter,
+        "gemm": {"tflops": float(f"{median_of(gemm, 'gflops', 'gemm') / 1e3:.4g}"),
+                 "alpha_us": round(median_of(gemm, "alpha_us", "gemm"), 1)},
+        "memory": {"gbps": round(median_of(memory, "gbps", "memory"), 2),
+                   "alpha_us": round(median_of(memory, "alpha_us", "memory"), 1)},
+        "fused_overlap": fused.get("overlap", 1.0),
+        "fused_per_piece_us": fused.get("per_piece_us", 0.0),
+        "step_sync_us": sync.get("us", 0.0),
+        "step_sync_per_compute": sync.get("per_compute", 0.0),
+        "notes": [
+            f"Made by bench/tools/cluster_from_profile.py from the profile `parm calibrate` "
+            f"wrote on this cluster at {created}: per link class the median over the four "
+            "collectives' terms, the median over the GEMM classes and over the memory classes; "
+            "the fused, eager and rendezvous terms as the profile has them.",
+            "inter beta is per byte through one node's link (model.h).",
+            f"Profile sources: eager limit {fused.get('eager_limit_source', 'none')}; eager gain "
+            f"{fused.get('eager_gain_source', 'none')}; mixed {fused.get('eager_gain_mixed_source', 'none')}; "
+            f"rendezvous {sync.get('source', 'none')}.",
+        ],
+    }
+    if fused.get("eager_limit_bytes", 0) > 0:
+        c["fused_eager_gain"] = round(fused.get("eager_gain", 0.0), 3)
+        c["fused_eager_gain_mixed"] = round(fused.get("eager_gain_mixed", 0.0), 3)
+        c["fused_eager_limit_bytes"] = fused["eager_limit_bytes"]
+    return c
+
+
+def main():
+    a = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("--profile", required=True)
+    a.add_argument("--name", required=True)
+    a.add_argument("--description", required=True)
+    a.add_argument("--out")
+    args = a.parse_args()
+    try:
+        with open(args.profile) as f:
+            profile = json.load(f)
+    except (OSError, ValueError) as e:
+        die(f"--profile {args.profile}: {e}")
+    if not isinstance(profile, dict):
+        die(f"--profile {args.profile}: not a JSON object")
+    text = json.dumps(cluster(profile, args.name, args.description), indent=2) + "\n"
+    if not args.out:
+        sys.stdout.write(text)
+        return
+    folder = os.path.dirname(os.path.abspath(args.out))
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, args.out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+if __name__ == "__main__":
+    main()
