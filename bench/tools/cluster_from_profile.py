@@ -12,7 +12,7 @@ Nodes and devices per node come from the profile's machine block (ranks / nodes)
 written whole or not at all (a temporary file renamed into place). Refuses a profile without
 the terms a cluster file needs, naming what is missing.
 """
-import argparse, json, os, statistics as st, sys, tempfile
+import argparse, json, math, os, statistics as st, sys, tempfile
 
 
 def die(msg):
@@ -21,14 +21,36 @@ def die(msg):
 
 
 def median_of(table, key, where):
-    values = [v[key] for v in table.values() if isinstance(v, dict) and key in v]
+    values = []
+    for name, v in table.items():
+        if not isinstance(v, dict) or key not in v:
+            continue
+        x = v[key]
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+            die(f"{where}.{name}.{key} is {x!r}: need a finite number >= 0")
+        values.append(x)
     if not values:
         die(f"{where}: no entry has '{key}' (a profile from `parm calibrate` has one per class)")
     return st.median(values)
 
 
+def number(block, key, default, where):
+    """block[key] (default where absent) as a finite number >= 0, else a clear refusal."""
+    x = block.get(key, default)
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+        die(f"{where}.{key} is {x!r}: need a finite number >= 0")
+    return x
+
+
+def block_of(profile, key):
+    b = profile.get(key, {})
+    if not isinstance(b, dict):
+        die(f"{key} is {type(b).__name__}: need an object (as `parm calibrate` writes it)")
+    return b
+
+
 def link(profile, name):
-    ops = profile.get("collectives", {}).get(name)
+    ops = block_of(profile, "collectives").get(name)
     if not isinstance(ops, dict) or not ops:
         die(f"the profile has no collectives.{name} (valid: a profile `parm calibrate` wrote)")
     where = f"collectives.{name}"
@@ -40,7 +62,7 @@ def link(profile, name):
 
 
 def cluster(profile, name, description):
-    m = profile.get("machine", {})
+    m = block_of(profile, "machine")
     nodes, ranks = m.get("nodes"), m.get("ranks")
     if not isinstance(nodes, int) or not isinstance(ranks, int) or nodes < 1 or ranks % nodes:
         die(f"machine.nodes {nodes!r} and machine.ranks {ranks!r}: need positive integers, "
@@ -49,8 +71,7 @@ def cluster(profile, name, description):
     gemm, memory = profile.get("gemm"), profile.get("memory")
     if not isinstance(gemm, dict) or not gemm or not isinstance(memory, dict) or not memory:
         die("the profile has no gemm or memory block (valid: a profile `parm calibrate` wrote)")
-    fused = profile.get("fused", {})
-    sync = profile.get("step_sync", {})
+    fused, sync = block_of(profile, "fused"), block_of(profile, "step_sync")
     created = m.get("created_utc", "an unknown time")
     c = {
         "name": name,
@@ -63,10 +84,10 @@ def cluster(profile, name, description):
                  "alpha_us": round(median_of(gemm, "alpha_us", "gemm"), 1)},
         "memory": {"gbps": round(median_of(memory, "gbps", "memory"), 2),
                    "alpha_us": round(median_of(memory, "alpha_us", "memory"), 1)},
-        "fused_overlap": fused.get("overlap", 1.0),
-        "fused_per_piece_us": fused.get("per_piece_us", 0.0),
-        "step_sync_us": sync.get("us", 0.0),
-        "step_sync_per_compute": sync.get("per_compute", 0.0),
+        "fused_overlap": number(fused, "overlap", 1.0, "fused"),
+        "fused_per_piece_us": number(fused, "per_piece_us", 0.0, "fused"),
+        "step_sync_us": number(sync, "us", 0.0, "step_sync"),
+        "step_sync_per_compute": number(sync, "per_compute", 0.0, "step_sync"),
         "notes": [
             f"Made by bench/tools/cluster_from_profile.py from the profile `parm calibrate` "
             f"wrote on this cluster at {created}: per link class the median over the four "
@@ -78,10 +99,11 @@ def cluster(profile, name, description):
             f"rendezvous {sync.get('source', 'none')}.",
         ],
     }
-    if fused.get("eager_limit_bytes", 0) > 0:
-        c["fused_eager_gain"] = round(fused.get("eager_gain", 0.0), 3)
-        c["fused_eager_gain_mixed"] = round(fused.get("eager_gain_mixed", 0.0), 3)
-        c["fused_eager_limit_bytes"] = fused["eager_limit_bytes"]
+    limit = number(fused, "eager_limit_bytes", 0.0, "fused")
+    if limit > 0:
+        c["fused_eager_gain"] = round(number(fused, "eager_gain", 0.0, "fused"), 3)
+        c["fused_eager_gain_mixed"] = round(number(fused, "eager_gain_mixed", 0.0, "fused"), 3)
+        c["fused_eager_limit_bytes"] = limit
     return c
 
 
@@ -105,7 +127,12 @@ def main():
         sys.stdout.write(text)
         return
     folder = os.path.dirname(os.path.abspath(args.out))
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    if not os.path.isdir(folder):
+        die(f"--out {args.out}: the folder {folder} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    except OSError as e:
+        die(f"--out {args.out}: {e}")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

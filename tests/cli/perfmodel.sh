@@ -140,5 +140,15 @@ echo '{"machine": {"nodes": 2, "ranks": 4}}' >"$tmp/not-a-profile.json"
 out="$(/usr/bin/python3 "$src/bench/tools/cluster_from_profile.py" \
         --profile "$tmp/not-a-profile.json" --name x --description y 2>&1)"
 check "cluster_from_profile refuses a file without collectives" 2 $? "no collectives.intra" "$out"
+/usr/bin/python3 -c 'import json, sys
+p = json.load(open(sys.argv[1]))
+next(iter(p["collectives"]["inter"].values()))["beta_us_per_byte"] = "fast"
+json.dump(p, open(sys.argv[2], "w"))' "$tmp/p.json" "$tmp/bad-beta.json"
+out="$(/usr/bin/python3 "$src/bench/tools/cluster_from_profile.py" \
+        --profile "$tmp/bad-beta.json" --name x --description y --out "$tmp/bad.json" 2>&1)"
+check "cluster_from_profile names a value that is no number" 2 $? \
+  "beta_us_per_byte is 'fast': need a finite number >= 0" "$out"
+[ ! -e "$tmp/bad.json" ]
+check "cluster_from_profile writes nothing for a refused profile" 0 $? "" ""
 
 finish
