@@ -94,8 +94,9 @@ def cluster(profile, name, description):
             "collectives' terms, the median over the GEMM classes and over the memory classes; "
             "the fused, eager and rendezvous terms as the profile has them.",
             "inter beta is per byte through one node's link (model.h).",
-            f"Profile sources: eager limit {fused.get('eager_limit_source', 'none')}; eager gain "
-            f"{fused.get('eager_gain_source', 'none')}; mixed {fused.get('eager_gain_mixed_source', 'none')}; "
+            f"Profile sources: eager limit {fused.get('eager_limit_source', 'none')}; "
+            f"eager gain {fused.get('eager_gain_source', 'none')}; "
+            f"mixed {fused.get('eager_gain_mixed_source', 'none')}; "
             f"rendezvous {sync.get('source', 'none')}.",
         ],
     }

@@ -9,8 +9,9 @@
 // L1 while the register blocks of A's rows stream past from L2), rows in blocks of
 // kBlockRows (their k block of A, 256 KiB, stays in L2 while every panel group passes it: a
 // (2048, 512) x (512, 512) product measured 1.07x faster at the median than without); C is
-// loaded and stored once per k block. Each element of C is the same sum in the same order wherever its block lies (k pairs
-// in order, C carried exactly between k blocks), so partial blocks give the bits of full ones.
+// loaded and stored once per k block. Each element of C is the same sum in the same order
+// wherever its block lies (k pairs in order, C carried exactly between k blocks), so partial
+// blocks give the bits of full ones.
 // Rows of C past m and columns past n are never read or written (masked stores); the rows
 // and columns of padding in the packed operands are zeros, so the products over them are
 // computed and dropped.
