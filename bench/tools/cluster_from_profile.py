@@ -6,7 +6,11 @@ intercept the median over the GEMM classes, the memory terms the median over the
 classes, and the fused, eager and rendezvous terms as the profile has them.
 
   bench/tools/cluster_from_profile.py --profile P.json --name NAME --description TEXT
+                                      [--rendezvous-per-compute R]
                                       [--out C.json]   (default: standard output)
+
+--rendezvous-per-compute R sets step_sync_per_compute (for profiles taken before `calibrate`
+applied the value it measures: their step_sync.source names it).
 
 Nodes and devices per node come from the profile's machine block (ranks / nodes). The file is
 written whole or not at all (a temporary file renamed into place). Refuses a profile without
@@ -61,7 +65,7 @@ def link(profile, name):
     return out
 
 
-def cluster(profile, name, description):
+def cluster(profile, name, description, rendezvous=None):
     m = block_of(profile, "machine")
     nodes, ranks = m.get("nodes"), m.get("ranks")
     if not isinstance(nodes, int) or not isinstance(ranks, int) or nodes < 1 or ranks % nodes:
@@ -87,7 +91,8 @@ def cluster(profile, name, description):
         "fused_overlap": number(fused, "overlap", 1.0, "fused"),
         "fused_per_piece_us": number(fused, "per_piece_us", 0.0, "fused"),
         "step_sync_us": number(sync, "us", 0.0, "step_sync"),
-        "step_sync_per_compute": number(sync, "per_compute", 0.0, "step_sync"),
+        "step_sync_per_compute": (number(sync, "per_compute", 0.0, "step_sync")
+                                  if rendezvous is None else rendezvous),
         "notes": [
             f"Made by bench/tools/cluster_from_profile.py from the profile `parm calibrate` "
             f"wrote on this cluster at {created}: per link class the median over the four "
@@ -97,7 +102,8 @@ def cluster(profile, name, description):
             f"Profile sources: eager limit {fused.get('eager_limit_source', 'none')}; "
             f"eager gain {fused.get('eager_gain_source', 'none')}; "
             f"mixed {fused.get('eager_gain_mixed_source', 'none')}; "
-            f"rendezvous {sync.get('source', 'none')}.",
+            f"rendezvous {sync.get('source', 'none')}"
+            + ("." if rendezvous is None else f"; per_compute {rendezvous} given by hand."),
         ],
     }
     limit = number(fused, "eager_limit_bytes", 0.0, "fused")
@@ -114,8 +120,12 @@ def main():
     a.add_argument("--profile", required=True)
     a.add_argument("--name", required=True)
     a.add_argument("--description", required=True)
+    a.add_argument("--rendezvous-per-compute", type=float)
     a.add_argument("--out")
     args = a.parse_args()
+    r = args.rendezvous_per_compute
+    if r is not None and not (math.isfinite(r) and r >= 0):
+        die(f"--rendezvous-per-compute {r}: need a finite number >= 0")
     try:
         with open(args.profile) as f:
             profile = json.load(f)
@@ -123,7 +133,7 @@ def main():
         die(f"--profile {args.profile}: {e}")
     if not isinstance(profile, dict):
         die(f"--profile {args.profile}: not a JSON object")
-    text = json.dumps(cluster(profile, args.name, args.description), indent=2) + "\n"
+    text = json.dumps(cluster(profile, args.name, args.description, r), indent=2) + "\n"
     if not args.out:
         sys.stdout.write(text)
         return

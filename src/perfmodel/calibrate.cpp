@@ -420,9 +420,10 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
 }
 
 // The rendezvous (model.h: step_sync, step_sync_world) is not measured here: it is set to 0,
-// and calibrate_rendezvous measures its per_compute inside the layer (last, as it prices the
-// layer with every other term). Measured as a line over the compute before a collective (8 x a d^3 GEMM then a 4 KiB
-// alltoall against both timed apart), it came out as noise on this machine: a point after
+// and calibrate_rendezvous measures its per_compute inside the layer and applies it (last, as
+// it prices the layer with every other term). Measured as a line over the compute before a
+// collective (8 x a d^3 GEMM then a 4 KiB alltoall against both timed apart), it came out as
+// noise on this machine: a point after
 // 2.4 ms of compute at 80 us below one after 0.3 ms at 302 us, slopes 0-0.48 minutes apart,
 // negative points under load. Priced with the four quiet sweeps' own calibrated lines, it
 // made the choice worse on all four (selection, distinct: 2 x 2 1 Gbit/s 21% -> 38% without
@@ -694,11 +695,13 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
     ff.eager_limit_source =
         "assumed (Open MPI's btl_tcp_eager_limit default: nodes exchange over TCP)";
   }
-  log("collective after computation, inside the layer:");
-  calibrate_rendezvous(topo, o, cal, log_fn);
   log("fused collectives in the layer (eager limit {:.0f} bytes, {}):", ff.eager_limit_bytes,
       ff.eager_limit_source);
   calibrate_fused_layer(topo, topo_options, o, cal, log_fn);
+  // Last: the eager shares above are measured against prices without a rendezvous (as the
+  // sweeps that decided to apply it were priced: calibrate_rendezvous.cpp).
+  log("collective after computation, inside the layer:");
+  calibrate_rendezvous(topo, o, cal, log_fn);
   return cal;
 }
 

@@ -49,26 +49,26 @@ void calibrate_rendezvous(Topology& topo, const CalibrateOptions& o, Calibration
   cal.samples.push_back({"layer.rendezvous", x, t.unfused_us});
   cal.samples.push_back({"layer.rendezvous.compute", x, t.compute_us});
   cal.samples.push_back({"layer.rendezvous.per_compute", x, pc});
-  // Recorded (the sample, the source and the log), not applied: measured under the load of
-  // the moment it came out 0.24-1.52 on the four clusters (2026-12-02, other sessions
-  // running), and priced with it the quiet sweeps' median error fell on two (2 x 2 10 Gbit/s
-  // 23.8 -> 9.2%, one machine 23.4 -> 18.3%) and rose on two (2 x 2 1 Gbit/s 17.1 -> 27.0%,
-  // 2 x 4 23.9 -> 86.2%; docs/perfmodel.md, "Issue 20, ninth round"). Quiet, each sweep run
-  // right after its own calibration (two sets of four), its value lowered the error on six
-  // and raised it on two (2 x 2 1 Gbit/s 14.0 -> 29.2%, 2 x 4 24.5 -> 70.2% at 1.77): one
-  // layer's value is not stable enough to price every layer. A profile, a cluster file or
-  // reprice.py --rendezvous-per-compute may state one.
+  // Applied to both lines (per_compute only; no fixed cost per step). Over the sixteen quiet
+  // sweeps taken since it is measured, each run right after its own calibration and priced
+  // with that calibration's value, the median error fell on fourteen (on all eight of the
+  // AMD machine's: to 8.2-20.1%; the median over the sixteen 21.8 -> 13.4%) and no choice
+  // moved; it rose on two of the Intel machine's, badly (14.0 -> 29.2%, 24.5 -> 70.2% at
+  // 1.77: calibrations that caught a slow phase of the shared cores). docs/perfmodel.md,
+  // "Issue 20, eleventh round". A profile, a cluster file or reprice.py
+  // --rendezvous-per-compute may state another value.
   const std::string source = topo.nodes_emulated() ? "emulated" : "measured";
   for (SyncFit* f : {&cal.profile.step_sync, &cal.profile.step_sync_world}) {
     *f = SyncFit{};
+    f->per_compute = pc;
     f->samples = o.iters;
-    f->source = fmt::format("assumed 0 (the layer {} per_compute {:.3f}, not applied)", source, pc);
+    f->source = fmt::format("{} (per_compute inside the layer; no fixed cost per step)", source);
   }
   log(fmt::format(
       "  layer {} T={} M={} H={} E={} k=1 f=1, mp={} ep={} esp={}: measured {:.3f} ms, of it "
       "compute steps {:.3f} ms (slowest rank); priced without the rendezvous {:.3f} ms, compute "
       "{:.3f} ms; rest measured / priced {:.3f} / {:.3f} ms; the rendezvous at per_compute 1 "
-      "{:.3f} ms: per_compute {:.3f}, recorded, not applied (0)",
+      "{:.3f} ms: per_compute {:.3f} (applied; us 0)",
       schedule::kind_name(kind), shape.tokens, shape.model_dim, shape.hidden, shape.experts,
       l.mp, l.ep, l.esp, t.unfused_us / 1e3, t.compute_us / 1e3, pr0.total_us() / 1e3,
       priced_compute / 1e3, (t.unfused_us - t.compute_us) / 1e3,

@@ -25,12 +25,11 @@ MoeShape rendezvous_calibration_shape(const Layout& layout);
 // rendezvous_calibration_shape, forward + backward, median over options.iters of the slowest
 // rank, its compute steps by the executor's step timers; per_compute =
 // rendezvous_per_compute (model.h) against the layer priced by cal.profile (whose other terms
-// must be calibrated already) without a rendezvous. Recorded (sample
-// layer.rendezvous.per_compute, the log, the sources of step_sync and step_sync_world:
-// "assumed 0 (the layer measured per_compute X, not applied)"), not applied: both lines stay
-// 0 (the value moved with the machine's load and raised the error on two of four sweeps;
-// calibrate_rendezvous.cpp). On a device other than the CPU, or where the layout has no
-// collective step, both stay as they are (0, assumed).
+// must be calibrated already) without a rendezvous, and set as the per_compute of both
+// step_sync and step_sync_world (their us 0; source "measured (per_compute inside the layer;
+// ...)", "emulated" on emulated nodes), with the sample layer.rendezvous.per_compute
+// (calibrate_rendezvous.cpp says what it did to the sweeps). On a device other than the CPU,
+// or where the layout has no collective step, both stay as they are (0, assumed).
 void calibrate_rendezvous(Topology& topo, const CalibrateOptions& options, Calibration& cal,
                           const std::function<void(const std::string&)>& log);
 

@@ -24,8 +24,8 @@
 // holds all ranks (they compute and meet in lock step), else step_sync (groups smaller than
 // the world drift out of phase on shared cores, so a rank waits for its peers' descheduled
 // compute). A fused step is one rendezvous: its pieces follow each other without compute.
-// `calibrate` measures per_compute inside a layer (rendezvous_per_compute; recorded in the
-// profile's source, not applied: calibrate_rendezvous.h): the layer's time outside its
+// `calibrate` measures per_compute inside a layer and applies it to both lines
+// (rendezvous_per_compute, calibrate_rendezvous.h): the layer's time outside its
 // compute steps beyond its price, per us of compute the ranks did before its collective steps,
 //     per_compute = ((t - t_c) - (p0 - p_c)) / (R1 * t_c / p_c),   bounded below by 0
 // t, t_c: the measured layer and its compute steps (slowest rank); p0, p_c: their prices
