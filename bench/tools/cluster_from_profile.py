@@ -24,26 +24,20 @@ def die(msg):
     sys.exit(2)
 
 
-def median_of(table, key, where):
-    values = []
-    for name, v in table.items():
-        if not isinstance(v, dict) or key not in v:
-            continue
-        x = v[key]
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-            die(f"{where}.{name}.{key} is {x!r}: need a finite number >= 0")
-        values.append(x)
-    if not values:
-        die(f"{where}: no entry has '{key}' (a profile from `parm calibrate` has one per class)")
-    return st.median(values)
-
-
 def number(block, key, default, where):
     """block[key] (default where absent) as a finite number >= 0, else a clear refusal."""
     x = block.get(key, default)
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
         die(f"{where}.{key} is {x!r}: need a finite number >= 0")
     return x
+
+
+def median_of(table, key, where):
+    values = [number(v, key, None, f"{where}.{name}") for name, v in table.items()
+              if isinstance(v, dict) and key in v]
+    if not values:
+        die(f"{where}: no entry has '{key}' (a profile from `parm calibrate` has one per class)")
+    return st.median(values)
 
 
 def block_of(profile, key):
@@ -72,8 +66,8 @@ def cluster(profile, name, description, rendezvous=None):
         die(f"machine.nodes {nodes!r} and machine.ranks {ranks!r}: need positive integers, "
             "ranks a multiple of nodes")
     intra, inter = link(profile, "intra"), link(profile, "inter")
-    gemm, memory = profile.get("gemm"), profile.get("memory")
-    if not isinstance(gemm, dict) or not gemm or not isinstance(memory, dict) or not memory:
+    gemm, memory = block_of(profile, "gemm"), block_of(profile, "memory")
+    if not gemm or not memory:
         die("the profile has no gemm or memory block (valid: a profile `parm calibrate` wrote)")
     fused, sync = block_of(profile, "fused"), block_of(profile, "step_sync")
     created = m.get("created_utc", "an unknown time")
