@@ -655,6 +655,13 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   cal.profile.machine["layout"] = {{"mp", l.mp}, {"ep", l.ep}, {"esp", l.esp}};
   cal.profile.machine["fused_chunks"] = o.chunks;
 
+  // The rendezvous layer, timed first, midway and last, so that a slow phase of the shared
+  // cores during one timing does not set the term (calibrate_rendezvous.h); priced at the end.
+  std::vector<LayerTimes> rendezvous;
+  auto time_rendezvous = [&] {
+    if (auto t = time_rendezvous_layer(topo, o)) rendezvous.push_back(*t);
+  };
+  time_rendezvous();
   bool has_intra = false, has_inter = false;
   log("collectives ({} to {} bytes per rank, x4 steps; {} iters):", o.min_bytes, o.max_bytes,
       o.iters);
@@ -681,6 +688,7 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   calibrate_gemm(topo.host_comm(Group::kWorld), o, dev, cal, log);
   log("memory-bound kernels on {}:", device_name(dev.device()));
   calibrate_memory(topo.host_comm(Group::kWorld), o, dev, cal, log);
+  time_rendezvous();
   // Last: it prices the layer with every term above.
   FusedFit& ff = cal.profile.fused;
   if (o.eager_limit_bytes >= 0.0) {
@@ -698,10 +706,11 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   log("fused collectives in the layer (eager limit {:.0f} bytes, {}):", ff.eager_limit_bytes,
       ff.eager_limit_source);
   calibrate_fused_layer(topo, topo_options, o, cal, log_fn);
+  time_rendezvous();
   // Last: the eager shares above are measured against prices without a rendezvous (as the
   // sweeps that decided to apply it were priced: calibrate_rendezvous.cpp).
   log("collective after computation, inside the layer:");
-  calibrate_rendezvous(topo, o, cal, log_fn);
+  calibrate_rendezvous(topo, o, rendezvous, cal, log_fn);
   return cal;
 }
 

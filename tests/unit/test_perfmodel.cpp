@@ -322,13 +322,13 @@ TEST(PerfModel, LayerComputeScaleMultipliesTheComputeOnly) {
 
 // The layer calibrate_fused_layer runs: S1's fused ep alltoall sends each peer the first
 // message of at least twice the eager limit (so its 4 pieces are at most the limit).
-// The rendezvous layer: sweep-sized (M 256, H 1024, E = 2 N_EP, k 1), T = 1024 rounded up to
-// a multiple of N_MP x E.
+// The rendezvous layer: M 64, H 4096 (few bytes for its compute), E = 2 N_EP, k 1, T = 1024
+// rounded up to a multiple of N_MP x E.
 TEST(PerfModel, RendezvousCalibrationShape) {
   const MoeShape a = rendezvous_calibration_shape(make_target(0, 2, 2, 2, 2).layout);
   EXPECT_EQ(a.tokens, 1024);
-  EXPECT_EQ(a.model_dim, 256);
-  EXPECT_EQ(a.hidden, 1024);
+  EXPECT_EQ(a.model_dim, 64);
+  EXPECT_EQ(a.hidden, 4096);
   EXPECT_EQ(a.experts, 4);
   EXPECT_EQ(a.topk, 1);
   const MoeShape b = rendezvous_calibration_shape(make_target(0, 3, 3, 1, 0).layout);
