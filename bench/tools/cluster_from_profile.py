@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """A cluster file for `parm simulate` from a profile that `parm calibrate` wrote on that cluster,
 by the rule the emulated cluster files in configs/clusters/ state in their notes: per link class
-the median over the collectives' fitted terms (alpha, alpha per rank, beta), the GEMM rate and
+the median over the collectives' fitted terms (alpha, alpha per rank, beta; inter: the
+handshake), the GEMM rate and
 intercept the median over the GEMM classes, the memory terms the median over the memory
 classes, and the fused, eager and rendezvous terms as the profile has them.
 
@@ -56,6 +57,8 @@ def link(profile, name):
     if any("alpha_per_rank_us" in v for v in ops.values()):
         out["alpha_per_rank_us"] = round(median_of(ops, "alpha_per_rank_us", where), 1)
     out["beta_us_per_byte"] = float(f"{median_of(ops, 'beta_us_per_byte', where):.5g}")
+    if name == "inter" and any(isinstance(v, dict) and "handshake_us" in v for v in ops.values()):
+        out["handshake_us"] = round(median_of(ops, "handshake_us", where), 1)
     return out
 
 
@@ -90,7 +93,8 @@ def cluster(profile, name, description, rendezvous=None):
         "notes": [
             f"Made by bench/tools/cluster_from_profile.py from the profile `parm calibrate` "
             f"wrote on this cluster at {created}: per link class the median over the four "
-            "collectives' terms, the median over the GEMM classes and over the memory classes; "
+            "collectives' terms (alpha, alpha per rank, beta; inter: the handshake above the "
+            "eager limit too), the median over the GEMM classes and over the memory classes; "
             "the fused, eager and rendezvous terms as the profile has them.",
             "inter beta is per byte through one node's link (model.h).",
             f"Profile sources: eager limit {fused.get('eager_limit_source', 'none')}; "

@@ -7,10 +7,11 @@ feed the profile: the sweep only judges it.
   bench/tools/reprice.py --sweep S.json --profile P.json [--profile Q.json ...]
                          [--devices-per-node D] [--parm build/parm] [--wrong] [--json OUT]
                          [--eager-limit-bytes E --eager-gain G] [--eager-gain-mixed G2]
-                         [--compute-scale S] [--rendezvous-per-compute R]
+                         [--compute-scale S] [--rendezvous-per-compute R] [--handshake-us H]
 
 --eager-limit-bytes / --eager-gain / --eager-gain-mixed / --compute-scale /
---rendezvous-per-compute (step_sync.per_compute and step_sync_world.per_compute) set those terms
+--rendezvous-per-compute (step_sync.per_compute and step_sync_world.per_compute) / --handshake-us
+(every inter-node op's handshake above the eager limit) set those terms
 (docs/perfmodel.md) in a copy of each profile, marked "assumed (reprice.py)": for profiles taken
 before they existed. --eager-gain alone sets both shares (the pure and the mixed span).
 
@@ -27,7 +28,8 @@ import argparse, concurrent.futures as cf, json, os, statistics as st, subproces
 def with_terms(profile, a):
     """profile, or a temporary copy with the terms given on the command line set."""
     if (a.eager_gain is None and a.eager_limit_bytes is None and a.compute_scale is None and
-            a.eager_gain_mixed is None and a.rendezvous_per_compute is None):
+            a.eager_gain_mixed is None and a.rendezvous_per_compute is None and
+            a.handshake_us is None):
         return profile
     p = json.load(open(profile))
     why = 'assumed (reprice.py)'
@@ -48,6 +50,9 @@ def with_terms(profile, a):
             sync = dict(p.get(key) or p['step_sync'])
             sync.update(per_compute=a.rendezvous_per_compute, source=why)
             p[key] = sync
+    if a.handshake_us is not None:
+        for op in p['collectives']['inter'].values():
+            op.update(handshake_us=a.handshake_us, handshake_source=why)
     fd, out = tempfile.mkstemp(suffix='.json')
     with os.fdopen(fd, 'w') as f:
         json.dump(p, f)
@@ -149,6 +154,8 @@ def main():
     ap.add_argument('--compute-scale', type=float)
     ap.add_argument('--rendezvous-per-compute', type=float,
                     help='the rendezvous per us of compute before a collective step (model.h)')
+    ap.add_argument('--handshake-us', type=float,
+                    help='every inter-node op\'s handshake above the eager limit (model.h)')
     a = ap.parse_args()
     sweep = json.load(open(a.sweep))
     world = sweep.get('world', 4)

@@ -207,22 +207,37 @@ void fit_link_op(Link link, CommOp op, const std::vector<ShapeSamples>& shapes,
                  const std::string& source, Profile& prof) {
   const double beta_intra = prof.collective(Link::kIntra, op).beta_us_per_byte;
   std::vector<std::vector<double>> xs, ys;
+  std::vector<std::vector<bool>> above;  // inter: the per-peer message above the eager limit
   for (const auto& sh : shapes) {
     std::vector<double> x, y;
+    std::vector<bool> a;
     for (size_t i = 0; i < sh.bus.size(); ++i) {
       const double known = link == Link::kInter ? beta_intra * sh.span.intra_share * sh.bus[i] : 0.0;
       x.push_back(link == Link::kInter ? sh.span.link_share * sh.bus[i] : sh.bus[i]);
       y.push_back(sh.us[i] - known);
+      a.push_back(link == Link::kInter && sh.span.size > 1 &&
+                  above_eager_limit(prof.fused, sh.bus[i] / (sh.span.size - 1)));
     }
     xs.push_back(std::move(x));
     ys.push_back(std::move(y));
+    above.push_back(std::move(a));
   }
-  const PooledFit pf = fit_anchored_pooled(xs, ys);
+  const PooledFit pf = fit_anchored_pooled(xs, ys, above);
   CommFit& e = prof.collective(link, op);
   e = CommFit{};
   e.beta_us_per_byte = pf.slope;
   e.source = source;
   e.alpha_per_rank_source = source;
+  if (link == Link::kInter) {
+    e.handshake_us = pf.step;
+    e.handshake_source =
+        pf.step_fitted
+            ? source + " (the step at the eager limit)"
+            : fmt::format("assumed 0 (no timings either side of the eager limit, {:.0f} bytes)",
+                          prof.fused.eager_limit_bytes);
+  } else {
+    e.handshake_source = "not priced on an intra-node link";
+  }
   fit_alpha_over_sizes(shapes, pf.intercepts, e);
   // r2 of the final formula over every sample.
   std::vector<double> meas, pred;
@@ -318,11 +333,14 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
         }
       e.r2 = r_squared(meas, pred);
       log("  {:<5} {:<14} alpha {:8.2f} us + {:7.2f} us/rank beyond 2  beta {:.3e} us/B "
-          "({:7.3f} GB/s{})  r2 {:.4f}  [{} samples, sizes {}]",
+          "({:7.3f} GB/s{}){}  r2 {:.4f}  [{} samples, sizes {}]",
           link_name(link), comm_op_name(kModelOps[oi]), e.alpha_us, e.alpha_per_rank_us,
           e.beta_us_per_byte, e.beta_us_per_byte > 0 ? 1e-3 / e.beta_us_per_byte : 0.0,
-          link == Link::kInter ? " per node link" : " bus", e.r2, e.samples,
-          fmt::join(e.group_sizes, ","));
+          link == Link::kInter ? " per node link" : " bus",
+          link == Link::kInter ? fmt::format("  handshake {:.2f} us ({})", e.handshake_us,
+                                             e.handshake_source)
+                               : std::string(),
+          e.r2, e.samples, fmt::join(e.group_sizes, ","));
     }
   }
 }
@@ -333,6 +351,29 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
 // (alpha_i from the collective fits), hence its unfused and pipelined totals (model.h); the
 // overlap is the median over sizes of (unfused - t_fused) / (unfused - pipelined) in [0, 1],
 // per_piece_us the median of what is left, per piece beyond the first.
+// The largest message the inter-node transport sends eagerly (model.h): given, or Open MPI's
+// default for the transport the nodes use. Open MPI's limit counts the message's header (ob1's
+// match header is 14 bytes): a payload of exactly 64 KiB goes by rendezvous over TCP (its
+// alltoall timed 0.96-1.23 ms there against 0.42-0.69 at 60 KiB on the emulated 2 x 2
+// cluster), so the payload limit is taken 64 bytes below.
+constexpr double kEagerHeaderBytes = 64.0;
+void set_eager_limit(const CalibrateOptions& o, bool nodes_emulated, FusedFit& ff) {
+  if (o.eager_limit_bytes >= 0.0) {
+    ff.eager_limit_bytes = o.eager_limit_bytes;
+    ff.eager_limit_source = "given (--eager-limit-bytes)";
+  } else if (nodes_emulated) {
+    ff.eager_limit_bytes = 4096.0 - kEagerHeaderBytes;
+    ff.eager_limit_source =
+        "assumed (Open MPI's btl_vader_eager_limit default, 4096, less 64 bytes for the header it "
+        "counts: emulated nodes share memory)";
+  } else {
+    ff.eager_limit_bytes = 65536.0 - kEagerHeaderBytes;
+    ff.eager_limit_source =
+        "assumed (Open MPI's btl_tcp_eager_limit default, 65536, less 64 bytes for the header it "
+        "counts: nodes exchange over TCP)";
+  }
+}
+
 void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev,
                      Calibration& cal, const Logger& log) {
   Communicator& ep = topo.comm(Group::kEp);
@@ -340,7 +381,10 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
   Communicator& world = topo.host_comm(Group::kWorld);
   FusedFit& ff = cal.profile.fused;
   if (ep.size() < 2 || esp.size() < 2) {
+    const FusedFit limit = ff;
     ff = FusedFit{};
+    ff.eager_limit_bytes = limit.eager_limit_bytes;
+    ff.eager_limit_source = limit.eager_limit_source;
     ff.source = "assumed (no layout with N_EP > 1 and N_ESP > 1 to measure it on)";
     log("  fused: not measured (needs --ep > 1 and --esp > 1); overlap assumed 1");
     return;
@@ -376,27 +420,24 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
       });
       // Stages in pipeline order: dispatch = ep alltoall, esp allgather; combine = esp
       // reduce_scatter, ep alltoall.
-      const double alpha_a = collective_alpha_us(
-          prof, dispatch ? CommOp::kAllToAll : CommOp::kReduceScatter,
-          dispatch ? ep_span : esp_span);
-      const double alpha_b = collective_alpha_us(
-          prof, dispatch ? CommOp::kAllGather : CommOp::kAllToAll, dispatch ? esp_span : ep_span);
-      auto piece = [&](double t, double alpha) {
-        return alpha + std::max(0.0, t - alpha) / W;
-      };
-      const std::vector<double> c = {piece(p1, alpha_a), piece(p2, alpha_b)};
+      const CommOp op_a = dispatch ? CommOp::kAllToAll : CommOp::kReduceScatter;
+      const CommOp op_b = dispatch ? CommOp::kAllGather : CommOp::kAllToAll;
+      const GroupSpan& span_a = dispatch ? ep_span : esp_span;
+      const GroupSpan& span_b = dispatch ? esp_span : ep_span;
+      const double bb = static_cast<double>(block * sizeof(float));
+      const double bus_ep = bus_bytes(CommOp::kAllToAll, n_ep, bb);
+      const double bus_esp =
+          bus_bytes(dispatch ? CommOp::kAllGather : CommOp::kReduceScatter, n_esp, n_ep * bb);
+      const PieceCost c1 = piece_cost(prof, op_a, span_a, dispatch ? bus_ep : bus_esp, p1, W);
+      const PieceCost c2 = piece_cost(prof, op_b, span_b, dispatch ? bus_esp : bus_ep, p2, W);
+      const std::vector<double> c = {c1.piece_us, c2.piece_us};
       const std::vector<Link> links = dispatch ? std::vector<Link>{ep_link, esp_link}
                                                : std::vector<Link>{esp_link, ep_link};
       meas.push_back(f);
-      const std::vector<double> alphas = {alpha_a, alpha_b};
+      const std::vector<double> alphas = {c1.latency_us, c2.latency_us};
       serial.push_back(fused_us(c, alphas, links, W, 0.0));  // the parts in sequence
       piped.push_back(fused_us(c, alphas, links, W, 1.0));
-      const double bb = static_cast<double>(block * sizeof(float));
-      cal.samples.push_back({dispatch ? "fused.dispatch" : "fused.combine",
-                             bus_bytes(CommOp::kAllToAll, n_ep, bb) +
-                                 bus_bytes(dispatch ? CommOp::kAllGather : CommOp::kReduceScatter,
-                                           n_esp, n_ep * bb),
-                             f});
+      cal.samples.push_back({dispatch ? "fused.dispatch" : "fused.combine", bus_ep + bus_esp, f});
       cal.samples.push_back({dispatch ? "fused.dispatch_parts" : "fused.combine_parts", 0.0,
                              p1 + p2});
     }
@@ -662,6 +703,8 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
     if (auto t = time_rendezvous_layer(topo, o)) rendezvous.push_back(*t);
   };
   time_rendezvous();
+  // The eager limit first: the inter-node collectives' handshake is fitted as a step there.
+  set_eager_limit(o, topo.nodes_emulated(), cal.profile.fused);
   bool has_intra = false, has_inter = false;
   log("collectives ({} to {} bytes per rank, x4 steps; {} iters):", o.min_bytes, o.max_bytes,
       o.iters);
@@ -690,19 +733,7 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   calibrate_memory(topo.host_comm(Group::kWorld), o, dev, cal, log);
   time_rendezvous();
   // Last: it prices the layer with every term above.
-  FusedFit& ff = cal.profile.fused;
-  if (o.eager_limit_bytes >= 0.0) {
-    ff.eager_limit_bytes = o.eager_limit_bytes;
-    ff.eager_limit_source = "given (--eager-limit-bytes)";
-  } else if (topo.nodes_emulated()) {
-    ff.eager_limit_bytes = 4096.0;
-    ff.eager_limit_source =
-        "assumed (Open MPI's btl_vader_eager_limit default: emulated nodes share memory)";
-  } else {
-    ff.eager_limit_bytes = 65536.0;
-    ff.eager_limit_source =
-        "assumed (Open MPI's btl_tcp_eager_limit default: nodes exchange over TCP)";
-  }
+  const FusedFit& ff = cal.profile.fused;
   log("fused collectives in the layer (eager limit {:.0f} bytes, {}):", ff.eager_limit_bytes,
       ff.eager_limit_source);
   calibrate_fused_layer(topo, topo_options, o, cal, log_fn);

@@ -147,13 +147,22 @@ double pair_latency(const std::vector<double>& alpha_us) {
 }
 
 PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
-                              const std::vector<std::vector<double>>& y) {
+                              const std::vector<std::vector<double>>& y,
+                              const std::vector<std::vector<bool>>& above) {
   PARM_CHECK_EQ(x.size(), y.size());
   PARM_CHECK(!x.empty(), "a pooled fit needs at least one series");
+  PARM_CHECK(above.empty() || above.size() == x.size(), "step flags for {} of {} series",
+             above.size(), x.size());
+  auto flagged = [&](size_t s, size_t i) { return !above.empty() && above[s][i]; };
   std::vector<size_t> first(x.size());
-  double sxy = 0.0, sxx = 0.0;
+  // Sums over the samples beyond the anchors, relative to them: dx, dy and the step flag I.
+  double sxy = 0.0, sxx = 0.0, sxi = 0.0, sii = 0.0, siy = 0.0;
+  bool anchors_unflagged = true, some_unflagged = false;
   for (size_t s = 0; s < x.size(); ++s) {
     PARM_CHECK_EQ(x[s].size(), y[s].size());
+    PARM_CHECK(above.empty() || above[s].size() == x[s].size(),
+               "step flags for {} of {} samples", above.empty() ? 0 : above[s].size(),
+               x[s].size());
     PARM_CHECK(x[s].size() >= 2, "a line fit needs at least 2 samples, got {}", x[s].size());
     // The anchor: of the two smallest sizes, the one timed faster (a loaded machine only
     // ever adds time, so one delayed smallest sample must not become the latency).
@@ -161,24 +170,44 @@ PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return x[s][a] < x[s][b]; });
     first[s] = y[s][order[1]] < y[s][order[0]] ? order[1] : order[0];
-    // Through (x_first, y_first): y = y_first + b (x - x_first).
+    anchors_unflagged = anchors_unflagged && !flagged(s, first[s]);
+    // Through (x_first, y_first): y = y_first + b (x - x_first) + h I.
     for (size_t i = 0; i < x[s].size(); ++i) {
-      if (x[s][i] < x[s][first[s]]) continue;  // the delayed smallest sample
+      if (x[s][i] < x[s][first[s]] || i == first[s]) continue;  // the delayed smallest sample
       const double dx = x[s][i] - x[s][first[s]];
-      sxy += dx * (y[s][i] - y[s][first[s]]);
+      const double dy = y[s][i] - y[s][first[s]];
+      const double flag = flagged(s, i) ? 1.0 : 0.0;
+      sxy += dx * dy;
       sxx += dx * dx;
+      sxi += dx * flag;
+      sii += flag;
+      siy += dy * flag;
+      some_unflagged = some_unflagged || flag == 0.0;
     }
   }
   PARM_CHECK(sxx > 0.0, "a line fit needs samples at more than one x");
   PooledFit f;
   f.slope = std::max(0.0, sxy / sxx);
+  const double det = sxx * sii - sxi * sxi;
+  if (anchors_unflagged && sii > 0.0 && some_unflagged && det > 1e-12 * sxx * sii) {
+    f.step_fitted = true;
+    f.slope = (sxy * sii - sxi * siy) / det;
+    f.step = (sxx * siy - sxi * sxy) / det;
+    if (f.step < 0.0) {
+      f.step = 0.0;
+      f.slope = std::max(0.0, sxy / sxx);
+    } else if (f.slope < 0.0) {
+      f.slope = 0.0;
+      f.step = std::max(0.0, siy / sii);
+    }
+  }
   std::vector<double> all_y, all_pred;
   for (size_t s = 0; s < x.size(); ++s) {
     const double a = std::max(0.0, y[s][first[s]] - f.slope * x[s][first[s]]);
     f.intercepts.push_back(a);
     for (size_t i = 0; i < x[s].size(); ++i) {
       all_y.push_back(y[s][i]);
-      all_pred.push_back(a + f.slope * x[s][i]);
+      all_pred.push_back(a + f.slope * x[s][i] + (flagged(s, i) ? f.step : 0.0));
     }
   }
   f.samples = static_cast<int64_t>(all_y.size());

@@ -43,14 +43,22 @@ LineFit fit_anchored(const std::vector<double>& x, const std::vector<double>& y)
 // adds time; a smaller sample left out then); b is the least-squares slope (>= 0) through
 // the anchors pooled over every series. r2 over all samples. Throws as fit_anchored per series. fit_anchored is the case of
 // one series.
+// With `above` (a flag per sample, same shape as x): the lines also step up by h at the
+// flagged samples, y = a_i + b x + h [above] (model.h: the handshake of a message above the
+// eager limit); b and h by least squares through the anchors, each >= 0 (the other refitted
+// where one is bounded). The step is fitted only where every anchor is unflagged and some
+// sample beyond the anchors is flagged and some not (step_fitted; else h = 0).
 struct PooledFit {
   std::vector<double> intercepts;  // a_i (>= 0)
   double slope = 0.0;              // b
+  double step = 0.0;               // h
+  bool step_fitted = false;
   double r2 = 0.0;
   int64_t samples = 0;
 };
 PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
-                              const std::vector<std::vector<double>>& y);
+                              const std::vector<std::vector<double>>& y,
+                              const std::vector<std::vector<bool>>& above = {});
 
 // The fused collective's overlap and per-piece cost (model.h) from, per size i, its measured
 // time t_i, the model's unfused parts in sequence u_i and pipelined total p_i:

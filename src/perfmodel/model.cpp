@@ -93,11 +93,40 @@ double collective_alpha_us(const Profile& prof, CommOp op, const GroupSpan& sp) 
   return prof.collective(sp.link, op).alpha(sp.size);
 }
 
+bool above_eager_limit(const FusedFit& f, double message_bytes) {
+  return f.eager_limit_bytes > 0.0 && message_bytes > f.eager_limit_bytes;
+}
+
+double handshake_us(const Profile& prof, CommOp op, const GroupSpan& sp, double message_bytes) {
+  if (sp.link != Link::kInter || sp.size < 2 || !above_eager_limit(prof.fused, message_bytes))
+    return 0.0;
+  return prof.collective(Link::kInter, op).handshake_us;
+}
+
+namespace {
+double message_of(const GroupSpan& sp, double bus_bytes) {
+  return sp.size > 1 ? bus_bytes / (sp.size - 1) : bus_bytes;
+}
+}  // namespace
+
 double collective_us(const Profile& prof, CommOp op, const GroupSpan& sp, double bus_bytes) {
   const double beta_intra = prof.collective(Link::kIntra, op).beta_us_per_byte;
   if (sp.link == Link::kIntra) return collective_alpha_us(prof, op, sp) + beta_intra * bus_bytes;
   return collective_alpha_us(prof, op, sp) + beta_intra * sp.intra_share * bus_bytes +
-         prof.collective(Link::kInter, op).beta_us_per_byte * sp.link_share * bus_bytes;
+         prof.collective(Link::kInter, op).beta_us_per_byte * sp.link_share * bus_bytes +
+         handshake_us(prof, op, sp, message_of(sp, bus_bytes));
+}
+
+PieceCost piece_cost(const Profile& prof, CommOp op, const GroupSpan& sp, double bus_bytes,
+                     double part_us, int chunks) {
+  PARM_CHECK(chunks >= 1, "a collective in {} pieces", chunks);
+  const double m = message_of(sp, bus_bytes);
+  const double alpha = collective_alpha_us(prof, op, sp);
+  PieceCost c;
+  c.bytes_us = std::max(0.0, part_us - alpha - handshake_us(prof, op, sp, m));
+  c.latency_us = alpha + handshake_us(prof, op, sp, m / chunks);
+  c.piece_us = c.latency_us + c.bytes_us / chunks;
+  return c;
 }
 
 std::string Prediction::name() const {
@@ -133,8 +162,8 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<double>& 
 double eager_saving_us(const FusedFit& f, double message_bytes, int chunks, double bytes_us,
                        bool mixed) {
   PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
-  const double limit = f.eager_limit_bytes;
-  if (limit <= 0.0 || message_bytes <= limit || message_bytes / chunks > limit) return 0.0;
+  if (!above_eager_limit(f, message_bytes) || above_eager_limit(f, message_bytes / chunks))
+    return 0.0;
   return (mixed ? f.eager_gain_mixed : f.eager_gain) * std::max(0.0, bytes_us);
 }
 
@@ -283,13 +312,13 @@ struct Pricer {
         }
         sum += us;
         // A piece pays the whole latency and 1/W of the bytes.
-        const double alpha = collective_alpha_us(prof, p.op, sp);
-        piece.push_back(alpha + (us - alpha) / sc.chunks);
-        piece_alpha.push_back(alpha);
+        const PieceCost pc = piece_cost(prof, p.op, sp, p.bus_bytes, us, sc.chunks);
+        piece.push_back(pc.piece_us);
+        piece_alpha.push_back(pc.latency_us);
         links.push_back(sp.link);
         if (sp.link == Link::kInter)
-          eager += eager_saving_us(prof.fused, p.bus_bytes / (sp.size - 1), sc.chunks, us - alpha,
-                                   sp.intra_share > 0.0);
+          eager += eager_saving_us(prof.fused, message_of(sp, p.bus_bytes), sc.chunks,
+                                   pc.bytes_us, sp.intra_share > 0.0);
       }
       double t = fused && !piece.empty()
                      ? fused_us(piece, piece_alpha, links, sc.chunks, prof.fused.overlap,

@@ -8,7 +8,7 @@
 // (calibrate writes one alpha[L] for every op o: fit.h pair_latency)
 //     intra:  t = alpha_intra(n) + beta_intra[o] * b
 //     inter:  t = alpha_inter(n) + beta_intra[o] * intra_share * b
-//                                + beta_inter[o] * link_share * b
+//                                + beta_inter[o] * link_share * b + h[o] * [m above E]
 // where (group_span) local_r = members of r's group on r's node,
 //     intra_share = max over ranks r of (local_r - 1) / (n - 1): the part of r's bus bytes
 //                   exchanged with peers on its own node,
@@ -16,6 +16,12 @@
 //                   all run at once) of (n - local_r) / (n - 1): how many ranks' worth of bus
 //                   bytes cross that node's link, which they share.
 // The two parts add: both are driven by the same cores (no overlap measured here).
+// h[o] (handshake_us): a point-to-point message above the transport's eager limit E
+// (fused.eager_limit_bytes, on the payload: m > E) moves only after a handshake with its
+// receiver, a round trip that waits for the receiver to be scheduled; m = b / (n - 1), the
+// per-peer message. `calibrate` fits h per op on the inter link as a step at E in its
+// collective timings (fit.h, fit_anchored_pooled). A fused piece of m / W pays it where m / W
+// is above E (piece_cost).
 // Every collective step and direction adds the ranks' rendezvous after computation, which
 // back-to-back collective timings never see (rendezvous_us):
 //     sync = s.us + s.per_compute * C
@@ -54,13 +60,13 @@
 // the parts plus one piece of the cheaper part (the pipeline fill); on the same link class
 // it is the sum of the unfused parts plus (W - 1) * max(alpha_a, alpha_b): the W - 1 steps
 // in which both stages run pay one latency between them.
-// A fused step also avoids rendezvous (eager_saving_us): a point-to-point message above the
-// transport's eager limit E moves only after the receiver answers a handshake, and inside the
-// layer the receiver is often still computing, so the transfer starts when it arrives; a
-// message up to E travels at once and that wait overlaps it. A fused step's part on an
-// inter-node group whose unfused per-peer message m = b / (n - 1) exceeds E while its
-// pieces' m / W do not is priced
-//     t_fused -= g * (t_part - alpha_part)     (the share of its bytes time saved)
+// A fused step also avoids rendezvous (eager_saving_us; beyond the handshake, which h prices):
+// a point-to-point message above the transport's eager limit E moves only after the receiver
+// answers a handshake, and inside the layer the receiver is often still computing, so the
+// transfer starts when it arrives; a message up to E travels at once and that wait overlaps
+// it. A fused step's part on an inter-node group whose unfused per-peer message
+// m = b / (n - 1) exceeds E while its pieces' m / W do not is priced
+//     t_fused -= g * (t_part - h - alpha_part)     (the share of its bytes time saved)
 // g = eager_gain where no rank of the group has a peer on its own node (intra_share = 0),
 // eager_gain_mixed where some have (those peers exchange over shared memory, whose pieces
 // still wait for the receiver); E and both shares from the profile (`calibrate` measures
@@ -115,8 +121,27 @@ GroupSpan span_of_instances(const std::vector<std::vector<int>>& nodes_of_instan
 
 // The collective formula above: t (us) of op on a group with that span, b bus bytes per rank.
 double collective_us(const Profile& profile, CommOp op, const GroupSpan& span, double bus_bytes);
-// Its latency part alpha(n) alone (what each fused piece pays in full).
+// Its latency part alpha(n) alone.
 double collective_alpha_us(const Profile& profile, CommOp op, const GroupSpan& span);
+
+// Whether a point-to-point message of message_bytes goes by rendezvous: above fused's eager
+// limit, a limit on the payload (false where the limit is 0: not priced).
+bool above_eager_limit(const FusedFit& fused, double message_bytes);
+// The handshake term h[o] of the header comment for one message of message_bytes on a group
+// with that span (0 on an intra-node group, for a group of one, or at most the limit).
+double handshake_us(const Profile& profile, CommOp op, const GroupSpan& span,
+                    double message_bytes);
+// One of W pieces of a collective part whose whole time is part_us (priced or measured) and
+// whose bus bytes are bus_bytes: what active stages pay once between them (alpha(n), plus the
+// handshake where the piece's message is above the eager limit) and the piece's time (that
+// latency plus 1/W of the rest: part_us less alpha(n) and the whole message's handshake).
+struct PieceCost {
+  double latency_us = 0.0;
+  double piece_us = 0.0;
+  double bytes_us = 0.0;  // the whole part's bytes time: part_us - alpha(n) - its handshake
+};
+PieceCost piece_cost(const Profile& profile, CommOp op, const GroupSpan& span, double bus_bytes,
+                     double part_us, int chunks);
 
 // The rendezvous of one collective step (header comment) after compute_us of computation;
 // whole_world: every group of the step holds all ranks.
@@ -178,7 +203,8 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<double>& 
                 double per_piece_us = 0.0);
 
 // What one part of a fused step saves by sending its pieces eagerly (header comment):
-// g * bytes_us when message_bytes > eager_limit_bytes >= message_bytes / chunks, else 0;
+// g * bytes_us when message_bytes is above the eager limit and message_bytes / chunks is not
+// (above_eager_limit), else 0;
 // g = eager_gain_mixed when `mixed` (some rank of the group has a peer on its own node), else
 // eager_gain. message_bytes: the part's unfused per-peer message; bytes_us: its unfused time
 // less its latency.

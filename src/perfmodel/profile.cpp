@@ -89,7 +89,9 @@ nlohmann::json profile_to_json(const Profile& p) {
           {"samples", f.samples},
           {"group_sizes", f.group_sizes},
           {"source", f.source},
-          {"alpha_per_rank_source", f.alpha_per_rank_source}};
+          {"alpha_per_rank_source", f.alpha_per_rank_source},
+          {"handshake_us", f.handshake_us},
+          {"handshake_source", f.handshake_source}};
     }
   j["fused"] = {{"overlap", p.fused.overlap}, {"per_piece_us", p.fused.per_piece_us},
                 {"r2", p.fused.r2},
@@ -160,6 +162,10 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
             r.integer_value(sizes[i], fmt::format("{}.group_sizes[{}]", epath, i), 2, INT32_MAX)));
       f.source = r.text(e, epath, "source");
       f.alpha_per_rank_source = r.text(e, epath, "alpha_per_rank_source");
+      if (e.contains("handshake_us")) {  // older profiles: 0
+        f.handshake_us = r.number(e, epath, "handshake_us", 0.0, true);
+        f.handshake_source = r.text(e, epath, "handshake_source");
+      }
     }
   }
   const auto& fu = r.object(j, "", "fused");

@@ -63,6 +63,10 @@ struct CommFit {
   std::vector<int> group_sizes;    // sizes of the groups it was measured on (empty: none)
   std::string source = "assumed";  // of alpha_us and beta_us_per_byte
   std::string alpha_per_rank_source = "assumed";
+  // Inter link only: added where a rank's message to one peer is above the transport's eager
+  // limit (fused.eager_limit_bytes): the rendezvous handshake (model.h). Older profiles: 0.
+  double handshake_us = 0.0;
+  std::string handshake_source = "assumed 0 (not in the profile)";
   double alpha(int n) const { return alpha_us + alpha_per_rank_us * std::max(0, n - 2); }
 };
 

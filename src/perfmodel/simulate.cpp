@@ -49,6 +49,15 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
     f.beta_us_per_byte = r.number(e, path, "beta_us_per_byte", 0.0, true);
     if (e.contains("alpha_per_rank_us"))
       f.alpha_per_rank_us = r.number(e, path, "alpha_per_rank_us", 0.0, true);
+    // The handshake above the eager limit (model.h): inter-node only, with the limit below.
+    if (e.contains("handshake_us")) {
+      if (path != "inter")
+        r.fail("'{}.handshake_us': the handshake is priced on the inter-node link only (valid: "
+               "inter.handshake_us, with fused_eager_limit_bytes)",
+               path);
+      f.handshake_us = r.number(e, path, "handshake_us", 0.0, true);
+      f.handshake_source = "assumed";
+    }
     f.source = "assumed";
     f.alpha_per_rank_source = "assumed";
     for (auto& fit : p.comm[static_cast<size_t>(link)]) fit = f;
@@ -72,6 +81,10 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
   if (j.contains("fused_per_piece_us"))
     p.fused.per_piece_us = r.number(j, "", "fused_per_piece_us", 0.0, true);
   // The rendezvous a fused step's pieces avoid (model.h, eager_saving_us): both or neither.
+  if (p.collective(Link::kInter, CommOp::kAllToAll).handshake_us > 0.0 &&
+      !j.contains("fused_eager_limit_bytes"))
+    r.fail("'inter.handshake_us' needs 'fused_eager_limit_bytes', the eager limit above which a "
+           "message pays it");
   if (j.contains("fused_eager_gain") || j.contains("fused_eager_limit_bytes")) {
     p.fused.eager_gain = r.number(j, "", "fused_eager_gain", 0.0, true, 1.0);
     p.fused.eager_limit_bytes = r.number(j, "", "fused_eager_limit_bytes", 0.0, true);

@@ -27,7 +27,7 @@ trap 'exit 130' INT TERM
 
 "$CLUSTER" up --nodes 2 --ranks-per-node 2 --inter-gbit 1 --inter-latency-us 50
 
-out=$("$CLUSTER" run --timeout 300 -- calibrate --out "$tmp/p.json" --max-bytes 65536 \
+out=$("$CLUSTER" run --timeout 300 -- calibrate --out "$tmp/p.json" --max-bytes 262144 \
         --iters 2 --warmup 1 --gemm-rows 64,256 --gemm-model-dims 64 --gemm-hidden 128 \
         --gemm-iters 1 2>&1) || fail "calibrate across the nodes failed:"$'\n'"$out"
 echo "$out" | tail -30
@@ -47,6 +47,13 @@ for op in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
     assert inter["alpha_per_rank_source"] == "measured", inter
     for k in ("alpha_us", "alpha_per_rank_us", "beta_us_per_byte"):
         assert inter[k] >= 0 and intra[k] >= 0, (op, k)
+    # The handshake: a step at the eager limit in the inter-node timings (per-peer messages
+    # of 2-32 KiB and 128 KiB on ep, 1-16 KiB and 64 KiB on the world: both sides of 65472
+    # bytes); not priced inside a node.
+    assert inter["handshake_us"] >= 0, inter
+    assert inter["handshake_source"] == "measured (the step at the eager limit)", inter
+    assert intra["handshake_us"] == 0, intra
+    assert intra["handshake_source"] == "not priced on an intra-node link", intra
 # The rendezvous: its per_compute measured inside the layer three times across the
 # calibration (calibrate_rendezvous), the smallest applied to both lines (the same value); no
 # fixed cost per step.
@@ -72,13 +79,14 @@ for key in ("eager_gain", "eager_gain_mixed"):
     assert src == "measured" or src.startswith("assumed 0 (what gain 1 saves") or \
         src.startswith("assumed (copied from"), (key, fu)
     assert "no inter-node EP group" not in src, (key, fu)
-assert fu["eager_limit_bytes"] == 65536 and fu["eager_limit_source"].startswith("assumed"), fu
+assert fu["eager_limit_bytes"] == 65472 and fu["eager_limit_source"].startswith("assumed"), fu
 # The layer's compute steps over their price is measured there and recorded, not applied
 # (calibrate_layer.cpp): the scale stays 1, and the source says what was measured.
 lc = p["layer_compute"]
 assert lc["scale"] == 1.0 and lc["source"].startswith("assumed 1 (the calibration layer measured"), lc
-print("ok: profile version 2, intra measured at 2, inter at 2 and 4 ranks across the nodes, "
-      "the rendezvous and the eager shares taken in the layer, fused overlap in [0, 1]")
+print("ok: profile version 2, intra measured at 2, inter at 2 and 4 ranks across the nodes "
+      "with the handshake at the eager limit, the rendezvous and the eager shares taken in the "
+      "layer, fused overlap in [0, 1]")
 PY
 
 cat >"$tmp/grid.json" <<'GRID'

@@ -261,6 +261,60 @@ TEST(PerfModel, FusedStepOnAMixedGroupTakesTheMixedShare) {
 // sends its peer 64 bytes (2 ranks of a node behind one link: link share 2). With an eager
 // limit of 32 its 4 pieces of 16 bytes go eagerly: the step costs eager_gain times that
 // part's bytes time (beta_inter x 2 x 64) less; the intra-node part saves nothing.
+// The handshake above the eager limit (model.h), by hand: inter alpha 100 us, beta 0.01 us per
+// byte over a node's link, h 70 us for the alltoall, limit 1000 bytes.
+TEST(PerfModel, HandshakeOnlyAboveTheEagerLimitOnAnInterNodeGroup) {
+  Profile prof = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
+  prof.collective(Link::kInter, CommOp::kAllToAll).handshake_us = 70.0;
+  prof.fused.eager_limit_bytes = 1000.0;
+  // The world of 2 nodes with 2 ranks each: per rank 1 peer on its node, 2 on the other
+  // (intra share 1/3, link share 2 x 2/3 = 4/3); per-peer message b / 3.
+  const Target t = make_target(4, 1, 4, 1, 2);
+  const GroupSpan w = group_span(t, Group::kWorld);
+  ASSERT_EQ(w.link, Link::kInter);
+  auto expect = [&](double b, double h) {
+    return 100.0 + 1e-3 * b / 3.0 + 1e-2 * 4.0 / 3.0 * b + h;
+  };
+  EXPECT_NEAR(collective_us(prof, CommOp::kAllToAll, w, 2999.0), expect(2999.0, 0.0), 1e-9);
+  EXPECT_NEAR(collective_us(prof, CommOp::kAllToAll, w, 3000.0), expect(3000.0, 0.0), 1e-9);
+  EXPECT_NEAR(collective_us(prof, CommOp::kAllToAll, w, 3003.0), expect(3003.0, 70.0), 1e-9);
+  EXPECT_DOUBLE_EQ(handshake_us(prof, CommOp::kAllToAll, w, 1001.0), 70.0);
+  EXPECT_DOUBLE_EQ(handshake_us(prof, CommOp::kAllToAll, w, 1000.0), 0.0);
+  // Per op: the allgather has none here.
+  EXPECT_DOUBLE_EQ(handshake_us(prof, CommOp::kAllGather, w, 5000.0), 0.0);
+  // An intra-node group never pays it; nor does anything when the limit is not priced.
+  const GroupSpan intra = group_span(make_target(4, 2, 2, 1, 2), Group::kMp);
+  ASSERT_EQ(intra.link, Link::kIntra);
+  EXPECT_DOUBLE_EQ(handshake_us(prof, CommOp::kAllToAll, intra, 5000.0), 0.0);
+  prof.fused.eager_limit_bytes = 0.0;
+  EXPECT_DOUBLE_EQ(handshake_us(prof, CommOp::kAllToAll, w, 5000.0), 0.0);
+}
+
+// A fused piece pays the handshake only where its own message is above the limit.
+TEST(PerfModel, PieceCostTakesTheHandshakeOfThePiece) {
+  Profile prof = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
+  prof.collective(Link::kInter, CommOp::kAllToAll).handshake_us = 70.0;
+  prof.fused.eager_limit_bytes = 1000.0;
+  const GroupSpan ep = group_span(make_target(0, 1, 2, 1, 1), Group::kEp);  // 2 nodes of 1
+  ASSERT_EQ(ep.link, Link::kInter);
+  ASSERT_EQ(ep.size, 2);
+  // 2000 bytes to the one peer: whole message above, pieces of 500 not.
+  const double part = collective_us(prof, CommOp::kAllToAll, ep, 2000.0);
+  const double bytes = part - 100.0 - 70.0;
+  PieceCost c = piece_cost(prof, CommOp::kAllToAll, ep, 2000.0, part, 4);
+  EXPECT_NEAR(c.bytes_us, bytes, 1e-9);
+  EXPECT_NEAR(c.latency_us, 100.0, 1e-9);
+  EXPECT_NEAR(c.piece_us, 100.0 + bytes / 4, 1e-9);
+  // 8000 bytes: pieces of 2000 are above too, and each pays it.
+  const double big = collective_us(prof, CommOp::kAllToAll, ep, 8000.0);
+  c = piece_cost(prof, CommOp::kAllToAll, ep, 8000.0, big, 4);
+  EXPECT_NEAR(c.latency_us, 170.0, 1e-9);
+  EXPECT_NEAR(c.piece_us, 170.0 + (big - 170.0) / 4, 1e-9);
+  // A measured part faster than its latency: no negative bytes.
+  EXPECT_DOUBLE_EQ(piece_cost(prof, CommOp::kAllToAll, ep, 2000.0, 50.0, 4).bytes_us, 0.0);
+  EXPECT_THROW(piece_cost(prof, CommOp::kAllToAll, ep, 2000.0, part, 0), Error);
+}
+
 TEST(PerfModel, FusedStepSavesTheRendezvousOfItsInterNodePart) {
   const double ai = 10.0, bi = 1e-3, ae = 100.0, be = 1e-2;
   Profile prof = comm_only_profile(ai, bi, ae, be, 1.0);
@@ -293,6 +347,15 @@ TEST(PerfModel, FusedStepSavesTheRendezvousOfItsInterNodePart) {
                          "fused dispatch (ep alltoall + esp allgather)")
                   .fwd_us,
               5 * ai + bi * 192.0, 1e-9);
+  // The handshake (h 70 us): the unfused alltoall of 64-byte messages above the limit pays it,
+  // the fused pieces of 16 bytes below it do not; pieces above it (limit 8) pay it each.
+  prof.collective(Link::kInter, CommOp::kAllToAll).handshake_us = 70.0;
+  EXPECT_NEAR(step_named(predict_kind(prof, shape, t, Kind::kS1, false), "dispatch alltoall")
+                  .fwd_us,
+              ae + be * 2 * 64 + 70.0, 1e-9);
+  EXPECT_NEAR(dispatch(32.0, 0.0).fwd_us, pipelined, 1e-9);
+  EXPECT_NEAR(dispatch(8.0, 0.5).fwd_us, 4 * std::max(ca + 70.0, cb) + std::min(ca + 70.0, cb),
+              1e-9);
 }
 
 // The layer's compute scale multiplies every compute step (GEMMs and memory-bound work, the
@@ -808,6 +871,8 @@ Profile sample_profile() {
       f.group_sizes = {2, 4};
       f.source = "measured";
       f.alpha_per_rank_source = "assumed 0 (measured at one group size, 2)";
+      f.handshake_us = 7.0 * v;
+      f.handshake_source = "measured (test)";
       v += 1.0;
     }
   p.fused = FusedFit{0.75, 3.5, 0.9, 24, "emulated"};
@@ -848,6 +913,8 @@ TEST(Profile, WriteReadRoundTrip) {
       EXPECT_EQ(q.comm[l][o].group_sizes, p.comm[l][o].group_sizes);
       EXPECT_EQ(q.comm[l][o].source, p.comm[l][o].source);
       EXPECT_EQ(q.comm[l][o].alpha_per_rank_source, p.comm[l][o].alpha_per_rank_source);
+      EXPECT_DOUBLE_EQ(q.comm[l][o].handshake_us, p.comm[l][o].handshake_us);
+      EXPECT_EQ(q.comm[l][o].handshake_source, p.comm[l][o].handshake_source);
     }
   EXPECT_DOUBLE_EQ(q.fused.overlap, 0.75);
   EXPECT_DOUBLE_EQ(q.fused.per_piece_us, 3.5);
@@ -880,7 +947,16 @@ TEST(Profile, WriteReadRoundTrip) {
                           "eager_gain_source"})
     old["fused"].erase(key);
   old.erase("layer_compute");
+  for (auto& [lname, ops] : old["collectives"].items())
+    for (auto& [oname, e] : ops.items()) {
+      e.erase("handshake_us");
+      e.erase("handshake_source");
+    }
   const Profile o = profile_from_json(old, "old.json");
+  // A profile from before the handshake was fitted: none priced.
+  EXPECT_DOUBLE_EQ(o.collective(Link::kInter, CommOp::kAllToAll).handshake_us, 0.0);
+  EXPECT_NE(o.collective(Link::kInter, CommOp::kAllToAll).handshake_source.find("assumed 0"),
+            std::string::npos);
   // A profile from before the eager gain was measured: fusion's rendezvous saving unpriced.
   EXPECT_DOUBLE_EQ(o.fused.eager_gain, 0.0);
   EXPECT_DOUBLE_EQ(o.fused.eager_limit_bytes, 0.0);
@@ -1102,6 +1178,29 @@ TEST(Simulator, RefusesBadFiles) {
     EXPECT_TRUE(has(e.what(), "c.json")) << e.what();
     EXPECT_TRUE(has(e.what(), "intra.beta_us_per_byte")) << e.what();
   }
+  // The handshake: inter-node only, and only with the eager limit it applies above.
+  c = small_cluster();
+  c["inter"]["handshake_us"] = 70.0;
+  for (const char* want : {"inter.handshake_us", "fused_eager_limit_bytes"}) {
+    try {
+      cluster_from_json(c, "c.json");
+      ADD_FAILURE();
+    } catch (const InvalidConfig& e) {
+      EXPECT_TRUE(has(e.what(), want)) << e.what();
+    }
+  }
+  c["fused_eager_limit_bytes"] = 65472.0;
+  c["fused_eager_gain"] = 0.0;
+  const ClusterSpec ok = cluster_from_json(c, "c.json");
+  EXPECT_DOUBLE_EQ(ok.profile.collective(Link::kInter, CommOp::kAllToAll).handshake_us, 70.0);
+  EXPECT_DOUBLE_EQ(ok.profile.collective(Link::kIntra, CommOp::kAllToAll).handshake_us, 0.0);
+  c["intra"]["handshake_us"] = 5.0;
+  try {
+    cluster_from_json(c, "c.json");
+    ADD_FAILURE();
+  } catch (const InvalidConfig& e) {
+    EXPECT_TRUE(has(e.what(), "intra.handshake_us")) << e.what();
+  }
   auto g = small_grid();
   g.erase("N_EP");
   EXPECT_THROW(grid_from_json(g, "g.json"), InvalidConfig);
@@ -1132,6 +1231,37 @@ TEST(Fit, PooledAnchoredLines) {
   const auto h = fit_anchored_pooled({{1, 2, 4, 8}}, {{1000, 14, 18, 26}});
   EXPECT_NEAR(h.intercepts[0], 10.0, 1e-9);
   EXPECT_NEAR(h.slope, 2.0, 1e-9);
+}
+
+TEST(Fit, PooledAnchoredLinesWithAStepAtTheFlaggedSamples) {
+  // y = 10 + 2x, and 50 more from x = 8 on (the messages above the eager limit); a second
+  // series y = 30 + 2x with its step from x = 40.
+  const auto f = fit_anchored_pooled({{1, 2, 4, 8, 16}, {10, 20, 40, 80}},
+                                     {{12, 14, 18, 76, 92}, {50, 70, 160, 240}},
+                                     {{false, false, false, true, true}, {false, false, true, true}});
+  EXPECT_TRUE(f.step_fitted);
+  EXPECT_NEAR(f.slope, 2.0, 1e-9);
+  EXPECT_NEAR(f.step, 50.0, 1e-9);
+  ASSERT_EQ(f.intercepts.size(), 2u);
+  EXPECT_NEAR(f.intercepts[0], 10.0, 1e-9);
+  EXPECT_NEAR(f.intercepts[1], 30.0, 1e-9);
+  EXPECT_NEAR(f.r2, 1.0, 1e-12);
+  // Without flags the same samples give one steeper line and no step.
+  const auto plain = fit_anchored_pooled({{1, 2, 4, 8, 16}}, {{12, 14, 18, 76, 92}});
+  EXPECT_FALSE(plain.step_fitted);
+  EXPECT_DOUBLE_EQ(plain.step, 0.0);
+  EXPECT_GT(plain.slope, 2.0);
+  // A step down is bounded at 0, the slope then fitted alone (y = 10 + 2x exactly).
+  const auto down = fit_anchored_pooled({{1, 2, 4, 8}}, {{12, 14, 18, 26}},
+                                        {{false, false, true, true}});
+  EXPECT_TRUE(down.step_fitted);
+  EXPECT_DOUBLE_EQ(down.step, 0.0);
+  EXPECT_NEAR(down.slope, 2.0, 1e-9);
+  // Not fitted: every sample beyond the anchor flagged or none, or the anchor itself flagged.
+  EXPECT_FALSE(fit_anchored_pooled({{1, 2, 4}}, {{12, 64, 68}}, {{false, true, true}}).step_fitted);
+  EXPECT_FALSE(fit_anchored_pooled({{1, 2, 4}}, {{12, 14, 18}}, {{false, false, false}}).step_fitted);
+  EXPECT_FALSE(fit_anchored_pooled({{1, 2, 4}}, {{62, 64, 68}}, {{true, true, true}}).step_fitted);
+  EXPECT_THROW(fit_anchored_pooled({{1, 2}}, {{1, 2}}, {{false}}), Error);
 }
 
 TEST(Fit, RelativeLine) {

@@ -64,6 +64,9 @@ TEST(PerfmodelOrder, EmulatedClusterFilesPriceTheRendezvousPerCompute) {
     EXPECT_GE(c.profile.step_sync.per_compute, 0.0);
     EXPECT_EQ(c.profile.step_sync_world.per_compute, c.profile.step_sync.per_compute);
     EXPECT_EQ(c.profile.fused.overlap, 1.0);
+    // Made from calibrations that fitted the handshake above the eager limit (model.h).
+    EXPECT_GE(c.profile.collective(Link::kInter, CommOp::kAllToAll).handshake_us, 0.0);
+    EXPECT_GT(c.profile.fused.eager_limit_bytes, 0.0);
   }
 }
 
