@@ -345,12 +345,6 @@ void calibrate_collectives(Topology& topo, const TopologyOptions& topo_options,
   }
 }
 
-// Fused dispatch and combine on (ep, esp), each against its two parts run one after the
-// other, all interleaved in one loop (so that load changes hit them alike). The parts'
-// measured times t_i give the model's per-piece times c_i = alpha_i + (t_i - alpha_i) / W
-// (alpha_i from the collective fits), hence its unfused and pipelined totals (model.h); the
-// overlap is the median over sizes of (unfused - t_fused) / (unfused - pipelined) in [0, 1],
-// per_piece_us the median of what is left, per piece beyond the first.
 // The largest message the inter-node transport sends eagerly (model.h): given, or Open MPI's
 // default for the transport the nodes use. Open MPI's limit counts the message's header (ob1's
 // match header is 14 bytes): a payload of exactly 64 KiB goes by rendezvous over TCP (its
@@ -374,6 +368,12 @@ void set_eager_limit(const CalibrateOptions& o, bool nodes_emulated, FusedFit& f
   }
 }
 
+// Fused dispatch and combine on (ep, esp), each against its two parts run one after the
+// other, all interleaved in one loop (so that load changes hit them alike). The parts'
+// measured times t_i give the model's per-piece times c_i (piece_cost: alpha_i and the
+// piece's handshake, plus 1/W of the rest), hence its unfused and pipelined totals (model.h); the
+// overlap is the median over sizes of (unfused - t_fused) / (unfused - pipelined) in [0, 1],
+// per_piece_us the median of what is left, per piece beyond the first.
 void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev,
                      Calibration& cal, const Logger& log) {
   Communicator& ep = topo.comm(Group::kEp);
