@@ -62,8 +62,14 @@ inline nlohmann::json nasty_value(Rng& rng, const nlohmann::json& old) {
     case 17: return "../../etc/passwd";
     case 18: return 2147483648ll;  // INT_MAX + 1
     default:
-      if (old.is_number_integer() && !old.is_number_unsigned())
-        return old.get<int64_t>() + static_cast<int64_t>(rng.below(5)) - 2;
+      if (old.is_number_integer() && !old.is_number_unsigned()) {
+        // Near the old value, saturating at int64's ends (a value already there stays).
+        const int64_t v = old.get<int64_t>(), d = static_cast<int64_t>(rng.below(5)) - 2;
+        if ((d > 0 && v > std::numeric_limits<int64_t>::max() - d) ||
+            (d < 0 && v < std::numeric_limits<int64_t>::min() - d))
+          return v;
+        return v + d;
+      }
       if (old.is_number_unsigned()) return old.get<uint64_t>() * (1 + rng.below(3)) + rng.below(3);
       if (old.is_number_float()) return old.get<double>() * -2.0;
       if (old.is_string()) return old.get<std::string>() + "x";
