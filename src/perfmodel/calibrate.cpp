@@ -233,7 +233,8 @@ void fit_link_op(Link link, CommOp op, const std::vector<ShapeSamples>& shapes,
     e.handshake_source =
         pf.step_fitted
             ? source + " (the step at the eager limit)"
-            : fmt::format("assumed 0 (no timings either side of the eager limit, {:.0f} bytes)",
+            : fmt::format("assumed 0 (the timings do not pin a step at the eager limit, {:.0f} "
+                          "bytes: they need sizes below it and two above it in one group)",
                           prof.fused.eager_limit_bytes);
   } else {
     e.handshake_source = "not priced on an intra-node link";

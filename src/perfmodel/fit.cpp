@@ -1,6 +1,7 @@
 #include "perfmodel/fit.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "parm/error.h"
 #include "parm/stats.h"
@@ -157,7 +158,7 @@ PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
   std::vector<size_t> first(x.size());
   // Sums over the samples beyond the anchors, relative to them: dx, dy and the step flag I.
   double sxy = 0.0, sxx = 0.0, sxi = 0.0, sii = 0.0, siy = 0.0;
-  bool anchors_unflagged = true, some_unflagged = false;
+  bool anchors_unflagged = true, some_unflagged = false, two_flagged_sizes = false;
   for (size_t s = 0; s < x.size(); ++s) {
     PARM_CHECK_EQ(x[s].size(), y[s].size());
     PARM_CHECK(above.empty() || above[s].size() == x[s].size(),
@@ -172,6 +173,7 @@ PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
     first[s] = y[s][order[1]] < y[s][order[0]] ? order[1] : order[0];
     anchors_unflagged = anchors_unflagged && !flagged(s, first[s]);
     // Through (x_first, y_first): y = y_first + b (x - x_first) + h I.
+    double flagged_lo = INFINITY, flagged_hi = -INFINITY;
     for (size_t i = 0; i < x[s].size(); ++i) {
       if (x[s][i] < x[s][first[s]] || i == first[s]) continue;  // the delayed smallest sample
       const double dx = x[s][i] - x[s][first[s]];
@@ -183,13 +185,18 @@ PooledFit fit_anchored_pooled(const std::vector<std::vector<double>>& x,
       sii += flag;
       siy += dy * flag;
       some_unflagged = some_unflagged || flag == 0.0;
+      if (flag != 0.0) {
+        flagged_lo = std::min(flagged_lo, dx);
+        flagged_hi = std::max(flagged_hi, dx);
+      }
     }
+    two_flagged_sizes = two_flagged_sizes || flagged_hi > flagged_lo;
   }
   PARM_CHECK(sxx > 0.0, "a line fit needs samples at more than one x");
   PooledFit f;
   f.slope = std::max(0.0, sxy / sxx);
   const double det = sxx * sii - sxi * sxi;
-  if (anchors_unflagged && sii > 0.0 && some_unflagged && det > 1e-12 * sxx * sii) {
+  if (anchors_unflagged && two_flagged_sizes && some_unflagged && det > 1e-12 * sxx * sii) {
     f.step_fitted = true;
     f.slope = (sxy * sii - sxi * siy) / det;
     f.step = (sxx * siy - sxi * sxy) / det;

@@ -46,8 +46,10 @@ LineFit fit_anchored(const std::vector<double>& x, const std::vector<double>& y)
 // With `above` (a flag per sample, same shape as x): the lines also step up by h at the
 // flagged samples, y = a_i + b x + h [above] (model.h: the handshake of a message above the
 // eager limit); b and h by least squares through the anchors, each >= 0 (the other refitted
-// where one is bounded). The step is fitted only where every anchor is unflagged and some
-// sample beyond the anchors is flagged and some not (step_fitted; else h = 0).
+// where one is bounded). The step is fitted only where every anchor is unflagged, some sample
+// beyond the anchors is not flagged, and some series has flagged samples at two sizes, so the
+// slope above the step is seen directly (step_fitted; else h = 0): with one flagged size per
+// series, noise in the small unflagged samples decides whether the bytes go into b or h.
 struct PooledFit {
   std::vector<double> intercepts;  // a_i (>= 0)
   double slope = 0.0;              // b

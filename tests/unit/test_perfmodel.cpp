@@ -1257,7 +1257,11 @@ TEST(Fit, PooledAnchoredLinesWithAStepAtTheFlaggedSamples) {
   EXPECT_TRUE(down.step_fitted);
   EXPECT_DOUBLE_EQ(down.step, 0.0);
   EXPECT_NEAR(down.slope, 2.0, 1e-9);
-  // Not fitted: every sample beyond the anchor flagged or none, or the anchor itself flagged.
+  // Not fitted: one flagged size per series (the slope above the step not seen), every sample
+  // beyond the anchor flagged or none, or the anchor itself flagged.
+  EXPECT_FALSE(fit_anchored_pooled({{1, 2, 4, 8}, {10, 20, 40}}, {{12, 14, 18, 76}, {50, 70, 160}},
+                                   {{false, false, false, true}, {false, false, true}})
+                   .step_fitted);
   EXPECT_FALSE(fit_anchored_pooled({{1, 2, 4}}, {{12, 64, 68}}, {{false, true, true}}).step_fitted);
   EXPECT_FALSE(fit_anchored_pooled({{1, 2, 4}}, {{12, 14, 18}}, {{false, false, false}}).step_fitted);
   EXPECT_FALSE(fit_anchored_pooled({{1, 2, 4}}, {{62, 64, 68}}, {{true, true, true}}).step_fitted);

@@ -38,6 +38,9 @@ void print_table(const perfmodel::Profile& p) {
                   f.r2, static_cast<long long>(f.samples), f.source.c_str());
       std::printf("%-26s %10.2f %14s %12s %8s %7s  %s\n", "  + per rank beyond 2",
                   f.alpha_per_rank_us, "-", "-", "", "", f.alpha_per_rank_source.c_str());
+      if (link == Link::kInter)
+        std::printf("%-26s %10.2f %14s %12s %8s %7s  %s\n", "  + handshake above limit",
+                    f.handshake_us, "-", "-", "", "", f.handshake_source.c_str());
     }
   std::printf("%-26s %10.2f %14s %9.3f ovl  %8.4f %7lld  %s\n", "fused (per piece, overlap)",
               p.fused.per_piece_us, "-", p.fused.overlap, p.fused.r2,
