@@ -216,7 +216,7 @@ void fit_link_op(Link link, CommOp op, const std::vector<ShapeSamples>& shapes,
       x.push_back(link == Link::kInter ? sh.span.link_share * sh.bus[i] : sh.bus[i]);
       y.push_back(sh.us[i] - known);
       a.push_back(link == Link::kInter && sh.span.size > 1 &&
-                  above_eager_limit(prof.fused, sh.bus[i] / (sh.span.size - 1)));
+                  above_eager_limit(prof.fused, peer_message_bytes(sh.span, sh.bus[i])));
     }
     xs.push_back(std::move(x));
     ys.push_back(std::move(y));

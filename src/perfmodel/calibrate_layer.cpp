@@ -27,7 +27,7 @@ double inter_fused_message(const Prediction& p, const Target& target) {
       for (const auto* parts : {&s.fwd_parts, &s.bwd_parts})
         for (const auto& part : *parts)
           if (part.link == Link::kInter && part.op == CommOp::kAllToAll)
-            m = std::max(m, part.bus_bytes / (group_span(target, part.group).size - 1));
+            m = std::max(m, peer_message_bytes(group_span(target, part.group), part.bus_bytes));
   return m;
 }
 

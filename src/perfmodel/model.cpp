@@ -103,24 +103,22 @@ double handshake_us(const Profile& prof, CommOp op, const GroupSpan& sp, double 
   return prof.collective(Link::kInter, op).handshake_us;
 }
 
-namespace {
-double message_of(const GroupSpan& sp, double bus_bytes) {
+double peer_message_bytes(const GroupSpan& sp, double bus_bytes) {
   return sp.size > 1 ? bus_bytes / (sp.size - 1) : bus_bytes;
 }
-}  // namespace
 
 double collective_us(const Profile& prof, CommOp op, const GroupSpan& sp, double bus_bytes) {
   const double beta_intra = prof.collective(Link::kIntra, op).beta_us_per_byte;
   if (sp.link == Link::kIntra) return collective_alpha_us(prof, op, sp) + beta_intra * bus_bytes;
   return collective_alpha_us(prof, op, sp) + beta_intra * sp.intra_share * bus_bytes +
          prof.collective(Link::kInter, op).beta_us_per_byte * sp.link_share * bus_bytes +
-         handshake_us(prof, op, sp, message_of(sp, bus_bytes));
+         handshake_us(prof, op, sp, peer_message_bytes(sp, bus_bytes));
 }
 
 PieceCost piece_cost(const Profile& prof, CommOp op, const GroupSpan& sp, double bus_bytes,
                      double part_us, int chunks) {
   PARM_CHECK(chunks >= 1, "a collective in {} pieces", chunks);
-  const double m = message_of(sp, bus_bytes);
+  const double m = peer_message_bytes(sp, bus_bytes);
   const double alpha = collective_alpha_us(prof, op, sp);
   PieceCost c;
   c.bytes_us = std::max(0.0, part_us - alpha - handshake_us(prof, op, sp, m));
@@ -317,7 +315,7 @@ struct Pricer {
         piece_alpha.push_back(pc.latency_us);
         links.push_back(sp.link);
         if (sp.link == Link::kInter)
-          eager += eager_saving_us(prof.fused, message_of(sp, p.bus_bytes), sc.chunks,
+          eager += eager_saving_us(prof.fused, peer_message_bytes(sp, p.bus_bytes), sc.chunks,
                                    pc.bytes_us, sp.intra_share > 0.0);
       }
       double t = fused && !piece.empty()

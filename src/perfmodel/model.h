@@ -124,6 +124,9 @@ double collective_us(const Profile& profile, CommOp op, const GroupSpan& span, d
 // Its latency part alpha(n) alone.
 double collective_alpha_us(const Profile& profile, CommOp op, const GroupSpan& span);
 
+// The message one rank sends each peer in a collective of bus_bytes on a group with that span:
+// b / (n - 1) (b for a group of one).
+double peer_message_bytes(const GroupSpan& span, double bus_bytes);
 // Whether a point-to-point message of message_bytes goes by rendezvous: above fused's eager
 // limit, a limit on the payload (false where the limit is 0: not priced).
 bool above_eager_limit(const FusedFit& fused, double message_bytes);
