@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "moe/expert_products.h"
 #include "moe/moe_ops.h"
 #include "parm/rng.h"

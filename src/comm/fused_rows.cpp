@@ -4,7 +4,7 @@
 
 #include "comm/fused.h"
 #include "comm/fused_plan.h"
-#include "layer/packed_rows.h"
+#include "shape/packed_rows.h"
 #include "parm/error.h"
 
 namespace parm {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "data/batch.h"
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "model/param.h"
 #include "parm/topology.h"
 #include "schedule/schedule.h"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "model/model.h"
 #include "parm/error.h"
 

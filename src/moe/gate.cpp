@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
-#include "layer/packed_rows.h"
+#include "shape/packed_rows.h"
 #include "moe/expert_products.h"
 #include "moe/moe_ops.h"
 #include "parm/error.h"

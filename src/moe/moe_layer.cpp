@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "comm/fused_any.h"
-#include "layer/packed_rows.h"
+#include "shape/packed_rows.h"
 #include "parm/error.h"
 #include "parm/timer.h"
 

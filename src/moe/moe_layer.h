@@ -163,7 +163,7 @@ class MoeLayer {
   // Dropless: collective step s moves segmented buffers (a row exchange, never a dense one).
   bool dropless_move(const schedule::Step& s) const;
   // Packed layout: buffer id's segment starts for its current fill counts (firsts_[id],
-  // from layer/packed_rows.h), checked to fit the buffer; null when not packed.
+  // from shape/packed_rows.h), checked to fit the buffer; null when not packed.
   const int64_t* packed_first(int id);
   // mine (outer, chunk) = this rank's part of full (outer, c.size(), chunk).
   void keep_chunk(Communicator& c, int64_t outer, const Tensor& full, Tensor& mine);

@@ -41,7 +41,7 @@ struct GateRouting {
   int64_t slot(size_t i) const { return row[i] < 0 ? -1 : row[i] - start(expert[i]); }
 };
 
-// Dropless: renumbers the last gate call's rows into the packed layout (layer/packed_rows.h):
+// Dropless: renumbers the last gate call's rows into the packed layout (shape/packed_rows.h):
 // expert e's slots follow the rows routed to experts 0..e-1, so the dispatch buffer (and the
 // combine's, which mirrors it) holds the routed rows back to back. Sets routing.first.
 void pack_routing(GateRouting& routing);
@@ -143,7 +143,7 @@ struct ExpertWorkspace {
 // The exchange layout: in/out are (blocks, E_loc, slots, M); expert e's rows in block b are
 // the first fills[b * E_loc + e] of the `slots` rows at [b, e] (the rest are empty slots and
 // are not computed). With `first` (dropless, packed): segment [b, e] starts at row
-// first[b * E_loc + e] instead (layer/packed_rows.h), and in/out hold at least the routed rows. out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly one shard of an
+// first[b * E_loc + e] instead (shape/packed_rows.h), and in/out hold at least the routed rows. out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly one shard of an
 // ESP group adds it, so that the sum over the group holds it once) at filled rows, zero at
 // empty ones. Overwrites out. `times` (may be null): "rows in/out", "expert products",
 // "bias + GeLU", and at bf16 "bf16 weight packing" in a pass that packs W1 and W2 (at either

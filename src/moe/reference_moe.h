@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "parm/tensor.h"
 
 namespace parm::ref {

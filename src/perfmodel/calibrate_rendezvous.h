@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "parm/topology.h"
 #include "perfmodel/calibrate.h"
 #include "perfmodel/calibrate_layer.h"

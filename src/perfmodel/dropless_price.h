@@ -4,7 +4,7 @@
 // Target::load_max_over_mean, the same input that sets the experts step's rows (model.h).
 #pragma once
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "schedule/schedule.h"
 
 namespace parm::perfmodel {

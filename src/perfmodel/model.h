@@ -80,7 +80,7 @@
 #include <string>
 #include <vector>
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "parm/topology.h"
 #include "perfmodel/profile.h"
 #include "schedule/schedule.h"

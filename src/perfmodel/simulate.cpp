@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "parm/error.h"
 #include "parm/stats.h"
 #include "perfmodel/json_reader.h"

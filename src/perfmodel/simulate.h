@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "perfmodel/model.h"
 #include "perfmodel/profile.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "parm/tensor.h"
 #include "parm/topology.h"
 
@@ -97,7 +97,7 @@ struct BufferSpec {
   // Dropless, segmented: the most routed rows the buffer can hold in one pass
   // (dropless_buffer_rows; docs/dropless.md, "Worst case per buffer"); 0 otherwise. Under
   // Schedule::packed the layer holds this many rows, its segments back to back
-  // (layer/packed_rows.h); `shape` stays the (segments, slots, M) form the byte formulas of
+  // (shape/packed_rows.h); `shape` stays the (segments, slots, M) form the byte formulas of
   // the capacity-factor layout and the cost model read.
   int64_t max_routed_rows = 0;
 };

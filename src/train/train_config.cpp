@@ -6,7 +6,7 @@
 
 #include <fmt/ranges.h>
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "model/pp_split.h"
 #include "moe/backend.h"
 #include "parm/device.h"

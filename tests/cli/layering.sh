@@ -16,7 +16,7 @@ forbidden() {
   done
 }
 
-forbidden layer moe schedule comm model perfmodel train data kernels
+forbidden shape moe schedule comm model perfmodel train data kernels
 forbidden schedule moe model perfmodel train data
 forbidden data moe schedule model perfmodel train
 forbidden moe model perfmodel train data

@@ -38,7 +38,7 @@
 #include "kernels/cuda/expert_kernels.h"
 #include "kernels/cuda/expert_math.h"
 #include "kernels/cuda/gemm.h"
-#include "layer/packed_rows.h"
+#include "shape/packed_rows.h"
 #include "moe/cuda/device_experts.h"
 #include "moe/moe_ops.h"
 #include "parm/device.h"

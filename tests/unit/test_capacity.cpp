@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "layer/shape.h"
+#include "shape/shape.h"
 #include "parm/error.h"
 
 namespace parm {

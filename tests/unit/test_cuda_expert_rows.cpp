@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/cuda/expert_math.h"
-#include "layer/packed_rows.h"
+#include "shape/packed_rows.h"
 #include "moe/cuda/expert_rows.h"
 #include "moe/moe_ops.h"
 #include "parm/error.h"

@@ -10,7 +10,7 @@
 #include <numeric>
 #include <vector>
 
-#include "layer/packed_rows.h"
+#include "shape/packed_rows.h"
 #include "moe/moe_ops.h"
 #include "parm/error.h"
 #include "parm/rng.h"
@@ -78,7 +78,7 @@ TEST(PackedWorkspace, SkewedRoutingGivesTheUnpackedBits) {
   EXPECT_EQ(packed.first[2], packed.first[1] + packed.rows[1]);
 }
 
-// The exchange layout packed too (experts_forward's `first`, layer/packed_rows.h): segment
+// The exchange layout packed too (experts_forward's `first`, shape/packed_rows.h): segment
 // [b, e]'s routed rows at the prefix sum of the fills before it, the buffers holding only
 // the routed rows. Each segment's rows of out and din are the (blocks, E_loc, slots)
 // layout's, bit for bit, and the weight gradients equal.

@@ -21,7 +21,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/host_device.h"
-#include "layer/packed_rows.h"
+#include "shape/packed_rows.h"
 
 namespace parm::cuda::math {
 
@@ -233,9 +233,9 @@ PARM_HD inline int64_t assign_slots(const unsigned char* flag, int items, int64_
   return pos;
 }
 
-// ---- the packed layout of dropless routing (layer/packed_rows.h, moe::pack_routing) --------
+// ---- the packed layout of dropless routing (shape/packed_rows.h, moe::pack_routing) --------
 
-// The experts' starts: parm::packed_starts (layer/packed_rows.h, host and device).
+// The experts' starts: parm::packed_starts (shape/packed_rows.h, host and device).
 
 // A choice's row in the packed layout: its slot in expert e (row - e * slots, the slot scan's
 // numbering) after the rows of the experts before e (first_e); a drop (-1) stays -1.

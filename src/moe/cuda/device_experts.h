@@ -64,7 +64,7 @@ class DeviceExperts {
   // weights w on the GPU (fp32), fills on the HOST (int32, blocks * E_loc). Overwrites out
   // (zero at empty slots). Keeps the rows and activations for backward(). first (HOST, may
   // be null; dropless, packed): segment [b, e] starts at row first[b * E_loc + e] of in/out,
-  // which then hold at least the routed rows (layer/packed_rows.h); only its rows are written.
+  // which then hold at least the routed rows (shape/packed_rows.h); only its rows are written.
   void forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                const int32_t* fills, const int64_t* first, bool add_b2, Tensor& out,
                PhaseTimes* times = nullptr);

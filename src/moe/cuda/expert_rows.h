@@ -73,7 +73,7 @@ PARM_HD inline int64_t expert_pool_elements(int64_t max_total_rows, int64_t expe
 }
 
 // Offset (elements) of segment [b, e]'s first row in the layout: at (b * E_loc + e) slots
-// rows, or, with `first` (dropless, packed: layer/packed_rows.h), at row first[b * E_loc + e].
+// rows, or, with `first` (dropless, packed: shape/packed_rows.h), at row first[b * E_loc + e].
 PARM_HD inline int64_t segment_offset(int64_t b, int64_t e, int64_t e_loc, int64_t slots,
                                       int64_t M, const int64_t* first = nullptr) {
   const int64_t i = b * e_loc + e;

@@ -1,4 +1,4 @@
-#include "layer/shape.h"
+#include "shape/shape.h"
 
 #include <limits>
 
