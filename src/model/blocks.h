@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "parm/device.h"
+#include "shape/attention_shape.h"
 
 namespace parm::model {
 
@@ -43,15 +44,7 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, f
 
 // ---- Multi-head self-attention core (the heads this rank holds) ---------------------------
 
-struct AttentionShape {
-  int64_t batch = 0;     // B
-  int64_t seq_len = 0;   // L
-  int64_t heads = 0;     // heads held here (num_heads / N_MP)
-  int64_t head_dim = 0;  // D = M / num_heads
-  bool causal = false;   // GPT-2: position i attends to j <= i; BERT: to every j
-  Precision precision = Precision::kFp32;  // of its four products (dense_gemm)
-  int64_t width() const { return heads * head_dim; }  // columns of q, k, v, out
-};
+// AttentionShape (shape/attention_shape.h): B, L, the heads held here, D, causal, precision.
 
 // q, k, v, out (B*L, heads*D): head h is columns [h*D, (h+1)*D).
 // probs (B, heads, L, L): softmax(q k^T / sqrt(D)) with the causal mask (masked entries 0).

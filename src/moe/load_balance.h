@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "moe/moe_layer.h"
+#include "parm/stats.h"
 
 namespace parm {
 
@@ -16,14 +17,7 @@ struct LoadImbalance {
   std::string str() const;            // "max/mean per expert 1.23, per rank 1.10"
 };
 
-// How much more the busiest of n shares took than their mean: busiest * n / total, or
-// `if_none` when total is 0 (nothing routed). Every imbalance ratio of the layer, the trainer's
-// plan and the cost model is this one. Throws parm::Error for a negative busiest or total.
-double max_over_mean(double busiest, double total, double n, double if_none);
-// The same over `loads` split into n_groups contiguous blocks (EP rank j holds experts
-// [j E / n_ep, (j + 1) E / n_ep)): the busiest block's sum over the mean block sum. Throws for
-// a size not a multiple of n_groups (or empty) or a negative load.
-double max_over_mean(const std::vector<double>& loads, int n_groups, double if_none);
+// max_over_mean (parm/stats.h) is every ratio below.
 
 // Collective over the ranks of the layer's pipeline stage (host; its esp, ep and edp
 // groups): each calls it after the same forward pass. The ranks of an MP group that gate

@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "comm/fused_plan.h"
-#include "moe/load_balance.h"
+#include "parm/stats.h"
 #include "perfmodel/dropless_price.h"
 #include "parm/error.h"
 

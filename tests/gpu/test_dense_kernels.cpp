@@ -379,7 +379,7 @@ TEST(DenseKernels, AttentionMatchesCpu) {
         SCOPED_TRACE(testing::Message() << "B " << cs.B << " L " << cs.L << " heads " << cs.heads
                                         << " D " << cs.D << (causal ? " causal " : " full ")
                                         << precision_name(p));
-        model::AttentionShape s;
+        AttentionShape s;
         s.batch = cs.B;
         s.seq_len = cs.L;
         s.heads = cs.heads;
@@ -509,7 +509,7 @@ TEST(DenseKernels, BadShapesAreRefusedBeforeAnyWork) {
                           1.0, true),
                Error);  // steps count from 1
   EXPECT_THROW(cross_entropy(nullptr, nullptr, nullptr, 2, 0, 1.0f, nullptr), Error);
-  model::AttentionShape s;
+  AttentionShape s;
   s.batch = 1;
   s.seq_len = 4;
   s.heads = 1;

@@ -253,7 +253,7 @@ TEST(CudaDenseMath, StridedGemmMappingMatchesCpuGemm) {
 // masked softmax over every row of probs with the query index r mod L, and the backward pass
 // with one head's (B, L, L) scores. Must equal model::attention_* up to the softmax rows'
 // rounding (kUlps of the largest value of each tensor); masked probabilities exactly 0.
-void attention_plan(const model::AttentionShape& s, const float* q, const float* k, const float* v,
+void attention_plan(const AttentionShape& s, const float* q, const float* k, const float* v,
                     float* probs, float* out) {
   const int64_t B = s.batch, L = s.seq_len, H = s.heads, D = s.head_dim;
   const HeadBatch hb = head_batch(L, H, D);
@@ -272,7 +272,7 @@ void attention_plan(const model::AttentionShape& s, const float* q, const float*
                 out + b * hb.head_stride + hb.head_offset(h, D), hb.ld, false);
 }
 
-void attention_backward_plan(const model::AttentionShape& s, const float* q, const float* k,
+void attention_backward_plan(const AttentionShape& s, const float* q, const float* k,
                              const float* v, const float* probs, const float* dout, float* dq,
                              float* dk, float* dv) {
   const int64_t B = s.batch, L = s.seq_len, H = s.heads, D = s.head_dim;
@@ -313,7 +313,7 @@ void expect_all_close(const std::vector<float>& got, const std::vector<float>& w
 
 TEST(CudaDenseMath, AttentionPlanIsTheCpuAttention) {
   for (bool causal : {true, false}) {
-    model::AttentionShape s;
+    AttentionShape s;
     s.batch = 2;
     s.seq_len = 37;  // not a multiple of 16 or 32
     s.heads = 3;

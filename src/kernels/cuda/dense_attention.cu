@@ -9,7 +9,6 @@
 #include "kernels/cuda/dense_kernels.h"
 #include "kernels/cuda/dense_rows.cuh"
 #include "kernels/cuda/dense_scratch.h"
-#include "model/blocks.h"
 #include "kernels/cuda/dense_checks.h"
 
 namespace parm::cuda {
@@ -76,7 +75,7 @@ __global__ void masked_softmax_backward_kernel(const float* probs_head, int64_t 
   }
 }
 
-void check_shape(const model::AttentionShape& s, const char* op) {
+void check_shape(const AttentionShape& s, const char* op) {
   check_sizes(s.batch >= 0 && s.seq_len >= 0 && s.heads >= 0 && s.head_dim > 0, op,
               "B, L, heads, D", {s.batch, s.seq_len, s.heads, s.head_dim},
               "B, L, heads >= 0, D > 0");
@@ -84,7 +83,7 @@ void check_shape(const model::AttentionShape& s, const char* op) {
 
 }  // namespace
 
-void attention_forward(const model::AttentionShape& s, const float* q, const float* k,
+void attention_forward(const AttentionShape& s, const float* q, const float* k,
                        const float* v, float* probs, float* out) {
   check_shape(s, "attention_forward");
   const int64_t B = s.batch, L = s.seq_len, H = s.heads, D = s.head_dim, W = s.width();
@@ -111,7 +110,7 @@ void attention_forward(const model::AttentionShape& s, const float* q, const flo
                  out + hb.head_offset(h, D), hb.ld, hb.head_stride, B, bf16);
 }
 
-void attention_backward(const model::AttentionShape& s, const float* q, const float* k,
+void attention_backward(const AttentionShape& s, const float* q, const float* k,
                         const float* v, const float* probs, const float* dout, float* dq,
                         float* dk, float* dv, float* /*dscores: the workspace's instead*/) {
   check_shape(s, "attention_backward");

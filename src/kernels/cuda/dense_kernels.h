@@ -18,10 +18,7 @@
 #include <cstdint>
 
 #include "parm/device.h"
-
-namespace parm::model {
-struct AttentionShape;
-}
+#include "shape/attention_shape.h"
 
 namespace parm::cuda {
 
@@ -106,13 +103,13 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, f
 // tensor-core GEMMs (K = D or L) while the fused softmax reads and writes each score once per
 // pass: what a flash kernel would save is that traffic, 8 L^2 bytes per head and sequence per
 // pass, and the probs' memory. s.precision kBf16: bf16 operands (rounded into the
-// workspace), fp32 results. A call from outside parm::cuda must be qualified
-// (cuda::attention_forward): argument-dependent lookup also finds model::attention_forward.
+// workspace), fp32 results. AttentionShape is shape/attention_shape.h's, shared with the CPU
+// functions (model/blocks.h).
 // dscores: the CPU's (L, L) scratch, not used here (may be null): one head's scores for the
 // whole batch, (B, L, L), live in the workspace.
-void attention_forward(const model::AttentionShape& s, const float* q, const float* k,
+void attention_forward(const AttentionShape& s, const float* q, const float* k,
                        const float* v, float* probs, float* out);
-void attention_backward(const model::AttentionShape& s, const float* q, const float* k,
+void attention_backward(const AttentionShape& s, const float* q, const float* k,
                         const float* v, const float* probs, const float* dout, float* dq,
                         float* dk, float* dv, float* dscores);
 
