@@ -66,19 +66,39 @@ Plan make_plan(Pipeline pipeline, const std::array<int, kNumRoles>& sizes) {
   return p;
 }
 
+double stage_bytes(const Stage& s, int n_ep, size_t block) {
+  const double block_bytes = static_cast<double>(block * sizeof(float));
+  return s.count == Count::kBlock ? block_bytes : n_ep * block_bytes;
+}
+
+double stage_bus_bytes(const Stage& s, int group_size, int n_ep, size_t block) {
+  return bus_bytes(s.records, group_size, stage_bytes(s, n_ep, block));
+}
+
+void run_unfused_stage(const Stage& s, Communicator& c, const float* send, float* recv,
+                       int n_ep, size_t block) {
+  const size_t count = s.count == Count::kBlock ? block : static_cast<size_t>(n_ep) * block;
+  switch (s.records) {
+    case CommOp::kAllToAll: c.alltoall(send, recv, count); break;
+    case CommOp::kAllGather: c.allgather(send, recv, count); break;
+    case CommOp::kReduceScatter: c.reduce_scatter(send, recv, count); break;
+    default: PARM_CHECK(false, "fused stage {} records {}, not a collective it can run alone",
+                        s.name, comm_op_name(s.records));
+  }
+}
+
 void record(const Plan& plan, const std::array<Communicator*, kNumRoles>& comms, size_t block,
             const std::array<double, kMaxStages>& busy_us) {
   Communicator* ep = comms[static_cast<size_t>(Role::kEp)];
   PARM_CHECK(ep != nullptr, "fused {}: no ep communicator to record", plan.desc->name);
-  const double block_bytes = static_cast<double>(block * sizeof(float));
   for (int j = 0; j < plan.num_stages; ++j) {
     const Stage& s = plan.stage(j);
     Communicator* c = comms[static_cast<size_t>(s.group)];
     PARM_CHECK(c != nullptr, "fused {}: no communicator for stage {}", plan.desc->name, s.name);
     const int n = c->size();
     if (n <= 1) continue;  // a group of one records nothing, as the unfused op
-    const double bytes = s.count == Count::kBlock ? block_bytes : ep->size() * block_bytes;
-    c->record(s.records, bus_bytes(s.records, n, bytes), busy_us[static_cast<size_t>(j)]);
+    c->record(s.records, stage_bus_bytes(s, n, ep->size(), block),
+              busy_us[static_cast<size_t>(j)]);
   }
 }
 

@@ -106,6 +106,18 @@ struct Plan {
 // KeepSizeOneStages of this thread decides whether size-one stages are kept.
 Plan make_plan(Pipeline pipeline, const std::array<int, kNumRoles>& sizes);
 
+// The size bus_bytes takes for stage s's recorded collective in a call of `block` elements
+// per EP peer: its Count's elements (block, or row = n_ep * block) in bytes.
+double stage_bytes(const Stage& s, int n_ep, size_t block);
+// That collective's bus bytes on a group of group_size ranks.
+double stage_bus_bytes(const Stage& s, int group_size, int n_ep, size_t block);
+// Stage s unfused: its recorded collective alone on c (the stage's group), send -> recv with
+// the Count's elements (alltoall: per peer; allgather: sent; reduce_scatter: received). A
+// pipeline's stages run so one after the other, each reading the previous one's output, give
+// the fused call's result.
+void run_unfused_stage(const Stage& s, Communicator& c, const float* send, float* recv,
+                       int n_ep, size_t block);
+
 // Records the constituent collectives of a finished call: one call per stage whose group
 // has more than one rank, its bus bytes from its Count (row = N_EP * block), and busy_us[j]
 // of active stage j as its time. comms by Role (null where the pipeline has no such stage).

@@ -1,8 +1,8 @@
-// Calibration: measures this machine's collectives (on intra-node groups of 2 and of a
-// node's ranks, on a group of one rank per node and on the whole world when there are
-// several nodes: the terms of model.h's collective formula), the fused collectives, the GEMM rate over expert and gate shapes and the memory
-// bandwidth of the copy and GeLU kernels, and fits the profile's entries by least squares.
-// Collective over the topology's world: every rank calls it with the same options.
+// Calibration: measures this machine's collectives (calibrate_collectives.h), the fused
+// collectives (calibrate_fused.h), the GEMM rate over expert and gate shapes and the memory
+// bandwidth of the copy and GeLU kernels (calibrate_compute.h), then the layer itself
+// (calibrate_layer.h, calibrate_rendezvous.h), and fits the profile's entries. Collective
+// over the topology's world: every rank calls it with the same options.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +18,9 @@ namespace parm::perfmodel {
 
 struct CalibrateOptions {
   int64_t min_bytes = 4096;     // collective buffer sizes (nccl-tests convention), per rank,
-  int64_t max_bytes = 1 << 20;  // in x4 steps (a layer's collectives here: up to ~1 MB of
-                                // bus bytes; 4 MiB took most of a 2 x 4 calibration's time)
-  int iters = 15;  // timed iterations per size (median of the max over ranks): at 5, two
-                   // calibrations on one 2 x 2 cluster put the pair latencies at 15 and 89 us
-                   // (inter), 71 and 175 us (intra); at 15, 163 and 189, 152 and 168 us
+  int64_t max_bytes = 1 << 20;  // in x4 steps: the range of a layer's collectives
+  int iters = 15;  // timed iterations per size (median of the max over ranks); fewer leave
+                   // the pair latencies to noise (docs/perfmodel.md, `parm calibrate`)
   int warmup = 1;
   int chunks = 4;               // pipeline depth of the fused collectives measured
   // The largest message the inter-node transport sends eagerly (bytes; model.h,
@@ -31,19 +29,17 @@ struct CalibrateOptions {
   // (btl_vader_eager_limit); 0: not priced.
   double eager_limit_bytes = -1.0;
   // GEMM shapes: rows R x model dim M x expert hidden shard Hl (and the gate's E), the range
-  // of a layer's products here (2-270 MFLOP): 512 x 1024 x 1024 (1 GFLOP) ran 5-7x slower
-  // per flop than the rest under load and bent the rate of every smaller product.
+  // of a layer's products (2-270 MFLOP); larger products run slower per flop under load and
+  // would bend the rate of every smaller one.
   std::vector<int64_t> gemm_rows = {32, 256};
   std::vector<int64_t> gemm_model_dims = {128, 512};
   std::vector<int64_t> gemm_hidden = {128, 1024};
   std::vector<int64_t> gate_experts = {8, 64};
   int gemm_iters = 3;
   // Each timed sample of a product or memory-bound kernel repeats it back to back for at
-  // least this long on every rank (0: one call per sample). With more ranks than cores the
-  // ranks share the cores; a single 30-300 us call after a barrier mostly runs alone, so
-  // the one-call rate came out at 96 GFLOP/s per rank with 4 ranks on 2 cores (139 for one
-  // rank alone) and the sweeps measured 1.6-2.1x their prices on one machine. A window
-  // longer than the scheduler's slice measures the rate the ranks get when all compute.
+  // least this long on every rank (0: one call per sample). With more ranks than cores a
+  // single 30-300 us call after a barrier mostly runs alone, at the rate of a rank alone; a
+  // window longer than the scheduler's slice measures the rate the ranks get when all compute.
   double compute_window_us = 20000.0;
   // Where the products, kernels and collectives' buffers are measured (make_bench_device's
   // device, recorded as the profile's "device"; the topology must move that device's

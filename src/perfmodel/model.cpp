@@ -169,26 +169,6 @@ namespace {
 
 constexpr double kF = sizeof(float);
 
-// The pipeline a fused step runs in this direction: the adjoint of the dispatch collective
-// is the combine collective (without the MP gather) and vice versa.
-fused_plan::Pipeline fused_pipeline(const schedule::Step& s, bool bwd) {
-  if ((s.kind == StepKind::kFusedCombine) == bwd) return fused_plan::Pipeline::kDispatch;
-  return s.has_mp_part() && !bwd ? fused_plan::Pipeline::kCombineMp
-                                 : fused_plan::Pipeline::kCombine;
-}
-
-// The part of the pipeline group `g` plays in fused step `s` (schedule.h: the dispatch step
-// runs on group = ep, group2 = esp; the combine step on group = esp, group2 = ep and, with
-// the MP part, group3 = mp).
-fused_plan::Role fused_role(const schedule::Step& s, Group g) {
-  if (s.has_mp_part() && g == s.group3) return fused_plan::Role::kMp;
-  const bool dispatch = s.kind == StepKind::kFusedDispatch;
-  if (g == (dispatch ? s.group : s.group2)) return fused_plan::Role::kEp;
-  PARM_CHECK(g == (dispatch ? s.group2 : s.group), "{}: group {} is not one of its groups",
-             s.label, group_name(g));
-  return fused_plan::Role::kEsp;
-}
-
 struct Pricer {
   const Profile& prof;
   const schedule::Schedule& sc;
@@ -276,21 +256,9 @@ struct Pricer {
 
   void collectives(const schedule::Step& s, StepCost& c) const {
     for (bool bwd : {false, true}) {
+      // A fused step's parts come in the stage order of its pipeline (comm/fused_plan.h).
       auto parts = schedule::collective_parts(sc, s, target.layout, bwd);
       const bool fused = s.kind == StepKind::kFusedDispatch || s.kind == StepKind::kFusedCombine;
-      if (fused) {
-        // Priced in the stage order of the pipeline the executors run (comm/fused_plan.h).
-        const fused_plan::Description& d = fused_plan::describe(fused_pipeline(s, bwd));
-        auto stage = [&](Group g) {
-          const int j = d.stage_of(fused_role(s, g));
-          PARM_CHECK(j >= 0, "{}: group {} has no stage in the fused {} pipeline", s.label,
-                     group_name(g), d.name);
-          return j;
-        };
-        std::stable_sort(parts.begin(), parts.end(), [&](const auto& a, const auto& b) {
-          return stage(a.group) < stage(b.group);
-        });
-      }
       std::vector<PartCost>& out = bwd ? c.bwd_parts : c.fwd_parts;
       std::vector<double> piece, piece_alpha;
       std::vector<Link> links;

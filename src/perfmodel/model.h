@@ -1,11 +1,12 @@
 // The cost model (SPEC §5): prices every step of a schedule's step list — the same list the
 // executor (MoeLayer) runs — for the forward and the backward pass, and picks the fastest
 // schedule. Pure: no MPI, so any layout (a 32-GPU cluster, say) can be priced on one process.
+// The formulas below, with their derivations and the measurements behind them, are in
+// docs/perfmodel.md ("What is priced").
 //
 // Collective part (group g of n ranks, op o, bus bytes b per rank from
-// schedule::collective_parts; collective_us):
-//     alpha(n)   = alpha[L][o] + alpha_per_rank[L][o] * (n - 2)
-// (calibrate writes one alpha[L] for every op o: fit.h pair_latency)
+// schedule::collective_parts; collective_us), on the group's link L:
+//     alpha(n) = alpha[L][o] + alpha_per_rank[L][o] * (n - 2)
 //     intra:  t = alpha_intra(n) + beta_intra[o] * b
 //     inter:  t = alpha_inter(n) + beta_intra[o] * intra_share * b
 //                                + beta_inter[o] * link_share * b + h[o] * [m above E]
@@ -15,66 +16,38 @@
 //     link_share  = max over nodes of the sum over its ranks r (every instance of g: they
 //                   all run at once) of (n - local_r) / (n - 1): how many ranks' worth of bus
 //                   bytes cross that node's link, which they share.
-// The two parts add: both are driven by the same cores (no overlap measured here).
-// h[o] (handshake_us): a point-to-point message above the transport's eager limit E
-// (fused.eager_limit_bytes, on the payload: m > E) moves only after a handshake with its
-// receiver, a round trip that waits for the receiver to be scheduled; m = b / (n - 1), the
-// per-peer message. `calibrate` fits h per op on the inter link as a step at E in its
-// collective timings (fit.h, fit_anchored_pooled). A fused piece of m / W pays it where m / W
-// is above E (piece_cost).
-// Every collective step and direction adds the ranks' rendezvous after computation, which
-// back-to-back collective timings never see (rendezvous_us):
+// The two parts add: the same cores drive both. h[o] (handshake_us): a point-to-point message
+// above the transport's eager limit E (fused.eager_limit_bytes, on the payload) moves only
+// after a handshake with its receiver; m = b / (n - 1), the per-peer message. A fused piece of
+// m / W pays it where m / W is above E (piece_cost).
+// Rendezvous after computation, once per collective step and direction (rendezvous_us):
 //     sync = s.us + s.per_compute * C
 // C = the step's predicted compute since the previous collective step in the order the
 // executor runs them (backward: reversed); s = step_sync_world when every group of the step
-// holds all ranks (they compute and meet in lock step), else step_sync (groups smaller than
-// the world drift out of phase on shared cores, so a rank waits for its peers' descheduled
-// compute). A fused step is one rendezvous: its pieces follow each other without compute.
-// `calibrate` measures per_compute inside a layer and applies it to both lines
-// (rendezvous_per_compute, calibrate_rendezvous.h): the layer's time outside its
-// compute steps beyond its price, per us of compute the ranks did before its collective steps,
-//     per_compute = ((t - t_c) - (p0 - p_c)) / (R1 * t_c / p_c),   bounded below by 0
-// t, t_c: the measured layer and its compute steps (slowest rank); p0, p_c: their prices
-// without the rendezvous; R1: the layer's rendezvous priced at per_compute 1 (the sum of C
-// over its collective steps), scaled by t_c / p_c to the compute the ranks really did.
-// Routing imbalance, one input (Target::load_max_over_mean = lambda): the busiest rank's
-// expert rows over the mean routed rows per rank (mean_routed_rows: every choice of k T_gate
-// counted, before any drop). The experts step prices R = min(R_pad, lambda R_mean) rows per
-// local expert; a dropless exchange moves lambda times the mean routed rows (dropless_price.h).
-// lambda = 1: a balanced router; a measured lambda: load_of_busiest_rows.
-// Fused step with parts p_1..p_K in the stage order of its pipeline (the description in
-// src/comm/fused_plan.h, which both executors run: W = chunks pieces through K stages in
-// W + K - 1 lock-step steps). A part's per-piece time is c_i = alpha_i + beta_i * b_i / W.
-// In step s the stages i with 0 <= s - i < W are active. The executor posts every active
-// stage's messages before it waits for any (fused_plan::run_lock_step), so their latencies
-// run at once while the bytes on one link class share it; the step takes
-//     pipelined:  max over link classes L of  (max_{active i on L} alpha_i
-//                                              + sum_{active i on L} (c_i - alpha_i))
-// and, against the parts unfused in sequence (unfused = sum_i alpha_i + W (c_i - alpha_i),
-// each part's collective_us), the fused step costs
-//     t = unfused - overlap * (unfused - pipelined_total) + (W - 1) * per_piece_us,
-// overlap and per_piece_us from the profile (ideal hardware with independent links: 1 and 0;
-// `parm calibrate` measures overlap as the median over sizes of (unfused - fused) /
-// (unfused - pipelined) on the fused collectives against their parts, bounded to [0, 1]).
-// For two parts on different links this is  W * max(c_a, c_b) + min(c_a, c_b): the max of
-// the parts plus one piece of the cheaper part (the pipeline fill); on the same link class
-// it is the sum of the unfused parts plus (W - 1) * max(alpha_a, alpha_b): the W - 1 steps
-// in which both stages run pay one latency between them.
-// A fused step also avoids rendezvous (eager_saving_us; beyond the handshake, which h prices):
-// a point-to-point message above the transport's eager limit E moves only after the receiver
-// answers a handshake, and inside the layer the receiver is often still computing, so the
-// transfer starts when it arrives; a message up to E travels at once and that wait overlaps
-// it. A fused step's part on an inter-node group whose unfused per-peer message
-// m = b / (n - 1) exceeds E while its pieces' m / W do not is priced
-//     t_fused -= g * (t_part - h - alpha_part)     (the share of its bytes time saved)
+// holds all ranks (they meet in lock step), else step_sync (smaller groups drift out of phase
+// on shared cores). A fused step is one rendezvous: its pieces follow each other without
+// compute. `calibrate` measures per_compute inside a layer (rendezvous_per_compute).
+// Routing imbalance, one input (Target::load_max_over_mean = lambda; 1: a balanced router): the
+// experts step prices R = min(R_pad, lambda R_mean) rows per local expert (R_mean from
+// mean_routed_rows); a dropless exchange moves lambda times the mean routed rows
+// (dropless_price.h).
+// Fused step with parts p_1..p_K in the stage order of its pipeline (src/comm/fused_plan.h,
+// which both executors run: W = chunks pieces through K stages in W + K - 1 lock-step steps;
+// in step s the stages i with 0 <= s - i < W are active). A part's per-piece time is c_i =
+// alpha_i + beta_i * b_i / W. The executor posts every active stage's messages before it
+// waits for any (fused_plan::run_lock_step), so their latencies run at once while the bytes on
+// one link class share it:
+//     pipelined step = max over link classes L of (max_{active i on L} alpha_i
+//                                                  + sum_{active i on L} (c_i - alpha_i))
+//     t = unfused - overlap * (unfused - pipelined_total) + (W - 1) * per_piece_us
+// unfused = the parts' collective_us in sequence; overlap and per_piece_us from the profile.
+// Eager saving (eager_saving_us): a fused step's part on an inter-node group whose unfused m
+// is above E while its pieces' m / W are not sends eagerly and is priced
+//     t_fused -= g * (t_part - h - alpha_part)
 // g = eager_gain where no rank of the group has a peer on its own node (intra_share = 0),
-// eager_gain_mixed where some have (those peers exchange over shared memory, whose pieces
-// still wait for the receiver); E and both shares from the profile (`calibrate` measures
-// each inside the layer, on a group of that span).
+// eager_gain_mixed where some have.
 // GEMM (m, n, k): s (alpha_c + 2 m n k / rate_c). Memory-bound work: s (alpha + bytes /
-// bandwidth). s = the profile's layer_compute.scale: the layer's compute steps measured inside
-// the layer over their price from the products and kernels timed alone (ranks that wait in
-// MPI take cycles from those that compute where ranks share cores).
+// bandwidth). s = the profile's layer_compute.scale.
 #pragma once
 
 #include <string>
@@ -149,9 +122,14 @@ PieceCost piece_cost(const Profile& profile, CommOp op, const GroupSpan& span, d
 // The rendezvous of one collective step (header comment) after compute_us of computation;
 // whole_world: every group of the step holds all ranks.
 double rendezvous_us(const Profile& profile, bool whole_world, double compute_us);
-// The measured per_compute of the header comment, from one layer's measured total_us and
-// compute_us and its prices without the rendezvous (priced_total_us, priced_compute_us) and
-// at per_compute 1 (rendezvous_at_one_us = R1). 0 where R1 or a compute time is not positive.
+// The measured per_compute of the header comment: one layer's time outside its compute steps
+// beyond its price, per us of compute the ranks did before its collective steps,
+//     per_compute = ((t - t_c) - (p0 - p_c)) / (R1 * t_c / p_c),   bounded below by 0
+// t = total_us, t_c = compute_us: the measured layer and its compute steps (slowest rank);
+// p0 = priced_total_us, p_c = priced_compute_us: their prices without the rendezvous; R1 =
+// rendezvous_at_one_us: the layer's rendezvous priced at per_compute 1 (the sum of C over its
+// collective steps), scaled by t_c / p_c to the compute the ranks really did. 0 where R1 or a
+// compute time is not positive.
 double rendezvous_per_compute(double total_us, double compute_us, double priced_total_us,
                               double priced_compute_us, double rendezvous_at_one_us);
 

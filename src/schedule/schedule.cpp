@@ -2,6 +2,7 @@
 
 #include <iterator>
 
+#include "comm/fused_plan.h"
 #include "parm/error.h"
 #include "schedule/schedule.h"
 
@@ -123,14 +124,24 @@ std::vector<CollectivePart> collective_parts(const Schedule& sc, const Step& s, 
     case Move::kReduceScatter: add(s.group, CommOp::kReduceScatter, dst()); break;
     case Move::kAllReduce: add(s.group, CommOp::kAllReduce, src()); break;
     case Move::kFusedDispatch:
-      add(a, CommOp::kAllToAll, s.block * kF);
-      add(b, CommOp::kAllGather, static_cast<double>(l.group_size(a)) * s.block * kF);
+    case Move::kFusedCombine: {
+      // The stages of the pipeline the executors run, in its order (comm/fused_plan.h); the
+      // dispatch move runs on (ep, esp) = (a, b), the combine move on (esp, ep) [+ mp].
+      const bool dispatch = move == Move::kFusedDispatch;
+      const Group ep = dispatch ? a : b, esp = dispatch ? b : a;
+      using fused_plan::Pipeline, fused_plan::Role;
+      const Pipeline pipeline = dispatch          ? Pipeline::kDispatch
+                                : s.has_mp_part() ? Pipeline::kCombineMp
+                                                  : Pipeline::kCombine;
+      const fused_plan::Description& d = fused_plan::describe(pipeline);
+      for (int j = 0; j < d.num_stages; ++j) {
+        const fused_plan::Stage& st = d.stages[static_cast<size_t>(j)];
+        const Group g = st.group == Role::kEp ? ep : st.group == Role::kEsp ? esp : s.group3;
+        add(g, st.records,
+            fused_plan::stage_bytes(st, l.group_size(ep), static_cast<size_t>(s.block)));
+      }
       break;
-    case Move::kFusedCombine:
-      add(a, CommOp::kReduceScatter, static_cast<double>(l.group_size(b)) * s.block * kF);
-      add(b, CommOp::kAllToAll, s.block * kF);
-      if (s.has_mp_part()) add(s.group3, CommOp::kAllGather, static_cast<double>(s.outer * s.chunk) * kF);
-      break;
+    }
   }
   if (joins_sum(s, backward)) {
     const size_t before = parts.size();

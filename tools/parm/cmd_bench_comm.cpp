@@ -15,6 +15,7 @@
 
 #include "cli_common.h"
 #include "comm/fused.h"
+#include "comm/fused_plan.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "parm/timer.h"
@@ -156,32 +157,49 @@ PairBuffers pair_buffers(PairOp op, int n_ep, int n_esp, int64_t bytes) {
   return b;
 }
 
+const fused_plan::Description& pipeline_of(PairOp op) {
+  return fused_plan::describe(is_dispatch(op) ? fused_plan::Pipeline::kDispatch
+                                              : fused_plan::Pipeline::kCombine);
+}
+
+Communicator& comm_of(const fused_plan::Stage& st, Communicator& ep, Communicator& esp) {
+  return st.group == fused_plan::Role::kEp ? ep : esp;
+}
+
+// The unfused pair runs the pipeline's two stages one after the other: in -> mid -> out.
 void run_pair(PairOp op, Communicator& ep, Communicator& esp, int chunks, PairBuffers& b) {
-  const size_t row = static_cast<size_t>(ep.size()) * b.block;
   switch (op) {
     case PairOp::kFusedDispatch:
       fused_dispatch(ep, esp, b.in.data(), b.out.data(), b.block, chunks);
       break;
-    case PairOp::kUnfusedDispatch:
-      ep.alltoall(b.in.data(), b.mid.data(), b.block);
-      esp.allgather(b.mid.data(), b.out.data(), row);
-      break;
     case PairOp::kFusedCombine:
       fused_combine(esp, ep, b.in.data(), b.out.data(), b.block, chunks);
       break;
-    case PairOp::kUnfusedCombine:
-      esp.reduce_scatter(b.in.data(), b.mid.data(), row);
-      ep.alltoall(b.mid.data(), b.out.data(), b.block);
+    case PairOp::kUnfusedDispatch:
+    case PairOp::kUnfusedCombine: {
+      const fused_plan::Description& d = pipeline_of(op);
+      PARM_CHECK(d.num_stages == 2, "bench-comm runs the two stages of {}, not {}", d.name,
+                 d.num_stages);
+      const fused_plan::Stage &first = d.stages[0], &second = d.stages[1];
+      fused_plan::run_unfused_stage(first, comm_of(first, ep, esp), b.in.data(), b.mid.data(),
+                                    ep.size(), b.block);
+      fused_plan::run_unfused_stage(second, comm_of(second, ep, esp), b.mid.data(), b.out.data(),
+                                    ep.size(), b.block);
       break;
+    }
   }
 }
 
 // Bus bytes this rank receives in one call: the sum of the parts' (comm.h convention).
 double pair_bus_bytes(PairOp op, int n_ep, int n_esp, size_t block) {
-  const double block_bytes = static_cast<double>(block * sizeof(float));
-  const double a2a = bus_bytes(CommOp::kAllToAll, n_ep, block_bytes);
-  return a2a + bus_bytes(is_dispatch(op) ? CommOp::kAllGather : CommOp::kReduceScatter, n_esp,
-                         n_ep * block_bytes);
+  const fused_plan::Description& d = pipeline_of(op);
+  double sum = 0.0;
+  for (int j = 0; j < d.num_stages; ++j) {
+    const fused_plan::Stage& st = d.stages[static_cast<size_t>(j)];
+    sum += fused_plan::stage_bus_bytes(st, st.group == fused_plan::Role::kEp ? n_ep : n_esp, n_ep,
+                                       block);
+  }
+  return sum;
 }
 
 // Fused == unfused bit for bit on every rank, on floats of mixed magnitude and sign that
