@@ -4,6 +4,8 @@
 
 namespace parm::model {
 
+// The FFN's gradient at LN2's output (T, M), complete on the MP group, from dres_ = d out =
+// d (res_mid + ffn).
 const float* Transformer::moe_backward(Block& b, float dl_aux, float dl_z, bool split) {
   if (!split) return b.a.moe->backward(dres_, dl_aux, dl_z).data();
   if (b.a.moe->start_backward(dres_, dl_aux, dl_z)) return nullptr;
