@@ -31,8 +31,8 @@ struct TrainResult {
   std::vector<std::string> schedules;  // per MoE layer, e.g. "s1+fused"
 };
 
-// One training run. Every method is collective over the world; world rank 0 prints (when
-// `verbose`) and writes the metrics file.
+// One training run. The constructor and run() are collective over the world; world rank 0
+// prints (when `verbose`) and writes the metrics file.
 class Trainer {
  public:
   // The setup: refuses a bad configuration before any work (InvalidConfig, alike on every
