@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "train/trainer.h"
+#include "train/step_metrics.h"
 
 namespace parm::train {
 
