@@ -36,7 +36,7 @@ class FusedRows {
                 int64_t row_elems, int chunks, RowOps& ops);
 
   // S2's MP AllGather joined to the combine: the combine's result (its segments the outer
-  // ones) gathered over `mp` into `full`, a view of (outer, N_MP) parts (MoeLayer::segments'
+  // ones) gathered over `mp` into `full`, a view of (outer, N_MP) parts (RowMover::segments'
   // split view: part (e, q) holds MP rank q's rows of segment e).
   struct MpPart {
     Communicator* mp = nullptr;

@@ -39,9 +39,9 @@ struct BackendSizes {
   // Dropless: only routed rows of the dispatch-path buffers are read or sent, so the dispatch
   // (and the combine's adjoint) leave the others unwritten instead of zeroing them.
   bool dropless = false;
-  // Dropless, packed layout (schedule::Schedule::packed): the gate numbers the dispatch rows
-  // back to back (moe::pack_routing; the CUDA one on the device, moe_pack_routing) and the
-  // experts read their segments at the starts they are given.
+  // The packed layout (every dropless MoeLayer's; docs/dropless.md): the gate numbers the
+  // dispatch rows back to back (moe::pack_routing; the CUDA one on the device,
+  // moe_pack_routing) and the experts read their segments at the starts they are given.
   bool packed = false;
 };
 
@@ -64,8 +64,9 @@ class LayerBackend {
                device_name(device()));
   }
   // The version of the expert weights the calls that follow are given (whoever writes them
-  // changes it with every write; moe/bf16_weight_copies.h): a backend at bf16 rounds W1 and
-  // W2 again only when it changed. Never called: they are rounded at every forward.
+  // changes it with every write; moe/bf16_weight_copies.h): a backend at bf16 (CPU or CUDA)
+  // rounds W1 and W2 again only when it changed, and at every forward while no version is
+  // given (kUnknownVersion, the default). At fp32 there is nothing to round.
   virtual void set_weights_version(uint64_t version) {}
   // The bf16 copies of W1 and W2 the backend made so far (count) and the wall time of the
   // last one (us). Zeros from a backend that does not time them (the CUDA one queues them).
@@ -135,8 +136,8 @@ void check_router_options(Device device, float router_z_loss, float router_bias_
 // Throws InvalidConfig when `device` / `precision` cannot run in this build or machine.
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
                                            const BackendSizes& sizes);
-// The CPU backend (cpu_backend.cpp; bf16: the AMX or portable bf16 GEMM of the CPU
-// kernels); the CUDA one is make_cuda_backend (moe/cuda/).
+// The CPU backend (cpu_backend.cpp; bf16: the AMX, AVX512-BF16 or portable bf16 GEMM of the
+// CPU kernels); the CUDA one is make_cuda_backend (moe/cuda/).
 std::unique_ptr<LayerBackend> make_cpu_backend(const BackendSizes& sizes,
                                                Precision precision = Precision::kFp32);
 

@@ -8,19 +8,20 @@
 // The layer computes on the topology's device (topo.device()): its parameters, gradients and
 // step buffers live there, the compute steps run on its backend (moe/backend.h) and the
 // collectives on the topology's communicators for that device (device buffers: NCCL, or MPI
-// staged through host memory). `precision`: of the expert products (bf16: CUDA only).
+// staged through host memory). `precision`: of the expert products (bf16 on both backends:
+// the CPU's AMX, AVX512-BF16 or portable bf16 GEMM, cuBLAS bf16 GEMMs on the GPU).
 // forward()/backward() take x / dout on any device and return tensors on the layer's.
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "comm/metadata.h"
-#include "comm/fused_rows.h"
-#include "comm/row_exchange.h"
 #include "moe/backend.h"
+#include "moe/dense_mover.h"
 #include "moe/moe_ops.h"
 #include "moe/reference_moe.h"
+#include "moe/row_mover.h"
+#include "moe/step_buffers.h"
 #include "parm/topology.h"
 #include "schedule/schedule.h"
 
@@ -42,6 +43,8 @@ class MoeLayer {
   // statistic travels with l_aux's (schedule::LayerSpec::z_loss).
   MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse = false,
            int chunks = 4, Precision precision = Precision::kFp32, bool router_z_loss = false);
+  MoeLayer(const MoeLayer&) = delete;  // its movers keep references to its members
+  MoeLayer& operator=(const MoeLayer&) = delete;
 
   const MoeShape& shape() const { return shape_; }
   const schedule::Schedule& schedule() const { return schedule_; }
@@ -113,14 +116,12 @@ class MoeLayer {
   // (a few integers per expert), sized on the first forward pass.
   int64_t held_bytes() const;
   // Of held_bytes(): the dropless reductions' scratch (0 with a capacity factor).
-  int64_t row_scratch_bytes() const { return row_scratch_.bytes(); }
+  int64_t row_scratch_bytes() const { return rows_ ? rows_->scratch_bytes() : 0; }
   // Of held_bytes(): the row exchanges' packing buffers (0 with a capacity factor).
-  int64_t row_packing_bytes() const { return rows_.held_bytes(); }
+  int64_t row_packing_bytes() const { return rows_ ? rows_->packing_bytes() : 0; }
   // Rows of M floats the layer holds for step buffer id (its gradient holds as many): the
-  // shape's, or under a packed dropless schedule the rows routed at most.
-  int64_t buffer_rows(int id) const {
-    return bufs_[static_cast<size_t>(id)].numel() / shape_.model_dim;
-  }
+  // shape's, or under a dropless schedule the rows routed at most.
+  int64_t buffer_rows(int id) const { return bufs_.value(id).numel() / shape_.model_dim; }
   // The routing of the last forward pass (gate rows: T, or T / N_MP under S1), on the host.
   const moe::GateRouting& routing() { return backend_->routing(); }
 
@@ -129,47 +130,14 @@ class MoeLayer {
   // names for it, with its joined sum (Step::joined_sum) posted before the move and
   // completed after it.
   void run_step(const schedule::Step& s, bool backward, float dl_aux);
+  // The pass without the joined sum: a computation, or the move by the step's mover.
   void run_pass(const schedule::Step& s, bool backward, float dl_aux);
-  // What a pass reads or writes of buffer `id`: the buffer forward, its gradient backward
-  // (kGateWeight: this call's dWg).
-  Tensor& pass_tensor(int id, bool backward);
   void compute_forward(const schedule::Step& s, moe::PhaseTimes* phases);
   void compute_backward(const schedule::Step& s, float dl_aux, moe::PhaseTimes* phases);
-  // Moves the fill counts of buffer `in` along a dispatch-path step to buffer `out`.
-  void slice_fills(const schedule::Step& s);
-  // Posts the exchange of the fill counts `in` over group g's host communicator (an
-  // alltoall, or an allgather when `gather`) into `out`, sized for what arrives;
-  // meta_.wait() completes it.
-  void post_fills(Group g, bool gather, const std::vector<int32_t>& in,
-                  std::vector<int32_t>& out);
-  std::vector<int32_t>& fills(int id) { return fills_[static_cast<size_t>(id)]; }
   // Checks and keeps dl_z for the backward pass that starts.
   void set_dl_z(float dl_z);
-  // Dropless: step s's move on the routed rows of its segmented buffers only.
-  void run_dropless_move(const schedule::Step& s, schedule::Move move, bool backward);
-  // Dropless: a fused step's move (kFusedDispatch / kFusedCombine) as a pipeline over the
-  // routed rows (comm/fused_rows.h).
-  void run_dropless_fused(const schedule::Step& s, schedule::Move move, bool backward,
-                          RowOps& ops);
-  // The dropless reductions' scratch, checked to hold `rows` rows (step s names the error).
-  float* row_scratch(const schedule::Step& s, int64_t rows);
-  // Buffer id's data (or gradient) as segments; `split` > 1 views each segment as `split`
-  // parts of its routed rows, part j being dropless_part(fill, j, split) (an S2 MP gather's
-  // (E, N_MP, Cs) side).
-  Segments segments(int id, bool grad, int64_t split = 1);
-  bool segmented(int id) const {
-    return id >= 0 && schedule_.buffers[static_cast<size_t>(id)].slots > 0;
-  }
-  // Dropless: collective step s moves segmented buffers (a row exchange, never a dense one).
-  bool dropless_move(const schedule::Step& s) const;
-  // Packed layout: buffer id's segment starts for its current fill counts (firsts_[id],
-  // from shape/packed_rows.h), checked to fit the buffer; null when not packed.
-  const int64_t* packed_first(int id);
-  // mine (outer, chunk) = this rank's part of full (outer, c.size(), chunk).
-  void keep_chunk(Communicator& c, int64_t outer, const Tensor& full, Tensor& mine);
-  // AllGather of (outer, chunk) parts into (outer, n, chunk) on every rank of c.
-  void gather_interleaved(Communicator& c, const Tensor& mine, int64_t outer, int64_t chunk,
-                          Tensor& full);
+  // Zeroes the accumulated gradients and takes dout as the output's gradient.
+  void begin_backward(const Tensor& dout);
   // The split pass (start_forward ...): runs its steps from split_.done on until an AllToAll
   // is posted (true) or the pass has ended (false).
   bool run_split_steps();
@@ -192,25 +160,16 @@ class MoeLayer {
   std::unique_ptr<moe::LayerBackend> backend_;
   MoeLayerParams params_;
   MoeLayerParams grads_;
-  Tensor dwg_call_;  // this call's gate-weight gradient, before the S1 mp sum
 
-  std::vector<Tensor> bufs_;   // by buffer id (aliased ids share one tensor)
-  std::vector<Tensor> dbufs_;  // their gradients
+  StepBuffers bufs_;
   std::vector<bool> accumulated_;  // by buffer id: its gradient is accumulated (+=), zeroed
                                    // before each backward pass
-  // By buffer id, for the dispatch path's (E * slots)-row buffers: the filled rows of each
-  // expert segment (segments of `slots` rows; empty: not a dispatch-path buffer). They follow
-  // the tokens from the dispatch to the experts, so the experts compute filled rows only.
-  std::vector<std::vector<int32_t>> fills_;
-  std::vector<int32_t> fills_stage_;  // the fused dispatch's EP-exchanged counts
-  MetadataExchange meta_;
-  RowExchange rows_;                // dropless exchanges
-  FusedRows fused_rows_;            // and their fused (pipelined) forms
-  std::vector<std::vector<int64_t>> firsts_;  // by buffer id: packed segment starts
-  std::vector<int32_t> view_fills_; // fill counts of a split view (segments())
-  std::vector<int64_t> view_first_; // and the first row of each of its parts
-  Tensor row_scratch_;              // dropless reductions' received rows
-  Tensor gather_scratch_;      // permutation scratch of interleaved allgathers (the largest)
+  // The movers (moe/mover.h): rows_ only under dropless routing, for the steps on segmented
+  // buffers (schedule::moves_routed_rows); dense_ for the other collectives. By step index,
+  // the one that runs its moves (null for compute steps).
+  std::unique_ptr<DenseMover> dense_;
+  std::unique_ptr<RowMover> rows_;
+  std::vector<Mover*> movers_;
   float l_aux_ = 0.0f;
   float l_z_ = 0.0f;
   std::shared_ptr<std::vector<float>> router_bias_;

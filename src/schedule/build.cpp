@@ -280,7 +280,6 @@ Schedule build(const LayerSpec& spec, Kind kind) {
                                    : build_baseline(sp);
   s.adds_b2 = spec.esp_rank == 0;
   s.dropless = dropless;
-  s.packed = dropless && spec.packed;
   if (dropless)
     for (BufferSpec& buf : s.buffers)
       if (buf.slots > 0) buf.max_routed_rows = dropless_buffer_rows(s, spec.shape.topk, buf);

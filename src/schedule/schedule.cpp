@@ -71,6 +71,13 @@ bool joins_sum(const Step& s, bool backward) {
          m == Move::kAllReduce;
 }
 
+bool moves_routed_rows(const Schedule& sc, const Step& s) {
+  const auto segmented = [&](int id) {
+    return id >= 0 && sc.buffers[static_cast<size_t>(id)].slots > 0;
+  };
+  return sc.dropless && is_collective(s.kind) && segmented(s.in) && segmented(s.out);
+}
+
 namespace {
 
 constexpr double kF = sizeof(float);

@@ -95,9 +95,9 @@ struct BufferSpec {
   // carries them).
   int fills_like = -1;
   // Dropless, segmented: the most routed rows the buffer can hold in one pass
-  // (dropless_buffer_rows; docs/dropless.md, "Worst case per buffer"); 0 otherwise. Under
-  // Schedule::packed the layer holds this many rows, its segments back to back
-  // (shape/packed_rows.h); `shape` stays the (segments, slots, M) form the byte formulas of
+  // (dropless_buffer_rows; docs/dropless.md, "Worst case per buffer"); 0 otherwise. The layer
+  // then holds this many rows, its segments back to back (the packed layout,
+  // shape/packed_rows.h); `shape` stays the (segments, slots, M) form the byte formulas of
   // the capacity-factor layout and the cost model read.
   int64_t max_routed_rows = 0;
 };
@@ -169,13 +169,19 @@ struct Schedule {
   bool adds_b2 = true;         // this rank adds b2 (ESP rank 0 of its group)
   int64_t gate_weight_numel = 0;  // M * E
   bool fused = false;          // uses fused collectives
-  bool dropless = false;       // capacity factor none: segmented exchanges move routed rows only
-  bool packed = false;         // dropless: segmented buffers hold max_routed_rows rows, packed
+  // Capacity factor none: segmented buffers hold max_routed_rows rows, packed, and their
+  // exchanges move the routed rows only (moves_routed_rows).
+  bool dropless = false;
   bool z_loss = false;         // the router z-loss is on: its sum is the statistics' last value
   int chunks = 1;              // their pipeline depth
 
   std::string describe() const;  // one line per step
 };
+
+// Dropless: collective `step` moves segmented buffers (BufferSpec::slots) in both passes, so
+// only their routed rows travel (comm/row_exchange.h, comm/fused_rows.h); every other
+// collective moves whole buffers.
+bool moves_routed_rows(const Schedule& schedule, const Step& step);
 
 struct LayerSpec {
   MoeShape shape;  // T is per MP group
@@ -186,9 +192,6 @@ struct LayerSpec {
   // The router z-loss is on: the gate's statistics carry the sum of lse^2 beside SPEC's 2E
   // numbers (2E + 1 values, summed over mp under S1); off, they are the 2E of SPEC's table.
   bool z_loss = false;
-  // Dropless: the segmented buffers in the packed layout (Schedule::packed), sized by the
-  // rows routed (every backend's layer passes true; false keeps C = T slots per expert).
-  bool packed = true;
 };
 
 // Values of the gate's statistics: [1st-choice counts (E), probability sums (E)] and, with

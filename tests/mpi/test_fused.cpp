@@ -107,7 +107,7 @@ void unfused_dispatch(Communicator& ep, Communicator& esp, const float* in, floa
     std::copy(recv.begin(), recv.end(), out);
 }
 
-// The MP part as src/moe/moe_layer.cpp's gather_interleaved does it.
+// The MP part as src/moe/dense_mover.cpp's interleaved allgather does it.
 void unfused_mp_gather(Communicator& mp, const float* mine, int64_t outer, int64_t chunk,
                        float* full) {
   const int n = mp.size();
