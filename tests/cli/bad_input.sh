@@ -15,7 +15,7 @@ expect() {
   shift 3
   run=$((run + 1))
   local out rc
-  out="$("$src/scripts/parmrun" --timeout 120 "$@" 2>&1)"
+  out="$("$src/scripts/parmrun" --job-timeout 120 "$@" 2>&1)"
   rc=$?
   if [ "$rc" != "$want_rc" ] || ! grep -qF -- "$want_text" <<<"$out"; then
     echo "FAIL: parmrun $* -> rc $rc (want $want_rc), output must contain: $want_text"

@@ -31,7 +31,7 @@ JSON
 train() {  # train <ranks> <log> <parm train args...>
   local n="$1" log="$2"
   shift 2
-  "$src/scripts/parmrun" -n "$n" --timeout 300 -- train --config "$work/cfg.json" "$@" >"$log" 2>&1
+  "$src/scripts/parmrun" -n "$n" --job-timeout 300 -- train --config "$work/cfg.json" "$@" >"$log" 2>&1
 }
 
 # compare <a.jsonl> <b.jsonl> <rel tol> [first step]: losses equal step by step.

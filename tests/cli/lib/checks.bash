@@ -24,7 +24,7 @@ check() {
   fi
 }
 
-prun() { "$src/scripts/parmrun" --timeout 300 "$@" 2>&1; }
+prun() { "$src/scripts/parmrun" --job-timeout 300 "$@" 2>&1; }
 
 finish() {
   echo "$((run - fails)) passed, $fails failed"
