@@ -50,12 +50,10 @@ Checks (exit 1 on a mismatch, 0 when all pass):
   python3 bench/torch_moe_layer.py --device cpu --check
 """
 import argparse
-import ast
 import contextlib
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -63,30 +61,15 @@ import time
 import torch
 import torch.nn.functional as F
 
+# capacity (SPEC §2 item 3) and the dump's .npy files, as the tests read them.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
+from parm_testlib import capacity, read_npy_raw  # noqa: E402
+
 DL_AUX = 0.01  # what `parm bench-layer` passes as the gradient of l_aux
 
 
 def log(msg):
     print(f"torch_moe_layer: {msg}", file=sys.stderr, flush=True)
-
-
-# ---- capacity (SPEC §2 item 3) --------------------------------------------------------------
-
-def parse_factor(text):
-    """A positive decimal as (p, q), q a power of ten: '1.2' -> (12, 10); exact, as Parm."""
-    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
-        raise ValueError(f"capacity factor '{text}' is not a decimal like 1, 1.25 or 0.5")
-    whole, _, frac = text.partition(".")
-    p, q = int(whole + frac), 10 ** len(frac)
-    if p == 0:
-        raise ValueError(f"capacity factor '{text}' must be > 0")
-    return p, q
-
-
-def capacity(k, factor_text, tokens, experts):
-    """C = ceil(k * f * T / E) in integers (ceil(1.1 * 3000 / 4) is 825, not 826)."""
-    p, q = parse_factor(factor_text)
-    return -(-(k * p * tokens) // (q * experts))
 
 
 # ---- parameters -------------------------------------------------------------------------------
@@ -349,21 +332,13 @@ def self_check(device):
 
 def read_npy(path):
     """A little-endian float32/float64 C-order .npy file as a float64 CPU tensor."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    if data[:6] != b"\x93NUMPY":
-        raise ValueError(f"{path}: not a .npy file")
-    major = data[6]
-    hlen_size = 2 if major == 1 else 4
-    hlen = int.from_bytes(data[8:8 + hlen_size], "little")
-    start = 8 + hlen_size
-    header = ast.literal_eval(data[start:start + hlen].decode("latin1"))
+    shape, descr, body = read_npy_raw(path)
     dtypes = {"<f4": torch.float32, "<f8": torch.float64}
-    if header["descr"] not in dtypes or header["fortran_order"]:
-        raise ValueError(f"{path}: unsupported .npy header {header}")
-    body = bytearray(data[start + hlen:])
-    t = torch.frombuffer(body, dtype=dtypes[header["descr"]]) if body else torch.zeros(0)
-    return t.to(torch.float64).reshape(header["shape"])
+    if descr not in dtypes:
+        raise ValueError(f"{path}: unsupported .npy type {descr} (float32 or float64 only)")
+    body = bytearray(body)
+    t = torch.frombuffer(body, dtype=dtypes[descr]) if body else torch.zeros(0)
+    return t.to(torch.float64).reshape(shape)
 
 
 def parm_dump_check(dump_dir, device):

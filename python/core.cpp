@@ -189,6 +189,47 @@ void init_params(int64_t model_dim, int64_t hidden, int64_t experts, uint64_t se
   for (size_t i = 0; i < 5; ++i) std::copy(src[i]->begin(), src[i]->end(), dst[i].data());
 }
 
+// This rank's expert shards of a layer of these sizes on the current topology, after Parm's
+// checks of the sizes and of the layout (schedule::validate, with the Python argument names):
+// the experts [first_expert, first_expert + local_experts) and hidden columns
+// [hidden_first, hidden_first + shard_hidden) of each, and adds_b2, whether this rank's
+// shard adds b2 (its gradient is then this rank's to report; schedule::build's rule).
+py::dict expert_shards(int64_t model_dim, int64_t hidden, int64_t experts, int topk,
+                       const std::string& capacity_factor) {
+  Topology& topo = topology(kLayerOp);
+  const Layout& l = topo.layout();
+  const std::string call =
+      fmt::format("{}(model_dim={}, hidden={}, experts={}, topk={}, capacity_factor='{}')",
+                  kLayerOp, model_dim, hidden, experts, topk, capacity_factor);
+  schedule::LayerSpec spec;
+  spec.layout = l;
+  spec.esp_rank = topo.comm(Group::kEsp).rank();
+  try {
+    spec.shape = MoeShape::of(l.mp, model_dim, hidden, experts, topk, capacity_factor);
+    spec.shape.validate();
+  } catch (const InvalidConfig& e) {
+    throw InvalidConfig(fmt::format("{}: {}", call, e.what()));
+  }
+  // S2 is defined on every layout, and T = N_MP tokens divide over the MP group: what is
+  // checked here is the experts' split over the layout; the schedule, per token count.
+  const schedule::Kind kind = schedule::Kind::kS2;
+  try {
+    schedule::validate(spec, kind, {"experts", "hidden", "tokens"});
+  } catch (const InvalidConfig& e) {
+    throw InvalidConfig(fmt::format(
+        "{} does not fit parm.init's layout mp {} ep {} esp {}, which needs experts a "
+        "multiple of ep and hidden a multiple of esp: {}",
+        call, l.mp, l.ep, l.esp, e.what()));
+  }
+  const schedule::Schedule s = schedule::build(spec, kind);
+  const int64_t local = experts / l.ep, shard = hidden / l.esp;
+  return py::dict(py::arg("local_experts") = local,
+                  py::arg("first_expert") = topo.comm(Group::kEp).rank() * local,
+                  py::arg("shard_hidden") = shard,
+                  py::arg("hidden_first") = spec.esp_rank * shard,
+                  py::arg("adds_b2") = s.adds_b2);
+}
+
 // The cost model's pick among `kinds` x `fuse_modes` for this shape on the current topology
 // (what `bench-layer --schedule auto` runs): (schedule name, fused).
 std::pair<std::string, bool> choose_schedule(int64_t tokens, int64_t model_dim, int64_t hidden,
@@ -280,6 +321,8 @@ PYBIND11_MODULE(_core, m) {
     throw Error(message);
   });
   m.def("init_params", &init_params);
+  m.def("expert_shards", &expert_shards, py::arg("model_dim"), py::arg("hidden"),
+        py::arg("experts"), py::arg("topk"), py::arg("capacity_factor"));
   m.def("choose_schedule", &choose_schedule);
 
   py::class_<PyLayer>(m, "Layer")

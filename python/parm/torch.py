@@ -10,8 +10,6 @@ what is wrong (nothing is converted or made contiguous silently). The C++ layer 
 into its own step buffer (it keeps it for the backward pass), as it does for its other
 callers; the output is written straight into the returned tensor.
 """
-import math
-
 import torch
 import torch.utils.dlpack
 
@@ -149,24 +147,12 @@ class MoE(torch.nn.Module):
                 "cost model defaults): run `scripts/parmrun -n 4 -- calibrate --out "
                 "profile.json` once on this machine and pass profile='profile.json', or "
                 "choose schedule='baseline', 's1' or 's2'")
-        lay = _core.layout()
-        if experts < 1 or experts % lay["ep"]:
-            raise ValueError(f"parm.torch.MoE: experts {experts} must be a positive multiple "
-                             f"of ep {lay['ep']}")
-        if hidden < 1 or hidden % lay["esp"]:
-            raise ValueError(f"parm.torch.MoE: hidden {hidden} must be a positive multiple of "
-                             f"esp {lay['esp']}")
-        if model_dim < 1 or not 1 <= topk <= experts:
-            raise ValueError(f"parm.torch.MoE: need model_dim >= 1 and 1 <= topk <= experts; "
-                             f"got model_dim {model_dim}, topk {topk}, experts {experts}")
+        # Parm's checks of the sizes against the layout, and this rank's shards of them.
+        self._shards = _core.expert_shards(model_dim, hidden, experts, topk, capacity_factor)
         self.model_dim, self.hidden, self.experts, self.topk = model_dim, hidden, experts, topk
         self.capacity_factor, self.schedule, self.fuse = capacity_factor, schedule, fuse
         self.profile, self.precision = profile, precision
         self._device = _core.device()
-        self._local_experts = experts // lay["ep"]
-        self._shard_hidden = hidden // lay["esp"]
-        self._first_expert = _core.group_rank("ep") * self._local_experts
-        self._esp_rank = _core.group_rank("esp")
         self._edp_rank = _core.group_rank("edp")
         self._layer = None  # the C++ layer for the last token count
         self._layer_tokens = None
@@ -195,8 +181,8 @@ class MoE(torch.nn.Module):
                                                 str(self.profile), kinds, modes)
         layer = _core.Layer(tokens, self.model_dim, self.hidden, self.experts, self.topk,
                             self.capacity_factor, kind, fused, self.precision)
-        info = layer.shard_info()
-        assert info[:3] == [self._local_experts, self._shard_hidden, self._first_expert], info
+        info, sh = layer.shard_info(), self._shards
+        assert info[:3] == [sh["local_experts"], sh["shard_hidden"], sh["first_expert"]], info
         self._layer, self._layer_tokens = layer, tokens
         self.schedule_used = layer.schedule_name()
         return layer
@@ -238,8 +224,9 @@ class MoE(torch.nn.Module):
         return {n: torch.zeros(s, dtype=torch.float32) for n, s in self._whole_shapes().items()}
 
     def _shards_of(self, whole):
-        e0, el = self._first_expert, self._local_experts
-        h0, hs = self._esp_rank * self._shard_hidden, self._shard_hidden
+        sh = self._shards
+        e0, el = sh["first_expert"], sh["local_experts"]
+        h0, hs = sh["hidden_first"], sh["shard_hidden"]
         return {"wg": whole["wg"],
                 "w1": whole["w1"][e0:e0 + el, :, h0:h0 + hs],
                 "b1": whole["b1"][e0:e0 + el, h0:h0 + hs],
@@ -249,8 +236,8 @@ class MoE(torch.nn.Module):
     def whole_tensors(self, grads=False):
         """The whole (unsharded) parameters (from EDP rank 0's replicas), or with
         grads=True the whole expert gradients summed over every rank (over the EDP replicas,
-        what data-parallel training all-reduces; b2 once per ESP group) and this rank's wg
-        gradient, as CPU tensors. Collective over the world: every rank calls it."""
+        what data-parallel training all-reduces; b2 from the rank that adds it, once per ESP
+        group) and this rank's wg gradient, as CPU tensors. Collective over the world: every rank calls it."""
         whole = self._empty_whole()
         src = {n: getattr(self, n) for n in _PARAMS}
         if grads:
@@ -261,7 +248,7 @@ class MoE(torch.nn.Module):
             dst = self._shards_of(whole)
             for n in ("w1", "b1", "w2"):
                 dst[n].copy_(src[n])
-            if self._esp_rank == 0:
+            if self._shards["adds_b2"]:
                 dst["b2"].copy_(src["b2"])
         for n in ("w1", "b1", "w2", "b2"):
             _core.allreduce_sum(_dlpack(whole[n], n, _OP))

@@ -2,28 +2,16 @@
 # Bad layouts and bad flags are refused before any work, with a message that names what is
 # wrong and what would be valid, and a non-zero exit code; no rank hangs.
 #   bash bad_input.sh <path to parm> <source dir>
-set -uo pipefail
-parm="$1"
-src="$2"
-export PARM_BIN="$parm"
-fails=0
-run=0
+source "$(dirname "$0")/lib/checks.bash" "$@"
 
 # expect <exit code> <text the output must contain> -- <parmrun args...>
 expect() {
   local want_rc="$1" want_text="$2"
   shift 3
-  run=$((run + 1))
   local out rc
-  out="$("$src/scripts/parmrun" --timeout 120 "$@" 2>&1)"
+  out="$("$src/scripts/parmrun" --job-timeout 120 "$@" 2>&1)"
   rc=$?
-  if [ "$rc" != "$want_rc" ] || ! grep -qF -- "$want_text" <<<"$out"; then
-    echo "FAIL: parmrun $* -> rc $rc (want $want_rc), output must contain: $want_text"
-    echo "$out" | head -20 | sed 's/^/    /'
-    fails=$((fails + 1))
-  else
-    echo "ok:   parmrun $*"
-  fi
+  check "parmrun $*" "$want_rc" "$rc" "$want_text" "$out"
 }
 
 expect 2 "world size 4 is not divisible by --mp 3" -- -n 4 -- info --mp 3
@@ -72,5 +60,4 @@ expect 2 "-n needs a positive rank count" -- -n 0 -- info
 expect 0 "PASS" -- -n 2 -- check-layer --ep 2 --tokens 32 --model-dim 8 --hidden 16 --experts 4
 expect 0 "order:  mp-dp-ep-esp-pp" -- -n 4 -- info --mp 2 --ep 2 --order mp-dp-ep
 
-echo "$((run - fails)) passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -6,34 +6,31 @@
 #   bash tests/cli/cluster_sweep.sh <path-to-parm> <source-dir>
 #
 # Exit 77 (skip) only where namespaces cannot be made: not root, or `unshare --net` fails.
-set -euo pipefail
-
-PARM=${1:?usage: cluster_sweep.sh <path-to-parm> <source-dir>}
-SRC=${2:?usage: cluster_sweep.sh <path-to-parm> <source-dir>}
-CLUSTER=$SRC/scripts/cluster
+source "$(dirname "$0")/lib/checks.bash" "$@"
+CLUSTER=$src/scripts/cluster
 PY=/usr/bin/python3
 
 # shellcheck source=lib/cluster_prereq.bash
 source "$(dirname "$0")/lib/cluster_prereq.bash"
 
 # A state dir of our own (not cluster.sh's: CTest may run both at once).
-PARM_CLUSTER_DIR=/tmp/parm-cluster-sweep-test.$(realpath "$PARM" | md5sum | cut -c1-10)
+PARM_CLUSTER_DIR=/tmp/parm-cluster-sweep-test.$(realpath "$parm" | md5sum | cut -c1-10)
 export PARM_CLUSTER_DIR
-export PARM_BIN=$PARM
-tmp=$(mktemp -d)
-"$CLUSTER" down >/dev/null
+"$CLUSTER" down >/dev/null || abort "cluster down (of a previous run) failed in $PARM_CLUSTER_DIR"
 trap '"$CLUSTER" down >/dev/null 2>&1 || echo "WARNING: cluster down failed in $PARM_CLUSTER_DIR" >&2; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
 
-"$CLUSTER" up --nodes 2 --ranks-per-node 2 --inter-gbit 1 --inter-latency-us 50
+"$CLUSTER" up --nodes 2 --ranks-per-node 2 --inter-gbit 1 --inter-latency-us 50 ||
+  abort "cluster up failed"
 
 out=$("$CLUSTER" run --timeout 300 -- calibrate --out "$tmp/p.json" --max-bytes 1048576 \
         --iters 2 --warmup 1 --gemm-rows 64,256 --gemm-model-dims 64 --gemm-hidden 128 \
-        --gemm-iters 1 2>&1) || fail "calibrate across the nodes failed:"$'\n'"$out"
+        --gemm-iters 1 2>&1); rc=$?
 echo "$out" | tail -30
+check "calibrate across the nodes" 0 $rc "" "$out"
 # Both link classes measured on the real nodes: groups of 2 inside a node; one rank per
 # node (ep) and the world (4 ranks, 2 per node) across.
-"$PY" - "$tmp/p.json" <<'PY' || fail "the profile lacks a term or says the wrong source"
+out=$("$PY" - "$tmp/p.json" 2>&1 <<'PY'
 import json, re, sys
 p = json.load(open(sys.argv[1]))
 assert p["version"] == 2, p["version"]
@@ -88,23 +85,25 @@ print("ok: profile version 2, intra measured at 2, inter at 2 and 4 ranks across
       "with the handshake at the eager limit, the rendezvous and the eager shares taken in the "
       "layer, fused overlap in [0, 1]")
 PY
+); rc=$?
+check "the profile has every term, each with its source" 0 $rc "" "$out"
 
 cat >"$tmp/grid.json" <<'GRID'
 {"name": "cluster-cli", "B": [2], "L": [16], "M": [16], "H": [32], "E": [4], "k": [2],
  "f": ["1.2"], "N_MP": [2], "N_ESP": [1, 2], "N_EP": [2, 4], "chunks": 2}
 GRID
 out=$("$CLUSTER" run --timeout 300 -- bench-layer --sweep "$tmp/grid.json" --profile "$tmp/p.json" \
-        --iters 2 --warmup 0 --json "$tmp/sweep.json" 2>&1) ||
-  fail "bench-layer --sweep across the nodes failed:"$'\n'"$out"
+        --iters 2 --warmup 0 --json "$tmp/sweep.json" 2>&1); rc=$?
 echo "$out"
+check "bench-layer --sweep across the nodes" 0 $rc "" "$out"
 for want in "3 configurations measured (1 skipped)" "selection accuracy" "regret (auto / fastest)" \
             "<- auto" "<- fastest" "median error by schedule" "noise floor" \
             "counting schedules that run the same program as one" "(same program as baseline)" \
             "spread over the rounds" "the measurement against itself" \
             "measured / predicted, median per schedule, of the compute steps"; do
-  grep -qF -- "$want" <<<"$out" || fail "the sweep report lacks '$want'"
+  check "the sweep report has '$want'" 0 0 "$want" "$out"
 done
-"$PY" - "$tmp/sweep.json" <<'PY' || fail "the sweep JSON lacks a key"
+out=$("$PY" - "$tmp/sweep.json" 2>&1 <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 s = r["summary"]
@@ -148,4 +147,6 @@ for c in r["configs"]:
 assert s["same_schedule_spread"]["pairs"] >= 2, s["same_schedule_spread"]
 print("ok: sweep JSON has the summary keys and one row per configuration")
 PY
-echo "PASS"
+); rc=$?
+check "the sweep JSON has the summary keys and one row per configuration" 0 $rc "" "$out"
+finish

@@ -4,16 +4,8 @@
 # checkpoints and configs are refused, an interrupted save leaves the previous checkpoint
 # usable, (e) a rank that dies ends the whole job with a message naming it.
 #   bash train.sh <path to parm> <source dir>
-set -uo pipefail
-parm="$1"
-src="$2"
-export PARM_BIN="$parm"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-fails=0
-passes=0
-ok() { echo "ok:   $*"; passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+source "$(dirname "$0")/lib/checks.bash" "$@"
+work="$tmp"
 
 # A small, fast model: the tiny config with 2 layers and short sequences.
 cat >"$work/cfg.json" <<JSON
@@ -31,7 +23,7 @@ JSON
 train() {  # train <ranks> <log> <parm train args...>
   local n="$1" log="$2"
   shift 2
-  "$src/scripts/parmrun" -n "$n" --timeout 300 -- train --config "$work/cfg.json" "$@" >"$log" 2>&1
+  "$src/scripts/parmrun" -n "$n" --job-timeout 300 -- train --config "$work/cfg.json" "$@" >"$log" 2>&1
 }
 
 # compare <a.jsonl> <b.jsonl> <rel tol> [first step]: losses equal step by step.
@@ -147,5 +139,4 @@ else
   bad "(b) checkpoint without router_bias refused"; tail -5 "$work/rb_old.log"
 fi
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

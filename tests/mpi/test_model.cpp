@@ -17,7 +17,6 @@
 #include "mpi_test_util.h"
 #include "parm/error.h"
 #include "parm/rng.h"
-#include "parm/timer.h"
 
 namespace parm::model {
 namespace {
@@ -244,64 +243,6 @@ TEST(ModelLayout, IndivisibleShapesAreRefusedOnEveryRank) {
     refused = std::string(e.what()).find("--mp") != std::string::npos;
   }
   EXPECT_TRUE(test::all_ranks(refused));
-}
-
-// Step time of a tiny GPT-2-MoE forward_backward (a measurement, not a check: run it with
-// --gtest_also_run_disabled_tests --gtest_filter='*ModelTiming*').
-TEST(DISABLED_ModelTiming, TinyGpt2StepTime) {
-  const int p = test::world_size();
-  ModelConfig c;
-  c.vocab = 256;
-  c.seq_len = 64;
-  c.model_dim = 128;
-  c.num_heads = 4;
-  c.num_layers = 4;
-  c.ffn_hidden = 512;
-  c.moe_every = 2;
-  c.experts = 4 * ((p + 3) / 4);
-  c.expert_hidden = 512;
-  c.topk = 2;
-  c.capacity_factor = "1.25";
-  struct L3 {
-    int mp, ep, esp;
-  };
-  std::vector<L3> lays = {{1, p, 1}};
-  if (p % 2 == 0) lays.push_back({2, p / 2, 2});
-  for (const L3& l : lays) {
-    auto topo = test::make_topology(l.mp, l.ep, l.esp);
-    for (Kind k : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
-      const int64_t B = 8;
-      auto model = make_model(*topo, c, {{k, k != Kind::kBaseline, 4}}, B);
-      Batch b;
-      b.batch = B;
-      b.seq_len = c.seq_len;
-      Rng rng(5, static_cast<uint64_t>(topo->comm(Group::kDp).rank()));
-      for (int64_t i = 0; i < B * c.seq_len; ++i) {
-        b.tokens.push_back(static_cast<int32_t>(rng.next_u32() % 256));
-        b.targets.push_back(static_cast<int32_t>(rng.next_u32() % 256));
-      }
-      const double denom = static_cast<double>(B * c.seq_len * topo->layout().dp);
-      model->forward_backward(b, denom, 1.0f);  // warm-up
-      const int steps = 5;
-      double total = 0, comm = 0;
-      for (int s = 0; s < steps; ++s) {
-        topo->comm(Group::kWorld).barrier();
-        const double t0 = now_us();
-        model->forward_backward(b, denom, 1.0f);
-        total += now_us() - t0;
-        comm += model->last_comm_us();
-      }
-      if (test::world_rank() == 0)
-        std::printf("tiny gpt2-moe B=%ld L=%ld M=%ld layers=%ld E=%ld  mp=%d ep=%d esp=%d %-8s "
-                    "step %.1f ms (comm %.1f ms), %.0f tokens/s per MP group, %.2f GFLOP/s/rank\n",
-                    static_cast<long>(B), static_cast<long>(c.seq_len),
-                    static_cast<long>(c.model_dim), static_cast<long>(c.num_layers),
-                    static_cast<long>(c.experts), l.mp, l.ep, l.esp, schedule::kind_name(k),
-                    total / steps / 1e3, comm / steps / 1e3,
-                    B * c.seq_len / (total / steps / 1e6),
-                    model->flops_per_step(B * c.seq_len) / (total / steps / 1e6) / 1e9);
-    }
-  }
 }
 
 }  // namespace

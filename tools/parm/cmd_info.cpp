@@ -1,8 +1,10 @@
-// `parm info`: version, build options, GEMM backend, and each rank's resolved groups.
+// `parm info`: version, build options, GEMM backend and threads, and each rank's resolved
+// groups.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli_common.h"
 #include "comm/process.h"
@@ -22,6 +24,18 @@ int run_info(const LayoutFlags& flags) {
 
   std::printf("parm %s (%s build, C++%ld)\n", PARM_VERSION, PARM_BUILD_TYPE, __cplusplus / 100 - 2000);
   std::printf("gemm:   %s\n", cpu::gemm_backend());
+  // The GEMMs run on one thread per rank unless OMP_NUM_THREADS says otherwise
+  // (kernels/cpu/kernels.h): say so, since nothing else does.
+  const int threads = cpu::gemm_threads();
+  const char* omp_env = std::getenv("OMP_NUM_THREADS");
+  if (omp_env != nullptr)
+    std::printf("threads: GEMMs on %d thread%s per rank (OMP_NUM_THREADS=%s)\n", threads,
+                threads == 1 ? "" : "s", omp_env);
+  else
+    std::printf("threads: GEMMs on %d thread%s per rank: OMP_NUM_THREADS is unset; set it "
+                "for more (OMP_NUM_THREADS=T mpirun -x OMP_NUM_THREADS ..., or "
+                "scripts/parmrun --threads T), with ranks x T at most the cores\n",
+                threads, threads == 1 ? "" : "s");
   std::printf("bf16:   cpu %s; products: %s; oneDNN's bf16 matmul here: %s\n",
               cpu::cpu_bf16_capability(), cpu::bf16_kernel_name(),
               cpu::onednn_bf16_matmul_impl().c_str());

@@ -2,8 +2,11 @@
 # and start with `source "$(dirname "$0")/lib/checks.bash" "$@"`. Sets $parm, $src, a
 # temporary folder $tmp (removed at exit), exports PARM_BIN, and defines:
 #   check <name> <want rc> <got rc> <text the output must contain> <output>
+#   ok <name> / bad <name>     the result of a check the script decided itself (tallied)
+#   abort <message>            a step that every later check needs failed: FAIL, exit 1
 #   prun <parmrun args>        scripts/parmrun with a time limit, stderr into stdout
 #   finish                     prints the tally; the script's exit status is its result
+# Every check runs (a failed one is counted, not fatal), so one run reports every failure.
 set -uo pipefail
 parm="$1"
 src="$2"
@@ -24,7 +27,23 @@ check() {
   fi
 }
 
-prun() { "$src/scripts/parmrun" --timeout 300 "$@" 2>&1; }
+ok() {
+  run=$((run + 1))
+  echo "ok:   $*"
+}
+
+bad() {
+  run=$((run + 1))
+  fails=$((fails + 1))
+  echo "FAIL: $*"
+}
+
+abort() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+prun() { "$src/scripts/parmrun" --job-timeout 300 "$@" 2>&1; }
 
 finish() {
   echo "$((run - fails)) passed, $fails failed"

@@ -19,45 +19,15 @@ run's tolerance for the schedules).
 k + 1 largest probabilities bitwise equal), as `check-layer --force-ties` makes.
 Prints one line per check; exit status 0 when every check passes, 1 otherwise.
 """
-import ast
 import json
 import math
 import os
-import re
-import struct
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
+from parm_testlib import capacity, read_npy  # noqa: E402
+
 ORACLE_TOLERANCE = 1e-9
-NPY_TYPES = {"<f4": "f", "<f8": "d", "<i4": "i", "|u1": "B"}
-
-
-def read_npy(path):
-    """(shape, flat list) of a little-endian C-order .npy file."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    if data[:6] != b"\x93NUMPY":
-        raise ValueError(f"{path}: not a .npy file")
-    if data[6] == 1:
-        hlen, off = struct.unpack("<H", data[8:10])[0], 10
-    else:
-        hlen, off = struct.unpack("<I", data[8:12])[0], 12
-    header = ast.literal_eval(data[off:off + hlen].decode("latin1"))
-    if header["fortran_order"] or header["descr"] not in NPY_TYPES:
-        raise ValueError(f"{path}: unsupported .npy header {header}")
-    shape = tuple(header["shape"])
-    n = math.prod(shape)
-    code = NPY_TYPES[header["descr"]]
-    body = data[off + hlen:]
-    return shape, list(struct.unpack(f"<{n}{code}", body[:n * struct.calcsize(code)]))
-
-
-def capacity(k, factor, tokens, experts):
-    """C = ceil(k f T / E) with f the exact decimal it was written as."""
-    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", factor):
-        raise ValueError(f"capacity factor {factor!r}")
-    whole, _, frac = factor.partition(".")
-    p, q = int(whole + frac), 10 ** len(frac)
-    return -(-(k * p * tokens) // (q * experts))
 
 
 def gelu(x):
