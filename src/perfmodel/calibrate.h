@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/fused_plan.h"
 #include "parm/topology.h"
 #include "perfmodel/bench_device.h"
 #include "perfmodel/profile.h"
@@ -24,7 +25,7 @@ struct CalibrateOptions {
                    // calibrations on one 2 x 2 cluster put the pair latencies at 15 and 89 us
                    // (inter), 71 and 175 us (intra); at 15, 163 and 189, 152 and 168 us
   int warmup = 1;
-  int chunks = 4;               // pipeline depth of the fused collectives measured
+  int chunks = fused_plan::kDefaultChunks;  // pipeline depth of the fused collectives measured
   // The largest message the inter-node transport sends eagerly (bytes; model.h,
   // eager_saving_us). < 0: assumed from Open MPI's defaults, 64 KiB over TCP between nodes
   // (btl_tcp_eager_limit), 4 KiB where emulated nodes exchange over shared memory
