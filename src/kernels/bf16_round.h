@@ -19,6 +19,8 @@ PARM_HD inline uint16_t f32_to_bf16(float x) {
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
-PARM_HD inline float bf16_to_f32(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+PARM_HD inline float bf16_to_f32(uint16_t h) {
+  return bits_to_float(static_cast<uint32_t>(h) << 16);
+}
 
 }  // namespace parm

@@ -2,7 +2,6 @@
 // number (as in PyTorch), so a diverged gate shows up in the chosen experts instead of
 // being silently skipped.
 #include <algorithm>
-#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -34,7 +33,9 @@ void topk(const float* x, int64_t rows, int64_t cols, int k, int32_t* idx, float
       order.resize(static_cast<size_t>(n));
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [xr](int32_t a, int32_t b) { return math::ranks_before(xr[a], a, xr[b], b); });
+                        [xr](int32_t a, int32_t b) {
+                          return math::ranks_before(xr[a], a, xr[b], b);
+                        });
       for (int j = 0; j < k; ++j) {
         ir[j] = order[j];
         vr[j] = xr[order[j]];
