@@ -94,7 +94,8 @@ class PyLayer {
       : topo_(current_topology()) {
     topology("parm.torch.MoE");
     const MoeShape shape = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
-    layer_ = std::make_unique<MoeLayer>(*topo_, shape, schedule::parse_kind(kind), fuse, 4,
+    layer_ = std::make_unique<MoeLayer>(*topo_, shape, schedule::parse_kind(kind), fuse,
+                                        fused_plan::kDefaultChunks,
                                         parse_precision(precision));
     layer_->set_step_timing(false);
   }

@@ -38,6 +38,10 @@
 
 namespace parm::fused_plan {
 
+// W, the pieces a fused collective is pipelined over, where the caller names none (layer,
+// training config, CLI flags, calibration, simulation grids).
+constexpr int kDefaultChunks = 4;
+
 enum class Pipeline : uint8_t { kDispatch, kCombine, kCombineMp };
 // Which communicator of the call a stage runs on; the value is also the tag part of the host
 // pipeline's messages.

@@ -100,7 +100,7 @@ struct ParamSpec {
 struct LayerSchedule {
   schedule::Kind kind = schedule::Kind::kS1;
   bool fuse = true;
-  int chunks = 4;
+  int chunks = fused_plan::kDefaultChunks;
 };
 
 class Model {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/moe_math.h"
 #include "shape/packed_rows.h"
 #include "moe/expert_products.h"
 #include "moe/moe_ops.h"
@@ -62,24 +63,17 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   }
   clock.lap("top-k");
   for (int64_t t = 0; t < rows; ++t) {
-    const float* p = &r.prob[static_cast<size_t>(t * topk)];
-    float* w = &r.weight[static_cast<size_t>(t * topk)];
-    if (topk == 1) {
-      w[0] = p[0];
-    } else {
-      float sum = 0.0f;
-      for (int j = 0; j < topk; ++j) sum += p[j];
-      for (int j = 0; j < topk; ++j) w[j] = p[j] / sum;
-    }
+    const size_t base = static_cast<size_t>(t * topk);
+    math::combine_weights(&r.prob[base], topk, &r.weight[base]);
   }
   // GShard priority: all 1st choices in token order, then all 2nd choices, ...
-  for (int j = 0; j < topk; ++j)
-    for (int64_t t = 0; t < rows; ++t) {
-      const size_t i = static_cast<size_t>(t * topk + j);
-      const int64_t e = r.expert[i];
-      int64_t& f = r.fill[static_cast<size_t>(e)];
-      r.row[i] = f < capacity ? e * slots + f++ : -1;
-    }
+  for (int64_t pos = 0; pos < rows * topk; ++pos) {
+    const auto i = static_cast<size_t>(math::priority_choice(pos, rows, topk));
+    const int64_t e = r.expert[i];
+    int64_t& f = r.fill[static_cast<size_t>(e)];
+    r.row[i] = math::slot_row(e, f, capacity, slots);
+    if (f < capacity) ++f;
+  }
   float* count = stats;
   float* psum = stats + E;
   std::fill(stats, stats + 2 * E, 0.0f);
@@ -98,7 +92,8 @@ void pack_routing(GateRouting& r) {
   for (size_t i = 0; i < r.row.size(); ++i)
     if (r.row[i] >= 0) {
       const int64_t e = r.expert[i];
-      r.row[i] += r.first[static_cast<size_t>(e)] - e * r.slots;
+      r.row[i] = math::packed_row(static_cast<int32_t>(r.row[i]), e, r.slots,
+                                  static_cast<int32_t>(r.first[static_cast<size_t>(e)]));
     }
 }
 
@@ -110,20 +105,9 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const
   const int k = r.topk;
   const float* dpsum = dstats + E;
   for (int64_t t = 0; t < rows; ++t) {
-    float* dp = dprobs.row(t);
-    for (int64_t e = 0; e < E; ++e) dp[e] = dpsum[e];
     const size_t base = static_cast<size_t>(t * k);
-    if (k == 1) {
-      dp[r.expert[base]] += dweight[base];
-      continue;
-    }
-    // w_j = p_j / S with S the sum of the k chosen p: dp_i = g_i / S - sum_j g_j p_j / S^2.
-    float s = 0.0f, gp = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      s += r.prob[base + j];
-      gp += dweight[base + j] * r.prob[base + j];
-    }
-    for (int j = 0; j < k; ++j) dp[r.expert[base + j]] += dweight[base + j] / s - gp / (s * s);
+    math::weights_backward_row(&r.expert[base], &r.prob[base], &dweight[base], k, dpsum, E,
+                               dprobs.row(t));
   }
   clock.lap("top-k + weights backward");
   cpu::softmax_backward(probs.data(), dprobs.data(), dprobs.data(), rows, E);

@@ -237,8 +237,12 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
                         .to(Device::kCpu);
   const Tensor dwg = layer.grads().wg.to(Device::kCpu);
 
+  // The gate calls the schedule makes: one per MP slice of gate_tokens rows (S1), or one
+  // over all T rows.
+  const int64_t gate_tokens = layer.schedule().gate_tokens;
+  const int gate_slices = static_cast<int>(T / gate_tokens);
   LayerCheckResult result;
-  result.oracle_slices = o.kind == schedule::Kind::kS1 && !o.whole_oracle ? l.mp : 1;
+  result.oracle_slices = o.whole_oracle ? 1 : gate_slices;
   const auto fwd = ref::moe_forward<double>(sh, params64, to_double(x),
                                             static_cast<int>(result.oracle_slices),
                                             o.router_bias.empty() ? nullptr : &bias64);
@@ -247,10 +251,10 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
 
   // The layer's routing of its gate rows against the oracle's.
   const auto& r = layer.routing();
-  const int64_t first = o.kind == schedule::Kind::kS1 ? mp_rank * (T / l.mp) : 0;
+  const int64_t first = gate_slices > 1 ? mp_rank * gate_tokens : 0;
   // Slots are numbered per gate call: compare them only when the oracle gated the same rows.
-  const bool same_gate_calls = o.kind != schedule::Kind::kS1 || result.oracle_slices == l.mp;
-  bool same = r.tokens == (o.kind == schedule::Kind::kS1 ? T / l.mp : T);
+  const bool same_gate_calls = result.oracle_slices == gate_slices;
+  bool same = r.tokens == gate_tokens;
   for (int64_t t = 0; same && t < r.tokens; ++t)
     for (int j = 0; j < sh.topk; ++j) {
       const size_t i = static_cast<size_t>(t * sh.topk + j);
@@ -320,7 +324,7 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   if (!o.dump_dir.empty()) {
     // MP group 0's tensors, from world rank 0, plus the whole gradients every rank holds.
     const DumpRouting layer_routing =
-        gather_layer_routing(topo, r, o.kind == schedule::Kind::kS1);
+        gather_layer_routing(topo, r, gate_slices > 1);
     if (topo.world_rank() == 0) {
       const std::string& sname = result.source;
       const std::string& oname = result.oracle_source;
@@ -355,7 +359,7 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
         d.add_source(src, {{"gate_slices", slices}});
       };
       add_routing(oname, dump_routing(fwd.routing), static_cast<int>(result.oracle_slices));
-      add_routing(sname, layer_routing, o.kind == schedule::Kind::kS1 ? l.mp : 1);
+      add_routing(sname, layer_routing, gate_slices);
       for (const auto& [name, vec] : named(params))
         d.add("param." + name + ".npy", vec->data(), param_shape(sh, name),
               "whole (unsharded) parameter " + name);

@@ -23,7 +23,7 @@ struct LayerCheckOptions {
   MoeShape shape;  // T per MP group
   schedule::Kind kind = schedule::Kind::kS1;
   bool fuse = false;  // S1/S2: fused collectives
-  int chunks = 4;
+  int chunks = fused_plan::kDefaultChunks;
   uint64_t seed = 1;
   float dl_aux = 0.5f;       // gradient of the loss with respect to l_aux (checks its path)
   float dl_z = 0.0f;         // and with respect to the router z-loss (--router-z-loss)

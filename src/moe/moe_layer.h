@@ -42,7 +42,8 @@ class MoeLayer {
   // router_z_loss: the z-loss is on (l_z() computed, backward takes dl_z; CPU only), and its
   // statistic travels with l_aux's (schedule::LayerSpec::z_loss).
   MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse = false,
-           int chunks = 4, Precision precision = Precision::kFp32, bool router_z_loss = false);
+           int chunks = fused_plan::kDefaultChunks, Precision precision = Precision::kFp32,
+           bool router_z_loss = false);
   MoeLayer(const MoeLayer&) = delete;  // its movers keep references to its members
   MoeLayer& operator=(const MoeLayer&) = delete;
 

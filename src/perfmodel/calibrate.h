@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/fused_plan.h"
 #include "parm/topology.h"
 #include "perfmodel/bench_device.h"
 #include "perfmodel/profile.h"
@@ -22,7 +23,7 @@ struct CalibrateOptions {
   int iters = 15;  // timed iterations per size (median of the max over ranks); fewer leave
                    // the pair latencies to noise (docs/perfmodel.md, `parm calibrate`)
   int warmup = 1;
-  int chunks = 4;               // pipeline depth of the fused collectives measured
+  int chunks = fused_plan::kDefaultChunks;  // pipeline depth of the fused collectives measured
   // The largest message the inter-node transport sends eagerly (bytes; model.h,
   // eager_saving_us). < 0: assumed from Open MPI's defaults, 64 KiB over TCP between nodes
   // (btl_tcp_eager_limit), 4 KiB where emulated nodes exchange over shared memory

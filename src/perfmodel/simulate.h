@@ -39,12 +39,12 @@ struct GridConfig {
 };
 
 // A grid file: lists for "B", "L", "M", "H", "E", "k", "f", "N_MP", "N_ESP", "N_EP" and an
-// optional "chunks" (default 4) and "order" (the nesting of the groups, docs/layout.md; default
+// optional "chunks" (default fused_plan::kDefaultChunks) and "order" (the nesting of the groups, docs/layout.md; default
 // mp-esp-ep-dp-pp). The configurations are their cartesian product, in that key order with
 // N_EP varying fastest.
 struct Grid {
   std::string name;
-  int chunks = 4;
+  int chunks = fused_plan::kDefaultChunks;
   std::string order = kDefaultOrder;
   std::vector<GridConfig> configs;
 };

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/fused_plan.h"
 #include "shape/shape.h"
 #include "parm/tensor.h"
 #include "parm/topology.h"
@@ -188,7 +189,7 @@ struct LayerSpec {
   Layout layout;
   int esp_rank = 0;     // this rank's place in its ESP group (who adds b2)
   bool fuse = false;    // S1/S2: fused dispatch and combine collectives (never the baseline)
-  int chunks = 4;       // pipeline depth of the fused collectives
+  int chunks = fused_plan::kDefaultChunks;  // pipeline depth of the fused collectives
   // The router z-loss is on: the gate's statistics carry the sum of lse^2 beside SPEC's 2E
   // numbers (2E + 1 values, summed over mp under S1); off, they are the 2E of SPEC's table.
   bool z_loss = false;

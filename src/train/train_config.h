@@ -45,7 +45,7 @@ struct ParallelConfig {
                                    // MoE AllToAlls (train/pipeline.h)
   std::string schedule = "s1";  // baseline | s1 | s2 | auto
   std::string fuse = "on";      // on | off | auto
-  int chunks = 4;
+  int chunks = fused_plan::kDefaultChunks;
   int ranks_per_node = 0;
   double timeout_s = 300.0;
   std::string device = "cpu";      // where the MoE layers compute: cpu | cuda

@@ -446,10 +446,19 @@ TEST(CudaDenseMath, Bf16RoundingIsTheCpuProductsRounding) {
     x.push_back(v);
   for (uint32_t u : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff800001u})
     x.push_back(bits_to_float(u));
-  for (float v : x) {
+  // The CPU products' rounding: x as a (1, n) A packed by the portable (scalar) packing.
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<uint16_t> packed(static_cast<size_t>(cpu::bf16_packed_a_size(1, n)));
+  cpu::set_bf16_kernel(cpu::Bf16Kernel::kPortable);
+  cpu::bf16_pack_a(false, 1, n, x.data(), n, packed.data());
+  cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+  const int64_t kp = cpu::detail::round_up(n, cpu::detail::kTileK);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[static_cast<size_t>(i)];
     const uint16_t h = expert_math::f32_to_bf16(v);
-    ASSERT_EQ(h, cpu::detail::to_bf16(v)) << "x bits " << std::hex << bits(v);
-    ASSERT_EQ(bits(expert_math::bf16_to_f32(h)), bits(cpu::detail::from_bf16(h)));
+    const uint16_t cpu_h = packed[static_cast<size_t>(cpu::detail::packed_a_offset(0, i, kp))];
+    ASSERT_EQ(h, cpu_h) << "x bits " << std::hex << bits(v);
+    ASSERT_EQ(bits(expert_math::bf16_to_f32(h)), static_cast<uint32_t>(cpu_h) << 16);
   }
 }
 

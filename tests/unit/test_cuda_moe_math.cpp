@@ -1,4 +1,4 @@
-// The per-row maths of the CUDA MoE kernels (src/kernels/cuda/moe_math.h), run on the CPU by
+// The per-row maths of the CUDA MoE kernels (src/kernels/moe_math.h), run on the CPU by
 // serial loops shaped like the kernels' grids (one "thread" per row, the slot scan's chunks
 // and per-thread items, 16 lanes per dot product), against the CPU layer functions of
 // moe/moe_ops.h on the same inputs. Needs no GPU and no CUDA.
@@ -23,12 +23,12 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/cuda/moe_math.h"
+#include "kernels/moe_math.h"
 #include "moe/moe_ops.h"
 #include "parm/rng.h"
 #include "parm/tensor.h"
 
-namespace parm::cuda::math {
+namespace parm::math {
 namespace {
 
 constexpr double kU = 0x1p-24;  // fp32 unit roundoff
@@ -639,4 +639,4 @@ TEST(CudaMoeMath, SlotRuleAndPriorityOrder) {
 }
 
 }  // namespace
-}  // namespace parm::cuda::math
+}  // namespace parm::math

@@ -59,7 +59,8 @@ const StepCost& step_named(const Prediction& p, const std::string& label) {
 }
 
 Prediction predict_kind(const Profile& prof, const MoeShape& shape, const Target& t,
-                        Kind kind, bool fuse, int chunks = 4) {
+                        Kind kind, bool fuse,
+                        int chunks = fused_plan::kDefaultChunks) {
   return predict(prof, schedule::build({shape, t.layout, 0, fuse, chunks}, kind), shape, t);
 }
 

@@ -30,7 +30,7 @@ struct BenchCommFlags {
   // more than one rank.
   std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "alltoall"};
   bool ops_given = false;  // --ops on the command line
-  int chunks = 4;          // pipeline pieces of the fused collectives
+  int chunks = fused_plan::kDefaultChunks;  // pipeline pieces of the fused collectives
   int64_t min_bytes = 1024;
   int64_t max_bytes = 16 << 20;
   int64_t factor = 4;

@@ -24,7 +24,7 @@ struct LayerFlags {
   std::string schedule = "all";  // baseline | s1 | s2 | all (| auto where a profile is taken)
   std::string fuse = "on";  // on | off (| both | auto for bench-layer)
   std::string profile;      // cost profile for auto (parm calibrate --out FILE)
-  int chunks = 4;
+  int chunks = fused_plan::kDefaultChunks;
   uint64_t seed = 1;
   float router_z_loss = 0.0f;     // z-loss coefficient: dl_z of the backward passes
   std::string device = "cpu";     // cpu | cuda

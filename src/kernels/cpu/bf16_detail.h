@@ -4,7 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
+
+#include "kernels/bf16_round.h"
 
 namespace parm::cpu::detail {
 
@@ -24,21 +25,7 @@ inline int64_t packed_a_offset(int64_t i, int64_t kk, int64_t kp) {
          (i % kTileRows) * kTileK + kk % kTileK;
 }
 
-// fp32 -> bf16, round to nearest even (NaN stays NaN, quiet). Branch-free, so loops over it
-// vectorise.
-inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (u >> 16) | 0x40u;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-inline float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+// fp32 <-> bf16: f32_to_bf16 / bf16_to_f32 (kernels/bf16_round.h).
 
 // True when this CPU has AVX512-BF16 (VCVTNE2PS2BF16) with AVX512-F and -BW; asked once.
 bool have_avx512_bf16();

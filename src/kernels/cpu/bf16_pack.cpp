@@ -1,7 +1,7 @@
 // fp32 operands rounded to bf16 into the packed layouts of the bf16 GEMM (bf16_detail.h).
 // With AVX512-BF16 the rounding is VCVTNE2PS2BF16 and transposed operands go through
 // 16 x 16 transposes of bf16 pairs in registers; without it, scalar loops do the same
-// (to_bf16: the same rounding, except that the instruction treats fp32 denormals as zero).
+// (f32_to_bf16, kernels/bf16_round.h: the same rounding, except that the instruction treats fp32 denormals as zero).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -19,7 +19,6 @@ namespace parm::cpu {
 using detail::kTileK;
 using detail::kTileRows;
 using detail::round_up;
-using detail::to_bf16;
 using detail::load16;
 using detail::pairs16;
 using detail::transpose16;
@@ -155,7 +154,7 @@ void pack_a_scalar(bool trans, int64_t j0, int64_t j1, int64_t m, int64_t k, con
         for (int64_t j = jb; j < jb1; ++j) {
           const int64_t q = j - j0;
           packed[detail::packed_a_offset(i, j, kp)] =
-              i < m && j < k ? to_bf16(trans ? a[q * lda + i] : a[i * lda + q]) : uint16_t{0};
+              i < m && j < k ? f32_to_bf16(trans ? a[q * lda + i] : a[i * lda + q]) : uint16_t{0};
         }
     }
 }
@@ -173,7 +172,7 @@ void pack_b_scalar(bool trans, int64_t p0, int64_t p1, int64_t k, int64_t n, con
       uint16_t* row = panel + (kk / 2) * 2 * kTileRows + (kk & 1);
       const int64_t q = kk - 2 * p0;
       for (int64_t jj = 0; jj < width; ++jj)
-        row[jj * 2] = to_bf16(trans ? b[(j0 + jj) * ldb + q] : b[q * ldb + j0 + jj]);
+        row[jj * 2] = f32_to_bf16(trans ? b[(j0 + jj) * ldb + q] : b[q * ldb + j0 + jj]);
     }
   }
 }

@@ -1,4 +1,5 @@
-// GeLU for the bf16 path (kernels.h: bias_gelu_bf16). Same tanh form as gelu.cpp,
+// GeLU for the bf16 path (kernels.h: bias_gelu_bf16). Same tanh form, constants and clamps
+// as gelu.cpp (kernels/gelu_math.h),
 //   gelu(x) = x s,  gelu'(x) = s + x s (1 - s) 2u'(x),  s = 1 / (1 + 2^t),  1 - s = 2^t s,
 //   t = -2u log2(e) = x (kT1 + kT3 x^2),
 // with 2^t as 2^n p(f) (n = round(t), |f| <= 1/2, p the degree-5 Taylor polynomial of 2^f,
@@ -14,6 +15,7 @@
 #include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/bf16_detail.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/gelu_math.h"
 #include "parm/error.h"
 
 namespace parm::cpu {
@@ -29,9 +31,12 @@ using detail::kTileRows;
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+using gelu::kCubic;
+using gelu::kGradClamp;
+using gelu::kSqrt2OverPi;
+using gelu::kValueClamp;
+
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kCubic = 0.044715f;
 constexpr float kT1 = -2.0f * kSqrt2OverPi * kLog2e;
 constexpr float kT3 = kT1 * kCubic;
 constexpr float kDu1 = 2.0f * kSqrt2OverPi;               // 2u'(x) = kDu1 + kDu3 x^2
@@ -39,11 +44,8 @@ constexpr float kDu3 = 2.0f * kSqrt2OverPi * 3.0f * kCubic;
 // t stays within +-126: 1 + 2^t and its reciprocal are normal floats. Beyond it s is 1 to
 // fp32 precision (t < -126) or below 2^-126 (gelu(x) then rounds to 0 in bf16).
 constexpr float kTClamp = 126.0f;
-// As in gelu.cpp: gelu(x) rounds to -0 below it (here to -20 x 2^-126 at most), and -inf
-// must not meet s = 2^-126.
-constexpr float kValueClamp = -20.0f;
-// As in gelu.cpp: gelu'(x) is 1 (x > 9.5) or below 2e-31 (x < -9.5) there.
-constexpr float kGradClamp = 9.5f;
+// kValueClamp: gelu(x) rounds to -0 below it (here to -20 x 2^-126 at most), and -inf must
+// not meet s = 2^-126. kGradClamp: gelu'(x) is 1 (x > 9.5) or below 2e-31 (x < -9.5) there.
 
 
 // 2^t for |t| <= 126.

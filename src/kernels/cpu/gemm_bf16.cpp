@@ -17,7 +17,6 @@
 
 namespace parm::cpu {
 
-using detail::from_bf16;
 using detail::kTileK;
 using detail::kTileRows;
 using detail::round_up;
@@ -39,10 +38,10 @@ void gemm_bf16_portable(int64_t m, int64_t n, int64_t k, const uint16_t* a, cons
       float acc[kTileRows] = {};
       for (int64_t p = 0; p < pairs; ++p) {
         const uint16_t* ak = arow + (2 * p / kTileK) * kTileRows * kTileK + 2 * p % kTileK;
-        const float a0 = from_bf16(ak[0]), a1 = from_bf16(ak[1]);
+        const float a0 = bf16_to_f32(ak[0]), a1 = bf16_to_f32(ak[1]);
         const uint16_t* row = panel + p * 2 * kTileRows;
         for (int64_t jj = 0; jj < kTileRows; ++jj)
-          acc[jj] += a0 * from_bf16(row[2 * jj]) + a1 * from_bf16(row[2 * jj + 1]);
+          acc[jj] += a0 * bf16_to_f32(row[2 * jj]) + a1 * bf16_to_f32(row[2 * jj + 1]);
       }
       const int64_t j0 = jp * kTileRows, width = std::min<int64_t>(kTileRows, n - j0);
       float* out = c + i * ldc + j0;

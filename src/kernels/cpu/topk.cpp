@@ -2,24 +2,15 @@
 // number (as in PyTorch), so a diverged gate shows up in the chosen experts instead of
 // being silently skipped.
 #include <algorithm>
-#include <cmath>
 #include <numeric>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/moe_math.h"
 #include "parm/error.h"
 
 namespace parm::cpu {
 namespace {
-
-// Strict total order on (value, column): true when (va, ia) comes before (vb, ib).
-inline bool ranks_before(float va, int32_t ia, float vb, int32_t ib) {
-  const bool na = std::isnan(va);
-  const bool nb = std::isnan(vb);
-  if (na || nb) return na && (!nb || ia < ib);
-  if (va != vb) return va > vb;
-  return ia < ib;
-}
 
 // Above this k, sorting the row beats k selection passes over it.
 constexpr int kMaxSelectionK = 8;
@@ -37,21 +28,14 @@ void topk(const float* x, int64_t rows, int64_t cols, int k, int32_t* idx, float
     int32_t* ir = idx + r * k;
     float* vr = val + r * k;
     if (k <= kMaxSelectionK) {
-      // Pass j picks the best element ranked strictly after pick j-1: O(k cols), no buffer.
-      for (int j = 0; j < k; ++j) {
-        int32_t best = -1;
-        for (int32_t c = 0; c < n; ++c) {
-          if (j > 0 && !ranks_before(vr[j - 1], ir[j - 1], xr[c], c)) continue;
-          if (best < 0 || ranks_before(xr[c], c, xr[best], best)) best = c;
-        }
-        ir[j] = best;
-        vr[j] = xr[best];
-      }
+      math::topk_row(xr, cols, k, ir, vr);  // k selection passes: O(k cols), no buffer
     } else {
       order.resize(static_cast<size_t>(n));
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [xr](int32_t a, int32_t b) { return ranks_before(xr[a], a, xr[b], b); });
+                        [xr](int32_t a, int32_t b) {
+                          return math::ranks_before(xr[a], a, xr[b], b);
+                        });
       for (int j = 0; j < k; ++j) {
         ir[j] = order[j];
         vr[j] = xr[order[j]];

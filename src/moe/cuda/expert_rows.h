@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda/expert_kernels.h"
-#include "kernels/cuda/host_device.h"
+#include "parm/host_device.h"
 #include "parm/error.h"
 
 namespace parm::moe::cuda {

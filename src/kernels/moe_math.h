@@ -1,5 +1,6 @@
 // The per-row and per-element maths of the MoE gate, dispatch and combine, written once for
-// both the CUDA kernels (moe_kernels.cu) and a CPU test that drives them with a serial loop
+// the CPU gate (moe/gate.cpp, kernels/cpu/topk.cpp), the CUDA kernels (cuda/moe_kernels.cu)
+// and a CPU test that drives the kernels' rows with a serial loop
 // (tests/unit/test_cuda_moe_math.cpp) against the CPU functions of moe/moe_ops.h.
 //
 // Every function reproduces the CPU kernels' operation order, so that a GPU result is the
@@ -14,16 +15,18 @@
 //   which has no FMA: mul_nc() keeps the device compiler from fusing a product into the sum
 //   that follows it (nvcc contracts by default).
 //
-// Plain C++ with no CUDA include: under nvcc the functions are __host__ __device__.
+// Plain C++ with no CUDA include (the CPU build includes it): under nvcc the functions are
+// __host__ __device__.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cuda/host_device.h"
+#include "kernels/float_bits.h"
+#include "parm/host_device.h"
 #include "shape/packed_rows.h"
 
-namespace parm::cuda::math {
+namespace parm::math {
 
 // ---- scalar helpers -----------------------------------------------------------------------
 
@@ -304,4 +307,4 @@ PARM_HD inline float sum_lanes(const float* partial) {
   return s;
 }
 
-}  // namespace parm::cuda::math
+}  // namespace parm::math

@@ -1,6 +1,6 @@
-// What the per-element maths of the CUDA kernels shares with the CPU tests that run the same
-// code: PARM_HD (parm/host_device.h: a function for both sides) and bit casts that work on
-// either side. Includes no CUDA header.
+// Bit casts between fp32 and its bit pattern for code that runs on both sides of a CUDA build
+// (PARM_HD: the CPU kernels, the CUDA kernels and the CPU tests of the kernels' maths).
+// Includes no CUDA header.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 
 #include "parm/host_device.h"
 
-namespace parm::cuda {
+namespace parm {
 
 PARM_HD inline uint32_t float_to_bits(float x) {
 #ifdef __CUDA_ARCH__
@@ -30,4 +30,4 @@ PARM_HD inline float bits_to_float(uint32_t u) {
 #endif
 }
 
-}  // namespace parm::cuda
+}  // namespace parm
