@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/moe_math.h"
+#include "kernels/math/moe_math.h"
 #include "shape/packed_rows.h"
 #include "moe/expert_products.h"
 #include "moe/moe_ops.h"

@@ -11,7 +11,7 @@
 //
 // Tolerances (u = 2^-24), each as max |gpu - cpu| <= rtol * max |cpu| over a tensor:
 // - chosen probabilities, combine weights: 1e-6 (16 u). The softmax is the CPU's operation
-//   order (kernels/moe_math.h): the same bits where the CPU runs its FMA clone (any
+//   order (kernels/math/moe_math.h): the same bits where the CPU runs its FMA clone (any
 //   AVX2 host), a few ulp of exp otherwise.
 // - dispatch forward/backward, combine forward and its dbuf: 1e-6; combine dweight (an
 //   M-term dot product): 1e-5. They are the CPU's own sums in the CPU's order (expected the

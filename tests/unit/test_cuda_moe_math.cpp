@@ -1,4 +1,4 @@
-// The per-row maths of the CUDA MoE kernels (src/kernels/moe_math.h), run on the CPU by
+// The per-row maths of the CUDA MoE kernels (src/kernels/math/moe_math.h), run on the CPU by
 // serial loops shaped like the kernels' grids (one "thread" per row, the slot scan's chunks
 // and per-thread items, 16 lanes per dot product), against the CPU layer functions of
 // moe/moe_ops.h on the same inputs. Needs no GPU and no CUDA.
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/moe_math.h"
+#include "kernels/math/moe_math.h"
 #include "moe/moe_ops.h"
 #include "parm/rng.h"
 #include "parm/tensor.h"

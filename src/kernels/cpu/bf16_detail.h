@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/bf16_round.h"
+#include "kernels/math/bf16_round.h"
 
 namespace parm::cpu::detail {
 
@@ -25,7 +25,7 @@ inline int64_t packed_a_offset(int64_t i, int64_t kk, int64_t kp) {
          (i % kTileRows) * kTileK + kk % kTileK;
 }
 
-// fp32 <-> bf16: f32_to_bf16 / bf16_to_f32 (kernels/bf16_round.h).
+// fp32 <-> bf16: f32_to_bf16 / bf16_to_f32 (kernels/math/bf16_round.h).
 
 // True when this CPU has AVX512-BF16 (VCVTNE2PS2BF16) with AVX512-F and -BW; asked once.
 bool have_avx512_bf16();

@@ -1,7 +1,7 @@
 // fp32 operands rounded to bf16 into the packed layouts of the bf16 GEMM (bf16_detail.h).
 // With AVX512-BF16 the rounding is VCVTNE2PS2BF16 and transposed operands go through
 // 16 x 16 transposes of bf16 pairs in registers; without it, scalar loops do the same
-// (f32_to_bf16, kernels/bf16_round.h: the same rounding, except that the instruction treats fp32 denormals as zero).
+// (f32_to_bf16, kernels/math/bf16_round.h: the same rounding, except that the instruction treats fp32 denormals as zero).
 #include <immintrin.h>
 
 #include <algorithm>

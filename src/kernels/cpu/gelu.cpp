@@ -1,8 +1,8 @@
-// GeLU, tanh form (as GPT-2), fp32: kernels/gelu_math.h's formulas with the CPU's exp_f32.
+// GeLU, tanh form (as GPT-2), fp32: kernels/math/gelu_math.h's formulas with the CPU's exp_f32.
 #include <limits>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/gelu_math.h"
+#include "kernels/math/gelu_math.h"
 #include "kernels/cpu/vec_math.h"
 #include "parm/error.h"
 

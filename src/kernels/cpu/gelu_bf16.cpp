@@ -1,5 +1,5 @@
 // GeLU for the bf16 path (kernels.h: bias_gelu_bf16). Same tanh form, constants and clamps
-// as gelu.cpp (kernels/gelu_math.h),
+// as gelu.cpp (kernels/math/gelu_math.h),
 //   gelu(x) = x s,  gelu'(x) = s + x s (1 - s) 2u'(x),  s = 1 / (1 + 2^t),  1 - s = 2^t s,
 //   t = -2u log2(e) = x (kT1 + kT3 x^2),
 // with 2^t as 2^n p(f) (n = round(t), |f| <= 1/2, p the degree-5 Taylor polynomial of 2^f,
@@ -15,7 +15,7 @@
 #include "kernels/cpu/bf16_avx512.h"
 #include "kernels/cpu/bf16_detail.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/gelu_math.h"
+#include "kernels/math/gelu_math.h"
 #include "parm/error.h"
 
 namespace parm::cpu {

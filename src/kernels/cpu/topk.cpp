@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/moe_math.h"
+#include "kernels/math/moe_math.h"
 #include "parm/error.h"
 
 namespace parm::cpu {

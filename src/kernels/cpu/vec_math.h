@@ -10,9 +10,9 @@
 // and emulate every select and min/max. PARM_SIMD_CLONES compiles a function also for
 // x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) and picks one when the program loads (GCC
 // target_clones): GeLU runs about 4x faster on an AVX-512 machine, and the binary still runs
-// everywhere. Every process on the same kind of CPU runs the same clone and gets the same
-// bits; the FMA clones may round differently from the SSE2 one (as oneDNN's GEMM kernels
-// already do between instruction sets).
+// everywhere. The library is built with -ffp-contract=off, so no clone fuses a multiply
+// into an add and every clone gives the SSE2 code's bits (oneDNN's GEMM kernels still round
+// differently between instruction sets).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define PARM_SIMD_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))

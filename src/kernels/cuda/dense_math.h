@@ -4,11 +4,11 @@
 // against the CPU kernels. No CUDA headers.
 //
 // Contraction: nvcc fuses a * b + c into one FMA (one rounding) where the baseline CPU code
-// rounds the product first; mul_nc (kernels/moe_math.h) rounds a product on its own (__fmul_rn on
+// rounds the product first; mul_nc (kernels/math/moe_math.h) rounds a product on its own (__fmul_rn on
 // the GPU, which nvcc never contracts), so the functions below compute the CPU source's
 // expressions in its order. Division and sqrt are IEEE-rounded on both sides (the build does
-// not use --use_fast_math). The exponential is moe_math.h's exp_f32: the CPU kernels' exp as
-// their FMA clones (any AVX2 host) compute it.
+// not use --use_fast_math). The exponential is moe_math.h's exp_f32, the CPU kernels' exp
+// (no clone of it fuses a product: the CPU library is built with -ffp-contract=off).
 #pragma once
 
 #include <cmath>
@@ -16,8 +16,8 @@
 
 #include "kernels/cuda/expert_math.h"
 #include "kernels/cuda/gemm_args.h"
-#include "kernels/float_bits.h"
-#include "kernels/moe_math.h"
+#include "kernels/math/float_bits.h"
+#include "kernels/math/moe_math.h"
 
 namespace parm::cuda::dense_math {
 

@@ -2,17 +2,17 @@
 // kernels call them on the GPU, and g++ compiles the same code for the CPU unit tests, which
 // check them against the CPU kernels (tests/unit/test_cuda_math.cpp). No CUDA headers.
 //
-// GeLU is kernels/gelu_math.h, as the CPU's gelu.cpp computes it, so that both give the same
+// GeLU is kernels/math/gelu_math.h, as the CPU's gelu.cpp computes it, so that both give the same
 // values up to the rounding of exp (CUDA's expf and the CPU's exp_f32 are both within 2 ulp).
-// fp32 <-> bf16 is kernels/bf16_round.h, the CPU's rounding.
+// fp32 <-> bf16 is kernels/math/bf16_round.h, the CPU's rounding.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/bf16_round.h"
-#include "kernels/float_bits.h"
-#include "kernels/gelu_math.h"
+#include "kernels/math/bf16_round.h"
+#include "kernels/math/float_bits.h"
+#include "kernels/math/gelu_math.h"
 #include "parm/host_device.h"
 
 namespace parm::cuda::expert_math {

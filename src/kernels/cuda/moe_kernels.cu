@@ -20,7 +20,7 @@
 #include <string>
 
 #include "kernels/cuda/moe_kernels.h"
-#include "kernels/moe_math.h"
+#include "kernels/math/moe_math.h"
 #include "kernels/cuda/runtime.h"
 
 // parm/error.h pulls in fmt, whose headers do not compile under nvcc: the launchers' checks

@@ -4,7 +4,7 @@
 // work is queued on parm::cuda::stream() and returns at once; a launch error throws
 // parm::Error. Zero-sized calls queue nothing.
 //
-// The maths per row / element is kernels/moe_math.h, shared with the CPU test that checks it
+// The maths per row / element is kernels/math/moe_math.h, shared with the CPU test that checks it
 // against moe/moe_ops.h. Nothing here uses float atomics: every result is the same bits on
 // every run. Routing indices are int32 (the callers check that E * slots fits).
 #pragma once

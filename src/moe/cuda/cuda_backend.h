@@ -12,7 +12,7 @@
 // Results against the CPU backend (moe_ops.h; tests/gpu/test_cuda_backend.cpp): routing
 // (expert, row, fill, 1st-choice counts) identical for the same probabilities; softmax,
 // top-k, combine weights, dispatch, combine and their adjoints the same bits where the CPU's
-// own rounding is reproducible (see kernels/moe_math.h); probability sums, the gate
+// own rounding is reproducible (see kernels/math/moe_math.h); probability sums, the gate
 // products and what depends on them within fp32 summation-order error.
 #pragma once
 

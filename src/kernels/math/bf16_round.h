@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "kernels/float_bits.h"
+#include "kernels/math/float_bits.h"
 #include "parm/host_device.h"
 
 namespace parm {

@@ -5,15 +5,9 @@
 //
 // Every function reproduces the CPU kernels' operation order, so that a GPU result is the
 // CPU result bit for bit where the CPU's own rounding is fixed:
-// - the CPU softmax is compiled in target clones (vec_math.h); its x86-64-v3/v4 clones,
-//   which every AVX2 machine runs, contract a * b + c into FMAs. softmax_row spells out
-//   those FMAs (fma_f32) and matches those clones bit for bit; on an older CPU (the SSE2
-//   clone, no FMA) the CPU rounds differently by an ulp or so. The softmax backward is not
-//   bit-identical: whether the clone fuses the products of its dot product's tail depends
-//   on how GCC vectorised that loop (a few ulp of the dot; the test bounds it).
-// - the rest of the CPU gate and the dispatch/combine code is built for baseline x86-64,
-//   which has no FMA: mul_nc() keeps the device compiler from fusing a product into the sum
-//   that follows it (nvcc contracts by default).
+// the CPU library is built with -ffp-contract=off (CMakeLists.txt), so no CPU kernel, and no
+// target clone of vec_math.h on any CPU, fuses a multiply into an add; mul_nc() keeps the
+// device compiler from fusing one too (nvcc contracts by default).
 //
 // Plain C++ with no CUDA include (the CPU build includes it): under nvcc the functions are
 // __host__ __device__.
@@ -22,7 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/float_bits.h"
+#include "kernels/math/float_bits.h"
 #include "parm/host_device.h"
 #include "shape/packed_rows.h"
 
@@ -33,16 +27,8 @@ namespace parm::math {
 PARM_HD inline int32_t float_bits(float x) { return static_cast<int32_t>(float_to_bits(x)); }
 PARM_HD inline float bits_float(int32_t i) { return bits_to_float(static_cast<uint32_t>(i)); }
 
-// a * b + c rounded once.
-PARM_HD inline float fma_f32(float a, float b, float c) {
-#ifdef __CUDA_ARCH__
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-
-// a * b rounded on its own: never fused into a following add (baseline x86-64 has no FMA).
+// a * b rounded on its own: never fused into a following add (the CPU library is built with
+// -ffp-contract=off; nvcc contracts by default).
 PARM_HD inline float mul_nc(float a, float b) {
 #ifdef __CUDA_ARCH__
   return __fmul_rn(a, b);
@@ -53,7 +39,7 @@ PARM_HD inline float mul_nc(float a, float b) {
 
 PARM_HD inline bool is_nan(float x) { return x != x; }
 
-// ---- exp (cpu::detail::exp_f32, as its FMA clones compute it) -----------------------------
+// ---- exp (cpu::detail::exp_f32) -----------------------------
 
 PARM_HD inline int32_t ordered_bits(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
 
@@ -72,7 +58,7 @@ PARM_HD inline float nan_if_nan(float y, float x) {
 }
 
 // exp(x) within about 2 ulp; exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN. The same
-// range reduction and degree-7 polynomial as cpu::detail::exp_f32, every a * b + c fused.
+// range reduction and degree-7 polynomial as cpu::detail::exp_f32, each product rounded on its own.
 PARM_HD inline float exp_f32(float x) {
   constexpr float kLo = -104.0f;
   constexpr float kHi = 89.0f;
@@ -81,17 +67,17 @@ PARM_HD inline float exp_f32(float x) {
   constexpr float kLn2Lo = -2.12194440e-4f;
   constexpr float kRound = 12582912.0f;
   const float xc = clamp_f32(x, kLo, kHi);
-  const float n = fma_f32(xc, kLog2e, kRound) - kRound;
-  float r = fma_f32(-n, kLn2Hi, xc);
-  r = fma_f32(-n, kLn2Lo, r);
-  float p = fma_f32(r, 1.0f / 40320.0f, 1.0f / 5040.0f);
-  p = fma_f32(r, p, 1.0f / 720.0f);
-  p = fma_f32(r, p, 1.0f / 120.0f);
-  p = fma_f32(r, p, 1.0f / 24.0f);
-  p = fma_f32(r, p, 1.0f / 6.0f);
-  p = fma_f32(r, p, 0.5f);
-  p = fma_f32(r, p, 1.0f);
-  p = fma_f32(r, p, 1.0f);
+  const float n = (mul_nc(xc, kLog2e) + kRound) - kRound;
+  float r = (mul_nc(-n, kLn2Hi) + xc);
+  r = (mul_nc(-n, kLn2Lo) + r);
+  float p = (mul_nc(r, 1.0f / 40320.0f) + 1.0f / 5040.0f);
+  p = (mul_nc(r, p) + 1.0f / 720.0f);
+  p = (mul_nc(r, p) + 1.0f / 120.0f);
+  p = (mul_nc(r, p) + 1.0f / 24.0f);
+  p = (mul_nc(r, p) + 1.0f / 6.0f);
+  p = (mul_nc(r, p) + 0.5f);
+  p = (mul_nc(r, p) + 1.0f);
+  p = (mul_nc(r, p) + 1.0f);
   const int32_t ni = static_cast<int32_t>(n);
   const int32_t n1 = ni >> 1;
   const int32_t n2 = ni - n1;
@@ -138,10 +124,10 @@ PARM_HD inline void softmax_backward_row(const float* y, const float* dy, float*
   for (int j = 0; j < kLanes; ++j) acc[j] = 0.0f;
   int64_t c = 0;
   for (; c + kLanes <= cols; c += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] = fma_f32(y[c + j], dy[c + j], acc[j]);
+    for (int j = 0; j < kLanes; ++j) acc[j] = (mul_nc(y[c + j], dy[c + j]) + acc[j]);
   float dot = 0.0f;
   for (int j = 0; j < kLanes; ++j) dot += acc[j];
-  for (; c < cols; ++c) dot = fma_f32(y[c], dy[c], dot);
+  for (; c < cols; ++c) dot = (mul_nc(y[c], dy[c]) + dot);
   for (c = 0; c < cols; ++c) dx[c] = mul_nc(y[c], dy[c] - dot);
 }
 
