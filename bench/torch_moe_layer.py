@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The MoE layer of SPEC §2 in plain PyTorch, written the way a typical implementation writes
+"""The MoE layer of docs/spec.md §2 in plain PyTorch, written the way a typical implementation writes
 it, to time against `parm bench-layer` on the same GPU (bench/gpu-check runs both).
 
 The layer (x: (T, M) -> out: (T, M), l_aux):
@@ -70,7 +70,7 @@ def log(msg):
     print(f"torch_moe_layer: {msg}", file=sys.stderr, flush=True)
 
 
-# ---- capacity (SPEC §2 item 3) --------------------------------------------------------------
+# ---- capacity (docs/spec.md §2 item 3) --------------------------------------------------------------
 
 def parse_factor(text):
     """A positive decimal as (p, q), q a power of ten: '1.2' -> (12, 10); exact, as Parm."""
@@ -162,7 +162,7 @@ def _gelu_grad(v):
 
 
 def loop_layer(x, p, dout, k, C, dl_aux):
-    """SPEC §2 with plain loops over nested lists: forward, then the exact adjoint of every
+    """docs/spec.md §2 with plain loops over nested lists: forward, then the exact adjoint of every
     step. x, dout: T lists of M; p: nested lists. Returns (out, l_aux, grads, num_dropped)."""
     T, M = len(x), len(x[0])
     E, H = len(p["wg"][0]), len(p["b1"][0])
