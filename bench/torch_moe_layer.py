@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The MoE layer of SPEC §2 in plain PyTorch, written the way a typical implementation writes
+"""The MoE layer of docs/spec.md §2 in plain PyTorch, written the way a typical implementation writes
 it, to time against `parm bench-layer` on the same GPU (bench/gpu-check runs both).
 
 The layer (x: (T, M) -> out: (T, M), l_aux):
@@ -61,7 +61,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-# capacity (SPEC §2 item 3) and the dump's .npy files, as the tests read them.
+# capacity (docs/spec.md §2 item 3) and the dump's .npy files, as the tests read them.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
 from parm_testlib import capacity, read_npy_raw  # noqa: E402
 
@@ -145,7 +145,7 @@ def _gelu_grad(v):
 
 
 def loop_layer(x, p, dout, k, C, dl_aux):
-    """SPEC §2 with plain loops over nested lists: forward, then the exact adjoint of every
+    """docs/spec.md §2 with plain loops over nested lists: forward, then the exact adjoint of every
     step. x, dout: T lists of M; p: nested lists. Returns (out, l_aux, grads, num_dropped)."""
     T, M = len(x), len(x[0])
     E, H = len(p["wg"][0]), len(p["b1"][0])

@@ -1,4 +1,4 @@
-// Rank layout (SPEC §1, docs/layout.md) and the communicator of every group.
+// Rank layout (docs/spec.md §1, docs/layout.md) and the communicator of every group.
 //
 // A layout is (dp, pp, mp, ep, esp) with an order: the nesting of the groups from innermost
 // to outermost, named by "mp", "esp", "ep", "dp", "pp" (default "mp-esp-ep-dp-pp").
@@ -29,7 +29,7 @@ const char* group_name(Group g);  // "world", "dp", "mp", "ep", "esp", "edp", "p
 // Parses a group name; throws InvalidConfig listing the valid names.
 Group parse_group(const std::string& name);
 
-// The names an order nests, and the default order (SPEC §1 with pp outermost).
+// The names an order nests, and the default order (docs/spec.md §1 with pp outermost).
 constexpr int kOrderLength = 5;
 constexpr const char* kDefaultOrder = "mp-esp-ep-dp-pp";
 

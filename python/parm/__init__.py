@@ -1,4 +1,4 @@
-"""Parm: the Mixture-of-Experts layer and its schedules (SPEC.md) from Python.
+"""Parm: the Mixture-of-Experts layer and its schedules (docs/spec.md) from Python.
 
 Run a script under MPI (``mpirun -np N /usr/bin/python3 script.py``), call ``parm.init``
 once, then build ``parm.torch.MoE`` layers::
@@ -28,7 +28,7 @@ __all__ = ["init", "rank", "world_size", "group_ranks", "group_rank", "layout", 
 
 def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300, pp=1, order=None):
     """Starts MPI (first call) and builds the topology of this job over every rank:
-    N_MP = mp for the dense part, N_EP = ep and N_ESP = esp for the experts (SPEC §1),
+    N_MP = mp for the dense part, N_EP = ep and N_ESP = esp for the experts (docs/spec.md §1),
     pp pipeline stages (`--pp`; a layer built here runs inside this rank's stage), the
     groups nested as `order` says (`--order`: "mp", "esp", "ep", "dp", "pp" joined by "-",
     innermost first; None: "mp-esp-ep-dp-pp"; docs/layout.md). Collective: every rank calls

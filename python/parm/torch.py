@@ -1,4 +1,4 @@
-"""parm.torch.MoE: Parm's distributed MoE layer (SPEC §2, schedules of SPEC §3) as a
+"""parm.torch.MoE: Parm's distributed MoE layer (docs/spec.md §2, schedules of docs/spec.md §3) as a
 torch.nn.Module.
 
 Tensors cross into Parm as DLPack capsules, without copies: the input, the parameters, and

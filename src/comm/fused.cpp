@@ -1,4 +1,4 @@
-// The fused collectives of SPEC §4 as a software pipeline of non-blocking point-to-point
+// The fused collectives of docs/spec.md §4 as a software pipeline of non-blocking point-to-point
 // messages on two (or three) communicators.
 //
 // Pieces: piece c of `chunks` is the same contiguous range [lo, lo + len) of every `block`

@@ -1,4 +1,4 @@
-// Fused collectives (SPEC §4): two (or three) collectives computed as one pipelined
+// Fused collectives (docs/spec.md §4): two (or three) collectives computed as one pipelined
 // operation. The data is cut into `chunks` pieces, and each part is a pipeline stage (the
 // stages, their order and counters are described once, in fused_plan.h); in step s stage j
 // works on piece s - j, so the inter-node exchange of one piece and the intra-node

@@ -1,4 +1,4 @@
-// The one description of each fused collective's pipeline (SPEC §4): its stages in order,
+// The one description of each fused collective's pipeline (docs/spec.md §4): its stages in order,
 // each stage's group, the link it is meant to keep busy, the work it does for one piece and
 // the constituent collective it records. Three readers: the host lock-step pipeline over
 // MPI (fused.cpp), the CUDA streams/events pipeline over NCCL (cuda/nccl_fused.cpp) and the

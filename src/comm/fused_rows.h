@@ -1,4 +1,4 @@
-// The fused collectives (fused.h, SPEC §4) for dropless routing: the same pipelines (the
+// The fused collectives (fused.h, docs/spec.md §4) for dropless routing: the same pipelines (the
 // stages, their order, groups and recorded collectives of fused_plan.h) over segmented
 // buffers (row_exchange.h), where only each segment's routed rows travel.
 //

@@ -1,4 +1,4 @@
-// Pure rank-layout maths of SPEC §1.
+// Pure rank-layout maths of docs/spec.md §1.
 #include <algorithm>
 #include <array>
 #include <set>

@@ -134,7 +134,7 @@ bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
   p.split = split;
   p.batch = &batch;
   // Each MoE layer's l_aux enters the loss as loss_scale * aux_loss_coeff * l_aux; every MP
-  // rank computed the same l_aux and passes the same complete gradient (SPEC §3 contract).
+  // rank computed the same l_aux and passes the same complete gradient (docs/spec.md §3 contract).
   // The router z-loss enters the same way with router_z_loss.
   p.dl_aux = loss_scale * c_.aux_loss_coeff;
   p.dl_z = loss_scale * c_.router_z_loss;

@@ -1,4 +1,4 @@
-// Dispatch into the [E, slots, M] buffer and combine out of it (SPEC §2 items 4 and 6).
+// Dispatch into the [E, slots, M] buffer and combine out of it (docs/spec.md §2 items 4 and 6).
 #include <cstring>
 
 #include "moe/moe_ops.h"

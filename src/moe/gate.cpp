@@ -1,4 +1,4 @@
-// Gate, routing and the l_aux statistics (SPEC §2 items 1-3 and 7).
+// Gate, routing and the l_aux statistics (docs/spec.md §2 items 1-3 and 7).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

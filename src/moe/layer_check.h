@@ -36,7 +36,7 @@ struct LayerCheckOptions {
   float skew = 0.0f;
   // Zeroes the gate weight's columns of experts 0 and E - 1 (after `skew`): their logits are
   // then exactly +-0 for every token, whatever order a product sums in, so their
-  // probabilities are bitwise equal in fp32 and fp64 and the tie rule (SPEC §2: ties go to
+  // probabilities are bitwise equal in fp32 and fp64 and the tie rule (docs/spec.md §2: ties go to
   // the lower expert index) decides every token where one of them is among the k largest.
   bool force_ties = false;
   // S1 only: compare with the whole-layer oracle instead of the per-slice one (equal when

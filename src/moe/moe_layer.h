@@ -1,4 +1,4 @@
-// The distributed MoE layer: one rank's part of SPEC §2 under a schedule of SPEC §3.
+// The distributed MoE layer: one rank's part of docs/spec.md §2 under a schedule of docs/spec.md §3.
 //
 // Every rank of an MP group passes the same x (T, M) and gets the same out (T, M) back; in
 // the backward pass dout arrives identical on the MP group and dx leaves identical on it.

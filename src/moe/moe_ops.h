@@ -1,4 +1,4 @@
-// The compute steps of the distributed MoE layer (SPEC §2), over parm::Tensor and the CPU
+// The compute steps of the distributed MoE layer (docs/spec.md §2), over parm::Tensor and the CPU
 // kernels: gate (softmax, top-k, capacity and GShard slot filling, l_aux statistics),
 // dispatch, experts (ESP shards), combine, and their adjoints. The plain-loop oracle in
 // moe/reference_moe.h computes the same maths independently.

@@ -1,5 +1,5 @@
 // The reference MoE layer (see reference_moe.h). Every loop is written out so that each
-// line can be checked against SPEC §2; no kernel from src/kernels is used.
+// line can be checked against docs/spec.md §2; no kernel from src/kernels is used.
 #include "moe/reference_moe.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The single-process MoE layer of SPEC §2: the oracle every distributed schedule is
+// The single-process MoE layer of docs/spec.md §2: the oracle every distributed schedule is
 // compared against. Plain loops over std::vector<S> (S = float or double; both are
 // instantiated), no optimized kernels, one function per step of the spec, so that it can
 // be read as the spec. It is not fast: it is meant for tests and small golden runs.
@@ -12,7 +12,7 @@
 // the slice's token count), slot filling and drops happen per slice, each slice with its
 // own [E, C, M] dispatch buffer; l_aux is formed from the statistics summed over all
 // slices, divided by the total T, which is what S1 computes after its all-reduce.
-// num_slices = 1 is exactly SPEC §2.
+// num_slices = 1 is exactly docs/spec.md §2.
 #pragma once
 
 #include <cstdint>
@@ -58,7 +58,7 @@ MoeParams<S> init_params(const MoeShape& shape, uint64_t seed);
 template <typename S>
 std::vector<S> init_input(const MoeShape& shape, uint64_t seed);  // (T, M)
 
-// ---- Routing (SPEC §2 items 2-3) -------------------------------------------------------
+// ---- Routing (docs/spec.md §2 items 2-3) -------------------------------------------------------
 
 template <typename S>
 struct Routing {
@@ -153,7 +153,7 @@ template <typename S>
 MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
                          const std::vector<S>& dout, S dl_aux, S dl_z = S(0));
 
-// ---- The steps, one per item of SPEC §2 (moe_forward/backward are made of these) -------
+// ---- The steps, one per item of docs/spec.md §2 (moe_forward/backward are made of these) -------
 
 // 1. logits (rows, E) = x (rows, M) wg (M, E); probs (rows, E) = softmax(logits) per row.
 //    Overwrites logits and probs.

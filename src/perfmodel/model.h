@@ -1,4 +1,4 @@
-// The cost model (SPEC §5): prices every step of a schedule's step list — the same list the
+// The cost model (docs/spec.md §5): prices every step of a schedule's step list — the same list the
 // executor (MoeLayer) runs — for the forward and the backward pass, and picks the fastest
 // schedule. Pure: no MPI, so any layout (a 32-GPU cluster, say) can be priced on one process.
 // The formulas below, with their derivations and the measurements behind them, are in

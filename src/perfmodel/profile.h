@@ -1,4 +1,4 @@
-// The cost profile: the fitted parameters of the alpha-beta model (SPEC §5) and a
+// The cost profile: the fitted parameters of the alpha-beta model (docs/spec.md §5) and a
 // description of the machine they were measured on, stored as versioned JSON so that a run
 // can reuse a calibration (`parm calibrate --out profile.json`).
 //

@@ -1,4 +1,4 @@
-// The three schedules of SPEC §3 as step lists.
+// The three schedules of docs/spec.md §3 as step lists.
 #include <fmt/format.h>
 
 #include "parm/error.h"
@@ -163,7 +163,7 @@ Schedule build_s1(const LayerSpec& spec, Kind kind) {
   s.dispatch_slots = s.exchange_slots = s.capacity;
   s.expert_blocks = l.esp * l.ep;
   // Two small sums over mp, each riding on an MP AllGather the schedule runs anyway (one
-  // rendezvous of the MP group instead of two; SPEC §3): the gate weight is read by every MP
+  // rendezvous of the MP group instead of two; docs/spec.md §3): the gate weight is read by every MP
   // rank on its own tokens, so its gradient is summed over mp, with the AllGather of dx (the
   // slice's adjoint, the backward pass's last step); the l_aux statistics with the output's
   // AllGather, after which l_aux is formed (nothing before it reads them).

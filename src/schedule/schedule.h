@@ -20,7 +20,7 @@ enum class Kind { kBaseline, kS1, kS2 };
 const char* kind_name(Kind k);  // "baseline", "s1", "s2"
 Kind parse_kind(const std::string& name);
 
-// Whether schedule `kind` exists on `layout` (SPEC §3): S1 and S2 on every layout; the
+// Whether schedule `kind` exists on `layout` (docs/spec.md §3): S1 and S2 on every layout; the
 // baseline (DeepSpeed-MoE) when N_MP = 1, N_ESP = 1 or the ESP groups are the MP groups
 // (N_ESP = N_MP, and an --order that nests them alike).
 bool supports(Kind kind, const Layout& layout);
@@ -42,7 +42,7 @@ enum class StepKind {
   kReduceScatter,  // the ESP shards' partial outputs summed, each rank keeping its part
   kSumDup,         // sum a duplicated tensor in place
   kShareDup,       // a duplicated input read by every rank (its gradient is summed)
-  // fused collectives (SPEC §4)
+  // fused collectives (docs/spec.md §4)
   kFusedDispatch,  // the dispatch collective: AllToAll(ep) + AllGather(esp)
   kFusedCombine,   // the combine collective: ReduceScatter(esp) + AllToAll(ep)
                    // [+ AllGather(mp) into a duplicated tensor, S2]
@@ -190,8 +190,8 @@ struct LayerSpec {
   int esp_rank = 0;     // this rank's place in its ESP group (who adds b2)
   bool fuse = false;    // S1/S2: fused dispatch and combine collectives (never the baseline)
   int chunks = fused_plan::kDefaultChunks;  // pipeline depth of the fused collectives
-  // The router z-loss is on: the gate's statistics carry the sum of lse^2 beside SPEC's 2E
-  // numbers (2E + 1 values, summed over mp under S1); off, they are the 2E of SPEC's table.
+  // The router z-loss is on: the gate's statistics carry the sum of lse^2 beside docs/spec.md §3's 2E
+  // numbers (2E + 1 values, summed over mp under S1); off, they are the 2E of docs/spec.md §3's table.
   bool z_loss = false;
 };
 
@@ -222,7 +222,7 @@ struct SizeNames {
 
 // Dropless S2: MP rank j of n keeps rows [first, first + rows) of an expert's `routed` rows,
 // first = floor(j * routed / n): the ranks share every expert's rows evenly (with a capacity
-// factor it keeps slots [j*Cs, (j+1)*Cs) instead, SPEC §3).
+// factor it keeps slots [j*Cs, (j+1)*Cs) instead, docs/spec.md §3).
 struct RowPart {
   int64_t first = 0;
   int64_t rows = 0;

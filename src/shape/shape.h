@@ -1,4 +1,4 @@
-// The MoE layer's shape and its expert capacity (SPEC §2 item 3): the vocabulary that the
+// The MoE layer's shape and its expert capacity (docs/spec.md §2 item 3): the vocabulary that the
 // oracle (moe/reference_moe.h), the schedules (schedule/) and the distributed layer (moe/)
 // share. It depends on nothing above src/core, so every one of them may include it.
 //

@@ -1,4 +1,4 @@
-// The trainer's planning (SPEC §5): each MoE layer's schedule, configured or, with --schedule
+// The trainer's planning (docs/spec.md §5): each MoE layer's schedule, configured or, with --schedule
 // auto / --fuse auto, the cost model's fastest candidate; and the re-plan once the routing
 // has been measured (docs/perfmodel.md, "train --schedule auto").
 #pragma once

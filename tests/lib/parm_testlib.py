@@ -1,5 +1,5 @@
-"""What the Python tests and benchmarks recompute from SPEC.md the same way: the capacity of
-SPEC §2 item 3 in exact integers, and Parm's .npy dumps (`parm check-layer --dump DIR`).
+"""What the Python tests and benchmarks recompute from docs/spec.md the same way: the capacity of
+docs/spec.md §2 item 3 in exact integers, and Parm's .npy dumps (`parm check-layer --dump DIR`).
 Plain Python (no numpy, no torch), so every script can import it:
 
     sys.path.insert(0, os.path.join(<repo>, "tests", "lib"))

@@ -176,7 +176,7 @@ void expect_same_counts(const Counters& fused, const Counters& unfused) {
   }
 }
 
-// The counters SPEC §3's table asks for (a group of one records nothing).
+// The counters docs/spec.md §3's table asks for (a group of one records nothing).
 void expect_counts(const Counters& d, const char* group, CommOp op, int n, double bus) {
   const OpStats& s = d.at({group, static_cast<int>(op)});
   EXPECT_EQ(s.calls, n > 1 ? 1 : 0) << group << " " << comm_op_name(op);

@@ -1,6 +1,6 @@
 // The equivalence suite: every schedule, for every layout of the sweep, matches the
 // single-process oracle (outputs, dx, l_aux, dWg and every expert-weight gradient); and the
-// bytes the communicator counted match SPEC §3's table.
+// bytes the communicator counted match docs/spec.md §3's table.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -354,7 +354,7 @@ TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
   if (test::world_size() >= 2) EXPECT_GT(fused_dropless, 0);
 }
 
-// ---- bytes: SPEC §3's table, in elements; N = N_MP = N_ESP ------------------------------
+// ---- bytes: docs/spec.md §3's table, in elements; N = N_MP = N_ESP ------------------------------
 
 using Bytes = std::map<std::string, double>;
 
@@ -362,7 +362,7 @@ struct Volumes {
   Bytes forward, backward;
 };
 
-// z_loss: the layer runs the router z-loss, whose statistic travels beside SPEC's 2E.
+// z_loss: the layer runs the router z-loss, whose statistic travels beside docs/spec.md §3's 2E.
 Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l, bool z_loss) {
   const double E = s.experts, M = s.model_dim, T = s.tokens, N = l.mp, nep = l.ep;
   const double C = capacity(s.topk, s.capacity_factor, s.tokens, s.experts);
@@ -376,7 +376,7 @@ Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l, bool z_loss)
     v.forward[k] += elems * f;
     v.backward[k] += elems * f;
   };
-  // Not in SPEC's table: the fill counts that travel with the dispatch (one int32 per expert
+  // Not in docs/spec.md §3's table: the fill counts that travel with the dispatch (one int32 per expert
   // segment, forward only), counted apart as "metadata" so the table's rows stay exact.
   const bool shared_esp_input = kind == Kind::kBaseline && l.esp == l.mp && l.mp > 1;
   if (nep > 1) v.forward["ep.metadata"] = (nep - 1) * (E / nep) * 4.0;
@@ -385,7 +385,7 @@ Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l, bool z_loss)
     both("ep.alltoall", 2 * E * C * M * (nep - 1) / nep);
     both("esp.allreduce", 2 * (N - 1) / N * E * C * M);
   } else if (kind == Kind::kS1) {
-    // The statistics: SPEC's 2E numbers [and the router z-loss's sum of lse^2 beside them].
+    // The statistics: docs/spec.md §3's 2E numbers [and the router z-loss's sum of lse^2 beside them].
     if (N > 1) v.forward["mp.allreduce"] = 2 * (N - 1) / N * (2 * E + (z_loss ? 1 : 0)) * f;
     if (N > 1) v.backward["mp.allreduce"] = 2 * (N - 1) / N * M * E * f;
     both("ep.alltoall", 2 * E * C1 * M * (nep - 1) / nep);
@@ -602,7 +602,7 @@ TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
         if (l.esp > 1 && !shared) want_fwd["esp.metadata"] = (l.esp - 1) * s.experts * 4.0;
         const double N = l.mp;
         if (kind == Kind::kS1 && l.mp > 1) {
-          want_fwd["mp.allreduce"] = 2 * (N - 1) / N * (2 * s.experts) * 4.0;  // SPEC's 2E
+          want_fwd["mp.allreduce"] = 2 * (N - 1) / N * (2 * s.experts) * 4.0;  // docs/spec.md §3's 2E
           want_bwd["mp.allreduce"] = 2 * (N - 1) / N * s.model_dim * s.experts * 4.0;
         }
         const std::string where =

@@ -1,4 +1,4 @@
-"""parm.torch.MoE against a pure-PyTorch fp64 MoE written here from SPEC.md §2.
+"""parm.torch.MoE against a pure-PyTorch fp64 MoE written here from docs/spec.md §2.
 
 Run under mpirun at any world size (CTest: 1, 2 and 4 ranks); every rank runs every case of
 the layouts its world size allows. For each case the layer's output, l_aux, input gradient
@@ -46,7 +46,7 @@ def raises(exc, fn, what, contains=None):
     check(False, f"{what}: did not raise {exc.__name__}")
 
 
-# ---- the reference (SPEC §2), fp64, autograd for the backward pass ---------------------
+# ---- the reference (docs/spec.md §2), fp64, autograd for the backward pass ---------------------
 
 def gelu(x):
     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))

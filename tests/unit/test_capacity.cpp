@@ -1,4 +1,4 @@
-// Capacity factor parsing and exact capacity (SPEC §2 item 3).
+// Capacity factor parsing and exact capacity (docs/spec.md §2 item 3).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Rank-layout maths of SPEC §1, without MPI.
+// Rank-layout maths of docs/spec.md §1, without MPI.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -115,7 +115,7 @@ TEST(Layout, DefaultOrderNamesSpecOneWithPpOutermost) {
 }
 
 TEST(Layout, PpStagesAreContiguousBlocksByDefault) {
-  // 8 ranks, pp 2: stages {0..3} and {4..7}; inside each, mp 2 / ep 2 / esp 1 as SPEC §1.
+  // 8 ranks, pp 2: stages {0..3} and {4..7}; inside each, mp 2 / ep 2 / esp 1 as docs/spec.md §1.
   const Layout l = make_layout(8, 2, 2, 1, 2);
   EXPECT_EQ(l.dp, 2);
   EXPECT_EQ(l.edp, 2);

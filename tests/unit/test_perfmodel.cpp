@@ -1,4 +1,4 @@
-// The cost model (SPEC §5): volume factors and fused costs against hand-computed cases, the
+// The cost model (docs/spec.md §5): volume factors and fused costs against hand-computed cases, the
 // profile file (round trip, refusals), the simulator's CSV, and the automatic choice.
 // Pure computation: no timing decides a result here.
 #include <gtest/gtest.h>
@@ -135,7 +135,7 @@ TEST(PerfModel, CollectiveStepsUseBusBytes) {
                                        .steps.size() + 1);
 }
 
-// SPEC §3's table: S2's MP AllGather moves (N-1) * E * Cs * M elements per rank.
+// docs/spec.md §3's table: S2's MP AllGather moves (N-1) * E * Cs * M elements per rank.
 TEST(PerfModel, S2GatherVolumeMatchesSpecTable) {
   const Profile prof = comm_only_profile(5.0, 2e-3, 50.0, 4e-3);
   const auto shape = shape_of(64, 8, 16, 4, 2, "1.2");

@@ -1,7 +1,7 @@
 // `parm bench-comm`: every collective on every group over a range of sizes, as nccl-tests
 // rows: bytes, time (median and max over iterations of the max over ranks), algbw, busbw.
 // Every (group, op, size) is also checked once with payloads that encode their source rank.
-// The fused collectives (SPEC §4) run beside their unfused pairs on group "ep+esp", and
+// The fused collectives (docs/spec.md §4) run beside their unfused pairs on group "ep+esp", and
 // are checked bit for bit against them.
 #include <nlohmann/json.hpp>
 

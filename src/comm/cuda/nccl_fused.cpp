@@ -1,4 +1,4 @@
-// The fused collectives of SPEC §4 over NCCL: the pipeline described in
+// The fused collectives of docs/spec.md §4 over NCCL: the pipeline described in
 // src/comm/fused_plan.h (the one src/comm/fused.cpp runs in host steps), with each stage on
 // the CUDA stream of its communicator.
 //

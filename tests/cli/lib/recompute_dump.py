@@ -2,7 +2,7 @@
 """Recomputes a `parm check-layer --dump DIR` independently and checks it.
 
 From the dump alone (manifest.json, the parameters and the inputs of every MP group) this
-script redoes the MoE layer of SPEC §2 in plain Python floats (fp64), without Parm's code and
+script redoes the MoE layer of docs/spec.md §2 in plain Python floats (fp64), without Parm's code and
 without numpy, and checks for every source listed under "sources" in the manifest (the
 oracle, oracle_sliced, each schedule):
   routing   <source>.expert / .slot / .kept of MP group 0 equal the recomputed routing
