@@ -6,8 +6,7 @@ namespace parm::perfmodel {
 
 double dropless_share(const schedule::Schedule& sc, const schedule::Step& s,
                       const MoeShape& shape, double load_max_over_mean) {
-  if (!sc.dropless || s.in < 0) return 1.0;
-  if (sc.buffers[static_cast<size_t>(s.in)].slots == 0) return 1.0;  // tokens, not rows
+  if (!schedule::moves_routed_rows(sc, s)) return 1.0;  // tokens, or worst-case buffers
   // Every segmented buffer holds segments of `slots` rows; a segment of the dispatch buffer
   // (dispatch_slots rows) routes k T_gate / E rows on average, a smaller segment (S2's
   // slice) its share of them: the same fraction of every segmented buffer's rows.

@@ -10,8 +10,8 @@
 namespace parm::perfmodel {
 
 // The share of step s's listed bytes (and local copies) that a dropless schedule moves:
-// 1 unless the schedule is dropless and s moves segmented expert rows; else the routed
-// rows of the busiest rank over the buffer's rows, at most 1.
+// 1 unless s moves the routed rows only (schedule::moves_routed_rows, the executor's rule);
+// else the routed rows of the busiest rank over the buffer's rows, at most 1.
 double dropless_share(const schedule::Schedule& sc, const schedule::Step& s,
                       const MoeShape& shape, double load_max_over_mean);
 

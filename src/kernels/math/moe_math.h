@@ -6,8 +6,9 @@
 // Every function reproduces the CPU kernels' operation order, so that a GPU result is the
 // CPU result bit for bit where the CPU's own rounding is fixed:
 // the CPU library is built with -ffp-contract=off (CMakeLists.txt), so no CPU kernel, and no
-// target clone of vec_math.h on any CPU, fuses a multiply into an add; mul_nc() keeps the
-// device compiler from fusing one too (nvcc contracts by default).
+// target clone of vec_math.h on any CPU, fuses a multiply into an add; mul_nc() (exp_math.h)
+// keeps the device compiler from fusing one too (nvcc contracts by default). The exp is
+// exp_math.h's, the one the CPU kernels use.
 //
 // Plain C++ with no CUDA include (the CPU build includes it): under nvcc the functions are
 // __host__ __device__.
@@ -16,75 +17,11 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/math/float_bits.h"
+#include "kernels/math/exp_math.h"
 #include "parm/host_device.h"
 #include "shape/packed_rows.h"
 
 namespace parm::math {
-
-// ---- scalar helpers -----------------------------------------------------------------------
-
-PARM_HD inline int32_t float_bits(float x) { return static_cast<int32_t>(float_to_bits(x)); }
-PARM_HD inline float bits_float(int32_t i) { return bits_to_float(static_cast<uint32_t>(i)); }
-
-// a * b rounded on its own: never fused into a following add (the CPU library is built with
-// -ffp-contract=off; nvcc contracts by default).
-PARM_HD inline float mul_nc(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-PARM_HD inline bool is_nan(float x) { return x != x; }
-
-// ---- exp (cpu::detail::exp_f32) -----------------------------
-
-PARM_HD inline int32_t ordered_bits(int32_t bits) { return bits ^ ((bits >> 31) & 0x7fffffff); }
-
-PARM_HD inline float clamp_f32(float x, float lo, float hi) {
-  int32_t key = ordered_bits(float_bits(x));
-  const int32_t lo_key = ordered_bits(float_bits(lo));
-  const int32_t hi_key = ordered_bits(float_bits(hi));
-  key = key < lo_key ? lo_key : key;
-  key = key > hi_key ? hi_key : key;
-  return bits_float(ordered_bits(key));
-}
-
-PARM_HD inline float nan_if_nan(float y, float x) {
-  const bool nan = (float_bits(x) & 0x7fffffff) > 0x7f800000;
-  return bits_float(float_bits(y) | (nan ? 0x7fc00000 : 0));
-}
-
-// exp(x) within about 2 ulp; exp(-inf) = 0, exp(+inf) = +inf, NaN stays NaN. The same
-// range reduction and degree-7 polynomial as cpu::detail::exp_f32, each product rounded on its own.
-PARM_HD inline float exp_f32(float x) {
-  constexpr float kLo = -104.0f;
-  constexpr float kHi = 89.0f;
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;
-  const float xc = clamp_f32(x, kLo, kHi);
-  const float n = (mul_nc(xc, kLog2e) + kRound) - kRound;
-  float r = (mul_nc(-n, kLn2Hi) + xc);
-  r = (mul_nc(-n, kLn2Lo) + r);
-  float p = (mul_nc(r, 1.0f / 40320.0f) + 1.0f / 5040.0f);
-  p = (mul_nc(r, p) + 1.0f / 720.0f);
-  p = (mul_nc(r, p) + 1.0f / 120.0f);
-  p = (mul_nc(r, p) + 1.0f / 24.0f);
-  p = (mul_nc(r, p) + 1.0f / 6.0f);
-  p = (mul_nc(r, p) + 0.5f);
-  p = (mul_nc(r, p) + 1.0f);
-  p = (mul_nc(r, p) + 1.0f);
-  const int32_t ni = static_cast<int32_t>(n);
-  const int32_t n1 = ni >> 1;
-  const int32_t n2 = ni - n1;
-  const float s1 = bits_float((n1 + 127) << 23);
-  const float s2 = bits_float((n2 + 127) << 23);
-  return nan_if_nan(mul_nc(mul_nc(p, s1), s2), x);
-}
 
 // The CPU kernels reduce in 16 independent lanes (element i goes to lane i % 16 for every
 // full group of 16) and then add the lanes in order.
