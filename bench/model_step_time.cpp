@@ -74,12 +74,12 @@ void run(int steps) {
         b.targets.push_back(static_cast<int32_t>(rng.next_u32() % 256));
       }
       const double denom = static_cast<double>(B * c.seq_len * topo->layout().dp);
-      model->forward_backward(b, denom, 1.0f);  // warm-up
+      model->forward_backward(b, {denom, 1.0}, 1.0f);  // warm-up
       double total = 0, comm = 0;
       for (int s = 0; s < steps; ++s) {
         topo->comm(Group::kWorld).barrier();
         const double t0 = now_us();
-        model->forward_backward(b, denom, 1.0f);
+        model->forward_backward(b, {denom, 1.0}, 1.0f);
         total += now_us() - t0;
         comm += model->last_comm_us();
       }

@@ -62,6 +62,14 @@ int64_t num_moe_blocks(const ModelConfig& c);
 // (T = micro_batch x seq_len tokens per MP group).
 MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch);
 
+// What one step's loss is the mean over (docs/spec.md §6): each micro-batch's pass divides
+// its terms by these, so that summing the gradients over the micro-batches and the DP
+// replicas gives the gradient of the step's mean loss.
+struct LossDenominators {
+  double lm_targets = 0.0;  // counted positions of the whole global batch
+  double gate_calls = 0.0;  // gate calls per MoE layer in the step: N_DP x micro-batches
+};
+
 struct LossParts {
   double lm_loss_sum = 0.0;   // sum over this batch's counted positions of -log p(target)
   int64_t num_targets = 0;    // counted positions
@@ -116,14 +124,15 @@ class Model {
   // All trainable parameters of this rank, in a fixed order (the same names on every layout).
   virtual std::vector<Param*> params() = 0;
   // Forward and backward of one micro-batch: the loss being differentiated is
-  //   loss_scale * (lm_loss_sum / lm_denominator + aux_loss_coeff * aux_loss
-  //                 + router_z_loss * z_loss)
-  // where lm_denominator is the number of counted positions of the whole global batch
-  // (so that summing the gradients over micro-batches and DP replicas gives the gradient of
-  // the global mean). Accumulates (+=) every Param::grad; does not reduce over dp/edp.
+  //   loss_scale * (lm_loss_sum / d.lm_targets
+  //                 + (aux_loss_coeff * aux_loss + router_z_loss * z_loss) / d.gate_calls)
+  // (d: LossDenominators), so that summing the gradients over the micro-batches and the DP
+  // replicas gives the gradient of the step's mean LM loss plus each coefficient times the
+  // mean over the step's gate calls of l_aux (z-loss). Accumulates (+=) every Param::grad;
+  // does not reduce over dp/edp.
   // forward_backward and forward need the whole model (pp = 1); a pipeline stage runs
   // stage_forward / stage_backward (train/pipeline.h) and refuses them.
-  virtual LossParts forward_backward(const Batch& batch, double lm_denominator,
+  virtual LossParts forward_backward(const Batch& batch, const LossDenominators& d,
                                      float loss_scale) = 0;
   // Forward only (evaluation).
   virtual LossParts forward(const Batch& batch) = 0;
@@ -139,10 +148,11 @@ class Model {
   virtual Tensor& stage_input(int slot) = 0;
   // Forward of one micro-batch through this stage's blocks (the first stage embeds
   // batch.tokens; the others read stage_input(slot)). The last stage runs the head: the lm
-  // loss, and with `with_grad` the loss gradient for stage_backward (lm_denominator and
-  // loss_scale as forward_backward). Returns the lm loss (last stage; 0 elsewhere) and the
+  // loss, and with `with_grad` the loss gradient for stage_backward (d and loss_scale as
+  // forward_backward; stage_backward divides the l_aux and z-loss terms by the d of the
+  // slot's forward). Returns the lm loss (last stage; 0 elsewhere) and the
   // l_aux of this stage's MoE layers.
-  virtual LossParts stage_forward(int slot, const Batch& batch, double lm_denominator,
+  virtual LossParts stage_forward(int slot, const Batch& batch, const LossDenominators& d,
                                   float loss_scale, bool with_grad) = 0;
   // The outgoing activation (T, M) of slot's last forward (non-last stages).
   virtual const Tensor& stage_output(int slot) const = 0;
@@ -160,7 +170,7 @@ class Model {
   // the gradient scratch). Every rank of the stage's MP / EP / ESP groups must run the same
   // calls in the same order (the collectives are matched in that order). Bit-identical to
   // stage_forward / stage_backward.
-  virtual bool start_stage_forward(int slot, const Batch& batch, double lm_denominator,
+  virtual bool start_stage_forward(int slot, const Batch& batch, const LossDenominators& d,
                                    float loss_scale, bool with_grad) = 0;
   virtual bool start_stage_backward(int slot, const Batch& batch, const Tensor& dy,
                                     float loss_scale) = 0;

@@ -7,13 +7,13 @@
 
 namespace parm::model {
 
-LossParts Transformer::stage_forward(int slot, const Batch& batch, double lm_denominator,
+LossParts Transformer::stage_forward(int slot, const Batch& batch, const LossDenominators& d,
                                      float loss_scale, bool with_grad) {
-  start_forward(slot, batch, lm_denominator, loss_scale, with_grad, false);
+  start_forward(slot, batch, d, loss_scale, with_grad, false);
   return stage_loss(slot);
 }
 
-bool Transformer::start_forward(int slot, const Batch& batch, double lm_denominator,
+bool Transformer::start_forward(int slot, const Batch& batch, const LossDenominators& d,
                                 float loss_scale, bool with_grad, bool split) {
   check_batch(batch);
   StagePass& p = passes_[checked(slot)];
@@ -22,15 +22,17 @@ bool Transformer::start_forward(int slot, const Batch& batch, double lm_denomina
   const int64_t counted =
       static_cast<int64_t>(std::count_if(batch.targets.begin(), batch.targets.end(),
                                          [](int32_t y) { return y >= 0; }));
-  PARM_CHECK(!stage_.last() || !with_grad || counted == 0 || lm_denominator > 0.0,
-             "lm_denominator {} must be positive when the batch has {} targets", lm_denominator,
+  PARM_CHECK(!stage_.last() || !with_grad || counted == 0 || d.lm_targets > 0.0,
+             "lm_targets {} must be positive when the batch has {} targets", d.lm_targets,
              counted);
+  PARM_CHECK(!with_grad || d.gate_calls >= 1.0,
+             "gate_calls {} must be at least 1 (this pass is one of them)", d.gate_calls);
   p = StagePass{};
   if (pack_dense_) wpack_.begin_pass();  // packs again if the weights may have changed
   p.active = true;
   p.split = split;
   p.batch = &batch;
-  p.lm_denominator = lm_denominator;
+  p.denominators = d;
   p.loss_scale = loss_scale;
   p.with_grad = with_grad;
   select_slot(slot);
@@ -80,7 +82,7 @@ bool Transformer::forward_piece(int slot) {
   const float grad_scale =
       !p.with_grad || counted == 0
           ? 0.0f
-          : static_cast<float>(static_cast<double>(p.loss_scale) / p.lm_denominator);
+          : static_cast<float>(static_cast<double>(p.loss_scale) / p.denominators.lm_targets);
   p.out.lm_loss_sum = head_forward(batch, grad_scale, p.with_grad);
   p.out.num_targets = counted;
   phases_.end_phase("embed+head");
@@ -128,16 +130,18 @@ bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
                stage_.stage, dy.numel(), T_ * M_);
     dres_.copy_from(dy);
   }
+  // Each MoE layer's l_aux enters the loss as loss_scale * aux_loss_coeff * l_aux /
+  // gate_calls (the forward's: the step's mean over its gate calls, docs/spec.md §6); every MP
+  // rank computed the same l_aux and passes the same complete gradient (docs/spec.md §3
+  // contract). The router z-loss enters the same way with router_z_loss.
+  const double gate_calls = std::max(1.0, p.denominators.gate_calls);
   p = StagePass{};
   p.active = true;
   p.backward = true;
   p.split = split;
   p.batch = &batch;
-  // Each MoE layer's l_aux enters the loss as loss_scale * aux_loss_coeff * l_aux; every MP
-  // rank computed the same l_aux and passes the same complete gradient (docs/spec.md §3 contract).
-  // The router z-loss enters the same way with router_z_loss.
-  p.dl_aux = loss_scale * c_.aux_loss_coeff;
-  p.dl_z = loss_scale * c_.router_z_loss;
+  p.dl_aux = static_cast<float>(static_cast<double>(loss_scale) * c_.aux_loss_coeff / gate_calls);
+  p.dl_z = static_cast<float>(static_cast<double>(loss_scale) * c_.router_z_loss / gate_calls);
   return backward_piece(slot);
 }
 

@@ -198,7 +198,7 @@ void Transformer::lin_backward(const float* dy, const float* x, const float* w, 
     ops_.linear_backward(dy, x, w, dx, dw, db, rows, in, out, accumulate_dx, dense_);
 }
 
-LossParts Transformer::forward_backward(const Batch& batch, double lm_denominator,
+LossParts Transformer::forward_backward(const Batch& batch, const LossDenominators& d,
                                         float loss_scale) {
   PARM_CHECK(stage_.num_stages == 1,
              "forward_backward runs a whole model; stage {} of {} runs stage_forward and "
@@ -206,7 +206,7 @@ LossParts Transformer::forward_backward(const Batch& batch, double lm_denominato
              stage_.stage, stage_.num_stages);
   const double t0 = now_us();
   tp_.comm_us = 0.0;
-  const LossParts out = stage_forward(0, batch, lm_denominator, loss_scale, true);
+  const LossParts out = stage_forward(0, batch, d, loss_scale, true);
   stage_backward(0, batch, dres_, loss_scale);
   const double total = now_us() - t0;
   last_comm_us_ = tp_.comm_us + stage_moe_comm_us(0, false) + stage_moe_comm_us(0, true);
@@ -218,7 +218,7 @@ LossParts Transformer::forward(const Batch& batch) {
   PARM_CHECK(stage_.num_stages == 1,
              "forward runs a whole model; stage {} of {} runs stage_forward", stage_.stage,
              stage_.num_stages);
-  return stage_forward(0, batch, 0.0, 0.0f, false);
+  return stage_forward(0, batch, {}, 0.0f, false);
 }
 
 void Transformer::sum_tied_grads() {

@@ -78,7 +78,7 @@ class Transformer final : public Model {
               int64_t micro_batch, Precision precision, const StageBlocks& stage, int slots);
 
   std::vector<Param*> params() override { return registry_.params(); }
-  LossParts forward_backward(const Batch& batch, double lm_denominator,
+  LossParts forward_backward(const Batch& batch, const LossDenominators& d,
                              float loss_scale) override;
   LossParts forward(const Batch& batch) override;
   std::vector<MoeLayer*> moe_layers() override {
@@ -105,16 +105,16 @@ class Transformer final : public Model {
   const StageBlocks& stage() const override { return stage_; }
   std::vector<ParamSpec> all_param_specs() const override { return registry_.specs(); }
   Tensor& stage_input(int slot) override { return res_slots_[checked(slot)].front(); }
-  LossParts stage_forward(int slot, const Batch& batch, double lm_denominator, float loss_scale,
-                          bool with_grad) override;
+  LossParts stage_forward(int slot, const Batch& batch, const LossDenominators& d,
+                          float loss_scale, bool with_grad) override;
   const Tensor& stage_output(int slot) const override {
     return res_slots_[checked(slot)].back();
   }
   const Tensor& stage_backward(int slot, const Batch& batch, const Tensor& dy,
                                float loss_scale) override;
-  bool start_stage_forward(int slot, const Batch& batch, double lm_denominator,
+  bool start_stage_forward(int slot, const Batch& batch, const LossDenominators& d,
                            float loss_scale, bool with_grad) override {
-    return start_forward(slot, batch, lm_denominator, loss_scale, with_grad, true);
+    return start_forward(slot, batch, d, loss_scale, with_grad, true);
   }
   bool start_stage_backward(int slot, const Batch& batch, const Tensor& dy,
                             float loss_scale) override {
@@ -133,7 +133,7 @@ class Transformer final : public Model {
   struct StagePass {
     bool active = false, backward = false, split = false;
     const Batch* batch = nullptr;
-    double lm_denominator = 0.0;
+    LossDenominators denominators;  // the forward's (its backward reads them)
     float loss_scale = 0.0f, dl_aux = 0.0f, dl_z = 0.0f;
     bool with_grad = false;
     size_t done = 0;      // blocks done, in the pass's order
@@ -215,7 +215,7 @@ class Transformer final : public Model {
   }
 
   // ---- A stage's passes (stage_pass.cpp)
-  bool start_forward(int slot, const Batch& batch, double lm_denominator, float loss_scale,
+  bool start_forward(int slot, const Batch& batch, const LossDenominators& d, float loss_scale,
                      bool with_grad, bool split);
   bool start_backward(int slot, const Batch& batch, const Tensor& dy, float loss_scale,
                       bool split);

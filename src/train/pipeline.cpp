@@ -82,8 +82,8 @@ bool PipelineRunner::start(const PipeStep& st, const model::Batch& batch, StepRe
     wait_recv(rq.recv_act[k], st);
     wait_if_set(rq.send_act[k]);  // the slot's previous output has left
     if (overlap_)
-      return model_.start_stage_forward(st.slot, batch, lm_denominator_, loss_scale_, true);
-    model_.stage_forward(st.slot, batch, lm_denominator_, loss_scale_, true);
+      return model_.start_stage_forward(st.slot, batch, denominators_, loss_scale_, true);
+    model_.stage_forward(st.slot, batch, denominators_, loss_scale_, true);
     return false;
   }
   wait_recv(rq.recv_grad[k], st);
@@ -121,11 +121,11 @@ void PipelineRunner::finish(const PipeStep& st, StepRequests& rq, model::LossPar
 }
 
 model::LossParts PipelineRunner::run(const std::vector<model::Batch>& batches,
-                                     double lm_denominator, float loss_scale) {
+                                     const model::LossDenominators& d, float loss_scale) {
   PARM_CHECK(static_cast<int>(batches.size()) == num_micro_,
              "pipeline step of {} micro-batches, but the runner was built for {}",
              batches.size(), num_micro_);
-  lm_denominator_ = lm_denominator;
+  denominators_ = d;
   loss_scale_ = loss_scale;
   StepRequests rq;
   for (auto* list : {&rq.recv_act, &rq.recv_grad, &rq.send_act, &rq.send_grad})
@@ -174,7 +174,7 @@ model::LossParts PipelineRunner::forward(const model::Batch& batch) {
   const auto n = static_cast<size_t>(model_.stage_input(0).numel());
   if (!stage_.first())
     pp_.recv(model_.stage_input(0).data(), n, DType::kF32, stage_.stage - 1, kActivationTag);
-  const model::LossParts lp = model_.stage_forward(0, batch, 0.0, 0.0f, false);
+  const model::LossParts lp = model_.stage_forward(0, batch, {}, 0.0f, false);
   if (!stage_.last())
     pp_.send(model_.stage_output(0).data(), n, DType::kF32, stage_.stage + 1, kActivationTag);
   return lp;

@@ -28,11 +28,11 @@ class PipelineRunner {
   PipelineRunner(Topology& topo, model::Model& model, int num_micro, bool overlap = false);
 
   // Forward and backward of every micro-batch (batches.size() == num_micro), accumulating
-  // (+=) the stage's gradients (lm_denominator, loss_scale: as Model::forward_backward).
+  // (+=) the stage's gradients (d, loss_scale: as Model::forward_backward).
   // Returns the stage's loss parts summed over the micro-batches: the lm loss on the last
   // stage, the l_aux of its own MoE layers on every stage.
-  model::LossParts run(const std::vector<model::Batch>& batches, double lm_denominator,
-                       float loss_scale);
+  model::LossParts run(const std::vector<model::Batch>& batches,
+                       const model::LossDenominators& d, float loss_scale);
   // Forward only of one micro-batch through all stages (evaluation); loss parts as run().
   model::LossParts forward(const model::Batch& batch);
 
@@ -74,7 +74,7 @@ class PipelineRunner {
   double moe_comm_us_ = 0.0;
   int overlapped_pieces_ = 0;
   // The current run()'s arguments.
-  double lm_denominator_ = 0.0;
+  model::LossDenominators denominators_;
   float loss_scale_ = 0.0f;
 };
 

@@ -59,9 +59,9 @@ class Trainer {
     double bubble_us = 0.0;  // pp > 1: waiting on pp.recv (also in comm_us)
   };
   // Forward and backward of this rank's micro-batches of the step, accumulating (+=) the
-  // gradients (lm_denominator: the global batch's targets). The sums are this rank's (pp > 1:
-  // summed over its pp group).
-  Passes forward_backward(double lm_denominator);
+  // gradients (lm_targets: the global batch's counted positions; Model::forward_backward).
+  // The sums are this rank's (pp > 1: summed over its pp group).
+  Passes forward_backward(double lm_targets);
   // Mean validation loss over cfg.loop.eval_batches micro-batches per dp replica.
   double evaluate();
   // Whether the step that makes `steps_done` reports: every cfg.loop.log_every, and the last.

@@ -10,8 +10,10 @@
 
 namespace parm::train {
 
-Trainer::Passes Trainer::forward_backward(double lm_denominator) {
+Trainer::Passes Trainer::forward_backward(double lm_targets) {
   const int dp = topo_->layout().dp, dp_rank = topo_->host_comm(Group::kDp).rank();
+  // Each MoE layer gates once per MP group and micro-batch: dp x accum calls in the step.
+  const model::LossDenominators d{lm_targets, static_cast<double>(dp * accum_)};
   std::vector<model::Batch> batches;
   for (int64_t a = 0; a < accum_; ++a) {
     const int64_t j = a * dp + dp_rank;
@@ -21,7 +23,7 @@ Trainer::Passes Trainer::forward_backward(double lm_denominator) {
   if (pipeline_) {
     // The stage's time not spent waiting for its neighbours counts as compute.
     const double t0 = now_us();
-    const auto parts = pipeline_->run(batches, lm_denominator, 1.0f);
+    const auto parts = pipeline_->run(batches, d, 1.0f);
     p.bubble_us = pipeline_->last_recv_wait_us();
     p.sums[0] = parts.lm_loss_sum;
     p.sums[1] = parts.aux_loss;
@@ -31,7 +33,7 @@ Trainer::Passes Trainer::forward_backward(double lm_denominator) {
     topo_->host_comm(Group::kPp).allreduce(p.sums, 3);  // lm: the last stage's; aux: every stage's
   } else {
     for (const auto& b : batches) {
-      const auto parts = model_->forward_backward(b, lm_denominator, 1.0f);
+      const auto parts = model_->forward_backward(b, d, 1.0f);
       p.sums[0] += parts.lm_loss_sum;
       p.sums[1] += parts.aux_loss;
       p.sums[2] += parts.z_loss;

@@ -54,7 +54,7 @@ StepRun step_on(Device device, TopologyOptions o, Arch arch, Precision p,
   const model::Batch b = make_batch(arch, dp_rank);
   double denom = static_cast<double>(model::test_util::count_targets(b));
   r.topo->host_comm(Group::kDp).allreduce(&denom, 1);
-  r.loss = r.model->forward_backward(b, denom, 1.0f);
+  r.loss = r.model->forward_backward(b, {denom, static_cast<double>(r.topo->layout().dp)}, 1.0f);
   const auto params = r.model->params();
   for (const model::Param* q : params) r.grads.push_back(q->grad.to(Device::kCpu));
   train::reduce_gradients(*r.topo, params);

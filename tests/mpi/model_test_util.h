@@ -109,7 +109,8 @@ inline const Reference& reference(Arch arch, int n_dp) {
   for (int d = 0; d < n_dp; ++d) denom += count_targets(make_batch(arch, d));
   for (int d = 0; d < n_dp; ++d) {
     const LossParts lp =
-        model->forward_backward(make_batch(arch, d), static_cast<double>(denom), 1.0f);
+        model->forward_backward(
+            make_batch(arch, d), {static_cast<double>(denom), static_cast<double>(n_dp)}, 1.0f);
     r.lm_loss_sum += lp.lm_loss_sum;
     r.aux_sum += lp.aux_loss;
   }

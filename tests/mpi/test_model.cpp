@@ -73,7 +73,8 @@ TEST(ModelEquivalence, EveryLayoutEveryScheduleMatchesSingleProcess) {
                                              arch == Arch::kGpt2 ? "gpt2" : "bert", lay.mp,
                                              lay.ep, lay.esp, sc.name, test::world_rank());
         auto model = make_model(*topo, tiny_config(arch), sc.scheds, kMicroBatch);
-        const LossParts lp = model->forward_backward(batch, static_cast<double>(denom), 1.0f);
+        const LossParts lp = model->forward_backward(
+            batch, {static_cast<double>(denom), static_cast<double>(n_dp)}, 1.0f);
         // Loss: summed over the DP replicas.
         double sums[2] = {lp.lm_loss_sum, lp.aux_loss};
         topo->comm(Group::kDp).allreduce(sums, 2);
@@ -134,6 +135,68 @@ TEST(ModelEquivalence, EveryLayoutEveryScheduleMatchesSingleProcess) {
                 static_cast<long>(num_checked), w, kGradTol);
 }
 
+// aux_loss_coeff and router_z_loss weigh the mean over the step's gate calls
+// (docs/spec.md §6): a step of N micro-batches that are all the same batch b, gated by N
+// gate calls (grad accumulation on one rank, or one each on N_DP replicas), has the
+// gradient of one pass over b. Before the fix the l_aux and z-loss terms entered once per
+// gate call, so their part of the gradient grew N-fold; large coefficients make it count.
+TEST(ModelLoss, AuxAndZLossGradientsAreMeansOverGateCalls) {
+  ModelConfig cfg = tiny_config(Arch::kGpt2);
+  cfg.aux_loss_coeff = 1.0f;
+  cfg.router_z_loss = 0.1f;
+  const Batch b = make_batch(Arch::kGpt2, 0);
+  const double n = static_cast<double>(count_targets(b));
+  // The gradient of one pass; and its l_aux part alone (coefficients 10x: the difference).
+  std::map<std::string, Tensor> one, aux_part;
+  {
+    auto model = make_model(self_topology(), cfg, {}, kMicroBatch);
+    model->forward_backward(b, {n, 1.0}, 1.0f);
+    for (Param* p : model->params()) one[p->name] = p->grad.clone();
+    ModelConfig heavy = cfg;
+    heavy.aux_loss_coeff *= 10.0f;
+    heavy.router_z_loss *= 10.0f;
+    auto h = make_model(self_topology(), heavy, {}, kMicroBatch);
+    h->forward_backward(b, {n, 1.0}, 1.0f);
+    for (Param* p : h->params()) {
+      Tensor d = p->grad.clone();
+      for (int64_t i = 0; i < d.numel(); ++i) d[i] = (d[i] - one[p->name][i]) / 9.0f;
+      aux_part[p->name] = std::move(d);
+    }
+  }
+  // The router's gradient has an l_aux part well above the tolerance (or the test could
+  // not see a doubled term).
+  bool aux_counts = false;
+  for (const auto& [name, g] : one)
+    aux_counts |= name.find("moe.gate") != std::string::npos &&
+                  max_abs(aux_part.at(name)) > 100 * kGradTol * std::max(max_abs(g), 1e-6);
+  EXPECT_TRUE(aux_counts) << "no router weight whose gradient l_aux changes";
+  auto expect_one = [&](const Tensor& g, const Param& p, const std::string& what) {
+    Tensor want(p.grad.shape());
+    copy_shard_from_whole(one.at(p.name), p.splits, want);
+    double err = 0.0;
+    for (int64_t i = 0; i < g.numel(); ++i)
+      err = std::max(err, std::fabs(static_cast<double>(g[i]) - want[i]));
+    EXPECT_LE(err, kGradTol * std::max(max_abs(one.at(p.name)), 1e-6))
+        << what << ": gradient of " << p.name;
+  };
+  {  // Gradient accumulation on one rank: 3 micro-batches, 3 gate calls.
+    auto model = make_model(self_topology(), cfg, {}, kMicroBatch);
+    for (int a = 0; a < 3; ++a) model->forward_backward(b, {3.0 * n, 3.0}, 1.0f);
+    for (Param* p : model->params()) expect_one(p->grad, *p, "grad_accum 3");
+  }
+  for (const Lay& lay : sweep_layouts()) {  // N_DP replicas, each with b
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    const double n_dp = topo->layout().dp;
+    auto model = make_model(*topo, cfg, {}, kMicroBatch);
+    model->forward_backward(b, {n_dp * n, n_dp}, 1.0f);
+    for (Param* p : model->params()) {
+      Tensor g = p->grad.clone();
+      topo->comm(p->grad_reduce).allreduce(g.data(), static_cast<size_t>(g.numel()));
+      expect_one(g, *p, fmt::format("mp={} ep={} esp={} dp={}", lay.mp, lay.ep, lay.esp, n_dp));
+    }
+  }
+}
+
 // The loss of forward() is the loss forward_backward() reports; a second forward_backward
 // accumulates (doubles) the gradients.
 TEST(ModelSingle, ForwardMatchesForwardBackwardAndGradsAccumulate) {
@@ -142,7 +205,7 @@ TEST(ModelSingle, ForwardMatchesForwardBackwardAndGradsAccumulate) {
     const Batch b = make_batch(arch, 0);
     const double denom = static_cast<double>(count_targets(b));
     const LossParts f = model->forward(b);
-    const LossParts fb = model->forward_backward(b, denom, 1.0f);
+    const LossParts fb = model->forward_backward(b, {denom, 1.0}, 1.0f);
     EXPECT_EQ(f.lm_loss_sum, fb.lm_loss_sum);
     EXPECT_EQ(f.aux_loss, fb.aux_loss);
     EXPECT_EQ(f.num_targets, fb.num_targets);
@@ -151,7 +214,7 @@ TEST(ModelSingle, ForwardMatchesForwardBackwardAndGradsAccumulate) {
                 2.0);
     std::map<std::string, Tensor> once;
     for (Param* p : model->params()) once[p->name] = p->grad.clone();
-    model->forward_backward(b, denom, 1.0f);
+    model->forward_backward(b, {denom, 1.0}, 1.0f);
     for (Param* p : model->params()) {
       const Tensor& g1 = once[p->name];
       double err = 0.0;
@@ -186,7 +249,7 @@ TEST(ModelSingle, GradientMatchesFiniteDifferences) {
       const LossParts lp = model->forward(b);
       return lp.lm_loss_sum / denom + coeff * lp.aux_loss;
     };
-    model->forward_backward(b, denom, 1.0f);
+    model->forward_backward(b, {denom, 1.0}, 1.0f);
     int64_t stream = 0;
     for (Param* p : model->params()) {
       Tensor v(p->value.shape());

@@ -66,8 +66,8 @@ TEST(ModelBf16, GradientsTrackFp32WithinTheRounding) {
     auto b16 = make_model(self_topology(), dense_config(arch), {}, kMicroBatch, Precision::kBf16);
     const Batch b = make_batch(arch, 0);
     const double denom = static_cast<double>(count_targets(b));
-    const LossParts l32 = f32->forward_backward(b, denom, 1.0f);
-    const LossParts l16 = b16->forward_backward(b, denom, 1.0f);
+    const LossParts l32 = f32->forward_backward(b, {denom, 1.0}, 1.0f);
+    const LossParts l16 = b16->forward_backward(b, {denom, 1.0}, 1.0f);
     EXPECT_NEAR(l16.lm_loss_sum / denom, l32.lm_loss_sum / denom, 2e-2);
     const auto p32 = f32->params(), p16 = b16->params();
     ASSERT_EQ(p32.size(), p16.size());
@@ -87,11 +87,11 @@ TEST(ModelBf16, APassAfterTheWeightsChangeReadsTheNewWeights) {
   auto fresh = make_model(self_topology(), tiny_config(arch), {}, kMicroBatch, Precision::kBf16);
   const Batch b = make_batch(arch, 0);
   const double denom = static_cast<double>(count_targets(b));
-  used->forward_backward(b, denom, 1.0f);  // packs the initial weights
+  used->forward_backward(b, {denom, 1.0}, 1.0f);  // packs the initial weights
   const auto pu = used->params(), pf = fresh->params();
   update_both(pu, pf);
-  const LossParts lu = used->forward_backward(b, denom, 1.0f);
-  const LossParts lf = fresh->forward_backward(b, denom, 1.0f);
+  const LossParts lu = used->forward_backward(b, {denom, 1.0}, 1.0f);
+  const LossParts lf = fresh->forward_backward(b, {denom, 1.0}, 1.0f);
   EXPECT_EQ(lu.lm_loss_sum, lf.lm_loss_sum);
   expect_same_grads(pu, pf);
 }
@@ -106,16 +106,16 @@ TEST(ModelBf16, PacksOncePerWeightsVersion) {
   const Batch b = make_batch(arch, 0);
   const double denom = static_cast<double>(count_targets(b));
   used->set_weights_version(1);
-  const LossParts l1 = used->forward_backward(b, denom, 1.0f);
+  const LossParts l1 = used->forward_backward(b, {denom, 1.0}, 1.0f);
   const auto pu = used->params(), pf = fresh->params();
   update_both(pu, pf);  // not announced: version 1's packs stay
-  const LossParts l_stale = used->forward_backward(b, denom, 1.0f);
-  const LossParts l_fresh = fresh->forward_backward(b, denom, 1.0f);
+  const LossParts l_stale = used->forward_backward(b, {denom, 1.0}, 1.0f);
+  const LossParts l_fresh = fresh->forward_backward(b, {denom, 1.0}, 1.0f);
   EXPECT_NE(l_stale.lm_loss_sum, l_fresh.lm_loss_sum);  // the dense products read old packs
   EXPECT_NE(l_stale.lm_loss_sum, l1.lm_loss_sum);       // the rest read the new weights
   for (size_t i = 0; i < pu.size(); ++i) pu[i]->grad.zero();
   used->set_weights_version(2);
-  const LossParts l2 = used->forward_backward(b, denom, 1.0f);
+  const LossParts l2 = used->forward_backward(b, {denom, 1.0}, 1.0f);
   EXPECT_EQ(l2.lm_loss_sum, l_fresh.lm_loss_sum);
   expect_same_grads(pu, pf);
 }

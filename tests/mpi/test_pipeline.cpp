@@ -66,7 +66,8 @@ TEST(Pipeline, OneStepEqualsTheSingleProcessModel) {
                                  {{schedule::Kind::kS1, true, 2}, {schedule::Kind::kS2, false, 1}},
                                  kMicroBatch, Precision::kFp32, pipe);
       PipelineRunner runner(*topo, *m, pc.micro);
-      const model::LossParts lp = runner.run(batches, static_cast<double>(denom), 1.0f);
+      const model::LossParts lp = runner.run(
+          batches, {static_cast<double>(denom), static_cast<double>(num_batches)}, 1.0f);
       m->sum_tied_grads();
 
       double sums[2] = {lp.lm_loss_sum, lp.aux_loss};
@@ -137,7 +138,7 @@ TEST(Pipeline, WholeModelPassesAndTooFewSlotsAreRefused) {
   auto topo = Topology::create(o);
   auto m = model::make_model(*topo, tiny_config(Arch::kGpt2), {}, kMicroBatch);  // 1 slot
   const model::Batch b = make_batch(Arch::kGpt2, 0);
-  EXPECT_THROW(m->forward_backward(b, 100.0, 1.0f), Error);
+  EXPECT_THROW(m->forward_backward(b, {100.0, 1.0}, 1.0f), Error);
   EXPECT_THROW(m->forward(b), Error);
   // Stage 0 keeps 2 micro-batches in flight when there are 2 or more; the last stage 1.
   if (topo->comm(Group::kPp).rank() < o.pp - 1) {
@@ -163,7 +164,7 @@ TEST(Pipeline, AMissingStageIsNamedNotWaitedForever) {
     // Forward sent (a small message: it completes without the receiver); the gradient never
     // comes.
     try {
-      runner.run({b}, 100.0, 1.0f);
+      runner.run({b}, {100.0, 1.0}, 1.0f);
       ADD_FAILURE() << "stage 0 finished without stage 1";
     } catch (const Timeout& e) {
       EXPECT_NE(std::string(e.what()).find("rank 0 (pp stage 0 of 2): the activation gradient "

@@ -55,7 +55,7 @@ RunResult run_once(Topology& topo, Arch arch, const OverlapCase& oc,
   PipelineRunner runner(topo, *m, oc.micro, overlap);
   RunResult out;
   // Two steps: the second starts from the first's slot state (a stale pass would show).
-  for (int step = 0; step < 2; ++step) out.loss = runner.run(batches, 1000.0, 1.0f);
+  for (int step = 0; step < 2; ++step) out.loss = runner.run(batches, {1000.0, static_cast<double>(n_dp * oc.micro)}, 1.0f);
   out.overlapped = runner.last_overlapped_pieces();
   // Blocks 1 and 3 are the MoE blocks; the fused steps replace the AllToAll when esp > 1.
   int moe_index = 0;
