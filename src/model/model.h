@@ -43,6 +43,7 @@ struct ModelConfig {
   int topk = 2;
   std::string capacity_factor = "1.25";
   float aux_loss_coeff = 0.01f;
+  AuxScope aux_scope = AuxScope::kMicroBatch;  // --aux-loss: what each l_aux is over
   float router_z_loss = 0.0f;  // ST-MoE's z-loss coefficient (0: off)
   float router_bias_update = 0.0f;  // DeepSeek-V3's router bias update rate (0: off)
   float init_std = 0.02f;
@@ -128,8 +129,9 @@ class Model {
   //                 + (aux_loss_coeff * aux_loss + router_z_loss * z_loss) / d.gate_calls)
   // (d: LossDenominators), so that summing the gradients over the micro-batches and the DP
   // replicas gives the gradient of the step's mean LM loss plus each coefficient times the
-  // mean over the step's gate calls of l_aux (z-loss). Accumulates (+=) every Param::grad;
-  // does not reduce over dp/edp.
+  // mean over the step's gate calls of l_aux (z-loss); under AuxScope::kGlobal the N_DP
+  // replicas of a micro-step share one l_aux, and it divides by d.gate_calls / N_DP.
+  // Accumulates (+=) every Param::grad; does not reduce over dp/edp.
   // forward_backward and forward need the whole model (pp = 1); a pipeline stage runs
   // stage_forward / stage_backward (train/pipeline.h) and refuses them.
   virtual LossParts forward_backward(const Batch& batch, const LossDenominators& d,

@@ -134,14 +134,20 @@ bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
   // gate_calls (the forward's: the step's mean over its gate calls, docs/spec.md §6); every MP
   // rank computed the same l_aux and passes the same complete gradient (docs/spec.md §3
   // contract). The router z-loss enters the same way with router_z_loss.
-  const double gate_calls = std::max(1.0, p.denominators.gate_calls);
+  // Under AuxScope::kGlobal the N_DP replicas of a micro-step share one l_aux (each
+  // differentiates it for its own tokens, and the sum over dp is its whole gradient): the
+  // step has gate_calls / N_DP of them.
+  const double aux_calls = c_.aux_scope == AuxScope::kGlobal
+                               ? p.denominators.gate_calls / topo_.layout().dp
+                               : p.denominators.gate_calls;
+  const double calls = std::max(1.0, aux_calls);
   p = StagePass{};
   p.active = true;
   p.backward = true;
   p.split = split;
   p.batch = &batch;
-  p.dl_aux = static_cast<float>(static_cast<double>(loss_scale) * c_.aux_loss_coeff / gate_calls);
-  p.dl_z = static_cast<float>(static_cast<double>(loss_scale) * c_.router_z_loss / gate_calls);
+  p.dl_aux = static_cast<float>(static_cast<double>(loss_scale) * c_.aux_loss_coeff / calls);
+  p.dl_z = static_cast<float>(static_cast<double>(loss_scale) * c_.router_z_loss / calls);
   return backward_piece(slot);
 }
 

@@ -78,7 +78,7 @@ void Transformer::build_moe(Block& b, int64_t micro_batch, Precision precision) 
   for (int k = 0; k < slots_; ++k) {
     b.moes.push_back(std::make_unique<MoeLayer>(topo_, moe_shape(c_, micro_batch), b.sched.kind,
                                                 b.sched.fuse, b.sched.chunks, precision,
-                                                c_.router_z_loss > 0.0f));
+                                                c_.router_z_loss > 0.0f, c_.aux_scope));
     if (k > 0) {
       b.moes[static_cast<size_t>(k)]->params() = b.moes[0]->params();
       b.moes[static_cast<size_t>(k)]->grads() = b.moes[0]->grads();

@@ -27,12 +27,13 @@ MoeLayerParams make_params(const MoeShape& shape, int64_t e_loc, int64_t hl, Dev
 }
 
 schedule::Schedule layer_schedule(Topology& topo, const MoeShape& shape, schedule::Kind kind,
-                                  bool fuse, int chunks, bool router_z_loss) {
+                                  bool fuse, int chunks, bool router_z_loss,
+                                  AuxScope aux_scope) {
   PARM_CONFIG_CHECK(!router_z_loss || topo.device() == Device::kCpu,
                     "the router z-loss runs on the CPU only, this MoE layer is on {}; use "
                     "router_z_loss 0 there", device_name(topo.device()));
   return schedule::build({shape, topo.layout(), topo.comm(Group::kEsp).rank(), fuse, chunks,
-                          router_z_loss},
+                          router_z_loss, aux_scope},
                          kind);
 }
 
@@ -53,10 +54,10 @@ MoeLayerParams params_on(const MoeLayerParams& p, Device device) {
 }
 
 MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
-                   int chunks, Precision precision, bool router_z_loss)
+                   int chunks, Precision precision, bool router_z_loss, AuxScope aux_scope)
     : topo_(topo),
       shape_(shape),
-      schedule_(layer_schedule(topo, shape, kind, fuse, chunks, router_z_loss)),
+      schedule_(layer_schedule(topo, shape, kind, fuse, chunks, router_z_loss, aux_scope)),
       bufs_(topo, schedule_, shape),
       router_bias_(
           std::make_shared<std::vector<float>>(static_cast<size_t>(shape.experts), 0.0f)) {

@@ -40,10 +40,11 @@ class MoeLayer {
  public:
   // fuse: S1/S2 use the fused dispatch and combine collectives, pipelined over `chunks`.
   // router_z_loss: the z-loss is on (l_z() computed, backward takes dl_z; CPU only), and its
-  // statistic travels with l_aux's (schedule::LayerSpec::z_loss).
+  // statistic travels with l_aux's (schedule::LayerSpec::z_loss). aux_scope kGlobal: l_aux
+  // and l_z are over the micro-step's tokens on every dp replica (schedule::LayerSpec).
   MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse = false,
            int chunks = fused_plan::kDefaultChunks, Precision precision = Precision::kFp32,
-           bool router_z_loss = false);
+           bool router_z_loss = false, AuxScope aux_scope = AuxScope::kMicroBatch);
   MoeLayer(const MoeLayer&) = delete;  // its movers keep references to its members
   MoeLayer& operator=(const MoeLayer&) = delete;
 

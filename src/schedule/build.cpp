@@ -1,6 +1,8 @@
 // The three schedules of docs/spec.md §3 as step lists.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "parm/error.h"
 #include "schedule/schedule.h"
 
@@ -230,6 +232,21 @@ Schedule build_baseline(const LayerSpec& spec) {
   return std::move(s);
 }
 
+// AuxScope::kGlobal: l_aux (and the z-loss) of the whole micro-step on every data-parallel
+// replica: its statistics summed over dp, as the pass's last steps (docs/spec.md §7).
+void aux_over_dp(Schedule& s, const Layout& l) {
+  auto aux = std::find_if(s.steps.begin(), s.steps.end(),
+                          [](const Step& st) { return st.kind == StepKind::kAuxLoss; });
+  PARM_CHECK(aux != s.steps.end(), "schedule without an l_aux step");
+  const Step step = *aux;
+  s.steps.erase(aux);
+  s.total_tokens *= l.dp;
+  if (l.dp > 1)
+    s.steps.push_back({StepKind::kSumDup, Group::kDp, step.in, step.in, 1, 0,
+                       "dp allreduce l_aux statistics"});
+  s.steps.push_back(step);
+}
+
 }  // namespace
 
 int64_t dropless_buffer_rows(const Schedule& s, int topk, const BufferSpec& b) {
@@ -288,6 +305,7 @@ Schedule build(const LayerSpec& spec, Kind kind) {
                "step '{}' carries a joined sum but moves data over {} in {} passes", st.label,
                group_name(st.group), joins_sum(st, false) ? 2 : 0);
   s.z_loss = spec.z_loss;
+  if (spec.aux_scope == AuxScope::kGlobal) aux_over_dp(s, spec.layout);
   s.gate_weight_numel = spec.shape.model_dim * spec.shape.experts;
   for (const Step& st : s.steps)
     s.fused = s.fused || st.kind == StepKind::kFusedDispatch || st.kind == StepKind::kFusedCombine;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/fused_plan.h"
+#include "shape/aux_scope.h"
 #include "shape/shape.h"
 #include "parm/tensor.h"
 #include "parm/topology.h"
@@ -162,7 +163,7 @@ struct Schedule {
 
   // Layer numbers the compute steps use.
   int64_t gate_tokens = 0;     // rows the gate sees (T or T / N_MP)
-  int64_t total_tokens = 0;    // T of the MP group (for l_aux)
+  int64_t total_tokens = 0;    // tokens of l_aux: T of the MP group (x N_DP under kGlobal)
   int64_t capacity = 0;        // C used for drops (C or C1)
   int64_t dispatch_slots = 0;  // rows per expert in the dispatch buffer (C, C1 or Cp)
   int64_t exchange_slots = 0;  // rows per expert that travel (C, C1 or Cs)
@@ -193,6 +194,9 @@ struct LayerSpec {
   // The router z-loss is on: the gate's statistics carry the sum of lse^2 beside docs/spec.md §3's 2E
   // numbers (2E + 1 values, summed over mp under S1); off, they are the 2E of docs/spec.md §3's table.
   bool z_loss = false;
+  // kGlobal: the statistics are summed over dp (a kSumDup step at the end of the forward,
+  // before l_aux is formed: nothing else waits on it) and total_tokens is N_DP x T.
+  AuxScope aux_scope = AuxScope::kMicroBatch;
 };
 
 // Values of the gate's statistics: [1st-choice counts (E), probability sums (E)] and, with

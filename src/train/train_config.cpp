@@ -144,6 +144,15 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
     c.model.capacity_factor = f.is_null() ? "none" : f.get<std::string>();
   }
   m.get("aux_loss_coeff", c.model.aux_loss_coeff);
+  {
+    std::string scope = aux_scope_name(c.model.aux_scope);
+    m.get("aux_loss", scope);
+    try {
+      c.model.aux_scope = parse_aux_scope(scope);
+    } catch (const InvalidConfig& e) {
+      throw InvalidConfig(fmt::format("{}: {}", origin, e.what()));
+    }
+  }
   m.get("router_z_loss", c.model.router_z_loss);
   m.get("router_bias_update", c.model.router_bias_update);
   m.get("init_std", c.model.init_std);

@@ -39,6 +39,8 @@ fi
 expect 2 "--router-z-loss (model.router_z_loss) 0.01 with --device cuda" -- -n 1 -- bench-layer --device cuda --router-z-loss 0.01
 expect 2 "--router-z-loss (model.router_z_loss) 0.01 with --device cuda" -- -n 1 -- check-layer --device cuda --router-z-loss 0.01
 expect 2 "--router-bias-update (model.router_bias_update) 0.001 with --device cuda" -- -n 1 -- train --device cuda --router-bias-update 0.001 --steps 1
+expect 2 "--aux-loss (model.aux_loss) 'bogus' is not valid; use micro-batch" -- -n 1 -- train --aux-loss bogus --steps 1
+expect 2 "'sequence' (DeepSeek-V3's sequence-wise balance loss) is not implemented yet" -- -n 1 -- train --aux-loss sequence --steps 1
 expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp
 # Pipeline stages and the order (docs/layout.md).
 expect 2 "world size 4 is not divisible by --pp 3" -- -n 4 -- info --pp 3

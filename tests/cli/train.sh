@@ -2,7 +2,8 @@
 # End-to-end training tests (issue 7): (a) parallel runs follow the single-process losses,
 # (b) resume is bit-exact, (c) a checkpoint saved on one layout loads on another, (d) bad
 # checkpoints and configs are refused, an interrupted save leaves the previous checkpoint
-# usable, (e) a rank that dies ends the whole job with a message naming it.
+# usable, (e) a rank that dies ends the whole job with a message naming it, (f) --aux-loss
+# global equals one process with the replicas' micro-batches concatenated.
 #   bash train.sh <path to parm> <source dir>
 source "$(dirname "$0")/lib/checks.bash" "$@"
 work="$tmp"
@@ -93,7 +94,11 @@ expect_refusal() {  # expect_refusal <what> <text> <parm train args...>
 }
 cp -r "$work/ck/step-00000003" "$work/corrupt"
 f0=$(ls "$work/corrupt/tensors" | head -1)
-printf '\x01' | dd of="$work/corrupt/tensors/$f0" bs=1 seek=5 conv=notrunc status=none
+# Flip one bit of byte 5 (writing a fixed value leaves the file as it was when that byte
+# already holds it).
+b5=$(od -An -tu1 -j5 -N1 "$work/corrupt/tensors/$f0" | tr -d ' ')
+printf "\\x$(printf %02x $((b5 ^ 1)))" | dd of="$work/corrupt/tensors/$f0" bs=1 seek=5 conv=notrunc status=none
+cmp -s "$work/corrupt/tensors/$f0" "$work/ck/step-00000003/tensors/$f0" && bad "(d) corrupting $f0 left it unchanged"
 expect_refusal "corrupt checkpoint" "checksum mismatch" --resume "$work/corrupt"
 cp -r "$work/ck/step-00000003" "$work/trunc"
 truncate -s 10 "$work/trunc/tensors/$f0"
@@ -137,6 +142,32 @@ if train 2 "$work/rb_old.log" $rb --resume "$work/rb_old" --metrics "$work/rb_ol
   if compare "$work/rb_old.jsonl" "$work/rb_full.jsonl" 0 4 >/dev/null; then bad "(b) zero bias resumed like the saved bias"; else ok "(b) checkpoint without router_bias loads (zero bias)"; fi
 else
   bad "(b) checkpoint without router_bias refused"; tail -5 "$work/rb_old.log"
+fi
+
+# (f) --aux-loss global: l_aux over every replica's tokens, so N_DP replicas of micro-batch
+# 8/N_DP train like one process with micro-batch 8 (dropless: the same tokens reach the same
+# experts); the default micro-batch scope does not (l_aux weighted 1.0 to make it show).
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['model']['aux_loss_coeff']=1.0; json.dump(c, open(sys.argv[2], 'w'))" \
+  "$work/cfg.json" "$work/aux.json"
+aux() {  # aux <ranks> <log> <args...>
+  local n="$1" log="$2"
+  shift 2
+  "$src/scripts/parmrun" -n "$n" --job-timeout 300 -- train --config "$work/aux.json" --steps 6 --capacity-factor none "$@" >"$log" 2>&1
+}
+aux 1 "$work/aux1.log" --micro-batch 8 --aux-loss global --metrics "$work/aux1.jsonl" || bad "(f) single-process global run"
+for layout in "2 --ep 2" "4 --mp 2 --ep 2 --esp 1 --schedule s1"; do
+  set -- $layout
+  n=$1
+  shift
+  if ! aux "$n" "$work/aux.log" --micro-batch 4 --aux-loss global "$@" --metrics "$work/aux.jsonl"; then
+    bad "(f) np$n $* global: run failed"; tail -5 "$work/aux.log"; continue
+  fi
+  if out=$(compare "$work/aux.jsonl" "$work/aux1.jsonl" 1e-5); then ok "(f) np$n $* --aux-loss global: $out"; else bad "(f) np$n $* global: $out"; fi
+done
+if aux 2 "$work/aux.log" --micro-batch 4 --ep 2 --metrics "$work/aux.jsonl"; then
+  if out=$(compare "$work/aux.jsonl" "$work/aux1.jsonl" 1e-5); then bad "(f) the micro-batch scope trained like global: $out"; else ok "(f) np2 --aux-loss micro-batch differs from global"; fi
+else
+  bad "(f) np2 micro-batch run failed"; tail -5 "$work/aux.log"
 fi
 
 finish

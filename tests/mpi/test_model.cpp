@@ -197,6 +197,77 @@ TEST(ModelLoss, AuxAndZLossGradientsAreMeansOverGateCalls) {
   }
 }
 
+// --aux-loss global (docs/spec.md §7): l_aux and the z-loss of a micro-step are over the
+// tokens of every data-parallel replica, so N_DP replicas with micro-batches b_0..b_{N-1}
+// have the loss and the (dp-summed) gradients of one process whose one micro-batch is their
+// concatenation; under the default micro-batch scope the router's gradient differs from it.
+TEST(ModelLoss, GlobalAuxLossIsTheConcatenatedMicroBatchs) {
+  ModelConfig cfg = tiny_config(Arch::kGpt2);
+  cfg.aux_loss_coeff = 1.0f;
+  cfg.router_z_loss = 0.1f;
+  cfg.aux_scope = AuxScope::kGlobal;
+  auto concat = [](int n) {
+    Batch all = make_batch(Arch::kGpt2, 0);
+    for (int d = 1; d < n; ++d) {
+      const Batch b = make_batch(Arch::kGpt2, d);
+      all.batch += b.batch;
+      all.tokens.insert(all.tokens.end(), b.tokens.begin(), b.tokens.end());
+      all.targets.insert(all.targets.end(), b.targets.begin(), b.targets.end());
+    }
+    return all;
+  };
+  for (const Lay& lay : sweep_layouts()) {
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    const int n_dp = topo->layout().dp;
+    const Batch all = concat(n_dp);
+    const double n = static_cast<double>(count_targets(all));
+    auto ref = make_model(self_topology(), cfg, {}, kMicroBatch * n_dp);
+    const LossParts want = ref->forward_backward(all, {n, 1.0}, 1.0f);
+    std::map<std::string, Tensor> grad;
+    for (Param* p : ref->params()) grad[p->name] = p->grad.clone();
+    if (n_dp > 1) {  // the micro-batch scope's gradient is another one
+      ModelConfig per = cfg;
+      per.aux_scope = AuxScope::kMicroBatch;
+      auto m = make_model(self_topology(), per, {}, kMicroBatch);
+      for (int d = 0; d < n_dp; ++d)
+        m->forward_backward(make_batch(Arch::kGpt2, d), {n, static_cast<double>(n_dp)}, 1.0f);
+      double diff = 0.0;
+      for (Param* p : m->params())
+        if (p->name.find("moe.gate") != std::string::npos)
+          for (int64_t i = 0; i < p->grad.numel(); ++i)
+            diff = std::max(diff, std::fabs(static_cast<double>(p->grad[i]) -
+                                            grad.at(p->name)[i]) /
+                                      std::max(max_abs(grad.at(p->name)), 1e-6));
+      EXPECT_GT(diff, 100 * kGradTol) << "the two scopes give the same router gradient";
+    }
+    for (const SchedCase& sc : schedule_cases(lay)) {
+      const std::string what = fmt::format("mp={} ep={} esp={} dp={} {}", lay.mp, lay.ep,
+                                           lay.esp, n_dp, sc.name);
+      auto model = make_model(*topo, cfg, sc.scheds, kMicroBatch);
+      const Batch mine = make_batch(Arch::kGpt2, topo->comm(Group::kDp).rank());
+      const LossParts lp = model->forward_backward(mine, {n, static_cast<double>(n_dp)}, 1.0f);
+      double lm = lp.lm_loss_sum;
+      topo->comm(Group::kDp).allreduce(&lm, 1);
+      EXPECT_NEAR(lm, want.lm_loss_sum, kLossTol * std::fabs(want.lm_loss_sum)) << what;
+      // Every replica holds the one l_aux and z-loss of the micro-step.
+      EXPECT_NEAR(lp.aux_loss, want.aux_loss, kLossTol * std::fabs(want.aux_loss) + 1e-7)
+          << what;
+      EXPECT_NEAR(lp.z_loss, want.z_loss, kLossTol * std::fabs(want.z_loss) + 1e-7) << what;
+      for (Param* p : model->params()) {
+        Tensor g = p->grad.clone();
+        topo->comm(p->grad_reduce).allreduce(g.data(), static_cast<size_t>(g.numel()));
+        Tensor w(p->grad.shape());
+        copy_shard_from_whole(grad.at(p->name), p->splits, w);
+        double err = 0.0;
+        for (int64_t i = 0; i < g.numel(); ++i)
+          err = std::max(err, std::fabs(static_cast<double>(g[i]) - w[i]));
+        EXPECT_LE(err, kGradTol * std::max(max_abs(grad.at(p->name)), 1e-6))
+            << what << ": gradient of " << p->name;
+      }
+    }
+  }
+}
+
 // The loss of forward() is the loss forward_backward() reports; a second forward_backward
 // accumulates (doubles) the gradients.
 TEST(ModelSingle, ForwardMatchesForwardBackwardAndGradsAccumulate) {

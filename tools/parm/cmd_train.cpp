@@ -22,6 +22,7 @@ struct TrainFlags {
   CLI::Option* router_z_loss_opt = nullptr;
   CLI::Option* router_bias_update_opt = nullptr;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
+  std::string aux_loss;
   std::string device, precision, comm, order, pp_split, pp_overlap;
   std::string resume;
   CLI::Option* resume_opt = nullptr;
@@ -76,6 +77,7 @@ int run_train(TrainFlags& f) {
   if (!f.profile.empty()) l.profile = f.profile;
   if (!f.corpus.empty()) c.data.corpus = f.corpus;
   if (!f.capacity_factor.empty()) c.model.capacity_factor = f.capacity_factor;
+  if (!f.aux_loss.empty()) c.model.aux_scope = parse_aux_scope(f.aux_loss);
   if (f.router_z_loss_opt->count() > 0) c.model.router_z_loss = f.router_z_loss;
   if (f.router_bias_update_opt->count() > 0) c.model.router_bias_update = f.router_bias_update;
   if (f.resume_opt->count() > 0) {
@@ -127,6 +129,9 @@ Command add_train(CLI::App& root) {
                   "what moves the MoE layers' device buffers: auto, nccl, or mpi (staged "
                   "through host memory)");
   app->add_option("--capacity-factor", f->capacity_factor, "MoE capacity factor (a decimal), or none: dropless routing");
+  app->add_option("--aux-loss", f->aux_loss,
+                  "what each l_aux is over: micro-batch (each gate call's tokens; default) or "
+                  "global (every token of the micro-step on all data-parallel replicas)");
   f->router_z_loss_opt = app->add_option(
       "--router-z-loss", f->router_z_loss,
       "ST-MoE router z-loss coefficient (mean over tokens of logsumexp(logits)^2; 0: off)");
