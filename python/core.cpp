@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/process.h"
@@ -22,6 +23,7 @@
 #include "perfmodel/model.h"
 #include "perfmodel/profile.h"
 #include "schedule/schedule.h"
+#include "shape/router.h"
 
 namespace py = pybind11;
 
@@ -85,15 +87,38 @@ void finalize(bool abort) {
 using py_dlpack::view;
 constexpr const char* kLayerOp = "parm.torch.MoE";
 
+// parm.torch.MoE's router arguments (router_score, router_topk_norm, router_scale,
+// router_groups, router_group_topk), as the package passes them; checked by
+// RouterSpec::validate with the shape.
+using RouterArgs = std::tuple<std::string, bool, double, int, int>;
+
+RouterSpec router_of(const RouterArgs& a) {
+  RouterSpec r;
+  r.score = parse_router_score(std::get<0>(a));
+  r.topk_norm = std::get<1>(a);
+  r.scale = static_cast<float>(std::get<2>(a));
+  r.groups = std::get<3>(a);
+  r.group_topk = std::get<4>(a);
+  return r;
+}
+
+MoeShape layer_shape(int64_t tokens, int64_t model_dim, int64_t hidden, int64_t experts,
+                     int topk, const std::string& capacity_factor, const RouterArgs& router) {
+  MoeShape shape = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
+  shape.router = router_of(router);
+  return shape;
+}
+
 // One MoE layer for T tokens per MP group, over caller-owned parameters and gradients.
 class PyLayer {
  public:
   PyLayer(int64_t tokens, int64_t model_dim, int64_t hidden, int64_t experts, int topk,
-          const std::string& capacity_factor, const std::string& kind, bool fuse,
-          const std::string& precision)
+          const std::string& capacity_factor, const RouterArgs& router, const std::string& kind,
+          bool fuse, const std::string& precision)
       : topo_(current_topology()) {
     topology("parm.torch.MoE");
-    const MoeShape shape = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
+    const MoeShape shape =
+        layer_shape(tokens, model_dim, hidden, experts, topk, capacity_factor, router);
     layer_ = std::make_unique<MoeLayer>(*topo_, shape, schedule::parse_kind(kind), fuse,
                                         fused_plan::kDefaultChunks,
                                         parse_precision(precision));
@@ -196,7 +221,7 @@ void init_params(int64_t model_dim, int64_t hidden, int64_t experts, uint64_t se
 // [hidden_first, hidden_first + shard_hidden) of each, and adds_b2, whether this rank's
 // shard adds b2 (its gradient is then this rank's to report; schedule::build's rule).
 py::dict expert_shards(int64_t model_dim, int64_t hidden, int64_t experts, int topk,
-                       const std::string& capacity_factor) {
+                       const std::string& capacity_factor, const RouterArgs& router) {
   Topology& topo = topology(kLayerOp);
   const Layout& l = topo.layout();
   const std::string call =
@@ -206,7 +231,7 @@ py::dict expert_shards(int64_t model_dim, int64_t hidden, int64_t experts, int t
   spec.layout = l;
   spec.esp_rank = topo.comm(Group::kEsp).rank();
   try {
-    spec.shape = MoeShape::of(l.mp, model_dim, hidden, experts, topk, capacity_factor);
+    spec.shape = layer_shape(l.mp, model_dim, hidden, experts, topk, capacity_factor, router);
     spec.shape.validate();
   } catch (const InvalidConfig& e) {
     throw InvalidConfig(fmt::format("{}: {}", call, e.what()));
@@ -236,11 +261,13 @@ py::dict expert_shards(int64_t model_dim, int64_t hidden, int64_t experts, int t
 std::pair<std::string, bool> choose_schedule(int64_t tokens, int64_t model_dim, int64_t hidden,
                                              int64_t experts, int topk,
                                              const std::string& capacity_factor,
+                                             const RouterArgs& router,
                                              const std::string& profile_path,
                                              const std::vector<std::string>& kinds,
                                              const std::vector<bool>& fuse_modes) {
   Topology& topo = topology("parm.torch.MoE");
-  const MoeShape shape = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
+  const MoeShape shape =
+      layer_shape(tokens, model_dim, hidden, experts, topk, capacity_factor, router);
   std::vector<schedule::Kind> ks;
   for (const auto& k : kinds) ks.push_back(schedule::parse_kind(k));
   const auto profile = perfmodel::read_profile(profile_path);
@@ -323,12 +350,12 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("init_params", &init_params);
   m.def("expert_shards", &expert_shards, py::arg("model_dim"), py::arg("hidden"),
-        py::arg("experts"), py::arg("topk"), py::arg("capacity_factor"));
+        py::arg("experts"), py::arg("topk"), py::arg("capacity_factor"), py::arg("router"));
   m.def("choose_schedule", &choose_schedule);
 
   py::class_<PyLayer>(m, "Layer")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int, const std::string&,
-                    const std::string&, bool, const std::string&>())
+                    const RouterArgs&, const std::string&, bool, const std::string&>())
       .def("shard_info", &PyLayer::shard_info)
       .def("schedule_name", &PyLayer::schedule_name)
       .def("set_params", &PyLayer::set_params)

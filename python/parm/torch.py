@@ -17,6 +17,7 @@ from . import _core, _dlpack
 
 _SCHEDULES = ("auto", "baseline", "s1", "s2")
 _FUSE = ("auto", "on", "off")
+_ROUTER_SCORES = ("softmax", "sigmoid")
 _PARAMS = ("wg", "w1", "b1", "w2", "b2")
 
 
@@ -104,6 +105,14 @@ class MoE(torch.nn.Module):
     expert products, "fp32" or "bf16". seed: the parameters' initial values (the same draws
     as `parm check-layer --seed`).
 
+    The router (docs/spec.md §7; the `--router-*` flags of the CLI): router_score "softmax"
+    or "sigmoid" (DeepSeek-V3's scores; l_aux's p is then each token's scores normalised to
+    sum 1), router_topk_norm (the k combine weights divided by their sum, when k > 1),
+    router_scale (the combine weights times it), router_groups G and router_group_topk K_g
+    (group-limited routing: the top-k is taken within the K_g best of G groups of E / G
+    consecutive experts, a group's score the sum of its two best scores; with G = ep, each
+    token reaches at most K_g EP ranks). The defaults are the softmax top-k above.
+
     forward(x, out=None): x (T, M) or (B, L, M), the tokens of this rank's MP group (the
     same x on every rank of the group); returns the output of the same shape and sets
     self.l_aux, the auxiliary loss, a 0-d tensor in the autograd graph. The layer writes the
@@ -120,13 +129,16 @@ class MoE(torch.nn.Module):
     """
 
     def __init__(self, model_dim, hidden, experts, topk=2, capacity_factor="1.2",
-                 schedule="auto", fuse="auto", profile=None, precision="fp32", seed=0):
+                 schedule="auto", fuse="auto", profile=None, precision="fp32", seed=0,
+                 router_score="softmax", router_topk_norm=True, router_scale=1.0,
+                 router_groups=1, router_group_topk=1):
         super().__init__()
         if not _core.initialized():
             raise RuntimeError("parm.torch.MoE before parm.init(): call parm.init(mp=, ep=, "
                                "esp=) first")
         for name, v in (("model_dim", model_dim), ("hidden", hidden), ("experts", experts),
-                        ("topk", topk), ("seed", seed)):
+                        ("topk", topk), ("seed", seed), ("router_groups", router_groups),
+                        ("router_group_topk", router_group_topk)):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ValueError(f"parm.torch.MoE: {name} must be an int, got {v!r}")
         if capacity_factor is None:
@@ -135,6 +147,15 @@ class MoE(torch.nn.Module):
             raise ValueError(f"parm.torch.MoE: capacity_factor must be a decimal string such "
                              f"as \"1.2\" (kept exact), or None for dropless routing, got "
                              f"{capacity_factor!r}")
+        if router_score not in _ROUTER_SCORES:
+            raise ValueError(f"parm.torch.MoE: router_score {router_score!r} is not valid; use "
+                             f"one of {', '.join(_ROUTER_SCORES)}")
+        if not isinstance(router_topk_norm, bool):
+            raise ValueError(f"parm.torch.MoE: router_topk_norm must be True or False, got "
+                             f"{router_topk_norm!r}")
+        if isinstance(router_scale, bool) or not isinstance(router_scale, (int, float)):
+            raise ValueError(f"parm.torch.MoE: router_scale must be a number, got "
+                             f"{router_scale!r}")
         if schedule not in _SCHEDULES:
             raise ValueError(f"parm.torch.MoE: schedule {schedule!r} is not valid; use one of "
                              f"{', '.join(_SCHEDULES)}")
@@ -147,8 +168,12 @@ class MoE(torch.nn.Module):
                 "cost model defaults): run `scripts/parmrun -n 4 -- calibrate --out "
                 "profile.json` once on this machine and pass profile='profile.json', or "
                 "choose schedule='baseline', 's1' or 's2'")
-        # Parm's checks of the sizes against the layout, and this rank's shards of them.
-        self._shards = _core.expert_shards(model_dim, hidden, experts, topk, capacity_factor)
+        # Parm's checks of the sizes and the router against the layout, and this rank's
+        # shards of them.
+        self._router = (router_score, router_topk_norm, float(router_scale), router_groups,
+                        router_group_topk)
+        self._shards = _core.expert_shards(model_dim, hidden, experts, topk, capacity_factor,
+                                           self._router)
         self.model_dim, self.hidden, self.experts, self.topk = model_dim, hidden, experts, topk
         self.capacity_factor, self.schedule, self.fuse = capacity_factor, schedule, fuse
         self.profile, self.precision = profile, precision
@@ -178,9 +203,9 @@ class MoE(torch.nn.Module):
             modes = [False, True] if self.fuse == "auto" else [self.fuse == "on"]
             kind, fused = _core.choose_schedule(tokens, self.model_dim, self.hidden,
                                                 self.experts, self.topk, self.capacity_factor,
-                                                str(self.profile), kinds, modes)
+                                                self._router, str(self.profile), kinds, modes)
         layer = _core.Layer(tokens, self.model_dim, self.hidden, self.experts, self.topk,
-                            self.capacity_factor, kind, fused, self.precision)
+                            self.capacity_factor, self._router, kind, fused, self.precision)
         info, sh = layer.shard_info(), self._shards
         assert info[:3] == [sh["local_experts"], sh["shard_hidden"], sh["first_expert"]], info
         self._layer, self._layer_tokens = layer, tokens
@@ -212,7 +237,15 @@ class MoE(torch.nn.Module):
     def extra_repr(self):
         return (f"model_dim={self.model_dim}, hidden={self.hidden}, experts={self.experts}, "
                 f"topk={self.topk}, capacity_factor={self.capacity_factor!r}, "
-                f"schedule={self.schedule!r}, fuse={self.fuse!r}, precision={self.precision!r}")
+                f"schedule={self.schedule!r}, fuse={self.fuse!r}, precision={self.precision!r}"
+                + self._router_repr())
+
+    def _router_repr(self):
+        names = ("router_score", "router_topk_norm", "router_scale", "router_groups",
+                 "router_group_topk")
+        defaults = ("softmax", True, 1.0, 1, 1)
+        return "".join(f", {n}={v!r}" for n, v, d in zip(names, self._router, defaults)
+                       if v != d)
 
     # ---- whole tensors <-> this rank's shards -------------------------------------------
 

@@ -34,6 +34,7 @@ MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch) {
   shape.experts = c.experts;
   shape.topk = c.topk;
   shape.capacity_factor = CapacityFactor::parse(c.capacity_factor);
+  shape.router = c.router;
   return shape;
 }
 

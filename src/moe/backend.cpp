@@ -8,8 +8,15 @@
 
 namespace parm::moe {
 
-void check_router_options(Device device, float router_z_loss, float router_bias_update) {
+void check_router_options(Device device, float router_z_loss, float router_bias_update,
+                          const RouterSpec& router) {
   if (device == Device::kCpu) return;
+  PARM_CONFIG_CHECK(router.is_default(),
+                    "the router options{} with --device {}: --router-score, "
+                    "--router-topk-norm, --router-scale and --router-groups run on the CPU "
+                    "layer only (the {} gate is docs/spec.md §2's softmax top-k); use "
+                    "--device cpu, or their defaults",
+                    router.str(), device_name(device), device_name(device));
   PARM_CONFIG_CHECK(router_z_loss == 0.0f,
                     "--router-z-loss (model.router_z_loss) {} with --device {}: the router "
                     "z-loss runs on the CPU layer only (the {} gate computes none); use "

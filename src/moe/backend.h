@@ -63,6 +63,14 @@ class LayerBackend {
     PARM_CHECK(bias == nullptr, "the {} layer backend has no router bias",
                device_name(device()));
   }
+  // The router of the gate calls that follow (docs/spec.md §7; the shape's). A backend that
+  // computes only §2's softmax top-k refuses any other.
+  virtual void set_router(const RouterSpec& router) {
+    PARM_CONFIG_CHECK(router.is_default(),
+                      "the {} layer backend computes docs/spec.md §2's softmax top-k router "
+                      "only, not{}; use --device cpu",
+                      device_name(device()), router.str());
+  }
   // The version of the expert weights the calls that follow are given (whoever writes them
   // changes it with every write; moe/bf16_weight_copies.h): a backend at bf16 (CPU or CUDA)
   // rounds W1 and W2 again only when it changed, and at every forward while no version is
@@ -127,11 +135,12 @@ class LayerBackend {
   virtual int64_t held_bytes() const = 0;
 };
 
-// The router options a device's backend computes: the CPU one the z-loss and the router bias;
-// the CUDA gate neither. Throws InvalidConfig naming the option (flag and config key) when
-// `device` cannot run a non-zero one, so a run is refused before any work, not at its first
-// pass. Needs no GPU: it looks at the names only.
-void check_router_options(Device device, float router_z_loss, float router_bias_update);
+// The router options a device's backend computes: the CPU one the z-loss, the router bias
+// and every RouterSpec; the CUDA gate none of them. Throws InvalidConfig naming the option
+// (flag and config key) when `device` cannot run a non-default one, so a run is refused
+// before any work, not at its first pass. Needs no GPU: it looks at the names only.
+void check_router_options(Device device, float router_z_loss, float router_bias_update,
+                          const RouterSpec& router = {});
 
 // Throws InvalidConfig when `device` / `precision` cannot run in this build or machine.
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,

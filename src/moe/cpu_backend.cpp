@@ -21,10 +21,12 @@ class CpuBackend final : public LayerBackend {
 
   void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                     int64_t slots, float* stats, PhaseTimes* times) override {
-    moe::gate_forward(x, wg, topk, capacity, slots, probs_, routing_, stats, times, bias_);
+    moe::gate_forward(x, wg, topk, capacity, slots, probs_, routing_, stats, times, bias_,
+                      router_);
     if (packed_) pack_routing(routing_);
   }
   void set_router_bias(const float* bias) override { bias_ = bias; }
+  void set_router(const RouterSpec& router) override { router_ = router; }
   void set_weights_version(uint64_t version) override { ws_.bf16.set_weights_version(version); }
   WeightCopies weight_copies() const override {
     return {ws_.bf16.weight_packs(), ws_.bf16.last_pack_us()};
@@ -100,6 +102,7 @@ class CpuBackend final : public LayerBackend {
  private:
   Tensor probs_, dprobs_;  // (gate rows, E)
   const float* bias_ = nullptr;  // the layer's router bias (E), or none
+  RouterSpec router_;
   GateRouting routing_;
   bool zero_unrouted_;  // not dropless (BackendSizes::dropless)
   bool packed_;         // BackendSizes::packed

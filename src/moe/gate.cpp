@@ -12,9 +12,42 @@
 
 namespace parm::moe {
 
+namespace {
+
+// Group-limited selection (docs/spec.md §7) on one token's selection scores sc (E): the
+// experts outside the K_g groups of largest score (the sum of a group's two largest scores,
+// its one when a group holds one expert; ties to the lower group) get -inf.
+void limit_groups(float* sc, int64_t E, const RouterSpec& rs) {
+  const int64_t G = rs.groups, per = E / G;
+  float gscore[kMaxRouterGroups];
+  for (int64_t g = 0; g < G; ++g) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+      if (sc[e] > a) {
+        b = a;
+        a = sc[e];
+      } else if (sc[e] > b) {
+        b = sc[e];
+      }
+    }
+    gscore[g] = per == 1 ? a : a + b;
+  }
+  bool kept[kMaxRouterGroups] = {};
+  for (int i = 0; i < rs.group_topk; ++i) {
+    int64_t best = -1;
+    for (int64_t g = 0; g < G; ++g)
+      if (!kept[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+    kept[best] = true;
+  }
+  for (int64_t e = 0; e < E; ++e)
+    if (!kept[e / per]) sc[e] = -INFINITY;
+}
+
+}  // namespace
+
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
                   Tensor& probs, GateRouting& r, float* stats, PhaseTimes* times,
-                  const float* bias) {
+                  const float* bias, const RouterSpec& router) {
   PhaseClock clock(times);
   const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
   PARM_CHECK_EQ(wg.rows(), M);
@@ -36,7 +69,18 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
     r.lse[static_cast<size_t>(t)] = static_cast<float>(lse);
     zsum += lse * lse;
   }
-  cpu::softmax_forward(probs.data(), probs.data(), rows, E);
+  const bool sigmoid = router.score == RouterScore::kSigmoid;
+  PARM_CHECK(router.groups <= kMaxRouterGroups, "{} router groups", router.groups);
+  r.router = router;
+  if (sigmoid) {
+    // Scores s = sigmoid(logit); the z-loss's backward needs the logits' softmax, so the
+    // logits are kept.
+    r.logits.assign(probs.data(), probs.data() + rows * E);
+    for (int64_t i = 0; i < rows * E; ++i)
+      probs.data()[i] = 1.0f / (1.0f + std::exp(-probs.data()[i]));
+  } else {
+    cpu::softmax_forward(probs.data(), probs.data(), rows, E);
+  }
   clock.lap("softmax");
 
   r.tokens = rows;
@@ -51,12 +95,16 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   r.row.resize(n);
   r.fill.assign(static_cast<size_t>(E), 0);
   r.first.clear();  // rows e * slots + slot until pack_routing (capacity kept)
-  if (bias == nullptr) {
+  if (bias == nullptr && !router.group_limited()) {
     cpu::topk(probs.data(), rows, E, topk, r.expert.data(), r.prob.data());
   } else {
+    // The selection scores: the scores plus the router bias, out of the closed groups.
     r.scores.resize(static_cast<size_t>(rows * E));
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t e = 0; e < E; ++e) r.scores[static_cast<size_t>(t * E + e)] = probs.row(t)[e] + bias[e];
+    for (int64_t t = 0; t < rows; ++t) {
+      float* sc = &r.scores[static_cast<size_t>(t * E)];
+      for (int64_t e = 0; e < E; ++e) sc[e] = bias ? probs.row(t)[e] + bias[e] : probs.row(t)[e];
+      if (router.group_limited()) limit_groups(sc, E, router);
+    }
     cpu::topk(r.scores.data(), rows, E, topk, r.expert.data(), r.prob.data());
     for (size_t i = 0; i < n; ++i)
       r.prob[i] = probs.row(static_cast<int64_t>(i) / topk)[r.expert[i]];
@@ -64,7 +112,7 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   clock.lap("top-k");
   for (int64_t t = 0; t < rows; ++t) {
     const size_t base = static_cast<size_t>(t * topk);
-    math::combine_weights(&r.prob[base], topk, &r.weight[base]);
+    math::combine_weights(&r.prob[base], topk, &r.weight[base], router.topk_norm, router.scale);
   }
   // GShard priority: all 1st choices in token order, then all 2nd choices, ...
   for (int64_t pos = 0; pos < rows * topk; ++pos) {
@@ -78,10 +126,18 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   float* psum = stats + E;
   std::fill(stats, stats + 2 * E, 0.0f);
   stats[2 * E] = static_cast<float>(zsum);
+  r.score_sum.resize(sigmoid ? static_cast<size_t>(rows) : 0);
   for (int64_t t = 0; t < rows; ++t) {
     count[r.expert[static_cast<size_t>(t * topk)]] += 1.0f;
     const float* p = probs.row(t);
-    for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
+    if (sigmoid) {  // l_aux's p: the scores normalised to sum 1
+      float z = 0.0f;
+      for (int64_t e = 0; e < E; ++e) z += p[e];
+      r.score_sum[static_cast<size_t>(t)] = z;
+      for (int64_t e = 0; e < E; ++e) psum[e] += p[e] / z;
+    } else {
+      for (int64_t e = 0; e < E; ++e) psum[e] += p[e];
+    }
   }
   clock.lap("slots + statistics");
 }
@@ -104,20 +160,46 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const
   const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
   const int k = r.topk;
   const float* dpsum = dstats + E;
+  const bool sigmoid = r.router.score == RouterScore::kSigmoid;
+  std::vector<float> dbal(sigmoid ? static_cast<size_t>(E) : 0);
   for (int64_t t = 0; t < rows; ++t) {
     const size_t base = static_cast<size_t>(t * k);
-    math::weights_backward_row(&r.expert[base], &r.prob[base], &dweight[base], k, dpsum, E,
-                               dprobs.row(t));
+    const float* dp = dpsum;
+    if (sigmoid) {
+      // l_aux's p_e = s_e / z: ds_e = (dpsum_e - sum_i dpsum_i p_i) / z.
+      const float z = r.score_sum[static_cast<size_t>(t)];
+      const float* sv = probs.row(t);
+      float dot = 0.0f;
+      for (int64_t e = 0; e < E; ++e) dot += dpsum[e] * (sv[e] / z);
+      for (int64_t e = 0; e < E; ++e) dbal[static_cast<size_t>(e)] = (dpsum[e] - dot) / z;
+      dp = dbal.data();
+    }
+    math::weights_backward_row(&r.expert[base], &r.prob[base], &dweight[base], k, dp, E,
+                               dprobs.row(t), r.router.topk_norm, r.router.scale);
   }
   clock.lap("top-k + weights backward");
-  cpu::softmax_backward(probs.data(), dprobs.data(), dprobs.data(), rows, E);
-  // z-loss: d(sum_t lse_t^2) / d logit[t, e] = 2 lse_t p[t, e].
+  if (sigmoid) {
+    for (int64_t i = 0; i < rows * E; ++i) {
+      const float sv = probs.data()[i];
+      dprobs.data()[i] *= sv * (1.0f - sv);
+    }
+  } else {
+    cpu::softmax_backward(probs.data(), dprobs.data(), dprobs.data(), rows, E);
+  }
+  // z-loss: d(sum_t lse_t^2) / d logit[t, e] = 2 lse_t p[t, e], p the logits' softmax (the
+  // scores, or under sigmoid exp(logit - lse)).
   if (const float dz = dstats[2 * E]; dz != 0.0f)
     for (int64_t t = 0; t < rows; ++t) {
-      const float c = 2.0f * dz * r.lse[static_cast<size_t>(t)];
+      const float lse = r.lse[static_cast<size_t>(t)];
+      const float c = 2.0f * dz * lse;
       const float* p = probs.row(t);
       float* dl = dprobs.row(t);
-      for (int64_t e = 0; e < E; ++e) dl[e] += c * p[e];
+      if (sigmoid) {
+        const float* l = &r.logits[static_cast<size_t>(t * E)];
+        for (int64_t e = 0; e < E; ++e) dl[e] += c * std::exp(l[e] - lse);
+      } else {
+        for (int64_t e = 0; e < E; ++e) dl[e] += c * p[e];
+      }
     }
   clock.lap("softmax backward");
   cpu::gemm(true, false, M, E, rows, x.data(), dprobs.data(), dwg.data(), true, kLayerGemm);

@@ -81,6 +81,7 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   if (schedule_.dropless)
     sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);
   backend_ = moe::make_backend(device, precision, sizes);
+  backend_->set_router(shape.router);
   params_ = make_params(shape, e_loc, hl, device);
   grads_ = make_params(shape, e_loc, hl, device);
   const size_t num_steps = schedule_.steps.size();

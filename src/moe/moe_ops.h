@@ -11,6 +11,7 @@
 #include "moe/phase_times.h"
 #include "parm/device.h"
 #include "parm/tensor.h"
+#include "shape/router.h"
 
 namespace parm::moe {
 
@@ -31,7 +32,11 @@ struct GateRouting {
   // routed to the experts before it; empty: at e * slots.
   std::vector<int64_t> first;
   std::vector<float> lse;       // (tokens) log-sum-exp of the logits (the z-loss)
-  std::vector<float> scores;    // (tokens, E) probs + router bias (biased calls only)
+  std::vector<float> scores;    // (tokens, E) selection scores: probs + router bias, -inf
+                                //            out of the chosen groups (biased or limited)
+  RouterSpec router;            // the call's router (the backward's weights and scores)
+  std::vector<float> logits;    // (tokens, E) sigmoid scores only: the logits (z-loss)
+  std::vector<float> score_sum; // (tokens) sigmoid scores only: sum_e s (l_aux's p = s / it)
 
   // Expert e's first row in the dispatch buffer.
   int64_t start(int64_t e) const {
@@ -52,9 +57,11 @@ void pack_routing(GateRouting& routing);
 // "gate products", "softmax", "top-k", "slots + statistics".
 // bias (E, may be null): DeepSeek-V3's router bias, added to the probabilities for the
 // top-k choice only; the combine weights are made of the unbiased probabilities.
+// router: the score function, the weights' normalisation and scale, the group limit
+// (docs/spec.md §7); probs then holds the scores.
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
                   Tensor& probs, GateRouting& routing, float* stats, PhaseTimes* times = nullptr,
-                  const float* bias = nullptr);
+                  const float* bias = nullptr, const RouterSpec& router = {});
 
 // Adjoint of the gate: dweight (rows, k) from the combine, dstats (2E + 1) from l_aux and
 // the z-loss.

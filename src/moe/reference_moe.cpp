@@ -133,8 +133,11 @@ Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_sli
   if (bias) check_size("router bias (E)", bias->size(), E);
   // The choice's score: p, plus the router bias when given (the weights stay p's).
   auto score = [&](const S* p, int64_t e) { return bias ? p[e] + (*bias)[e] : p[e]; };
+  const RouterSpec& rs = shape.router;
+  const int64_t G = rs.groups, per_group = E / G;
 
   Routing<S> r;
+  r.router = rs;
   r.tokens = T;
   r.experts = E;
   r.topk = k;
@@ -150,22 +153,57 @@ Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_sli
   // with a strict '>' keeps the lower index on a tie.
   for (int64_t t = 0; t < T; ++t) {
     const S* p = &probs[t * E];
+    // Group-limited selection (docs/spec.md §7): a group's score is the sum of its two
+    // largest scores (its one when E / G = 1); the K_g best groups (ties to the lower
+    // group) are open, the experts of the others are out of the top-k.
+    std::vector<bool> open(static_cast<Size>(E), true);
+    if (G > 1) {
+      std::vector<S> gscore(static_cast<Size>(G));
+      for (int64_t g = 0; g < G; ++g) {
+        S a = S(0), b = S(0);  // largest, second largest
+        bool have_a = false, have_b = false;
+        for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+          const S v = score(p, e);
+          if (!have_a || v > a) {
+            b = a;
+            have_b = have_a;
+            a = v;
+            have_a = true;
+          } else if (!have_b || v > b) {
+            b = v;
+            have_b = true;
+          }
+        }
+        gscore[g] = per_group == 1 ? a : a + b;
+      }
+      std::vector<bool> kept_group(static_cast<Size>(G), false);
+      for (int i = 0; i < rs.group_topk; ++i) {
+        int64_t best = -1;
+        for (int64_t g = 0; g < G; ++g)
+          if (!kept_group[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        kept_group[best] = true;
+      }
+      for (int64_t e = 0; e < E; ++e) open[e] = kept_group[e / per_group];
+    }
     std::vector<bool> taken(static_cast<Size>(E), false);
     for (int j = 0; j < k; ++j) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e) {
-        if (taken[e]) continue;
+        if (taken[e] || !open[e]) continue;
         if (best < 0 || score(p, e) > score(p, best)) best = e;
       }
       taken[best] = true;
       r.expert[t * k + j] = static_cast<int32_t>(best);
       r.prob[t * k + j] = p[best];
     }
-    // Combine weights, renormalised over all k choices before any drop (k > 1 only).
+    // Combine weights, renormalised over all k choices before any drop (k > 1 and the
+    // router's top-k normalisation on), times the route scale.
     S denom = S(0);
     for (int j = 0; j < k; ++j) denom += r.prob[t * k + j];
+    const bool norm = k > 1 && rs.topk_norm;
     for (int j = 0; j < k; ++j)
-      r.weight[t * k + j] = k > 1 ? r.prob[t * k + j] / denom : r.prob[t * k + j];
+      r.weight[t * k + j] =
+          static_cast<S>(rs.scale) * (norm ? r.prob[t * k + j] / denom : r.prob[t * k + j]);
   }
 
   // GShard priority fill, per slice: all 1st choices in token order, then all 2nd
@@ -201,6 +239,11 @@ void gate_forward(const MoeShape& shape, const std::vector<S>& wg, const std::ve
       for (int64_t m = 0; m < M; ++m) acc += x[t * M + m] * wg[m * E + e];
       logits[t * E + e] = acc;
     }
+    if (shape.router.score == RouterScore::kSigmoid) {
+      for (int64_t e = 0; e < E; ++e)
+        probs[t * E + e] = S(1) / (S(1) + std::exp(-logits[t * E + e]));
+      continue;
+    }
     // Softmax, shifted by the row max so exp cannot overflow.
     S mx = logits[t * E];
     for (int64_t e = 1; e < E; ++e) mx = std::max(mx, logits[t * E + e]);
@@ -229,7 +272,8 @@ void row_logsumexp(int64_t experts, const std::vector<S>& logits, std::vector<S>
 template <typename S>
 void gate_backward(const MoeShape& shape, const std::vector<S>& wg, const std::vector<S>& x,
                    const std::vector<S>& probs, const std::vector<S>& dprobs,
-                   std::vector<S>& dx, std::vector<S>& dwg, const std::vector<S>* dlse) {
+                   std::vector<S>& dx, std::vector<S>& dwg, const std::vector<S>* dlse,
+                   const std::vector<S>* softmax_probs) {
   const int64_t M = shape.model_dim, E = shape.experts;
   const int64_t rows = static_cast<int64_t>(x.size()) / M;
   check_size("probs (rows, E)", probs.size(), rows * E);
@@ -238,12 +282,22 @@ void gate_backward(const MoeShape& shape, const std::vector<S>& wg, const std::v
   check_size("dwg (M, E)", dwg.size(), M * E);
   std::vector<S> dlogits(static_cast<Size>(E));
   for (int64_t t = 0; t < rows; ++t) {
-    // Softmax adjoint: dlogit_e = p_e * (dp_e - sum_i dp_i p_i).
-    S dot = S(0);
-    for (int64_t e = 0; e < E; ++e) dot += dprobs[t * E + e] * probs[t * E + e];
-    for (int64_t e = 0; e < E; ++e) dlogits[e] = probs[t * E + e] * (dprobs[t * E + e] - dot);
-    if (dlse)
-      for (int64_t e = 0; e < E; ++e) dlogits[e] += (*dlse)[t] * probs[t * E + e];
+    if (shape.router.score == RouterScore::kSigmoid) {
+      // Sigmoid adjoint: dlogit_e = ds_e s_e (1 - s_e).
+      for (int64_t e = 0; e < E; ++e) {
+        const S sv = probs[t * E + e];
+        dlogits[e] = dprobs[t * E + e] * sv * (S(1) - sv);
+      }
+    } else {
+      // Softmax adjoint: dlogit_e = p_e * (dp_e - sum_i dp_i p_i).
+      S dot = S(0);
+      for (int64_t e = 0; e < E; ++e) dot += dprobs[t * E + e] * probs[t * E + e];
+      for (int64_t e = 0; e < E; ++e) dlogits[e] = probs[t * E + e] * (dprobs[t * E + e] - dot);
+    }
+    if (dlse) {
+      const std::vector<S>& sp = softmax_probs ? *softmax_probs : probs;
+      for (int64_t e = 0; e < E; ++e) dlogits[e] += (*dlse)[t] * sp[t * E + e];
+    }
     for (int64_t m = 0; m < M; ++m) {
       S acc = S(0);
       for (int64_t e = 0; e < E; ++e) {
@@ -264,19 +318,21 @@ void weight_backward(const Routing<S>& r, const std::vector<S>& dweight,
   const int k = r.topk;
   check_size("dweight (T, k)", dweight.size(), T * k);
   check_size("dprobs (T, E)", dprobs.size(), T * E);
+  const S scale = static_cast<S>(r.router.scale);
   for (int64_t t = 0; t < T; ++t) {
-    if (k == 1) {  // weight = p: the gradient passes straight through
-      dprobs[t * E + r.expert[t * k]] += dweight[t * k];
+    if (k == 1 || !r.router.topk_norm) {  // weight = scale p: straight through, scaled
+      for (int j = 0; j < k; ++j)
+        dprobs[t * E + r.expert[t * k + j]] += scale * dweight[t * k + j];
       continue;
     }
-    // w_j = p_j / Z, Z = sum_i p_i  =>  dp_i = (dw_i - sum_j dw_j w_j) / Z.
+    // w_j = a p_j / Z, Z = sum_i p_i  =>  dp_i = (a dw_i - sum_j dw_j w_j) / Z.
     S denom = S(0), dot = S(0);
     for (int j = 0; j < k; ++j) {
       denom += r.prob[t * k + j];
       dot += dweight[t * k + j] * r.weight[t * k + j];
     }
     for (int j = 0; j < k; ++j)
-      dprobs[t * E + r.expert[t * k + j]] += (dweight[t * k + j] - dot) / denom;
+      dprobs[t * E + r.expert[t * k + j]] += (scale * dweight[t * k + j] - dot) / denom;
   }
 }
 
@@ -370,9 +426,16 @@ AuxStats<S> aux_stats(const Routing<S>& r, const std::vector<S>& probs, int64_t 
   AuxStats<S> st;
   st.first_count.assign(static_cast<Size>(E), S(0));
   st.prob_sum.assign(static_cast<Size>(E), S(0));
+  const bool sigmoid = r.router.score == RouterScore::kSigmoid;
   for (int64_t t = begin; t < end; ++t) {
     st.first_count[r.expert[t * r.topk]] += S(1);  // the 1st choice, kept or not
-    for (int64_t e = 0; e < E; ++e) st.prob_sum[e] += probs[t * E + e];
+    // Under sigmoid scores, l_aux's p is the token's scores normalised to sum 1.
+    S z = S(1);
+    if (sigmoid) {
+      z = S(0);
+      for (int64_t e = 0; e < E; ++e) z += probs[t * E + e];
+    }
+    for (int64_t e = 0; e < E; ++e) st.prob_sum[e] += probs[t * E + e] / z;
   }
   return st;
 }
@@ -634,15 +697,34 @@ MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
   // 2. Combine weights -> probabilities (through the renormalisation when k > 1).
   std::vector<S> dprobs(static_cast<Size>(T * E), S(0));
   weight_backward(r, dweight, dprobs);
-  // 7. l_aux -> probabilities (the counts carry no gradient).
-  aux_loss_backward(fwd.aux, T, dl_aux, dprobs);
+  // 7. l_aux -> probabilities (the counts carry no gradient); under sigmoid scores through
+  // l_aux's normalisation p_e = s_e / Z: ds_e = (dp_e - sum_i dp_i p_i) / Z.
+  if (shape.router.score == RouterScore::kSigmoid) {
+    std::vector<S> dbal(static_cast<Size>(T * E), S(0));
+    aux_loss_backward(fwd.aux, T, dl_aux, dbal);
+    for (int64_t t = 0; t < T; ++t) {
+      S z = S(0), dot = S(0);
+      for (int64_t e = 0; e < E; ++e) z += fwd.probs[t * E + e];
+      for (int64_t e = 0; e < E; ++e) dot += dbal[t * E + e] * fwd.probs[t * E + e] / z;
+      for (int64_t e = 0; e < E; ++e) dprobs[t * E + e] += (dbal[t * E + e] - dot) / z;
+    }
+  } else {
+    aux_loss_backward(fwd.aux, T, dl_aux, dprobs);
+  }
 
   // z-loss: d l_z / d lse_t = 2 lse_t / T.
   std::vector<S> dlse(static_cast<Size>(T));
   for (int64_t t = 0; t < T; ++t) dlse[t] = dl_z * S(2) * fwd.lse[t] / static_cast<S>(T);
 
-  // 1. Gate: through the softmax (and the log-sum-exp) into wg and x.
-  gate_backward(shape, params.wg, fwd.x, fwd.probs, dprobs, g.dx, g.dparams.wg, &dlse);
+  // 1. Gate: through the softmax or sigmoid (and the log-sum-exp, whose d lse / d logit is
+  // the softmax of the logits) into wg and x.
+  std::vector<S> soft;
+  if (shape.router.score == RouterScore::kSigmoid) {
+    soft.resize(static_cast<Size>(T * E));
+    for (int64_t i = 0; i < T * E; ++i) soft[i] = std::exp(fwd.logits[i] - fwd.lse[i / E]);
+  }
+  gate_backward(shape, params.wg, fwd.x, fwd.probs, dprobs, g.dx, g.dparams.wg, &dlse,
+                soft.empty() ? nullptr : &soft);
   return g;
 }
 
@@ -681,7 +763,7 @@ std::vector<S> from_tensor(const Tensor& t) {
   template void gate_backward<S>(const MoeShape&, const std::vector<S>&,                      \
                                  const std::vector<S>&, const std::vector<S>&,                \
                                  const std::vector<S>&, std::vector<S>&, std::vector<S>&,     \
-                                 const std::vector<S>*);                                      \
+                                 const std::vector<S>*, const std::vector<S>*);               \
   template void row_logsumexp<S>(int64_t, const std::vector<S>&, std::vector<S>&);            \
   template void weight_backward<S>(const Routing<S>&, const std::vector<S>&, std::vector<S>&); \
   template void dispatch_forward<S>(const MoeShape&, const Routing<S>&, const std::vector<S>&, \

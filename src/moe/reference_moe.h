@@ -75,6 +75,7 @@ struct Routing {
   std::vector<int64_t> slot;    // (T, k) row of the expert's buffer of the token's slice,
                                 //        -1 when the choice was dropped
   std::vector<int64_t> fill;    // (num_slices, E) slots taken per expert in each slice
+  RouterSpec router;            // the shape's: the weights' rule, l_aux's p under sigmoid
 
   int64_t slice_tokens() const { return tokens / num_slices; }
   int slice_of(int64_t t) const { return static_cast<int>(t / slice_tokens()); }
@@ -92,10 +93,12 @@ bool same_assignment(const Routing<A>& a, const Routing<B>& b) {
          a.slot == b.slot && a.fill == b.fill;
 }
 
-// Top-k (ties to the lower expert index), combine weights (renormalised when k > 1,
-// before any drop), capacity and GShard slot filling (all 1st choices in token order,
-// then all 2nd choices, ...) per slice. probs (T, E). router_bias (E, may be null): added to
-// p for the choice only (DeepSeek-V3).
+// Top-k (ties to the lower expert index; under shape.router's group limit only over the
+// experts of the K_g best groups, docs/spec.md §7), combine weights (renormalised when k > 1
+// and the router's top-k normalisation is on, before any drop; times the route scale),
+// capacity and GShard slot filling (all 1st choices in token order, then all 2nd choices,
+// ...) per slice. probs (T, E): the scores. router_bias (E, may be null): added to them for
+// the choice (groups and top-k) only (DeepSeek-V3).
 template <typename S>
 Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_slices = 1,
                  const std::vector<S>* router_bias = nullptr);
@@ -106,7 +109,7 @@ Routing<S> route(const MoeShape& shape, const std::vector<S>& probs, int num_sli
 template <typename S>
 struct AuxStats {
   std::vector<S> first_count;  // (E) tokens whose 1st choice is e (counted before drops)
-  std::vector<S> prob_sum;     // (E) sum over tokens of p[t, e]
+  std::vector<S> prob_sum;     // (E) sum over tokens of p[t, e] (sigmoid: s / sum_e s)
 };
 
 // One expert's activations on `rows` tokens, kept for the backward pass.
@@ -155,26 +158,29 @@ MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
 
 // ---- The steps, one per item of docs/spec.md §2 (moe_forward/backward are made of these) -------
 
-// 1. logits (rows, E) = x (rows, M) wg (M, E); probs (rows, E) = softmax(logits) per row.
+// 1. logits (rows, E) = x (rows, M) wg (M, E); probs (rows, E) = softmax(logits) per row
+//    (sigmoid(logits) elementwise under shape.router's sigmoid scores).
 //    Overwrites logits and probs.
 template <typename S>
 void gate_forward(const MoeShape& shape, const std::vector<S>& wg, const std::vector<S>& x,
                   std::vector<S>& logits, std::vector<S>& probs);
-//    dlogits = softmax adjoint of dprobs (rows, E), plus dlse_t * p[t, e] when dlse (rows)
-//    is given (d lse / d logit = p); dwg (M, E) += x^T dlogits;
+//    dlogits = softmax (or, under sigmoid scores, sigmoid) adjoint of dprobs (rows, E),
+//    plus dlse_t * p[t, e] when dlse (rows) is given (d lse / d logit = p, the softmax of
+//    the logits: probs, or softmax_probs under sigmoid scores); dwg (M, E) += x^T dlogits;
 //    dx (rows, M) += dlogits wg^T. Accumulates dx and dwg.
 template <typename S>
 void gate_backward(const MoeShape& shape, const std::vector<S>& wg, const std::vector<S>& x,
                    const std::vector<S>& probs, const std::vector<S>& dprobs,
-                   std::vector<S>& dx, std::vector<S>& dwg, const std::vector<S>* dlse = nullptr);
+                   std::vector<S>& dx, std::vector<S>& dwg, const std::vector<S>* dlse = nullptr,
+                   const std::vector<S>* softmax_probs = nullptr);
 //    lse (rows) = log-sum-exp of each row of logits (rows, E). Overwrites.
 template <typename S>
 void row_logsumexp(int64_t experts, const std::vector<S>& logits, std::vector<S>& lse);
 
 // 2. Adjoint of the combine weights: dprobs (T, E) += d weight / d p applied to
-//    dweight (T, k). With k > 1 the gradient flows through the normaliser, so every one of
-//    the token's k probabilities (dropped choices too) gets gradient; k == 1: dp = dweight.
-//    Accumulates.
+//    dweight (T, k). With k > 1 and the router's top-k normalisation on, the gradient flows
+//    through the normaliser, so every one of the token's k probabilities (dropped choices
+//    too) gets gradient; else dp = scale x dweight (docs/spec.md §7). Accumulates.
 template <typename S>
 void weight_backward(const Routing<S>& routing, const std::vector<S>& dweight,
                      std::vector<S>& dprobs);

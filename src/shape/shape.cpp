@@ -111,11 +111,12 @@ void MoeShape::validate(int num_slices) const {
                     "MoE shape {}: T = {} tokens cannot be cut into {} equal slices; T must "
                     "be a multiple of num_slices",
                     str(), tokens, num_slices);
+  router.validate(experts, topk);
 }
 
 std::string MoeShape::str() const {
-  return fmt::format("T={} M={} H={} E={} k={} f={}", tokens, model_dim, hidden, experts, topk,
-                     capacity_factor.str());
+  return fmt::format("T={} M={} H={} E={} k={} f={}{}", tokens, model_dim, hidden, experts,
+                     topk, capacity_factor.str(), router.str());
 }
 
 }  // namespace parm

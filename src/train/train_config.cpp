@@ -52,6 +52,8 @@ class Section {
       return true;
     } else if constexpr (std::is_same_v<T, std::string>) {
       return v.is_string();
+    } else if constexpr (std::is_same_v<T, bool>) {
+      return v.is_boolean();
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!v.is_number()) return false;
       const double d = v.get<double>();
@@ -69,6 +71,7 @@ class Section {
   template <typename T>
   static const char* type_name() {
     if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else if constexpr (std::is_same_v<T, bool>) return "true or false";
     else if constexpr (std::is_floating_point_v<T>) return "a finite number";
     else if constexpr (std::is_integral_v<T>) return "a whole number in range";
     else return "a JSON value";
@@ -85,7 +88,7 @@ class Section {
 }  // namespace
 
 nlohmann::json model_config_json(const model::ModelConfig& m) {
-  return {{"arch", m.arch == model::Arch::kGpt2 ? "gpt2" : "bert"},
+  nlohmann::json j = {{"arch", m.arch == model::Arch::kGpt2 ? "gpt2" : "bert"},
           {"vocab", m.vocab},
           {"seq_len", m.seq_len},
           {"model_dim", m.model_dim},
@@ -101,6 +104,15 @@ nlohmann::json model_config_json(const model::ModelConfig& m) {
           {"aux_loss_coeff", m.aux_loss_coeff},
           {"init_std", m.init_std},
           {"seed", m.seed}};
+  // The router's keys where they differ from docs/spec.md §2's (so the checkpoints of
+  // earlier versions, which have none, still match a default router).
+  const RouterSpec d;
+  if (m.router.score != d.score) j["router_score"] = router_score_name(m.router.score);
+  if (m.router.topk_norm != d.topk_norm) j["router_topk_norm"] = m.router.topk_norm;
+  if (m.router.scale != d.scale) j["router_scale"] = m.router.scale;
+  if (m.router.groups != d.groups) j["router_groups"] = m.router.groups;
+  if (m.router.group_topk != d.group_topk) j["router_group_topk"] = m.router.group_topk;
+  return j;
 }
 
 TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origin) {
@@ -153,6 +165,19 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
       throw InvalidConfig(fmt::format("{}: {}", origin, e.what()));
     }
   }
+  {
+    std::string score = router_score_name(c.model.router.score);
+    m.get("router_score", score);
+    try {
+      c.model.router.score = parse_router_score(score);
+    } catch (const InvalidConfig& e) {
+      throw InvalidConfig(fmt::format("{}: {}", origin, e.what()));
+    }
+  }
+  m.get("router_topk_norm", c.model.router.topk_norm);
+  m.get("router_scale", c.model.router.scale);
+  m.get("router_groups", c.model.router.groups);
+  m.get("router_group_topk", c.model.router.group_topk);
   m.get("router_z_loss", c.model.router_z_loss);
   m.get("router_bias_update", c.model.router_bias_update);
   m.get("init_std", c.model.init_std);
@@ -295,7 +320,7 @@ void validate(const TrainConfig& c) {
   const Precision precision = parse_precision(p.precision);
   parse_comm_backend(p.comm);
   // Before check_device: the message holds in a build or on a machine without a GPU too.
-  moe::check_router_options(device, m.router_z_loss, m.router_bias_update);
+  moe::check_router_options(device, m.router_z_loss, m.router_bias_update, m.router);
   check_device(device, precision);
 }
 

@@ -39,6 +39,14 @@ fi
 expect 2 "--router-z-loss (model.router_z_loss) 0.01 with --device cuda" -- -n 1 -- bench-layer --device cuda --router-z-loss 0.01
 expect 2 "--router-z-loss (model.router_z_loss) 0.01 with --device cuda" -- -n 1 -- check-layer --device cuda --router-z-loss 0.01
 expect 2 "--router-bias-update (model.router_bias_update) 0.001 with --device cuda" -- -n 1 -- train --device cuda --router-bias-update 0.001 --steps 1
+# The router's options (docs/spec.md §7), refused with the valid values named.
+expect 2 "--router-score (model.router_score) 'relu' is not valid; use softmax or sigmoid" -- -n 1 -- check-layer --router-score relu
+expect 2 "--router-topk-norm" -- -n 1 -- check-layer --router-topk-norm maybe
+expect 2 "--router-scale (model.router_scale) must be a positive number, got 0" -- -n 1 -- check-layer --router-scale 0
+expect 2 "top-k 4 exceeds the 2 experts of the 1 chosen groups" -- -n 1 -- check-layer --experts 8 --topk 4 --router-groups 4 --router-group-topk 1
+expect 2 "--router-group-topk (model.router_group_topk) 3 must be in [1, --router-groups = 2]" -- -n 1 -- bench-layer --experts 8 --router-groups 2 --router-group-topk 3
+expect 2 "--router-groups (model.router_groups) 3 must divide the 4 experts" -- -n 4 -- train --router-groups 3 --steps 1
+expect 2 "run on the CPU layer only" -- -n 1 -- check-layer --device cuda --router-score sigmoid
 expect 2 "--aux-loss (model.aux_loss) 'bogus' is not valid; use micro-batch" -- -n 1 -- train --aux-loss bogus --steps 1
 expect 2 "'sequence' (DeepSeek-V3's sequence-wise balance loss) is not implemented yet" -- -n 1 -- train --aux-loss sequence --steps 1
 expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp

@@ -222,6 +222,35 @@ TEST(Equivalence, RouterBiasEveryScheduleMatchesTheOracle) {
       nullptr);
 }
 
+// The router options of docs/spec.md §7 (--router-score, --router-topk-norm, --router-scale,
+// --router-groups / --router-group-topk), alone and together with the router bias and the
+// z-loss: every schedule, fused and not, with drops and dropless, outputs and every
+// gradient against the oracle given the same router.
+TEST(Equivalence, RouterOptionsEveryScheduleMatchesTheOracle) {
+  struct Opt {
+    RouterSpec router;
+    bool bias_and_z;
+  };
+  const int64_t E = test::world_size() == 3 ? 6 : 8;
+  const int G = E == 6 ? 3 : 4;  // two experts per group
+  for (const Opt& opt : {Opt{{RouterScore::kSigmoid}, false},
+                         Opt{{RouterScore::kSoftmax, false, 2.5f}, false},
+                         Opt{{RouterScore::kSoftmax, true, 1.0f, G, 2}, false},
+                         Opt{{RouterScore::kSigmoid, true, 2.5f, G, 2}, true}}) {
+    SCOPED_TRACE(MoeShape{}.str() + opt.router.str() + (opt.bias_and_z ? " bias z-loss" : ""));
+    expect_every_schedule_matches(
+        [&](LayerCheckOptions& o) {
+          o.shape.router = opt.router;
+          if (!opt.bias_and_z) return;
+          o.dl_z = 2.0f;
+          o.router_bias.assign(static_cast<size_t>(o.shape.experts), 0.0f);
+          for (size_t e = 0; e < o.router_bias.size(); ++e)
+            o.router_bias[e] = 0.05f * static_cast<float>(e % 3) - 0.04f;
+        },
+        nullptr);
+  }
+}
+
 // --precision bf16 on the CPU: every schedule (fused and not) on every layout of the sweep,
 // with a capacity factor and dropless (packed exchange layout: the bf16 experts read their
 // rows at the segments' starts), within the bf16 tolerance; and the products really are

@@ -52,15 +52,38 @@ def gelu(x):
     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def reference_moe(x, w, k, f, slices):
-    """out (T, M), l_aux and the number of dropped choices for x (T, M) and whole weights
-    w; the gate runs per slice of T / slices tokens (S1's gate calls)."""
-    tokens, experts = x.shape[0], w["wg"].shape[1]
-    p = torch.softmax(x @ w["wg"], dim=1)
+def route_scores(logits, router):
+    """The router's scores (softmax or sigmoid of the logits) and the chosen experts (T, k)
+    with their combine weights, docs/spec.md §2 and §7."""
+    k = router["k"]
+    sigmoid = router.get("router_score", "softmax") == "sigmoid"
+    p = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=1)
+    sel = p.detach().clone()
+    groups, group_topk = router.get("router_groups", 1), router.get("router_group_topk", 1)
+    if groups > 1:  # the K_g groups of best top-2 sums (ties to the lower group) stay open
+        per_group = sel.shape[1] // groups
+        g = sel.view(sel.shape[0], groups, per_group)
+        gscore = g.topk(min(2, per_group), dim=2).values.sum(dim=2)
+        keep = torch.sort(-gscore, dim=1, stable=True).indices[:, :group_topk]
+        open_ = torch.zeros_like(gscore, dtype=torch.bool).scatter(1, keep, True)
+        sel = sel.masked_fill(~open_.repeat_interleave(per_group, dim=1), -math.inf)
     # Top-k, ties to the lower expert index: a stable sort of -p keeps index order on ties.
-    idx = torch.sort(-p.detach(), dim=1, stable=True).indices[:, :k]
+    idx = torch.sort(-sel, dim=1, stable=True).indices[:, :k]
     top = p.gather(1, idx)
-    weight = top / top.sum(dim=1, keepdim=True) if k > 1 else top
+    norm = k > 1 and router.get("router_topk_norm", True)
+    weight = router.get("router_scale", 1.0) * (top / top.sum(dim=1, keepdim=True) if norm
+                                                 else top)
+    # l_aux's p: the scores, under sigmoid normalised to sum 1 per token.
+    balance = p / p.sum(dim=1, keepdim=True) if sigmoid else p
+    return idx, weight, balance
+
+
+def reference_moe(x, w, k, f, slices, router=None):
+    """out (T, M), l_aux and the number of dropped choices for x (T, M) and whole weights
+    w; the gate runs per slice of T / slices tokens (S1's gate calls). router: the
+    parm.torch.MoE router arguments that differ from the defaults."""
+    tokens, experts = x.shape[0], w["wg"].shape[1]
+    idx, weight, p = route_scores(x @ w["wg"], {**(router or {}), "k": k})
     per = tokens // slices
     cap = capacity(k, f, per, experts)
     kept = torch.zeros(tokens, k, dtype=torch.bool)
@@ -105,11 +128,11 @@ def group_data(seed, group):
     return torch.randn(T, M, generator=g), torch.randn(T, M, generator=g)
 
 
-def run_case(layout, schedule, fuse, k, f, seed, precision="fp32"):
+def run_case(layout, schedule, fuse, k, f, seed, precision="fp32", router=None):
     mp = layout[0]
-    name = f"layout {layout} {schedule} fuse={fuse} k={k} f={f} {precision}"
+    name = f"layout {layout} {schedule} fuse={fuse} k={k} f={f} {precision} {router or ''}"
     moe = parm.torch.MoE(M, H, E, topk=k, capacity_factor=f, schedule=schedule, fuse=fuse,
-                         seed=seed, precision=precision)
+                         seed=seed, precision=precision, **(router or {}))
     weights = whole_weights(seed)
     moe.load_state_dict(weights)  # whole tensors into this layout
     sd = moe.state_dict()
@@ -132,7 +155,7 @@ def run_case(layout, schedule, fuse, k, f, seed, precision="fp32"):
     for g in range(groups):
         xg, dg = group_data(seed, g)
         xg = xg.double().requires_grad_(True)
-        ro, rl, dropped = reference_moe(xg, w64, k, f, slices)
+        ro, rl, dropped = reference_moe(xg, w64, k, f, slices, router)
         drops += dropped
         wg_before = w64["wg"].grad.clone() if w64["wg"].grad is not None else 0
         (ro * dg.double()).sum().add(DL_AUX * rl).backward()
@@ -177,6 +200,23 @@ def equivalence(world):
                     check((drops > 0) == (f == "0.5"),
                           f"layout {layout} {schedule} k={k} f={f}: {drops} drops")
                     cases += 1
+    return cases
+
+
+# The router options of docs/spec.md §7 (E = 4: two groups of two experts, or four of one).
+ROUTERS = ({"router_score": "sigmoid", "router_scale": 2.5},
+           {"router_topk_norm": False, "router_groups": 2, "router_group_topk": 1},
+           {"router_score": "sigmoid", "router_groups": 4, "router_group_topk": 2})
+
+
+def router_options(world):
+    cases = 0
+    for layout in layouts(world):
+        parm.init(*layout)
+        for schedule, fuse in schedules(layout):
+            for router in ROUTERS:
+                run_case(layout, schedule, fuse, 2, "0.5", seed=17, router=router)
+                cases += 1
     return cases
 
 
@@ -264,6 +304,21 @@ def bad_input(world):
            "bad capacity factor")
     raises(ValueError, lambda: parm.torch.MoE(M, H, E, precision="fp8", schedule="s2")(x),
            "bad precision")
+    # The router's options, refused with the valid values named.
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", router_score="relu"),
+           "router score", "sigmoid")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", router_topk_norm="on"),
+           "router_topk_norm not a bool", "True or False")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", router_scale=0.0),
+           "router scale 0", "positive")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", router_groups=3),
+           "groups not dividing E", "must divide the 4 experts")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", router_groups=2,
+                                              router_group_topk=3),
+           "group_topk > groups", "router-group-topk")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, topk=3, schedule="s2", router_groups=2,
+                                              router_group_topk=1),
+           "k > the chosen groups' experts", "exceeds the 2 experts")
     # Experts not divisible by ep, the layout refused with the valid values named.
     if world > 1:
         raises(ValueError, lambda: parm.torch.MoE(M, H, world + 1, schedule="s2"),
@@ -434,7 +489,7 @@ def main():
     world = parm.world_size()
     check(parm.group_ranks("world") == list(range(world)), "group_ranks('world')")
     raises(ValueError, lambda: parm.group_ranks("xp"), "group name", "xp")
-    cases = equivalence(world)
+    cases = equivalence(world) + router_options(world)
     bf16(world)
     state_dict_across_layouts(world)
     if world == 1:

@@ -94,13 +94,15 @@ struct FdCase {
   const char* factor;
   int num_slices;
   bool drops;  // whether this case is meant to drop choices (checked)
+  const char* tag = "";  // names the router below ("" at §2's)
+  RouterSpec router{};   // docs/spec.md §7's options
 };
 
 std::string fd_name(const ::testing::TestParamInfo<FdCase>& info) {
   std::string f = info.param.factor;
   std::replace(f.begin(), f.end(), '.', 'p');
   return "T" + std::to_string(info.param.tokens) + "_k" + std::to_string(info.param.topk) + "_f" +
-         f + "_slices" + std::to_string(info.param.num_slices);
+         f + "_slices" + std::to_string(info.param.num_slices) + info.param.tag;
 }
 
 class ReferenceMoeGradient : public ::testing::TestWithParam<FdCase> {};
@@ -109,7 +111,8 @@ class ReferenceMoeGradient : public ::testing::TestWithParam<FdCase> {};
 // the routing (experts and slots) checked unchanged under every perturbation.
 TEST_P(ReferenceMoeGradient, MatchesCentralDifferences) {
   const FdCase c = GetParam();
-  const MoeShape shape = make_shape(c.tokens, 4, 6, 4, c.topk, c.factor);
+  MoeShape shape = make_shape(c.tokens, 4, 6, 4, c.topk, c.factor);
+  shape.router = c.router;
   MoeParams<double> params = init_params<double>(shape, 1234);
   std::vector<double> x = init_input<double>(shape, 4321);
   const std::vector<double> R = uniform_vector(shape.tokens * shape.model_dim, 77, 1);
@@ -163,7 +166,17 @@ INSTANTIATE_TEST_SUITE_P(
                       FdCase{8, 2, "4", 1, false}, FdCase{8, 2, "0.5", 1, true},
                       FdCase{12, 3, "4", 1, false}, FdCase{12, 3, "0.5", 1, true},
                       FdCase{6, 2, "1.25", 1, true}, FdCase{12, 2, "0.5", 2, true},
-                      FdCase{12, 3, "0.75", 3, true}, FdCase{12, 1, "4", 2, false}),
+                      FdCase{12, 3, "0.75", 3, true}, FdCase{12, 1, "4", 2, false},
+                      // Sigmoid scores (l_aux through the per-token normalisation), the
+                      // top-k normalisation off, a route scale, group-limited selection.
+                      FdCase{8, 2, "4", 1, false, "_sigmoid", {RouterScore::kSigmoid}},
+                      FdCase{12, 3, "0.75", 3, true, "_sigmoid_nonorm_scale",
+                             {RouterScore::kSigmoid, false, 2.5f}},
+                      FdCase{8, 1, "4", 1, false, "_sigmoid_k1", {RouterScore::kSigmoid}},
+                      FdCase{12, 2, "0.5", 2, true, "_softmax_nonorm_groups2of1",
+                             {RouterScore::kSoftmax, false, 1.0f, 2, 1}},
+                      FdCase{12, 2, "4", 1, false, "_sigmoid_scale_groups4of2",
+                             {RouterScore::kSigmoid, true, 1.5f, 4, 2}}),
     fd_name);
 
 // The router z-loss by hand: identity gate, so a token's logits are its x row.

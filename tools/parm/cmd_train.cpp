@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "cli_common.h"
+#include "router_flags.h"
 #include "parm/error.h"
 #include "train/trainer.h"
 
@@ -21,6 +22,7 @@ struct TrainFlags {
   float router_z_loss = 0.0f, router_bias_update = 0.0f;
   CLI::Option* router_z_loss_opt = nullptr;
   CLI::Option* router_bias_update_opt = nullptr;
+  RouterFlags router;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
   std::string aux_loss;
   std::string device, precision, comm, order, pp_split, pp_overlap;
@@ -80,6 +82,7 @@ int run_train(TrainFlags& f) {
   if (!f.aux_loss.empty()) c.model.aux_scope = parse_aux_scope(f.aux_loss);
   if (f.router_z_loss_opt->count() > 0) c.model.router_z_loss = f.router_z_loss;
   if (f.router_bias_update_opt->count() > 0) c.model.router_bias_update = f.router_bias_update;
+  f.router.apply(c.model.router);
   if (f.resume_opt->count() > 0) {
     l.resume = f.resume.empty() ? l.save_dir : f.resume;
     PARM_CONFIG_CHECK(!l.resume.empty(),
@@ -132,6 +135,7 @@ Command add_train(CLI::App& root) {
   app->add_option("--aux-loss", f->aux_loss,
                   "what each l_aux is over: micro-batch (each gate call's tokens; default) or "
                   "global (every token of the micro-step on all data-parallel replicas)");
+  f->router.add_to(app);
   f->router_z_loss_opt = app->add_option(
       "--router-z-loss", f->router_z_loss,
       "ST-MoE router z-loss coefficient (mean over tokens of logsumexp(logits)^2; 0: off)");

@@ -22,6 +22,7 @@ void LayerFlags::add_to(CLI::App* app) {
                   "router z-loss coefficient: the gradient of the loss with respect to it "
                   "in the backward passes (0: off)")
       ->check(CLI::NonNegativeNumber);
+  router.add_to(app);
   app->add_option("--fuse", fuse,
                   "fused dispatch/combine collectives for s1/s2: on, off, both, or auto (the "
                   "cost model picks; needs --profile)");
@@ -40,7 +41,9 @@ TopologyOptions LayerFlags::topology() const {
   o.device = parse_device(device);
   o.comm = parse_comm_backend(comm);
   // Before check_device: the message holds in a build or on a machine without a GPU too.
-  moe::check_router_options(o.device, router_z_loss, 0.0f);
+  RouterSpec r;
+  router.apply(r);
+  moe::check_router_options(o.device, router_z_loss, 0.0f, r);
   check_device(o.device, precision_kind());
   return o;
 }
@@ -52,7 +55,8 @@ void LayerFlags::add_profile_to(CLI::App* app) {
 }
 
 MoeShape LayerFlags::shape() const {
-  const auto s = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
+  auto s = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
+  router.apply(s.router);
   s.validate();
   return s;
 }
@@ -90,10 +94,14 @@ bool LayerFlags::fused_run_repeats(schedule::Kind kind, bool fuse,
 }
 
 nlohmann::json LayerFlags::config_json() const {
+  RouterSpec r;
+  router.apply(r);
   return {{"mp", layout.mp}, {"ep", layout.ep}, {"esp", layout.esp}, {"order", layout.order},
           {"tokens", tokens}, {"model_dim", model_dim}, {"hidden", hidden},
           {"experts", experts}, {"topk", topk}, {"capacity_factor", capacity_factor},
-          {"router_z_loss", router_z_loss},
+          {"router_z_loss", router_z_loss}, {"router_score", router_score_name(r.score)},
+          {"router_topk_norm", r.topk_norm}, {"router_scale", r.scale},
+          {"router_groups", r.groups}, {"router_group_topk", r.group_topk},
           {"schedule", schedule}, {"seed", seed}, {"fuse", fuse}, {"chunks", chunks},
           {"profile", profile}, {"device", device}, {"precision", precision},
           {"comm", comm}};

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
+#include "router_flags.h"
 #include "moe/reference_moe.h"
 #include "schedule/schedule.h"
 
@@ -27,6 +28,7 @@ struct LayerFlags {
   int chunks = fused_plan::kDefaultChunks;
   uint64_t seed = 1;
   float router_z_loss = 0.0f;     // z-loss coefficient: dl_z of the backward passes
+  RouterFlags router;             // score function, weights, group limit
   std::string device = "cpu";     // cpu | cuda
   std::string precision = "fp32"; // fp32 | bf16
   std::string comm = "auto";      // auto | mpi | nccl: what moves device buffers

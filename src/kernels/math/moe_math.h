@@ -106,14 +106,17 @@ PARM_HD inline void topk_row(const float* x, int64_t cols, int k, int32_t* idx, 
 }
 
 // w (k) = p (k) when k == 1, else p / sum(p) (summed in order, before any drop).
-PARM_HD inline void combine_weights(const float* p, int k, float* w) {
-  if (k == 1) {
-    w[0] = p[0];
+// norm false (the router's top-k normalisation off) keeps p as k = 1 does; scale multiplies
+// every weight (docs/spec.md §7; 1: §2's weights, bit for bit).
+PARM_HD inline void combine_weights(const float* p, int k, float* w, bool norm = true,
+                                    float scale = 1.0f) {
+  if (k == 1 || !norm) {
+    for (int j = 0; j < k; ++j) w[j] = mul_nc(scale, p[j]);
     return;
   }
   float sum = 0.0f;
   for (int j = 0; j < k; ++j) sum += p[j];
-  for (int j = 0; j < k; ++j) w[j] = p[j] / sum;
+  for (int j = 0; j < k; ++j) w[j] = mul_nc(scale, p[j] / sum);
 }
 
 // ---- GShard slots -------------------------------------------------------------------------
@@ -179,19 +182,21 @@ PARM_HD inline int64_t choice_token(int64_t c, int k) { return c / k; }
 // sum_i g_i p_i / S^2. Overwrites dp.
 PARM_HD inline void weights_backward_row(const int32_t* expert, const float* prob,
                                          const float* dweight, int k, const float* dpsum,
-                                         int64_t experts, float* dp) {
+                                         int64_t experts, float* dp, bool norm = true,
+                                         float scale = 1.0f) {
   for (int64_t e = 0; e < experts; ++e) dp[e] = dpsum[e];
-  if (k == 1) {
-    dp[expert[0]] += dweight[0];
+  if (k == 1 || !norm) {
+    for (int j = 0; j < k; ++j) dp[expert[j]] += mul_nc(scale, dweight[j]);
     return;
   }
   float s = 0.0f, gp = 0.0f;
   for (int j = 0; j < k; ++j) {
+    const float dw = mul_nc(scale, dweight[j]);
     s += prob[j];
-    gp += mul_nc(dweight[j], prob[j]);
+    gp += mul_nc(dw, prob[j]);
   }
   const float s2 = mul_nc(s, s);
-  for (int j = 0; j < k; ++j) dp[expert[j]] += dweight[j] / s - gp / s2;
+  for (int j = 0; j < k; ++j) dp[expert[j]] += mul_nc(scale, dweight[j]) / s - gp / s2;
 }
 
 // ---- dispatch / combine of one element (moe dispatch_combine.cpp) -------------------------
