@@ -225,8 +225,9 @@ TEST(GemmBf16, EmptySumsAndNames) {
 
 // Auto picks the fastest kernel the CPU has: AMX where its tiles are granted, else
 // AVX512-BF16's vdpbf16ps where the CPU has it, else the fp32 GEMM over widened operands
-// (never the portable loop, ~20x slower than fp32); forcing one the CPU lacks is refused. (Seen failing with auto falling to the portable loop on a CPU with
-// avx512_bf16 and no AMX, the state before the AVX512-BF16 kernel.)
+// (never the portable loop, ~20x slower than fp32); forcing one the CPU lacks is refused.
+// (Seen failing with auto falling to the portable loop on a CPU with avx512_bf16 and no AMX,
+// the state before the AVX512-BF16 kernel.)
 TEST(GemmBf16, AutoPicksTheFastestKernelTheCpuHas) {
   const std::string cap = cpu_bf16_capability();
   const bool amx = cap.find("(tiles granted)") != std::string::npos;

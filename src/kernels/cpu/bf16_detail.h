@@ -1,6 +1,6 @@
 // Private to the CPU kernels: the packed bf16 layouts, the kernels that read them
-// (gemm_bf16.cpp calls the one bf16_kernel_in_use() names) and the CPU's bf16 features. The layouts are documented with
-// bf16_packed_a_size / bf16_packed_b_size in kernels.h.
+// (gemm_bf16.cpp calls the one bf16_kernel_in_use() names) and the CPU's bf16 features. The
+// layouts are documented with bf16_packed_a_size / bf16_packed_b_size in kernels.h.
 #pragma once
 
 #include <cstdint>
