@@ -233,7 +233,19 @@ void BM_ExpertGemmOnednnBf16(benchmark::State& state, ExpertProduct product) {
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_any, c_md), attr, engine);
+  // Checked before any work: oneDNN has no bf16 matmul on a CPU without bf16 instructions
+  // (AVX2 only, e.g. Zen 3), and the primitive descriptor's constructor throws there.
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_any, c_md), attr, engine);
+  } catch (const dnnl::error& e) {
+    state.SkipWithError(fmt::format("oneDNN offers no bf16 x bf16 -> fp32 matmul on this CPU "
+                                    "({}; CPU {}; GEMM backend {})",
+                                    e.what(), parm::cpu::cpu_bf16_capability(),
+                                    parm::cpu::gemm_backend())
+                            .c_str());
+    return;
+  }
   std::vector<float> a = random_vector(g.m * g.k, 21), b = random_vector(g.k * g.n, 22);
   std::vector<float> c(static_cast<size_t>(g.m * g.n), 0.0f);
   memory a_src(a_f32, engine, a.data()), b_src(b_f32, engine, b.data());

@@ -36,7 +36,7 @@ std::vector<float> normal(int64_t n, uint64_t stream, float scale = 1.0f) {
 }
 
 std::vector<cpu::Bf16Kernel> kernels() {
-  std::vector<cpu::Bf16Kernel> out = {cpu::Bf16Kernel::kPortable};
+  std::vector<cpu::Bf16Kernel> out = {cpu::Bf16Kernel::kPortable, cpu::Bf16Kernel::kFp32};
   try {
     cpu::set_bf16_kernel(cpu::Bf16Kernel::kAmx);
     out.push_back(cpu::Bf16Kernel::kAmx);

@@ -1,10 +1,11 @@
-// Private to the CPU kernels: the packed bf16 layouts and the three kernels that read them
-// (gemm_bf16.cpp dispatches between them). The layouts are documented with
-// bf16_packed_a_size / bf16_packed_b_size in kernels.h.
+// Private to the CPU kernels: the packed bf16 layouts, the kernels that read them
+// (gemm_bf16.cpp calls the one bf16_kernel_in_use() names) and the CPU's bf16 features. The
+// layouts are documented with bf16_packed_a_size / bf16_packed_b_size in kernels.h.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/cpu/kernels.h"
 #include "kernels/math/bf16_round.h"
 
 namespace parm::cpu::detail {
@@ -29,8 +30,12 @@ inline int64_t packed_a_offset(int64_t i, int64_t kk, int64_t kp) {
 
 // True when this CPU has AVX512-BF16 (VCVTNE2PS2BF16) with AVX512-F and -BW; asked once.
 bool have_avx512_bf16();
-// True while set_bf16_kernel(kPortable) is in force: the packing runs its scalar loops too.
+// True while kPortable or kFp32 is forced (set_bf16_kernel, PARM_BF16_KERNEL): the packing
+// runs its scalar loops too, as on a CPU without AVX512-BF16.
 bool bf16_portable_forced();
+// The kernel gemm_bf16_packed runs now: the forced one, else AMX where usable, else
+// AVX512-BF16 where present, else kFp32 (bf16_kernel.cpp); never kAuto.
+Bf16Kernel bf16_kernel_in_use();
 // True when this CPU has AMX bf16 tiles and the kernel granted this process their state
 // (Linux arch_prctl ARCH_REQ_XCOMP_PERM); asked once.
 bool amx_usable();
@@ -41,5 +46,9 @@ void gemm_bf16_amx(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uin
 // have_avx512_bf16().
 void gemm_bf16_avx512(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
                       float* c, int64_t ldc, bool accumulate);
+// The same by widening the packed operands to fp32 and calling gemm() (gemm_bf16_fp32.cpp):
+// runs on any CPU.
+void gemm_bf16_fp32(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
+                    float* c, int64_t ldc, bool accumulate);
 
 }  // namespace parm::cpu::detail

@@ -146,6 +146,17 @@ PARM_AVX512_BF16 void pack_b_avx512(bool trans, int64_t k, int64_t n, const floa
 void pack_a_scalar(bool trans, int64_t j0, int64_t j1, int64_t m, int64_t k, const float* a,
                    int64_t lda, uint16_t* packed) {
   const int64_t kp = round_up(k, kTileK), mp = round_up(m, kTileRows);
+  if (!trans) {  // row i's 32 values of each tile are contiguous in a and in the tile
+    for (int64_t i = 0; i < mp; ++i)
+      for (int64_t jb = j0; jb < j1; jb += kTileK) {
+        uint16_t* dst = packed + detail::packed_a_offset(i, jb, kp);
+        const int64_t width = i < m ? std::clamp<int64_t>(k - jb, 0, kTileK) : 0;
+        const float* src = a + i * lda + (jb - j0);
+        for (int64_t q = 0; q < width; ++q) dst[q] = f32_to_bf16(src[q]);
+        std::fill(dst + width, dst + kTileK, uint16_t{0});
+      }
+    return;
+  }
   constexpr int64_t kB = 32;  // transposed reads in 32 x 32 blocks
   for (int64_t i0 = 0; i0 < mp; i0 += kB)
     for (int64_t jb = j0; jb < j1; jb += kB) {

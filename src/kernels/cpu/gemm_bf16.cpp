@@ -1,11 +1,10 @@
-// The bf16 GEMM: argument checks, the choice between the AMX kernel (gemm_bf16_amx.cpp), the
-// AVX512-BF16 one (gemm_bf16_avx512.cpp) and the portable one below, the convenience form
-// over fp32 operands, and what `parm info` says about the CPU's bf16 support.
+// The bf16 GEMM: argument checks, the call of the kernel in use (bf16_kernel.cpp chooses it:
+// AMX in gemm_bf16_amx.cpp, AVX512-BF16 in gemm_bf16_avx512.cpp, the fp32 GEMM over widened
+// operands in gemm_bf16_fp32.cpp, or the portable scalar loop below), the convenience forms
+// over fp32 operands, and the implementation oneDNN would pick for a bf16 matmul.
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cpuid.h>
 #include <string>
 #include <vector>
 
@@ -23,10 +22,9 @@ using detail::round_up;
 
 namespace {
 
-std::atomic<Bf16Kernel> g_kernel{Bf16Kernel::kAuto};
-
-// The same sums as the AMX kernel, one row of C and one 16-column panel at a time, in fp32
-// (products of two bf16 values are exact in fp32; only the order of the sum differs).
+// The reference kernel: the same sums as the AMX kernel, one row of C and one 16-column panel
+// at a time, in fp32 (products of two bf16 values are exact in fp32; only the order of the
+// sum differs). Scalar, about 20x slower than the fp32 GEMM: only forced (kPortable) runs it.
 void gemm_bf16_portable(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b,
                         float* c, int64_t ldc, bool accumulate) {
   const int64_t kp = round_up(k, kTileK), pairs = kp / 2;
@@ -50,63 +48,11 @@ void gemm_bf16_portable(int64_t m, int64_t n, int64_t k, const uint16_t* a, cons
   }
 }
 
-// The kernel that runs: the forced one, else AMX where usable, else AVX512-BF16 where
-// present, else the portable loop.
-Bf16Kernel kernel_in_use() {
-  const Bf16Kernel forced = g_kernel.load(std::memory_order_relaxed);
-  if (forced != Bf16Kernel::kAuto) return forced;
-  if (detail::amx_usable()) return Bf16Kernel::kAmx;
-  if (detail::have_avx512_bf16()) return Bf16Kernel::kAvx512;
-  return Bf16Kernel::kPortable;
-}
-
 struct PackScratch {
   Bf16Buffer a, b;
 };
 
 }  // namespace
-
-bool detail::bf16_portable_forced() {
-  return g_kernel.load(std::memory_order_relaxed) == Bf16Kernel::kPortable;
-}
-
-void set_bf16_kernel(Bf16Kernel kernel) {
-  PARM_CONFIG_CHECK(kernel != Bf16Kernel::kAmx || detail::amx_usable(),
-                    "bf16 kernel: AMX requested, but this CPU or kernel offers no AMX bf16 "
-                    "tiles ({})",
-                    cpu_bf16_capability());
-  PARM_CONFIG_CHECK(kernel != Bf16Kernel::kAvx512 || detail::have_avx512_bf16(),
-                    "bf16 kernel: AVX512-BF16 requested, but this CPU lacks it ({})",
-                    cpu_bf16_capability());
-  g_kernel.store(kernel, std::memory_order_relaxed);
-}
-
-const char* bf16_kernel_name() {
-  switch (kernel_in_use()) {
-    case Bf16Kernel::kAmx: return "parm AMX tiles (amx_bf16, fp32 accumulation)";
-    case Bf16Kernel::kAvx512:
-      return "parm AVX512-BF16 (vdpbf16ps, no AMX; fp32 accumulation)";
-    default:
-      return "parm portable C++ (no AMX or AVX512-BF16 in use: bf16 widened to fp32, fp32 "
-             "accumulation)";
-  }
-}
-
-const char* cpu_bf16_capability() {
-  static const std::string text = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    bool avx512_bf16 = false, amx_bf16 = false;
-    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0) {
-      amx_bf16 = ((edx >> 22) & 1u) && ((edx >> 24) & 1u);
-      if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0) avx512_bf16 = (eax >> 5) & 1u;
-    }
-    std::string s = fmt::format("avx512_bf16 {}, amx_bf16 {}", avx512_bf16 ? "yes" : "no",
-                                amx_bf16 ? "yes" : "no");
-    if (amx_bf16) s += detail::amx_usable() ? " (tiles granted)" : " (tiles refused by the OS)";
-    return s;
-  }();
-  return text.c_str();
-}
 
 std::string onednn_bf16_matmul_impl() {
   // A 256^3 bf16 x bf16 -> fp32 matmul: oneDNN names the implementation it picks.
@@ -145,9 +91,10 @@ void gemm_bf16_packed(int64_t m, int64_t n, int64_t k, const uint16_t* a, const 
   PARM_CHECK(m >= 0 && n >= 0 && k >= 0 && ldc >= std::max<int64_t>(1, n),
              "gemm_bf16: m = {}, n = {}, k = {}, ldc = {}", m, n, k, ldc);
   if (detail::gemm_done_without_products("gemm_bf16", m, n, k, a, b, c, ldc, accumulate)) return;
-  switch (kernel_in_use()) {
+  switch (detail::bf16_kernel_in_use()) {
     case Bf16Kernel::kAmx: detail::gemm_bf16_amx(m, n, k, a, b, c, ldc, accumulate); break;
     case Bf16Kernel::kAvx512: detail::gemm_bf16_avx512(m, n, k, a, b, c, ldc, accumulate); break;
+    case Bf16Kernel::kFp32: detail::gemm_bf16_fp32(m, n, k, a, b, c, ldc, accumulate); break;
     default: gemm_bf16_portable(m, n, k, a, b, c, ldc, accumulate);
   }
 }

@@ -53,8 +53,9 @@ int gemm_threads();
 //             values);
 //   packed B: op(B) (k, n) as 16-column panels, each (k / 2, 16, 2): pairs of consecutive k
 //             side by side (the AMX / VNNI layout), k padded to 32 and n to 16 with zeros.
-// The kernel runs on the calling thread: AMX tiles where the CPU and OS offer them, else a
-// portable loop (same contract, much slower). Packed operands at a 64-byte boundary (a
+// The kernel runs on the calling thread: AMX tiles where the CPU and OS offer them, else
+// AVX512-BF16, else the operands widened to fp32 for the fp32 GEMM (same contract, at the
+// fp32 GEMM's rate and on its threads). Packed operands at a 64-byte boundary (a
 // Bf16Buffer's data, and offsets into it at tile boundaries) run up to 1.8x faster on AMX
 // than misaligned ones (bf16_buffer.h).
 int64_t bf16_packed_a_size(int64_t m, int64_t k);
@@ -101,11 +102,15 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cons
 void gemm_bf16_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const float* a,
                         int64_t lda, const uint16_t* packed_b, float* c, int64_t ldc,
                         bool accumulate);
-// Which bf16 kernel runs: kAuto (AMX when usable, else AVX512-BF16's vdpbf16ps where present,
-// else the portable loop), or one forced process-wide (tests; kPortable also packs with
-// scalar loops instead of AVX512-BF16); forcing kAmx or kAvx512 where this CPU lacks it
-// throws InvalidConfig.
-enum class Bf16Kernel { kAuto, kAmx, kAvx512, kPortable };
+// Which bf16 kernel runs: kAuto (chosen by asking the CPU at run time: AMX when usable, else
+// AVX512-BF16's vdpbf16ps where present, else kFp32), or one forced process-wide (tests,
+// benchmarks; PARM_BF16_KERNEL=auto|amx|avx512|fp32|portable, read at the first bf16 call,
+// sets the initial value). kFp32: the packed operands widened back to fp32 (exactly) and
+// multiplied by gemm(), the fastest where the CPU has no bf16 units. kPortable: a scalar
+// loop in the AMX kernel's order, the reference, ~20x slower than fp32. kFp32 and kPortable
+// also pack with scalar loops instead of AVX512-BF16, as a CPU without it does. Forcing kAmx
+// or kAvx512 where this CPU lacks it throws InvalidConfig.
+enum class Bf16Kernel { kAuto, kAmx, kAvx512, kPortable, kFp32 };
 void set_bf16_kernel(Bf16Kernel kernel);
 // The kernel gemm_bf16 runs now, in words.
 const char* bf16_kernel_name();
