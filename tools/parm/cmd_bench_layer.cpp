@@ -17,6 +17,7 @@
 #include "moe/expert_products.h"
 #include "moe/layer_check.h"
 #include "moe/load_balance.h"
+#include "moe/node_traffic.h"
 #include "moe/moe_layer.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
@@ -414,6 +415,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
                 f.warmup, &scp, &layer);
     const auto& sc = *scp;
     const LoadImbalance imbalance = load_imbalance(*topo, *layer);  // collective
+    const NodeTraffic traffic = node_traffic(*topo, *layer);        // collective
     const double total = m.total();
     if (kind == schedule::Kind::kBaseline) baseline_total = total;
     if (!root) continue;
@@ -427,6 +429,9 @@ int run_bench_layer(const BenchLayerFlags& f) {
                 static_cast<long long>(sc.dispatch_slots),
                 static_cast<long long>(sc.exchange_slots));
     std::printf("  load imbalance: %s\n", imbalance.str().c_str());
+    if (topo->num_nodes() > 1)
+      std::printf("  across nodes: %s (routed rows of the gated tokens)\n",
+                  traffic.str().c_str());
     std::printf("  bytes forward (rank 0): %s\n", bytes_line(m.bytes_fwd).c_str());
     std::printf("  bytes backward (rank 0):%s\n", bytes_line(m.bytes_bwd).c_str());
     nlohmann::json row = {
@@ -441,7 +446,9 @@ int run_bench_layer(const BenchLayerFlags& f) {
         {"gate_tokens", sc.gate_tokens},
         {"dropless", sc.dropless},
         {"load_imbalance", {{"expert_max_over_mean", imbalance.expert_max_over_mean},
-                            {"rank_max_over_mean", imbalance.rank_max_over_mean}}}};
+                            {"rank_max_over_mean", imbalance.rank_max_over_mean}}},
+        {"cross_node_choices_per_token", traffic.cross_choices_per_token},
+        {"cross_node_nodes_per_token", traffic.cross_nodes_per_token}};
     const double ratio = total / m.floor.ms;
     std::printf("  floor %.3f ms (expert products over the filled rows alone: %lld rows on "
                 "the busiest rank, %lld on all; %.1f GFLOP/s on the slowest rank; rank 0 "
