@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -87,12 +88,12 @@ void finalize(bool abort) {
 using py_dlpack::view;
 constexpr const char* kLayerOp = "parm.torch.MoE";
 
-// parm.torch.MoE's router arguments (router_score, router_topk_norm, router_scale,
-// router_groups, router_group_topk), as the package passes them; checked by
-// RouterSpec::validate with the shape.
-using RouterArgs = std::tuple<std::string, bool, double, int, int>;
+// parm.torch.MoE's router and expert-kind arguments (router_score, router_topk_norm,
+// router_scale, router_groups, router_group_topk, expert_mlp), as the package passes them;
+// checked by RouterSpec::validate with the shape and parse_expert_mlp.
+using KindArgs = std::tuple<std::string, bool, double, int, int, std::string>;
 
-RouterSpec router_of(const RouterArgs& a) {
+RouterSpec router_of(const KindArgs& a) {
   RouterSpec r;
   r.score = parse_router_score(std::get<0>(a));
   r.topk_norm = std::get<1>(a);
@@ -103,9 +104,10 @@ RouterSpec router_of(const RouterArgs& a) {
 }
 
 MoeShape layer_shape(int64_t tokens, int64_t model_dim, int64_t hidden, int64_t experts,
-                     int topk, const std::string& capacity_factor, const RouterArgs& router) {
+                     int topk, const std::string& capacity_factor, const KindArgs& router) {
   MoeShape shape = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
   shape.router = router_of(router);
+  shape.expert_mlp = parse_expert_mlp(std::get<5>(router));
   return shape;
 }
 
@@ -113,7 +115,7 @@ MoeShape layer_shape(int64_t tokens, int64_t model_dim, int64_t hidden, int64_t 
 class PyLayer {
  public:
   PyLayer(int64_t tokens, int64_t model_dim, int64_t hidden, int64_t experts, int topk,
-          const std::string& capacity_factor, const RouterArgs& router, const std::string& kind,
+          const std::string& capacity_factor, const KindArgs& router, const std::string& kind,
           bool fuse, const std::string& precision)
       : topo_(current_topology()) {
     topology("parm.torch.MoE");
@@ -138,13 +140,15 @@ class PyLayer {
 
   // The layer computes on these tensors' memory (the caller keeps them alive and unmoved
   // while the layer uses them).
-  void set_params(const py::capsule& wg, const py::capsule& w1, const py::capsule& b1,
-                  const py::capsule& w2, const py::capsule& b2) {
-    point(layer_->params(), "", wg, w1, b1, w2, b2);
+  // The tensors the experts' kind has: wg, w1, b1, w2, b2 (gelu) or wg, w1, w2, w3 (swiglu),
+  // None for the others.
+  void set_params(const py::capsule& wg, const py::object& w1, const py::object& b1,
+                  const py::object& w2, const py::object& b2, const py::object& w3) {
+    point(layer_->params(), "", wg, {w1, b1, w2, b2, w3});
   }
-  void set_grads(const py::capsule& wg, const py::capsule& w1, const py::capsule& b1,
-                 const py::capsule& w2, const py::capsule& b2) {
-    point(layer_->grads(), "gradient of ", wg, w1, b1, w2, b2);
+  void set_grads(const py::capsule& wg, const py::object& w1, const py::object& b1,
+                 const py::object& w2, const py::object& b2, const py::object& w3) {
+    point(layer_->grads(), "gradient of ", wg, {w1, b1, w2, b2, w3});
   }
 
   // out (T, M) for x (T, M), written into out's memory; returns l_aux.
@@ -179,17 +183,27 @@ class PyLayer {
  private:
   Device device() const { return layer_->device(); }
   Shape tokens_shape() const { return {layer_->shape().tokens, layer_->shape().model_dim}; }
-  // Points p at the five tensors after checking all of them (p is left as it was when one
-  // is refused). prefix: "" or "gradient of ", for the messages.
+  // Points p at the tensors after checking all of them (p is left as it was when one is
+  // refused): experts = w1, b1, w2, b2, w3, each a capsule where the experts' kind has the
+  // tensor and None where it does not (p keeps its empty one). prefix: "" or "gradient of ",
+  // for the messages.
   void point(MoeLayerParams& p, const std::string& prefix, const py::capsule& wg,
-             const py::capsule& w1, const py::capsule& b1, const py::capsule& w2,
-             const py::capsule& b2) const {
-    auto v = [&](const py::capsule& c, const char* name, const Tensor& now) {
-      return view(c, kLayerOp, (prefix + name).c_str(), device(), now.shape());
-    };
-    MoeLayerParams n{v(wg, "wg", p.wg),
-                     {v(w1, "w1", p.experts.w1), v(b1, "b1", p.experts.b1),
-                      v(w2, "w2", p.experts.w2), v(b2, "b2", p.experts.b2)}};
+             const std::vector<py::object>& experts) const {
+    static constexpr const char* kNames[] = {"w1", "b1", "w2", "b2", "w3"};
+    MoeLayerParams n = p;
+    n.wg = view(wg, kLayerOp, (prefix + "wg").c_str(), device(), p.wg.shape());
+    const auto now = n.experts.all();
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const std::string name = prefix + kNames[i];
+      const bool has = !now[i]->empty();
+      if (experts[i].is_none() != !has)
+        throw InvalidConfig(fmt::format(
+            "{}: {} {} for {} experts", kLayerOp, name, has ? "is missing" : "is not expected",
+            expert_mlp_name(layer_->shape().expert_mlp)));
+      if (has)
+        *now[i] = view(experts[i].cast<py::capsule>(), kLayerOp, name.c_str(), device(),
+                       now[i]->shape());
+    }
     p = n;
   }
 
@@ -200,19 +214,31 @@ class PyLayer {
 
 // The whole parameters of seed `seed` (as check-layer and the trainer draw them) into
 // caller buffers of the whole shapes.
+// The tensors of the experts' kind (expert_mlp): `whole` maps wg, w1, w2 and b1, b2 (gelu)
+// or w3 (swiglu) to capsules.
 void init_params(int64_t model_dim, int64_t hidden, int64_t experts, uint64_t seed,
-                 const py::capsule& wg, const py::capsule& w1, const py::capsule& b1,
-                 const py::capsule& w2, const py::capsule& b2) {
+                 const std::string& expert_mlp, const std::map<std::string, py::capsule>& whole) {
   const int64_t M = model_dim, H = hidden, E = experts;
-  Tensor dst[] = {view(wg, kLayerOp, "wg", Device::kCpu, {M, E}),
-                  view(w1, kLayerOp, "w1", Device::kCpu, {E, M, H}),
-                  view(b1, kLayerOp, "b1", Device::kCpu, {E, H}),
-                  view(w2, kLayerOp, "w2", Device::kCpu, {E, H, M}),
-                  view(b2, kLayerOp, "b2", Device::kCpu, {E, M})};
-  const MoeShape shape = MoeShape::of(1, model_dim, hidden, experts, 1, "1");
+  MoeShape shape = MoeShape::of(1, model_dim, hidden, experts, 1, "1");
+  shape.expert_mlp = parse_expert_mlp(expert_mlp);
   const auto p = ref::init_params<float>(shape, seed);
-  const std::vector<float>* src[] = {&p.wg, &p.w1, &p.b1, &p.w2, &p.b2};
-  for (size_t i = 0; i < 5; ++i) std::copy(src[i]->begin(), src[i]->end(), dst[i].data());
+  const std::pair<const char*, std::pair<const std::vector<float>*, Shape>> all[] = {
+      {"wg", {&p.wg, {M, E}}},    {"w1", {&p.w1, {E, M, H}}}, {"b1", {&p.b1, {E, H}}},
+      {"w2", {&p.w2, {E, H, M}}}, {"b2", {&p.b2, {E, M}}},    {"w3", {&p.w3, {E, M, H}}}};
+  size_t used = 0;
+  for (const auto& [name, src] : all) {
+    if (src.first->empty()) continue;  // not a tensor of this kind
+    const auto it = whole.find(name);
+    if (it == whole.end())
+      throw InvalidConfig(fmt::format("{}: init_params without {} for {} experts", kLayerOp,
+                                      name, expert_mlp));
+    Tensor dst = view(it->second, kLayerOp, name, Device::kCpu, src.second);
+    std::copy(src.first->begin(), src.first->end(), dst.data());
+    ++used;
+  }
+  if (used != whole.size())
+    throw InvalidConfig(fmt::format("{}: init_params given {} tensors, {} experts have {}",
+                                    kLayerOp, whole.size(), expert_mlp, used));
 }
 
 // This rank's expert shards of a layer of these sizes on the current topology, after Parm's
@@ -221,7 +247,7 @@ void init_params(int64_t model_dim, int64_t hidden, int64_t experts, uint64_t se
 // [hidden_first, hidden_first + shard_hidden) of each, and adds_b2, whether this rank's
 // shard adds b2 (its gradient is then this rank's to report; schedule::build's rule).
 py::dict expert_shards(int64_t model_dim, int64_t hidden, int64_t experts, int topk,
-                       const std::string& capacity_factor, const RouterArgs& router) {
+                       const std::string& capacity_factor, const KindArgs& router) {
   Topology& topo = topology(kLayerOp);
   const Layout& l = topo.layout();
   const std::string call =
@@ -261,7 +287,7 @@ py::dict expert_shards(int64_t model_dim, int64_t hidden, int64_t experts, int t
 std::pair<std::string, bool> choose_schedule(int64_t tokens, int64_t model_dim, int64_t hidden,
                                              int64_t experts, int topk,
                                              const std::string& capacity_factor,
-                                             const RouterArgs& router,
+                                             const KindArgs& router,
                                              const std::string& profile_path,
                                              const std::vector<std::string>& kinds,
                                              const std::vector<bool>& fuse_modes) {
@@ -355,7 +381,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyLayer>(m, "Layer")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int, const std::string&,
-                    const RouterArgs&, const std::string&, bool, const std::string&>())
+                    const KindArgs&, const std::string&, bool, const std::string&>())
       .def("shard_info", &PyLayer::shard_info)
       .def("schedule_name", &PyLayer::schedule_name)
       .def("set_params", &PyLayer::set_params)

@@ -18,7 +18,11 @@ from . import _core, _dlpack
 _SCHEDULES = ("auto", "baseline", "s1", "s2")
 _FUSE = ("auto", "on", "off")
 _ROUTER_SCORES = ("softmax", "sigmoid")
-_PARAMS = ("wg", "w1", "b1", "w2", "b2")
+_EXPERT_MLPS = ("gelu", "swiglu")
+# The parameters of each expert kind (docs/spec.md §8), and the fixed order the C++ layer takes
+# the expert tensors in (None where the kind has none).
+_PARAMS = {"gelu": ("wg", "w1", "b1", "w2", "b2"), "swiglu": ("wg", "w1", "w2", "w3")}
+_SLOTS = ("w1", "b1", "w2", "b2", "w3")
 
 
 _OP = "parm.torch.MoE"
@@ -56,6 +60,12 @@ def _dl(tensors, names):
     return [_dlpack(t, n, _OP) for t, n in zip(tensors, names)]
 
 
+def _layer_args(tensors, names):
+    """wg and the expert tensors in the C++ layer's order, None for those the kind has not."""
+    by_name = dict(zip(names, _dl(tensors, names)))
+    return [by_name["wg"]] + [by_name.get(n) for n in _SLOTS]
+
+
 class _MoEFunction(torch.autograd.Function):
     """out, l_aux = layer(x) with the parameters as inputs, so that autograd sees them (and
     refuses a backward after they were changed in place). x: (T, M) or (B, L, M); out: None
@@ -63,15 +73,16 @@ class _MoEFunction(torch.autograd.Function):
     place)."""
 
     @staticmethod
-    def forward(ctx, x, layer, out, *params):
+    def forward(ctx, x, layer, out, names, *params):
         _follow_torch_threads()
-        layer.set_params(*_dl(params, _PARAMS))
+        layer.set_params(*_layer_args(params, names))
         if out is None:
             out = _empty(x.shape)
         else:
             ctx.mark_dirty(out)
         l_aux = layer.forward(_dlpack(_flat(x), "x", _OP), _dlpack(_flat(out), "out", _OP))
         ctx.layer = layer
+        ctx.names = names
         ctx.forward_id = layer.forwards()
         ctx.save_for_backward(*params)
         return out, torch.tensor(l_aux, dtype=x.dtype, device=x.device)
@@ -86,15 +97,17 @@ class _MoEFunction(torch.autograd.Function):
         grads = [_empty(p.shape) for p in params]
         dx = _empty(dout.shape)
         _follow_torch_threads()
-        layer.set_grads(*_dl(grads, _PARAMS))
+        layer.set_grads(*_layer_args(grads, ctx.names))
         layer.backward(ctx.forward_id, _dlpack(_flat(dout), "the output gradient", _OP),
                        float(dl_aux), _dlpack(_flat(dx), "the input gradient", _OP))
-        return (dx, None, None, *grads)
+        return (dx, None, None, None, *grads)
 
 
 class MoE(torch.nn.Module):
     """A Mixture-of-Experts layer: top-k gating with capacity and GShard priority order,
-    E experts y = gelu(x W1 + b1) W2 + b2, distributed over parm.init's layout.
+    E experts y = gelu(x W1 + b1) W2 + b2 (expert_mlp="gelu", the default) or
+    y = (silu(x W1) * (x W3)) W2 without biases (expert_mlp="swiglu": Mixtral's, DeepSeek's),
+    distributed over parm.init's layout.
 
     model_dim M, hidden H (each expert's FFN width), experts E, topk k, capacity_factor f (a
     decimal string, kept exact: C = ceil(k f T / E); None: dropless, no token dropped).
@@ -121,17 +134,18 @@ class MoE(torch.nn.Module):
     given, which is then returned (modified in place).
 
     Parameters: wg (M, E) whole on every rank; w1 (E/ep, M, H/esp), b1 (E/ep, H/esp),
-    w2 (E/ep, H/esp, M), b2 (E/ep, M): this rank's expert shards. Their .grad is this rank's
-    gradient (summing it over data-parallel replicas is the caller's, as with DDP).
-    state_dict() holds whole tensors wg (M, E), w1 (E, M, H), b1 (E, H), w2 (E, H, M),
-    b2 (E, M) on every rank (collective: call it on every rank), and load_state_dict takes
-    them into any layout.
+    w2 (E/ep, H/esp, M), b2 (E/ep, M): this rank's expert shards (swiglu: w1, w2 and
+    w3 (E/ep, M, H/esp), split like w1; no b1, b2). Their .grad is this rank's gradient
+    (summing it over data-parallel replicas is the caller's, as with DDP). state_dict()
+    holds whole tensors wg (M, E), w1 (E, M, H), b1 (E, H), w2 (E, H, M), b2 (E, M) (swiglu:
+    wg, w1, w2, w3 (E, M, H)) on every rank (collective: call it on every rank), and
+    load_state_dict takes them into any layout.
     """
 
     def __init__(self, model_dim, hidden, experts, topk=2, capacity_factor="1.2",
                  schedule="auto", fuse="auto", profile=None, precision="fp32", seed=0,
                  router_score="softmax", router_topk_norm=True, router_scale=1.0,
-                 router_groups=1, router_group_topk=1):
+                 router_groups=1, router_group_topk=1, expert_mlp="gelu"):
         super().__init__()
         if not _core.initialized():
             raise RuntimeError("parm.torch.MoE before parm.init(): call parm.init(mp=, ep=, "
@@ -147,6 +161,9 @@ class MoE(torch.nn.Module):
             raise ValueError(f"parm.torch.MoE: capacity_factor must be a decimal string such "
                              f"as \"1.2\" (kept exact), or None for dropless routing, got "
                              f"{capacity_factor!r}")
+        if expert_mlp not in _EXPERT_MLPS:
+            raise ValueError(f"parm.torch.MoE: expert_mlp {expert_mlp!r} is not valid; use "
+                             f"one of {', '.join(_EXPERT_MLPS)}")
         if router_score not in _ROUTER_SCORES:
             raise ValueError(f"parm.torch.MoE: router_score {router_score!r} is not valid; use "
                              f"one of {', '.join(_ROUTER_SCORES)}")
@@ -171,7 +188,9 @@ class MoE(torch.nn.Module):
         # Parm's checks of the sizes and the router against the layout, and this rank's
         # shards of them.
         self._router = (router_score, router_topk_norm, float(router_scale), router_groups,
-                        router_group_topk)
+                        router_group_topk, expert_mlp)
+        self.expert_mlp = expert_mlp
+        self._names = _PARAMS[expert_mlp]
         self._shards = _core.expert_shards(model_dim, hidden, experts, topk, capacity_factor,
                                            self._router)
         self.model_dim, self.hidden, self.experts, self.topk = model_dim, hidden, experts, topk
@@ -185,9 +204,10 @@ class MoE(torch.nn.Module):
         self.schedule_used = None  # what the last forward ran: "s2+fused", "baseline", ...
 
         whole = self._empty_whole()
-        _core.init_params(model_dim, hidden, experts, seed, *_dl(whole.values(), _PARAMS))
+        _core.init_params(model_dim, hidden, experts, seed, expert_mlp,
+                          dict(zip(whole, _dl(whole.values(), whole))))
         shards = self._shards_of(whole)
-        for name in _PARAMS:
+        for name in self._names:
             setattr(self, name, torch.nn.Parameter(shards[name].to(self._device).contiguous()))
         # Whole tensors in, this rank's shards out: the state dict's layout.
         self._register_load_state_dict_pre_hook(self._load_whole, with_module=False)
@@ -230,7 +250,8 @@ class MoE(torch.nn.Module):
                                  f"is not a view of another (autograd's rule for a tensor a "
                                  f"function overwrites and returns with another output)")
         layer = self._layer_for(tokens)
-        y, l_aux = _MoEFunction.apply(x, layer, out, *[getattr(self, n) for n in _PARAMS])
+        y, l_aux = _MoEFunction.apply(x, layer, out, self._names,
+                                      *[getattr(self, n) for n in self._names])
         self.l_aux = l_aux
         return y
 
@@ -242,8 +263,8 @@ class MoE(torch.nn.Module):
 
     def _router_repr(self):
         names = ("router_score", "router_topk_norm", "router_scale", "router_groups",
-                 "router_group_topk")
-        defaults = ("softmax", True, 1.0, 1, 1)
+                 "router_group_topk", "expert_mlp")
+        defaults = ("softmax", True, 1.0, 1, 1, "gelu")
         return "".join(f", {n}={v!r}" for n, v, d in zip(names, self._router, defaults)
                        if v != d)
 
@@ -251,7 +272,9 @@ class MoE(torch.nn.Module):
 
     def _whole_shapes(self):
         M, H, E = self.model_dim, self.hidden, self.experts
-        return {"wg": (M, E), "w1": (E, M, H), "b1": (E, H), "w2": (E, H, M), "b2": (E, M)}
+        shapes = {"wg": (M, E), "w1": (E, M, H), "b1": (E, H), "w2": (E, H, M), "b2": (E, M),
+                  "w3": (E, M, H)}
+        return {n: shapes[n] for n in self._names}
 
     def _empty_whole(self):
         return {n: torch.zeros(s, dtype=torch.float32) for n, s in self._whole_shapes().items()}
@@ -260,11 +283,13 @@ class MoE(torch.nn.Module):
         sh = self._shards
         e0, el = sh["first_expert"], sh["local_experts"]
         h0, hs = sh["hidden_first"], sh["shard_hidden"]
-        return {"wg": whole["wg"],
-                "w1": whole["w1"][e0:e0 + el, :, h0:h0 + hs],
-                "b1": whole["b1"][e0:e0 + el, h0:h0 + hs],
-                "w2": whole["w2"][e0:e0 + el, h0:h0 + hs, :],
-                "b2": whole["b2"][e0:e0 + el]}
+        cut = {"wg": lambda t: t,
+               "w1": lambda t: t[e0:e0 + el, :, h0:h0 + hs],
+               "b1": lambda t: t[e0:e0 + el, h0:h0 + hs],
+               "w2": lambda t: t[e0:e0 + el, h0:h0 + hs, :],
+               "b2": lambda t: t[e0:e0 + el],
+               "w3": lambda t: t[e0:e0 + el, :, h0:h0 + hs]}
+        return {n: cut[n](whole[n]) for n in self._names}
 
     def whole_tensors(self, grads=False):
         """The whole (unsharded) parameters (from EDP rank 0's replicas), or with
@@ -272,19 +297,21 @@ class MoE(torch.nn.Module):
         what data-parallel training all-reduces; b2 from the rank that adds it, once per ESP
         group) and this rank's wg gradient, as CPU tensors. Collective over the world: every rank calls it."""
         whole = self._empty_whole()
-        src = {n: getattr(self, n) for n in _PARAMS}
+        src = {n: getattr(self, n) for n in self._names}
         if grads:
             src = {n: (p.grad if p.grad is not None else torch.zeros_like(p))
                    for n, p in src.items()}
         src = {n: t.detach().to("cpu") for n, t in src.items()}
         if grads or self._edp_rank == 0:
             dst = self._shards_of(whole)
-            for n in ("w1", "b1", "w2"):
-                dst[n].copy_(src[n])
-            if self._shards["adds_b2"]:
+            for n in self._names:
+                if n not in ("wg", "b2"):  # the ESP shards
+                    dst[n].copy_(src[n])
+            if "b2" in self._names and self._shards["adds_b2"]:
                 dst["b2"].copy_(src["b2"])
-        for n in ("w1", "b1", "w2", "b2"):
-            _core.allreduce_sum(_dlpack(whole[n], n, _OP))
+        for n in self._names:
+            if n != "wg":
+                _core.allreduce_sum(_dlpack(whole[n], n, _OP))
         whole["wg"] = src["wg"].clone()
         return whole
 
@@ -296,7 +323,7 @@ class MoE(torch.nn.Module):
                     unexpected_keys, error_msgs):
         shapes = self._whole_shapes()
         whole = {}
-        for n in _PARAMS:
+        for n in self._names:
             key = prefix + n
             if key not in state_dict:
                 continue

@@ -45,6 +45,7 @@ struct ModelConfig {
   float aux_loss_coeff = 0.01f;
   AuxScope aux_scope = AuxScope::kMicroBatch;  // --aux-loss: what each l_aux is over
   RouterSpec router;  // score function, weights, group limit (docs/spec.md §7)
+  ExpertMlp expert_mlp = ExpertMlp::kGelu;  // the experts' FFN (docs/spec.md §8)
   float router_z_loss = 0.0f;  // ST-MoE's z-loss coefficient (0: off)
   float router_bias_update = 0.0f;  // DeepSeek-V3's router bias update rate (0: off)
   float init_std = 0.02f;

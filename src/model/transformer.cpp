@@ -249,8 +249,7 @@ int64_t Transformer::activation_bytes() const {
     // A slot's MoE layer holds its step buffers; parameters and gradients are slot 0's.
     for (const auto& m : b.moes) {
       const MoeLayerParams& p = b.moes[0]->params();
-      n += m->held_bytes() - 2 * (p.wg.bytes() + p.experts.w1.bytes() + p.experts.b1.bytes() +
-                                  p.experts.w2.bytes() + p.experts.b2.bytes());
+      n += m->held_bytes() - 2 * p.bytes();
     }
   }
   for (const Tensor* t : {&lnf_, &lnf_mean_, &lnf_rstd_, &head_in_, &hd_pre_, &hd_act_, &hd_ln_,

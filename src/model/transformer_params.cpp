@@ -109,20 +109,32 @@ void Transformer::register_moe(Block& b, int64_t i, bool held, int64_t micro_bat
   ParamRegistry& r = registry_;
   Param* wg = r.add_alias(held, pre + "moe.gate.weight", {M_, E}, {}, kRep, Group::kDp, true,
                           value.wg, grad.wg);
+  // gelu: W1, b1, W2, b2 (in this order, as before swiglu existed); swiglu: W1, W2, W3 (split
+  // like W1), no biases.
+  const bool biases = has_expert_biases(c_.expert_mlp);
   Param* w1 = r.add_alias(held, pre + "moe.experts.w1", {E, M_, H}, {{0, ep, epr}, {2, esp, espr}},
                           edp, Group::kEdp, true, value.experts.w1, grad.experts.w1);
-  Param* b1 = r.add_alias(held, pre + "moe.experts.b1", {E, H}, {{0, ep, epr}, {1, esp, espr}},
-                          edp, Group::kEdp, false, value.experts.b1, grad.experts.b1);
+  Param* b1 = biases ? r.add_alias(held, pre + "moe.experts.b1", {E, H},
+                                   {{0, ep, epr}, {1, esp, espr}}, edp, Group::kEdp, false,
+                                   value.experts.b1, grad.experts.b1)
+                     : nullptr;
   Param* w2 = r.add_alias(held, pre + "moe.experts.w2", {E, H, M_}, {{0, ep, epr}, {1, esp, espr}},
                           edp, Group::kEdp, true, value.experts.w2, grad.experts.w2);
-  Param* b2 = r.add_alias(held, pre + "moe.experts.b2", {E, M_}, {{0, ep, epr}},
-                          {Group::kEdp, Group::kEsp}, Group::kEdp, false, value.experts.b2,
-                          grad.experts.b2);
+  Param* b2 = biases ? r.add_alias(held, pre + "moe.experts.b2", {E, M_}, {{0, ep, epr}},
+                                   {Group::kEdp, Group::kEsp}, Group::kEdp, false,
+                                   value.experts.b2, grad.experts.b2)
+                     : nullptr;
+  Param* w3 = is_gated(c_.expert_mlp)
+                  ? r.add_alias(held, pre + "moe.experts.w3", {E, M_, H},
+                                {{0, ep, epr}, {2, esp, espr}}, edp, Group::kEdp, true,
+                                value.experts.w3, grad.experts.w3)
+                  : nullptr;
   r.init_weight(wg, c_.init_std);
   r.init_weight(w1, c_.init_std);
-  r.init_bias(b1);
+  r.init_bias(b1);  // init(nullptr) does nothing
   r.init_weight(w2, proj_std(c_));
   r.init_bias(b2);
+  r.init_weight(w3, c_.init_std);
   if (held) b.moes[0]->zero_grad();
 }
 

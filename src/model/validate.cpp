@@ -35,6 +35,7 @@ MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch) {
   shape.topk = c.topk;
   shape.capacity_factor = CapacityFactor::parse(c.capacity_factor);
   shape.router = c.router;
+  shape.expert_mlp = c.expert_mlp;
   return shape;
 }
 

@@ -29,9 +29,24 @@ void check_router_options(Device device, float router_z_loss, float router_bias_
                     router_bias_update, device_name(device), device_name(device));
 }
 
+void check_expert_mlp(Device device, Precision precision, ExpertMlp mlp) {
+  if (!is_gated(mlp)) return;
+  PARM_CONFIG_CHECK(device == Device::kCpu,
+                    "--expert-mlp (model.expert_mlp) {} with --device {}: the gated experts "
+                    "run on the CPU layer only (the {} experts are gelu's, and have not run on "
+                    "a GPU yet); use --device cpu, or --expert-mlp gelu",
+                    expert_mlp_name(mlp), device_name(device), device_name(device));
+  PARM_CONFIG_CHECK(precision == Precision::kFp32,
+                    "--expert-mlp (model.expert_mlp) {} with --precision {}: the gated experts "
+                    "run at fp32 (their bf16 products are not written yet); use --precision "
+                    "fp32, or --expert-mlp gelu",
+                    expert_mlp_name(mlp), precision_name(precision));
+}
+
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
                                            const BackendSizes& sizes) {
   check_device(device, precision);
+  check_expert_mlp(device, precision, sizes.expert_mlp);
   if (device == Device::kCpu) return make_cpu_backend(sizes, precision);
 #ifdef PARM_HAVE_CUDA
   return make_cuda_backend(precision, sizes);

@@ -43,6 +43,8 @@ struct BackendSizes {
   // dispatch rows back to back (moe::pack_routing; the CUDA one on the device,
   // moe_pack_routing) and the experts read their segments at the starts they are given.
   bool packed = false;
+  // The experts' kind (docs/spec.md §8): swiglu reserves the gate projection's rows.
+  ExpertMlp expert_mlp = ExpertMlp::kGelu;
 };
 
 class LayerBackend {
@@ -141,6 +143,9 @@ class LayerBackend {
 // before any work, not at its first pass. Needs no GPU: it looks at the names only.
 void check_router_options(Device device, float router_z_loss, float router_bias_update,
                           const RouterSpec& router = {});
+// The expert kinds a device's backend computes at a precision: gelu everywhere, swiglu on the
+// CPU at fp32. Throws InvalidConfig naming the flag, the config key and what would be valid.
+void check_expert_mlp(Device device, Precision precision, ExpertMlp mlp);
 
 // Throws InvalidConfig when `device` / `precision` cannot run in this build or machine.
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,

@@ -13,7 +13,7 @@ class CpuBackend final : public LayerBackend {
       : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}),
         zero_unrouted_(!s.dropless), packed_(s.packed) {
     ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p,
-                s.max_local_rows);
+                s.max_local_rows, s.expert_mlp);
   }
 
   Device device() const override { return Device::kCpu; }
@@ -74,7 +74,8 @@ class CpuBackend final : public LayerBackend {
   const std::vector<int64_t>& expert_rows() const override { return ws_.rows; }
   double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
                                  int64_t hidden_shard, int reps) override {
-    return moe::time_expert_products_us(rows, model_dim, hidden_shard, reps, ws_.precision);
+    return moe::time_expert_products_us(rows, model_dim, hidden_shard, reps, ws_.precision,
+                                        ws_.mlp);
   }
 
   void take_chunk(const float* full, int64_t outer, int n, int j, int64_t chunk,

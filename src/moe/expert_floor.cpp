@@ -43,17 +43,19 @@ cpu::Bf16Buffer packed_b(int64_t k, int64_t n, const std::vector<float>& t) {
 }  // namespace
 
 ExpertProductsFloor::ExpertProductsFloor(std::vector<int64_t> rows, int64_t M, int64_t hl,
-                                         Precision p)
-    : rows_(std::move(rows)), model_dim_(M), hidden_(hl), precision_(p) {
+                                         Precision p, ExpertMlp mlp)
+    : rows_(std::move(rows)), model_dim_(M), hidden_(hl), precision_(p), mlp_(mlp) {
   PARM_CHECK(!rows_.empty() && M >= 1 && hl >= 1,
              "expert products floor: {} experts, M={}, Hl={} (need at least one expert, M and "
              "Hl >= 1)", rows_.size(), M, hl);
+  PARM_CHECK(!is_gated(mlp) || p == Precision::kFp32,
+             "expert products floor: {} experts at fp32 only", expert_mlp_name(mlp));
   experts_.resize(rows_.size());
   for (size_t e = 0; e < rows_.size(); ++e) {
     const int64_t n = rows_[e];
     PARM_CHECK(n >= 0, "expert products floor: expert {} has {} rows", e, n);
     Expert& x = experts_[e];
-    for (ExpertProduct q : kExpertProducts) {
+    for (ExpertProduct q : expert_products(mlp)) {
       const GemmCall g = expert_gemm(q, n, M, hl);
       x.out[static_cast<int>(q)].assign(size(g.m * g.n), 0.0f);
     }
@@ -68,6 +70,10 @@ ExpertProductsFloor::ExpertProductsFloor(std::vector<int64_t> rows, int64_t M, i
     x.in[kW2] = filled(ei, kW2, hl, M);
     x.in[kDy] = filled(ei, kDy, n, M);
     x.in[kDPre] = filled(ei, kDPre, n, hl);
+    if (is_gated(mlp)) {
+      x.in[kW3] = filled(ei, kW3, M, hl);
+      x.in[kDGate] = filled(ei, kDGate, n, hl);
+    }
   }
 }
 
@@ -112,9 +118,11 @@ void ExpertProductsFloor::run() {
       continue;
     }
     const auto in = [&x](Input i) { return x.in[i].data(); };
-    const std::pair<Input, Input> operands[] = {{kX, kW1},  {kAct, kW2}, {kAct, kDy},
-                                                {kDy, kW2}, {kX, kDPre}, {kDPre, kW1}};
-    for (ExpertProduct q : kExpertProducts) {
+    // By ExpertProduct.
+    const std::pair<Input, Input> operands[] = {{kX, kW1},  {kAct, kW2},   {kAct, kDy},
+                                                {kDy, kW2}, {kX, kDPre},   {kDPre, kW1},
+                                                {kX, kW3},  {kX, kDGate}, {kDGate, kW3}};
+    for (ExpertProduct q : expert_products(mlp_)) {
       const auto& [a, b] = operands[static_cast<int>(q)];
       run_expert_gemm(q, n, M, hl, in(a), in(b), c(q));
     }
@@ -139,8 +147,8 @@ const float* ExpertProductsFloor::output(int64_t e, ExpertProduct q) const {
 }
 
 double time_expert_products_us(const std::vector<int64_t>& rows, int64_t M, int64_t hl,
-                               int reps, Precision p) {
-  return ExpertProductsFloor(rows, M, hl, p).time_us(reps);
+                               int reps, Precision p, ExpertMlp mlp) {
+  return ExpertProductsFloor(rows, M, hl, p, mlp).time_us(reps);
 }
 
 }  // namespace parm::moe

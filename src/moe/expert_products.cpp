@@ -17,8 +17,16 @@ GemmCall expert_gemm(ExpertProduct p, int64_t r, int64_t M, int64_t hl) {
     case ExpertProduct::kDAct: return {false, true, false, r, hl, M};
     case ExpertProduct::kDW1: return {true, false, true, M, hl, r};
     case ExpertProduct::kDX: return {false, true, false, r, M, hl};
+    case ExpertProduct::kGate: return {false, false, false, r, hl, M};
+    case ExpertProduct::kDW3: return {true, false, true, M, hl, r};
+    case ExpertProduct::kDXGate: return {false, true, true, r, M, hl};
   }
   return {};
+}
+
+std::span<const ExpertProduct> expert_products(ExpertMlp mlp) {
+  if (is_gated(mlp)) return kSwigluExpertProducts;
+  return kExpertProducts;
 }
 
 void run_expert_gemm(ExpertProduct p, int64_t r, int64_t M, int64_t hl, const float* a,
@@ -198,9 +206,9 @@ int64_t Bf16ExpertProducts::held_bytes() const {
                               (block_.size() + rows_.size()) * sizeof(float));
 }
 
-double expert_product_flops(int64_t rows, int64_t M, int64_t hl) {
+double expert_product_flops(int64_t rows, int64_t M, int64_t hl, ExpertMlp mlp) {
   double flops = 0.0;
-  for (ExpertProduct p : kExpertProducts) flops += expert_gemm(p, rows, M, hl).flops();
+  for (ExpertProduct p : expert_products(mlp)) flops += expert_gemm(p, rows, M, hl).flops();
   return flops;
 }
 

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
 #include "moe/bf16_weight_copies.h"
 #include "moe/phase_times.h"
 #include "parm/device.h"
+#include "shape/expert_mlp.h"
 
 namespace parm::moe {
 
@@ -19,19 +21,33 @@ namespace parm::moe {
 // (T, E) products are up to 1.5x slower on it: under 0.1 ms per layer at T = 1024).
 constexpr cpu::GemmPath kLayerGemm = cpu::GemmPath::kSgemm;
 
-// The six products, and the GEMM call of each for one expert over `rows` rows. The layer's
-// functions below, the floor and the kernel benchmarks all take them from here.
+// The products, and the GEMM call of each for one expert over `rows` rows: six for a gelu
+// expert, nine for a swiglu one (its gate projection W3 adds one forward and two backward
+// products of W1's shapes). The layer's functions below, the floor and the kernel benchmarks
+// all take them from here.
 enum class ExpertProduct {
-  kPre,   // pre (R, Hl) = x (R, M) W1 (M, Hl)
-  kOut,   // out (R, M) = act (R, Hl) W2 (Hl, M)
-  kDW2,   // dW2 (Hl, M) += act^T (Hl, R) dy (R, M)
-  kDAct,  // dact (R, Hl) = dy (R, M) W2^T (M, Hl)
-  kDW1,   // dW1 (M, Hl) += x^T (M, R) dpre (R, Hl)
-  kDX,    // dx (R, M) = dpre (R, Hl) W1^T (Hl, M)
+  kPre,     // pre (R, Hl) = x (R, M) W1 (M, Hl)
+  kOut,     // out (R, M) = act (R, Hl) W2 (Hl, M)
+  kDW2,     // dW2 (Hl, M) += act^T (Hl, R) dy (R, M)
+  kDAct,    // dact (R, Hl) = dy (R, M) W2^T (M, Hl)
+  kDW1,     // dW1 (M, Hl) += x^T (M, R) dpre (R, Hl)
+  kDX,      // dx (R, M) = dpre (R, Hl) W1^T (Hl, M)
+  kGate,    // swiglu: gate (R, Hl) = x (R, M) W3 (M, Hl)
+  kDW3,     // swiglu: dW3 (M, Hl) += x^T (M, R) dgate (R, Hl)
+  kDXGate,  // swiglu: dx (R, M) += dgate (R, Hl) W3^T (Hl, M)
 };
+constexpr int kMaxExpertProducts = 9;
+// gelu's six, in the pass's order.
 constexpr ExpertProduct kExpertProducts[] = {ExpertProduct::kPre, ExpertProduct::kOut,
                                              ExpertProduct::kDW2, ExpertProduct::kDAct,
                                              ExpertProduct::kDW1, ExpertProduct::kDX};
+// swiglu's nine, in the pass's order.
+constexpr ExpertProduct kSwigluExpertProducts[] = {
+    ExpertProduct::kPre,  ExpertProduct::kGate, ExpertProduct::kOut,
+    ExpertProduct::kDW2,  ExpertProduct::kDAct, ExpertProduct::kDW1,
+    ExpertProduct::kDX,   ExpertProduct::kDW3,  ExpertProduct::kDXGate};
+// The products of an expert of kind `mlp`.
+std::span<const ExpertProduct> expert_products(ExpertMlp mlp);
 struct GemmCall {
   bool trans_a = false, trans_b = false, accumulate = false;
   int64_t m = 0, n = 0, k = 0;
@@ -141,14 +157,16 @@ class Bf16ExpertProducts {
   double last_pack_us_ = 0;
 };
 
-// FLOPs of the six products (forward and backward) of one expert over `rows` rows.
-double expert_product_flops(int64_t rows, int64_t model_dim, int64_t hidden);
+// FLOPs of the products (forward and backward) of one expert over `rows` rows.
+double expert_product_flops(int64_t rows, int64_t model_dim, int64_t hidden,
+                            ExpertMlp mlp = ExpertMlp::kGelu);
 
-// The floor of a forward + backward pass: the six products of every expert (rows[e] rows
-// each), each on its own operands, run alone `reps` times; returns the median total (us).
-// At bf16 the operands are packed before the clock starts: the floor is the bf16 GEMMs
-// alone. Allocates its operands on every call (moe/expert_floor.h: ExpertProductsFloor).
+// The floor of a forward + backward pass: the products of every expert (rows[e] rows each),
+// each on its own operands, run alone `reps` times; returns the median total (us). At bf16
+// the operands are packed before the clock starts: the floor is the bf16 GEMMs alone.
+// Allocates its operands on every call (moe/expert_floor.h: ExpertProductsFloor).
 double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
-                               int64_t hidden, int reps, Precision p = Precision::kFp32);
+                               int64_t hidden, int reps, Precision p = Precision::kFp32,
+                               ExpertMlp mlp = ExpertMlp::kGelu);
 
 }  // namespace parm::moe

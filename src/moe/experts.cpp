@@ -87,11 +87,56 @@ void check_buffers(const char* what, const Tensor& a, const Tensor& b, const Seg
              l.first != nullptr ? " (packed)" : "", need);
 }
 
+// The weights' kind and the workspace's agree (gate rows are reserved for swiglu only).
+void check_kind(const ExpertShards& w, const ExpertWorkspace& ws) {
+  PARM_CHECK(w.gated() == is_gated(ws.mlp),
+             "expert weights {} W3 but the expert workspace is reserved for {} experts",
+             w.gated() ? "with" : "without", expert_mlp_name(ws.mlp));
+}
+
+// One swiglu expert over its n gathered rows x: pre = x W1, gate = x W3,
+// act = silu(pre) * gate, out = act W2 (docs/spec.md §8).
+void swiglu_expert_forward(int64_t n, int64_t M, int64_t hl, const float* x, const float* w1,
+                           const float* w3, const float* w2, float* pre, float* gate,
+                           float* act, float* out, PhaseClock& clock) {
+  run_expert_gemm(ExpertProduct::kPre, n, M, hl, x, w1, pre);
+  run_expert_gemm(ExpertProduct::kGate, n, M, hl, x, w3, gate);
+  clock.lap("expert products");
+  cpu::swiglu_forward(pre, gate, act, n * hl);
+  clock.lap("SwiGLU");
+  run_expert_gemm(ExpertProduct::kOut, n, M, hl, act, w2, out);
+  clock.lap("expert products");
+}
+
+// Its adjoint: dW2 += act^T dy, dact = dy W2^T; dpre = dact gate silu'(pre) (over dact),
+// dgate = dact silu(pre); dW1 += x^T dpre, dW3 += x^T dgate, dx = dpre W1^T + dgate W3^T.
+void swiglu_expert_backward(int64_t n, int64_t M, int64_t hl, const float* x, const float* pre,
+                            const float* gate, const float* act, const float* dy,
+                            const float* w1, const float* w3, const float* w2, float* dw1,
+                            float* dw3, float* dw2, float* dact, float* dgate, float* dx,
+                            PhaseClock& clock) {
+  run_expert_gemm(ExpertProduct::kDW2, n, M, hl, act, dy, dw2);
+  run_expert_gemm(ExpertProduct::kDAct, n, M, hl, dy, w2, dact);
+  clock.lap("expert products");
+  cpu::swiglu_backward(pre, gate, dact, dact, dgate, n * hl);
+  clock.lap("SwiGLU backward");
+  run_expert_gemm(ExpertProduct::kDW1, n, M, hl, x, dact, dw1);
+  run_expert_gemm(ExpertProduct::kDX, n, M, hl, dact, w1, dx);
+  run_expert_gemm(ExpertProduct::kDW3, n, M, hl, x, dgate, dw3);
+  run_expert_gemm(ExpertProduct::kDXGate, n, M, hl, dgate, w3, dx);
+  clock.lap("expert products");
+}
+
 }  // namespace
 
 void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int64_t hl,
-                              Precision p, int64_t max_total_rows) {
+                              Precision p, int64_t max_total_rows, ExpertMlp mlp_) {
+  PARM_CONFIG_CHECK(!is_gated(mlp_) || p == Precision::kFp32,
+                    "--expert-mlp {} runs at --precision fp32 on the CPU (its bf16 products "
+                    "are not written yet); use --precision fp32, or --expert-mlp gelu",
+                    expert_mlp_name(mlp_));
   precision = p;
+  mlp = mlp_;
   max_rows = max_rows_;
   packed = max_total_rows > 0;
   total_rows = packed ? max_total_rows : max_rows;
@@ -102,6 +147,8 @@ void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int
   in.clear();
   pre.clear();
   act.clear();
+  gate.clear();
+  const bool gated = is_gated(mlp);
   const int64_t pools = packed ? 1 : experts;
   for (int64_t e = 0; e < pools; ++e) {
     // At bf16 x and act are kept packed (bf16) for the backward pass, and x and dy are
@@ -110,10 +157,12 @@ void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int
     if (!bf16_path) in.emplace_back(Shape{total_rows, M});
     pre.emplace_back(Shape{total_rows, hl});
     if (!bf16_path) act.emplace_back(Shape{total_rows, hl});
+    if (gated) gate.emplace_back(Shape{total_rows, hl});
   }
   out_rows = Tensor({max_rows, M});
   d_out = bf16_path ? Tensor() : Tensor({max_rows, M});
   d_act = Tensor({max_rows, hl});
+  d_gate = gated ? Tensor({max_rows, hl}) : Tensor();
 }
 
 void ExpertWorkspace::place(int64_t e, int64_t n) {
@@ -140,9 +189,16 @@ float* ExpertWorkspace::act_rows(int64_t e) {
   return act[static_cast<size_t>(e)].data();
 }
 
+float* ExpertWorkspace::gate_rows(int64_t e) {
+  PARM_CHECK(!gate.empty(), "the expert workspace holds no gate rows (the experts are {})",
+             expert_mlp_name(mlp));
+  if (packed) return gate[0].data() + first[static_cast<size_t>(e)] * gate[0].cols();
+  return gate[static_cast<size_t>(e)].data();
+}
+
 int64_t ExpertWorkspace::held_bytes() const {
-  int64_t b = out_rows.bytes() + d_out.bytes() + d_act.bytes();
-  for (const auto* list : {&in, &pre, &act})
+  int64_t b = out_rows.bytes() + d_out.bytes() + d_act.bytes() + d_gate.bytes();
+  for (const auto* list : {&in, &pre, &act, &gate})
     for (const Tensor& t : *list) b += t.bytes();
   return b;
 }
@@ -157,6 +213,7 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
              ws.max_rows, e_loc, blocks * slots);
   check_fills(fills, blocks, e_loc, slots);
   check_buffers("expert buffers", in, out, lay, blocks, fills);
+  check_kind(w, ws);
   PhaseClock clock(times);
   const bool bf16 = ws.precision == Precision::kBf16;
   // All four layouts once per weight version; experts_backward reuses them.
@@ -170,6 +227,13 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
       ws.bf16.fc1_forward(e, n, filled_runs(in, lay, blocks, e, fills), pre, &clock);
       ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, ws.out_rows.data(),
                                     &clock);
+    } else if (w.gated()) {
+      float* x = ws.in_rows(e);
+      PARM_CHECK_EQ(gather_filled(in, lay, blocks, e, fills, x), n);
+      clock.lap("rows in/out");
+      swiglu_expert_forward(n, M, hl, x, w.w1.data() + e * M * hl, w.w3.data() + e * M * hl,
+                            w.w2.data() + e * hl * M, pre, ws.gate_rows(e), ws.act_rows(e),
+                            ws.out_rows.data(), clock);
     } else {
       float* x = ws.in_rows(e);
       PARM_CHECK_EQ(gather_filled(in, lay, blocks, e, fills, x), n);
@@ -182,7 +246,7 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
       fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
       clock.lap("expert products");
     }
-    if (add_b2) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, n, M);
+    if (add_b2 && !w.gated()) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, n, M);
     clock.lap("bias + GeLU");
     scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, out);
     clock.lap("rows in/out");
@@ -195,6 +259,9 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
   const int64_t e_loc = w.w1.dim(0), M = w.w1.dim(1), hl = w.w1.dim(2);
   const SegmentLayout lay{e_loc, slots, M, first};
   check_buffers("expert gradient buffers", dout, din, lay, blocks, fills);
+  check_kind(w, ws);
+  PARM_CHECK(dw.gated() == w.gated(), "expert gradients {} W3 where the weights {}",
+             dw.gated() ? "with" : "without", w.gated() ? "have one" : "have none");
   PhaseClock clock(times);
   float* dy = ws.d_out.data();
   float* dact = ws.d_act.data();
@@ -209,6 +276,14 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
                            dw.b2.data() + e * M, dw.w2.data() + e * hl * M, dact, &clock);
       ws.bf16.gelu_backward_fc1_backward(e, n, pre, dact, dw.b1.data() + e * hl,
                                          dw.w1.data() + e * M * hl, ws.out_rows.data(), &clock);
+    } else if (w.gated()) {
+      PARM_CHECK_EQ(gather_filled(dout, lay, blocks, e, fills, dy), n);
+      clock.lap("rows in/out");
+      const int64_t wi = e * M * hl;
+      swiglu_expert_backward(n, M, hl, ws.in_rows(e), pre, ws.gate_rows(e), ws.act_rows(e), dy,
+                             w.w1.data() + wi, w.w3.data() + wi, w.w2.data() + e * hl * M,
+                             dw.w1.data() + wi, dw.w3.data() + wi, dw.w2.data() + e * hl * M,
+                             dact, ws.d_gate.data(), ws.out_rows.data(), clock);
     } else {
       PARM_CHECK_EQ(gather_filled(dout, lay, blocks, e, fills, dy), n);
       clock.lap("rows in/out");

@@ -34,16 +34,22 @@ TensorError compare(const std::string& name, const A* a, const B* b, size_t n) {
 
 std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-// Whole parameter-shaped tensors, by name, in a fixed order.
+// Whole parameter-shaped tensors, by name, in a fixed order (wg first); those the experts'
+// kind does not have (empty: b1 and b2 of swiglu, w3 of gelu) are left out.
 template <typename S>
 std::vector<std::pair<std::string, const std::vector<S>*>> named(const ref::MoeParams<S>& p) {
-  return {{"wg", &p.wg}, {"w1", &p.w1}, {"b1", &p.b1}, {"w2", &p.w2}, {"b2", &p.b2}};
+  std::vector<std::pair<std::string, const std::vector<S>*>> out;
+  for (const auto& entry : std::vector<std::pair<std::string, const std::vector<S>*>>{
+           {"wg", &p.wg}, {"w1", &p.w1}, {"b1", &p.b1}, {"w2", &p.w2}, {"b2", &p.b2},
+           {"w3", &p.w3}})
+    if (!entry.second->empty()) out.push_back(entry);
+  return out;
 }
 
 
 Shape param_shape(const MoeShape& s, const std::string& name) {
   if (name == "wg") return {s.model_dim, s.experts};
-  if (name == "w1") return {s.experts, s.model_dim, s.hidden};
+  if (name == "w1" || name == "w3") return {s.experts, s.model_dim, s.hidden};
   if (name == "b1") return {s.experts, s.hidden};
   if (name == "w2") return {s.experts, s.hidden, s.model_dim};
   return {s.experts, s.model_dim};
@@ -222,6 +228,7 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   params64.b1 = to_double(params.b1);
   params64.w2 = to_double(params.w2);
   params64.b2 = to_double(params.b2);
+  params64.w3 = to_double(params.w3);
 
   layer.load_whole(params);
   layer.backend().set_weights_version(1);  // one version: a bf16 backend packs them once
@@ -383,6 +390,7 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
       }
       d.finish({{"tokens", T}, {"model_dim", M}, {"hidden", sh.hidden},
                 {"experts", sh.experts}, {"topk", sh.topk},
+                {"expert_mlp", expert_mlp_name(sh.expert_mlp)},
                 {"capacity_factor", sh.capacity_factor.str()}, {"mp", l.mp}, {"ep", l.ep},
                 {"esp", l.esp}, {"world", l.world}, {"mp_groups", l.world / l.mp},
                 {"seed", o.seed}, {"dl_aux", o.dl_aux}, {"dl_z", o.dl_z}, {"skew", o.skew},

@@ -17,12 +17,14 @@ namespace {
 
 MoeLayerParams make_params(const MoeShape& shape, int64_t e_loc, int64_t hl, Device d) {
   const int64_t M = shape.model_dim, E = shape.experts;
+  const bool biases = has_expert_biases(shape.expert_mlp), gated = is_gated(shape.expert_mlp);
   MoeLayerParams p;
   p.wg = Tensor({M, E}, d);
   p.experts.w1 = Tensor({e_loc, M, hl}, d);
-  p.experts.b1 = Tensor({e_loc, hl}, d);
+  p.experts.b1 = Tensor({e_loc, biases ? hl : 0}, d);
   p.experts.w2 = Tensor({e_loc, hl, M}, d);
-  p.experts.b2 = Tensor({e_loc, M}, d);
+  p.experts.b2 = Tensor({e_loc, biases ? M : 0}, d);
+  p.experts.w3 = Tensor({e_loc, gated ? M : 0, hl}, d);
   return p;
 }
 
@@ -41,16 +43,15 @@ schedule::Schedule layer_schedule(Topology& topo, const MoeShape& shape, schedul
 
 void copy_params(const MoeLayerParams& from, MoeLayerParams& to) {
   to.wg.copy_from(from.wg);
-  to.experts.w1.copy_from(from.experts.w1);
-  to.experts.b1.copy_from(from.experts.b1);
-  to.experts.w2.copy_from(from.experts.w2);
-  to.experts.b2.copy_from(from.experts.b2);
+  const auto src = from.experts.all();
+  const auto dst = to.experts.all();
+  for (size_t i = 0; i < src.size(); ++i) dst[i]->copy_from(*src[i]);
 }
 
 MoeLayerParams params_on(const MoeLayerParams& p, Device device) {
   return {p.wg.to(device),
           {p.experts.w1.to(device), p.experts.b1.to(device), p.experts.w2.to(device),
-           p.experts.b2.to(device)}};
+           p.experts.b2.to(device), p.experts.w3.to(device)}};
 }
 
 MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
@@ -78,6 +79,7 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.max_expert_rows = schedule_.expert_blocks * schedule_.exchange_slots;
   // Dropless: buffers packed (sized by the rows routed; docs/dropless.md).
   sizes.dropless = sizes.packed = schedule_.dropless;
+  sizes.expert_mlp = shape.expert_mlp;
   if (schedule_.dropless)
     sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);
   backend_ = moe::make_backend(device, precision, sizes);
@@ -106,9 +108,7 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
 
 int64_t MoeLayer::held_bytes() const {
   int64_t b = 0;
-  for (const MoeLayerParams* p : {&params_, &grads_})
-    b += p->wg.bytes() + p->experts.w1.bytes() + p->experts.b1.bytes() +
-         p->experts.w2.bytes() + p->experts.b2.bytes();
+  for (const MoeLayerParams* p : {&params_, &grads_}) b += p->bytes();
   return b + bufs_.held_bytes() + dense_->held_bytes() + (rows_ ? rows_->held_bytes() : 0) +
          backend_->held_bytes();
 }
@@ -123,8 +123,11 @@ void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
   for (int64_t e = 0; e < e_loc; ++e) {
     const auto part = ref::slice_expert(shape_, whole, first_expert_ + e, esp_rank_, esp_size_);
     std::memcpy(x.w1.data() + e * M * hl, part.w1.data(), part.w1.size() * sizeof(float));
-    std::memcpy(x.b1.data() + e * hl, part.b1.data(), part.b1.size() * sizeof(float));
     std::memcpy(x.w2.data() + e * hl * M, part.w2.data(), part.w2.size() * sizeof(float));
+    if (x.gated())
+      std::memcpy(x.w3.data() + e * M * hl, part.w3.data(), part.w3.size() * sizeof(float));
+    if (!has_expert_biases(shape_.expert_mlp)) continue;
+    std::memcpy(x.b1.data() + e * hl, part.b1.data(), part.b1.size() * sizeof(float));
     std::memcpy(x.b2.data() + e * M, whole.b2.data() + (first_expert_ + e) * M,
                 static_cast<size_t>(M) * sizeof(float));
   }
@@ -141,23 +144,24 @@ void MoeLayer::store_whole_grads(ref::MoeParams<float>& whole) const {
   const int64_t e_loc = g.w1.dim(0), M = shape_.model_dim, hl = g.w1.dim(2);
   for (int64_t e = 0; e < e_loc; ++e) {
     ref::ExpertWeights<float> part;
+    part.mlp = shape_.expert_mlp;
     part.model_dim = M;
     part.hidden = hl;
     part.w1.assign(g.w1.data() + e * M * hl, g.w1.data() + (e + 1) * M * hl);
-    part.b1.assign(g.b1.data() + e * hl, g.b1.data() + (e + 1) * hl);
     part.w2.assign(g.w2.data() + e * hl * M, g.w2.data() + (e + 1) * hl * M);
+    if (g.gated()) part.w3.assign(g.w3.data() + e * M * hl, g.w3.data() + (e + 1) * M * hl);
+    const bool biases = has_expert_biases(shape_.expert_mlp);
+    if (biases) part.b1.assign(g.b1.data() + e * hl, g.b1.data() + (e + 1) * hl);
     ref::unslice_expert(shape_, part, first_expert_ + e, esp_rank_, esp_size_, whole);
-    std::memcpy(whole.b2.data() + (first_expert_ + e) * M, g.b2.data() + e * M,
-                static_cast<size_t>(M) * sizeof(float));
+    if (biases)
+      std::memcpy(whole.b2.data() + (first_expert_ + e) * M, g.b2.data() + e * M,
+                  static_cast<size_t>(M) * sizeof(float));
   }
 }
 
 void MoeLayer::zero_grad() {
   grads_.wg.zero();
-  grads_.experts.w1.zero();
-  grads_.experts.b1.zero();
-  grads_.experts.w2.zero();
-  grads_.experts.b2.zero();
+  for (Tensor* t : grads_.experts.all()) t->zero();
 }
 
 const Tensor& MoeLayer::forward(const Tensor& x) {

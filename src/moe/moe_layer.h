@@ -30,6 +30,12 @@ namespace parm {
 struct MoeLayerParams {
   Tensor wg;                 // (M, E) whole, on every rank
   moe::ExpertShards experts; // this rank's shards
+
+  int64_t bytes() const {
+    int64_t b = wg.bytes();
+    for (const Tensor* t : experts.all()) b += t->bytes();
+    return b;
+  }
 };
 // to = from, tensor by tensor (same shapes, any devices).
 void copy_params(const MoeLayerParams& from, MoeLayerParams& to);

@@ -11,6 +11,7 @@
 #include "moe/phase_times.h"
 #include "parm/device.h"
 #include "parm/tensor.h"
+#include "shape/expert_mlp.h"
 #include "shape/router.h"
 
 namespace parm::moe {
@@ -101,12 +102,19 @@ void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& 
                       Tensor& dbuf, std::vector<float>& dweight, bool zero_unrouted = true);
 
 // The expert shards this rank holds: E_loc experts, each the columns [j*H/n, (j+1)*H/n) of
-// W1/b1 and rows of W2 (Hl = H/n), and the whole b2.
+// W1/b1 (swiglu: of W1 and W3) and rows of W2 (Hl = H/n), and the whole b2. The tensors an
+// expert kind does not have are empty ((E_loc, 0)): b1 and b2 under swiglu, w3 under gelu.
 struct ExpertShards {
   Tensor w1;  // (E_loc, M, Hl)
-  Tensor b1;  // (E_loc, Hl)
+  Tensor b1;  // (E_loc, Hl)      gelu
   Tensor w2;  // (E_loc, Hl, M)
-  Tensor b2;  // (E_loc, M)
+  Tensor b2;  // (E_loc, M)       gelu
+  Tensor w3;  // (E_loc, M, Hl)   swiglu: the gate projection
+
+  bool gated() const { return !w3.empty(); }
+  // The tensors in a fixed order (w1, b1, w2, b2, w3), empty ones included.
+  std::vector<Tensor*> all() { return {&w1, &b1, &w2, &b2, &w3}; }
+  std::vector<const Tensor*> all() const { return {&w1, &b1, &w2, &b2, &w3}; }
 };
 
 // Per expert: its rows gathered out of the exchange layout, and the activations kept for
@@ -114,7 +122,8 @@ struct ExpertShards {
 // steady state then allocates nothing. At Precision::kBf16 the six products run on bf16
 // operands (Bf16ExpertProducts), which packs x and dy straight from the exchange layout and
 // keeps x and act packed for the backward pass: `in`, `act` and `d_out` are then empty; pre
-// stays fp32 and holds gelu'(pre + b1) after the forward GeLU step.
+// stays fp32 and holds gelu'(pre + b1) after the forward GeLU step. Gated (swiglu, fp32 only):
+// `gate` holds x W3 beside pre, and d_gate its gradient.
 //
 // Packed (max_total_rows > 0, dropless): in, pre and act are one pool each, of
 // max_total_rows rows, the bound on the rows all local experts get together in one pass;
@@ -123,15 +132,18 @@ struct ExpertShards {
 // then E_loc x max_rows anyway.
 struct ExpertWorkspace {
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden,
-               Precision precision = Precision::kFp32, int64_t max_total_rows = 0);
+               Precision precision = Precision::kFp32, int64_t max_total_rows = 0,
+               ExpertMlp mlp = ExpertMlp::kGelu);
   // Expert e's rows in the pools (its first rows[e] rows are used).
   float* in_rows(int64_t e);
   float* pre_rows(int64_t e);
   float* act_rows(int64_t e);
+  float* gate_rows(int64_t e);  // swiglu
   // Checks that rows n for expert e fit (packed: after experts 0..e-1) and places them.
   void place(int64_t e, int64_t n);
   int64_t held_bytes() const;  // in, pre, act and the scratch below (not bf16's buffers)
   Precision precision = Precision::kFp32;
+  ExpertMlp mlp = ExpertMlp::kGelu;
   Bf16ExpertProducts bf16;    // reserved at kBf16 only
   bool packed = false;
   int64_t max_rows = 0;       // the most rows one expert can get
@@ -141,21 +153,24 @@ struct ExpertWorkspace {
   // Per expert (unpacked) or one pool (packed) of total_rows rows; read through in_rows()...
   std::vector<Tensor> in;     // (total_rows, M) the experts' filled rows
   std::vector<Tensor> pre;    // (total_rows, Hl) x W1 (b1 is added on the fly)
-  std::vector<Tensor> act;    // (total_rows, Hl) gelu(pre)
+  std::vector<Tensor> act;    // (total_rows, Hl) gelu(pre) (swiglu: silu(pre) * gate)
+  std::vector<Tensor> gate;   // (total_rows, Hl) swiglu: x W3
   Tensor out_rows;            // (max_rows, M) scratch
   Tensor d_out;               // (max_rows, M) scratch: an expert's output gradient rows (fp32)
   Tensor d_act;               // (max_rows, Hl) scratch
+  Tensor d_gate;              // (max_rows, Hl) scratch, swiglu
 };
 
 // The exchange layout: in/out are (blocks, E_loc, slots, M); expert e's rows in block b are
 // the first fills[b * E_loc + e] of the `slots` rows at [b, e] (the rest are empty slots and
 // are not computed). With `first` (dropless, packed): segment [b, e] starts at row
-// first[b * E_loc + e] instead (shape/packed_rows.h), and in/out hold at least the routed rows. out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly one shard of an
-// ESP group adds it, so that the sum over the group holds it once) at filled rows, zero at
-// empty ones. Overwrites out. `times` (may be null): "rows in/out", "expert products",
-// "bias + GeLU", and at bf16 "bf16 weight packing" in a pass that packs W1 and W2 (at either
-// precision "expert products" is the GEMMs alone; at bf16 packing x is "rows in/out" and
-// packing act "bias + GeLU").
+// first[b * E_loc + e] instead (shape/packed_rows.h), and in/out hold at least the routed
+// rows. out = gelu(x W1 + b1) W2 (+ b2 when add_b2: exactly one shard of an ESP group adds it,
+// so that the sum over the group holds it once; w.gated(): (silu(x W1) * (x W3)) W2, no b2) at
+// filled rows, zero at empty ones. Overwrites out. `times` (may be null): "rows in/out",
+// "expert products", "bias + GeLU" (swiglu: "SwiGLU"), and at bf16 "bf16 weight packing" in a
+// pass that packs W1 and W2 (at either precision "expert products" is the GEMMs alone; at bf16
+// packing x is "rows in/out" and packing act "bias + GeLU").
 void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, int64_t slots,
                      const int32_t* fills, bool add_b2, ExpertWorkspace& ws, Tensor& out,
                      PhaseTimes* times = nullptr, const int64_t* first = nullptr);
@@ -163,7 +178,7 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
 // (rows of empty slots carry no gradient). Accumulates dw (dW1, db1, dW2 from this shard;
 // db2 whole, from dout: every ESP rank holds the complete dout of its rows). Overwrites din
 // (this shard's part of the input gradient; zero at empty slots). `times`: "rows in/out",
-// "expert products", "GeLU + bias backward".
+// "expert products", "GeLU + bias backward" (swiglu: "SwiGLU backward").
 void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
                       const int32_t* fills, ExpertWorkspace& ws, ExpertShards& dw, Tensor& din,
                       PhaseTimes* times = nullptr, const int64_t* first = nullptr);

@@ -34,6 +34,21 @@ S gelu_grad(S x) {
          static_cast<S>(0.5) * x * (static_cast<S>(1) - th * th) * du;
 }
 
+// SiLU (swish): x sigmoid(x), and its derivative sigmoid(x) (1 + x (1 - sigmoid(x))).
+template <typename S>
+S sigmoid(S x) {
+  return static_cast<S>(1) / (static_cast<S>(1) + std::exp(-x));
+}
+template <typename S>
+S silu(S x) {
+  return x * sigmoid(x);
+}
+template <typename S>
+S silu_grad(S x) {
+  const S s = sigmoid(x);
+  return s * (static_cast<S>(1) + x * (static_cast<S>(1) - s));
+}
+
 void check_size(const char* what, size_t got, int64_t want) {
   PARM_CHECK(static_cast<int64_t>(got) == want, "{} has {} elements, expected {}", what, got,
              want);
@@ -76,10 +91,12 @@ MoeParams<S> MoeParams<S>::zeros(const MoeShape& shape) {
   const int64_t M = shape.model_dim, H = shape.hidden, E = shape.experts;
   MoeParams<S> p;
   p.wg.assign(static_cast<Size>(M * E), S(0));
+  const bool biases = has_expert_biases(shape.expert_mlp);
   p.w1.assign(static_cast<Size>(E * M * H), S(0));
-  p.b1.assign(static_cast<Size>(E * H), S(0));
+  p.b1.assign(static_cast<Size>(biases ? E * H : 0), S(0));
   p.w2.assign(static_cast<Size>(E * H * M), S(0));
-  p.b2.assign(static_cast<Size>(E * M), S(0));
+  p.b2.assign(static_cast<Size>(biases ? E * M : 0), S(0));
+  p.w3.assign(static_cast<Size>(is_gated(shape.expert_mlp) ? E * M * H : 0), S(0));
   return p;
 }
 
@@ -87,10 +104,13 @@ template <typename S>
 void MoeParams<S>::check(const MoeShape& shape) const {
   const int64_t M = shape.model_dim, H = shape.hidden, E = shape.experts;
   check_size("wg (M, E)", wg.size(), M * E);
+  const bool biases = has_expert_biases(shape.expert_mlp);
   check_size("w1 (E, M, H)", w1.size(), E * M * H);
-  check_size("b1 (E, H)", b1.size(), E * H);
+  check_size(biases ? "b1 (E, H)" : "b1 (none: swiglu)", b1.size(), biases ? E * H : 0);
   check_size("w2 (E, H, M)", w2.size(), E * H * M);
-  check_size("b2 (E, M)", b2.size(), E * M);
+  check_size(biases ? "b2 (E, M)" : "b2 (none: swiglu)", b2.size(), biases ? E * M : 0);
+  const bool gated = is_gated(shape.expert_mlp);
+  check_size(gated ? "w3 (E, M, H)" : "w3 (none: gelu)", w3.size(), gated ? E * M * H : 0);
 }
 
 template <typename S>
@@ -102,9 +122,12 @@ MoeParams<S> init_params(const MoeShape& shape, uint64_t seed) {
   MoeParams<S> p;
   p.wg = draw_normal<S>(M * E, seed, kStreamWg, std_m);
   p.w1 = draw_normal<S>(E * M * H, seed, kStreamW1, std_m);
-  p.b1 = draw_normal<S>(E * H, seed, kStreamB1, kInitBiasStd);
   p.w2 = draw_normal<S>(E * H * M, seed, kStreamW2, std_h);
-  p.b2 = draw_normal<S>(E * M, seed, kStreamB2, kInitBiasStd);
+  if (has_expert_biases(shape.expert_mlp)) {
+    p.b1 = draw_normal<S>(E * H, seed, kStreamB1, kInitBiasStd);
+    p.b2 = draw_normal<S>(E * M, seed, kStreamB2, kInitBiasStd);
+  }
+  if (is_gated(shape.expert_mlp)) p.w3 = draw_normal<S>(E * M * H, seed, kStreamW3, std_m);
   return p;
 }
 
@@ -473,15 +496,22 @@ ExpertWeights<S> slice_expert(const MoeShape& shape, const MoeParams<S>& whole, 
   check_shard(shape, e, shard, num_shards);
   whole.check(shape);
   const int64_t M = shape.model_dim, H = shape.hidden, Hs = H / num_shards, h0 = shard * Hs;
+  const bool biases = has_expert_biases(shape.expert_mlp), gated = is_gated(shape.expert_mlp);
   ExpertWeights<S> w;
+  w.mlp = shape.expert_mlp;
   w.model_dim = M;
   w.hidden = Hs;
   w.w1.resize(static_cast<Size>(M * Hs));
-  w.b1.resize(static_cast<Size>(Hs));
+  w.b1.resize(static_cast<Size>(biases ? Hs : 0));
   w.w2.resize(static_cast<Size>(Hs * M));
+  w.w3.resize(static_cast<Size>(gated ? M * Hs : 0));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t h = 0; h < Hs; ++h) w.w1[m * Hs + h] = whole.w1[(e * M + m) * H + h0 + h];
-  for (int64_t h = 0; h < Hs; ++h) w.b1[h] = whole.b1[e * H + h0 + h];
+  if (gated)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t h = 0; h < Hs; ++h) w.w3[m * Hs + h] = whole.w3[(e * M + m) * H + h0 + h];
+  if (biases)
+    for (int64_t h = 0; h < Hs; ++h) w.b1[h] = whole.b1[e * H + h0 + h];
   for (int64_t h = 0; h < Hs; ++h)
     for (int64_t m = 0; m < M; ++m) w.w2[h * M + m] = whole.w2[(e * H + h0 + h) * M + m];
   return w;
@@ -495,9 +525,15 @@ void unslice_expert(const MoeShape& shape, const ExpertWeights<S>& part, int64_t
   const int64_t M = shape.model_dim, H = shape.hidden, Hs = H / num_shards, h0 = shard * Hs;
   PARM_CHECK_EQ(part.model_dim, M);
   PARM_CHECK_EQ(part.hidden, Hs);
+  PARM_CHECK(part.mlp == shape.expert_mlp, "a {} expert shard into {} experts",
+             expert_mlp_name(part.mlp), expert_mlp_name(shape.expert_mlp));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t h = 0; h < Hs; ++h) whole.w1[(e * M + m) * H + h0 + h] = part.w1[m * Hs + h];
-  for (int64_t h = 0; h < Hs; ++h) whole.b1[e * H + h0 + h] = part.b1[h];
+  if (is_gated(shape.expert_mlp))
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t h = 0; h < Hs; ++h) whole.w3[(e * M + m) * H + h0 + h] = part.w3[m * Hs + h];
+  if (has_expert_biases(shape.expert_mlp))
+    for (int64_t h = 0; h < Hs; ++h) whole.b1[e * H + h0 + h] = part.b1[h];
   for (int64_t h = 0; h < Hs; ++h)
     for (int64_t m = 0; m < M; ++m) whole.w2[(e * H + h0 + h) * M + m] = part.w2[h * M + m];
 }
@@ -509,15 +545,24 @@ void expert_shard_forward(const ExpertWeights<S>& w, const std::vector<S>& x, Ex
   PARM_CHECK(static_cast<int64_t>(x.size()) % M == 0, "x has {} elements, not rows of M = {}",
              x.size(), M);
   const int64_t rows = static_cast<int64_t>(x.size()) / M;
+  const bool gated = is_gated(w.mlp);
   acts.pre.assign(static_cast<Size>(rows * Hs), S(0));
+  acts.gate.assign(static_cast<Size>(gated ? rows * Hs : 0), S(0));
   acts.act.assign(static_cast<Size>(rows * Hs), S(0));
   partial.assign(static_cast<Size>(rows * M), S(0));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < Hs; ++h) {
-      S acc = w.b1[h];
+      S acc = gated ? S(0) : w.b1[h];
       for (int64_t m = 0; m < M; ++m) acc += x[r * M + m] * w.w1[m * Hs + h];
       acts.pre[r * Hs + h] = acc;
-      acts.act[r * Hs + h] = gelu(acc);
+      if (gated) {  // swiglu: act = silu(x W1) * (x W3)
+        S g = S(0);
+        for (int64_t m = 0; m < M; ++m) g += x[r * M + m] * w.w3[m * Hs + h];
+        acts.gate[r * Hs + h] = g;
+        acts.act[r * Hs + h] = silu(acc) * g;
+      } else {
+        acts.act[r * Hs + h] = gelu(acc);
+      }
     }
     for (int64_t m = 0; m < M; ++m) {
       S acc = S(0);
@@ -537,30 +582,47 @@ void expert_shard_backward(const ExpertWeights<S>& w, const std::vector<S>& x,
   check_size("dy (rows, M)", dy.size(), rows * M);
   check_size("acts.pre (rows, hidden)", acts.pre.size(), rows * Hs);
   check_size("acts.act (rows, hidden)", acts.act.size(), rows * Hs);
+  const bool gated = is_gated(w.mlp);
+  if (gated) check_size("acts.gate (rows, hidden)", acts.gate.size(), rows * Hs);
+  grad.mlp = w.mlp;
   grad.model_dim = M;
   grad.hidden = Hs;
   grad.w1.assign(static_cast<Size>(M * Hs), S(0));
-  grad.b1.assign(static_cast<Size>(Hs), S(0));
+  grad.b1.assign(static_cast<Size>(gated ? 0 : Hs), S(0));
   grad.w2.assign(static_cast<Size>(Hs * M), S(0));
+  grad.w3.assign(static_cast<Size>(gated ? M * Hs : 0), S(0));
   dx.assign(static_cast<Size>(rows * M), S(0));
-  std::vector<S> dpre(static_cast<Size>(Hs));
+  std::vector<S> dpre(static_cast<Size>(Hs)), dgate(static_cast<Size>(gated ? Hs : 0));
   for (int64_t r = 0; r < rows; ++r) {
-    // y = act W2: dW2 += act^T dy, dact = dy W2^T; then through gelu.
+    // y = act W2: dW2 += act^T dy, dact = dy W2^T; then through gelu, or through
+    // act = silu(pre) * gate: dpre = dact * gate * silu'(pre), dgate = dact * silu(pre).
     for (int64_t h = 0; h < Hs; ++h) {
       S dact = S(0);
       for (int64_t m = 0; m < M; ++m) {
         grad.w2[h * M + m] += acts.act[r * Hs + h] * dy[r * M + m];
         dact += dy[r * M + m] * w.w2[h * M + m];
       }
-      dpre[h] = dact * gelu_grad(acts.pre[r * Hs + h]);
+      const S pre = acts.pre[r * Hs + h];
+      if (gated) {
+        dpre[h] = dact * acts.gate[r * Hs + h] * silu_grad(pre);
+        dgate[h] = dact * silu(pre);
+      } else {
+        dpre[h] = dact * gelu_grad(pre);
+      }
     }
-    // pre = x W1 + b1: dW1 += x^T dpre, db1 += dpre, dx = dpre W1^T.
-    for (int64_t h = 0; h < Hs; ++h) grad.b1[h] += dpre[h];
+    // pre = x W1 + b1: dW1 += x^T dpre, db1 += dpre, dx = dpre W1^T (swiglu: gate = x W3
+    // too: dW3 += x^T dgate, dx += dgate W3^T).
+    if (!gated)
+      for (int64_t h = 0; h < Hs; ++h) grad.b1[h] += dpre[h];
     for (int64_t m = 0; m < M; ++m) {
       S acc = S(0);
       for (int64_t h = 0; h < Hs; ++h) {
         grad.w1[m * Hs + h] += x[r * M + m] * dpre[h];
         acc += dpre[h] * w.w1[m * Hs + h];
+        if (gated) {
+          grad.w3[m * Hs + h] += x[r * M + m] * dgate[h];
+          acc += dgate[h] * w.w3[m * Hs + h];
+        }
       }
       dx[r * M + m] = acc;
     }
@@ -570,6 +632,7 @@ void expert_shard_backward(const ExpertWeights<S>& w, const std::vector<S>& x,
 template <typename S>
 void add_expert_bias(const MoeShape& shape, const MoeParams<S>& params, int64_t e, std::vector<S>& y) {
   const int64_t M = shape.model_dim;
+  if (!has_expert_biases(shape.expert_mlp)) return;
   check_size("b2 (E, M)", params.b2.size(), shape.experts * M);
   PARM_CHECK(static_cast<int64_t>(y.size()) % M == 0, "y has {} elements, not rows of M = {}",
              y.size(), M);
@@ -681,13 +744,17 @@ MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
       ExpertWeights<S> gw;
       std::vector<S> dxe, db2e;
       expert_shard_backward(w, xe, fwd.acts[s * E + e], dye, dxe, gw);
-      expert_bias_backward(M, dye, db2e);
       std::copy(dxe.begin(), dxe.end(), ddispatched.begin() + begin);
-      // Whole expert (one shard of one): its w1/b1/w2 are contiguous blocks of dparams.
+      // Whole expert (one shard of one): its w1/b1/w2/w3 are contiguous blocks of dparams.
       for (int64_t i = 0; i < M * H; ++i) g.dparams.w1[e * M * H + i] += gw.w1[i];
-      for (int64_t i = 0; i < H; ++i) g.dparams.b1[e * H + i] += gw.b1[i];
       for (int64_t i = 0; i < H * M; ++i) g.dparams.w2[e * H * M + i] += gw.w2[i];
-      for (int64_t i = 0; i < M; ++i) g.dparams.b2[e * M + i] += db2e[i];
+      if (is_gated(shape.expert_mlp))
+        for (int64_t i = 0; i < M * H; ++i) g.dparams.w3[e * M * H + i] += gw.w3[i];
+      if (has_expert_biases(shape.expert_mlp)) {
+        expert_bias_backward(M, dye, db2e);
+        for (int64_t i = 0; i < H; ++i) g.dparams.b1[e * H + i] += gw.b1[i];
+        for (int64_t i = 0; i < M; ++i) g.dparams.b2[e * M + i] += db2e[i];
+      }
     }
   }
 

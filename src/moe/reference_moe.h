@@ -30,9 +30,10 @@ template <typename S>
 struct MoeParams {
   std::vector<S> wg;  // (M, E)    gate, no bias
   std::vector<S> w1;  // (E, M, H)
-  std::vector<S> b1;  // (E, H)
+  std::vector<S> b1;  // (E, H)     gelu only (swiglu: empty)
   std::vector<S> w2;  // (E, H, M)
-  std::vector<S> b2;  // (E, M)
+  std::vector<S> b2;  // (E, M)     gelu only (swiglu: empty)
+  std::vector<S> w3;  // (E, M, H)  swiglu only (gelu: empty): the gate projection
 
   // All zeros with the sizes of `shape` (also the layout of the gradients).
   static MoeParams zeros(const MoeShape& shape);
@@ -49,6 +50,7 @@ inline constexpr uint64_t kStreamB1 = 3;     // b1 ~ N(0, 0.1^2)  (small, nonzer
 inline constexpr uint64_t kStreamW2 = 4;     // w2 ~ N(0, 1/H)
 inline constexpr uint64_t kStreamB2 = 5;     // b2 ~ N(0, 0.1^2)
 inline constexpr uint64_t kStreamInput = 6;  // x  ~ N(0, 1)
+inline constexpr uint64_t kStreamW3 = 7;     // w3 ~ N(0, 1/M)  (swiglu)
 inline constexpr float kInitBiasStd = 0.1f;
 
 // Deterministic parameters / input. The values are drawn and scaled in float and then
@@ -115,8 +117,9 @@ struct AuxStats {
 // One expert's activations on `rows` tokens, kept for the backward pass.
 template <typename S>
 struct ExpertActs {
-  std::vector<S> pre;  // (rows, hidden) x W1 + b1
-  std::vector<S> act;  // (rows, hidden) gelu(pre)
+  std::vector<S> pre;   // (rows, hidden) x W1 + b1 (swiglu: x W1)
+  std::vector<S> gate;  // (rows, hidden) swiglu: x W3 (gelu: empty)
+  std::vector<S> act;   // (rows, hidden) gelu(pre) (swiglu: silu(pre) * gate)
 };
 
 // Everything forward computes; backward reads it. Owns all its memory.
@@ -226,15 +229,18 @@ void aux_loss_backward(const AuxStats<S>& stats, int64_t tokens, S dl_aux,
 // ---- 5. Experts, whole or ESP-sharded --------------------------------------------------
 
 // The FFN weights of expert e, or of its shard j of n: columns [j*H/n, (j+1)*H/n) of W1_e
-// and b1_e and the same rows of W2_e. b2_e is not part of a shard: every ESP rank holds
-// all of it and adds it once, after the partial outputs are summed.
+// and b1_e (swiglu: of W1_e and W3_e) and the same rows of W2_e. b2_e is not part of a
+// shard: every ESP rank holds all of it and adds it once, after the partial outputs are
+// summed.
 template <typename S>
 struct ExpertWeights {
+  ExpertMlp mlp = ExpertMlp::kGelu;
   int64_t model_dim = 0;  // M
   int64_t hidden = 0;     // H / n
   std::vector<S> w1;      // (M, hidden)
-  std::vector<S> b1;      // (hidden)
+  std::vector<S> b1;      // (hidden)     gelu only
   std::vector<S> w2;      // (hidden, M)
+  std::vector<S> w3;      // (M, hidden)  swiglu only
 };
 
 // Copies shard j of n of expert e out of the whole parameters (or gradients). n = 1 is
@@ -247,19 +253,20 @@ template <typename S>
 void unslice_expert(const MoeShape& shape, const ExpertWeights<S>& part, int64_t e, int shard,
                     int num_shards, MoeParams<S>& whole);
 
-// partial (rows, M) = gelu(x W1 + b1) W2 for x (rows, M), without b2; acts are kept for
-// backward. Summed over the n shards and plus b2 it is the expert's output. Overwrites.
+// partial (rows, M) = gelu(x W1 + b1) W2 (swiglu: (silu(x W1) * (x W3)) W2) for x (rows, M),
+// without b2; acts are kept for backward. Summed over the n shards and plus b2 (gelu) it is
+// the expert's output. Overwrites.
 template <typename S>
 void expert_shard_forward(const ExpertWeights<S>& w, const std::vector<S>& x,
                           ExpertActs<S>& acts, std::vector<S>& partial);
 // dy (rows, M) is the gradient of the summed expert output. Writes dx (rows, M), this
 // shard's part of the input gradient (the n shards' dx sum to the whole expert's), and
-// grad = the shard's dW1, db1, dW2. Overwrites dx and grad.
+// grad = the shard's dW1, db1, dW2 (swiglu: dW1, dW3, dW2). Overwrites dx and grad.
 template <typename S>
 void expert_shard_backward(const ExpertWeights<S>& w, const std::vector<S>& x,
                            const ExpertActs<S>& acts, const std::vector<S>& dy,
                            std::vector<S>& dx, ExpertWeights<S>& grad);
-// y (rows, M) += b2_e. Accumulates into y.
+// y (rows, M) += b2_e (gelu; swiglu has no b2: y is left). Accumulates into y.
 template <typename S>
 void add_expert_bias(const MoeShape& shape, const MoeParams<S>& params, int64_t e,
                      std::vector<S>& y);

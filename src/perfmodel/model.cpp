@@ -227,20 +227,28 @@ struct Pricer {
         const double R = std::min(
             R_pad, target.load_max_over_mean * mean_routed_rows(sc, shape, l) / e_loc);
         // Per expert: gather rows, x W1, bias + GeLU (reads x W1, writes act), act W2, [+ b2],
-        // scatter rows and zero the empty slots.
-        c.fwd_us = e_loc * (gemm(GemmClass::kExpertNN, R, hl, M) +
+        // scatter rows and zero the empty slots. swiglu: x W3 too, silu(x W1) * x W3 (reads
+        // both, writes act), no b2.
+        const bool gated = is_gated(shape.expert_mlp);
+        const double gate_nn = gated ? gemm(GemmClass::kExpertNN, R, hl, M) : 0.0;
+        c.fwd_us = e_loc * (gemm(GemmClass::kExpertNN, R, hl, M) + gate_nn +
                             gemm(GemmClass::kExpertNN, R, M, hl)) +
                    copy(kF * e_loc * (4 * R * M + (R_pad - R) * M +
-                                      (sc.adds_b2 ? 2 * R * M : 0.0))) +
-                   mem(MemClass::kGelu, kF * e_loc * 2 * R * hl);
+                                      (sc.adds_b2 && !gated ? 2 * R * M : 0.0))) +
+                   mem(MemClass::kGelu, kF * e_loc * (gated ? 3 : 2) * R * hl);
         // Per expert: gather dy, db2, dW2 += act^T dy, dact = dy W2^T, GeLU adjoint + db1 in
         // one pass (reads x W1 and dact, writes dpre), dW1 += x^T dpre, dx = dpre W1^T, scatter.
+        // swiglu: its adjoint reads x W1, x W3 and dact and writes both gradients; dW3 +=
+        // x^T dgate, dx += dgate W3^T; no db2.
+        const double gate_bwd =
+            gated ? gemm(GemmClass::kExpertTN, M, hl, R) + gemm(GemmClass::kExpertNT, R, M, hl)
+                  : 0.0;
         c.bwd_us = e_loc * (gemm(GemmClass::kExpertTN, hl, M, R) +
                             gemm(GemmClass::kExpertNT, R, hl, M) +
                             gemm(GemmClass::kExpertTN, M, hl, R) +
-                            gemm(GemmClass::kExpertNT, R, M, hl)) +
+                            gemm(GemmClass::kExpertNT, R, M, hl) + gate_bwd) +
                    copy(kF * e_loc * (5 * R * M + (R_pad - R) * M)) +
-                   mem(MemClass::kGelu, kF * e_loc * 3 * R * hl);
+                   mem(MemClass::kGelu, kF * e_loc * (gated ? 5 : 3) * R * hl);
         break;
       }
       default: break;

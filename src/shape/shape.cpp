@@ -115,8 +115,11 @@ void MoeShape::validate(int num_slices) const {
 }
 
 std::string MoeShape::str() const {
-  return fmt::format("T={} M={} H={} E={} k={} f={}{}", tokens, model_dim, hidden, experts,
-                     topk, capacity_factor.str(), router.str());
+  return fmt::format("T={} M={} H={} E={} k={} f={}{}{}", tokens, model_dim, hidden, experts,
+                     topk, capacity_factor.str(), router.str(),
+                     expert_mlp == ExpertMlp::kGelu ? ""
+                                                    : std::string(" mlp=") +
+                                                          expert_mlp_name(expert_mlp));
 }
 
 }  // namespace parm

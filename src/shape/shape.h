@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "shape/expert_mlp.h"
 #include "shape/router.h"
 
 namespace parm {
@@ -52,6 +53,7 @@ struct MoeShape {
   int topk = 1;           // k
   CapacityFactor capacity_factor{1, 1};  // f
   RouterSpec router;      // score function, weights, group limit (docs/spec.md §7)
+  ExpertMlp expert_mlp = ExpertMlp::kGelu;  // the experts' FFN (docs/spec.md §8)
 
   // The shape from its sizes; f is a decimal ("1.2"), parsed exactly (CapacityFactor::parse).
   static MoeShape of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const std::string& f);
@@ -59,7 +61,8 @@ struct MoeShape {
   // Throws parm::InvalidConfig unless T, M, H, E >= 1, 1 <= k <= E, f > 0 (or none),
   // num_slices >= 1, T % num_slices == 0 and the router's own checks (RouterSpec::validate).
   void validate(int num_slices = 1) const;
-  std::string str() const;  // "T=8 M=4 H=6 E=4 k=2 f=1.25" (+ RouterSpec::str)
+  // "T=8 M=4 H=6 E=4 k=2 f=1.25" (+ RouterSpec::str, + " mlp=swiglu" when not gelu)
+  std::string str() const;
 };
 
 }  // namespace parm

@@ -10,6 +10,7 @@
 
 #include "parm/error.h"
 #include "parm/fileio.h"
+#include "train/train_config.h"
 
 namespace parm::train {
 namespace fs = std::filesystem;
@@ -203,6 +204,15 @@ Manifest validate_manifest(const nlohmann::json& m, const std::string& folder,
       throw InvalidConfig(fmt::format(
           "checkpoint {} was saved for a different model: model.{} is {} there but {} now",
           folder, key, saved.contains(key) ? shown(saved.at(key)) : "missing", shown(value)));
+  // Keys written only where they differ from their default (the router's, expert_mlp): one
+  // the checkpoint has and this model does not is a default here and something else there.
+  // (Other saved keys the model does not write are not compared.)
+  for (const std::string& key : model_keys_omitted_at_default())
+    if (saved.contains(key) && !model_config.contains(key))
+      throw InvalidConfig(fmt::format(
+          "checkpoint {} was saved for a different model: model.{} is {} there but its "
+          "default now",
+          folder, key, shown(saved.at(key))));
   out.model_config = saved;
   if (m.contains("router_bias")) out.router_bias = m.at("router_bias");
   if (m.contains("saved_from_layout")) {

@@ -105,14 +105,24 @@ nlohmann::json model_config_json(const model::ModelConfig& m) {
           {"init_std", m.init_std},
           {"seed", m.seed}};
   // The router's keys where they differ from docs/spec.md §2's (so the checkpoints of
-  // earlier versions, which have none, still match a default router).
+  // earlier versions, which have none, still match a default router): the keys of
+  // model_keys_omitted_at_default.
   const RouterSpec d;
   if (m.router.score != d.score) j["router_score"] = router_score_name(m.router.score);
   if (m.router.topk_norm != d.topk_norm) j["router_topk_norm"] = m.router.topk_norm;
   if (m.router.scale != d.scale) j["router_scale"] = m.router.scale;
   if (m.router.groups != d.groups) j["router_groups"] = m.router.groups;
   if (m.router.group_topk != d.group_topk) j["router_group_topk"] = m.router.group_topk;
+  // Likewise the experts' kind, where it is not gelu (docs/spec.md §8).
+  if (m.expert_mlp != ExpertMlp::kGelu) j["expert_mlp"] = expert_mlp_name(m.expert_mlp);
   return j;
+}
+
+const std::vector<std::string>& model_keys_omitted_at_default() {
+  static const std::vector<std::string> keys = {"router_score", "router_topk_norm",
+                                                "router_scale", "router_groups",
+                                                "router_group_topk", "expert_mlp"};
+  return keys;
 }
 
 TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origin) {
@@ -170,6 +180,15 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
     m.get("router_score", score);
     try {
       c.model.router.score = parse_router_score(score);
+    } catch (const InvalidConfig& e) {
+      throw InvalidConfig(fmt::format("{}: {}", origin, e.what()));
+    }
+  }
+  {
+    std::string mlp = expert_mlp_name(c.model.expert_mlp);
+    m.get("expert_mlp", mlp);
+    try {
+      c.model.expert_mlp = parse_expert_mlp(mlp);
     } catch (const InvalidConfig& e) {
       throw InvalidConfig(fmt::format("{}: {}", origin, e.what()));
     }
@@ -321,6 +340,7 @@ void validate(const TrainConfig& c) {
   parse_comm_backend(p.comm);
   // Before check_device: the message holds in a build or on a machine without a GPU too.
   moe::check_router_options(device, m.router_z_loss, m.router_bias_update, m.router);
+  moe::check_expert_mlp(device, precision, m.expert_mlp);
   check_device(device, precision);
 }
 

@@ -67,6 +67,10 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
 TrainConfig load_train_config(const std::string& path);
 // The model section as JSON (what checkpoints compare).
 nlohmann::json model_config_json(const model::ModelConfig& m);
+// The keys model_config_json writes only where they differ from their defaults (so that
+// earlier checkpoints, which have none, still match): a checkpoint that has one the model's
+// JSON lacks was saved with another value than this model's default.
+const std::vector<std::string>& model_keys_omitted_at_default();
 // Checks the values (also after command-line overrides).
 void validate(const TrainConfig& c);
 

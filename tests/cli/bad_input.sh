@@ -49,6 +49,12 @@ expect 2 "--router-groups (model.router_groups) 3 must divide the 4 experts" -- 
 expect 2 "run on the CPU layer only" -- -n 1 -- check-layer --device cuda --router-score sigmoid
 expect 2 "--aux-loss (model.aux_loss) 'bogus' is not valid; use micro-batch" -- -n 1 -- train --aux-loss bogus --steps 1
 expect 2 "'sequence' (DeepSeek-V3's sequence-wise balance loss) is not implemented yet" -- -n 1 -- train --aux-loss sequence --steps 1
+# The experts' kind (docs/spec.md §8): the valid ones named; swiglu at fp32 on the CPU only.
+expect 2 "--expert-mlp (model.expert_mlp) 'relu' is not valid; use gelu or swiglu" -- -n 1 -- check-layer --expert-mlp relu
+expect 2 "--expert-mlp (model.expert_mlp) 'relu' is not valid; use gelu or swiglu" -- -n 1 -- train --expert-mlp relu --steps 1
+expect 2 "--expert-mlp (model.expert_mlp) swiglu with --precision bf16" -- -n 1 -- bench-layer --expert-mlp swiglu --precision bf16
+expect 2 "--expert-mlp (model.expert_mlp) swiglu with --precision bf16" -- -n 4 -- train --expert-mlp swiglu --precision bf16 --steps 1
+expect 2 "--expert-mlp (model.expert_mlp) swiglu with --device cuda" -- -n 1 -- check-layer --expert-mlp swiglu --device cuda
 expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp
 # Pipeline stages and the order (docs/layout.md).
 expect 2 "world size 4 is not divisible by --pp 3" -- -n 4 -- info --pp 3

@@ -25,6 +25,14 @@ done
 out="$(recompute "$tmp/a")"; rc=$?
 check "the dump recomputes: 2 MP groups, every source" 0 $rc "recompute_dump: 43 passed, 0 failed" "$out"
 
+# SwiGLU experts (docs/spec.md §8): w3 dumped beside w1 and w2, no biases; recomputed alike.
+out="$(prun -n 4 -- check-layer $layer --mp 2 --ep 1 --esp 2 --expert-mlp swiglu --schedule all --dump "$tmp/sw")"; rc=$?
+check "check-layer --expert-mlp swiglu --dump at mp 2, esp 2" 0 $rc "dumped to" "$out"
+check "the swiglu manifest names the experts' kind" 0 0 '"expert_mlp": "swiglu"' "$(cat "$tmp/sw/manifest.json" 2>/dev/null)"
+out="$(recompute "$tmp/sw")"; rc=$?
+check "the swiglu dump recomputes, dw3 among the gradients" 0 $rc "oracle: dw3 summed over 2 MP groups" "$out"
+check "the swiglu dump recomputes, every check passes" 0 $rc " 0 failed" "$out"
+
 # The recomputation can fail: with group 1's input replaced by group 0's (all a dump held
 # before), the expert gradients differ; with one chosen expert changed, the routing differs.
 cp -r "$tmp/a" "$tmp/b"

@@ -3,7 +3,8 @@
 # (b) resume is bit-exact, (c) a checkpoint saved on one layout loads on another, (d) bad
 # checkpoints and configs are refused, an interrupted save leaves the previous checkpoint
 # usable, (e) a rank that dies ends the whole job with a message naming it, (f) --aux-loss
-# global equals one process with the replicas' micro-batches concatenated.
+# global equals one process with the replicas' micro-batches concatenated, (g) the presets
+# track one process over 100 steps and their checkpoints (swiglu's w3) load on another layout.
 #   bash train.sh <path to parm> <source dir>
 source "$(dirname "$0")/lib/checks.bash" "$@"
 work="$tmp"
@@ -169,5 +170,38 @@ if aux 2 "$work/aux.log" --micro-batch 4 --ep 2 --metrics "$work/aux.jsonl"; the
 else
   bad "(f) np2 micro-batch run failed"; tail -5 "$work/aux.log"
 fi
+
+# (g) The presets (docs/presets.md): 100 steps of each under mp 2 ep 2 esp 2 (4 ranks, dp 2)
+# follow one process accumulating the two replicas' micro-batches. The runs agree to ~1e-8
+# until a top-k near-tie is decided differently by the fp32 rounding of the other layout
+# (measured: step 94 of mixtral-moe-tiny); the trajectories then part chaotically, by ~1e-4.
+# So the first 50 steps are held to (a)'s tolerance and all 100 to 5e-3, which a wrong
+# gradient or shard exceeds within a few steps.
+for preset in mixtral-moe-tiny; do
+  p1="$work/$preset.1.jsonl" p4="$work/$preset.4.jsonl"
+  "$src/scripts/parmrun" -n 1 --job-timeout 300 -- train --config "$preset" --steps 100 \
+    --mp 1 --ep 1 --esp 1 --grad-accum 2 --schedule s2 --eval-every 0 --metrics "$p1" \
+    >"$work/$preset.1.log" 2>&1 || { bad "(g) $preset: one-process run"; continue; }
+  "$src/scripts/parmrun" -n 4 --job-timeout 300 -- train --config "$preset" --steps 100 \
+    --mp 2 --ep 2 --esp 2 --schedule s2 --eval-every 0 --metrics "$p4" \
+    --save-dir "$work/$preset.ck" --save-every 50 \
+    >"$work/$preset.4.log" 2>&1 || { bad "(g) $preset: mp 2 ep 2 esp 2 run"; continue; }
+  if out=$(compare "$p4" "$p1" $tol 1 50); then ok "(g) $preset steps 1-50: $out"; else bad "(g) $preset steps 1-50: $out"; fi
+  if out=$(compare "$p4" "$p1" 5e-3); then ok "(g) $preset 100 steps: $out"; else bad "(g) $preset 100 steps: $out"; fi
+  # Its step-50 checkpoint, loaded on one process, continues as the 4 ranks did.
+  pr="$work/$preset.r.jsonl"
+  if "$src/scripts/parmrun" -n 1 --job-timeout 300 -- train --config "$preset" --steps 55 \
+    --mp 1 --ep 1 --esp 1 --grad-accum 2 --schedule s2 --eval-every 0 --metrics "$pr" \
+    --resume "$work/$preset.ck/step-00000050" >"$work/$preset.r.log" 2>&1; then
+    if out=$(compare "$pr" "$p4" $tol 51); then ok "(g) $preset checkpoint on one process: $out"; else bad "(g) $preset checkpoint on one process: $out"; fi
+  else
+    bad "(g) $preset: resume on one process"; tail -3 "$work/$preset.r.log"
+  fi
+  # ... but not into a model whose experts differ (expert_mlp is omitted at its default).
+  out=$("$src/scripts/parmrun" -n 1 --job-timeout 60 -- train --config "$preset" --steps 55 \
+    --mp 1 --ep 1 --esp 1 --expert-mlp gelu --resume "$work/$preset.ck/step-00000050" 2>&1)
+  check "(g) $preset checkpoint refused by gelu experts" 2 $? \
+    'model.expert_mlp is "swiglu" there but its default now' "$out"
+done
 
 finish

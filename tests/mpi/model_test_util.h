@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "model/model.h"
@@ -18,7 +19,8 @@ namespace parm::model::test_util {
 
 constexpr int64_t kMicroBatch = 3;  // B; T = B * L = 24 divides by N_MP in {1, 2, 3, 4, 8}
 
-inline ModelConfig tiny_config(Arch arch) {
+// mlp: the MoE blocks' experts (docs/spec.md §8).
+inline ModelConfig tiny_config(Arch arch, ExpertMlp mlp = ExpertMlp::kGelu) {
   const bool three = parm::test::world_size() == 3;
   ModelConfig c;
   c.arch = arch;
@@ -37,6 +39,7 @@ inline ModelConfig tiny_config(Arch arch) {
   c.init_std = 0.2f;       // large enough that every nonlinearity matters
   c.init_bias_std = 0.1f;  // nonzero biases and LN shifts: a bias added twice shows
   c.seed = 42;
+  c.expert_mlp = mlp;
   return c;
 }
 
@@ -98,13 +101,13 @@ struct Reference {
   std::map<std::string, Tensor> value, grad;  // whole tensors by name
 };
 
-inline const Reference& reference(Arch arch, int n_dp) {
-  static std::map<std::pair<int, int>, Reference> cache;
-  const auto key = std::make_pair(static_cast<int>(arch), n_dp);
+inline const Reference& reference(Arch arch, int n_dp, ExpertMlp mlp = ExpertMlp::kGelu) {
+  static std::map<std::tuple<int, int, int>, Reference> cache;
+  const auto key = std::make_tuple(static_cast<int>(arch), n_dp, static_cast<int>(mlp));
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   Reference r;
-  auto model = make_model(self_topology(), tiny_config(arch), {}, kMicroBatch);
+  auto model = make_model(self_topology(), tiny_config(arch, mlp), {}, kMicroBatch);
   int64_t denom = 0;
   for (int d = 0; d < n_dp; ++d) denom += count_targets(make_batch(arch, d));
   for (int d = 0; d < n_dp; ++d) {

@@ -63,16 +63,20 @@ TEST(ModelEquivalence, EveryLayoutEveryScheduleMatchesSingleProcess) {
     auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
     const int n_dp = topo->layout().dp;
     const int d = topo->comm(Group::kDp).rank();
-    for (Arch arch : {Arch::kGpt2, Arch::kBert}) {
-      const Reference& ref = reference(arch, n_dp);
+    // GPT-2 and BERT with gelu experts, and GPT-2 with swiglu experts (W3, no biases).
+    for (const auto& [arch, mlp] : {std::pair{Arch::kGpt2, ExpertMlp::kGelu},
+                                    std::pair{Arch::kBert, ExpertMlp::kGelu},
+                                    std::pair{Arch::kGpt2, ExpertMlp::kSwiglu}}) {
+      const Reference& ref = reference(arch, n_dp, mlp);
       int64_t denom = 0;
       for (int i = 0; i < n_dp; ++i) denom += count_targets(make_batch(arch, i));
       const Batch batch = make_batch(arch, d);
       for (const SchedCase& sc : schedule_cases(lay)) {
-        const std::string what = fmt::format("{} mp={} ep={} esp={} {} rank {}",
-                                             arch == Arch::kGpt2 ? "gpt2" : "bert", lay.mp,
-                                             lay.ep, lay.esp, sc.name, test::world_rank());
-        auto model = make_model(*topo, tiny_config(arch), sc.scheds, kMicroBatch);
+        const std::string what = fmt::format("{} {} mp={} ep={} esp={} {} rank {}",
+                                             arch == Arch::kGpt2 ? "gpt2" : "bert",
+                                             expert_mlp_name(mlp), lay.mp, lay.ep, lay.esp,
+                                             sc.name, test::world_rank());
+        auto model = make_model(*topo, tiny_config(arch, mlp), sc.scheds, kMicroBatch);
         const LossParts lp = model->forward_backward(
             batch, {static_cast<double>(denom), static_cast<double>(n_dp)}, 1.0f);
         // Loss: summed over the DP replicas.

@@ -251,6 +251,28 @@ TEST(Equivalence, RouterOptionsEveryScheduleMatchesTheOracle) {
   }
 }
 
+// SwiGLU experts (docs/spec.md §8: W3 split along H like W1, no biases): every schedule, fused
+// and not, with drops and dropless, outputs and every gradient (dW3 among them) against the
+// oracle; alone and under DeepSeek-V3's router (sigmoid scores, groups, router bias, z-loss).
+TEST(Equivalence, SwigluEveryScheduleMatchesTheOracle) {
+  const int64_t E = test::world_size() == 3 ? 6 : 8;
+  const int G = E == 6 ? 3 : 4;
+  for (const bool deepseek : {false, true}) {
+    SCOPED_TRACE(deepseek ? "swiglu, sigmoid router with groups, bias and z-loss" : "swiglu");
+    expect_every_schedule_matches(
+        [&](LayerCheckOptions& o) {
+          o.shape.expert_mlp = ExpertMlp::kSwiglu;
+          if (!deepseek) return;
+          o.shape.router = {RouterScore::kSigmoid, true, 2.5f, G, 2};
+          o.dl_z = 2.0f;
+          o.router_bias.assign(static_cast<size_t>(o.shape.experts), 0.0f);
+          for (size_t e = 0; e < o.router_bias.size(); ++e)
+            o.router_bias[e] = 0.05f * static_cast<float>(e % 3) - 0.04f;
+        },
+        "dw3");
+  }
+}
+
 // --precision bf16 on the CPU: every schedule (fused and not) on every layout of the sweep,
 // with a capacity factor and dropless (packed exchange layout: the bf16 experts read their
 // rows at the segments' starts), within the bf16 tolerance; and the products really are
@@ -461,11 +483,14 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
   }
   for (const Layout3& lay : layouts) {
     auto topo = topology_of(lay);
-    const auto s = MoeShape::of(40, 8, 16, 8, 2, "1.1");  // C not divisible by N: Cp pads
+    auto s = MoeShape::of(40, 8, 16, 8, 2, "1.1");  // C not divisible by N: Cp pads
+    // The experts' kind changes no byte: swiglu's rows in and out are M wide (§8).
+    for (ExpertMlp mlp : {ExpertMlp::kGelu, ExpertMlp::kSwiglu})
     for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
     for (bool fuse : {false, true})
     for (bool z_loss : {false, true}) {
       if (!allowed(kind, lay)) continue;
+      s.expert_mlp = mlp;
       MoeLayer layer(*topo, s, kind, fuse, 3, Precision::kFp32, z_loss);
       layer.load_whole(ref::init_params<float>(s, 3));
       const auto x = check_input(s, 3, 0);
@@ -478,8 +503,9 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
                      0.5f, z_loss ? 0.25f : 0.0f);
       const Bytes bwd = counted(*topo);
       const Volumes want = spec_volumes(kind, s, topo->layout(), z_loss);
-      const std::string where = fmt::format("{} {}{}{}", lay.str(), schedule::kind_name(kind),
-                                            fuse ? " fused" : "", z_loss ? " z-loss" : "");
+      const std::string where =
+          fmt::format("{} {}{}{} {}", lay.str(), schedule::kind_name(kind), fuse ? " fused" : "",
+                      z_loss ? " z-loss" : "", expert_mlp_name(mlp));
       // The step list itself predicts what the communicator counts.
       for (bool backward : {false, true}) {
         Bytes listed;

@@ -81,7 +81,8 @@ def route_scores(logits, router):
 def reference_moe(x, w, k, f, slices, router=None):
     """out (T, M), l_aux and the number of dropped choices for x (T, M) and whole weights
     w; the gate runs per slice of T / slices tokens (S1's gate calls). router: the
-    parm.torch.MoE router arguments that differ from the defaults."""
+    parm.torch.MoE router arguments that differ from the defaults. Swiglu experts (w holds
+    w3): y = (silu(x W1) * (x W3)) W2, no biases."""
     tokens, experts = x.shape[0], w["wg"].shape[1]
     idx, weight, p = route_scores(x @ w["wg"], {**(router or {}), "k": k})
     per = tokens // slices
@@ -100,7 +101,11 @@ def reference_moe(x, w, k, f, slices, router=None):
         rows, choice = torch.nonzero((idx == e) & kept, as_tuple=True)
         if rows.numel() == 0:
             continue
-        y = gelu(x[rows] @ w["w1"][e] + w["b1"][e]) @ w["w2"][e] + w["b2"][e]
+        xr = x[rows]
+        if "w3" in w:
+            y = (torch.nn.functional.silu(xr @ w["w1"][e]) * (xr @ w["w3"][e])) @ w["w2"][e]
+        else:
+            y = gelu(xr @ w["w1"][e] + w["b1"][e]) @ w["w2"][e] + w["b2"][e]
         out = out.index_add(0, rows, weight[rows, choice].unsqueeze(1) * y)
     frac = torch.bincount(idx[:, 0], minlength=experts).double() / tokens
     l_aux = experts * (frac * p.mean(dim=0)).sum()
@@ -114,13 +119,17 @@ def rel_err(a, b):
 
 # ---- the equivalence cases --------------------------------------------------------------
 
-def whole_weights(seed):
+def whole_weights(seed, expert_mlp="gelu"):
     g = torch.Generator().manual_seed(seed)
-    return {"wg": torch.randn(M, E, generator=g) / math.sqrt(M),
-            "w1": torch.randn(E, M, H, generator=g) / math.sqrt(M),
-            "b1": 0.1 * torch.randn(E, H, generator=g),
-            "w2": torch.randn(E, H, M, generator=g) / math.sqrt(H),
-            "b2": 0.1 * torch.randn(E, M, generator=g)}
+    w = {"wg": torch.randn(M, E, generator=g) / math.sqrt(M),
+         "w1": torch.randn(E, M, H, generator=g) / math.sqrt(M),
+         "b1": 0.1 * torch.randn(E, H, generator=g),
+         "w2": torch.randn(E, H, M, generator=g) / math.sqrt(H),
+         "b2": 0.1 * torch.randn(E, M, generator=g)}
+    if expert_mlp == "swiglu":  # W3 like W1, no biases
+        del w["b1"], w["b2"]
+        w["w3"] = torch.randn(E, M, H, generator=g) / math.sqrt(M)
+    return w
 
 
 def group_data(seed, group):
@@ -133,7 +142,7 @@ def run_case(layout, schedule, fuse, k, f, seed, precision="fp32", router=None):
     name = f"layout {layout} {schedule} fuse={fuse} k={k} f={f} {precision} {router or ''}"
     moe = parm.torch.MoE(M, H, E, topk=k, capacity_factor=f, schedule=schedule, fuse=fuse,
                          seed=seed, precision=precision, **(router or {}))
-    weights = whole_weights(seed)
+    weights = whole_weights(seed, (router or {}).get("expert_mlp", "gelu"))
     moe.load_state_dict(weights)  # whole tensors into this layout
     sd = moe.state_dict()
     for n, t in weights.items():
@@ -167,8 +176,9 @@ def run_case(layout, schedule, fuse, k, f, seed, precision="fp32", router=None):
             "dx": rel_err(x.grad, ref_dx),
             "dwg": rel_err(moe.wg.grad, ref_dwg)}
     grads = moe.whole_tensors(grads=True)
-    for n in ("w1", "b1", "w2", "b2"):
-        errs["d" + n] = rel_err(grads[n], w64[n].grad)
+    for n in weights:
+        if n != "wg":
+            errs["d" + n] = rel_err(grads[n], w64[n].grad)
     for n, e in errs.items():
         check(e <= TOL, f"{name}: {n} error {e:.3g} > {TOL}")
     return drops
@@ -206,7 +216,11 @@ def equivalence(world):
 # The router options of docs/spec.md §7 (E = 4: two groups of two experts, or four of one).
 ROUTERS = ({"router_score": "sigmoid", "router_scale": 2.5},
            {"router_topk_norm": False, "router_groups": 2, "router_group_topk": 1},
-           {"router_score": "sigmoid", "router_groups": 4, "router_group_topk": 2})
+           {"router_score": "sigmoid", "router_groups": 4, "router_group_topk": 2},
+           # SwiGLU experts (docs/spec.md §8), alone and under DeepSeek-V3's router.
+           {"expert_mlp": "swiglu"},
+           {"expert_mlp": "swiglu", "router_score": "sigmoid", "router_groups": 2,
+            "router_group_topk": 1})
 
 
 def router_options(world):
@@ -252,6 +266,19 @@ def state_dict_across_layouts(world):
     out_b = b(x).detach()
     check(rel_err(out_b, out_a) <= TOL, f"state dict (2, 2, 2) -> (1, 4, 1): output error "
                                         f"{rel_err(out_b, out_a):.3g}")
+    # Swiglu: w3 is sharded like w1, and there are no biases in the state dict.
+    parm.init(2, 2, 2)
+    a = parm.torch.MoE(M, H, E, topk=2, capacity_factor="1.0", schedule="s2", fuse="on",
+                       seed=23, expert_mlp="swiglu")
+    sd, out_a = a.state_dict(), a(x).detach()
+    check(sorted(sd) == ["w1", "w2", "w3", "wg"], f"swiglu state dict keys {sorted(sd)}")
+    parm.init(1, 4, 1)
+    b = parm.torch.MoE(M, H, E, topk=2, capacity_factor="1.0", schedule="s2", seed=24,
+                       expert_mlp="swiglu")
+    b.load_state_dict(sd)
+    out_b = b(x).detach()
+    check(rel_err(out_b, out_a) <= TOL, f"swiglu state dict (2, 2, 2) -> (1, 4, 1): output "
+                                        f"error {rel_err(out_b, out_a):.3g}")
 
 
 # ---- gradcheck (one rank) ------------------------------------------------------------------
@@ -261,24 +288,25 @@ def gradcheck():
     differences (fp32, so with fp32-sized steps and tolerances; "4.0": nothing drops, and
     the steps are too small to change the routing)."""
     parm.init()
-    moe = parm.torch.MoE(4, 6, 3, topk=2, capacity_factor="4.0", schedule="s2", fuse="off",
-                         seed=3)
-    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    for expert_mlp in ("gelu", "swiglu"):
+        moe = parm.torch.MoE(4, 6, 3, topk=2, capacity_factor="4.0", schedule="s2",
+                             fuse="off", seed=3, expert_mlp=expert_mlp)
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(5), requires_grad=True)
 
-    def fn(x, *params):
-        moe._layer = None  # a fresh C++ layer per call: gradcheck runs forwards between a
-        # forward and its backward, and a layer keeps the state of its last forward only
-        out, l_aux = parm.torch._MoEFunction.apply(x, moe._layer_for(x.shape[0]), None,
-                                                    *params)
-        return out, l_aux
+        def fn(x, *params):
+            moe._layer = None  # a fresh C++ layer per call: gradcheck runs forwards between
+            # a forward and its backward, and a layer keeps the state of its last forward
+            out, l_aux = parm.torch._MoEFunction.apply(x, moe._layer_for(x.shape[0]), None,
+                                                        moe._names, *params)
+            return out, l_aux
 
-    params = [getattr(moe, n) for n in ("wg", "w1", "b1", "w2", "b2")]
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "not double precision": fp32 is what Parm computes
-        ok = torch.autograd.gradcheck(fn, (x, *params), eps=1e-3, atol=2e-3, rtol=2e-2,
-                                      raise_exception=False)
-    check(ok, "torch.autograd.gradcheck on a tiny single-rank layer")
+        params = [getattr(moe, n) for n in moe._names]
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "not double precision": fp32 is what Parm does
+            ok = torch.autograd.gradcheck(fn, (x, *params), eps=1e-3, atol=2e-3, rtol=2e-2,
+                                          raise_exception=False)
+        check(ok, f"torch.autograd.gradcheck on a tiny single-rank {expert_mlp} layer")
 
 
 # ---- bad input ----------------------------------------------------------------------------
@@ -304,6 +332,12 @@ def bad_input(world):
            "bad capacity factor")
     raises(ValueError, lambda: parm.torch.MoE(M, H, E, precision="fp8", schedule="s2")(x),
            "bad precision")
+    # The experts' kind: the valid ones named; swiglu's products are fp32's only.
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", expert_mlp="relu"),
+           "expert_mlp", "swiglu")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", expert_mlp="swiglu",
+                                              precision="bf16")(torch.zeros(T, M)),
+           "swiglu at bf16", "fp32")
     # The router's options, refused with the valid values named.
     raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", router_score="relu"),
            "router score", "sigmoid")

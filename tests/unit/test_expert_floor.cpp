@@ -1,7 +1,7 @@
-// ExpertProductsFloor (moe/expert_floor.h): every expert's six products run on that expert's
-// own operands: each output equals the product of that expert's inputs through the layer's
-// GEMM (fp32) or cpu::gemm_bf16 (bf16: the same rounding and kernel as the packed layouts),
-// bit for bit, for partial tiles and an empty expert.
+// ExpertProductsFloor (moe/expert_floor.h): every expert's products (six; swiglu's nine) run on
+// that expert's own operands: each output equals the product of that expert's inputs through
+// the layer's GEMM (fp32) or cpu::gemm_bf16 (bf16: the same rounding and kernel as the packed
+// layouts), bit for bit, for partial tiles and an empty expert.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -54,6 +54,39 @@ TEST(ExpertProductsFloor, EveryExpertRunsOnItsOwnOperands) {
       }
     }
   }
+}
+
+// SwiGLU's nine products (fp32): the six of W1 and W2 and the gate projection's three, each
+// on the expert's own x, W3 and dgate.
+TEST(ExpertProductsFloor, SwigluRunsItsNineProducts) {
+  const std::vector<int64_t> rows = {9, 0, 21};
+  const int64_t M = 24, hl = 40;
+  Floor floor(rows, M, hl, Precision::kFp32, ExpertMlp::kSwiglu);
+  floor.run();
+  EXPECT_EQ(expert_products(ExpertMlp::kSwiglu).size(), 9u);
+  for (int64_t e = 0; e < static_cast<int64_t>(rows.size()); ++e) {
+    const int64_t n = rows[static_cast<size_t>(e)];
+    if (n == 0) continue;
+    const auto x = input(e, Floor::kX, n * M), w1 = input(e, Floor::kW1, M * hl);
+    const auto act = input(e, Floor::kAct, n * hl), w2 = input(e, Floor::kW2, hl * M);
+    const auto dy = input(e, Floor::kDy, n * M), dpre = input(e, Floor::kDPre, n * hl);
+    const auto w3 = input(e, Floor::kW3, M * hl), dgate = input(e, Floor::kDGate, n * hl);
+    const std::pair<const float*, const float*> operands[] = {
+        {x.data(), w1.data()},  {act.data(), w2.data()}, {act.data(), dy.data()},
+        {dy.data(), w2.data()}, {x.data(), dpre.data()}, {dpre.data(), w1.data()},
+        {x.data(), w3.data()},  {x.data(), dgate.data()}, {dgate.data(), w3.data()}};
+    for (ExpertProduct q : expert_products(ExpertMlp::kSwiglu)) {
+      const GemmCall g = expert_gemm(q, n, M, hl);
+      const auto& [a, b] = operands[static_cast<int>(q)];
+      std::vector<float> want(static_cast<size_t>(g.m * g.n), 0.0f);
+      run_expert_gemm(q, n, M, hl, a, b, want.data());
+      EXPECT_EQ(0, std::memcmp(want.data(), floor.output(e, q), want.size() * sizeof(float)))
+          << "expert " << e << ", product " << static_cast<int>(q);
+    }
+  }
+  EXPECT_GT(expert_product_flops(10, M, hl, ExpertMlp::kSwiglu),
+            1.49 * expert_product_flops(10, M, hl));  // 9 products of the same size for 6
+  EXPECT_THROW(Floor(rows, M, hl, Precision::kBf16, ExpertMlp::kSwiglu), Error);
 }
 
 TEST(ExpertProductsFloor, RefusesBadShapes) {

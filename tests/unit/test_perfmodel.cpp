@@ -586,6 +586,33 @@ TEST(PerfModel, ComputeStepsUseRatesAndShapes) {
   EXPECT_NEAR(step_named(s1, "experts").fwd_us, 2 * 2 * gemm, 1e-6);
 }
 
+// SwiGLU experts (docs/spec.md §8) by hand: the forward adds x W3 (an NN GEMM of W1's shape)
+// and its elementwise step reads pre and gate and writes act (3 R Hl floats for GeLU's 2);
+// the backward adds dW3 (TN) and dx += dgate W3^T (NT), and its adjoint moves 5 R Hl floats
+// for GeLU's 3. Nothing else changes: no b2 add, the same rows in and out.
+TEST(PerfModel, SwigluExpertsPriceTheThirdProduct) {
+  Profile p = comm_only_profile(0.0, 0.0, 0.0, 0.0);
+  p.gemm_fit(GemmClass::kExpertNN) = GemmFit{2.0, 1.0, 1.0, 0, "t"};  // 1e3 flop/us
+  p.gemm_fit(GemmClass::kExpertTN) = GemmFit{3.0, 1.0, 1.0, 0, "t"};
+  p.gemm_fit(GemmClass::kExpertNT) = GemmFit{5.0, 1.0, 1.0, 0, "t"};
+  p.mem_fit(MemClass::kGelu) = MemFit{7.0, 1.0, 1.0, 0, "t"};  // 1e3 bytes/us
+  auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const auto gelu_sc = schedule::build({shape, t.layout, 0, false, 4}, Kind::kS1);
+  const StepCost gelu = step_named(predict(p, gelu_sc, shape, t), "experts");
+  shape.expert_mlp = ExpertMlp::kSwiglu;
+  const auto sw_sc = schedule::build({shape, t.layout, 0, false, 4}, Kind::kS1);
+  const StepCost sw = step_named(predict(p, sw_sc, shape, t), "experts");
+  // R = 4 blocks x C1 2 = 8 rows, E_loc 2, Hl 4, M 4: every GEMM 2 x 8 x 4 x 4 = 256 flops.
+  const double flops = 2.0 * 8 * 4 * 4 / 1e3;
+  const double elementwise = 4.0 * 2 * 8 * 4 / 1e3;  // bytes of R Hl floats, both experts
+  // (The copies, b2's add among them, are free in this profile; the one elementwise call's
+  // alpha of 7 us cancels.)
+  EXPECT_NEAR(sw.fwd_us - gelu.fwd_us, 2 * (2.0 + flops) + elementwise, 1e-6);
+  EXPECT_NEAR(sw.bwd_us - gelu.bwd_us, 2 * (3.0 + flops) + 2 * (5.0 + flops) + 2 * elementwise,
+              1e-6);
+}
+
 // Groups on 2 nodes x 2 ranks (nodes {0, 0, 1, 1}), by hand (model.h):
 //   mp = {0,1}, {2,3}: inside a node.
 //   ep with esp = 2: {0,2}, {1,3}: n = 2, local 1 everywhere: nothing stays inside a node

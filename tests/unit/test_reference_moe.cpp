@@ -23,7 +23,8 @@ MoeShape make_shape(int64_t T, int64_t M, int64_t H, int64_t E, int k, const cha
 
 template <typename S>
 std::vector<std::pair<std::string, std::vector<S>*>> tensors_of(MoeParams<S>& p) {
-  return {{"wg", &p.wg}, {"w1", &p.w1}, {"b1", &p.b1}, {"w2", &p.w2}, {"b2", &p.b2}};
+  return {{"wg", &p.wg}, {"w1", &p.w1}, {"b1", &p.b1}, {"w2", &p.w2}, {"b2", &p.b2},
+          {"w3", &p.w3}};
 }
 
 std::vector<double> uniform_vector(int64_t n, uint64_t seed, uint64_t stream) {
@@ -96,6 +97,7 @@ struct FdCase {
   bool drops;  // whether this case is meant to drop choices (checked)
   const char* tag = "";  // names the router below ("" at §2's)
   RouterSpec router{};   // docs/spec.md §7's options
+  ExpertMlp mlp = ExpertMlp::kGelu;  // docs/spec.md §8's expert kinds
 };
 
 std::string fd_name(const ::testing::TestParamInfo<FdCase>& info) {
@@ -113,6 +115,7 @@ TEST_P(ReferenceMoeGradient, MatchesCentralDifferences) {
   const FdCase c = GetParam();
   MoeShape shape = make_shape(c.tokens, 4, 6, 4, c.topk, c.factor);
   shape.router = c.router;
+  shape.expert_mlp = c.mlp;
   MoeParams<double> params = init_params<double>(shape, 1234);
   std::vector<double> x = init_input<double>(shape, 4321);
   const std::vector<double> R = uniform_vector(shape.tokens * shape.model_dim, 77, 1);
@@ -176,7 +179,13 @@ INSTANTIATE_TEST_SUITE_P(
                       FdCase{12, 2, "0.5", 2, true, "_softmax_nonorm_groups2of1",
                              {RouterScore::kSoftmax, false, 1.0f, 2, 1}},
                       FdCase{12, 2, "4", 1, false, "_sigmoid_scale_groups4of2",
-                             {RouterScore::kSigmoid, true, 1.5f, 4, 2}}),
+                             {RouterScore::kSigmoid, true, 1.5f, 4, 2}},
+                      // SwiGLU experts (W3, no biases), with and without drops, sliced,
+                      // and under DeepSeek-V3's router.
+                      FdCase{8, 2, "4", 1, false, "_swiglu", {}, ExpertMlp::kSwiglu},
+                      FdCase{12, 3, "0.75", 3, true, "_swiglu", {}, ExpertMlp::kSwiglu},
+                      FdCase{12, 2, "4", 1, false, "_swiglu_sigmoid_groups4of2",
+                             {RouterScore::kSigmoid, true, 1.5f, 4, 2}, ExpertMlp::kSwiglu}),
     fd_name);
 
 // The router z-loss by hand: identity gate, so a token's logits are its x row.
@@ -486,8 +495,9 @@ TEST(ReferenceMoeSlices, WithDropsEachSliceIsGatedAlone) {
     expect_close(*a[i].second, *b[i].second, 1e-12, 1e-14, "d" + a[i].first);
 }
 
-TEST(ReferenceMoeExpertShards, ShardsSumToTheWholeExpert) {
-  const MoeShape shape = make_shape(4, 4, 6, 3, 1, "1");
+void shards_sum_to_the_whole_expert(ExpertMlp mlp) {
+  MoeShape shape = make_shape(4, 4, 6, 3, 1, "1");
+  shape.expert_mlp = mlp;
   const int64_t M = 4, rows = 5;
   const MoeParams<double> p = init_params<double>(shape, 51);
   const std::vector<double> x = uniform_vector(rows * M, 52, 1);
@@ -528,6 +538,8 @@ TEST(ReferenceMoeExpertShards, ShardsSumToTheWholeExpert) {
         expect_close(gs.w1, want.w1, 1e-13, 1e-15, "dw1 shard");
         expect_close(gs.b1, want.b1, 1e-13, 1e-15, "db1 shard");
         expect_close(gs.w2, want.w2, 1e-13, 1e-15, "dw2 shard");
+        expect_close(gs.w3, want.w3, 1e-13, 1e-15, "dw3 shard");
+        EXPECT_EQ(gs.w3.size(), is_gated(mlp) ? 4u * 6 / n : 0u);
         // Every shard forms the whole db2 from the output gradient it holds.
         expert_bias_backward(M, dy, db2s);
         EXPECT_EQ(db2s, db2);
@@ -540,11 +552,51 @@ TEST(ReferenceMoeExpertShards, ShardsSumToTheWholeExpert) {
       EXPECT_EQ(back.w1, w.w1);
       EXPECT_EQ(back.b1, w.b1);
       EXPECT_EQ(back.w2, w.w2);
+      EXPECT_EQ(back.w3, w.w3);
     }
   }
   EXPECT_THROW(slice_expert(shape, p, 0, 0, 4), InvalidConfig);  // 6 % 4 != 0
   EXPECT_THROW(slice_expert(shape, p, 0, 2, 2), InvalidConfig);
   EXPECT_THROW(slice_expert(shape, p, 3, 0, 1), InvalidConfig);
+}
+
+TEST(ReferenceMoeExpertShards, ShardsSumToTheWholeExpert) {
+  shards_sum_to_the_whole_expert(ExpertMlp::kGelu);
+}
+
+// SwiGLU: W1 and W3 split along H like W1, W2 along H; no b2 (add_expert_bias adds nothing).
+TEST(ReferenceMoeExpertShards, SwigluShardsSumToTheWholeExpert) {
+  shards_sum_to_the_whole_expert(ExpertMlp::kSwiglu);
+}
+
+// SwiGLU by hand: one expert, M = H = 1, W1 = 2, W3 = 3, W2 = 5 at x = 0.5: pre = 1, gate =
+// 1.5, act = silu(1) * 1.5, y = 5 act, no bias.
+TEST(ReferenceMoeExpertShards, SwigluByHand) {
+  MoeShape shape = make_shape(1, 1, 1, 1, 1, "1");
+  shape.expert_mlp = ExpertMlp::kSwiglu;
+  MoeParams<double> p = MoeParams<double>::zeros(shape);
+  EXPECT_TRUE(p.b1.empty());
+  EXPECT_TRUE(p.b2.empty());
+  p.w1 = {2.0};
+  p.w3 = {3.0};
+  p.w2 = {5.0};
+  const ExpertWeights<double> w = slice_expert(shape, p, 0, 0, 1);
+  ExpertActs<double> acts;
+  std::vector<double> y, dx;
+  expert_shard_forward(w, {0.5}, acts, y);
+  const double s = 1.0 / (1.0 + std::exp(-1.0)), silu = s;  // silu(1) = 1 * sigmoid(1)
+  EXPECT_NEAR(y[0], 5.0 * silu * 1.5, 1e-15);
+  add_expert_bias(shape, p, 0, y);
+  EXPECT_NEAR(y[0], 5.0 * silu * 1.5, 1e-15);
+  ExpertWeights<double> g;
+  expert_shard_backward(w, {0.5}, acts, {1.0}, dx, g);
+  const double dsilu = s * (1.0 + 1.0 * (1.0 - s));
+  // dact = 5; dpre = 5 * 1.5 * silu'(1); dgate = 5 silu(1).
+  EXPECT_NEAR(g.w2[0], silu * 1.5, 1e-15);
+  EXPECT_NEAR(g.w1[0], 0.5 * 5.0 * 1.5 * dsilu, 1e-14);
+  EXPECT_NEAR(g.w3[0], 0.5 * 5.0 * silu, 1e-14);
+  EXPECT_NEAR(dx[0], 5.0 * 1.5 * dsilu * 2.0 + 5.0 * silu * 3.0, 1e-14);
+  EXPECT_TRUE(g.b1.empty());
 }
 
 TEST(ReferenceMoe, LayerUsesTheExpertOnEveryKeptToken) {

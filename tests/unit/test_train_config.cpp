@@ -32,7 +32,8 @@ TEST(TrainConfig, ShippedConfigsLoadAndValidate) {
     EXPECT_EQ(c.name, entry.path().stem().string());
     ++n;
   }
-  EXPECT_EQ(n, 5);  // gpt2-moe-tiny(-pp), bert-moe-tiny, gpt2-small-moe, bert-base-moe
+  // gpt2-moe-tiny(-pp), bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny
+  EXPECT_EQ(n, 6);
 }
 
 // Dropless routing: "capacity_factor": null in both tiny model configs (and "none" as text);

@@ -190,7 +190,7 @@ Floor measure_floor(Communicator& world, const MoeLayer& layer,
   double flops = 0;
   int64_t total_rows = 0;
   for (int64_t r : rows) {
-    flops += moe::expert_product_flops(r, M, hl);
+    flops += moe::expert_product_flops(r, M, hl, layer.shape().expert_mlp);
     total_rows += r;
   }
   const double ms = median(max_over_ranks(world, floor_us)) / 1e3;

@@ -24,7 +24,7 @@ struct TrainFlags {
   CLI::Option* router_bias_update_opt = nullptr;
   RouterFlags router;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
-  std::string aux_loss;
+  std::string aux_loss, expert_mlp;
   std::string device, precision, comm, order, pp_split, pp_overlap;
   std::string resume;
   CLI::Option* resume_opt = nullptr;
@@ -42,7 +42,7 @@ train::TrainConfig resolve_config(const std::string& name) {
     if (fs::is_regular_file(p)) return train::load_train_config(p.string());
   throw InvalidConfig(fmt::format(
       "config '{}' not found: give a JSON file path or a name in configs/ (gpt2-moe-tiny, "
-      "bert-moe-tiny, gpt2-small-moe, bert-base-moe)",
+      "bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny)",
       name));
 }
 
@@ -80,6 +80,7 @@ int run_train(TrainFlags& f) {
   if (!f.corpus.empty()) c.data.corpus = f.corpus;
   if (!f.capacity_factor.empty()) c.model.capacity_factor = f.capacity_factor;
   if (!f.aux_loss.empty()) c.model.aux_scope = parse_aux_scope(f.aux_loss);
+  if (!f.expert_mlp.empty()) c.model.expert_mlp = parse_expert_mlp(f.expert_mlp);
   if (f.router_z_loss_opt->count() > 0) c.model.router_z_loss = f.router_z_loss;
   if (f.router_bias_update_opt->count() > 0) c.model.router_bias_update = f.router_bias_update;
   f.router.apply(c.model.router);
@@ -136,6 +137,9 @@ Command add_train(CLI::App& root) {
                   "what each l_aux is over: micro-batch (each gate call's tokens; default) or "
                   "global (every token of the micro-step on all data-parallel replicas)");
   f->router.add_to(app);
+  app->add_option("--expert-mlp", f->expert_mlp,
+                  "the experts' FFN: gelu (with biases) or swiglu ((silu(x W1) * x W3) W2, no "
+                  "biases); overrides model.expert_mlp");
   f->router_z_loss_opt = app->add_option(
       "--router-z-loss", f->router_z_loss,
       "ST-MoE router z-loss coefficient (mean over tokens of logsumexp(logits)^2; 0: off)");

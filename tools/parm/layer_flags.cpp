@@ -23,6 +23,9 @@ void LayerFlags::add_to(CLI::App* app) {
                   "in the backward passes (0: off)")
       ->check(CLI::NonNegativeNumber);
   router.add_to(app);
+  app->add_option("--expert-mlp", expert_mlp,
+                  "the experts' FFN: gelu (GPT-2's, with biases; the default) or swiglu "
+                  "((silu(x W1) * x W3) W2, no biases; Mixtral, DeepSeek)");
   app->add_option("--fuse", fuse,
                   "fused dispatch/combine collectives for s1/s2: on, off, both, or auto (the "
                   "cost model picks; needs --profile)");
@@ -44,6 +47,7 @@ TopologyOptions LayerFlags::topology() const {
   RouterSpec r;
   router.apply(r);
   moe::check_router_options(o.device, router_z_loss, 0.0f, r);
+  moe::check_expert_mlp(o.device, precision_kind(), parse_expert_mlp(expert_mlp));
   check_device(o.device, precision_kind());
   return o;
 }
@@ -57,6 +61,7 @@ void LayerFlags::add_profile_to(CLI::App* app) {
 MoeShape LayerFlags::shape() const {
   auto s = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
   router.apply(s.router);
+  s.expert_mlp = parse_expert_mlp(expert_mlp);
   s.validate();
   return s;
 }
@@ -102,6 +107,7 @@ nlohmann::json LayerFlags::config_json() const {
           {"router_z_loss", router_z_loss}, {"router_score", router_score_name(r.score)},
           {"router_topk_norm", r.topk_norm}, {"router_scale", r.scale},
           {"router_groups", r.groups}, {"router_group_topk", r.group_topk},
+          {"expert_mlp", expert_mlp},
           {"schedule", schedule}, {"seed", seed}, {"fuse", fuse}, {"chunks", chunks},
           {"profile", profile}, {"device", device}, {"precision", precision},
           {"comm", comm}};

@@ -29,6 +29,7 @@ struct LayerFlags {
   uint64_t seed = 1;
   float router_z_loss = 0.0f;     // z-loss coefficient: dl_z of the backward passes
   RouterFlags router;             // score function, weights, group limit
+  std::string expert_mlp = "gelu";  // gelu | swiglu (docs/spec.md §8)
   std::string device = "cpu";     // cpu | cuda
   std::string precision = "fp32"; // fp32 | bf16
   std::string comm = "auto";      // auto | mpi | nccl: what moves device buffers

@@ -153,6 +153,14 @@ double cross_entropy_rows(const float* logits, const int32_t* targets, float* dl
 // first; ties go to the lower column index. Overwrites idx and val. Requires 1 <= k <= cols.
 void topk(const float* x, int64_t rows, int64_t cols, int k, int32_t* idx, float* val);
 
+// ---- SwiGLU (the gated experts: act = silu(a) * g) -------------------------------------
+// act = silu(a) g over n elements (a = x W1, g = x W3). Overwrites act (may alias g).
+void swiglu_forward(const float* a, const float* g, float* act, int64_t n);
+// Its adjoint: da = dact g silu'(a), dg = dact silu(a). Overwrites da and dg (da may alias
+// dact; dg may not alias a, g or dact).
+void swiglu_backward(const float* a, const float* g, const float* dact, float* da, float* dg,
+                     int64_t n);
+
 // ---- GeLU (tanh form, as GPT-2) --------------------------------------------------------
 // y = gelu(x), n elements; overwrites y (may alias x).
 void gelu_forward(const float* x, float* y, int64_t n);

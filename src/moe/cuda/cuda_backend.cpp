@@ -53,6 +53,7 @@ const BackendSizes& checked(const BackendSizes& s) {
   PARM_CHECK(s.gate_rows * s.topk <= INT32_MAX && s.gate_rows * s.experts <= INT32_MAX,
              "CUDA backend: gate rows {} x (k {}, E {}) overflow the int32 routing",
              s.gate_rows, s.topk, s.experts);
+  check_expert_mlp(Device::kCuda, Precision::kFp32, s.expert_mlp);
   return s;
 }
 

@@ -9,7 +9,8 @@ oracle, oracle_sliced, each schedule):
             exactly (top-k with ties to the lower expert index, GShard slot order, capacity
             per gate call: S1 and oracle_sliced gate each MP slice separately)
   output    <source>.out of MP group 0
-  gradients <source>.dw1 / .db1 / .dw2 / .db2, summed over every MP group
+  gradients <source>.dw1 / .db1 / .dw2 / .db2 (swiglu experts: .dw1 / .dw2 / .dw3), summed
+            over every MP group
 as max |dump - recomputed| / max |recomputed| <= tolerance (1e-9 for the fp64 oracles, the
 run's tolerance for the schedules).
 
@@ -35,6 +36,22 @@ def gelu(x):
     return 0.5 * x * (1.0 + math.tanh(u))
 
 
+def silu(x):
+    return x / (1.0 + math.exp(-x))
+
+
+def silu_grad(x):
+    s = 1.0 / (1.0 + math.exp(-x))
+    return s * (1.0 + x * (1.0 - s))
+
+
+def expert_params(cfg):
+    """The whole parameters of the manifest's experts kind (docs/spec.md §8)."""
+    if cfg.get("expert_mlp", "gelu") == "swiglu":
+        return ("w1", "w2", "w3")
+    return ("w1", "b1", "w2", "b2")
+
+
 def gelu_grad(x):
     c = math.sqrt(2.0 / math.pi)
     th = math.tanh(c * (x + 0.044715 * x ** 3))
@@ -45,6 +62,7 @@ class Layer:
     def __init__(self, cfg, params):
         self.T, self.M, self.H = cfg["tokens"], cfg["model_dim"], cfg["hidden"]
         self.E, self.k, self.f = cfg["experts"], cfg["topk"], cfg["capacity_factor"]
+        self.swiglu = cfg.get("expert_mlp", "gelu") == "swiglu"
         self.p = params
 
     def probs(self, x):
@@ -95,24 +113,39 @@ class Layer:
                     continue
                 e, w = expert[t][j], weight[t][j]
                 w1, w2 = e * M * H, e * H * M
-                pre = [p["b1"][e * H + h] + sum(xt[m] * p["w1"][w1 + m * H + h] for m in range(M))
-                       for h in range(H)]
-                act = [gelu(v) for v in pre]
+                sw = self.swiglu
+                pre = [(0.0 if sw else p["b1"][e * H + h]) +
+                       sum(xt[m] * p["w1"][w1 + m * H + h] for m in range(M)) for h in range(H)]
+                if sw:  # act = silu(x W1) * (x W3), no biases
+                    gate = [sum(xt[m] * p["w3"][w1 + m * H + h] for m in range(M))
+                            for h in range(H)]
+                    act = [silu(pre[h]) * gate[h] for h in range(H)]
+                else:
+                    act = [gelu(v) for v in pre]
                 for m in range(M):
-                    y = p["b2"][e * M + m] + sum(act[h] * p["w2"][w2 + h * M + m] for h in range(H))
+                    y = (0.0 if sw else p["b2"][e * M + m]) + \
+                        sum(act[h] * p["w2"][w2 + h * M + m] for h in range(H))
                     out[t * M + m] += w * y
                 dy = [w * v for v in dt]
-                for m in range(M):
-                    grads["b2"][e * M + m] += dy[m]
+                if not sw:
+                    for m in range(M):
+                        grads["b2"][e * M + m] += dy[m]
                 for h in range(H):
                     for m in range(M):
                         grads["w2"][w2 + h * M + m] += act[h] * dy[m]
-                dpre = [gelu_grad(pre[h]) * sum(dy[m] * p["w2"][w2 + h * M + m] for m in range(M))
-                        for h in range(H)]
+                dact = [sum(dy[m] * p["w2"][w2 + h * M + m] for m in range(M)) for h in range(H)]
+                if sw:
+                    dpre = [dact[h] * gate[h] * silu_grad(pre[h]) for h in range(H)]
+                    dgate = [dact[h] * silu(pre[h]) for h in range(H)]
+                else:
+                    dpre = [gelu_grad(pre[h]) * dact[h] for h in range(H)]
                 for h in range(H):
-                    grads["b1"][e * H + h] += dpre[h]
+                    if not sw:
+                        grads["b1"][e * H + h] += dpre[h]
                     for m in range(M):
                         grads["w1"][w1 + m * H + h] += xt[m] * dpre[h]
+                        if sw:
+                            grads["w3"][w1 + m * H + h] += xt[m] * dgate[h]
         return probs, expert, slot, out
 
 
@@ -150,7 +183,8 @@ def main():
             raise ValueError(f"{name} is not listed in manifest.json")
         return read_npy(os.path.join(d, name))[1]
 
-    layer = Layer(cfg, {n: load(f"param.{n}.npy") for n in ("wg", "w1", "b1", "w2", "b2")})
+    names = expert_params(cfg)
+    layer = Layer(cfg, {n: load(f"param.{n}.npy") for n in ("wg",) + names})
     groups = cfg["mp_groups"]
     inputs = [(load("input.x.npy" if g == 0 else f"input.x.g{g}.npy"),
                load("input.dout.npy" if g == 0 else f"input.dout.g{g}.npy"))
@@ -168,7 +202,7 @@ def main():
     for source, about in sorted(manifest.get("sources", {}).items()):
         slices = about["gate_slices"]
         if slices not in recomputed:
-            grads = {n: [0.0] * len(layer.p[n]) for n in ("w1", "b1", "w2", "b2")}
+            grads = {n: [0.0] * len(layer.p[n]) for n in names}
             runs = [layer.run(x, dout, slices, grads) for x, dout in inputs]
             recomputed[slices] = (runs, grads)
         runs, grads = recomputed[slices]
@@ -184,7 +218,7 @@ def main():
         tol = ORACLE_TOLERANCE if source.startswith("oracle") else cfg["tolerance"]
         err = rel_error(load(f"{source}.out.npy"), out)
         check(err <= tol, f"{source}: out of MP group 0, error {err:.2e} (tolerance {tol:.0e})")
-        for n in ("w1", "b1", "w2", "b2"):
+        for n in names:
             err = rel_error(load(f"{source}.d{n}.npy"), grads[n])
             check(err <= tol, f"{source}: d{n} summed over {groups} MP groups, error {err:.2e} "
                               f"(tolerance {tol:.0e})")
