@@ -89,9 +89,10 @@ using py_dlpack::view;
 constexpr const char* kLayerOp = "parm.torch.MoE";
 
 // parm.torch.MoE's router and expert-kind arguments (router_score, router_topk_norm,
-// router_scale, router_groups, router_group_topk, expert_mlp), as the package passes them;
-// checked by RouterSpec::validate with the shape and parse_expert_mlp.
-using KindArgs = std::tuple<std::string, bool, double, int, int, std::string>;
+// router_scale, router_groups, router_group_topk, expert_mlp, shared_experts, shared_hidden,
+// shared_gate), as the package passes them; checked by MoeShape::validate with the shape.
+using KindArgs =
+    std::tuple<std::string, bool, double, int, int, std::string, int, int64_t, bool>;
 
 RouterSpec router_of(const KindArgs& a) {
   RouterSpec r;
@@ -108,6 +109,9 @@ MoeShape layer_shape(int64_t tokens, int64_t model_dim, int64_t hidden, int64_t 
   MoeShape shape = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
   shape.router = router_of(router);
   shape.expert_mlp = parse_expert_mlp(std::get<5>(router));
+  shape.shared_experts = std::get<6>(router);
+  shape.shared_hidden = std::get<7>(router);
+  shape.shared_gate = std::get<8>(router);
   return shape;
 }
 
@@ -140,15 +144,13 @@ class PyLayer {
 
   // The layer computes on these tensors' memory (the caller keeps them alive and unmoved
   // while the layer uses them).
-  // The tensors the experts' kind has: wg, w1, b1, w2, b2 (gelu) or wg, w1, w2, w3 (swiglu),
-  // None for the others.
-  void set_params(const py::capsule& wg, const py::object& w1, const py::object& b1,
-                  const py::object& w2, const py::object& b2, const py::object& w3) {
-    point(layer_->params(), "", wg, {w1, b1, w2, b2, w3});
+  // The tensors the layer has, in the order of ref::MoeParams::named() (wg, w1, b1, w2, b2,
+  // w3, sw1, sb1, sw2, sb2, sw3, swg): a capsule where it has the tensor, None where not.
+  void set_params(const std::vector<py::object>& tensors) {
+    point(layer_->params(), "", tensors);
   }
-  void set_grads(const py::capsule& wg, const py::object& w1, const py::object& b1,
-                 const py::object& w2, const py::object& b2, const py::object& w3) {
-    point(layer_->grads(), "gradient of ", wg, {w1, b1, w2, b2, w3});
+  void set_grads(const std::vector<py::object>& tensors) {
+    point(layer_->grads(), "gradient of ", tensors);
   }
 
   // out (T, M) for x (T, M), written into out's memory; returns l_aux.
@@ -184,24 +186,29 @@ class PyLayer {
   Device device() const { return layer_->device(); }
   Shape tokens_shape() const { return {layer_->shape().tokens, layer_->shape().model_dim}; }
   // Points p at the tensors after checking all of them (p is left as it was when one is
-  // refused): experts = w1, b1, w2, b2, w3, each a capsule where the experts' kind has the
-  // tensor and None where it does not (p keeps its empty one). prefix: "" or "gradient of ",
-  // for the messages.
-  void point(MoeLayerParams& p, const std::string& prefix, const py::capsule& wg,
-             const std::vector<py::object>& experts) const {
-    static constexpr const char* kNames[] = {"w1", "b1", "w2", "b2", "w3"};
+  // refused): each a capsule where the layer has the tensor and None where it does not (p
+  // keeps its empty one). prefix: "" or "gradient of ", for the messages.
+  void point(MoeLayerParams& p, const std::string& prefix,
+             const std::vector<py::object>& tensors) const {
+    static constexpr const char* kNames[] = {"wg",  "w1",  "b1",  "w2",  "b2",  "w3",
+                                             "sw1", "sb1", "sw2", "sb2", "sw3", "swg"};
     MoeLayerParams n = p;
-    n.wg = view(wg, kLayerOp, (prefix + "wg").c_str(), device(), p.wg.shape());
-    const auto now = n.experts.all();
-    for (size_t i = 0; i < experts.size(); ++i) {
+    std::vector<Tensor*> now = {&n.wg};
+    for (Tensor* t : n.experts.all()) now.push_back(t);
+    for (Tensor* t : n.shared.all()) now.push_back(t);
+    now.push_back(&n.shared_gate);
+    if (tensors.size() != now.size())
+      throw InvalidConfig(fmt::format("{}: {} tensors given, the layer takes {}", kLayerOp,
+                                      tensors.size(), now.size()));
+    for (size_t i = 0; i < now.size(); ++i) {
       const std::string name = prefix + kNames[i];
       const bool has = !now[i]->empty();
-      if (experts[i].is_none() != !has)
-        throw InvalidConfig(fmt::format(
-            "{}: {} {} for {} experts", kLayerOp, name, has ? "is missing" : "is not expected",
-            expert_mlp_name(layer_->shape().expert_mlp)));
+      if (tensors[i].is_none() != !has)
+        throw InvalidConfig(fmt::format("{}: {} {} for this layer ({})", kLayerOp, name,
+                                        has ? "is missing" : "is not expected",
+                                        layer_->shape().str()));
       if (has)
-        *now[i] = view(experts[i].cast<py::capsule>(), kLayerOp, name.c_str(), device(),
+        *now[i] = view(tensors[i].cast<py::capsule>(), kLayerOp, name.c_str(), device(),
                        now[i]->shape());
     }
     p = n;
@@ -214,31 +221,27 @@ class PyLayer {
 
 // The whole parameters of seed `seed` (as check-layer and the trainer draw them) into
 // caller buffers of the whole shapes.
-// The tensors of the experts' kind (expert_mlp): `whole` maps wg, w1, w2 and b1, b2 (gelu)
-// or w3 (swiglu) to capsules.
+// The layer's tensors (those of ref::MoeParams::named() that its shape has: `kinds` names
+// the experts' kind and the shared experts): `whole` maps each name to a capsule of its whole
+// shape (ref::param_shape).
 void init_params(int64_t model_dim, int64_t hidden, int64_t experts, uint64_t seed,
-                 const std::string& expert_mlp, const std::map<std::string, py::capsule>& whole) {
-  const int64_t M = model_dim, H = hidden, E = experts;
-  MoeShape shape = MoeShape::of(1, model_dim, hidden, experts, 1, "1");
-  shape.expert_mlp = parse_expert_mlp(expert_mlp);
+                 const KindArgs& kinds, const std::map<std::string, py::capsule>& whole) {
+  const MoeShape shape = layer_shape(1, model_dim, hidden, experts, 1, "1", kinds);
   const auto p = ref::init_params<float>(shape, seed);
-  const std::pair<const char*, std::pair<const std::vector<float>*, Shape>> all[] = {
-      {"wg", {&p.wg, {M, E}}},    {"w1", {&p.w1, {E, M, H}}}, {"b1", {&p.b1, {E, H}}},
-      {"w2", {&p.w2, {E, H, M}}}, {"b2", {&p.b2, {E, M}}},    {"w3", {&p.w3, {E, M, H}}}};
   size_t used = 0;
-  for (const auto& [name, src] : all) {
-    if (src.first->empty()) continue;  // not a tensor of this kind
+  for (const auto& [name, src] : p.named()) {
+    if (src->empty()) continue;  // not a tensor of this layer
     const auto it = whole.find(name);
     if (it == whole.end())
-      throw InvalidConfig(fmt::format("{}: init_params without {} for {} experts", kLayerOp,
-                                      name, expert_mlp));
-    Tensor dst = view(it->second, kLayerOp, name, Device::kCpu, src.second);
-    std::copy(src.first->begin(), src.first->end(), dst.data());
+      throw InvalidConfig(fmt::format("{}: init_params without {} for {}", kLayerOp, name,
+                                      shape.str()));
+    Tensor dst = view(it->second, kLayerOp, name, Device::kCpu, ref::param_shape(shape, name));
+    std::copy(src->begin(), src->end(), dst.data());
     ++used;
   }
   if (used != whole.size())
-    throw InvalidConfig(fmt::format("{}: init_params given {} tensors, {} experts have {}",
-                                    kLayerOp, whole.size(), expert_mlp, used));
+    throw InvalidConfig(fmt::format("{}: init_params given {} tensors, {} has {}", kLayerOp,
+                                    whole.size(), shape.str(), used));
 }
 
 // This rank's expert shards of a layer of these sizes on the current topology, after Parm's
@@ -279,7 +282,10 @@ py::dict expert_shards(int64_t model_dim, int64_t hidden, int64_t experts, int t
                   py::arg("first_expert") = topo.comm(Group::kEp).rank() * local,
                   py::arg("shard_hidden") = shard,
                   py::arg("hidden_first") = spec.esp_rank * shard,
-                  py::arg("adds_b2") = s.adds_b2);
+                  py::arg("adds_b2") = s.adds_b2,
+                  py::arg("mp_rank") = topo.comm(Group::kMp).rank(),
+                  py::arg("dp_rank") = topo.comm(Group::kDp).rank(),
+                  py::arg("shared_shard_hidden") = spec.shape.shared_hidden / l.mp);
 }
 
 // The cost model's pick among `kinds` x `fuse_modes` for this shape on the current topology

@@ -19,10 +19,13 @@ _SCHEDULES = ("auto", "baseline", "s1", "s2")
 _FUSE = ("auto", "on", "off")
 _ROUTER_SCORES = ("softmax", "sigmoid")
 _EXPERT_MLPS = ("gelu", "swiglu")
-# The parameters of each expert kind (docs/spec.md §8), and the fixed order the C++ layer takes
-# the expert tensors in (None where the kind has none).
+# The parameters of each expert kind (docs/spec.md §8) and of its shared experts (§9), and the
+# fixed order the C++ layer takes them in (None where the layer has none).
 _PARAMS = {"gelu": ("wg", "w1", "b1", "w2", "b2"), "swiglu": ("wg", "w1", "w2", "w3")}
-_SLOTS = ("w1", "b1", "w2", "b2", "w3")
+_SHARED = {"gelu": ("sw1", "sb1", "sw2", "sb2"), "swiglu": ("sw1", "sw2", "sw3")}
+_SLOTS = ("wg", "w1", "b1", "w2", "b2", "w3", "sw1", "sb1", "sw2", "sb2", "sw3", "swg")
+# Whole on every rank (not sharded over ep, esp or mp).
+_WHOLE = ("wg", "sb2", "swg")
 
 
 _OP = "parm.torch.MoE"
@@ -61,9 +64,9 @@ def _dl(tensors, names):
 
 
 def _layer_args(tensors, names):
-    """wg and the expert tensors in the C++ layer's order, None for those the kind has not."""
+    """The tensors in the C++ layer's order, None for those the layer has not."""
     by_name = dict(zip(names, _dl(tensors, names)))
-    return [by_name["wg"]] + [by_name.get(n) for n in _SLOTS]
+    return [by_name.get(n) for n in _SLOTS]
 
 
 class _MoEFunction(torch.autograd.Function):
@@ -75,7 +78,7 @@ class _MoEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layer, out, names, *params):
         _follow_torch_threads()
-        layer.set_params(*_layer_args(params, names))
+        layer.set_params(_layer_args(params, names))
         if out is None:
             out = _empty(x.shape)
         else:
@@ -97,7 +100,7 @@ class _MoEFunction(torch.autograd.Function):
         grads = [_empty(p.shape) for p in params]
         dx = _empty(dout.shape)
         _follow_torch_threads()
-        layer.set_grads(*_layer_args(grads, ctx.names))
+        layer.set_grads(_layer_args(grads, ctx.names))
         layer.backward(ctx.forward_id, _dlpack(_flat(dout), "the output gradient", _OP),
                        float(dl_aux), _dlpack(_flat(dx), "the input gradient", _OP))
         return (dx, None, None, None, *grads)
@@ -145,14 +148,16 @@ class MoE(torch.nn.Module):
     def __init__(self, model_dim, hidden, experts, topk=2, capacity_factor="1.2",
                  schedule="auto", fuse="auto", profile=None, precision="fp32", seed=0,
                  router_score="softmax", router_topk_norm=True, router_scale=1.0,
-                 router_groups=1, router_group_topk=1, expert_mlp="gelu"):
+                 router_groups=1, router_group_topk=1, expert_mlp="gelu", shared_experts=0,
+                 shared_hidden=None, shared_gate=False):
         super().__init__()
         if not _core.initialized():
             raise RuntimeError("parm.torch.MoE before parm.init(): call parm.init(mp=, ep=, "
                                "esp=) first")
         for name, v in (("model_dim", model_dim), ("hidden", hidden), ("experts", experts),
                         ("topk", topk), ("seed", seed), ("router_groups", router_groups),
-                        ("router_group_topk", router_group_topk)):
+                        ("router_group_topk", router_group_topk),
+                        ("shared_experts", shared_experts)):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise ValueError(f"parm.torch.MoE: {name} must be an int, got {v!r}")
         if capacity_factor is None:
@@ -161,6 +166,14 @@ class MoE(torch.nn.Module):
             raise ValueError(f"parm.torch.MoE: capacity_factor must be a decimal string such "
                              f"as \"1.2\" (kept exact), or None for dropless routing, got "
                              f"{capacity_factor!r}")
+        if shared_hidden is None:
+            shared_hidden = hidden if shared_experts > 0 else 0
+        if not isinstance(shared_hidden, int) or isinstance(shared_hidden, bool):
+            raise ValueError(f"parm.torch.MoE: shared_hidden must be an int, got "
+                             f"{shared_hidden!r}")
+        if not isinstance(shared_gate, bool):
+            raise ValueError(f"parm.torch.MoE: shared_gate must be True or False, got "
+                             f"{shared_gate!r}")
         if expert_mlp not in _EXPERT_MLPS:
             raise ValueError(f"parm.torch.MoE: expert_mlp {expert_mlp!r} is not valid; use "
                              f"one of {', '.join(_EXPERT_MLPS)}")
@@ -188,9 +201,13 @@ class MoE(torch.nn.Module):
         # Parm's checks of the sizes and the router against the layout, and this rank's
         # shards of them.
         self._router = (router_score, router_topk_norm, float(router_scale), router_groups,
-                        router_group_topk, expert_mlp)
+                        router_group_topk, expert_mlp, shared_experts, shared_hidden,
+                        shared_gate)
         self.expert_mlp = expert_mlp
-        self._names = _PARAMS[expert_mlp]
+        self.shared_experts, self.shared_hidden = shared_experts, shared_hidden
+        self.shared_gate = shared_gate
+        self._names = _PARAMS[expert_mlp] + (_SHARED[expert_mlp] if shared_experts > 0 else ()) \
+            + (("swg",) if shared_gate else ())
         self._shards = _core.expert_shards(model_dim, hidden, experts, topk, capacity_factor,
                                            self._router)
         self.model_dim, self.hidden, self.experts, self.topk = model_dim, hidden, experts, topk
@@ -204,7 +221,7 @@ class MoE(torch.nn.Module):
         self.schedule_used = None  # what the last forward ran: "s2+fused", "baseline", ...
 
         whole = self._empty_whole()
-        _core.init_params(model_dim, hidden, experts, seed, expert_mlp,
+        _core.init_params(model_dim, hidden, experts, seed, self._router,
                           dict(zip(whole, _dl(whole.values(), whole))))
         shards = self._shards_of(whole)
         for name in self._names:
@@ -263,8 +280,9 @@ class MoE(torch.nn.Module):
 
     def _router_repr(self):
         names = ("router_score", "router_topk_norm", "router_scale", "router_groups",
-                 "router_group_topk", "expert_mlp")
-        defaults = ("softmax", True, 1.0, 1, 1, "gelu")
+                 "router_group_topk", "expert_mlp", "shared_experts", "shared_hidden",
+                 "shared_gate")
+        defaults = ("softmax", True, 1.0, 1, 1, "gelu", 0, 0, False)
         return "".join(f", {n}={v!r}" for n, v, d in zip(names, self._router, defaults)
                        if v != d)
 
@@ -272,8 +290,10 @@ class MoE(torch.nn.Module):
 
     def _whole_shapes(self):
         M, H, E = self.model_dim, self.hidden, self.experts
+        N, Hs = self.shared_experts, self.shared_hidden
         shapes = {"wg": (M, E), "w1": (E, M, H), "b1": (E, H), "w2": (E, H, M), "b2": (E, M),
-                  "w3": (E, M, H)}
+                  "w3": (E, M, H), "sw1": (N, M, Hs), "sb1": (N, Hs), "sw2": (N, Hs, M),
+                  "sb2": (N, M), "sw3": (N, M, Hs), "swg": (M,)}
         return {n: shapes[n] for n in self._names}
 
     def _empty_whole(self):
@@ -283,7 +303,14 @@ class MoE(torch.nn.Module):
         sh = self._shards
         e0, el = sh["first_expert"], sh["local_experts"]
         h0, hs = sh["hidden_first"], sh["shard_hidden"]
+        s0, ss = sh["mp_rank"] * sh["shared_shard_hidden"], sh["shared_shard_hidden"]
         cut = {"wg": lambda t: t,
+               "sw1": lambda t: t[:, :, s0:s0 + ss],
+               "sb1": lambda t: t[:, s0:s0 + ss],
+               "sw2": lambda t: t[:, s0:s0 + ss, :],
+               "sb2": lambda t: t,
+               "sw3": lambda t: t[:, :, s0:s0 + ss],
+               "swg": lambda t: t,
                "w1": lambda t: t[e0:e0 + el, :, h0:h0 + hs],
                "b1": lambda t: t[e0:e0 + el, h0:h0 + hs],
                "w2": lambda t: t[e0:e0 + el, h0:h0 + hs, :],
@@ -302,13 +329,22 @@ class MoE(torch.nn.Module):
             src = {n: (p.grad if p.grad is not None else torch.zeros_like(p))
                    for n, p in src.items()}
         src = {n: t.detach().to("cpu") for n, t in src.items()}
-        if grads or self._edp_rank == 0:
-            dst = self._shards_of(whole)
-            for n in self._names:
-                if n not in ("wg", "b2"):  # the ESP shards
+        dst = self._shards_of(whole)
+        routed = [n for n in self._names if not n.startswith("s") and n not in _WHOLE]
+        shared = [n for n in self._names if n.startswith("s") and n not in _WHOLE]
+        mp0 = self._shards["mp_rank"] == 0
+        if grads or self._edp_rank == 0:  # the EP x ESP shards, from EDP rank 0 (or summed)
+            for n in routed:
+                if n != "b2":
                     dst[n].copy_(src[n])
             if "b2" in self._names and self._shards["adds_b2"]:
                 dst["b2"].copy_(src["b2"])
+        if grads or self._shards["dp_rank"] == 0:  # the MP shards, from DP rank 0
+            for n in shared:
+                dst[n].copy_(src[n])
+            for n in ("sb2", "swg"):  # whole on every MP rank: once per MP group
+                if n in self._names and mp0:
+                    dst[n].copy_(src[n])
         for n in self._names:
             if n != "wg":
                 _core.allreduce_sum(_dlpack(whole[n], n, _OP))

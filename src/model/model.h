@@ -46,6 +46,9 @@ struct ModelConfig {
   AuxScope aux_scope = AuxScope::kMicroBatch;  // --aux-loss: what each l_aux is over
   RouterSpec router;  // score function, weights, group limit (docs/spec.md §7)
   ExpertMlp expert_mlp = ExpertMlp::kGelu;  // the experts' FFN (docs/spec.md §8)
+  int shared_experts = 0;       // docs/spec.md §9: FFNs every token passes through
+  int64_t shared_hidden = 0;    // their width H_s
+  bool shared_gate = false;     // their output times sigmoid(x w_sg)
   float router_z_loss = 0.0f;  // ST-MoE's z-loss coefficient (0: off)
   float router_bias_update = 0.0f;  // DeepSeek-V3's router bias update rate (0: off)
   float init_std = 0.02f;

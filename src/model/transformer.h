@@ -150,6 +150,8 @@ class Transformer final : public Model {
   void register_attention(Block& b, int64_t i, bool held);
   void register_dense_mlp(Block& b, int64_t i, bool held);
   void register_moe(Block& b, int64_t i, bool held, int64_t micro_batch, Precision precision);
+  void register_shared_experts(const std::string& prefix, bool held, const MoeLayerParams& value,
+                               const MoeLayerParams& grad);
   void register_head(bool held);
   // One MoE layer per activation slot, slots 1.. sharing slot 0's parameters and gradients.
   void build_moe(Block& b, int64_t micro_batch, Precision precision);

@@ -135,7 +135,45 @@ void Transformer::register_moe(Block& b, int64_t i, bool held, int64_t micro_bat
   r.init_weight(w2, proj_std(c_));
   r.init_bias(b2);
   r.init_weight(w3, c_.init_std);
+  if (c_.shared_experts > 0) register_shared_experts(pre, held, value, grad);
   if (held) b.moes[0]->zero_grad();
+}
+
+// The shared experts (docs/spec.md §9): split over mp like the dense FFN, b2 and the shared
+// gate replicated (every MP rank holds their complete gradient).
+void Transformer::register_shared_experts(const std::string& pre, bool held,
+                                          const MoeLayerParams& value,
+                                          const MoeLayerParams& grad) {
+  const int mp = topo_.layout().mp, mpr = held ? topo_.host_comm(Group::kMp).rank() : 0;
+  const int64_t N = c_.shared_experts, H = c_.shared_hidden;
+  ParamRegistry& r = registry_;
+  const bool biases = has_expert_biases(c_.expert_mlp);
+  const auto& v = value.shared;
+  const auto& g = grad.shared;
+  Param* w1 = r.add_alias(held, pre + "moe.shared.w1", {N, M_, H}, {{2, mp, mpr}}, kMpSplit,
+                          Group::kDp, true, v.w1, g.w1);
+  Param* b1 = biases ? r.add_alias(held, pre + "moe.shared.b1", {N, H}, {{1, mp, mpr}},
+                                   kMpSplit, Group::kDp, false, v.b1, g.b1)
+                     : nullptr;
+  Param* w2 = r.add_alias(held, pre + "moe.shared.w2", {N, H, M_}, {{1, mp, mpr}}, kMpSplit,
+                          Group::kDp, true, v.w2, g.w2);
+  Param* b2 = biases ? r.add_alias(held, pre + "moe.shared.b2", {N, M_}, {}, kRep, Group::kDp,
+                                   false, v.b2, g.b2)
+                     : nullptr;
+  Param* w3 = is_gated(c_.expert_mlp)
+                  ? r.add_alias(held, pre + "moe.shared.w3", {N, M_, H}, {{2, mp, mpr}},
+                                kMpSplit, Group::kDp, true, v.w3, g.w3)
+                  : nullptr;
+  Param* gate = c_.shared_gate ? r.add_alias(held, pre + "moe.shared.gate", {M_}, {}, kRep,
+                                             Group::kDp, false, value.shared_gate,
+                                             grad.shared_gate)
+                               : nullptr;
+  r.init_weight(w1, c_.init_std);
+  r.init_bias(b1);
+  r.init_weight(w2, proj_std(c_));
+  r.init_bias(b2);
+  r.init_weight(w3, c_.init_std);
+  r.init_weight(gate, c_.init_std);
 }
 
 void Transformer::register_head(bool held) {

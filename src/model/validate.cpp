@@ -36,6 +36,9 @@ MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch) {
   shape.capacity_factor = CapacityFactor::parse(c.capacity_factor);
   shape.router = c.router;
   shape.expert_mlp = c.expert_mlp;
+  shape.shared_experts = c.shared_experts;
+  shape.shared_hidden = c.shared_hidden;
+  shape.shared_gate = c.shared_gate;
   return shape;
 }
 

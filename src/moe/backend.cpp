@@ -43,10 +43,20 @@ void check_expert_mlp(Device device, Precision precision, ExpertMlp mlp) {
                     expert_mlp_name(mlp), precision_name(precision));
 }
 
+void check_shared_experts(Device device, Precision precision, int shared_experts) {
+  if (shared_experts == 0) return;
+  PARM_CONFIG_CHECK(device == Device::kCpu && precision == Precision::kFp32,
+                    "--shared-experts (model.shared_experts) {} with --device {} --precision "
+                    "{}: the shared experts run on the CPU layer at fp32 (not yet on a GPU or "
+                    "at bf16); use --device cpu --precision fp32, or --shared-experts 0",
+                    shared_experts, device_name(device), precision_name(precision));
+}
+
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
                                            const BackendSizes& sizes) {
   check_device(device, precision);
   check_expert_mlp(device, precision, sizes.expert_mlp);
+  check_shared_experts(device, precision, sizes.shared_experts);
   if (device == Device::kCpu) return make_cpu_backend(sizes, precision);
 #ifdef PARM_HAVE_CUDA
   return make_cuda_backend(precision, sizes);

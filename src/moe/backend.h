@@ -45,6 +45,12 @@ struct BackendSizes {
   bool packed = false;
   // The experts' kind (docs/spec.md §8): swiglu reserves the gate projection's rows.
   ExpertMlp expert_mlp = ExpertMlp::kGelu;
+  // Shared experts (docs/spec.md §9): N_s FFNs of shard width H_s / N_MP over shared_rows
+  // tokens, with the shared gate or not. 0: none.
+  int shared_experts = 0;
+  int64_t shared_rows = 0;
+  int64_t shared_hidden_shard = 0;
+  bool shared_gate = false;
 };
 
 class LayerBackend {
@@ -116,6 +122,21 @@ class LayerBackend {
                                 ExpertShards& dw, Tensor& din, PhaseTimes* times) = 0;
   // Filled rows of each local expert in the last forward pass.
   virtual const std::vector<int64_t>& expert_rows() const = 0;
+
+  // ---- shared experts (moe/shared_experts.h; BackendSizes::shared_experts > 0) ----
+  // out (rows, M) = this MP rank's part of g * sum_s FFN_s(x); gate_w (M) empty: no gate.
+  virtual void shared_forward(const Tensor& x, const ExpertShards& w, const Tensor& gate_w,
+                              bool add_b2, Tensor& out, PhaseTimes* times) {
+    (void)x, (void)w, (void)gate_w, (void)add_b2, (void)out, (void)times;
+    PARM_CHECK(false, "the {} layer backend has no shared experts", device_name(device()));
+  }
+  // Accumulates dw, dgate_w (M) and dx (rows, M): this rank's parts.
+  virtual void shared_backward(const Tensor& x, const Tensor& dout, const ExpertShards& w,
+                               const Tensor& gate_w, ExpertShards& dw, Tensor& dgate_w,
+                               Tensor& dx, PhaseTimes* times) {
+    (void)x, (void)dout, (void)w, (void)gate_w, (void)dw, (void)dgate_w, (void)dx, (void)times;
+    PARM_CHECK(false, "the {} layer backend has no shared experts", device_name(device()));
+  }
   // The floor: the six expert products of every expert (rows[e] each) run alone, `reps`
   // times on scratch memory of this device; median total (us).
   virtual double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
@@ -146,6 +167,8 @@ void check_router_options(Device device, float router_z_loss, float router_bias_
 // The expert kinds a device's backend computes at a precision: gelu everywhere, swiglu on the
 // CPU at fp32. Throws InvalidConfig naming the flag, the config key and what would be valid.
 void check_expert_mlp(Device device, Precision precision, ExpertMlp mlp);
+// Shared experts (docs/spec.md §9): on the CPU at fp32. Throws InvalidConfig naming the flags.
+void check_shared_experts(Device device, Precision precision, int shared_experts);
 
 // Throws InvalidConfig when `device` / `precision` cannot run in this build or machine.
 std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,

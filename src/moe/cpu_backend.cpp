@@ -3,6 +3,7 @@
 
 #include "moe/backend.h"
 #include "moe/expert_products.h"
+#include "moe/shared_experts.h"
 
 namespace parm::moe {
 namespace {
@@ -14,6 +15,9 @@ class CpuBackend final : public LayerBackend {
         zero_unrouted_(!s.dropless), packed_(s.packed) {
     ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p,
                 s.max_local_rows, s.expert_mlp);
+    if (s.shared_experts > 0)
+      shared_.reserve(s.shared_experts, s.shared_rows, s.model_dim, s.shared_hidden_shard,
+                      s.expert_mlp, s.shared_gate);
   }
 
   Device device() const override { return Device::kCpu; }
@@ -72,6 +76,15 @@ class CpuBackend final : public LayerBackend {
     moe::experts_backward(dout, w, blocks, slots, fills, ws_, dw, din, times, first);
   }
   const std::vector<int64_t>& expert_rows() const override { return ws_.rows; }
+  void shared_forward(const Tensor& x, const ExpertShards& w, const Tensor& gate_w, bool add_b2,
+                      Tensor& out, PhaseTimes* times) override {
+    moe::shared_forward(x, w, gate_w, add_b2, shared_, out, times);
+  }
+  void shared_backward(const Tensor& x, const Tensor& dout, const ExpertShards& w,
+                       const Tensor& gate_w, ExpertShards& dw, Tensor& dgate_w, Tensor& dx,
+                       PhaseTimes* times) override {
+    moe::shared_backward(x, dout, w, gate_w, shared_, dw, dgate_w.data(), dx, times);
+  }
   double time_expert_products_us(const std::vector<int64_t>& rows, int64_t model_dim,
                                  int64_t hidden_shard, int reps) override {
     return moe::time_expert_products_us(rows, model_dim, hidden_shard, reps, ws_.precision,
@@ -97,7 +110,8 @@ class CpuBackend final : public LayerBackend {
 
   void sync() override {}
   int64_t held_bytes() const override {
-    return probs_.bytes() + dprobs_.bytes() + ws_.held_bytes() + ws_.bf16.held_bytes();
+    return probs_.bytes() + dprobs_.bytes() + ws_.held_bytes() + ws_.bf16.held_bytes() +
+           shared_.held_bytes();
   }
 
  private:
@@ -109,6 +123,7 @@ class CpuBackend final : public LayerBackend {
   bool packed_;         // BackendSizes::packed
   std::vector<float> dweight_;
   ExpertWorkspace ws_;
+  SharedWorkspace shared_;  // shared experts only
 };
 
 }  // namespace

@@ -94,40 +94,53 @@ void check_kind(const ExpertShards& w, const ExpertWorkspace& ws) {
              w.gated() ? "with" : "without", expert_mlp_name(ws.mlp));
 }
 
-// One swiglu expert over its n gathered rows x: pre = x W1, gate = x W3,
-// act = silu(pre) * gate, out = act W2 (docs/spec.md §8).
-void swiglu_expert_forward(int64_t n, int64_t M, int64_t hl, const float* x, const float* w1,
-                           const float* w3, const float* w2, float* pre, float* gate,
-                           float* act, float* out, PhaseClock& clock) {
-  run_expert_gemm(ExpertProduct::kPre, n, M, hl, x, w1, pre);
-  run_expert_gemm(ExpertProduct::kGate, n, M, hl, x, w3, gate);
-  clock.lap("expert products");
-  cpu::swiglu_forward(pre, gate, act, n * hl);
-  clock.lap("SwiGLU");
-  run_expert_gemm(ExpertProduct::kOut, n, M, hl, act, w2, out);
-  clock.lap("expert products");
-}
-
-// Its adjoint: dW2 += act^T dy, dact = dy W2^T; dpre = dact gate silu'(pre) (over dact),
-// dgate = dact silu(pre); dW1 += x^T dpre, dW3 += x^T dgate, dx = dpre W1^T + dgate W3^T.
-void swiglu_expert_backward(int64_t n, int64_t M, int64_t hl, const float* x, const float* pre,
-                            const float* gate, const float* act, const float* dy,
-                            const float* w1, const float* w3, const float* w2, float* dw1,
-                            float* dw3, float* dw2, float* dact, float* dgate, float* dx,
-                            PhaseClock& clock) {
-  run_expert_gemm(ExpertProduct::kDW2, n, M, hl, act, dy, dw2);
-  run_expert_gemm(ExpertProduct::kDAct, n, M, hl, dy, w2, dact);
-  clock.lap("expert products");
-  cpu::swiglu_backward(pre, gate, dact, dact, dgate, n * hl);
-  clock.lap("SwiGLU backward");
-  run_expert_gemm(ExpertProduct::kDW1, n, M, hl, x, dact, dw1);
-  run_expert_gemm(ExpertProduct::kDX, n, M, hl, dact, w1, dx);
-  run_expert_gemm(ExpertProduct::kDW3, n, M, hl, x, dgate, dw3);
-  run_expert_gemm(ExpertProduct::kDXGate, n, M, hl, dgate, w3, dx);
-  clock.lap("expert products");
-}
-
 }  // namespace
+
+void ffn_forward(int64_t n, int64_t M, int64_t hl, const float* x, const ExpertShards& w,
+                 int64_t e, float* pre, float* gate, float* act, float* out, bool accumulate,
+                 PhaseClock& clock) {
+  const int64_t wi = e * M * hl;
+  run_expert_gemm(ExpertProduct::kPre, n, M, hl, x, w.w1.data() + wi, pre);
+  if (w.gated()) {  // swiglu: act = silu(x W1) * (x W3)
+    run_expert_gemm(ExpertProduct::kGate, n, M, hl, x, w.w3.data() + wi, gate);
+    clock.lap("expert products");
+    cpu::swiglu_forward(pre, gate, act, n * hl);
+    clock.lap("SwiGLU");
+  } else {  // act = gelu(x W1 + b1); pre keeps x W1 (the backward adds b1 again)
+    clock.lap("expert products");
+    cpu::bias_gelu(pre, w.b1.data() + e * hl, act, n, hl);
+    clock.lap("bias + GeLU");
+  }
+  const GemmCall g = expert_gemm(ExpertProduct::kOut, n, M, hl);
+  cpu::gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, act, w.w2.data() + e * hl * M, out,
+            accumulate, kLayerGemm);
+  clock.lap("expert products");
+}
+
+void ffn_backward(int64_t n, int64_t M, int64_t hl, const float* x, const float* dy,
+                  const ExpertShards& w, int64_t e, const float* pre, const float* gate,
+                  const float* act, ExpertShards& dw, float* dact, float* dgate, float* dx,
+                  PhaseClock& clock) {
+  const int64_t wi = e * M * hl, w2i = e * hl * M;
+  // dW2 += act^T dy, dact = dy W2^T.
+  fc2_backward(n, M, hl, act, dy, w.w2.data() + w2i, dw.w2.data() + w2i, dact);
+  clock.lap("expert products");
+  if (w.gated()) {  // dpre = dact gate silu'(pre) (over dact), dgate = dact silu(pre)
+    cpu::swiglu_backward(pre, gate, dact, dact, dgate, n * hl);
+    clock.lap("SwiGLU backward");
+  } else {  // dpre = gelu'(pre + b1) dact (over dact), db1 += its column sums
+    cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
+                            hl);
+    clock.lap("GeLU + bias backward");
+  }
+  // dW1 += x^T dpre, dx = dpre W1^T (swiglu: dW3 += x^T dgate, dx += dgate W3^T).
+  fc1_backward(n, M, hl, x, dact, w.w1.data() + wi, dw.w1.data() + wi, dx);
+  if (w.gated()) {
+    run_expert_gemm(ExpertProduct::kDW3, n, M, hl, x, dgate, dw.w3.data() + wi);
+    run_expert_gemm(ExpertProduct::kDXGate, n, M, hl, dgate, w.w3.data() + wi, dx);
+  }
+  clock.lap("expert products");
+}
 
 void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int64_t hl,
                               Precision p, int64_t max_total_rows, ExpertMlp mlp_) {
@@ -227,24 +240,12 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
       ws.bf16.fc1_forward(e, n, filled_runs(in, lay, blocks, e, fills), pre, &clock);
       ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, ws.out_rows.data(),
                                     &clock);
-    } else if (w.gated()) {
-      float* x = ws.in_rows(e);
-      PARM_CHECK_EQ(gather_filled(in, lay, blocks, e, fills, x), n);
-      clock.lap("rows in/out");
-      swiglu_expert_forward(n, M, hl, x, w.w1.data() + e * M * hl, w.w3.data() + e * M * hl,
-                            w.w2.data() + e * hl * M, pre, ws.gate_rows(e), ws.act_rows(e),
-                            ws.out_rows.data(), clock);
     } else {
       float* x = ws.in_rows(e);
       PARM_CHECK_EQ(gather_filled(in, lay, blocks, e, fills, x), n);
       clock.lap("rows in/out");
-      fc1_forward(n, M, hl, x, w.w1.data() + e * M * hl, pre);
-      clock.lap("expert products");
-      float* act = ws.act_rows(e);
-      cpu::bias_gelu(pre, w.b1.data() + e * hl, act, n, hl);
-      clock.lap("bias + GeLU");
-      fc2_forward(n, M, hl, act, w.w2.data() + e * hl * M, ws.out_rows.data());
-      clock.lap("expert products");
+      ffn_forward(n, M, hl, x, w, e, pre, w.gated() ? ws.gate_rows(e) : nullptr, ws.act_rows(e),
+                  ws.out_rows.data(), false, clock);
     }
     if (add_b2 && !w.gated()) cpu::add_bias(ws.out_rows.data(), w.b2.data() + e * M, n, M);
     clock.lap("bias + GeLU");
@@ -276,29 +277,16 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
                            dw.b2.data() + e * M, dw.w2.data() + e * hl * M, dact, &clock);
       ws.bf16.gelu_backward_fc1_backward(e, n, pre, dact, dw.b1.data() + e * hl,
                                          dw.w1.data() + e * M * hl, ws.out_rows.data(), &clock);
-    } else if (w.gated()) {
-      PARM_CHECK_EQ(gather_filled(dout, lay, blocks, e, fills, dy), n);
-      clock.lap("rows in/out");
-      const int64_t wi = e * M * hl;
-      swiglu_expert_backward(n, M, hl, ws.in_rows(e), pre, ws.gate_rows(e), ws.act_rows(e), dy,
-                             w.w1.data() + wi, w.w3.data() + wi, w.w2.data() + e * hl * M,
-                             dw.w1.data() + wi, dw.w3.data() + wi, dw.w2.data() + e * hl * M,
-                             dact, ws.d_gate.data(), ws.out_rows.data(), clock);
     } else {
       PARM_CHECK_EQ(gather_filled(dout, lay, blocks, e, fills, dy), n);
       clock.lap("rows in/out");
-      cpu::bias_backward(dy, dw.b2.data() + e * M, n, M);
-      clock.lap("GeLU + bias backward");
-      fc2_backward(n, M, hl, ws.act_rows(e), dy,
-                   w.w2.data() + e * hl * M, dw.w2.data() + e * hl * M, dact);
-      clock.lap("expert products");
-      const float* x = ws.in_rows(e);
-      cpu::bias_gelu_backward(pre, w.b1.data() + e * hl, dact, dact, dw.b1.data() + e * hl, n,
-                              hl);
-      clock.lap("GeLU + bias backward");
-      fc1_backward(n, M, hl, x, dact, w.w1.data() + e * M * hl, dw.w1.data() + e * M * hl,
-                   ws.out_rows.data());
-      clock.lap("expert products");
+      if (!w.gated()) {
+        cpu::bias_backward(dy, dw.b2.data() + e * M, n, M);
+        clock.lap("GeLU + bias backward");
+      }
+      ffn_backward(n, M, hl, ws.in_rows(e), dy, w, e, pre, w.gated() ? ws.gate_rows(e) : nullptr,
+                   ws.act_rows(e), dw, dact, w.gated() ? ws.d_gate.data() : nullptr,
+                   ws.out_rows.data(), clock);
     }
     scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, din);
     clock.lap("rows in/out");

@@ -39,21 +39,12 @@ std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), 
 template <typename S>
 std::vector<std::pair<std::string, const std::vector<S>*>> named(const ref::MoeParams<S>& p) {
   std::vector<std::pair<std::string, const std::vector<S>*>> out;
-  for (const auto& entry : std::vector<std::pair<std::string, const std::vector<S>*>>{
-           {"wg", &p.wg}, {"w1", &p.w1}, {"b1", &p.b1}, {"w2", &p.w2}, {"b2", &p.b2},
-           {"w3", &p.w3}})
-    if (!entry.second->empty()) out.push_back(entry);
+  for (const auto& [name, t] : p.named())
+    if (!t->empty()) out.emplace_back(name, t);
   return out;
 }
 
 
-Shape param_shape(const MoeShape& s, const std::string& name) {
-  if (name == "wg") return {s.model_dim, s.experts};
-  if (name == "w1" || name == "w3") return {s.experts, s.model_dim, s.hidden};
-  if (name == "b1") return {s.experts, s.hidden};
-  if (name == "w2") return {s.experts, s.hidden, s.model_dim};
-  return {s.experts, s.model_dim};
-}
 
 class Dumper {
  public:
@@ -223,12 +214,11 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   const auto x = group_input(o, group);
   const auto dout = check_dout(sh, o.seed, group);
   ref::MoeParams<double> params64;
-  params64.wg = to_double(params.wg);
-  params64.w1 = to_double(params.w1);
-  params64.b1 = to_double(params.b1);
-  params64.w2 = to_double(params.w2);
-  params64.b2 = to_double(params.b2);
-  params64.w3 = to_double(params.w3);
+  {
+    const auto src = params.named();
+    const auto dst = params64.named();
+    for (size_t i = 0; i < src.size(); ++i) *dst[i].second = to_double(*src[i].second);
+  }
 
   layer.load_whole(params);
   layer.backend().set_weights_version(1);  // one version: a bf16 backend packs them once
@@ -284,10 +274,15 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
                          grads.dparams.wg.size()));
 
   // Expert gradients, whole: the layer's shards summed over all ranks (b2 once per ESP
-  // group) against the oracle summed over MP groups.
+  // group; the shared experts' b2 and gate, whole on every MP rank, once per MP group) against
+  // the oracle summed over MP groups.
   ref::MoeParams<float> mine = ref::MoeParams<float>::zeros(sh);
   layer.store_whole_grads(mine);
   if (layer.esp_rank() != 0) std::fill(mine.b2.begin(), mine.b2.end(), 0.0f);
+  if (mp_rank != 0) {
+    std::fill(mine.sb2.begin(), mine.sb2.end(), 0.0f);
+    std::fill(mine.swg.begin(), mine.swg.end(), 0.0f);
+  }
   const auto mine_named = named(mine);
   const auto oracle_named = named(grads.dparams);
   std::vector<std::vector<double>> layer_whole, oracle_whole;
@@ -368,29 +363,31 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
       add_routing(oname, dump_routing(fwd.routing), static_cast<int>(result.oracle_slices));
       add_routing(sname, layer_routing, gate_slices);
       for (const auto& [name, vec] : named(params))
-        d.add("param." + name + ".npy", vec->data(), param_shape(sh, name),
+        d.add("param." + name + ".npy", vec->data(), ref::param_shape(sh, name),
               "whole (unsharded) parameter " + name);
       d.add(oname + ".out.npy", fwd.out.data(), {T, M}, "oracle (fp64) output, MP group 0");
       d.add(oname + ".dx.npy", grads.dx.data(), {T, M}, "oracle (fp64) dx, MP group 0");
       d.add(oname + ".l_aux.npy", &fwd.l_aux, {}, "oracle (fp64) l_aux, MP group 0");
-      d.add(oname + ".dwg.npy", grads.dparams.wg.data(), param_shape(sh, "wg"),
+      d.add(oname + ".dwg.npy", grads.dparams.wg.data(), ref::param_shape(sh, "wg"),
             "oracle (fp64) gate-weight gradient, MP group 0");
       d.add(sname + ".out.npy", out.data(), {T, M}, sname + " output, MP group 0");
       d.add(sname + ".dx.npy", dx.data(), {T, M}, sname + " dx, MP group 0");
       d.add(sname + ".l_aux.npy", &l_aux, {}, sname + " l_aux, MP group 0");
-      d.add(sname + ".dwg.npy", dwg.data(), param_shape(sh, "wg"),
+      d.add(sname + ".dwg.npy", dwg.data(), ref::param_shape(sh, "wg"),
             sname + " gate-weight gradient, MP group 0");
       for (size_t i = 1; i < mine_named.size(); ++i) {
         const std::string n = mine_named[i].first;
-        d.add(oname + ".d" + n + ".npy", oracle_whole[i - 1].data(), param_shape(sh, n),
+        d.add(oname + ".d" + n + ".npy", oracle_whole[i - 1].data(), ref::param_shape(sh, n),
               "oracle (fp64) gradient of " + n + ", summed over all MP groups");
-        d.add(sname + ".d" + n + ".npy", layer_whole[i - 1].data(), param_shape(sh, n),
+        d.add(sname + ".d" + n + ".npy", layer_whole[i - 1].data(), ref::param_shape(sh, n),
               sname + " gradient of " + n + ", gathered from the ranks' shards and summed "
               "over EDP replicas");
       }
       d.finish({{"tokens", T}, {"model_dim", M}, {"hidden", sh.hidden},
                 {"experts", sh.experts}, {"topk", sh.topk},
                 {"expert_mlp", expert_mlp_name(sh.expert_mlp)},
+                {"shared_experts", sh.shared_experts}, {"shared_hidden", sh.shared_hidden},
+                {"shared_gate", sh.shared_gate},
                 {"capacity_factor", sh.capacity_factor.str()}, {"mp", l.mp}, {"ep", l.ep},
                 {"esp", l.esp}, {"world", l.world}, {"mp_groups", l.world / l.mp},
                 {"seed", o.seed}, {"dl_aux", o.dl_aux}, {"dl_z", o.dl_z}, {"skew", o.skew},

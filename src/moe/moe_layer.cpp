@@ -15,16 +15,25 @@ using schedule::StepKind;
 
 namespace {
 
-MoeLayerParams make_params(const MoeShape& shape, int64_t e_loc, int64_t hl, Device d) {
-  const int64_t M = shape.model_dim, E = shape.experts;
+moe::ExpertShards make_ffns(const MoeShape& shape, int64_t n, int64_t hl, Device d) {
+  const int64_t M = shape.model_dim;
   const bool biases = has_expert_biases(shape.expert_mlp), gated = is_gated(shape.expert_mlp);
+  moe::ExpertShards w;
+  w.w1 = Tensor({n, M, hl}, d);
+  w.b1 = Tensor({n, biases ? hl : 0}, d);
+  w.w2 = Tensor({n, hl, M}, d);
+  w.b2 = Tensor({n, biases ? M : 0}, d);
+  w.w3 = Tensor({n, gated ? M : 0, hl}, d);
+  return w;
+}
+
+MoeLayerParams make_params(const MoeShape& shape, int64_t e_loc, int64_t hl, int mp, Device d) {
+  const int64_t M = shape.model_dim, E = shape.experts;
   MoeLayerParams p;
   p.wg = Tensor({M, E}, d);
-  p.experts.w1 = Tensor({e_loc, M, hl}, d);
-  p.experts.b1 = Tensor({e_loc, biases ? hl : 0}, d);
-  p.experts.w2 = Tensor({e_loc, hl, M}, d);
-  p.experts.b2 = Tensor({e_loc, biases ? M : 0}, d);
-  p.experts.w3 = Tensor({e_loc, gated ? M : 0, hl}, d);
+  p.experts = make_ffns(shape, e_loc, hl, d);
+  p.shared = make_ffns(shape, shape.shared_experts, shape.shared_hidden / mp, d);
+  p.shared_gate = Tensor({shape.shared_gate ? M : 0}, d);
   return p;
 }
 
@@ -43,15 +52,20 @@ schedule::Schedule layer_schedule(Topology& topo, const MoeShape& shape, schedul
 
 void copy_params(const MoeLayerParams& from, MoeLayerParams& to) {
   to.wg.copy_from(from.wg);
-  const auto src = from.experts.all();
-  const auto dst = to.experts.all();
-  for (size_t i = 0; i < src.size(); ++i) dst[i]->copy_from(*src[i]);
+  to.shared_gate.copy_from(from.shared_gate);
+  for (auto [f, t] : {std::pair{&from.experts, &to.experts}, {&from.shared, &to.shared}}) {
+    const auto src = f->all();
+    const auto dst = t->all();
+    for (size_t i = 0; i < src.size(); ++i) dst[i]->copy_from(*src[i]);
+  }
 }
 
 MoeLayerParams params_on(const MoeLayerParams& p, Device device) {
-  return {p.wg.to(device),
-          {p.experts.w1.to(device), p.experts.b1.to(device), p.experts.w2.to(device),
-           p.experts.b2.to(device), p.experts.w3.to(device)}};
+  auto on = [device](const moe::ExpertShards& w) {
+    return moe::ExpertShards{w.w1.to(device), w.b1.to(device), w.w2.to(device),
+                             w.b2.to(device), w.w3.to(device)};
+  };
+  return {p.wg.to(device), on(p.experts), on(p.shared), p.shared_gate.to(device)};
 }
 
 MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
@@ -66,6 +80,8 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   const Device device = topo.device();
   esp_rank_ = topo.comm(Group::kEsp).rank();
   esp_size_ = l.esp;
+  mp_rank_ = topo.comm(Group::kMp).rank();
+  mp_size_ = l.mp;
   const int64_t M = shape.model_dim, E = shape.experts;
   const int64_t e_loc = E / l.ep, hl = shape.hidden / l.esp;
   first_expert_ = static_cast<int>(topo.comm(Group::kEp).rank() * e_loc);
@@ -80,12 +96,16 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   // Dropless: buffers packed (sized by the rows routed; docs/dropless.md).
   sizes.dropless = sizes.packed = schedule_.dropless;
   sizes.expert_mlp = shape.expert_mlp;
+  sizes.shared_experts = shape.shared_experts;
+  sizes.shared_rows = schedule_.shared_rows;
+  sizes.shared_hidden_shard = shape.has_shared() ? shape.shared_hidden / l.mp : 0;
+  sizes.shared_gate = shape.shared_gate;
   if (schedule_.dropless)
     sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);
   backend_ = moe::make_backend(device, precision, sizes);
   backend_->set_router(shape.router);
-  params_ = make_params(shape, e_loc, hl, device);
-  grads_ = make_params(shape, e_loc, hl, device);
+  params_ = make_params(shape, e_loc, hl, l.mp, device);
+  grads_ = make_params(shape, e_loc, hl, l.mp, device);
   const size_t num_steps = schedule_.steps.size();
   fwd_us_.assign(num_steps, 0.0);
   bwd_us_.assign(num_steps, 0.0);
@@ -116,7 +136,8 @@ int64_t MoeLayer::held_bytes() const {
 void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
   whole.check(shape_);
   const int64_t hl_shard = params_.experts.w1.dim(2);
-  MoeLayerParams host = make_params(shape_, params_.experts.w1.dim(0), hl_shard, Device::kCpu);
+  MoeLayerParams host =
+      make_params(shape_, params_.experts.w1.dim(0), hl_shard, mp_size_, Device::kCpu);
   std::memcpy(host.wg.data(), whole.wg.data(), static_cast<size_t>(host.wg.bytes()));
   auto& x = host.experts;
   const int64_t e_loc = x.w1.dim(0), M = shape_.model_dim, hl = x.w1.dim(2);
@@ -131,13 +152,28 @@ void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
     std::memcpy(x.b2.data() + e * M, whole.b2.data() + (first_expert_ + e) * M,
                 static_cast<size_t>(M) * sizeof(float));
   }
+  // The shared experts: this MP rank's shard of each, b2 and the shared gate whole.
+  auto& sh = host.shared;
+  const int64_t hs = sh.w1.dim(2);
+  for (int64_t s = 0; s < shape_.shared_experts; ++s) {
+    const auto part = ref::slice_shared(shape_, whole, s, mp_rank_, mp_size_);
+    std::memcpy(sh.w1.data() + s * M * hs, part.w1.data(), part.w1.size() * sizeof(float));
+    std::memcpy(sh.w2.data() + s * hs * M, part.w2.data(), part.w2.size() * sizeof(float));
+    if (sh.gated())
+      std::memcpy(sh.w3.data() + s * M * hs, part.w3.data(), part.w3.size() * sizeof(float));
+    if (!has_expert_biases(shape_.expert_mlp)) continue;
+    std::memcpy(sh.b1.data() + s * hs, part.b1.data(), part.b1.size() * sizeof(float));
+    std::memcpy(sh.b2.data() + s * M, whole.sb2.data() + s * M,
+                static_cast<size_t>(M) * sizeof(float));
+  }
+  std::copy(whole.swg.begin(), whole.swg.end(), host.shared_gate.data());
   copy_params(host, params_);
 }
 
 void MoeLayer::store_whole_grads(ref::MoeParams<float>& whole) const {
   whole.check(shape_);
-  MoeLayerParams host =
-      make_params(shape_, grads_.experts.w1.dim(0), grads_.experts.w1.dim(2), Device::kCpu);
+  MoeLayerParams host = make_params(shape_, grads_.experts.w1.dim(0),
+                                    grads_.experts.w1.dim(2), mp_size_, Device::kCpu);
   copy_params(grads_, host);
   std::memcpy(whole.wg.data(), host.wg.data(), static_cast<size_t>(host.wg.bytes()));
   const auto& g = host.experts;
@@ -157,11 +193,34 @@ void MoeLayer::store_whole_grads(ref::MoeParams<float>& whole) const {
       std::memcpy(whole.b2.data() + (first_expert_ + e) * M, g.b2.data() + e * M,
                   static_cast<size_t>(M) * sizeof(float));
   }
+  // The shared experts: this MP rank's shard; b2 and the shared gate whole (every MP rank
+  // holds the same complete gradients of those).
+  const auto& sg = host.shared;
+  const int64_t hs = sg.w1.dim(2);
+  for (int64_t s = 0; s < shape_.shared_experts; ++s) {
+    ref::ExpertWeights<float> part;
+    part.mlp = shape_.expert_mlp;
+    part.model_dim = M;
+    part.hidden = hs;
+    part.w1.assign(sg.w1.data() + s * M * hs, sg.w1.data() + (s + 1) * M * hs);
+    part.w2.assign(sg.w2.data() + s * hs * M, sg.w2.data() + (s + 1) * hs * M);
+    if (sg.gated()) part.w3.assign(sg.w3.data() + s * M * hs, sg.w3.data() + (s + 1) * M * hs);
+    const bool biases = has_expert_biases(shape_.expert_mlp);
+    if (biases) part.b1.assign(sg.b1.data() + s * hs, sg.b1.data() + (s + 1) * hs);
+    ref::unslice_shared(shape_, part, s, mp_rank_, mp_size_, whole);
+    if (biases)
+      std::memcpy(whole.sb2.data() + s * M, sg.b2.data() + s * M,
+                  static_cast<size_t>(M) * sizeof(float));
+  }
+  std::copy(host.shared_gate.data(), host.shared_gate.data() + host.shared_gate.numel(),
+            whole.swg.begin());
 }
 
 void MoeLayer::zero_grad() {
   grads_.wg.zero();
+  grads_.shared_gate.zero();
   for (Tensor* t : grads_.experts.all()) t->zero();
+  for (Tensor* t : grads_.shared.all()) t->zero();
 }
 
 const Tensor& MoeLayer::forward(const Tensor& x) {
@@ -193,7 +252,7 @@ void MoeLayer::set_dl_z(float dl_z) {
 void MoeLayer::begin_backward(const Tensor& dout) {
   for (size_t i = 0; i < bufs_.size(); ++i)
     if (accumulated_[i]) bufs_.grad(static_cast<int>(i)).zero();
-  bufs_.dwg_call().zero();
+  bufs_.dweights_call().zero();
   bufs_.grad(schedule_.output).copy_from(dout);
 }
 
@@ -210,7 +269,7 @@ const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux, float dl_z) {
     backend_->sync();
     bwd_us_[i] = now_us() - t0;
   }
-  backend_->add(grads_.wg.data(), bufs_.dwg_call().data(), grads_.wg.numel());
+  add_weight_grads();
   backend_->sync();
   return bufs_.grad(schedule_.input);
 }
@@ -318,6 +377,13 @@ void MoeLayer::compute_forward(const Step& s, moe::PhaseTimes* phases) {
       break;
     }
     case StepKind::kCombine: backend_->combine_forward(buf(s.in), buf(s.out)); break;
+    case StepKind::kSharedExperts:
+      backend_->shared_forward(buf(s.in), params_.shared, params_.shared_gate, mp_rank_ == 0,
+                               buf(s.out), phases);
+      break;
+    case StepKind::kAddShared:
+      backend_->add(buf(s.out).data(), buf(s.in).data(), buf(s.in).numel());
+      break;
     default: PARM_CHECK(false, "step '{}' is not a computation", s.label);
   }
 }
@@ -345,8 +411,20 @@ void MoeLayer::compute_backward(const Step& s, float dl_aux, moe::PhaseTimes* ph
     case StepKind::kCombine:
       backend_->combine_backward(buf(s.in), dbuf(s.out), dbuf(s.in));
       break;
+    case StepKind::kSharedExperts:  // dx accumulates: the gate and the dispatch read x too
+      backend_->shared_backward(buf(s.in), dbuf(s.out), params_.shared, params_.shared_gate,
+                                grads_.shared, bufs_.dsg_call(), dbuf(s.in), phases);
+      break;
+    case StepKind::kAddShared: dbuf(s.in).copy_from(dbuf(s.out)); break;
     default: PARM_CHECK(false, "step '{}' is not a computation", s.label);
   }
+}
+
+void MoeLayer::add_weight_grads() {
+  backend_->add(grads_.wg.data(), bufs_.dwg_call().data(), grads_.wg.numel());
+  if (!grads_.shared_gate.empty())
+    backend_->add(grads_.shared_gate.data(), bufs_.dsg_call().data(),
+                  grads_.shared_gate.numel());
 }
 
 }  // namespace parm

@@ -30,10 +30,15 @@ namespace parm {
 struct MoeLayerParams {
   Tensor wg;                 // (M, E) whole, on every rank
   moe::ExpertShards experts; // this rank's shards
+  // Shared experts (docs/spec.md §9): this MP rank's shard of each, (N_s, M, H_s / N_MP)...,
+  // b2 whole; and the shared gate's weight (M), whole on every rank. Empty without them.
+  moe::ExpertShards shared;
+  Tensor shared_gate;
 
   int64_t bytes() const {
-    int64_t b = wg.bytes();
+    int64_t b = wg.bytes() + shared_gate.bytes();
     for (const Tensor* t : experts.all()) b += t->bytes();
+    for (const Tensor* t : shared.all()) b += t->bytes();
     return b;
   }
 };
@@ -62,6 +67,8 @@ class MoeLayer {
   int first_expert() const { return first_expert_; }  // global index of local expert 0
   int esp_rank() const { return esp_rank_; }
   int esp_size() const { return esp_size_; }
+  int mp_rank() const { return mp_rank_; }  // the shared experts' shard
+  int mp_size() const { return mp_size_; }
 
   MoeLayerParams& params() { return params_; }
   MoeLayerParams& grads() { return grads_; }
@@ -142,6 +149,9 @@ class MoeLayer {
   void run_pass(const schedule::Step& s, bool backward, float dl_aux);
   void compute_forward(const schedule::Step& s, moe::PhaseTimes* phases);
   void compute_backward(const schedule::Step& s, float dl_aux, moe::PhaseTimes* phases);
+  // After a backward pass: this call's gate weight (and shared gate) gradients, summed over
+  // mp where the schedule sums them, added into grads_.
+  void add_weight_grads();
   // Checks and keeps dl_z for the backward pass that starts.
   void set_dl_z(float dl_z);
   // Zeroes the accumulated gradients and takes dout as the output's gradient.
@@ -165,6 +175,8 @@ class MoeLayer {
   int first_expert_ = 0;
   int esp_rank_ = 0;
   int esp_size_ = 1;
+  int mp_rank_ = 0;
+  int mp_size_ = 1;
   std::unique_ptr<moe::LayerBackend> backend_;
   MoeLayerParams params_;
   MoeLayerParams grads_;

@@ -84,7 +84,7 @@ bool MoeLayer::run_split_steps() {
     backend_->sync();
     us[i] = now_us() - t0;
   }
-  if (backward) backend_->add(grads_.wg.data(), bufs_.dwg_call().data(), grads_.wg.numel());
+  if (backward) add_weight_grads();
   backend_->sync();
   split_.active = false;
   return false;

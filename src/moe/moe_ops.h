@@ -161,6 +161,21 @@ struct ExpertWorkspace {
   Tensor d_gate;              // (max_rows, Hl) scratch, swiglu
 };
 
+// One FFN (expert or shared expert e of w, fp32) over n contiguous rows x (n, M): pre = x W1
+// (and gate = x W3 for swiglu), act = gelu(pre + b1) or silu(pre) * gate, out (n, M) = act W2,
+// added into out when `accumulate`; no b2. pre, gate, act (n, Hl) are kept for ffn_backward
+// (gate null for gelu). The clock laps "expert products", "bias + GeLU" or "SwiGLU".
+void ffn_forward(int64_t n, int64_t model_dim, int64_t hidden, const float* x,
+                 const ExpertShards& w, int64_t e, float* pre, float* gate, float* act,
+                 float* out, bool accumulate, PhaseClock& clock);
+// Its adjoint for dy (n, M): accumulates dW1, dW2 (db1 for gelu, dW3 for swiglu) of FFN e into
+// dw, overwrites dx (n, M); dact and dgate (n, Hl) are scratch (dgate null for gelu). No db2.
+// Laps "expert products", "GeLU + bias backward" or "SwiGLU backward".
+void ffn_backward(int64_t n, int64_t model_dim, int64_t hidden, const float* x, const float* dy,
+                  const ExpertShards& w, int64_t e, const float* pre, const float* gate,
+                  const float* act, ExpertShards& dw, float* dact, float* dgate, float* dx,
+                  PhaseClock& clock);
+
 // The exchange layout: in/out are (blocks, E_loc, slots, M); expert e's rows in block b are
 // the first fills[b * E_loc + e] of the `slots` rows at [b, e] (the rest are empty slots and
 // are not computed). With `first` (dropless, packed): segment [b, e] starts at row

@@ -97,6 +97,13 @@ MoeParams<S> MoeParams<S>::zeros(const MoeShape& shape) {
   p.w2.assign(static_cast<Size>(E * H * M), S(0));
   p.b2.assign(static_cast<Size>(biases ? E * M : 0), S(0));
   p.w3.assign(static_cast<Size>(is_gated(shape.expert_mlp) ? E * M * H : 0), S(0));
+  const int64_t Ns = shape.shared_experts, Hs = shape.shared_hidden;
+  p.sw1.assign(static_cast<Size>(Ns * M * Hs), S(0));
+  p.sb1.assign(static_cast<Size>(biases ? Ns * Hs : 0), S(0));
+  p.sw2.assign(static_cast<Size>(Ns * Hs * M), S(0));
+  p.sb2.assign(static_cast<Size>(biases ? Ns * M : 0), S(0));
+  p.sw3.assign(static_cast<Size>(is_gated(shape.expert_mlp) ? Ns * M * Hs : 0), S(0));
+  p.swg.assign(static_cast<Size>(shape.shared_gate ? M : 0), S(0));
   return p;
 }
 
@@ -111,6 +118,13 @@ void MoeParams<S>::check(const MoeShape& shape) const {
   check_size(biases ? "b2 (E, M)" : "b2 (none: swiglu)", b2.size(), biases ? E * M : 0);
   const bool gated = is_gated(shape.expert_mlp);
   check_size(gated ? "w3 (E, M, H)" : "w3 (none: gelu)", w3.size(), gated ? E * M * H : 0);
+  const int64_t Ns = shape.shared_experts, Hs = shape.shared_hidden;
+  check_size("sw1 (N_s, M, H_s)", sw1.size(), Ns * M * Hs);
+  check_size("sb1 (N_s, H_s; gelu)", sb1.size(), biases ? Ns * Hs : 0);
+  check_size("sw2 (N_s, H_s, M)", sw2.size(), Ns * Hs * M);
+  check_size("sb2 (N_s, M; gelu)", sb2.size(), biases ? Ns * M : 0);
+  check_size("sw3 (N_s, M, H_s; swiglu)", sw3.size(), gated ? Ns * M * Hs : 0);
+  check_size("swg (M; shared gate)", swg.size(), shape.shared_gate ? M : 0);
 }
 
 template <typename S>
@@ -128,6 +142,19 @@ MoeParams<S> init_params(const MoeShape& shape, uint64_t seed) {
     p.b2 = draw_normal<S>(E * M, seed, kStreamB2, kInitBiasStd);
   }
   if (is_gated(shape.expert_mlp)) p.w3 = draw_normal<S>(E * M * H, seed, kStreamW3, std_m);
+  const int64_t Ns = shape.shared_experts, Hs = shape.shared_hidden;
+  if (Ns > 0) {
+    const float std_hs = 1.0f / std::sqrt(static_cast<float>(Hs));
+    p.sw1 = draw_normal<S>(Ns * M * Hs, seed, kStreamSharedW1, std_m);
+    p.sw2 = draw_normal<S>(Ns * Hs * M, seed, kStreamSharedW2, std_hs);
+    if (has_expert_biases(shape.expert_mlp)) {
+      p.sb1 = draw_normal<S>(Ns * Hs, seed, kStreamSharedB1, kInitBiasStd);
+      p.sb2 = draw_normal<S>(Ns * M, seed, kStreamSharedB2, kInitBiasStd);
+    }
+    if (is_gated(shape.expert_mlp))
+      p.sw3 = draw_normal<S>(Ns * M * Hs, seed, kStreamSharedW3, std_m);
+    if (shape.shared_gate) p.swg = draw_normal<S>(M, seed, kStreamSharedGate, std_m);
+  }
   return p;
 }
 
@@ -135,6 +162,21 @@ template <typename S>
 std::vector<S> init_input(const MoeShape& shape, uint64_t seed) {
   shape.validate();
   return draw_normal<S>(shape.tokens * shape.model_dim, seed, kStreamInput, 1.0f);
+}
+
+Shape param_shape(const MoeShape& s, const std::string& name) {
+  const int64_t n = s.shared_experts, hs = s.shared_hidden;
+  if (name == "wg") return {s.model_dim, s.experts};
+  if (name == "w1" || name == "w3") return {s.experts, s.model_dim, s.hidden};
+  if (name == "b1") return {s.experts, s.hidden};
+  if (name == "w2") return {s.experts, s.hidden, s.model_dim};
+  if (name == "sw1" || name == "sw3") return {n, s.model_dim, hs};
+  if (name == "sb1") return {n, hs};
+  if (name == "sw2") return {n, hs, s.model_dim};
+  if (name == "sb2") return {n, s.model_dim};
+  if (name == "swg") return {s.model_dim};
+  PARM_CHECK(name == "b2", "no MoE parameter named {}", name);
+  return {s.experts, s.model_dim};
 }
 
 // ---- Routing -----------------------------------------------------------------------------
@@ -490,15 +532,53 @@ void aux_loss_backward(const AuxStats<S>& st, int64_t tokens, S dl_aux, std::vec
 
 // ---- 5. Experts --------------------------------------------------------------------------
 
+namespace {
+
+// The whole tensors of a set of FFNs (the routed experts, or the shared ones): w1, w3 (n, M,
+// H), b1 (n, H), w2 (n, H, M); w3 / b1 empty where the kind has none.
+template <typename V>
+struct FfnSet {
+  V* w1;
+  V* b1;
+  V* w2;
+  V* w3;
+  int64_t hidden;
+};
+
 template <typename S>
-ExpertWeights<S> slice_expert(const MoeShape& shape, const MoeParams<S>& whole, int64_t e,
-                              int shard, int num_shards) {
-  check_shard(shape, e, shard, num_shards);
-  whole.check(shape);
-  const int64_t M = shape.model_dim, H = shape.hidden, Hs = H / num_shards, h0 = shard * Hs;
-  const bool biases = has_expert_biases(shape.expert_mlp), gated = is_gated(shape.expert_mlp);
+FfnSet<const std::vector<S>> routed_set(const MoeShape& sh, const MoeParams<S>& p) {
+  return {&p.w1, &p.b1, &p.w2, &p.w3, sh.hidden};
+}
+template <typename S>
+FfnSet<std::vector<S>> routed_set(const MoeShape& sh, MoeParams<S>& p) {
+  return {&p.w1, &p.b1, &p.w2, &p.w3, sh.hidden};
+}
+template <typename S>
+FfnSet<const std::vector<S>> shared_set(const MoeShape& sh, const MoeParams<S>& p) {
+  return {&p.sw1, &p.sb1, &p.sw2, &p.sw3, sh.shared_hidden};
+}
+template <typename S>
+FfnSet<std::vector<S>> shared_set(const MoeShape& sh, MoeParams<S>& p) {
+  return {&p.sw1, &p.sb1, &p.sw2, &p.sw3, sh.shared_hidden};
+}
+
+void check_ffn_shard(int64_t hidden, int shard, int num_shards, const char* what) {
+  PARM_CONFIG_CHECK(num_shards >= 1 && shard >= 0 && shard < num_shards,
+                    "{} shard {} of {} is not valid (need 0 <= shard < num_shards)", what, shard,
+                    num_shards);
+  PARM_CONFIG_CHECK(hidden % num_shards == 0,
+                    "{} hidden dim {} is not divisible by its {} shards", what, hidden,
+                    num_shards);
+}
+
+// FFN e of the set, shard j of n: columns [j H/n, (j+1) H/n) of W1 (W3) and b1, rows of W2.
+template <typename S>
+ExpertWeights<S> slice_ffn(ExpertMlp mlp, int64_t M, const FfnSet<const std::vector<S>>& set,
+                           int64_t e, int shard, int num_shards) {
+  const int64_t H = set.hidden, Hs = H / num_shards, h0 = shard * Hs;
+  const bool biases = has_expert_biases(mlp), gated = is_gated(mlp);
   ExpertWeights<S> w;
-  w.mlp = shape.expert_mlp;
+  w.mlp = mlp;
   w.model_dim = M;
   w.hidden = Hs;
   w.w1.resize(static_cast<Size>(M * Hs));
@@ -506,15 +586,45 @@ ExpertWeights<S> slice_expert(const MoeShape& shape, const MoeParams<S>& whole, 
   w.w2.resize(static_cast<Size>(Hs * M));
   w.w3.resize(static_cast<Size>(gated ? M * Hs : 0));
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t h = 0; h < Hs; ++h) w.w1[m * Hs + h] = whole.w1[(e * M + m) * H + h0 + h];
+    for (int64_t h = 0; h < Hs; ++h) w.w1[m * Hs + h] = (*set.w1)[(e * M + m) * H + h0 + h];
   if (gated)
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t h = 0; h < Hs; ++h) w.w3[m * Hs + h] = whole.w3[(e * M + m) * H + h0 + h];
+      for (int64_t h = 0; h < Hs; ++h) w.w3[m * Hs + h] = (*set.w3)[(e * M + m) * H + h0 + h];
   if (biases)
-    for (int64_t h = 0; h < Hs; ++h) w.b1[h] = whole.b1[e * H + h0 + h];
+    for (int64_t h = 0; h < Hs; ++h) w.b1[h] = (*set.b1)[e * H + h0 + h];
   for (int64_t h = 0; h < Hs; ++h)
-    for (int64_t m = 0; m < M; ++m) w.w2[h * M + m] = whole.w2[(e * H + h0 + h) * M + m];
+    for (int64_t m = 0; m < M; ++m) w.w2[h * M + m] = (*set.w2)[(e * H + h0 + h) * M + m];
   return w;
+}
+
+template <typename S>
+void unslice_ffn(ExpertMlp mlp, int64_t M, const ExpertWeights<S>& part, int64_t e, int shard,
+                 int num_shards, const FfnSet<std::vector<S>>& set) {
+  const int64_t H = set.hidden, Hs = H / num_shards, h0 = shard * Hs;
+  PARM_CHECK_EQ(part.model_dim, M);
+  PARM_CHECK_EQ(part.hidden, Hs);
+  PARM_CHECK(part.mlp == mlp, "a {} expert shard into {} experts", expert_mlp_name(part.mlp),
+             expert_mlp_name(mlp));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < Hs; ++h) (*set.w1)[(e * M + m) * H + h0 + h] = part.w1[m * Hs + h];
+  if (is_gated(mlp))
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t h = 0; h < Hs; ++h) (*set.w3)[(e * M + m) * H + h0 + h] = part.w3[m * Hs + h];
+  if (has_expert_biases(mlp))
+    for (int64_t h = 0; h < Hs; ++h) (*set.b1)[e * H + h0 + h] = part.b1[h];
+  for (int64_t h = 0; h < Hs; ++h)
+    for (int64_t m = 0; m < M; ++m) (*set.w2)[(e * H + h0 + h) * M + m] = part.w2[h * M + m];
+}
+
+}  // namespace
+
+template <typename S>
+ExpertWeights<S> slice_expert(const MoeShape& shape, const MoeParams<S>& whole, int64_t e,
+                              int shard, int num_shards) {
+  check_shard(shape, e, shard, num_shards);
+  whole.check(shape);
+  return slice_ffn<S>(shape.expert_mlp, shape.model_dim, routed_set(shape, whole), e, shard,
+                      num_shards);
 }
 
 template <typename S>
@@ -522,20 +632,30 @@ void unslice_expert(const MoeShape& shape, const ExpertWeights<S>& part, int64_t
                     int num_shards, MoeParams<S>& whole) {
   check_shard(shape, e, shard, num_shards);
   whole.check(shape);
-  const int64_t M = shape.model_dim, H = shape.hidden, Hs = H / num_shards, h0 = shard * Hs;
-  PARM_CHECK_EQ(part.model_dim, M);
-  PARM_CHECK_EQ(part.hidden, Hs);
-  PARM_CHECK(part.mlp == shape.expert_mlp, "a {} expert shard into {} experts",
-             expert_mlp_name(part.mlp), expert_mlp_name(shape.expert_mlp));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t h = 0; h < Hs; ++h) whole.w1[(e * M + m) * H + h0 + h] = part.w1[m * Hs + h];
-  if (is_gated(shape.expert_mlp))
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t h = 0; h < Hs; ++h) whole.w3[(e * M + m) * H + h0 + h] = part.w3[m * Hs + h];
-  if (has_expert_biases(shape.expert_mlp))
-    for (int64_t h = 0; h < Hs; ++h) whole.b1[e * H + h0 + h] = part.b1[h];
-  for (int64_t h = 0; h < Hs; ++h)
-    for (int64_t m = 0; m < M; ++m) whole.w2[(e * H + h0 + h) * M + m] = part.w2[h * M + m];
+  unslice_ffn<S>(shape.expert_mlp, shape.model_dim, part, e, shard, num_shards,
+                 routed_set(shape, whole));
+}
+
+template <typename S>
+ExpertWeights<S> slice_shared(const MoeShape& shape, const MoeParams<S>& whole, int64_t s,
+                              int shard, int num_shards) {
+  PARM_CONFIG_CHECK(s >= 0 && s < shape.shared_experts, "shared expert {} out of range [0, {})",
+                    s, shape.shared_experts);
+  check_ffn_shard(shape.shared_hidden, shard, num_shards, "shared expert");
+  whole.check(shape);
+  return slice_ffn<S>(shape.expert_mlp, shape.model_dim, shared_set(shape, whole), s, shard,
+                      num_shards);
+}
+
+template <typename S>
+void unslice_shared(const MoeShape& shape, const ExpertWeights<S>& part, int64_t s, int shard,
+                    int num_shards, MoeParams<S>& whole) {
+  PARM_CONFIG_CHECK(s >= 0 && s < shape.shared_experts, "shared expert {} out of range [0, {})",
+                    s, shape.shared_experts);
+  check_ffn_shard(shape.shared_hidden, shard, num_shards, "shared expert");
+  whole.check(shape);
+  unslice_ffn<S>(shape.expert_mlp, shape.model_dim, part, s, shard, num_shards,
+                 shared_set(shape, whole));
 }
 
 template <typename S>
@@ -711,6 +831,32 @@ MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
 
   // 6. Combine.
   combine_forward(shape, f.routing, f.expert_out, f.out);
+
+  // Shared experts (docs/spec.md §9): P = sum_s FFN_s(x) (+ b2_s), out += g P, g = sigmoid(x
+  // w_sg) with the shared gate, else 1.
+  const int64_t Ns = shape.shared_experts;
+  f.shared_acts.resize(static_cast<Size>(Ns));
+  f.shared_sum.assign(static_cast<Size>(Ns > 0 ? T * M : 0), S(0));
+  f.shared_gate.assign(static_cast<Size>(Ns > 0 ? T : 0), S(1));
+  for (int64_t s = 0; s < Ns; ++s) {
+    std::vector<S> ys;
+    expert_shard_forward(slice_shared(shape, params, s, 0, 1), x, f.shared_acts[s], ys);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t m = 0; m < M; ++m)
+        f.shared_sum[t * M + m] +=
+            ys[t * M + m] + (params.sb2.empty() ? S(0) : params.sb2[s * M + m]);
+  }
+  if (Ns > 0) {
+    if (shape.shared_gate)
+      for (int64_t t = 0; t < T; ++t) {
+        S z = S(0);
+        for (int64_t m = 0; m < M; ++m) z += x[t * M + m] * params.swg[m];
+        f.shared_gate[t] = sigmoid(z);
+      }
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t m = 0; m < M; ++m)
+        f.out[t * M + m] += f.shared_gate[t] * f.shared_sum[t * M + m];
+  }
   return f;
 }
 
@@ -760,6 +906,40 @@ MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
 
   // 4. Dispatch: each kept slot's input gradient goes back to its token.
   dispatch_backward(shape, r, ddispatched, g.dx);
+
+  // Shared experts: dP = g dout; with the gate dg_t = <dout_t, P_t>, dz = dg g (1 - g),
+  // dw_sg += x^T dz, dx += dz w_sg^T; then each FFN's adjoint on dP (db2_s = column sums).
+  const int64_t Ns = shape.shared_experts;
+  if (Ns > 0) {
+    std::vector<S> dp(static_cast<Size>(T * M));
+    for (int64_t t = 0; t < T; ++t) {
+      const S gt = fwd.shared_gate[t];
+      S dg = S(0);
+      for (int64_t m = 0; m < M; ++m) {
+        dp[t * M + m] = gt * dout[t * M + m];
+        dg += dout[t * M + m] * fwd.shared_sum[t * M + m];
+      }
+      if (!shape.shared_gate) continue;
+      const S dz = dg * gt * (S(1) - gt);
+      for (int64_t m = 0; m < M; ++m) {
+        g.dparams.swg[m] += fwd.x[t * M + m] * dz;
+        g.dx[t * M + m] += dz * params.swg[m];
+      }
+    }
+    for (int64_t s = 0; s < Ns; ++s) {
+      const ExpertWeights<S> w = slice_shared(shape, params, s, 0, 1);
+      ExpertWeights<S> gw;
+      std::vector<S> dxs;
+      expert_shard_backward(w, fwd.x, fwd.shared_acts[s], dp, dxs, gw);
+      for (int64_t i = 0; i < T * M; ++i) g.dx[i] += dxs[i];
+      unslice_shared(shape, gw, s, 0, 1, g.dparams);
+      if (!g.dparams.sb2.empty()) {
+        std::vector<S> db2;
+        expert_bias_backward(M, dp, db2);
+        for (int64_t m = 0; m < M; ++m) g.dparams.sb2[s * M + m] = db2[m];
+      }
+    }
+  }
 
   // 2. Combine weights -> probabilities (through the renormalisation when k > 1).
   std::vector<S> dprobs(static_cast<Size>(T * E), S(0));
@@ -849,6 +1029,10 @@ std::vector<S> from_tensor(const Tensor& t) {
   template ExpertWeights<S> slice_expert<S>(const MoeShape&, const MoeParams<S>&, int64_t,    \
                                             int, int);                                        \
   template void unslice_expert<S>(const MoeShape&, const ExpertWeights<S>&, int64_t, int,     \
+                                  int, MoeParams<S>&);                                        \
+  template ExpertWeights<S> slice_shared<S>(const MoeShape&, const MoeParams<S>&, int64_t,    \
+                                            int, int);                                        \
+  template void unslice_shared<S>(const MoeShape&, const ExpertWeights<S>&, int64_t, int,     \
                                   int, MoeParams<S>&);                                        \
   template void expert_shard_forward<S>(const ExpertWeights<S>&, const std::vector<S>&,       \
                                         ExpertActs<S>&, std::vector<S>&);                     \

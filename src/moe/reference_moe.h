@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shape/shape.h"
@@ -34,12 +35,33 @@ struct MoeParams {
   std::vector<S> w2;  // (E, H, M)
   std::vector<S> b2;  // (E, M)     gelu only (swiglu: empty)
   std::vector<S> w3;  // (E, M, H)  swiglu only (gelu: empty): the gate projection
+  // Shared experts (docs/spec.md §9; empty without): N_s FFNs of the routed kind, width H_s.
+  std::vector<S> sw1;  // (N_s, M, H_s)
+  std::vector<S> sb1;  // (N_s, H_s)     gelu
+  std::vector<S> sw2;  // (N_s, H_s, M)
+  std::vector<S> sb2;  // (N_s, M)       gelu
+  std::vector<S> sw3;  // (N_s, M, H_s)  swiglu
+  std::vector<S> swg;  // (M)            the shared gate (shape.shared_gate)
 
+  // Every tensor by name, in a fixed order (wg, w1, b1, w2, b2, w3, sw1, sb1, sw2, sb2, sw3,
+  // swg), empty ones included.
+  std::vector<std::pair<const char*, std::vector<S>*>> named() {
+    return {{"wg", &wg},   {"w1", &w1},   {"b1", &b1},   {"w2", &w2},
+            {"b2", &b2},   {"w3", &w3},   {"sw1", &sw1}, {"sb1", &sb1},
+            {"sw2", &sw2}, {"sb2", &sb2}, {"sw3", &sw3}, {"swg", &swg}};
+  }
+  std::vector<std::pair<const char*, const std::vector<S>*>> named() const {
+    auto all = const_cast<MoeParams*>(this)->named();
+    return {all.begin(), all.end()};
+  }
   // All zeros with the sizes of `shape` (also the layout of the gradients).
   static MoeParams zeros(const MoeShape& shape);
   // Throws parm::Error naming the tensor when a size does not match `shape`.
   void check(const MoeShape& shape) const;
 };
+
+// The whole shape of the tensor of MoeParams named `name` (MoeParams::named()) for `shape`.
+Shape param_shape(const MoeShape& shape, const std::string& name);
 
 // Streams of parm::Rng(seed, stream) used by init_params / init_input. Element i of each
 // whole (unsharded) row-major tensor is normal draw i of its stream; shards are sliced
@@ -51,6 +73,12 @@ inline constexpr uint64_t kStreamW2 = 4;     // w2 ~ N(0, 1/H)
 inline constexpr uint64_t kStreamB2 = 5;     // b2 ~ N(0, 0.1^2)
 inline constexpr uint64_t kStreamInput = 6;  // x  ~ N(0, 1)
 inline constexpr uint64_t kStreamW3 = 7;     // w3 ~ N(0, 1/M)  (swiglu)
+inline constexpr uint64_t kStreamSharedW1 = 8;   // sw1 ~ N(0, 1/M)
+inline constexpr uint64_t kStreamSharedB1 = 9;   // sb1 ~ N(0, 0.1^2)
+inline constexpr uint64_t kStreamSharedW2 = 10;  // sw2 ~ N(0, 1/H_s)
+inline constexpr uint64_t kStreamSharedB2 = 11;  // sb2 ~ N(0, 0.1^2)
+inline constexpr uint64_t kStreamSharedW3 = 12;  // sw3 ~ N(0, 1/M)
+inline constexpr uint64_t kStreamSharedGate = 13;  // swg ~ N(0, 1/M)
 inline constexpr float kInitBiasStd = 0.1f;
 
 // Deterministic parameters / input. The values are drawn and scaled in float and then
@@ -139,6 +167,11 @@ struct MoeForward {
   std::vector<ExpertActs<S>> acts;  // [s * E + e]: expert e on slice s's C slots
   std::vector<S> expert_out;  // (num_slices, E, C, M) y_e, b2_e included, on every slot
   std::vector<S> out;         // (T, M)
+  // Shared experts (docs/spec.md §9): each one's activations, their sum P (T, M), b2 included,
+  // and the shared gate g (T; all ones without it); out holds the routed output + g P.
+  std::vector<ExpertActs<S>> shared_acts;
+  std::vector<S> shared_sum;
+  std::vector<S> shared_gate;
 };
 
 template <typename S>
@@ -251,6 +284,14 @@ ExpertWeights<S> slice_expert(const MoeShape& shape, const MoeParams<S>& whole, 
 // The inverse: writes the shard into its place in `whole` (overwrites that part only).
 template <typename S>
 void unslice_expert(const MoeShape& shape, const ExpertWeights<S>& part, int64_t e, int shard,
+                    int num_shards, MoeParams<S>& whole);
+// The same for shared expert s (docs/spec.md §9): columns of sw1 (sw3) and sb1, rows of sw2,
+// shard j of n of H_s (under MP, n = N_MP). Throws InvalidConfig unless H_s % n == 0.
+template <typename S>
+ExpertWeights<S> slice_shared(const MoeShape& shape, const MoeParams<S>& whole, int64_t s,
+                              int shard, int num_shards);
+template <typename S>
+void unslice_shared(const MoeShape& shape, const ExpertWeights<S>& part, int64_t s, int shard,
                     int num_shards, MoeParams<S>& whole);
 
 // partial (rows, M) = gelu(x W1 + b1) W2 (swiglu: (silu(x W1) * (x W3)) W2) for x (rows, M),

@@ -12,7 +12,13 @@ StepBuffers::StepBuffers(Topology& topo, const schedule::Schedule& sc, const Moe
     : topo_(topo), sc_(sc), model_dim_(shape.model_dim) {
   const Device device = topo.device();
   const int64_t M = shape.model_dim, E = shape.experts;
-  dwg_call_ = Tensor({M, E}, device);
+  // The gate weight's gradient, then the shared gate's (Schedule::gate_weight_numel).
+  PARM_CHECK(sc.gate_weight_numel >= M * E, "gate weight of {} values for M {} x E {}",
+             sc.gate_weight_numel, M, E);
+  dweights_call_ = Tensor({sc.gate_weight_numel}, device);
+  dwg_call_ = Tensor::view(dweights_call_.data(), {M, E}, device);
+  dsg_call_ = Tensor::view(dweights_call_.data() + M * E, {sc.gate_weight_numel - M * E},
+                           device);
   // The backends write the statistics as 2E + 1 values (the z-loss sum last) and their
   // gradient likewise: without the z-loss the step buffer is a view of the first 2E of them.
   int stats = -1;
@@ -39,7 +45,7 @@ StepBuffers::StepBuffers(Topology& topo, const schedule::Schedule& sc, const Moe
 
 Tensor& StepBuffers::pass(int id, bool backward) {
   if (!backward) return value(id);
-  return id == schedule::kGateWeight ? dwg_call_ : grad(id);
+  return id == schedule::kGateWeight ? dweights_call_ : grad(id);
 }
 
 const int64_t* StepBuffers::starts(int id) {
@@ -71,7 +77,7 @@ void StepBuffers::post_fills(Group g, bool gather, const std::vector<int32_t>& i
 }
 
 int64_t StepBuffers::held_bytes() const {
-  int64_t b = dwg_call_.bytes();
+  int64_t b = dweights_call_.bytes();
   for (const auto* list : {&values_, &grads_})
     for (const Tensor& t : *list) b += t.bytes();
   return b;

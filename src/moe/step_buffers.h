@@ -34,8 +34,12 @@ class StepBuffers {
   const Tensor& grad(int id) const { return grads_[static_cast<size_t>(id)]; }
   size_t size() const { return values_.size(); }
   int64_t model_dim() const { return model_dim_; }  // M: the floats of one row
-  // This call's gate-weight gradient (M, E), before S1's sum over mp (schedule::kGateWeight).
+  // This call's gate-weight gradient (M, E), before S1's sum over mp (schedule::kGateWeight),
+  // and the shared gate's (M; empty without it), which follows it in one buffer.
   Tensor& dwg_call() { return dwg_call_; }
+  Tensor& dsg_call() { return dsg_call_; }
+  // Both (zeroed by the layer before each backward pass).
+  Tensor& dweights_call() { return dweights_call_; }
   // What a pass reads or writes of buffer id: the buffer forward, its gradient backward
   // (kGateWeight: dwg_call()).
   Tensor& pass(int id, bool backward);
@@ -73,7 +77,9 @@ class StepBuffers {
   int64_t model_dim_;
   std::vector<Tensor> values_;  // by buffer id (aliased ids share one tensor)
   std::vector<Tensor> grads_;   // their gradients
-  Tensor dwg_call_;
+  Tensor dweights_call_;  // (gate_weight_numel)
+  Tensor dwg_call_;       // views of it
+  Tensor dsg_call_;
   std::vector<size_t> own_fills_;  // by buffer id: the id whose counts it has (fills_like)
   std::vector<std::vector<int32_t>> fills_;   // by that id
   std::vector<std::vector<int64_t>> starts_;  // by buffer id: packed segment starts

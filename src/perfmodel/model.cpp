@@ -194,6 +194,27 @@ struct Pricer {
                     static_cast<double>(shape.experts) * static_cast<double>(sc.capacity));
   }
 
+  // One FFN of the layer's kind over R rows of hidden width hl: its GEMMs (no row copies, no
+  // b2). Forward: x W1 (and x W3 for swiglu), act W2. Backward: dW2 += act^T dy, dact = dy W2^T,
+  // dW1 += x^T dpre, dx = dpre W1^T (swiglu: dW3 += x^T dgate, dx += dgate W3^T).
+  std::pair<double, double> ffn_us(double R, double hl) const {
+    const double M = static_cast<double>(shape.model_dim);
+    const double gates = is_gated(shape.expert_mlp) ? 2 : 1;
+    const double fwd = gemm(GemmClass::kExpertNN, R, hl, M) * gates +
+                       gemm(GemmClass::kExpertNN, R, M, hl);
+    const double bwd = gemm(GemmClass::kExpertTN, hl, M, R) + gemm(GemmClass::kExpertNT, R, hl, M) +
+                       (gemm(GemmClass::kExpertTN, M, hl, R) + gemm(GemmClass::kExpertNT, R, M, hl)) *
+                           gates;
+    return {fwd, bwd};
+  }
+  // Floats per row and hidden column the FFN's elementwise step moves: bias + GeLU reads x W1
+  // and writes act (2), its adjoint with db1 reads x W1 and dact and writes dpre (3); SwiGLU
+  // reads x W1 and x W3 and writes act (3), its adjoint reads three and writes two (5).
+  double ffn_elementwise(bool backward) const {
+    const bool gated = is_gated(shape.expert_mlp);
+    return backward ? (gated ? 5 : 3) : (gated ? 3 : 2);
+  }
+
   void compute(const schedule::Step& s, StepCost& c) const {
     const double M = static_cast<double>(shape.model_dim), E = static_cast<double>(shape.experts);
     const double rows = static_cast<double>(sc.gate_tokens), k = shape.topk;
@@ -226,29 +247,37 @@ struct Pricer {
         const double e_loc = E / l.ep, hl = static_cast<double>(shape.hidden) / l.esp;
         const double R = std::min(
             R_pad, target.load_max_over_mean * mean_routed_rows(sc, shape, l) / e_loc);
-        // Per expert: gather rows, x W1, bias + GeLU (reads x W1, writes act), act W2, [+ b2],
-        // scatter rows and zero the empty slots. swiglu: x W3 too, silu(x W1) * x W3 (reads
-        // both, writes act), no b2.
+        // Per expert: gather rows, the FFN (ffn_us), [+ b2, gelu], scatter rows and zero the
+        // empty slots | gather dy, db2, the FFN's adjoint, scatter.
         const bool gated = is_gated(shape.expert_mlp);
-        const double gate_nn = gated ? gemm(GemmClass::kExpertNN, R, hl, M) : 0.0;
-        c.fwd_us = e_loc * (gemm(GemmClass::kExpertNN, R, hl, M) + gate_nn +
-                            gemm(GemmClass::kExpertNN, R, M, hl)) +
+        const auto [ffn_fwd, ffn_bwd] = ffn_us(R, hl);
+        c.fwd_us = e_loc * ffn_fwd +
                    copy(kF * e_loc * (4 * R * M + (R_pad - R) * M +
                                       (sc.adds_b2 && !gated ? 2 * R * M : 0.0))) +
-                   mem(MemClass::kGelu, kF * e_loc * (gated ? 3 : 2) * R * hl);
-        // Per expert: gather dy, db2, dW2 += act^T dy, dact = dy W2^T, GeLU adjoint + db1 in
-        // one pass (reads x W1 and dact, writes dpre), dW1 += x^T dpre, dx = dpre W1^T, scatter.
-        // swiglu: its adjoint reads x W1, x W3 and dact and writes both gradients; dW3 +=
-        // x^T dgate, dx += dgate W3^T; no db2.
-        const double gate_bwd =
-            gated ? gemm(GemmClass::kExpertTN, M, hl, R) + gemm(GemmClass::kExpertNT, R, M, hl)
-                  : 0.0;
-        c.bwd_us = e_loc * (gemm(GemmClass::kExpertTN, hl, M, R) +
-                            gemm(GemmClass::kExpertNT, R, hl, M) +
-                            gemm(GemmClass::kExpertTN, M, hl, R) +
-                            gemm(GemmClass::kExpertNT, R, M, hl) + gate_bwd) +
-                   copy(kF * e_loc * (5 * R * M + (R_pad - R) * M)) +
-                   mem(MemClass::kGelu, kF * e_loc * (gated ? 5 : 3) * R * hl);
+                   mem(MemClass::kGelu, kF * e_loc * ffn_elementwise(false) * R * hl);
+        c.bwd_us = e_loc * ffn_bwd + copy(kF * e_loc * (5 * R * M + (R_pad - R) * M)) +
+                   mem(MemClass::kGelu, kF * e_loc * ffn_elementwise(true) * R * hl);
+        break;
+      }
+      case StepKind::kSharedExperts: {
+        // N_s FFNs of this MP rank's H_s / N_MP columns over all T rows, their outputs added
+        // up by the GEMMs; the shared gate's dot products and scaling (2 passes over (T, M)).
+        const double R = static_cast<double>(sc.shared_rows), n = shape.shared_experts;
+        const double hl = static_cast<double>(shape.shared_hidden) / target.layout.mp;
+        const auto [ffn_fwd, ffn_bwd] = ffn_us(R, hl);
+        const double gate = shape.shared_gate ? copy(kF * 3 * R * M) : 0.0;
+        c.fwd_us = n * ffn_fwd + mem(MemClass::kGelu, kF * n * ffn_elementwise(false) * R * hl) +
+                   gate;
+        // + each expert's dx added into the input's gradient (3 R M floats each).
+        c.bwd_us = n * ffn_bwd + mem(MemClass::kGelu, kF * n * ffn_elementwise(true) * R * hl) +
+                   copy(kF * n * 3 * R * M) + 2 * gate;
+        break;
+      }
+      case StepKind::kAddShared: {
+        // out += in | d in = d out.
+        const double n = numel(s.in);
+        c.fwd_us = copy(kF * 3 * n);
+        c.bwd_us = copy(kF * 2 * n);
         break;
       }
       default: break;

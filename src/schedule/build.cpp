@@ -67,6 +67,43 @@ int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, int64_t slo
   return disp;
 }
 
+// Shared experts (docs/spec.md §9) on the MP group's duplicated tokens x (S2, the baseline),
+// each MP rank its shard of H_s: the input's gradient is this rank's part, summed over mp by a
+// kShareDup (the shared gate's weight gradient, in the tail of the gate weight's, rides on it),
+// and the output is this rank's part, summed by a kSumDup (Megatron's f and g). Placed after
+// the gate and the dispatch, which read x too: backward, the sum runs before they add their
+// complete parts of dx. Returns the shared output (T, M), or -1 without shared experts.
+int shared_on_duplicated(Builder& b, const LayerSpec& spec, int x) {
+  const auto& sh = spec.shape;
+  if (!sh.has_shared()) return -1;
+  if (spec.layout.mp > 1) {
+    b.collective(StepKind::kShareDup, Group::kMp, x, "", {}, "mp shared input");
+    if (sh.shared_gate) b.schedule().steps.back().joined_sum = kGateWeight;
+  }
+  const int out = b.buffer("shared_out", {sh.tokens, sh.model_dim});
+  b.compute(StepKind::kSharedExperts, x, out, "shared experts");
+  b.collective(StepKind::kSumDup, Group::kMp, out, "", {}, "mp allreduce shared");
+  return out;
+}
+
+// S1's shared experts, after the combine wrote this rank's token slice `ys`: the slice `xs`
+// gathered over mp (its gradient reduce-scattered back into the slice's, whose AllGather then
+// completes dx), this rank's shard of the shared experts over all T tokens, their parts
+// reduce-scattered to the slice and added to ys. The shared gate's weight gradient joins the
+// gate weight's, which S1 sums over mp anyway.
+void shared_on_slice(Builder& b, const LayerSpec& spec, int xs, int ys) {
+  const auto& sh = spec.shape;
+  if (!sh.has_shared()) return;
+  const int64_t T = sh.tokens, M = sh.model_dim, rows = T / spec.layout.mp;
+  const int x = b.collective(StepKind::kGatherShard, Group::kMp, xs, "shared_in", {T, M},
+                             "mp allgather shared input");
+  const int out = b.buffer("shared_out", {T, M});
+  b.compute(StepKind::kSharedExperts, x, out, "shared experts");
+  const int mine = b.collective(StepKind::kReduceScatter, Group::kMp, out, "shared_slice",
+                                {rows, M}, "mp reduce_scatter shared");
+  b.compute(StepKind::kAddShared, mine, ys, "add shared");
+}
+
 // AllToAll(ep), AllGather(esp), experts, ReduceScatter(esp), AllToAll(ep) on (E, slots, M);
 // with spec.fuse, the two pairs as the dispatch and combine collectives. S2 passes its MP
 // AllGather (mp_outer > 0) so that it joins the combine collective when fused; the return
@@ -177,6 +214,7 @@ Schedule build_s1(const LayerSpec& spec, Kind kind) {
   const int back = expert_exchange(b, spec, disp, s.exchange_slots);
   const int ys = b.buffer("out_slice", {rows, M});
   b.compute(StepKind::kCombine, back, ys, "combine");
+  shared_on_slice(b, spec, xs, ys);
   s.output = b.collective(StepKind::kGatherDup, Group::kMp, ys, "out", {T, M}, "mp allgather",
                           1, rows * M);
   if (l.mp > 1) {
@@ -201,12 +239,14 @@ Schedule build_s2(const LayerSpec& spec, Kind kind) {
   s.exchange_slots = cs;
   s.expert_blocks = l.esp * l.ep;
   const int disp = gate_and_dispatch(b, spec, s.input, s.dispatch_slots);
+  const int shared = shared_on_duplicated(b, spec, s.input);
   const int mine = b.collective(StepKind::kSlice, Group::kMp, disp, "dispatch_slice",
                                 {E, cs, M}, "mp slice slots", E, cs * M);
   b.segmented(mine, cs);
   const int full = expert_exchange(b, spec, mine, cs, E, cs * M, disp);
   s.output = b.buffer("out", {T, M});
   b.compute(StepKind::kCombine, full, s.output, "combine");
+  if (shared >= 0) b.compute(StepKind::kAddShared, shared, s.output, "add shared");
   return std::move(s);
 }
 
@@ -226,9 +266,11 @@ Schedule build_baseline(const LayerSpec& spec) {
       capacity(sh.topk, sh.capacity_factor, T, sh.experts);
   s.expert_blocks = l.ep;
   const int disp = gate_and_dispatch(b, spec, s.input, s.dispatch_slots);
+  const int shared = shared_on_duplicated(b, spec, s.input);
   const int back = expert_exchange_duplicated(b, spec, disp, s.exchange_slots);
   s.output = b.buffer("out", {T, M});
   b.compute(StepKind::kCombine, back, s.output, "combine");
+  if (shared >= 0) b.compute(StepKind::kAddShared, shared, s.output, "add shared");
   return std::move(s);
 }
 
@@ -272,6 +314,11 @@ void validate(const LayerSpec& spec, Kind kind, const SizeNames& names) {
                     "{} {} is not divisible by --esp {} (each ESP rank holds H/N_ESP hidden "
                     "columns of an expert); valid --esp values for H={}: {}",
                     names.hidden, sh.hidden, l.esp, sh.hidden, divisors_of(sh.hidden));
+  PARM_CONFIG_CHECK(sh.shared_experts == 0 || sh.shared_hidden % l.mp == 0,
+                    "--shared-hidden (model.shared_hidden) {} is not divisible by --mp {} (each "
+                    "MP rank holds H_s/N_MP columns of a shared expert, as of the dense FFN); "
+                    "valid --mp values for H_s={}: {}",
+                    sh.shared_hidden, l.mp, sh.shared_hidden, divisors_of(sh.shared_hidden));
   PARM_CONFIG_CHECK(sh.tokens % l.mp == 0,
                     "{} = {} tokens is not divisible by --mp {} (the MoE layer splits an MP "
                     "group's tokens over its ranks); use a multiple of {}",
@@ -306,7 +353,9 @@ Schedule build(const LayerSpec& spec, Kind kind) {
                group_name(st.group), joins_sum(st, false) ? 2 : 0);
   s.z_loss = spec.z_loss;
   if (spec.aux_scope == AuxScope::kGlobal) aux_over_dp(s, spec.layout);
-  s.gate_weight_numel = spec.shape.model_dim * spec.shape.experts;
+  s.gate_weight_numel = spec.shape.model_dim * spec.shape.experts +
+                        (spec.shape.shared_gate ? spec.shape.model_dim : 0);
+  s.shared_rows = spec.shape.has_shared() ? spec.shape.tokens : 0;
   for (const Step& st : s.steps)
     s.fused = s.fused || st.kind == StepKind::kFusedDispatch || st.kind == StepKind::kFusedCombine;
   s.chunks = s.fused ? spec.chunks : 1;

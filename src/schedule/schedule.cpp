@@ -37,6 +37,8 @@ constexpr StepKindInfo kSteps[] = {
     {StepKind::kDispatch, "dispatch", Move::kCompute, Move::kCompute, true},
     {StepKind::kExperts, "experts", Move::kCompute, Move::kCompute, false},
     {StepKind::kCombine, "combine", Move::kCompute, Move::kCompute, false},
+    {StepKind::kSharedExperts, "shared_experts", Move::kCompute, Move::kCompute, true},
+    {StepKind::kAddShared, "add_shared", Move::kCompute, Move::kCompute, false},
     {StepKind::kSlice, "slice", Move::kKeepChunk, Move::kAllGather, false},
     {StepKind::kGatherDup, "gather_dup", Move::kAllGather, Move::kKeepChunk, false},
     {StepKind::kAllToAll, "alltoall", Move::kAllToAll, Move::kAllToAll, false},

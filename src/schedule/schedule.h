@@ -35,6 +35,10 @@ enum class StepKind {
   kDispatch,  // in (rows, M) tokens -> out (E * slots, M)
   kExperts,   // in (blocks, E_loc, slots, M) -> out, same layout (the local ESP shards)
   kCombine,   // in (E * slots, M) -> out (rows, M)
+  kSharedExperts,  // in (T, M) tokens -> out (T, M) this MP rank's part of g * shared(x)
+                   // (docs/spec.md §9)
+  kAddShared,      // in (rows, M) the shared output -> added into out (rows, M), the layer's
+                   // output being built (the combine's); backward: d in = d out
   // communication
   kSlice,          // keep my chunk of a duplicated tensor (MP off)
   kGatherDup,      // gather into a duplicated tensor (MP on)
@@ -104,7 +108,8 @@ struct BufferSpec {
   int64_t max_routed_rows = 0;
 };
 
-// Buffer id of the gate weight's gradient, for kShareDup steps on a parameter (S1's dWg).
+// Buffer id of the gate weight's gradient, for kShareDup steps on a parameter (S1's dWg):
+// the router's (M, E), then the shared gate's M values when there is one (gate_weight_numel).
 constexpr int kGateWeight = -2;
 
 struct Step {
@@ -169,13 +174,14 @@ struct Schedule {
   int64_t exchange_slots = 0;  // rows per expert that travel (C, C1 or Cs)
   int64_t expert_blocks = 0;   // blocks of the experts' input layout
   bool adds_b2 = true;         // this rank adds b2 (ESP rank 0 of its group)
-  int64_t gate_weight_numel = 0;  // M * E
+  int64_t gate_weight_numel = 0;  // M * E (+ M with the shared gate)
   bool fused = false;          // uses fused collectives
   // Capacity factor none: segmented buffers hold max_routed_rows rows, packed, and their
   // exchanges move the routed rows only (moves_routed_rows).
   bool dropless = false;
   bool z_loss = false;         // the router z-loss is on: its sum is the statistics' last value
   int chunks = 1;              // their pipeline depth
+  int64_t shared_rows = 0;     // shared experts: the tokens they compute (the MP group's T)
 
   std::string describe() const;  // one line per step
 };

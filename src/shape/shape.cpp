@@ -112,6 +112,16 @@ void MoeShape::validate(int num_slices) const {
                     "be a multiple of num_slices",
                     str(), tokens, num_slices);
   router.validate(experts, topk);
+  PARM_CONFIG_CHECK(shared_experts >= 0 && shared_experts <= 64,
+                    "--shared-experts (model.shared_experts) {} must be in [0, 64] (0: none)",
+                    shared_experts);
+  PARM_CONFIG_CHECK(shared_experts == 0 || shared_hidden >= 1,
+                    "--shared-hidden (model.shared_hidden) {} must be >= 1 with {} shared "
+                    "experts",
+                    shared_hidden, shared_experts);
+  PARM_CONFIG_CHECK(shared_experts > 0 || !shared_gate,
+                    "--shared-gate on (model.shared_gate) needs shared experts: set "
+                    "--shared-experts N >= 1, or --shared-gate off");
 }
 
 std::string MoeShape::str() const {
@@ -119,7 +129,10 @@ std::string MoeShape::str() const {
                      topk, capacity_factor.str(), router.str(),
                      expert_mlp == ExpertMlp::kGelu ? ""
                                                     : std::string(" mlp=") +
-                                                          expert_mlp_name(expert_mlp));
+                                                          expert_mlp_name(expert_mlp)) +
+         (shared_experts == 0 ? std::string()
+                              : fmt::format(" shared={}x{}{}", shared_experts, shared_hidden,
+                                            shared_gate ? ",gated" : ""));
 }
 
 }  // namespace parm

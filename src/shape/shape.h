@@ -54,14 +54,23 @@ struct MoeShape {
   CapacityFactor capacity_factor{1, 1};  // f
   RouterSpec router;      // score function, weights, group limit (docs/spec.md §7)
   ExpertMlp expert_mlp = ExpertMlp::kGelu;  // the experts' FFN (docs/spec.md §8)
+  // Shared experts (docs/spec.md §9): N_s FFNs of the routed experts' kind and width H_s that
+  // every token passes through, their sum added to the routed output (times the shared gate
+  // sigmoid(x w_sg) when shared_gate). 0: none.
+  int shared_experts = 0;
+  int64_t shared_hidden = 0;
+  bool shared_gate = false;
+  bool has_shared() const { return shared_experts > 0; }
 
   // The shape from its sizes; f is a decimal ("1.2"), parsed exactly (CapacityFactor::parse).
   static MoeShape of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const std::string& f);
 
   // Throws parm::InvalidConfig unless T, M, H, E >= 1, 1 <= k <= E, f > 0 (or none),
-  // num_slices >= 1, T % num_slices == 0 and the router's own checks (RouterSpec::validate).
+  // num_slices >= 1, T % num_slices == 0, the router's own checks (RouterSpec::validate), and
+  // shared experts >= 0 with H_s >= 1 when there are any (and no gate when there are none).
   void validate(int num_slices = 1) const;
-  // "T=8 M=4 H=6 E=4 k=2 f=1.25" (+ RouterSpec::str, + " mlp=swiglu" when not gelu)
+  // "T=8 M=4 H=6 E=4 k=2 f=1.25" (+ RouterSpec::str, + " mlp=swiglu" when not gelu, +
+  // " shared=2x64" (",gated") with shared experts)
   std::string str() const;
 };
 

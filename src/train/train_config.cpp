@@ -115,13 +115,20 @@ nlohmann::json model_config_json(const model::ModelConfig& m) {
   if (m.router.group_topk != d.group_topk) j["router_group_topk"] = m.router.group_topk;
   // Likewise the experts' kind, where it is not gelu (docs/spec.md §8).
   if (m.expert_mlp != ExpertMlp::kGelu) j["expert_mlp"] = expert_mlp_name(m.expert_mlp);
+  if (m.shared_experts != 0) {
+    j["shared_experts"] = m.shared_experts;
+    j["shared_hidden"] = m.shared_hidden;
+    j["shared_gate"] = m.shared_gate;
+  }
   return j;
 }
 
 const std::vector<std::string>& model_keys_omitted_at_default() {
   static const std::vector<std::string> keys = {"router_score", "router_topk_norm",
                                                 "router_scale", "router_groups",
-                                                "router_group_topk", "expert_mlp"};
+                                                "router_group_topk", "expert_mlp",
+                                                "shared_experts", "shared_hidden",
+                                                "shared_gate"};
   return keys;
 }
 
@@ -193,6 +200,9 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
       throw InvalidConfig(fmt::format("{}: {}", origin, e.what()));
     }
   }
+  m.get("shared_experts", c.model.shared_experts);
+  m.get("shared_hidden", c.model.shared_hidden);
+  m.get("shared_gate", c.model.shared_gate);
   m.get("router_topk_norm", c.model.router.topk_norm);
   m.get("router_scale", c.model.router.scale);
   m.get("router_groups", c.model.router.groups);
@@ -341,6 +351,7 @@ void validate(const TrainConfig& c) {
   // Before check_device: the message holds in a build or on a machine without a GPU too.
   moe::check_router_options(device, m.router_z_loss, m.router_bias_update, m.router);
   moe::check_expert_mlp(device, precision, m.expert_mlp);
+  moe::check_shared_experts(device, precision, m.shared_experts);
   check_device(device, precision);
 }
 

@@ -55,6 +55,13 @@ expect 2 "--expert-mlp (model.expert_mlp) 'relu' is not valid; use gelu or swigl
 expect 2 "--expert-mlp (model.expert_mlp) swiglu with --precision bf16" -- -n 1 -- bench-layer --expert-mlp swiglu --precision bf16
 expect 2 "--expert-mlp (model.expert_mlp) swiglu with --precision bf16" -- -n 4 -- train --expert-mlp swiglu --precision bf16 --steps 1
 expect 2 "--expert-mlp (model.expert_mlp) swiglu with --device cuda" -- -n 1 -- check-layer --expert-mlp swiglu --device cuda
+# Shared experts (docs/spec.md §9): split over mp like the dense FFN; CPU fp32 only.
+expect 2 "--shared-hidden (model.shared_hidden) 30 is not divisible by --mp 4" -- -n 4 -- check-layer --mp 4 --esp 4 --shared-experts 1 --shared-hidden 30
+expect 2 "--shared-gate on (model.shared_gate) needs shared experts" -- -n 1 -- check-layer --shared-gate on
+expect 2 "--shared-gate (model.shared_gate)" -- -n 1 -- check-layer --shared-experts 1 --shared-gate maybe
+expect 2 "--shared-experts (model.shared_experts) -1 must be in [0, 64]" -- -n 1 -- check-layer --shared-experts -1
+expect 2 "--shared-experts (model.shared_experts) 2 with --device cpu --precision bf16" -- -n 1 -- bench-layer --shared-experts 2 --precision bf16
+expect 2 "--shared-experts (model.shared_experts) 1 with --device cuda" -- -n 4 -- train --shared-experts 1 --shared-hidden 64 --device cuda --steps 1
 expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp
 # Pipeline stages and the order (docs/layout.md).
 expect 2 "world size 4 is not divisible by --pp 3" -- -n 4 -- info --pp 3

@@ -19,8 +19,9 @@ namespace parm::model::test_util {
 
 constexpr int64_t kMicroBatch = 3;  // B; T = B * L = 24 divides by N_MP in {1, 2, 3, 4, 8}
 
-// mlp: the MoE blocks' experts (docs/spec.md §8).
-inline ModelConfig tiny_config(Arch arch, ExpertMlp mlp = ExpertMlp::kGelu) {
+// mlp: the MoE blocks' experts (docs/spec.md §8); shared: shared experts of width 24 with the
+// shared gate (docs/spec.md §9; 0: none).
+inline ModelConfig tiny_config(Arch arch, ExpertMlp mlp = ExpertMlp::kGelu, int shared = 0) {
   const bool three = parm::test::world_size() == 3;
   ModelConfig c;
   c.arch = arch;
@@ -40,6 +41,9 @@ inline ModelConfig tiny_config(Arch arch, ExpertMlp mlp = ExpertMlp::kGelu) {
   c.init_bias_std = 0.1f;  // nonzero biases and LN shifts: a bias added twice shows
   c.seed = 42;
   c.expert_mlp = mlp;
+  c.shared_experts = shared;
+  c.shared_hidden = shared > 0 ? 24 : 0;  // divisible by N_MP = 1, 2, 3, 4
+  c.shared_gate = shared > 0;
   return c;
 }
 
@@ -101,13 +105,14 @@ struct Reference {
   std::map<std::string, Tensor> value, grad;  // whole tensors by name
 };
 
-inline const Reference& reference(Arch arch, int n_dp, ExpertMlp mlp = ExpertMlp::kGelu) {
-  static std::map<std::tuple<int, int, int>, Reference> cache;
-  const auto key = std::make_tuple(static_cast<int>(arch), n_dp, static_cast<int>(mlp));
+inline const Reference& reference(Arch arch, int n_dp, ExpertMlp mlp = ExpertMlp::kGelu,
+                                  int shared = 0) {
+  static std::map<std::tuple<int, int, int, int>, Reference> cache;
+  const auto key = std::make_tuple(static_cast<int>(arch), n_dp, static_cast<int>(mlp), shared);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   Reference r;
-  auto model = make_model(self_topology(), tiny_config(arch, mlp), {}, kMicroBatch);
+  auto model = make_model(self_topology(), tiny_config(arch, mlp, shared), {}, kMicroBatch);
   int64_t denom = 0;
   for (int d = 0; d < n_dp; ++d) denom += count_targets(make_batch(arch, d));
   for (int d = 0; d < n_dp; ++d) {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "model/model.h"
 #include "model_test_util.h"
@@ -63,20 +64,22 @@ TEST(ModelEquivalence, EveryLayoutEveryScheduleMatchesSingleProcess) {
     auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
     const int n_dp = topo->layout().dp;
     const int d = topo->comm(Group::kDp).rank();
-    // GPT-2 and BERT with gelu experts, and GPT-2 with swiglu experts (W3, no biases).
-    for (const auto& [arch, mlp] : {std::pair{Arch::kGpt2, ExpertMlp::kGelu},
-                                    std::pair{Arch::kBert, ExpertMlp::kGelu},
-                                    std::pair{Arch::kGpt2, ExpertMlp::kSwiglu}}) {
-      const Reference& ref = reference(arch, n_dp, mlp);
+    // GPT-2 and BERT with gelu experts, GPT-2 with swiglu experts (W3, no biases), and with
+    // them two gated shared experts (split over mp like the dense FFN).
+    for (const auto& [arch, mlp, shared] : {std::tuple{Arch::kGpt2, ExpertMlp::kGelu, 0},
+                                            std::tuple{Arch::kBert, ExpertMlp::kGelu, 0},
+                                            std::tuple{Arch::kGpt2, ExpertMlp::kSwiglu, 0},
+                                            std::tuple{Arch::kGpt2, ExpertMlp::kSwiglu, 2}}) {
+      const Reference& ref = reference(arch, n_dp, mlp, shared);
       int64_t denom = 0;
       for (int i = 0; i < n_dp; ++i) denom += count_targets(make_batch(arch, i));
       const Batch batch = make_batch(arch, d);
       for (const SchedCase& sc : schedule_cases(lay)) {
-        const std::string what = fmt::format("{} {} mp={} ep={} esp={} {} rank {}",
+        const std::string what = fmt::format("{} {} shared {} mp={} ep={} esp={} {} rank {}",
                                              arch == Arch::kGpt2 ? "gpt2" : "bert",
-                                             expert_mlp_name(mlp), lay.mp, lay.ep, lay.esp,
-                                             sc.name, test::world_rank());
-        auto model = make_model(*topo, tiny_config(arch, mlp), sc.scheds, kMicroBatch);
+                                             expert_mlp_name(mlp), shared, lay.mp, lay.ep,
+                                             lay.esp, sc.name, test::world_rank());
+        auto model = make_model(*topo, tiny_config(arch, mlp, shared), sc.scheds, kMicroBatch);
         const LossParts lp = model->forward_backward(
             batch, {static_cast<double>(denom), static_cast<double>(n_dp)}, 1.0f);
         // Loss: summed over the DP replicas.

@@ -273,6 +273,34 @@ TEST(Equivalence, SwigluEveryScheduleMatchesTheOracle) {
   }
 }
 
+// Shared experts (docs/spec.md §9: every token through N_s FFNs split over MP like the dense
+// FFN, their sum times the shared gate): every schedule, fused and not, with drops and
+// dropless, of either kind, gated and not, outputs and every gradient (the shared experts' and
+// the shared gate's among them) against the oracle. Each MP rank holds H_s / N_MP columns, so
+// an MP group computes each shared expert once.
+TEST(Equivalence, SharedExpertsEveryScheduleMatchesTheOracle) {
+  for (const ExpertMlp mlp : {ExpertMlp::kGelu, ExpertMlp::kSwiglu})
+    for (const bool gate : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} shared experts, gate {}", expert_mlp_name(mlp), gate));
+      expect_every_schedule_matches(
+          [&](LayerCheckOptions& o) {
+            o.shape.expert_mlp = mlp;
+            o.shape.shared_experts = 2;
+            o.shape.shared_hidden = 12;  // divisible by every CI layout's N_MP (1 to 4)
+            o.shape.shared_gate = gate;
+          },
+          gate ? "dswg" : "dsw1");
+    }
+  for (const Layout3& lay : sweep_layouts(false)) {
+    auto topo = topology_of(lay);
+    auto s = MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, 2, "1.0");
+    s.shared_experts = 2;
+    s.shared_hidden = 12;
+    MoeLayer layer(*topo, s, Kind::kS2);
+    EXPECT_EQ(layer.params().shared.w1.dim(2) * topo->layout().mp, 12) << lay.str();
+  }
+}
+
 // --precision bf16 on the CPU: every schedule (fused and not) on every layout of the sweep,
 // with a capacity factor and dropless (packed exchange layout: the bf16 experts read their
 // rows at the segments' starts), within the bf16 tolerance; and the products really are
@@ -432,13 +460,24 @@ Volumes spec_volumes(Kind kind, const MoeShape& s, const Layout& l, bool z_loss)
   const bool shared_esp_input = kind == Kind::kBaseline && l.esp == l.mp && l.mp > 1;
   if (nep > 1) v.forward["ep.metadata"] = (nep - 1) * (E / nep) * 4.0;
   if (esp_rows && !shared_esp_input) v.forward["esp.metadata"] = (l.esp - 1) * E * 4.0;
+  // Shared experts (docs/spec.md §9): the shared gate's M weights ride with dWg's M E.
+  const double gate_weights = M * E + (s.shared_gate ? M : 0);
+  if (s.has_shared() && N > 1) {
+    if (kind == Kind::kS1) {  // the slice gathered, the parts reduce-scattered; adjoints alike
+      both("mp.allgather", (N - 1) * (T / N) * M);
+      both("mp.reduce_scatter", (N - 1) * (T / N) * M);
+    } else {  // Megatron's f and g: the input's gradient and the output summed over mp
+      both("mp.allreduce", 2 * (N - 1) / N * T * M);
+      if (s.shared_gate) v.backward["mp.allreduce"] += 2 * (N - 1) / N * gate_weights * f;
+    }
+  }
   if (shared_esp_input) {
     both("ep.alltoall", 2 * E * C * M * (nep - 1) / nep);
     both("esp.allreduce", 2 * (N - 1) / N * E * C * M);
   } else if (kind == Kind::kS1) {
     // The statistics: docs/spec.md §3's 2E numbers [and the router z-loss's sum of lse^2 beside them].
     if (N > 1) v.forward["mp.allreduce"] = 2 * (N - 1) / N * (2 * E + (z_loss ? 1 : 0)) * f;
-    if (N > 1) v.backward["mp.allreduce"] = 2 * (N - 1) / N * M * E * f;
+    if (N > 1) v.backward["mp.allreduce"] = 2 * (N - 1) / N * gate_weights * f;
     both("ep.alltoall", 2 * E * C1 * M * (nep - 1) / nep);
     if (esp_rows) both("esp.allgather", (N - 1) * E * C1 * M);
     if (esp_rows) both("esp.reduce_scatter", (N - 1) * E * C1 * M);
@@ -484,13 +523,24 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
   for (const Layout3& lay : layouts) {
     auto topo = topology_of(lay);
     auto s = MoeShape::of(40, 8, 16, 8, 2, "1.1");  // C not divisible by N: Cp pads
-    // The experts' kind changes no byte: swiglu's rows in and out are M wide (§8).
-    for (ExpertMlp mlp : {ExpertMlp::kGelu, ExpertMlp::kSwiglu})
+    // The experts' kind changes no byte: swiglu's rows in and out are M wide (§8). Shared
+    // experts (§9) add their MP collectives.
+    struct Kinds {
+      ExpertMlp mlp;
+      int shared;
+      bool gate;
+    };
+    for (const Kinds ks : {Kinds{ExpertMlp::kGelu, 0, false}, Kinds{ExpertMlp::kSwiglu, 0, false},
+                           Kinds{ExpertMlp::kGelu, 2, false}, Kinds{ExpertMlp::kSwiglu, 1, true}})
     for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
     for (bool fuse : {false, true})
     for (bool z_loss : {false, true}) {
       if (!allowed(kind, lay)) continue;
+      const ExpertMlp mlp = ks.mlp;
       s.expert_mlp = mlp;
+      s.shared_experts = ks.shared;
+      s.shared_hidden = ks.shared > 0 ? 16 : 0;
+      s.shared_gate = ks.gate;
       MoeLayer layer(*topo, s, kind, fuse, 3, Precision::kFp32, z_loss);
       layer.load_whole(ref::init_params<float>(s, 3));
       const auto x = check_input(s, 3, 0);
@@ -504,8 +554,9 @@ TEST(Bytes, CountedBytesMatchSpecTable) {
       const Bytes bwd = counted(*topo);
       const Volumes want = spec_volumes(kind, s, topo->layout(), z_loss);
       const std::string where =
-          fmt::format("{} {}{}{} {}", lay.str(), schedule::kind_name(kind), fuse ? " fused" : "",
-                      z_loss ? " z-loss" : "", expert_mlp_name(mlp));
+          fmt::format("{} {}{}{} {} {}", lay.str(), schedule::kind_name(kind),
+                      fuse ? " fused" : "", z_loss ? " z-loss" : "", expert_mlp_name(mlp),
+                      s.str());
       // The step list itself predicts what the communicator counts.
       for (bool backward : {false, true}) {
         Bytes listed;

@@ -107,6 +107,16 @@ def reference_moe(x, w, k, f, slices, router=None):
         else:
             y = gelu(xr @ w["w1"][e] + w["b1"][e]) @ w["w2"][e] + w["b2"][e]
         out = out.index_add(0, rows, weight[rows, choice].unsqueeze(1) * y)
+    if "sw1" in w:  # shared experts (docs/spec.md §9): out += g sum_s FFN_s(x)
+        shared = torch.zeros_like(x)
+        for s in range(w["sw1"].shape[0]):
+            if "sw3" in w:
+                shared = shared + (torch.nn.functional.silu(x @ w["sw1"][s]) *
+                                   (x @ w["sw3"][s])) @ w["sw2"][s]
+            else:
+                shared = shared + gelu(x @ w["sw1"][s] + w["sb1"][s]) @ w["sw2"][s] + w["sb2"][s]
+        g = torch.sigmoid(x @ w["swg"]).unsqueeze(1) if "swg" in w else 1.0
+        out = out + g * shared
     frac = torch.bincount(idx[:, 0], minlength=experts).double() / tokens
     l_aux = experts * (frac * p.mean(dim=0)).sum()
     return out, l_aux, int((~kept).sum())
@@ -119,7 +129,7 @@ def rel_err(a, b):
 
 # ---- the equivalence cases --------------------------------------------------------------
 
-def whole_weights(seed, expert_mlp="gelu"):
+def whole_weights(seed, expert_mlp="gelu", shared=0, shared_gate=False):
     g = torch.Generator().manual_seed(seed)
     w = {"wg": torch.randn(M, E, generator=g) / math.sqrt(M),
          "w1": torch.randn(E, M, H, generator=g) / math.sqrt(M),
@@ -129,6 +139,16 @@ def whole_weights(seed, expert_mlp="gelu"):
     if expert_mlp == "swiglu":  # W3 like W1, no biases
         del w["b1"], w["b2"]
         w["w3"] = torch.randn(E, M, H, generator=g) / math.sqrt(M)
+    if shared > 0:  # shared experts of width H, of the same kind
+        w["sw1"] = torch.randn(shared, M, H, generator=g) / math.sqrt(M)
+        w["sw2"] = torch.randn(shared, H, M, generator=g) / math.sqrt(H)
+        if expert_mlp == "swiglu":
+            w["sw3"] = torch.randn(shared, M, H, generator=g) / math.sqrt(M)
+        else:
+            w["sb1"] = 0.1 * torch.randn(shared, H, generator=g)
+            w["sb2"] = 0.1 * torch.randn(shared, M, generator=g)
+        if shared_gate:
+            w["swg"] = torch.randn(M, generator=g) / math.sqrt(M)
     return w
 
 
@@ -142,7 +162,9 @@ def run_case(layout, schedule, fuse, k, f, seed, precision="fp32", router=None):
     name = f"layout {layout} {schedule} fuse={fuse} k={k} f={f} {precision} {router or ''}"
     moe = parm.torch.MoE(M, H, E, topk=k, capacity_factor=f, schedule=schedule, fuse=fuse,
                          seed=seed, precision=precision, **(router or {}))
-    weights = whole_weights(seed, (router or {}).get("expert_mlp", "gelu"))
+    r = router or {}
+    weights = whole_weights(seed, r.get("expert_mlp", "gelu"), r.get("shared_experts", 0),
+                            r.get("shared_gate", False))
     moe.load_state_dict(weights)  # whole tensors into this layout
     sd = moe.state_dict()
     for n, t in weights.items():
@@ -220,7 +242,11 @@ ROUTERS = ({"router_score": "sigmoid", "router_scale": 2.5},
            # SwiGLU experts (docs/spec.md §8), alone and under DeepSeek-V3's router.
            {"expert_mlp": "swiglu"},
            {"expert_mlp": "swiglu", "router_score": "sigmoid", "router_groups": 2,
-            "router_group_topk": 1})
+            "router_group_topk": 1},
+           # Shared experts (docs/spec.md §9; H = 12 divides every layout's mp), gated or not.
+           {"shared_experts": 2},
+           {"expert_mlp": "swiglu", "shared_experts": 1, "shared_gate": True,
+            "router_score": "sigmoid"})
 
 
 def router_options(world):
@@ -288,9 +314,10 @@ def gradcheck():
     differences (fp32, so with fp32-sized steps and tolerances; "4.0": nothing drops, and
     the steps are too small to change the routing)."""
     parm.init()
-    for expert_mlp in ("gelu", "swiglu"):
+    for expert_mlp, shared in (("gelu", 0), ("swiglu", 0), ("gelu", 1), ("swiglu", 2)):
         moe = parm.torch.MoE(4, 6, 3, topk=2, capacity_factor="4.0", schedule="s2",
-                             fuse="off", seed=3, expert_mlp=expert_mlp)
+                             fuse="off", seed=3, expert_mlp=expert_mlp, shared_experts=shared,
+                             shared_gate=shared == 2)
         x = torch.randn(5, 4, generator=torch.Generator().manual_seed(5), requires_grad=True)
 
         def fn(x, *params):
@@ -306,7 +333,8 @@ def gradcheck():
             warnings.simplefilter("ignore")  # "not double precision": fp32 is what Parm does
             ok = torch.autograd.gradcheck(fn, (x, *params), eps=1e-3, atol=2e-3, rtol=2e-2,
                                           raise_exception=False)
-        check(ok, f"torch.autograd.gradcheck on a tiny single-rank {expert_mlp} layer")
+        check(ok, f"torch.autograd.gradcheck on a tiny single-rank {expert_mlp} layer with "
+                  f"{shared} shared experts")
 
 
 # ---- bad input ----------------------------------------------------------------------------

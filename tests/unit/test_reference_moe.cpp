@@ -23,8 +23,9 @@ MoeShape make_shape(int64_t T, int64_t M, int64_t H, int64_t E, int k, const cha
 
 template <typename S>
 std::vector<std::pair<std::string, std::vector<S>*>> tensors_of(MoeParams<S>& p) {
-  return {{"wg", &p.wg}, {"w1", &p.w1}, {"b1", &p.b1}, {"w2", &p.w2}, {"b2", &p.b2},
-          {"w3", &p.w3}};
+  return {{"wg", &p.wg},   {"w1", &p.w1},   {"b1", &p.b1},   {"w2", &p.w2},
+          {"b2", &p.b2},   {"w3", &p.w3},   {"sw1", &p.sw1}, {"sb1", &p.sb1},
+          {"sw2", &p.sw2}, {"sb2", &p.sb2}, {"sw3", &p.sw3}, {"swg", &p.swg}};
 }
 
 std::vector<double> uniform_vector(int64_t n, uint64_t seed, uint64_t stream) {
@@ -98,6 +99,8 @@ struct FdCase {
   const char* tag = "";  // names the router below ("" at §2's)
   RouterSpec router{};   // docs/spec.md §7's options
   ExpertMlp mlp = ExpertMlp::kGelu;  // docs/spec.md §8's expert kinds
+  int shared = 0;             // shared experts (docs/spec.md §9), of width 4
+  bool shared_gate = false;
 };
 
 std::string fd_name(const ::testing::TestParamInfo<FdCase>& info) {
@@ -116,6 +119,9 @@ TEST_P(ReferenceMoeGradient, MatchesCentralDifferences) {
   MoeShape shape = make_shape(c.tokens, 4, 6, 4, c.topk, c.factor);
   shape.router = c.router;
   shape.expert_mlp = c.mlp;
+  shape.shared_experts = c.shared;
+  shape.shared_hidden = c.shared > 0 ? 4 : 0;
+  shape.shared_gate = c.shared_gate;
   MoeParams<double> params = init_params<double>(shape, 1234);
   std::vector<double> x = init_input<double>(shape, 4321);
   const std::vector<double> R = uniform_vector(shape.tokens * shape.model_dim, 77, 1);
@@ -185,7 +191,13 @@ INSTANTIATE_TEST_SUITE_P(
                       FdCase{8, 2, "4", 1, false, "_swiglu", {}, ExpertMlp::kSwiglu},
                       FdCase{12, 3, "0.75", 3, true, "_swiglu", {}, ExpertMlp::kSwiglu},
                       FdCase{12, 2, "4", 1, false, "_swiglu_sigmoid_groups4of2",
-                             {RouterScore::kSigmoid, true, 1.5f, 4, 2}, ExpertMlp::kSwiglu}),
+                             {RouterScore::kSigmoid, true, 1.5f, 4, 2}, ExpertMlp::kSwiglu},
+                      // Shared experts, gated and not, of either kind, with drops.
+                      FdCase{8, 2, "4", 1, false, "_shared2", {}, ExpertMlp::kGelu, 2},
+                      FdCase{12, 2, "0.5", 2, true, "_shared1_gate", {}, ExpertMlp::kGelu, 1,
+                             true},
+                      FdCase{12, 3, "0.75", 3, true, "_swiglu_shared2_gate", {},
+                             ExpertMlp::kSwiglu, 2, true}),
     fd_name);
 
 // The router z-loss by hand: identity gate, so a token's logits are its x row.

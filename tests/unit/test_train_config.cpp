@@ -32,8 +32,9 @@ TEST(TrainConfig, ShippedConfigsLoadAndValidate) {
     EXPECT_EQ(c.name, entry.path().stem().string());
     ++n;
   }
-  // gpt2-moe-tiny(-pp), bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny
-  EXPECT_EQ(n, 6);
+  // gpt2-moe-tiny(-pp), bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny,
+  // deepseek-moe-tiny
+  EXPECT_EQ(n, 7);
 }
 
 // Dropless routing: "capacity_factor": null in both tiny model configs (and "none" as text);

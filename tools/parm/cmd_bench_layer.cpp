@@ -177,10 +177,25 @@ std::vector<BreakdownRow> breakdown_rows(Communicator& world, const MoeLayer& la
 // floor either way. measure_floor then takes the statistic of the layer's times: per
 // iteration the slowest rank, then the median over iterations, so that time / floor compares
 // like with like.
+// The shared experts' products (docs/spec.md §9): N_s FFNs of H_s / N_MP columns over the MP
+// group's T rows on every rank; empty without shared experts.
+std::vector<int64_t> shared_rows(const MoeLayer& layer) {
+  return std::vector<int64_t>(static_cast<size_t>(layer.shape().shared_experts),
+                              layer.shape().tokens);
+}
+int64_t shared_shard_hidden(const MoeLayer& layer) {
+  return layer.shape().shared_hidden / layer.mp_size();
+}
+
 double measure_floor_us(Communicator& world, MoeLayer& layer) {
   world.barrier();
-  return layer.backend().time_expert_products_us(layer.expert_rows(), layer.shape().model_dim,
-                                                 layer.shard_hidden(), 1);
+  const int64_t M = layer.shape().model_dim;
+  double us = layer.backend().time_expert_products_us(layer.expert_rows(), M,
+                                                      layer.shard_hidden(), 1);
+  if (layer.shape().has_shared())
+    us += layer.backend().time_expert_products_us(shared_rows(layer), M,
+                                                  shared_shard_hidden(layer), 1);
+  return us;
 }
 
 Floor measure_floor(Communicator& world, const MoeLayer& layer,
@@ -193,6 +208,8 @@ Floor measure_floor(Communicator& world, const MoeLayer& layer,
     flops += moe::expert_product_flops(r, M, hl, layer.shape().expert_mlp);
     total_rows += r;
   }
+  for (int64_t r : shared_rows(layer))
+    flops += moe::expert_product_flops(r, M, shared_shard_hidden(layer), layer.shape().expert_mlp);
   const double ms = median(max_over_ranks(world, floor_us)) / 1e3;
   const double own_ms = median(floor_us) / 1e3;
   const bool root = world_rank() == 0;
@@ -450,10 +467,11 @@ int run_bench_layer(const BenchLayerFlags& f) {
         {"cross_node_choices_per_token", traffic.cross_choices_per_token},
         {"cross_node_nodes_per_token", traffic.cross_nodes_per_token}};
     const double ratio = total / m.floor.ms;
-    std::printf("  floor %.3f ms (expert products over the filled rows alone: %lld rows on "
+    std::printf("  floor %.3f ms (expert products over the filled rows alone%s: %lld rows on "
                 "the busiest rank, %lld on all; %.1f GFLOP/s on the slowest rank; rank 0 "
                 "%.3f ms)  time / floor = %.3f\n",
-                m.floor.ms, static_cast<long long>(m.floor.rows_max),
+                m.floor.ms, shape.has_shared() ? ", and the shared experts' over every token" : "",
+                static_cast<long long>(m.floor.rows_max),
                 static_cast<long long>(m.floor.rows_total), m.floor.gflops, m.floor.ms_rank0,
                 ratio);
     row["floor_ms"] = m.floor.ms;

@@ -24,7 +24,9 @@ struct TrainFlags {
   CLI::Option* router_bias_update_opt = nullptr;
   RouterFlags router;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
-  std::string aux_loss, expert_mlp;
+  std::string aux_loss, expert_mlp, shared_gate;
+  int shared_experts = -1;
+  int64_t shared_hidden = -1;
   std::string device, precision, comm, order, pp_split, pp_overlap;
   std::string resume;
   CLI::Option* resume_opt = nullptr;
@@ -42,7 +44,7 @@ train::TrainConfig resolve_config(const std::string& name) {
     if (fs::is_regular_file(p)) return train::load_train_config(p.string());
   throw InvalidConfig(fmt::format(
       "config '{}' not found: give a JSON file path or a name in configs/ (gpt2-moe-tiny, "
-      "bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny)",
+      "bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny, deepseek-moe-tiny)",
       name));
 }
 
@@ -81,6 +83,10 @@ int run_train(TrainFlags& f) {
   if (!f.capacity_factor.empty()) c.model.capacity_factor = f.capacity_factor;
   if (!f.aux_loss.empty()) c.model.aux_scope = parse_aux_scope(f.aux_loss);
   if (!f.expert_mlp.empty()) c.model.expert_mlp = parse_expert_mlp(f.expert_mlp);
+  if (f.shared_experts >= 0) c.model.shared_experts = f.shared_experts;
+  if (f.shared_hidden >= 0) c.model.shared_hidden = f.shared_hidden;
+  if (!f.shared_gate.empty())
+    c.model.shared_gate = parse_on_off(f.shared_gate, "--shared-gate (model.shared_gate)");
   if (f.router_z_loss_opt->count() > 0) c.model.router_z_loss = f.router_z_loss;
   if (f.router_bias_update_opt->count() > 0) c.model.router_bias_update = f.router_bias_update;
   f.router.apply(c.model.router);
@@ -140,6 +146,12 @@ Command add_train(CLI::App& root) {
   app->add_option("--expert-mlp", f->expert_mlp,
                   "the experts' FFN: gelu (with biases) or swiglu ((silu(x W1) * x W3) W2, no "
                   "biases); overrides model.expert_mlp");
+  app->add_option("--shared-experts", f->shared_experts,
+                  "shared experts every token passes through (model.shared_experts; 0: none)");
+  app->add_option("--shared-hidden", f->shared_hidden,
+                  "their hidden width H_s (model.shared_hidden)");
+  app->add_option("--shared-gate", f->shared_gate,
+                  "on: their output times sigmoid(x w_sg) (model.shared_gate); off");
   f->router_z_loss_opt = app->add_option(
       "--router-z-loss", f->router_z_loss,
       "ST-MoE router z-loss coefficient (mean over tokens of logsumexp(logits)^2; 0: off)");

@@ -26,6 +26,13 @@ void LayerFlags::add_to(CLI::App* app) {
   app->add_option("--expert-mlp", expert_mlp,
                   "the experts' FFN: gelu (GPT-2's, with biases; the default) or swiglu "
                   "((silu(x W1) * x W3) W2, no biases; Mixtral, DeepSeek)");
+  app->add_option("--shared-experts", shared_experts,
+                  "shared experts every token passes through, of the routed experts' kind, "
+                  "split over MP like the dense FFN (0: none)");
+  app->add_option("--shared-hidden", shared_hidden,
+                  "a shared expert's hidden width H_s (default: --hidden)");
+  app->add_option("--shared-gate", shared_gate,
+                  "on: the shared output times sigmoid(x w_sg) (Qwen2-MoE); off (default)");
   app->add_option("--fuse", fuse,
                   "fused dispatch/combine collectives for s1/s2: on, off, both, or auto (the "
                   "cost model picks; needs --profile)");
@@ -48,6 +55,7 @@ TopologyOptions LayerFlags::topology() const {
   router.apply(r);
   moe::check_router_options(o.device, router_z_loss, 0.0f, r);
   moe::check_expert_mlp(o.device, precision_kind(), parse_expert_mlp(expert_mlp));
+  moe::check_shared_experts(o.device, precision_kind(), shared_experts);
   check_device(o.device, precision_kind());
   return o;
 }
@@ -62,6 +70,9 @@ MoeShape LayerFlags::shape() const {
   auto s = MoeShape::of(tokens, model_dim, hidden, experts, topk, capacity_factor);
   router.apply(s.router);
   s.expert_mlp = parse_expert_mlp(expert_mlp);
+  s.shared_experts = shared_experts;
+  s.shared_hidden = shared_experts > 0 && shared_hidden == 0 ? hidden : shared_hidden;
+  s.shared_gate = parse_on_off(shared_gate, "--shared-gate (model.shared_gate)");
   s.validate();
   return s;
 }
@@ -107,7 +118,8 @@ nlohmann::json LayerFlags::config_json() const {
           {"router_z_loss", router_z_loss}, {"router_score", router_score_name(r.score)},
           {"router_topk_norm", r.topk_norm}, {"router_scale", r.scale},
           {"router_groups", r.groups}, {"router_group_topk", r.group_topk},
-          {"expert_mlp", expert_mlp},
+          {"expert_mlp", expert_mlp}, {"shared_experts", shared_experts},
+          {"shared_hidden", shared_hidden}, {"shared_gate", shared_gate},
           {"schedule", schedule}, {"seed", seed}, {"fuse", fuse}, {"chunks", chunks},
           {"profile", profile}, {"device", device}, {"precision", precision},
           {"comm", comm}};

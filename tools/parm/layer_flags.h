@@ -30,6 +30,9 @@ struct LayerFlags {
   float router_z_loss = 0.0f;     // z-loss coefficient: dl_z of the backward passes
   RouterFlags router;             // score function, weights, group limit
   std::string expert_mlp = "gelu";  // gelu | swiglu (docs/spec.md §8)
+  int shared_experts = 0;           // docs/spec.md §9
+  int64_t shared_hidden = 0;        // 0: the routed experts' H
+  std::string shared_gate = "off";  // on | off
   std::string device = "cpu";     // cpu | cuda
   std::string precision = "fp32"; // fp32 | bf16
   std::string comm = "auto";      // auto | mpi | nccl: what moves device buffers
