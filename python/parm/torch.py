@@ -129,6 +129,12 @@ class MoE(torch.nn.Module):
     consecutive experts, a group's score the sum of its two best scores; with G = ep, each
     token reaches at most K_g EP ranks). The defaults are the softmax top-k above.
 
+    Shared experts (docs/spec.md §9): shared_experts N_s FFNs of the routed kind and width
+    shared_hidden (default: hidden) that every token passes through, their sum added to the
+    routed output, times sigmoid(x swg) with shared_gate=True; split over mp like a dense FFN
+    (parameters sw1 (N_s, M, H_s/mp), sw2, sw3 or sb1 likewise, sb2 (N_s, M) and swg (M)
+    whole).
+
     forward(x, out=None): x (T, M) or (B, L, M), the tokens of this rank's MP group (the
     same x on every rank of the group); returns the output of the same shape and sets
     self.l_aux, the auxiliary loss, a 0-d tensor in the autograd graph. The layer writes the

@@ -232,6 +232,11 @@ const Tensor& MoeLayer::forward(const Tensor& x) {
   const bool timed = step_timed();
   if (timed) backend_->sync();
   for (size_t i = 0; i < schedule_.steps.size(); ++i) {
+    if (overlaps_next(i, false)) {
+      run_overlapped(i, false, 0.0f, fwd_us_);
+      ++i;  // the step it overlapped
+      continue;
+    }
     const double t0 = timed ? now_us() : 0.0;
     run_step(schedule_.steps[i], false, 0.0f);
     if (!timed) continue;
@@ -263,6 +268,11 @@ const Tensor& MoeLayer::backward(const Tensor& dout, float dl_aux, float dl_z) {
   const bool timed = step_timed();
   if (timed) backend_->sync();
   for (size_t i = schedule_.steps.size(); i-- > 0;) {
+    if (i > 0 && overlaps_next(i - 1, true)) {
+      run_overlapped(i - 1, true, dl_aux, bwd_us_);
+      --i;  // the AllToAll it overlapped
+      continue;
+    }
     const double t0 = timed ? now_us() : 0.0;
     run_step(schedule_.steps[i], true, dl_aux);
     if (!timed) continue;
@@ -304,6 +314,29 @@ void MoeLayer::backward_into(const Tensor& dout, float dl_aux, const Tensor& dx,
   PARM_CHECK(schedule_.output != schedule_.input, "MoE layer: the schedule's output is its input");
   with_buffer(bufs_.grad(schedule_.input), dx, "input gradient",
               [&] { backward(dout, dl_aux, dl_z); });
+}
+
+bool MoeLayer::overlaps_next(size_t i, bool backward) const {
+  const auto& steps = schedule_.steps;
+  return steps[i].overlap_next && i + 1 < steps.size() &&
+         schedule::step_move(steps[i].kind, backward) == Move::kAllToAll &&
+         !schedule::joins_sum(steps[i], backward) &&
+         !schedule::is_collective(steps[i + 1].kind);
+}
+
+void MoeLayer::run_overlapped(size_t i, bool backward, float dl_aux, std::vector<double>& us) {
+  const Step& a2a = schedule_.steps[i];
+  const Step& next = schedule_.steps[i + 1];
+  const double t0 = now_us();
+  RequestPtr posted = movers_[i]->start_alltoall(a2a, backward);
+  const double t1 = now_us();
+  run_step(next, backward, dl_aux);
+  backend_->sync();
+  const double t2 = now_us();
+  if (posted) posted->wait();
+  bufs_.wait_fills();  // the fill counts posted beside it (no-op when none)
+  us[i] = (t1 - t0) + (now_us() - t2);  // the AllToAll's post and wait
+  us[i + 1] = t2 - t1;                  // the computation in between
 }
 
 void MoeLayer::run_step(const Step& s, bool backward, float dl_aux) {

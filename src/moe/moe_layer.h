@@ -149,6 +149,11 @@ class MoeLayer {
   void run_pass(const schedule::Step& s, bool backward, float dl_aux);
   void compute_forward(const schedule::Step& s, moe::PhaseTimes* phases);
   void compute_backward(const schedule::Step& s, float dl_aux, moe::PhaseTimes* phases);
+  // Whether step i is an AllToAll left in flight while step i + 1 runs in this pass
+  // (schedule::Step::overlap_next), and that pair run so: post, compute, wait. `us` gets both
+  // steps' times (the AllToAll's: its post plus its wait).
+  bool overlaps_next(size_t i, bool backward) const;
+  void run_overlapped(size_t i, bool backward, float dl_aux, std::vector<double>& us);
   // After a backward pass: this call's gate weight (and shared gate) gradients, summed over
   // mp where the schedule sums them, added into grads_.
   void add_weight_grads();

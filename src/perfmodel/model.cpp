@@ -202,9 +202,9 @@ struct Pricer {
     const double gates = is_gated(shape.expert_mlp) ? 2 : 1;
     const double fwd = gemm(GemmClass::kExpertNN, R, hl, M) * gates +
                        gemm(GemmClass::kExpertNN, R, M, hl);
-    const double bwd = gemm(GemmClass::kExpertTN, hl, M, R) + gemm(GemmClass::kExpertNT, R, hl, M) +
-                       (gemm(GemmClass::kExpertTN, M, hl, R) + gemm(GemmClass::kExpertNT, R, M, hl)) *
-                           gates;
+    const double w2 = gemm(GemmClass::kExpertTN, hl, M, R) + gemm(GemmClass::kExpertNT, R, hl, M);
+    const double w1 = gemm(GemmClass::kExpertTN, M, hl, R) + gemm(GemmClass::kExpertNT, R, M, hl);
+    const double bwd = w2 + w1 * gates;
     return {fwd, bwd};
   }
   // Floats per row and hidden column the FFN's elementwise step moves: bias + GeLU reads x W1
@@ -424,6 +424,18 @@ Prediction predict(const Profile& profile, const schedule::Schedule& sc,
   ex.bwd_us = pr.copy(kF * (all + 2 * TM + 3.0 * static_cast<double>(sc.gate_weight_numel)));
   p.steps.push_back(std::move(ex));
   add_rendezvous(profile, target, p.steps);
+  // A computation run while an AllToAll is in flight (Step::overlap_next: the shared experts
+  // during the dispatch) hides the shorter of the two, each pass: priced as an entry of its own
+  // that takes that much off.
+  for (size_t i = 0; i + 1 < sc.steps.size(); ++i) {
+    if (!sc.steps[i].overlap_next) continue;
+    StepCost credit;
+    credit.label = "(overlap: " + sc.steps[i + 1].label + " during " + sc.steps[i].label + ")";
+    credit.executor = true;
+    credit.fwd_us = -std::min(p.steps[i].fwd_us, p.steps[i + 1].fwd_us);
+    credit.bwd_us = -std::min(p.steps[i].bwd_us, p.steps[i + 1].bwd_us);
+    p.steps.push_back(std::move(credit));
+  }
   for (const auto& c : p.steps) {
     p.fwd_us += c.fwd_us;
     p.bwd_us += c.bwd_us;

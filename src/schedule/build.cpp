@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "parm/error.h"
 #include "schedule/schedule.h"
@@ -67,41 +68,60 @@ int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, int64_t slo
   return disp;
 }
 
-// Shared experts (docs/spec.md §9) on the MP group's duplicated tokens x (S2, the baseline),
-// each MP rank its shard of H_s: the input's gradient is this rank's part, summed over mp by a
-// kShareDup (the shared gate's weight gradient, in the tail of the gate weight's, rides on it),
-// and the output is this rank's part, summed by a kSumDup (Megatron's f and g). Placed after
-// the gate and the dispatch, which read x too: backward, the sum runs before they add their
-// complete parts of dx. Returns the shared output (T, M), or -1 without shared experts.
-int shared_on_duplicated(Builder& b, const LayerSpec& spec, int x) {
+// Shared experts (docs/spec.md §9), each MP rank its shard of H_s, in three places of a
+// schedule: their input (after the gate and the dispatch, which read the tokens too), their
+// computation (right after the dispatch AllToAll, which it overlaps: Step::overlap_next), and
+// their output added into the layer's (after the combine). `in` and `out` are the buffer ids
+// between the parts (-1 without shared experts).
+struct SharedParts {
+  int in = -1;   // the tokens they read (T, M)
+  int out = -1;  // this rank's part of their output (T, M), or its sum (S2)
+};
+
+// On the MP group's duplicated tokens x (S2, the baseline): the input's gradient is this
+// rank's part, summed over mp by a kShareDup (the shared gate's weight gradient, in the tail
+// of the gate weight's, rides on it); placed after the gate and the dispatch, so that backward
+// the sum runs before they add their complete parts of dx.
+SharedParts shared_input_duplicated(Builder& b, const LayerSpec& spec, int x) {
   const auto& sh = spec.shape;
-  if (!sh.has_shared()) return -1;
+  if (!sh.has_shared()) return {};
   if (spec.layout.mp > 1) {
     b.collective(StepKind::kShareDup, Group::kMp, x, "", {}, "mp shared input");
     if (sh.shared_gate) b.schedule().steps.back().joined_sum = kGateWeight;
   }
-  const int out = b.buffer("shared_out", {sh.tokens, sh.model_dim});
-  b.compute(StepKind::kSharedExperts, x, out, "shared experts");
-  b.collective(StepKind::kSumDup, Group::kMp, out, "", {}, "mp allreduce shared");
-  return out;
+  return {x, b.buffer("shared_out", {sh.tokens, sh.model_dim})};
 }
 
-// S1's shared experts, after the combine wrote this rank's token slice `ys`: the slice `xs`
-// gathered over mp (its gradient reduce-scattered back into the slice's, whose AllGather then
-// completes dx), this rank's shard of the shared experts over all T tokens, their parts
-// reduce-scattered to the slice and added to ys. The shared gate's weight gradient joins the
-// gate weight's, which S1 sums over mp anyway.
-void shared_on_slice(Builder& b, const LayerSpec& spec, int xs, int ys) {
+// S1: the token slice xs gathered over mp (its gradient reduce-scattered back into the
+// slice's, whose AllGather then completes dx; after the gate and the dispatch, which read xs:
+// backward this overwriting step runs before they add). The shared gate's weight gradient
+// joins the gate weight's, which S1 sums over mp anyway.
+SharedParts shared_input_sliced(Builder& b, const LayerSpec& spec, int xs) {
   const auto& sh = spec.shape;
-  if (!sh.has_shared()) return;
-  const int64_t T = sh.tokens, M = sh.model_dim, rows = T / spec.layout.mp;
+  if (!sh.has_shared()) return {};
+  const int64_t T = sh.tokens, M = sh.model_dim;
   const int x = b.collective(StepKind::kGatherShard, Group::kMp, xs, "shared_in", {T, M},
                              "mp allgather shared input");
-  const int out = b.buffer("shared_out", {T, M});
-  b.compute(StepKind::kSharedExperts, x, out, "shared experts");
-  const int mine = b.collective(StepKind::kReduceScatter, Group::kMp, out, "shared_slice",
-                                {rows, M}, "mp reduce_scatter shared");
-  b.compute(StepKind::kAddShared, mine, ys, "add shared");
+  return {x, b.buffer("shared_out", {T, M})};
+}
+
+// Their computation; S2 and the baseline sum it over mp (kSumDup: Megatron's g).
+void shared_compute(Builder& b, const SharedParts& p, bool sum_over_mp) {
+  if (p.in < 0) return;
+  b.compute(StepKind::kSharedExperts, p.in, p.out, "shared experts");
+  if (sum_over_mp) b.collective(StepKind::kSumDup, Group::kMp, p.out, "", {}, "mp allreduce shared");
+}
+
+// Their output into the layer's `out` (rows, M); S1 reduce-scatters its part to the slice.
+void shared_output(Builder& b, const LayerSpec& spec, const SharedParts& p, int out,
+                   bool sliced) {
+  if (p.in < 0) return;
+  int mine = p.out;
+  if (sliced)
+    mine = b.collective(StepKind::kReduceScatter, Group::kMp, p.out, "shared_slice",
+                        {spec.shape.tokens / spec.layout.mp, spec.shape.model_dim},
+                        "mp reduce_scatter shared");
+  b.compute(StepKind::kAddShared, mine, out, "add shared");
 }
 
 // AllToAll(ep), AllGather(esp), experts, ReduceScatter(esp), AllToAll(ep) on (E, slots, M);
@@ -109,8 +129,11 @@ void shared_on_slice(Builder& b, const LayerSpec& spec, int xs, int ys) {
 // AllGather (mp_outer > 0) so that it joins the combine collective when fused; the return
 // value is then the gathered (E, N_MP * slots, M) buffer, whose fill counts are those of
 // `mp_source` (the dispatch buffer before the MP slice).
+// after_dispatch adds steps right after the dispatch AllToAll, which overlaps the first of them
+// (Step::overlap_next) when it is a computation; with a fused dispatch they come before it.
 int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
-                    int64_t mp_outer = 0, int64_t mp_chunk = 0, int mp_source = -1) {
+                    int64_t mp_outer = 0, int64_t mp_chunk = 0, int mp_source = -1,
+                    const std::function<void()>& after_dispatch = {}) {
   const Layout& l = spec.layout;
   const int64_t E = spec.shape.experts, M = spec.shape.model_dim, e_loc = E / l.ep;
   const int64_t block = e_loc * slots * M;
@@ -118,6 +141,7 @@ int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
   Schedule& s = b.schedule();
   int gathered, recv = disp;
   if (spec.fuse && l.ep > 1 && l.esp > 1) {
+    if (after_dispatch) after_dispatch();
     gathered = b.buffer("esp_gathered", {l.esp, l.ep, e_loc, slots, M});
     Step st{StepKind::kFusedDispatch, Group::kEp, disp, gathered, 1, 0, "fused dispatch (ep alltoall + esp allgather)"};
     st.group2 = Group::kEsp;
@@ -130,6 +154,13 @@ int expert_exchange(Builder& b, const LayerSpec& spec, int disp, int64_t slots,
                         {l.ep, e_loc, slots, M}, "dispatch alltoall");
     b.carries_fills(recv);
     b.segmented(recv, slots);
+    if (after_dispatch) {
+      const size_t a2a = s.steps.size() - 1;
+      const bool posted = recv != disp;  // the AllToAll exists (ep > 1)
+      after_dispatch();
+      if (posted && s.steps.size() > a2a + 1 && !is_collective(s.steps[a2a + 1].kind))
+        s.steps[a2a].overlap_next = true;
+    }
     gathered = b.collective(StepKind::kGatherShard, Group::kEsp, recv, "esp_gathered",
                             {l.esp, l.ep, e_loc, slots, M}, "esp allgather");
     b.carries_fills(gathered);
@@ -211,10 +242,15 @@ Schedule build_s1(const LayerSpec& spec, Kind kind) {
   if (l.mp > 1) s.steps.back().joined_sum = kGateWeight;
   int stats = -1;
   const int disp = gate_and_dispatch(b, spec, xs, s.dispatch_slots, l.mp > 1 ? &stats : nullptr);
-  const int back = expert_exchange(b, spec, disp, s.exchange_slots);
+  const SharedParts shared = shared_input_sliced(b, spec, xs);
+  const bool overlap = sh.shared_overlap;
+  if (!overlap) shared_compute(b, shared, false);
+  const int back = expert_exchange(b, spec, disp, s.exchange_slots, 0, 0, -1, [&] {
+    if (overlap) shared_compute(b, shared, false);
+  });
   const int ys = b.buffer("out_slice", {rows, M});
   b.compute(StepKind::kCombine, back, ys, "combine");
-  shared_on_slice(b, spec, xs, ys);
+  shared_output(b, spec, shared, ys, true);
   s.output = b.collective(StepKind::kGatherDup, Group::kMp, ys, "out", {T, M}, "mp allgather",
                           1, rows * M);
   if (l.mp > 1) {
@@ -239,14 +275,18 @@ Schedule build_s2(const LayerSpec& spec, Kind kind) {
   s.exchange_slots = cs;
   s.expert_blocks = l.esp * l.ep;
   const int disp = gate_and_dispatch(b, spec, s.input, s.dispatch_slots);
-  const int shared = shared_on_duplicated(b, spec, s.input);
+  const SharedParts shared = shared_input_duplicated(b, spec, s.input);
   const int mine = b.collective(StepKind::kSlice, Group::kMp, disp, "dispatch_slice",
                                 {E, cs, M}, "mp slice slots", E, cs * M);
   b.segmented(mine, cs);
-  const int full = expert_exchange(b, spec, mine, cs, E, cs * M, disp);
+  const bool overlap = sh.shared_overlap;
+  if (!overlap) shared_compute(b, shared, true);
+  const int full = expert_exchange(b, spec, mine, cs, E, cs * M, disp, [&] {
+    if (overlap) shared_compute(b, shared, true);
+  });
   s.output = b.buffer("out", {T, M});
   b.compute(StepKind::kCombine, full, s.output, "combine");
-  if (shared >= 0) b.compute(StepKind::kAddShared, shared, s.output, "add shared");
+  shared_output(b, spec, shared, s.output, false);
   return std::move(s);
 }
 
@@ -266,11 +306,13 @@ Schedule build_baseline(const LayerSpec& spec) {
       capacity(sh.topk, sh.capacity_factor, T, sh.experts);
   s.expert_blocks = l.ep;
   const int disp = gate_and_dispatch(b, spec, s.input, s.dispatch_slots);
-  const int shared = shared_on_duplicated(b, spec, s.input);
+  // DeepSpeed-MoE's baseline runs its steps one after another: no overlap.
+  const SharedParts shared = shared_input_duplicated(b, spec, s.input);
+  shared_compute(b, shared, true);
   const int back = expert_exchange_duplicated(b, spec, disp, s.exchange_slots);
   s.output = b.buffer("out", {T, M});
   b.compute(StepKind::kCombine, back, s.output, "combine");
-  if (shared >= 0) b.compute(StepKind::kAddShared, shared, s.output, "add shared");
+  shared_output(b, spec, shared, s.output, false);
   return std::move(s);
 }
 

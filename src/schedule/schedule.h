@@ -139,6 +139,11 @@ struct Step {
   // value, forward) or kShareDup (the gradient, backward) step would add a second. S1's
   // l_aux statistics ride on its output AllGather, its dWg on the AllGather of dx. -1: none.
   int joined_sum = -1;
+  // An AllToAll whose move is left in flight while the next step of the list (a computation
+  // that neither reads nor writes what it moves: the shared experts, docs/spec.md §9) runs, in
+  // both passes: forward this step then that one, backward that one's adjoint then this one's,
+  // each pair as post, compute, wait. The result is that of running them one after another.
+  bool overlap_next = false;
   bool has_mp_part() const { return mid >= 0; }
 };
 

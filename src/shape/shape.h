@@ -60,6 +60,9 @@ struct MoeShape {
   int shared_experts = 0;
   int64_t shared_hidden = 0;
   bool shared_gate = false;
+  // The schedules run the shared experts while the dispatch AllToAll is in flight (Megatron's
+  // --moe-shared-expert-overlap; schedule::Step::overlap_next); off: one after the other.
+  bool shared_overlap = true;
   bool has_shared() const { return shared_experts > 0; }
 
   // The shape from its sizes; f is a decimal ("1.2"), parsed exactly (CapacityFactor::parse).

@@ -301,6 +301,56 @@ TEST(Equivalence, SharedExpertsEveryScheduleMatchesTheOracle) {
   }
 }
 
+// --shared-overlap (docs/spec.md §9): S1 and S2 compute the shared experts while the dispatch
+// AllToAll is in flight, when there is one (ep > 1) and it is not fused; the passes then give
+// the bits of the same passes run one step after another.
+TEST(Equivalence, SharedOverlapIsBitIdenticalAndOnlyWhereThereIsAnAllToAll) {
+  int64_t overlapped = 0;
+  for (const Layout3& lay : sweep_layouts(false)) {
+    auto topo = topology_of(lay);
+    const int64_t E = test::world_size() == 3 ? 6 : 8;
+    for (Kind kind : {Kind::kS1, Kind::kS2})
+      for (bool fuse : {false, true}) {
+        auto s = MoeShape::of(24, 8, 24, E, 2, "1.0");
+        s.shared_experts = 2;
+        s.shared_hidden = 12;
+        s.shared_gate = true;
+        std::vector<std::vector<float>> results[2];
+        for (bool overlap : {false, true}) {
+          s.shared_overlap = overlap;
+          MoeLayer layer(*topo, s, kind, fuse);
+          layer.load_whole(ref::init_params<float>(s, 5));
+          layer.zero_grad();
+          const auto x = check_input(s, 5, 0);
+          const auto dout = check_dout(s, 5, 0);
+          const Tensor out =
+              layer.forward(Tensor::view(const_cast<float*>(x.data()), {s.tokens, s.model_dim}))
+                  .clone();
+          const Tensor dx = layer
+                                .backward(Tensor::view(const_cast<float*>(dout.data()),
+                                                       {s.tokens, s.model_dim}),
+                                          0.5f)
+                                .clone();
+          auto& r = results[overlap];
+          const MoeLayerParams& g = layer.grads();
+          for (const Tensor* t : std::initializer_list<const Tensor*>{
+                   &out, &dx, &g.wg, &g.shared.w1, &g.shared.w2, &g.shared_gate, &g.experts.w1})
+            r.emplace_back(t->data(), t->data() + t->numel());
+          bool has = false;
+          for (const auto& st : layer.schedule().steps) has = has || st.overlap_next;
+          const bool want = overlap && topo->layout().ep > 1 &&
+                            !(layer.schedule().fused && topo->layout().esp > 1);
+          EXPECT_EQ(has, want) << lay.str() << " " << schedule::kind_name(kind)
+                               << (fuse ? " fused" : "") << " overlap " << overlap;
+          overlapped += has;
+        }
+        EXPECT_EQ(results[0], results[1]) << lay.str() << " " << schedule::kind_name(kind)
+                                          << (fuse ? " fused" : "");
+      }
+  }
+  if (test::world_size() >= 2) EXPECT_GT(overlapped, 0);
+}
+
 // --precision bf16 on the CPU: every schedule (fused and not) on every layout of the sweep,
 // with a capacity factor and dropless (packed exchange layout: the bf16 experts read their
 // rows at the segments' starts), within the bf16 tolerance; and the products really are

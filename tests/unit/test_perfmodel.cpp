@@ -613,6 +613,35 @@ TEST(PerfModel, SwigluExpertsPriceTheThirdProduct) {
               1e-6);
 }
 
+// Shared experts run during the dispatch AllToAll (Step::overlap_next, docs/spec.md §9): the
+// prediction takes the shorter of the two off each pass, as an entry of its own; without the
+// overlap the same steps are priced one after the other.
+TEST(PerfModel, SharedExpertsOverlapTheDispatchAllToAll) {
+  Profile p = comm_only_profile(5.0, 1e-3, 5.0, 1e-3);
+  p.gemm_fit(GemmClass::kExpertNN) = GemmFit{2.0, 1.0, 1.0, 0, "t"};
+  p.gemm_fit(GemmClass::kExpertTN) = GemmFit{2.0, 1.0, 1.0, 0, "t"};
+  p.gemm_fit(GemmClass::kExpertNT) = GemmFit{2.0, 1.0, 1.0, 0, "t"};
+  auto shape = shape_of(64, 8, 16, 4, 2, "1.0");
+  shape.shared_experts = 2;
+  shape.shared_hidden = 16;
+  const Target t = make_target(0, 2, 2, 1, 1);  // mp 2, ep 2: S2 has a plain dispatch AllToAll
+  Prediction on, off;
+  for (bool overlap : {true, false}) {
+    shape.shared_overlap = overlap;
+    (overlap ? on : off) = predict_kind(p, shape, t, Kind::kS2, false);
+  }
+  const auto a2a = step_named(on, "dispatch alltoall");
+  const auto shared = step_named(on, "shared experts");
+  const auto& credit = on.steps.back();
+  EXPECT_NE(credit.label.find("overlap: shared experts during dispatch alltoall"),
+            std::string::npos) << credit.label;
+  EXPECT_DOUBLE_EQ(credit.fwd_us, -std::min(a2a.fwd_us, shared.fwd_us));
+  EXPECT_DOUBLE_EQ(credit.bwd_us, -std::min(a2a.bwd_us, shared.bwd_us));
+  EXPECT_NEAR(off.total_us() - on.total_us(),
+              std::min(a2a.fwd_us, shared.fwd_us) + std::min(a2a.bwd_us, shared.bwd_us), 1e-6);
+  EXPECT_GT(off.total_us() - on.total_us(), 0.0);
+}
+
 // Groups on 2 nodes x 2 ranks (nodes {0, 0, 1, 1}), by hand (model.h):
 //   mp = {0,1}, {2,3}: inside a node.
 //   ep with esp = 2: {0,2}, {1,3}: n = 2, local 1 everywhere: nothing stays inside a node

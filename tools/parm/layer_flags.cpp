@@ -33,6 +33,9 @@ void LayerFlags::add_to(CLI::App* app) {
                   "a shared expert's hidden width H_s (default: --hidden)");
   app->add_option("--shared-gate", shared_gate,
                   "on: the shared output times sigmoid(x w_sg) (Qwen2-MoE); off (default)");
+  app->add_option("--shared-overlap", shared_overlap,
+                  "on (default): S1 and S2 compute the shared experts while the dispatch "
+                  "AllToAll is in flight; off: one after the other");
   app->add_option("--fuse", fuse,
                   "fused dispatch/combine collectives for s1/s2: on, off, both, or auto (the "
                   "cost model picks; needs --profile)");
@@ -73,6 +76,7 @@ MoeShape LayerFlags::shape() const {
   s.shared_experts = shared_experts;
   s.shared_hidden = shared_experts > 0 && shared_hidden == 0 ? hidden : shared_hidden;
   s.shared_gate = parse_on_off(shared_gate, "--shared-gate (model.shared_gate)");
+  s.shared_overlap = parse_on_off(shared_overlap, "--shared-overlap");
   s.validate();
   return s;
 }
@@ -120,6 +124,7 @@ nlohmann::json LayerFlags::config_json() const {
           {"router_groups", r.groups}, {"router_group_topk", r.group_topk},
           {"expert_mlp", expert_mlp}, {"shared_experts", shared_experts},
           {"shared_hidden", shared_hidden}, {"shared_gate", shared_gate},
+          {"shared_overlap", shared_overlap},
           {"schedule", schedule}, {"seed", seed}, {"fuse", fuse}, {"chunks", chunks},
           {"profile", profile}, {"device", device}, {"precision", precision},
           {"comm", comm}};
