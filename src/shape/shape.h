@@ -61,8 +61,10 @@ struct MoeShape {
   int64_t shared_hidden = 0;
   bool shared_gate = false;
   // The schedules run the shared experts while the dispatch AllToAll is in flight (Megatron's
-  // --moe-shared-expert-overlap; schedule::Step::overlap_next); off: one after the other.
-  bool shared_overlap = true;
+  // --moe-shared-expert-overlap; schedule::Step::overlap_next); off (the default, as there):
+  // one after the other. Over MPI on CPUs the posted AllToAll did not move while the shared
+  // experts computed (docs/spec.md §9, measured): no saving there.
+  bool shared_overlap = false;
   bool has_shared() const { return shared_experts > 0; }
 
   // The shape from its sizes; f is a decimal ("1.2"), parsed exactly (CapacityFactor::parse).

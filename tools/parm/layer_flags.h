@@ -33,7 +33,7 @@ struct LayerFlags {
   int shared_experts = 0;           // docs/spec.md §9
   int64_t shared_hidden = 0;        // 0: the routed experts' H
   std::string shared_gate = "off";  // on | off
-  std::string shared_overlap = "on";  // on | off
+  std::string shared_overlap = "off";  // on | off
   std::string device = "cpu";     // cpu | cuda
   std::string precision = "fp32"; // fp32 | bf16
   std::string comm = "auto";      // auto | mpi | nccl: what moves device buffers
