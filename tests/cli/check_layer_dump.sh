@@ -33,6 +33,12 @@ out="$(recompute "$tmp/sw")"; rc=$?
 check "the swiglu dump recomputes, dw3 among the gradients" 0 $rc "oracle: dw3 summed over 2 MP groups" "$out"
 check "the swiglu dump recomputes, every check passes" 0 $rc " 0 failed" "$out"
 
+# Shared experts (docs/spec.md §9) the recomputation does not redo: it says so (exit 2).
+out="$(prun -n 1 -- check-layer $layer --shared-experts 1 --dump "$tmp/sh")"; rc=$?
+check "check-layer --shared-experts --dump" 0 $rc "dumped to" "$out"
+out="$(recompute "$tmp/sh")"; rc=$?
+check "a dump with shared experts is refused by the recomputation" 2 $rc "does not redo yet" "$out"
+
 # The recomputation can fail: with group 1's input replaced by group 0's (all a dump held
 # before), the expert gradients differ; with one chosen expert changed, the routing differs.
 cp -r "$tmp/a" "$tmp/b"
