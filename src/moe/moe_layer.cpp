@@ -37,6 +37,34 @@ MoeLayerParams make_params(const MoeShape& shape, int64_t e_loc, int64_t hl, int
   return p;
 }
 
+// FFN i of a set of shards (routed or shared) as the oracle's ExpertWeights, and back; b2 is
+// not part of it (whole on every rank of the shard's group).
+ref::ExpertWeights<float> ffn_part(const moe::ExpertShards& w, int64_t i, ExpertMlp mlp) {
+  const int64_t M = w.w1.dim(1), hl = w.w1.dim(2);
+  auto rows = [](const Tensor& t, int64_t i, int64_t n) {
+    return std::vector<float>(t.data() + i * n, t.data() + (i + 1) * n);
+  };
+  ref::ExpertWeights<float> part;
+  part.mlp = mlp;
+  part.model_dim = M;
+  part.hidden = hl;
+  part.w1 = rows(w.w1, i, M * hl);
+  part.w2 = rows(w.w2, i, hl * M);
+  if (w.gated()) part.w3 = rows(w.w3, i, M * hl);
+  if (has_expert_biases(mlp)) part.b1 = rows(w.b1, i, hl);
+  return part;
+}
+
+void place_ffn_part(const ref::ExpertWeights<float>& part, int64_t i, moe::ExpertShards& w) {
+  auto put = [](const std::vector<float>& v, Tensor& t, int64_t i) {
+    std::copy(v.begin(), v.end(), t.data() + i * static_cast<int64_t>(v.size()));
+  };
+  put(part.w1, w.w1, i);
+  put(part.w2, w.w2, i);
+  if (w.gated()) put(part.w3, w.w3, i);
+  if (!part.b1.empty()) put(part.b1, w.b1, i);
+}
+
 schedule::Schedule layer_schedule(Topology& topo, const MoeShape& shape, schedule::Kind kind,
                                   bool fuse, int chunks, bool router_z_loss,
                                   AuxScope aux_scope) {
@@ -140,31 +168,22 @@ void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
       make_params(shape_, params_.experts.w1.dim(0), hl_shard, mp_size_, Device::kCpu);
   std::memcpy(host.wg.data(), whole.wg.data(), static_cast<size_t>(host.wg.bytes()));
   auto& x = host.experts;
-  const int64_t e_loc = x.w1.dim(0), M = shape_.model_dim, hl = x.w1.dim(2);
+  const int64_t e_loc = x.w1.dim(0), M = shape_.model_dim;
+  const bool biases = has_expert_biases(shape_.expert_mlp);
   for (int64_t e = 0; e < e_loc; ++e) {
-    const auto part = ref::slice_expert(shape_, whole, first_expert_ + e, esp_rank_, esp_size_);
-    std::memcpy(x.w1.data() + e * M * hl, part.w1.data(), part.w1.size() * sizeof(float));
-    std::memcpy(x.w2.data() + e * hl * M, part.w2.data(), part.w2.size() * sizeof(float));
-    if (x.gated())
-      std::memcpy(x.w3.data() + e * M * hl, part.w3.data(), part.w3.size() * sizeof(float));
-    if (!has_expert_biases(shape_.expert_mlp)) continue;
-    std::memcpy(x.b1.data() + e * hl, part.b1.data(), part.b1.size() * sizeof(float));
-    std::memcpy(x.b2.data() + e * M, whole.b2.data() + (first_expert_ + e) * M,
-                static_cast<size_t>(M) * sizeof(float));
+    place_ffn_part(ref::slice_expert(shape_, whole, first_expert_ + e, esp_rank_, esp_size_), e,
+                   x);
+    if (biases)
+      std::memcpy(x.b2.data() + e * M, whole.b2.data() + (first_expert_ + e) * M,
+                  static_cast<size_t>(M) * sizeof(float));
   }
   // The shared experts: this MP rank's shard of each, b2 and the shared gate whole.
   auto& sh = host.shared;
-  const int64_t hs = sh.w1.dim(2);
   for (int64_t s = 0; s < shape_.shared_experts; ++s) {
-    const auto part = ref::slice_shared(shape_, whole, s, mp_rank_, mp_size_);
-    std::memcpy(sh.w1.data() + s * M * hs, part.w1.data(), part.w1.size() * sizeof(float));
-    std::memcpy(sh.w2.data() + s * hs * M, part.w2.data(), part.w2.size() * sizeof(float));
-    if (sh.gated())
-      std::memcpy(sh.w3.data() + s * M * hs, part.w3.data(), part.w3.size() * sizeof(float));
-    if (!has_expert_biases(shape_.expert_mlp)) continue;
-    std::memcpy(sh.b1.data() + s * hs, part.b1.data(), part.b1.size() * sizeof(float));
-    std::memcpy(sh.b2.data() + s * M, whole.sb2.data() + s * M,
-                static_cast<size_t>(M) * sizeof(float));
+    place_ffn_part(ref::slice_shared(shape_, whole, s, mp_rank_, mp_size_), s, sh);
+    if (biases)
+      std::memcpy(sh.b2.data() + s * M, whole.sb2.data() + s * M,
+                  static_cast<size_t>(M) * sizeof(float));
   }
   std::copy(whole.swg.begin(), whole.swg.end(), host.shared_gate.data());
   copy_params(host, params_);
@@ -177,18 +196,11 @@ void MoeLayer::store_whole_grads(ref::MoeParams<float>& whole) const {
   copy_params(grads_, host);
   std::memcpy(whole.wg.data(), host.wg.data(), static_cast<size_t>(host.wg.bytes()));
   const auto& g = host.experts;
-  const int64_t e_loc = g.w1.dim(0), M = shape_.model_dim, hl = g.w1.dim(2);
+  const int64_t e_loc = g.w1.dim(0), M = shape_.model_dim;
+  const bool biases = has_expert_biases(shape_.expert_mlp);
   for (int64_t e = 0; e < e_loc; ++e) {
-    ref::ExpertWeights<float> part;
-    part.mlp = shape_.expert_mlp;
-    part.model_dim = M;
-    part.hidden = hl;
-    part.w1.assign(g.w1.data() + e * M * hl, g.w1.data() + (e + 1) * M * hl);
-    part.w2.assign(g.w2.data() + e * hl * M, g.w2.data() + (e + 1) * hl * M);
-    if (g.gated()) part.w3.assign(g.w3.data() + e * M * hl, g.w3.data() + (e + 1) * M * hl);
-    const bool biases = has_expert_biases(shape_.expert_mlp);
-    if (biases) part.b1.assign(g.b1.data() + e * hl, g.b1.data() + (e + 1) * hl);
-    ref::unslice_expert(shape_, part, first_expert_ + e, esp_rank_, esp_size_, whole);
+    ref::unslice_expert(shape_, ffn_part(g, e, shape_.expert_mlp), first_expert_ + e, esp_rank_,
+                        esp_size_, whole);
     if (biases)
       std::memcpy(whole.b2.data() + (first_expert_ + e) * M, g.b2.data() + e * M,
                   static_cast<size_t>(M) * sizeof(float));
@@ -196,18 +208,8 @@ void MoeLayer::store_whole_grads(ref::MoeParams<float>& whole) const {
   // The shared experts: this MP rank's shard; b2 and the shared gate whole (every MP rank
   // holds the same complete gradients of those).
   const auto& sg = host.shared;
-  const int64_t hs = sg.w1.dim(2);
   for (int64_t s = 0; s < shape_.shared_experts; ++s) {
-    ref::ExpertWeights<float> part;
-    part.mlp = shape_.expert_mlp;
-    part.model_dim = M;
-    part.hidden = hs;
-    part.w1.assign(sg.w1.data() + s * M * hs, sg.w1.data() + (s + 1) * M * hs);
-    part.w2.assign(sg.w2.data() + s * hs * M, sg.w2.data() + (s + 1) * hs * M);
-    if (sg.gated()) part.w3.assign(sg.w3.data() + s * M * hs, sg.w3.data() + (s + 1) * M * hs);
-    const bool biases = has_expert_biases(shape_.expert_mlp);
-    if (biases) part.b1.assign(sg.b1.data() + s * hs, sg.b1.data() + (s + 1) * hs);
-    ref::unslice_shared(shape_, part, s, mp_rank_, mp_size_, whole);
+    ref::unslice_shared(shape_, ffn_part(sg, s, shape_.expert_mlp), s, mp_rank_, mp_size_, whole);
     if (biases)
       std::memcpy(whole.sb2.data() + s * M, sg.b2.data() + s * M,
                   static_cast<size_t>(M) * sizeof(float));
