@@ -30,8 +30,8 @@ void SharedWorkspace::reserve(int64_t experts, int64_t rows, int64_t M, int64_t 
 }
 
 int64_t SharedWorkspace::held_bytes() const {
-  int64_t b = sum.bytes() + g.bytes() + dz.bytes() + dsum.bytes() + d_act.bytes() + d_gate.bytes() +
-              dx.bytes();
+  int64_t b = sum.bytes() + g.bytes() + dz.bytes() + dsum.bytes() + d_act.bytes() +
+              d_gate.bytes() + dx.bytes();
   for (const auto* list : {&pre, &gate, &act})
     for (const Tensor& t : *list) b += t.bytes();
   return b;

@@ -109,7 +109,8 @@ SharedParts shared_input_sliced(Builder& b, const LayerSpec& spec, int xs) {
 void shared_compute(Builder& b, const SharedParts& p, bool sum_over_mp) {
   if (p.in < 0) return;
   b.compute(StepKind::kSharedExperts, p.in, p.out, "shared experts");
-  if (sum_over_mp) b.collective(StepKind::kSumDup, Group::kMp, p.out, "", {}, "mp allreduce shared");
+  if (sum_over_mp)
+    b.collective(StepKind::kSumDup, Group::kMp, p.out, "", {}, "mp allreduce shared");
 }
 
 // Their output into the layer's `out` (rows, M); S1 reduce-scatters its part to the slice.
