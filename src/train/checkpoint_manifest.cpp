@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "data/checksum.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "train/train_config.h"
@@ -98,13 +99,7 @@ bool hex16(const std::string& s) {
 }  // namespace
 
 std::string fnv1a64_hex(const void* data, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return fmt::format("{:016x}", h);
+  return data::hex64(data::fnv1a64(data, n));
 }
 
 nlohmann::json tensor_entry(const TensorSpec& spec, const float* data) {
