@@ -1,5 +1,7 @@
 #include "data/batches.h"
 
+#include <limits>
+
 #include "parm/error.h"
 #include "parm/rng.h"
 
@@ -10,7 +12,7 @@ constexpr uint64_t kStreamTrainOffsets = 0x7261696e;  // "rain"
 constexpr uint64_t kStreamValOffsets = 0x76616c;      // "val"
 constexpr uint64_t kStreamMask = 0x6d61736b;          // "mask"
 // BERT masking: 15% of positions are predicted; of those 80% become [MASK], 10% a random
-// byte, 10% stay.
+// token, 10% stay.
 constexpr uint32_t kMaskPerMille = 150;
 
 }  // namespace
@@ -19,35 +21,37 @@ BatchSource::BatchSource(const Corpus& corpus, Objective objective, int64_t seq_
                          uint64_t seed)
     : corpus_(corpus), objective_(objective), seq_len_(seq_len), seed_(seed) {}
 
-Batch BatchSource::make(const std::vector<uint8_t>& text, uint64_t stream, int64_t first,
-                               int64_t count) const {
+Batch BatchSource::make(const TokenSpan& text, uint64_t stream, int64_t first,
+                        int64_t count) const {
   Batch b;
   b.batch = count;
   b.seq_len = seq_len_;
   b.tokens.resize(static_cast<size_t>(count * seq_len_));
   b.targets.resize(b.tokens.size());
-  const uint64_t span = text.size() - static_cast<uint64_t>(seq_len_) - 1;
+  const uint64_t span = static_cast<uint64_t>(text.size() - seq_len_ - 1);
   const Rng offsets(seed_, stream);
+  std::vector<int32_t> ids(static_cast<size_t>(seq_len_ + 1));
   for (int64_t i = 0; i < count; ++i) {
     const uint64_t g = static_cast<uint64_t>(first + i);
-    const uint64_t start = offsets.block(g)[0] % span;
+    const auto start = static_cast<int64_t>(offsets.block(g)[0] % span);
+    text.copy_to(start, seq_len_ + 1, ids.data());
     int32_t* tok = &b.tokens[static_cast<size_t>(i * seq_len_)];
     int32_t* tgt = &b.targets[static_cast<size_t>(i * seq_len_)];
     for (int64_t t = 0; t < seq_len_; ++t) {
-      const int32_t byte = text[start + static_cast<uint64_t>(t)];
+      const int32_t id = ids[static_cast<size_t>(t)];
       if (objective_ == Objective::kCausal) {
-        tok[t] = byte;
-        tgt[t] = text[start + static_cast<uint64_t>(t) + 1];
+        tok[t] = id;
+        tgt[t] = ids[static_cast<size_t>(t) + 1];
         continue;
       }
       const auto r = mask_draw(stream, g, t);
-      tok[t] = byte;
+      tok[t] = id;
       tgt[t] = -1;
       if (r[0] % 1000 < kMaskPerMille) {
-        tgt[t] = byte;
+        tgt[t] = id;
         const uint32_t kind = r[1] % 10;
-        if (kind < 8) tok[t] = kBertMaskToken;
-        else if (kind == 8) tok[t] = static_cast<int32_t>(r[2] % kByteVocab);
+        if (kind < 8) tok[t] = mask_token();
+        else if (kind == 8) tok[t] = static_cast<int32_t>(r[2] % static_cast<uint32_t>(corpus_.vocab));
       }
     }
   }
@@ -58,6 +62,18 @@ Batch BatchSource::make(const std::vector<uint8_t>& text, uint64_t stream, int64
 std::array<uint32_t, 4> BatchSource::mask_draw(uint64_t stream, uint64_t g, int64_t t) const {
   return Rng(seed_, kStreamMask ^ stream)
       .block(g * static_cast<uint64_t>(seq_len_) + static_cast<uint64_t>(t));
+}
+
+void BatchSource::check_position(int64_t position, int64_t sequences_ahead,
+                                 const std::string& origin) const {
+  PARM_CHECK(sequences_ahead >= 0, "sequences ahead {}", sequences_ahead);
+  const int64_t last = std::numeric_limits<int64_t>::max() - sequences_ahead;
+  PARM_CONFIG_CHECK(position >= 0 && position <= last,
+                    "{}: data position {} cannot be reached by this run: its {} sequences to "
+                    "come would run past the largest sequence number {}; valid data positions "
+                    "for this run: 0 to {}",
+                    origin, position, sequences_ahead, std::numeric_limits<int64_t>::max(),
+                    last);
 }
 
 int64_t BatchSource::train_targets(int64_t first, int64_t count) const {

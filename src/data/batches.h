@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "data/batch.h"
 #include "data/corpus.h"
@@ -30,12 +31,17 @@ class BatchSource {
   // one mask draw per position). The trainer counts a whole step's targets with it on every
   // rank instead of summing the replicas' counts over dp.
   int64_t train_targets(int64_t first, int64_t count) const;
+  // Refuses (parm::InvalidConfig naming `origin`, e.g. the checkpoint, and the valid range) a
+  // data position from which `sequences_ahead` more sequences would overflow the sequence
+  // numbers (int64), or a negative one.
+  void check_position(int64_t position, int64_t sequences_ahead, const std::string& origin) const;
+  // BERT's [MASK]: the id after the tokenizer's last (256 for bytes).
+  int32_t mask_token() const { return corpus_.vocab; }
   // Validation batch `index` (fixed sequences of the validation text).
   Batch val_batch(int64_t index, int64_t micro_batch) const;
 
  private:
-  Batch make(const std::vector<uint8_t>& text, uint64_t stream, int64_t first,
-                    int64_t count) const;
+  Batch make(const TokenSpan& text, uint64_t stream, int64_t first, int64_t count) const;
   // The masked objective's draw for position t of sequence g: r[0] selects the position.
   std::array<uint32_t, 4> mask_draw(uint64_t stream, uint64_t g, int64_t t) const;
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "data/checksum.h"
+#include "data/sentencepiece_tokenizer.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 
@@ -25,9 +26,30 @@ nlohmann::json Tokenizer::record(const std::string& file) const {
   return j;
 }
 
+namespace {
+
+std::string read_model_file(const std::string& path) {
+  std::error_code ec;
+  PARM_CONFIG_CHECK(std::filesystem::is_regular_file(path, ec),
+                    "tokenizer '{}' is neither \"byte\" nor a file (a SentencePiece .model: "
+                    "make one with parm tokenizer train)",
+                    path);
+  const auto size = std::filesystem::file_size(path, ec);
+  PARM_CONFIG_CHECK(!ec && size <= (256u << 20),
+                    "tokenizer {}: {} bytes, more than a tokenizer model can be (256 MiB)", path,
+                    ec ? 0 : size);
+  try {
+    return read_file(path);
+  } catch (const Error& e) {
+    throw InvalidConfig(fmt::format("tokenizer {}: {}", path, e.what()));
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
   if (spec == "byte") return byte_tokenizer();
-  throw InvalidConfig(fmt::format("tokenizer '{}': valid tokenizers are \"byte\"", spec));
+  return sentencepiece_tokenizer(read_model_file(spec), spec);
 }
 
 namespace {
@@ -58,6 +80,7 @@ void check_same_tokenizer(const nlohmann::json& a, const std::string& what_a,
 std::unique_ptr<Tokenizer> tokenizer_from_record(const nlohmann::json& record,
                                                  const std::string& folder,
                                                  const std::string& origin) {
+  if (record.is_null()) return byte_tokenizer();
   PARM_CONFIG_CHECK(record.is_object() && record.contains("kind") && record.at("kind").is_string(),
                     "{}: its tokenizer record {} has no \"kind\"", origin, record.dump());
   std::unique_ptr<Tokenizer> t;
@@ -72,7 +95,15 @@ std::unique_ptr<Tokenizer> tokenizer_from_record(const nlohmann::json& record,
     PARM_CONFIG_CHECK(!file.empty() && rel.is_relative() && rel.filename() == rel,
                       "{}: tokenizer file '{}' must be a plain file name in its folder", origin,
                       file);
-    t = load_tokenizer((std::filesystem::path(folder) / rel).string());
+    const std::string path = (std::filesystem::path(folder) / rel).string();
+    std::string bytes = read_model_file(path);
+    // The checksum before the parser sees the bytes.
+    const std::string sum = hex64(fnv1a64(bytes.data(), bytes.size()));
+    PARM_CONFIG_CHECK(record.contains("fnv1a64") && record.at("fnv1a64") == sum,
+                      "{}: tokenizer file {} has fnv1a64 {} but the record says {} (the file "
+                      "was changed or is corrupt)",
+                      origin, path, sum, record.value("fnv1a64", nlohmann::json()).dump());
+    t = sentencepiece_tokenizer(std::move(bytes), path);
   }
   check_same_tokenizer(t->identity(), fmt::format("the tokenizer file of {}", origin), record,
                        fmt::format("{}'s record", origin));

@@ -112,6 +112,11 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
     header.data_position = state.data_position;
     header.model_config = state.model_config;
     header.router_bias = state.router_bias;
+    header.tokenizer = state.tokenizer;
+    if (!state.tokenizer_bytes.empty()) {
+      write_file_atomic((tmp_dir / kCheckpointTokenizerFile).string(), state.tokenizer_bytes);
+      header.tokenizer["file"] = kCheckpointTokenizerFile;
+    }
     const nlohmann::json layout = {{"world", l.world}, {"mp", l.mp}, {"ep", l.ep},
                                    {"esp", l.esp},     {"pp", l.pp}};
     write_file_atomic((tmp_dir / "manifest.json").string(),
@@ -128,7 +133,8 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
 CheckpointState load_checkpoint(Topology& topo, const std::string& path,
                                 const std::vector<model::ParamSpec>& all,
                                 const std::vector<model::Param*>& params, AdamW& optimizer,
-                                const nlohmann::json& model_config) {
+                                const nlohmann::json& model_config,
+                                const nlohmann::json& tokenizer) {
   Communicator& world = topo.host_comm(Group::kWorld);
   const bool root = topo.world_rank() == 0;
   const std::vector<Entry> es = entries(all, params, optimizer);
@@ -140,7 +146,7 @@ CheckpointState load_checkpoint(Topology& topo, const std::string& path,
     try {
       folder = resolve_checkpoint_folder(path);
       manifest = validate_manifest(read_manifest_json(folder), folder, specs(es), model_config,
-                                   file_sizes_in(folder));
+                                   file_sizes_in(folder), tokenizer);
     } catch (const InvalidConfig& e) {
       error = e.what();
     } catch (const std::exception& e) {
@@ -153,7 +159,8 @@ CheckpointState load_checkpoint(Topology& topo, const std::string& path,
                                    {"optimizer_steps", manifest.optimizer_steps},
                                    {"data_position", manifest.data_position},
                                    {"model_config", manifest.model_config},
-                                   {"router_bias", manifest.router_bias}}
+                                   {"router_bias", manifest.router_bias},
+                                   {"tokenizer", manifest.tokenizer}}
                         .dump()
                   : std::string()));
 
@@ -185,6 +192,7 @@ CheckpointState load_checkpoint(Topology& topo, const std::string& path,
   st.data_position = header.at("data_position").get<int64_t>();
   st.model_config = header.at("model_config");
   st.router_bias = header.at("router_bias");
+  st.tokenizer = header.at("tokenizer");
   return st;
 }
 

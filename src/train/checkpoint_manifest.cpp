@@ -9,6 +9,7 @@
 #include <set>
 
 #include "data/checksum.h"
+#include "data/tokenizer.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
 #include "train/train_config.h"
@@ -120,6 +121,7 @@ nlohmann::json manifest_json(const Manifest& header, const nlohmann::json& saved
                       {"saved_from_layout", saved_from_layout},
                       {"tensors", std::move(tensors)}};
   if (!header.router_bias.is_null()) m["router_bias"] = header.router_bias;
+  if (!header.tokenizer.is_null()) m["tokenizer"] = header.tokenizer;
   return m;
 }
 
@@ -176,7 +178,8 @@ nlohmann::json read_manifest_json(const std::string& folder) {
 
 Manifest validate_manifest(const nlohmann::json& m, const std::string& folder,
                            const std::vector<TensorSpec>& expected,
-                           const nlohmann::json& model_config, const FileSizeFn& size_of) {
+                           const nlohmann::json& model_config, const FileSizeFn& size_of,
+                           const nlohmann::json& tokenizer) {
   Refuser r(folder);
   if (!m.is_object()) r.fail("(top level)", "must be a JSON object, got {}", shown(m));
   const auto& format = field(r, m, "format");
@@ -191,6 +194,26 @@ Manifest validate_manifest(const nlohmann::json& m, const std::string& folder,
     r.fail("optimizer_steps", "{} is more than the training steps done ({}, field 'step')",
            out.optimizer_steps, out.step);
   out.data_position = whole_number(r, m, "data_position", 0);
+
+  // The tokenizer before the model: a model of another tokenizer has another vocabulary, and
+  // the tokenizer is what to name.
+  const nlohmann::json bytes = data::byte_tokenizer()->identity();
+  out.tokenizer = bytes;
+  if (m.contains("tokenizer")) {
+    const auto& t = m.at("tokenizer");
+    if (!t.is_object()) r.fail("tokenizer", "must be a JSON object, got {}", shown(t));
+    text(r, t, "kind");
+    whole_number(r, t, "vocab", 1);
+    if (t.contains("file")) {
+      const std::string file = text(r, t, "file");
+      if (file != kCheckpointTokenizerFile)
+        r.fail("tokenizer", "file '{}' must be {}", file.substr(0, 80), kCheckpointTokenizerFile);
+      if (!size_of(file)) r.fail("tokenizer", "its file {} is missing", file);
+    }
+    out.tokenizer = t;
+  }
+  data::check_same_tokenizer(out.tokenizer, fmt::format("checkpoint {}", folder),
+                             tokenizer.is_null() ? bytes : tokenizer, "this run");
 
   const auto& saved = field(r, m, "model_config");
   if (!saved.is_object()) r.fail("model_config", "must be a JSON object, got {}", shown(saved));

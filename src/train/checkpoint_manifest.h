@@ -6,10 +6,13 @@
 // <folder>/manifest.json
 //   {"format": "parm-checkpoint", "version": 1, "step": S, "optimizer_steps": O <= S,
 //    "data_position": D, "model_config": {...},
+//    "tokenizer": {"kind": "sentencepiece", "vocab": V, "fnv1a64": "..", "file": "tokenizer.model"}
+//                 (data/tokenizer.h's record; absent: the byte tokenizer),
 //    "saved_from_layout": {"world": W, "mp": .., "ep": .., "esp": ..},   (informative)
 //    "tensors": [{"name": "blocks.0.attn.qkv.weight", "kind": "param" | "adam_m" | "adam_v",
 //                 "file": "tensors/0000.param.bin", "shape": [..], "dtype": "float32",
 //                 "bytes": numel * 4, "fnv1a64": "<16 lower-case hex digits>"}, ...]}
+// <folder>/tokenizer.model: the tokenizer's model file, where it has one.
 // <folder>/tensors/*.bin: each whole (unsharded) tensor, row-major float32 in host byte order.
 #pragma once
 
@@ -27,6 +30,7 @@ namespace parm::train {
 
 constexpr const char* kCheckpointFormat = "parm-checkpoint";
 constexpr int kCheckpointVersion = 1;
+constexpr const char* kCheckpointTokenizerFile = "tokenizer.model";
 
 // One whole tensor that a model saves and expects back.
 struct TensorSpec {
@@ -50,6 +54,7 @@ struct Manifest {
   int64_t data_position = 0;    // training sequences consumed
   nlohmann::json model_config;
   nlohmann::json router_bias;   // per MoE layer, E numbers (--router-bias-update); null: none
+  nlohmann::json tokenizer;     // the tokenizer's record; null: none recorded (bytes)
   std::vector<TensorRecord> tensors;  // in the order of the specs validated against
 };
 
@@ -73,7 +78,8 @@ std::string resolve_checkpoint_folder(const std::string& path);
 // folder/manifest.json parsed; InvalidConfig when it is unreadable, oversized or not JSON.
 nlohmann::json read_manifest_json(const std::string& folder);
 
-// Checks every field of `manifest` (format, version, the counters, the model config against
+// Checks every field of `manifest` (format, version, the counters, the tokenizer against
+// `tokenizer` (an identity, data/tokenizer.h; null: bytes), the model config against
 // `model_config`, and per tensor: name, kind, duplicates, shape against `expected`, dtype,
 // bytes == numel * 4, a file name that stays under tensors/, that file's size from
 // `size_of`, the checksum's form) and that `expected` and the manifest hold the same
@@ -81,7 +87,8 @@ nlohmann::json read_manifest_json(const std::string& folder);
 // manifest.json, the tensor and the field. Returns the tensors in the order of `expected`.
 Manifest validate_manifest(const nlohmann::json& manifest, const std::string& folder,
                            const std::vector<TensorSpec>& expected,
-                           const nlohmann::json& model_config, const FileSizeFn& size_of);
+                           const nlohmann::json& model_config, const FileSizeFn& size_of,
+                           const nlohmann::json& tokenizer = nullptr);
 
 // Reads a validated tensor's file into `whole` (shape t.spec.shape), checking its size and
 // checksum again. Throws InvalidConfig naming the file and the tensor.

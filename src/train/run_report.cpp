@@ -10,7 +10,7 @@ namespace parm::train {
 
 void print_run_header(const TrainConfig& cfg, const Layout& lay,
                       const std::vector<std::string>& schedules, const data::Corpus& corpus,
-                      int64_t global_batch, const GemmRate& rate) {
+                      const std::string& tokenizer, int64_t global_batch, const GemmRate& rate) {
   std::printf("parm train %s: %s, %lld layers (MoE every %d: %s), M=%lld, E=%lld k=%d f=%s\n",
               cfg.name.c_str(), cfg.model.arch == model::Arch::kGpt2 ? "GPT-2" : "BERT",
               static_cast<long long>(cfg.model.num_layers), cfg.model.moe_every,
@@ -19,12 +19,13 @@ void print_run_header(const TrainConfig& cfg, const Layout& lay,
               static_cast<long long>(cfg.model.experts), cfg.model.topk,
               cfg.model.capacity_factor.c_str());
   std::printf("layout: %d ranks, pp=%d x (dp=%d mp=%d | edp=%d ep=%d esp=%d), order %s; global "
-              "batch %lld x %lld tokens; corpus %s (%zu train / %zu val bytes); MFU against "
-              "%.1f GFLOP/s per rank (%s)\n",
+              "batch %lld x %lld tokens; corpus %s (%lld train / %lld val tokens, tokenizer %s); MFU "
+              "against %.1f GFLOP/s per rank (%s)\n",
               lay.world, lay.pp, lay.dp, lay.mp, lay.edp, lay.ep, lay.esp,
               lay.order_name().c_str(),
               static_cast<long long>(global_batch), static_cast<long long>(cfg.model.seq_len),
-              corpus.name.c_str(), corpus.train.size(), corpus.val.size(), rate.gflops,
+              corpus.name.c_str(), static_cast<long long>(corpus.train.size()),
+              static_cast<long long>(corpus.val.size()), tokenizer.c_str(), rate.gflops,
               rate.source.c_str());
 }
 

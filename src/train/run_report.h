@@ -19,6 +19,7 @@ namespace parm::train {
 // Two lines: the model (`schedules`: per MoE layer) and the layout, batch, corpus and GEMM rate.
 void print_run_header(const TrainConfig& cfg, const Layout& lay,
                       const std::vector<std::string>& schedules, const data::Corpus& corpus,
+                      const std::string& tokenizer,
                       int64_t global_batch, const GemmRate& rate);
 
 // One line per pipeline stage (collective over the world; printed when `print`): the world

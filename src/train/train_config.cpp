@@ -227,7 +227,33 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
   Section d(section("data"), origin + ": data");
   d.get("corpus", c.data.corpus);
   d.get("val_fraction", c.data.val_fraction);
+  {
+    nlohmann::json t;  // a name or path, or {"kind": .., "vocab": ..}
+    d.get("tokenizer", t);
+    if (t.is_string()) {
+      c.data.tokenizer = t.get<std::string>();
+    } else if (t.is_object()) {
+      Section k(t, origin + ": data.tokenizer");
+      k.get("kind", c.data.tokenizer);
+      k.get("vocab", c.data.tokenizer_vocab);
+      k.finish();
+      PARM_CONFIG_CHECK((c.data.tokenizer == "bpe" || c.data.tokenizer == "unigram") &&
+                            c.data.tokenizer_vocab >= 258,
+                        "{}: data.tokenizer {} must name a kind (\"bpe\" or \"unigram\") and a "
+                        "vocabulary of at least 258 (\"vocab\"), e.g. {{\"kind\": \"bpe\", "
+                        "\"vocab\": 8192}}",
+                        origin, t.dump());
+    } else {
+      PARM_CONFIG_CHECK(t.is_null(),
+                        "{}: data.tokenizer {} must be \"byte\", a .model file or {{\"kind\": "
+                        "\"bpe\", \"vocab\": 8192}}",
+                        origin, t.dump());
+    }
+  }
+  d.get("prepared", c.data.prepared);
+  d.get("cache", c.data.cache);
   d.finish();
+  c.data.vocab_in_config = section("model").contains("vocab");
 
   Section t(section("train"), origin + ": train");
   t.get("steps", c.loop.steps);
@@ -312,8 +338,11 @@ void validate(const TrainConfig& c) {
   PARM_CONFIG_CHECK(m.model_dim % m.num_heads == 0,
                     "model.model_dim {} is not divisible by model.num_heads {}", m.model_dim,
                     m.num_heads);
+  // (A tokenizer's vocabulary sets model.vocab: train/data_setup.h.)
+  const bool bytes = (c.data.tokenizer.empty() || c.data.tokenizer == "byte") &&
+                     c.data.prepared.empty();
   const int64_t min_vocab = m.arch == model::Arch::kGpt2 ? 256 : 257;
-  PARM_CONFIG_CHECK(m.vocab >= min_vocab,
+  PARM_CONFIG_CHECK(!bytes || m.vocab >= min_vocab,
                     "model.vocab {} is too small for the byte tokenizer: at least {}", m.vocab,
                     min_vocab);
   CapacityFactor::parse(m.capacity_factor);

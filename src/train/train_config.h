@@ -14,9 +14,18 @@
 
 namespace parm::train {
 
+// What the run reads (train/data_setup.h has the rules).
 struct DataConfig {
   std::string corpus = "kjv";  // "kjv" or "file:PATH"
   double val_fraction = 0.05;
+  // data.tokenizer: "byte" (or "": bytes, or the prepared dataset's), a SentencePiece .model
+  // file, or {"kind": "bpe" | "unigram", "vocab": N} (then tokenizer is the kind and
+  // tokenizer_vocab N: trained on the corpus into the cache).
+  std::string tokenizer;
+  int32_t tokenizer_vocab = 0;
+  std::string prepared;  // data.prepared: a prepared dataset folder (parm prepare-data)
+  std::string cache;     // data.cache: the cache's folder ("" = <parm binary's folder>/data-cache)
+  bool vocab_in_config = false;  // model.vocab was written in the config
 };
 
 struct LoopConfig {

@@ -21,9 +21,21 @@
 namespace parm::train {
 namespace {
 
-const TrainConfig& validated(const TrainConfig& cfg) {
+// The config with model.vocab from its tokenizer, validated.
+TrainConfig resolved(TrainConfig cfg) {
+  apply_tokenizer_vocab(cfg);
   validate(cfg);
   return cfg;
+}
+
+// The sequences the run has left to read: steps left x global batch (refused when it
+// overflows int64).
+int64_t sequences_ahead(int64_t steps_left, int64_t global_batch) {
+  int64_t n = 0;
+  PARM_CONFIG_CHECK(!__builtin_mul_overflow(std::max<int64_t>(steps_left, 0), global_batch, &n),
+                    "train.steps: {} steps of {} sequences overflow the sequence numbers (int64)",
+                    steps_left, global_batch);
+  return n;
 }
 
 std::unique_ptr<Topology> create_topology(const TrainConfig& cfg) {
@@ -107,7 +119,7 @@ Rebuilt rebuild_model(Topology& topo, const model::ModelConfig& c,
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& cfg, bool verbose)
-    : cfg_(validated(cfg)),
+    : cfg_(resolved(cfg)),
       verbose_(verbose),
       topo_(create_topology(cfg_)),
       world_(topo_->host_comm(Group::kWorld)),
@@ -115,8 +127,8 @@ Trainer::Trainer(const TrainConfig& cfg, bool verbose)
       accum_(cfg_.loop.grad_accum),
       micro_(cfg_.loop.micro_batch),
       schedules_(choose_schedules(cfg_, *topo_, {}, "", verbose_, cost_profile_)),
-      corpus_(data::load_corpus(cfg_.data.corpus, cfg_.data.val_fraction, cfg_.model.seq_len)),
-      source_(corpus_, objective(cfg_), cfg_.model.seq_len, cfg_.model.seed),
+      data_(open_training_data(cfg_, world_, verbose_ && root_)),
+      source_(data_.corpus, objective(cfg_), cfg_.model.seq_len, cfg_.model.seed),
       pipe_(pipeline_options(cfg_, *topo_)),
       model_(model::make_model(*topo_, cfg_.model, schedules_, micro_,
                                parse_precision(cfg_.parallel.precision), pipe_)),
@@ -137,12 +149,16 @@ Trainer::Trainer(const TrainConfig& cfg, bool verbose)
                                           topo_->device(), world_);
   result_.gemm_gflops = gemm.gflops;
   if (!cfg_.loop.resume.empty()) resume();
+  source_.check_position(data_position_, sequences_ahead(cfg_.loop.steps - step_, global_batch_),
+                         cfg_.loop.resume.empty() ? std::string("this run")
+                                                  : fmt::format("checkpoint {}", cfg_.loop.resume));
   if (root_ && !cfg_.loop.metrics.empty()) {
     metrics_ = std::fopen(cfg_.loop.metrics.c_str(), cfg_.loop.resume.empty() ? "w" : "a");
     PARM_CHECK(metrics_ != nullptr, "cannot open metrics file {}", cfg_.loop.metrics);
   }
   if (root_ && verbose_)
-    print_run_header(cfg_, lay, result_.schedules, corpus_, global_batch_, gemm);
+    print_run_header(cfg_, lay, result_.schedules, data_.corpus,
+                     data_.tokenizer->describe(), global_batch_, gemm);
   if (lay.pp > 1) print_stages(*topo_, *model_, params_, static_cast<int>(accum_), root_ && verbose_);
 
   if (cfg_.loop.phase_times) model_->time_phases(&phases_);
@@ -164,7 +180,8 @@ Trainer::~Trainer() {
 
 void Trainer::resume() {
   const CheckpointState st =
-      load_checkpoint(*topo_, cfg_.loop.resume, all_params_, params_, opt_, model_json_);
+      load_checkpoint(*topo_, cfg_.loop.resume, all_params_, params_, opt_, model_json_,
+                      data_.tokenizer->identity());
   step_ = st.step;
   data_position_ = st.data_position;
   set_router_bias(*model_, cfg_.model, st.router_bias, cfg_.loop.resume);
@@ -245,7 +262,10 @@ void Trainer::save() {
                                   ? gather_router_bias(world_, *model_, cfg_.model)
                                   : nlohmann::json();
   const std::string where = save_checkpoint(*topo_, cfg_.loop.save_dir, all_params_, params_,
-                                            opt_, {step_, data_position_, model_json_, bias});
+                                            opt_,
+                                            {step_, data_position_, model_json_, bias,
+                                             data_.tokenizer->identity(),
+                                             data_.tokenizer->model_bytes()});
   if (root_ && verbose_) std::printf("saved %s\n", where.c_str());
 }
 

@@ -20,6 +20,7 @@
 #include "train/optimizer.h"
 #include "train/pipeline.h"
 #include "train/step_metrics.h"
+#include "train/data_setup.h"
 #include "train/train_config.h"
 
 namespace parm::train {
@@ -84,7 +85,7 @@ class Trainer {
   const int64_t accum_, micro_;
   std::optional<perfmodel::Profile> cost_profile_;  // read once, by the first plan
   std::vector<model::LayerSchedule> schedules_;
-  const data::Corpus corpus_;
+  const TrainingData data_;  // the corpus's tokens and their tokenizer
   const data::BatchSource source_;
   const model::PipelineOptions pipe_;
   std::unique_ptr<model::Model> model_;

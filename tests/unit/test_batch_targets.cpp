@@ -12,11 +12,9 @@ namespace parm::data {
 namespace {
 
 Corpus text_corpus() {
-  Corpus c;
-  c.name = "synthetic";
-  for (int i = 0; i < 5000; ++i) c.train.push_back(static_cast<uint8_t>('a' + (i * 7) % 26));
-  c.val = c.train;
-  return c;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 10000; ++i) ids.push_back('a' + (i * 7) % 26);
+  return corpus_of_ids("synthetic", ids, 256, nullptr, 0.4, 32);
 }
 
 int64_t counted(const Batch& b) {

@@ -8,6 +8,7 @@
 #include "moe/backend.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
+#include "train/data_setup.h"
 #include "train/optimizer.h"
 #include "train/train_config.h"
 
@@ -32,9 +33,51 @@ TEST(TrainConfig, ShippedConfigsLoadAndValidate) {
     EXPECT_EQ(c.name, entry.path().stem().string());
     ++n;
   }
-  // gpt2-moe-tiny(-pp), bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny,
+  // gpt2-moe-tiny(-pp, -bpe), bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny,
   // deepseek-moe-tiny
-  EXPECT_EQ(n, 7);
+  EXPECT_EQ(n, 8);
+}
+
+// data.tokenizer: a name or file, or a kind and size (then model.vocab comes from the size,
+// without a file being read); bad forms are refused naming the key.
+TEST(TrainConfig, DataTokenizerKindAndSize) {
+  TrainConfig c = load_train_config(PARM_SOURCE_DIR "/configs/gpt2-moe-tiny-bpe.json");
+  EXPECT_EQ(c.data.tokenizer, "bpe");
+  EXPECT_EQ(c.data.tokenizer_vocab, 8192);
+  apply_tokenizer_vocab(c);
+  EXPECT_EQ(c.model.vocab, 8192);
+  validate(c);
+  nlohmann::json j = nlohmann::json::parse(read_file(PARM_SOURCE_DIR "/configs/bert-moe-tiny.json"));
+  j["data"]["tokenizer"] = {{"kind", "unigram"}, {"vocab", 1000}};
+  c = parse_train_config(j, "bert");
+  apply_tokenizer_vocab(c);
+  EXPECT_EQ(c.model.vocab, 1001);  // + [MASK]
+  for (const nlohmann::json& bad :
+       {nlohmann::json{{"kind", "wordpiece"}, {"vocab", 8192}}, nlohmann::json{{"kind", "bpe"}},
+        nlohmann::json{{"kind", "bpe"}, {"vocab", 100}},
+        nlohmann::json{{"kind", "bpe"}, {"vocab", 8192}, {"file", "x"}}, nlohmann::json(5)}) {
+    j["data"]["tokenizer"] = bad;
+    try {
+      parse_train_config(j, "cfg.json");
+      ADD_FAILURE() << bad.dump() << " was accepted";
+    } catch (const InvalidConfig& e) {
+      EXPECT_NE(std::string(e.what()).find("data.tokenizer"), std::string::npos) << e.what();
+    }
+  }
+  j["data"]["tokenizer"] = {{"kind", "bpe"}, {"vocab", 8192}};
+  j["model"]["vocab"] = 300;
+  c = parse_train_config(j, "cfg.json");
+  try {
+    apply_tokenizer_vocab(c);
+    ADD_FAILURE() << "model.vocab 300 beside an 8192 tokenizer was accepted";
+  } catch (const InvalidConfig& e) {
+    EXPECT_NE(std::string(e.what()).find("model.vocab 300 is not the tokenizer's"),
+              std::string::npos)
+        << e.what();
+  }
+  j["data"]["tokenizer"] = "bpe";  // a kind needs its size
+  c = parse_train_config(j, "cfg.json");
+  EXPECT_THROW(apply_tokenizer_vocab(c), InvalidConfig);
 }
 
 // Dropless routing: "capacity_factor": null in both tiny model configs (and "none" as text);

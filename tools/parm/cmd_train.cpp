@@ -24,6 +24,7 @@ struct TrainFlags {
   CLI::Option* router_bias_update_opt = nullptr;
   RouterFlags router;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
+  std::string tokenizer, data, data_cache;
   std::string aux_loss, expert_mlp, shared_gate;
   int shared_experts = -1;
   int64_t shared_hidden = -1;
@@ -44,7 +45,8 @@ train::TrainConfig resolve_config(const std::string& name) {
     if (fs::is_regular_file(p)) return train::load_train_config(p.string());
   throw InvalidConfig(fmt::format(
       "config '{}' not found: give a JSON file path or a name in configs/ (gpt2-moe-tiny, "
-      "bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny, deepseek-moe-tiny)",
+      "bert-moe-tiny, gpt2-small-moe, bert-base-moe, mixtral-moe-tiny, deepseek-moe-tiny, "
+      "gpt2-moe-tiny-bpe)",
       name));
 }
 
@@ -80,6 +82,12 @@ int run_train(TrainFlags& f) {
   if (f.phase_times) l.phase_times = true;
   if (!f.profile.empty()) l.profile = f.profile;
   if (!f.corpus.empty()) c.data.corpus = f.corpus;
+  if (!f.tokenizer.empty()) {
+    c.data.tokenizer = f.tokenizer;
+    c.data.tokenizer_vocab = 0;
+  }
+  if (!f.data.empty()) c.data.prepared = f.data;
+  if (!f.data_cache.empty()) c.data.cache = f.data_cache;
   if (!f.capacity_factor.empty()) c.model.capacity_factor = f.capacity_factor;
   if (!f.aux_loss.empty()) c.model.aux_scope = parse_aux_scope(f.aux_loss);
   if (!f.expert_mlp.empty()) c.model.expert_mlp = parse_expert_mlp(f.expert_mlp);
@@ -160,6 +168,14 @@ Command add_train(CLI::App& root) {
       "DeepSeek-V3 auxiliary-loss-free balancing: per-expert router bias for the top-k choice, "
       "updated after each step by RATE x sign(mean load - load); 0: off");
   app->add_option("--corpus", f->corpus, "kjv or file:PATH");
+  app->add_option("--tokenizer", f->tokenizer,
+                  "byte or a SentencePiece .model file (data.tokenizer); with --data it must be "
+                  "the dataset's, without it the corpus is prepared with it into the cache");
+  app->add_option("--data", f->data,
+                  "a prepared dataset folder (parm prepare-data; data.prepared)");
+  app->add_option("--data-cache", f->data_cache,
+                  "where a tokenizer and dataset the config names but does not give are made "
+                  "once (data.cache; default build/data-cache)");
   app->add_option("--ranks-per-node", f->ranks_per_node, "emulate nodes of this many ranks");
   app->add_option("--timeout", f->timeout_s, "watchdog seconds per communication");
   app->add_option("--save-dir", f->save_dir, "checkpoint folder");

@@ -45,7 +45,9 @@ int main(int argc, char** argv) {
                                               parm::cli::add_train(app),
                                               parm::cli::add_calibrate(app),
                                               parm::cli::add_plan(app),
-                                              parm::cli::add_simulate(app)};
+                                              parm::cli::add_simulate(app),
+                                              parm::cli::add_tokenizer(app),
+                                              parm::cli::add_prepare_data(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
