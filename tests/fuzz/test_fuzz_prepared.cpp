@@ -3,7 +3,8 @@
 // tokens.bin with and without its checksums recomputed afterwards (so that the structural
 // checks behind them are reached: sizes, widths, the index, ids >= the vocabulary), and
 // structural damage to dataset.json. Each is refused with InvalidConfig or opens a dataset
-// whose every id is inside its vocabulary.
+// whose every id is inside its vocabulary. And SentencePiece .model files (load_tokenizer),
+// 2,400 byte-level mutations.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -130,6 +131,43 @@ TEST(FuzzReaders, PreparedDatasetsAreRefusedOrValid) {
       ++refused;
   }
   fuzz::expect_outcomes("prepared dataset", kCases, accepted, refused, other);
+}
+
+// A user's .model file goes straight to SentencePiece's parser (load_tokenizer): mutated
+// models are refused with InvalidConfig or load a tokenizer that encodes and decodes.
+TEST(FuzzReaders, TokenizerModelsAreRefusedOrWork) {
+  std::string text;
+  const char* words[] = {"in", "the", "beginning", "was", "the", "word", "and", "light"};
+  fuzz::Rng wr(5);
+  for (int line = 0; line < 200; ++line) {
+    for (int w = 0; w < 5; ++w) text += std::string(w ? " " : "") + words[wr.below(8)];
+    text += "\n";
+  }
+  std::vector<std::string_view> sentences;
+  for (auto d : data::split_documents(text)) sentences.push_back(d.substr(0, d.size() - 1));
+  data::SentencePieceOptions o;
+  o.vocab = 290;
+  const std::string model = data::train_sentencepiece(sentences, o);
+  constexpr int kModelCases = 2400;
+  fuzz::Rng rng(23);
+  int accepted = 0, refused = 0, other = 0;
+  for (int c = 0; c < kModelCases; ++c) {
+    std::string b = model;
+    std::string what = fmt::format("model case {}:", c);
+    for (size_t n = 1 + rng.below(2); n > 0; --n) what += " " + fuzz::mutate_bytes(rng, b);
+    if (fuzz::accepted_or_refused(
+            [&] {
+              const auto t = data::sentencepiece_tokenizer(b, "fuzzed.model");
+              const auto ids = t->encode("in the beginning was the word\n");
+              for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < t->vocab_size()) << what;
+              t->decode(ids);
+            },
+            what, other))
+      ++accepted;
+    else
+      ++refused;
+  }
+  fuzz::expect_outcomes("tokenizer model", kModelCases, accepted, refused, other);
 }
 
 }  // namespace
