@@ -43,6 +43,7 @@ Command add_calibrate(CLI::App& root);
 Command add_plan(CLI::App& root);
 Command add_simulate(CLI::App& root);
 Command add_train(CLI::App& root);
+Command add_generate(CLI::App& root);
 
 int world_rank();
 int world_size();
