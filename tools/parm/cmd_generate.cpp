@@ -51,7 +51,7 @@ void check_flags(const GenerateFlags& f) {
 // The checkpoint's model, loaded whole into one process.
 struct Loaded {
   model::ModelConfig config;
-  nlohmann::json model_json;
+  nlohmann::json manifest;
   std::string folder;
   int64_t step = 0;
   std::map<std::string, Tensor> weights;
@@ -61,13 +61,13 @@ struct Loaded {
 Loaded load(const std::string& path) {
   Loaded out;
   out.folder = train::resolve_checkpoint_folder(path);
-  const nlohmann::json manifest = train::read_manifest_json(out.folder);
+  out.manifest = train::read_manifest_json(out.folder);
+  const nlohmann::json& manifest = out.manifest;
   const std::string origin = out.folder + "/manifest.json";
   PARM_CONFIG_CHECK(manifest.is_object() && manifest.contains("model_config") &&
                         manifest.at("model_config").is_object(),
                     "{}: no model_config object: not a parm checkpoint", origin);
-  out.model_json = manifest.at("model_config");
-  out.config = train::parse_train_config({{"model", out.model_json}}, origin).model;
+  out.config = train::parse_train_config({{"model", manifest.at("model_config")}}, origin).model;
   // The training model on one rank holds every tensor whole; the loader checks the manifest,
   // the shapes and the checksums before it fills them.
   TopologyOptions o;
@@ -99,7 +99,7 @@ int run_generate(const GenerateFlags& f) {
                     "checkpoint {} holds a {} model: {}", ck.folder, bert ? "BERT" : "GPT-2",
                     bert ? "it fills masks: add --mask and mark each missing token [MASK]"
                          : "it continues text: drop --mask");
-  const auto codec = make_text_codec(ck.model_json, ck.folder);
+  const auto codec = make_text_codec(ck.manifest, ck.folder);
   model::KvDecoder dec(ck.config, ck.weights, ck.router_bias);
   Rng rng(f.seed, 0);
   const int64_t L = dec.max_positions(), V = dec.vocab();

@@ -32,13 +32,16 @@ class ByteCodec final : public TextCodec {
 
 }  // namespace
 
-std::unique_ptr<TextCodec> make_text_codec(const nlohmann::json& model_config,
+std::unique_ptr<TextCodec> make_text_codec(const nlohmann::json& manifest,
                                            const std::string& checkpoint_folder) {
-  if (!model_config.contains("tokenizer")) return std::make_unique<ByteCodec>();
+  const bool bytes = !manifest.contains("tokenizer") || manifest.at("tokenizer").is_null() ||
+                     (manifest.at("tokenizer").is_object() &&
+                      manifest.at("tokenizer").value("kind", "") == "byte");
+  if (bytes) return std::make_unique<ByteCodec>();
   throw InvalidConfig(fmt::format(
-      "checkpoint {}: its model names the tokenizer {}, which `parm generate` in this build "
-      "does not read; valid: no \"tokenizer\" key (byte-level tokens)",
-      checkpoint_folder, model_config.at("tokenizer").dump()));
+      "checkpoint {}: its tokenizer is {}, which `parm generate` in this build does not read; "
+      "valid: byte-level tokens (no \"tokenizer\" record, or kind \"byte\")",
+      checkpoint_folder, manifest.at("tokenizer").dump()));
 }
 
 }  // namespace parm::cli

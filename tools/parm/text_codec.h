@@ -21,10 +21,11 @@ class TextCodec {
   virtual std::string name() const = 0;
 };
 
-// The tokenizer a checkpoint's model was trained with, from its manifest's model_config and
-// its folder. Today every model reads bytes (data/batch.h): a config without a "tokenizer"
-// key. Throws InvalidConfig naming a tokenizer this build does not know.
-std::unique_ptr<TextCodec> make_text_codec(const nlohmann::json& model_config,
+// The tokenizer a checkpoint's model was trained with, from its manifest (its "tokenizer"
+// record: {"kind": K, "vocab": V, ...}, absent for byte-level tokens) and its folder (where a
+// tokenizer's model file is kept). Byte-level tokens (data/batch.h) are the only kind this
+// build reads; throws InvalidConfig naming any other.
+std::unique_ptr<TextCodec> make_text_codec(const nlohmann::json& manifest,
                                            const std::string& checkpoint_folder);
 
 }  // namespace parm::cli
