@@ -34,13 +34,19 @@ void dense_gemm(Precision p, bool trans_a, bool trans_b, int64_t m, int64_t n, i
 
 // ---- Token + position embedding ----------------------------------------------------------
 
-// out (B*L, M): row b*L + l = wte[tokens[b*L + l]] + wpe[l]. wte (V, M), wpe (L, M).
+// Vocabulary-parallel (model/vocab_parallel.h): wte holds rows [vocab_begin, vocab_end) of
+// the whole (V, M) table. out (B*L, M): row b*L + l = wte[tokens[b*L + l] - vocab_begin] +
+// wpe[l] when this rank holds the token's row, else 0 (so that the sum over the ranks that
+// hold [0, V) between them is the unsplit wte[token] + wpe[l], bit for bit). wpe (L, M).
 // Throws parm::Error naming the position for a token outside [0, V). Overwrites out.
 void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out,
-                       int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab);
-// dwte (V, M) += dout rows at their tokens; dwpe (L, M) += dout rows at their positions.
+                       int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab,
+                       int64_t vocab_begin, int64_t vocab_end);
+// dwte (vocab_end - vocab_begin, M) += dout rows at their tokens that this rank holds;
+// dwpe (L, M) += every dout row at its position.
 void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
-                        int64_t batch, int64_t seq_len, int64_t model_dim);
+                        int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab_begin,
+                        int64_t vocab_end);
 
 // ---- Multi-head self-attention core (the heads this rank holds) ---------------------------
 

@@ -83,6 +83,9 @@ DenseOps make_cpu_ops() {
   o.attention_backward = attention_backward;
   o.attention_scratch = cpu_attention_scratch;
   o.cross_entropy = cross_entropy;
+  o.ce_row_max = cpu::ce_row_max;
+  o.ce_row_sums = cpu::ce_row_sums;
+  o.ce_finish = cpu::ce_finish;
   o.layernorm_forward = cpu::layernorm_forward;
   o.layernorm_backward = cpu::layernorm_backward;
   o.layernorm_backward_add = cpu::layernorm_backward_add;

@@ -42,12 +42,14 @@ struct DenseOps {
   // dense_gemm, contiguous form.
   void (*gemm)(Precision p, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                const float* a, const float* b, float* c, bool accumulate);
-  // tokens: memory of this device.
+  // tokens: memory of this device. wte (dwte) holds rows [vocab_begin, vocab_end) of the
+  // whole table (model/blocks.h; model/vocab_parallel.h).
   void (*embedding_forward)(const int32_t* tokens, const float* wte, const float* wpe,
                             float* out, int64_t batch, int64_t seq_len, int64_t model_dim,
-                            int64_t vocab);
+                            int64_t vocab, int64_t vocab_begin, int64_t vocab_end);
   void (*embedding_backward)(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
-                             int64_t batch, int64_t seq_len, int64_t model_dim);
+                             int64_t batch, int64_t seq_len, int64_t model_dim,
+                             int64_t vocab_begin, int64_t vocab_end);
   void (*attention_forward)(const AttentionShape& s, const float* q, const float* k,
                             const float* v, float* probs, float* out);
   // dscores: attention_scratch(s) floats.
@@ -58,6 +60,16 @@ struct DenseOps {
   // targets: memory of this device. The loss sum comes back to the host (a device waits).
   double (*cross_entropy)(const float* logits, const int32_t* targets, float* dlogits,
                           int64_t n, int64_t vocab, float scale);
+  // The vocabulary-parallel cross-entropy's three passes (cpu::ce_row_max, ce_row_sums,
+  // ce_finish in kernels/cpu/kernels.h; model/vocab_parallel.h reduces between them): every
+  // pointer memory of this device; ce_finish's loss sum comes back to the host (a device
+  // waits). targets: ids within this rank's columns, -1 where another rank holds the target.
+  void (*ce_row_max)(const float* logits, int64_t n, int64_t cols, float* row_max);
+  void (*ce_row_sums)(const float* logits, const float* row_max, const int32_t* targets,
+                      int64_t n, int64_t cols, double* stats);
+  double (*ce_finish)(const float* logits, const float* row_max, const double* stats,
+                      const int32_t* targets, float* dlogits, int64_t n, int64_t cols,
+                      float scale);
 
   // ---- kernels/cpu/kernels.h ------------------------------------------------------------
   void (*layernorm_forward)(const float* x, const float* gamma, const float* beta, float* y,
@@ -158,6 +170,8 @@ class DeviceArray {
     return data();
   }
   const T* data() const { return static_cast<const T*>(mem_.get()); }
+  // The memory itself, for a device op to write (the vocabulary-parallel loss's row numbers).
+  T* data() { return static_cast<T*>(mem_.get()); }
 
  private:
   const DenseOps* ops_ = nullptr;

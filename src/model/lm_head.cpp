@@ -1,12 +1,14 @@
 // The head of the last stage: the final LN's output (lnf_) at the rows with a target, to the
 // logits (tied Wte; BERT first through its MLM transform) and the cross-entropy loss, and back
-// to dres_.
+// to dres_. Vocabulary-parallel over mp (model/vocab_parallel.h): this rank's logits are the
+// columns of its rows of Wte, vshard_.
 #include "model/transformer.h"
 
 namespace parm::model {
 
 // Runs the LM head on the rows that have a target and returns the sum of their losses; with
-// with_grad, leaves dlogits = grad_scale * (softmax - onehot) in logits_.
+// with_grad, leaves dlogits = grad_scale * (softmax - onehot) in logits_ (this rank's
+// columns).
 double Transformer::head_forward(const Batch& batch, float grad_scale, bool with_grad) {
   counted_rows_.clear();
   counted_targets_.clear();
@@ -27,18 +29,16 @@ double Transformer::head_forward(const Batch& batch, float grad_scale, bool with
                            hd_ln_.data(), hd_mean_.data(), hd_rstd_.data(), n, M_, kLnEps);
     z = hd_ln_.data();
   }
-  // logits (n, V) = z (n, M) Wte^T (+ b_dec)
-  if (pack_dense_)  // B = Wte^T: the transposed pack of Wte (V, M)
-    ops_.gemm_bf16_packed_b(false, n, V_, M_, z, wpack_.get(wte_->value.data(), V_, M_).wt,
+  // logits (n, Vl) = z (n, M) Wte_shard^T (+ b_dec's shard)
+  const int64_t Vl = vshard_.size();
+  if (pack_dense_)  // B = Wte^T: the transposed pack of Wte's shard (Vl, M)
+    ops_.gemm_bf16_packed_b(false, n, Vl, M_, z, wpack_.get(wte_->value.data(), Vl, M_).wt,
                             logits_.data(), false);
   else
-    ops_.gemm(dense_, false, true, n, V_, M_, z, wte_->value.data(), logits_.data(), false);
-  if (c_.arch == Arch::kBert) ops_.add_bias(logits_.data(), dec_b_->value.data(), n, V_);
-  const int32_t* targets = ops_.device == Device::kCpu
-                               ? counted_targets_.data()
-                               : counted_targets_dev_.upload(counted_targets_.data(), n);
-  return ops_.cross_entropy(logits_.data(), targets, with_grad ? logits_.data() : nullptr, n,
-                            V_, grad_scale);
+    ops_.gemm(dense_, false, true, n, Vl, M_, z, wte_->value.data(), logits_.data(), false);
+  if (c_.arch == Arch::kBert) ops_.add_bias(logits_.data(), dec_b_->value.data(), n, Vl);
+  return vloss_.forward(tp_, logits_.data(), counted_targets_.data(),
+                        with_grad ? logits_.data() : nullptr, n, grad_scale);
 }
 
 // From dlogits (in logits_) to dres_ = d loss / d res_[num_layers]; accumulates head grads.
@@ -47,15 +47,17 @@ void Transformer::head_backward() {
   if (n > 0) {
     const float* z = c_.arch == Arch::kBert ? hd_ln_.data() : head_in_.data();
     float* dz = c_.arch == Arch::kBert ? dhd_ln_.data() : dhead_in_.data();
-    // dz (n, M) = dlogits Wte; dWte += dlogits^T z
+    // dz (n, M) = the sum over mp of dlogits Wte_shard; dWte_shard += dlogits^T z
+    const int64_t Vl = vshard_.size();
     if (pack_dense_)
-      ops_.gemm_bf16_packed_b(false, n, M_, V_, logits_.data(),
-                              wpack_.get(wte_->value.data(), V_, M_).w, dz, false);
+      ops_.gemm_bf16_packed_b(false, n, M_, Vl, logits_.data(),
+                              wpack_.get(wte_->value.data(), Vl, M_).w, dz, false);
     else
-      ops_.gemm(dense_, false, false, n, M_, V_, logits_.data(), wte_->value.data(), dz, false);
-    ops_.gemm(dense_, true, false, V_, M_, n, logits_.data(), z, wte_->grad.data(), true);
+      ops_.gemm(dense_, false, false, n, M_, Vl, logits_.data(), wte_->value.data(), dz, false);
+    tp_.f_backward(dz, n * M_);
+    ops_.gemm(dense_, true, false, Vl, M_, n, logits_.data(), z, wte_->grad.data(), true);
     if (c_.arch == Arch::kBert) {
-      ops_.bias_backward(logits_.data(), dec_b_->grad.data(), n, V_);
+      ops_.bias_backward(logits_.data(), dec_b_->grad.data(), n, Vl);
       Tensor& dact = dln_;
       ops_.layernorm_backward(dz, hd_act_.data(), hln_w_->value.data(), hd_mean_.data(),
                               hd_rstd_.data(), dact.data(), hln_w_->grad.data(),

@@ -16,6 +16,12 @@ ShardBox shard_box(const Shape& whole_shape, const std::vector<Split>& splits) {
     PARM_CHECK(s.num_parts >= 1 && s.part >= 0 && s.part < s.num_parts,
                "split part {} of {} parts", s.part, s.num_parts);
     const int64_t n = box.extent[static_cast<size_t>(s.dim)];
+    if (s.uneven) {
+      const int64_t begin = uneven_begin(n, s.num_parts, s.part);
+      box.offset[static_cast<size_t>(s.dim)] += begin;
+      box.extent[static_cast<size_t>(s.dim)] = uneven_begin(n, s.num_parts, s.part + 1) - begin;
+      continue;
+    }
     PARM_CHECK(n % s.num_parts == 0, "dim {} of extent {} of a tensor {} does not split into {}",
                s.dim, n, shape_str(whole_shape), s.num_parts);
     const int64_t part = n / s.num_parts;

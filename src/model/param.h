@@ -13,12 +13,20 @@ namespace parm::model {
 
 // The local tensor is the whole tensor cut along `dim` into `num_parts` equal contiguous
 // parts, of which this rank holds part `part`. Several splits apply in order (an expert's
-// W1 (E, M, H): dim 0 over ep, then dim 2 over esp).
+// W1 (E, M, H): dim 0 over ep, then dim 2 over esp). `uneven`: the extent n need not divide;
+// part p is [p n / num_parts, (p + 1) n / num_parts) (floors; the vocabulary's rows over mp,
+// model/vocab_parallel.h), so the parts differ by at most one.
 struct Split {
   int dim = 0;
   int num_parts = 1;
   int part = 0;
+  bool uneven = false;
 };
+
+// The first index of part `part` of `n` under an uneven split (part == num_parts: n).
+inline int64_t uneven_begin(int64_t n, int num_parts, int part) {
+  return n * part / num_parts;
+}
 
 struct Param {
   std::string name;            // stable across layouts, e.g. "blocks.3.attn.qkv.weight"

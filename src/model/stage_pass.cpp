@@ -37,9 +37,12 @@ bool Transformer::start_forward(int slot, const Batch& batch, const LossDenomina
   p.with_grad = with_grad;
   select_slot(slot);
   phases_.start_phase();
-  if (stage_.first())
-    ops_.embedding_forward(slot_tokens(slot, batch, true), wte_->value.data(), wpe_->value.data(),
-                      res_[0].data(), B_, L_, M_, V_);
+  if (stage_.first()) {  // vocabulary-parallel: each MP rank's rows, summed over mp
+    ops_.embedding_forward(slot_tokens(slot, batch, true), wte_->value.data(),
+                           wpe_->value.data(), res_[0].data(), B_, L_, M_, V_, vshard_.begin,
+                           vshard_.end);
+    tp_.g_forward(res_[0].data(), T_ * M_);
+  }
   phases_.end_phase("embed+head");
   return forward_piece(slot);
 }
@@ -172,8 +175,9 @@ bool Transformer::backward_piece(int slot) {
   }
   p.active = false;
   if (stage_.first())
-    ops_.embedding_backward(slot_tokens(slot, *p.batch, false), dres_.data(), wte_->grad.data(),
-                       wpe_->grad.data(), B_, L_, M_);
+    ops_.embedding_backward(slot_tokens(slot, *p.batch, false), dres_.data(),
+                            wte_->grad.data(), wpe_->grad.data(), B_, L_, M_, vshard_.begin,
+                            vshard_.end);
   phases_.end_phase("embed+head");
   return false;
 }

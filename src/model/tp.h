@@ -7,7 +7,9 @@
 //      projection, fc2): each rank's output is a partial sum over its slice of the inner
 //      dimension; the output gradient is already complete on every rank.
 //
-// Both all-reduce a (T, M) tensor in place; the time they take is added to comm_us.
+// Both all-reduce a (T, M) tensor in place; the time they take is added to comm_us. The
+// vocabulary-parallel loss (model/vocab_parallel.h) reduces its per-row numbers with
+// row_max / row_sum, counted the same way.
 #pragma once
 
 #include <cstdint>
@@ -27,14 +29,18 @@ class TensorParallel {
   void g_forward(float* x, int64_t n) { allreduce(x, n); }
   // f backward: dx (n) = sum over the MP group of the partial dx (n). In place.
   void f_backward(float* dx, int64_t n) { allreduce(dx, n); }
+  // x (n) = the element-wise max over the MP group. In place.
+  void row_max(float* x, int64_t n) { allreduce(x, n, DType::kF32, ReduceOp::kMax); }
+  // x (n) = the sum over the MP group, in double. In place.
+  void row_sum(double* x, int64_t n) { allreduce(x, n, DType::kF64, ReduceOp::kSum); }
 
   double comm_us = 0.0;  // accumulated; the model resets it per step
 
  private:
-  void allreduce(float* x, int64_t n) {
+  void allreduce(void* x, int64_t n, DType dtype = DType::kF32, ReduceOp op = ReduceOp::kSum) {
     if (mp_.size() == 1) return;
     const double t0 = now_us();
-    mp_.allreduce(x, static_cast<size_t>(n));
+    mp_.allreduce(x, static_cast<size_t>(n), dtype, op);
     comm_us += now_us() - t0;
   }
   Communicator& mp_;

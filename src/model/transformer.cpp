@@ -9,8 +9,10 @@
 //   LN2 -> [f] -> fc1 column-parallel -> GeLU -> fc2 row-parallel -> [g]
 //   LN2 -> MoE layer (its schedule does its own mp/ep/esp communication)
 // f = identity forward / all-reduce backward, g = all-reduce forward / identity backward
-// (model/tp.h). Everything else (embeddings, LNs, residuals, row-parallel biases, the head)
-// runs duplicated on every MP rank with complete inputs and complete gradients, so the
+// (model/tp.h). The word embedding, the LM head and its loss are vocabulary-parallel
+// (model/vocab_parallel.h: each MP rank holds V / N_MP rows of the tied wte). Everything
+// else (position embedding, LNs, residuals, row-parallel biases, BERT's MLM transform) runs
+// duplicated on every MP rank with complete inputs and complete gradients, so the
 // replicated parameters get identical, complete gradients on every MP rank.
 //
 // Activations and gradient scratch are allocated once, in the constructor (llm.c style).
@@ -56,6 +58,7 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
   Hl_ = c.num_heads / mp;
   Fl_ = c.ffn_hidden / mp;
   D_ = M_ / c.num_heads;
+  vshard_ = vocab_shard(V_, mp, topo.host_comm(Group::kMp).rank());
 
   // The tied word embedding: one copy on the first stage, one on the last.
   register_embeddings(stage.first() || stage.last(), stage.first());
@@ -125,7 +128,8 @@ void Transformer::allocate_buffers() {
     counted_rows_.reserve(static_cast<size_t>(T_));
     counted_targets_.reserve(static_cast<size_t>(T_));
     head_in_ = device_tensor({T_, M_});
-    logits_ = device_tensor({T_, V_});
+    logits_ = device_tensor({T_, vshard_.size()});
+    vloss_ = VocabParallelLoss(ops_, vshard_, T_);
     dhead_in_ = device_tensor({T_, M_});
     dhd_ln_ = device_tensor({T_, M_});
   }
@@ -151,7 +155,6 @@ void Transformer::allocate_buffers() {
       for (int k = 0; k < slots_; ++k) tokens_dev_.emplace_back(ops_, T_);
     if (stage_.last()) {
       counted_rows_dev_ = DeviceArray<int64_t>(ops_, T_);
-      counted_targets_dev_ = DeviceArray<int32_t>(ops_, T_);
     }
   }
 }

@@ -20,6 +20,7 @@
 #include "model/param_registry.h"
 #include "model/phase_clock.h"
 #include "model/tp.h"
+#include "model/vocab_parallel.h"
 #include "moe/moe_layer.h"
 #include "parm/error.h"
 
@@ -250,18 +251,20 @@ class Transformer final : public Model {
   // time.
   cpu::Bf16Buffer ffn_packed_;
   int64_t B_, L_, T_, M_, V_, Ml_, Hl_, Fl_, D_;  // Hl_: local heads
+  VocabShard vshard_;       // the rows of wte (and BERT's decoder bias) this MP rank holds
+  VocabParallelLoss vloss_;  // the head's cross-entropy over the MP group's shards
   ParamRegistry registry_;  // every parameter of the whole model, in order; the held ones
-  Param* wte_ = nullptr;  // (V, M)
+  Param* wte_ = nullptr;  // local (Vl, M) of whole (V, M): rows vshard_ (vocab-parallel)
   Param* wpe_ = nullptr;  // (L, M)
   std::vector<Block> blocks_;
   Param* lnf_w_ = nullptr;
   Param* lnf_b_ = nullptr;
-  // BERT MLM head (replicated)
+  // BERT MLM head (replicated; the decoder bias split as wte)
   Param* hd_w_ = nullptr;     // (M, M)
   Param* hd_b_ = nullptr;     // (M)
   Param* hln_w_ = nullptr;    // (M)
   Param* hln_b_ = nullptr;    // (M)
-  Param* dec_b_ = nullptr;    // (V)
+  Param* dec_b_ = nullptr;    // local (Vl) of whole (V): rows vshard_
 
   // activations
   std::vector<std::vector<Tensor>> res_slots_;  // by slot: the residual stream at the stage's
@@ -270,14 +273,13 @@ class Transformer final : public Model {
   Tensor lnf_, lnf_mean_, lnf_rstd_;  // (T, M), (T), (T)
   std::vector<int64_t> counted_rows_;     // (Tc) rows with a target
   std::vector<int32_t> counted_targets_;  // (Tc) their targets
-  // Off the CPU: the index arrays in the device's memory (counted_rows_, counted_targets_,
-  // and each slot's batch tokens, which its backward reads again).
+  // Off the CPU: the index arrays in the device's memory (counted_rows_, and each slot's
+  // batch tokens, which its backward reads again; vloss_ copies the targets it needs).
   DeviceArray<int64_t> counted_rows_dev_;
-  DeviceArray<int32_t> counted_targets_dev_;
   std::vector<DeviceArray<int32_t>> tokens_dev_;  // by slot
   Tensor head_in_;  // (T, M) first Tc rows used: LNf output at the counted rows
   Tensor hd_pre_, hd_act_, hd_ln_, hd_mean_, hd_rstd_;  // BERT head (T, M) / (T)
-  Tensor logits_;                 // (T, V); holds dlogits after the loss
+  Tensor logits_;                 // (T, Vl) this rank's columns; holds dlogits after the loss
   // gradient scratch
   Tensor dres_;     // (T, M) gradient of the residual stream
   Tensor dtmp_;     // (T, M) row-parallel partial sums (forward) / LN input gradient

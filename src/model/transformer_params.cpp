@@ -24,9 +24,11 @@ float proj_std(const ModelConfig& c) {
 
 void Transformer::register_embeddings(bool wte_held, bool wpe_held) {
   // The tied word embedding's two copies (first and last stage): the first owns it.
-  std::vector<Group> rep_tied = kRep;
+  // Vocabulary-parallel: MP rank r holds rows vshard_ of the whole (V, M) table.
+  std::vector<Group> rep_tied = kMpSplit;
   if (stage_.num_stages > 1) rep_tied.push_back(Group::kPp);
-  wte_ = registry_.add(wte_held, "wte.weight", {V_, M_}, {}, rep_tied, Group::kDp, true);
+  const Split rows = vocab_split(topo_.layout().mp, topo_.host_comm(Group::kMp).rank());
+  wte_ = registry_.add(wte_held, "wte.weight", {V_, M_}, {rows}, rep_tied, Group::kDp, true);
   wpe_ = registry_.add(wpe_held, "wpe.weight", {L_, M_}, {}, kRep, Group::kDp, true);
   registry_.init_weight(wte_, c_.init_std);
   registry_.init_weight(wpe_, c_.init_std);
@@ -187,7 +189,9 @@ void Transformer::register_head(bool held) {
   hd_b_ = r.add(held, "mlm.dense.bias", {M_}, {}, kRep, Group::kDp, false);
   hln_w_ = r.add(held, "mlm.ln.weight", {M_}, {}, kRep, Group::kDp, false);
   hln_b_ = r.add(held, "mlm.ln.bias", {M_}, {}, kRep, Group::kDp, false);
-  dec_b_ = r.add(held, "mlm.decoder.bias", {V_}, {}, kRep, Group::kDp, false);
+  dec_b_ = r.add(held, "mlm.decoder.bias", {V_},
+                 {vocab_split(topo_.layout().mp, topo_.host_comm(Group::kMp).rank())},
+                 kMpSplit, Group::kDp, false);
   r.init_weight(hd_w_, c_.init_std);
   r.init_bias(hd_b_);
   r.init_gain(hln_w_);

@@ -47,6 +47,12 @@ void validate_model(const ModelConfig& c, const Layout& l,
   PARM_CONFIG_CHECK(c.arch == Arch::kGpt2 || c.arch == Arch::kBert, "unknown model arch {}",
                     static_cast<int>(c.arch));
   PARM_CONFIG_CHECK(c.vocab >= 1, "vocab {} must be at least 1", c.vocab);
+  // The embedding and the head are vocabulary-parallel (model/vocab_parallel.h): any V
+  // splits over mp (shards differ by at most a row), as long as every MP rank gets one.
+  PARM_CONFIG_CHECK(c.vocab >= l.mp,
+                    "vocab {} is smaller than mp {}: the vocabulary-parallel embedding and LM "
+                    "head give every MP rank at least one row; valid mp: at most {}",
+                    c.vocab, l.mp, c.vocab);
   PARM_CONFIG_CHECK(c.seq_len >= 1, "seq_len {} must be at least 1", c.seq_len);
   PARM_CONFIG_CHECK(c.model_dim >= 1, "model_dim {} must be at least 1", c.model_dim);
   PARM_CONFIG_CHECK(c.num_heads >= 1, "num_heads {} must be at least 1", c.num_heads);

@@ -265,12 +265,14 @@ TEST(DenseKernels, EmbeddingMatchesCpu) {
   const Tensor dout = host_normal({B * L * M}, 83);
   const Tensor dwte0 = host_normal({V * M}, 84), dwpe0 = host_normal({L * M}, 85);
   Tensor out_want({B * L * M}), dwte_want = dwte0.clone(), dwpe_want = dwpe0.clone();
-  model::embedding_forward(tokens.data(), wte.data(), wpe.data(), out_want.data(), B, L, M, V);
-  model::embedding_backward(tokens.data(), dout.data(), dwte_want.data(), dwpe_want.data(), B, L, M);
+  model::embedding_forward(tokens.data(), wte.data(), wpe.data(), out_want.data(), B, L, M, V, 0,
+                           V);
+  model::embedding_backward(tokens.data(), dout.data(), dwte_want.data(), dwpe_want.data(), B, L, M,
+                            0, V);
   const Tensor wte_d = gpu(wte), wpe_d = gpu(wpe), dout_d = gpu(dout);
   Tensor out = gpu(Tensor({B * L * M})), dwte = gpu(dwte0), dwpe = gpu(dwpe0);
-  embedding_forward(tok_d.data(), wte_d.data(), wpe_d.data(), out.data(), B, L, M, V);
-  embedding_backward(tok_d.data(), dout_d.data(), dwte.data(), dwpe.data(), B, L, M);
+  embedding_forward(tok_d.data(), wte_d.data(), wpe_d.data(), out.data(), B, L, M, V, 0, V);
+  embedding_backward(tok_d.data(), dout_d.data(), dwte.data(), dwpe.data(), B, L, M, 0, V);
   EXPECT_NO_THROW(check_index_errors());
   expect_same_bits(out, out_want, "embedding_forward");
   expect_same_bits(dwte, dwte_want, "embedding_backward dwte (the CPU's order of additions)");
@@ -286,7 +288,7 @@ TEST(DenseKernels, BadTokensAndTargetsAreReported) {
   const DeviceArray<int32_t> tok_d(tokens);
   const Tensor wte_d = gpu(host_normal({V * M}, 90)), wpe_d = gpu(host_normal({L * M}, 91));
   Tensor out = gpu(Tensor({B * L * M}));
-  embedding_forward(tok_d.data(), wte_d.data(), wpe_d.data(), out.data(), B, L, M, V);
+  embedding_forward(tok_d.data(), wte_d.data(), wpe_d.data(), out.data(), B, L, M, V, 0, V);
   try {
     check_index_errors();
     ADD_FAILURE() << "a token outside the vocabulary was not reported";

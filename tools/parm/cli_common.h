@@ -45,6 +45,7 @@ Command add_simulate(CLI::App& root);
 Command add_train(CLI::App& root);
 Command add_tokenizer(CLI::App& root);
 Command add_prepare_data(CLI::App& root);
+Command add_generate(CLI::App& root);
 
 int world_rank();
 int world_size();

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
                                               parm::cli::add_bench_layer(app),
                                               parm::cli::add_check_layer(app),
                                               parm::cli::add_train(app),
+                                              parm::cli::add_generate(app),
                                               parm::cli::add_calibrate(app),
                                               parm::cli::add_plan(app),
                                               parm::cli::add_simulate(app),

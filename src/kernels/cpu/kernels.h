@@ -147,6 +147,22 @@ void attention_softmax_backward_one_row_at_a_time(const float* p, float* ds, int
 // exponentials are fp32 (within 2 ulp), their sums double.
 double cross_entropy_rows(const float* logits, const int32_t* targets, float* dlogits, int64_t n,
                           int64_t vocab, float scale);
+// The same loss over a vocabulary cut into column blocks, one block of `cols` columns here
+// (model/vocab_parallel.h), in three passes between which the caller reduces each row's
+// numbers over the blocks:
+//   ce_row_max   row_max (n) = the max of each row of logits (n, cols)   [then: max]
+//   ce_row_sums  stats (n, 2) = (the sum of exp(x - row_max) over the row, in double lanes;
+//                the logit at targets[r] when 0 <= targets[r] < cols, else 0)  [then: sum]
+//   ce_finish    returns the sum over rows of log(stats[r][0]) + row_max[r] - stats[r][1];
+//                with dlogits, dlogits = scale * (exp(x - row_max) / stats[r][0] - [c ==
+//                targets[r]]), overwritten (may alias logits).
+// A target outside [0, cols) is another block's. With one block (the reductions the
+// identity) they give cross_entropy_rows's bits.
+void ce_row_max(const float* logits, int64_t n, int64_t cols, float* row_max);
+void ce_row_sums(const float* logits, const float* row_max, const int32_t* targets, int64_t n,
+                 int64_t cols, double* stats);
+double ce_finish(const float* logits, const float* row_max, const double* stats,
+                 const int32_t* targets, float* dlogits, int64_t n, int64_t cols, float scale);
 
 // ---- Top-k per row ---------------------------------------------------------------------
 // idx (rows, k), val (rows, k): the k largest values of each row of x (rows, cols), largest

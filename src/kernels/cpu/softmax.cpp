@@ -87,4 +87,53 @@ double cross_entropy_rows(const float* logits, const int32_t* targets, float* dl
   return loss;
 }
 
+// The three passes of the vocabulary-parallel cross-entropy (kernels.h): the arithmetic of
+// cross_entropy_rows, split where the caller reduces over the vocabulary's blocks.
+PARM_SIMD_CLONES
+void ce_row_max(const float* logits, int64_t n, int64_t cols, float* row_max) {
+  PARM_CHECK(n >= 0 && cols > 0, "ce_row_max: bad shape ({}, {})", n, cols);
+  for (int64_t r = 0; r < n; ++r) row_max[r] = detail::max_f32(logits + r * cols, cols);
+}
+
+PARM_SIMD_CLONES
+void ce_row_sums(const float* logits, const float* row_max, const int32_t* targets, int64_t n,
+                 int64_t cols, double* stats) {
+  PARM_CHECK(n >= 0 && cols > 0, "ce_row_sums: bad shape ({}, {})", n, cols);
+  constexpr int kL = detail::kLanes;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* x = logits + r * cols;
+    const float mx = row_max[r];
+    double acc[kL] = {};
+    int64_t c = 0;
+    for (; c + kL <= cols; c += kL)
+      for (int j = 0; j < kL; ++j) acc[j] += detail::exp_f32(x[c + j] - mx);
+    for (; c < cols; ++c) acc[0] += detail::exp_f32(x[c] - mx);
+    double sum = 0.0;
+    for (int j = 0; j < kL; ++j) sum += acc[j];
+    const int32_t y = targets[r];
+    stats[2 * r] = sum;
+    stats[2 * r + 1] = y >= 0 && y < cols ? static_cast<double>(x[y]) : 0.0;
+  }
+}
+
+PARM_SIMD_CLONES
+double ce_finish(const float* logits, const float* row_max, const double* stats,
+                 const int32_t* targets, float* dlogits, int64_t n, int64_t cols, float scale) {
+  PARM_CHECK(n >= 0 && cols > 0, "ce_finish: bad shape ({}, {})", n, cols);
+  double loss = 0.0;
+  for (int64_t r = 0; r < n; ++r) {
+    const float mx = row_max[r];
+    const double sum = stats[2 * r];
+    loss += std::log(sum) + static_cast<double>(mx) - stats[2 * r + 1];
+    if (dlogits == nullptr) continue;
+    const float* x = logits + r * cols;
+    float* d = dlogits + r * cols;
+    const float k = static_cast<float>(static_cast<double>(scale) / sum);
+    for (int64_t c = 0; c < cols; ++c) d[c] = detail::exp_f32(x[c] - mx) * k;
+    const int32_t y = targets[r];
+    if (y >= 0 && y < cols) d[y] -= scale;
+  }
+  return loss;
+}
+
 }  // namespace parm::cpu

@@ -85,14 +85,18 @@ void scatter_add_rows(const float* src, int64_t cols, const int64_t* idx, const 
                       int64_t n, float* dst);
 
 // ---- Embedding (model:: contracts; tokens is device int32) --------------------------------
-// A token outside [0, vocab) gives a zero row and is recorded for check_index_errors().
+// wte holds rows [vocab_begin, vocab_end) of the whole table (vocabulary-parallel): a token
+// outside them gives a zero row. A token outside [0, vocab) gives a zero row and is recorded
+// for check_index_errors().
 void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out,
-                       int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab);
-// dwte += dout rows at their tokens, dwpe += at their positions, each row of dwte and dwpe
-// summed in token order (the CPU's order: the same bits). Tokens outside [0, vocab) of the
-// last embedding_forward are skipped.
+                       int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab,
+                       int64_t vocab_begin, int64_t vocab_end);
+// dwte (rows [vocab_begin, vocab_end)) += dout rows at their tokens, dwpe += every row at its
+// position, each row of dwte and dwpe summed in token order (the CPU's order: the same
+// bits). Tokens outside [vocab_begin, vocab_end) add nothing to dwte.
 void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
-                        int64_t batch, int64_t seq_len, int64_t model_dim);
+                        int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab_begin,
+                        int64_t vocab_end);
 
 // ---- Attention core (model:: contracts) -----------------------------------------------------
 // Per head, one cuBLAS strided-batched product over the batch for each of q k^T, p v (and
@@ -121,6 +125,16 @@ void attention_backward(const AttentionShape& s, const float* q, const float* k,
 // is recorded for check_index_errors().
 void cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t n,
                    int64_t vocab, float scale, double* loss_sum);
+// The vocabulary-parallel cross-entropy's three passes (cpu::ce_row_max, ce_row_sums,
+// ce_finish: kernels/cpu/kernels.h) over device memory, one block per row; targets are
+// column ids of this block of the vocabulary, -1 where another rank holds the target.
+// ce_finish adds the loss sum into *loss_sum (a device double).
+void ce_row_max(const float* logits, int64_t n, int64_t cols, float* row_max);
+void ce_row_sums(const float* logits, const float* row_max, const int32_t* targets, int64_t n,
+                 int64_t cols, double* stats);
+void ce_finish(const float* logits, const float* row_max, const double* stats,
+               const int32_t* targets, float* dlogits, int64_t n, int64_t cols, float scale,
+               double* loss_sum);
 
 // Throws parm::Error with the CPU's message (position, token or target, vocabulary) for the
 // first bad index recorded since the last call, then clears the record. Waits for the device.

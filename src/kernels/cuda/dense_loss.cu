@@ -76,6 +76,76 @@ __global__ void sum_doubles_kernel(const double* __restrict__ v, int64_t n, doub
   if (tid == 0) *out += s[0];
 }
 
+// ---- The vocabulary-parallel passes: one block per row, the threads' partial results merged
+// in a fixed tree (the same bits on every run).
+__global__ void ce_row_max_kernel(const float* __restrict__ logits, int64_t n, int64_t cols,
+                                  float* __restrict__ row_max) {
+  __shared__ float s[kThreads];
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* x = logits + r * cols;
+    float m = -INFINITY;
+    for (int64_t c = tid; c < cols; c += blockDim.x) m = fmaxf(m, x[c]);
+    s[tid] = m;
+    __syncthreads();
+    for (int k = kThreads / 2; k > 0; k /= 2) {
+      if (tid < k) s[tid] = fmaxf(s[tid], s[tid + k]);
+      __syncthreads();
+    }
+    if (tid == 0) row_max[r] = s[0];
+    __syncthreads();
+  }
+}
+
+__global__ void ce_row_sums_kernel(const float* __restrict__ logits,
+                                   const float* __restrict__ row_max,
+                                   const int32_t* __restrict__ targets, int64_t n, int64_t cols,
+                                   double* __restrict__ stats) {
+  __shared__ double s[kThreads];
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* x = logits + r * cols;
+    const float mx = row_max[r];
+    double acc = 0.0;
+    for (int64_t c = tid; c < cols; c += blockDim.x)
+      acc += static_cast<double>(expert_math::exp_f32(x[c] - mx));
+    s[tid] = acc;
+    __syncthreads();
+    for (int k = kThreads / 2; k > 0; k /= 2) {
+      if (tid < k) s[tid] += s[tid + k];
+      __syncthreads();
+    }
+    if (tid == 0) {
+      const int32_t y = targets[r];
+      stats[2 * r] = s[0];
+      stats[2 * r + 1] = y >= 0 && y < cols ? static_cast<double>(x[y]) : 0.0;
+    }
+    __syncthreads();
+  }
+}
+
+__global__ void ce_finish_kernel(const float* logits, const float* __restrict__ row_max,
+                                 const double* __restrict__ stats,
+                                 const int32_t* __restrict__ targets, float* dlogits, int64_t n,
+                                 int64_t cols, float scale, double* __restrict__ row_loss) {
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float mx = row_max[r];
+    const double sum = stats[2 * r];
+    if (tid == 0) row_loss[r] = ::log(sum) + static_cast<double>(mx) - stats[2 * r + 1];
+    if (dlogits == nullptr) continue;
+    const float* x = logits + r * cols;
+    float* d = dlogits + r * cols;
+    const int32_t y = targets[r];
+    const float k = static_cast<float>(static_cast<double>(scale) / sum);
+    // Each element read, then written, by the same thread: in place is safe.
+    for (int64_t c = tid; c < cols; c += blockDim.x) {
+      const float g = dense_math::mul_nc(expert_math::exp_f32(x[c] - mx), k);
+      d[c] = c == y ? g - scale : g;
+    }
+  }
+}
+
 }  // namespace
 
 void cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t n,
@@ -89,6 +159,46 @@ void cross_entropy(const float* logits, const int32_t* targets, float* dlogits, 
   const unsigned blocks = static_cast<unsigned>(n < 65535 ? n : 65535);
   cross_entropy_rows_kernel<<<blocks, kThreads, 0, stream()>>>(logits, targets, dlogits, n, vocab,
                                                                scale, row_loss, record);
+  PARM_CUDA_CHECK_LAUNCH();
+  sum_doubles_kernel<<<1, kThreads, 0, stream()>>>(row_loss, n, loss_sum);
+  PARM_CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+
+void check_ce_shape(int64_t n, int64_t cols, const char* op) {
+  check_sizes(n >= 0 && n <= INT32_MAX && cols > 0 && cols <= INT32_MAX, op, "rows, columns",
+              {n, cols}, "0 <= rows < 2^31, 0 < columns < 2^31");
+}
+
+unsigned row_blocks(int64_t n) { return static_cast<unsigned>(n < 65535 ? n : 65535); }
+
+}  // namespace
+
+void ce_row_max(const float* logits, int64_t n, int64_t cols, float* row_max) {
+  check_ce_shape(n, cols, "ce_row_max");
+  if (n == 0) return;
+  ce_row_max_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(logits, n, cols, row_max);
+  PARM_CUDA_CHECK_LAUNCH();
+}
+
+void ce_row_sums(const float* logits, const float* row_max, const int32_t* targets, int64_t n,
+                 int64_t cols, double* stats) {
+  check_ce_shape(n, cols, "ce_row_sums");
+  if (n == 0) return;
+  ce_row_sums_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(logits, row_max, targets, n, cols,
+                                                               stats);
+  PARM_CUDA_CHECK_LAUNCH();
+}
+
+void ce_finish(const float* logits, const float* row_max, const double* stats,
+               const int32_t* targets, float* dlogits, int64_t n, int64_t cols, float scale,
+               double* loss_sum) {
+  check_ce_shape(n, cols, "ce_finish");
+  if (n == 0) return;
+  double* row_loss = scratch_as<double>(Slot::kRowLoss, n);
+  ce_finish_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(logits, row_max, stats, targets,
+                                                             dlogits, n, cols, scale, row_loss);
   PARM_CUDA_CHECK_LAUNCH();
   sum_doubles_kernel<<<1, kThreads, 0, stream()>>>(row_loss, n, loss_sum);
   PARM_CUDA_CHECK_LAUNCH();

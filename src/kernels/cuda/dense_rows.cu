@@ -29,11 +29,13 @@ __global__ void gather_rows_kernel(const float* __restrict__ src, int64_t cols,
 
 // keys[i] = destination row of source row i (negative: skipped), values[i] = i. Tokens
 // outside [0, limit) become -1.
-__global__ void token_keys_kernel(const int32_t* __restrict__ tokens, int64_t n, int64_t limit,
-                                  int64_t* __restrict__ keys, int32_t* __restrict__ values) {
+// key: the token's row in the rows [begin, end) held here, -1 (skipped) outside them.
+__global__ void token_keys_kernel(const int32_t* __restrict__ tokens, int64_t n, int64_t begin,
+                                  int64_t end, int64_t* __restrict__ keys,
+                                  int32_t* __restrict__ values) {
   for (int64_t i = thread_index(); i < n; i += thread_stride()) {
     const int64_t t = tokens[i];
-    keys[i] = t >= 0 && t < limit ? t : -1;
+    keys[i] = t >= begin && t < end ? t - begin : -1;
     values[i] = static_cast<int32_t>(i);
   }
 }
@@ -95,7 +97,8 @@ __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens,
                                          const float* __restrict__ wte,
                                          const float* __restrict__ wpe, float* __restrict__ out,
                                          int64_t rows, int64_t seq_len, int64_t model_dim,
-                                         int64_t vocab, unsigned long long* record) {
+                                         int64_t vocab, int64_t vocab_begin, int64_t vocab_end,
+                                         unsigned long long* record) {
   for (int64_t e = thread_index(); e < rows * model_dim; e += thread_stride()) {
     const int64_t t = e / model_dim, c = e % model_dim;
     const int32_t tok = tokens[t];
@@ -105,7 +108,11 @@ __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens,
         atomicMin(record, (static_cast<unsigned long long>(t) << 32) | static_cast<uint32_t>(tok));
       continue;
     }
-    out[e] = wte[static_cast<int64_t>(tok) * model_dim + c] + wpe[(t % seq_len) * model_dim + c];
+    if (tok < vocab_begin || tok >= vocab_end) {  // another MP rank's row
+      out[e] = 0.0f;
+      continue;
+    }
+    out[e] = wte[(tok - vocab_begin) * model_dim + c] + wpe[(t % seq_len) * model_dim + c];
   }
 }
 
@@ -143,22 +150,26 @@ void scatter_add_rows(const float* src, int64_t cols, const int64_t* idx, const 
 }
 
 void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* out,
-                       int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab) {
-  check_sizes(batch >= 0 && seq_len >= 0 && model_dim >= 0 && vocab > 0 && vocab <= INT32_MAX,
-              "embedding_forward", "B, L, M, V", {batch, seq_len, model_dim, vocab},
-              "B, L, M >= 0, 0 < V < 2^31");
+                       int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab,
+                       int64_t vocab_begin, int64_t vocab_end) {
+  check_sizes(batch >= 0 && seq_len >= 0 && model_dim >= 0 && vocab > 0 && vocab <= INT32_MAX &&
+                  vocab_begin >= 0 && vocab_begin <= vocab_end && vocab_end <= vocab,
+              "embedding_forward", "B, L, M, V, rows begin, rows end",
+              {batch, seq_len, model_dim, vocab, vocab_begin, vocab_end},
+              "B, L, M >= 0, 0 < V < 2^31, 0 <= begin <= end <= V");
   const int64_t rows = batch * seq_len;
   check_rows(rows, "embedding_forward");
   note_token_launch(seq_len, vocab);
   if (rows == 0 || model_dim == 0) return;
   unsigned long long* record = index_records() + static_cast<int>(IndexKind::kToken);
   embedding_forward_kernel<<<grid_for(rows * model_dim), kThreads, 0, stream()>>>(
-      tokens, wte, wpe, out, rows, seq_len, model_dim, vocab, record);
+      tokens, wte, wpe, out, rows, seq_len, model_dim, vocab, vocab_begin, vocab_end, record);
   PARM_CUDA_CHECK_LAUNCH();
 }
 
 void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, float* dwpe,
-                        int64_t batch, int64_t seq_len, int64_t model_dim) {
+                        int64_t batch, int64_t seq_len, int64_t model_dim, int64_t vocab_begin,
+                        int64_t vocab_end) {
   check_sizes(batch >= 0 && seq_len >= 0 && model_dim >= 0, "embedding_backward", "B, L, M",
               {batch, seq_len, model_dim}, "B, L, M >= 0");
   const int64_t rows = batch * seq_len;
@@ -166,7 +177,9 @@ void embedding_backward(const int32_t* tokens, const float* dout, float* dwte, f
   if (rows == 0 || model_dim == 0) return;
   int64_t* keys = scratch_as<int64_t>(Slot::kSortKeys, 2 * rows);
   int32_t* values = scratch_as<int32_t>(Slot::kSortValues, 2 * rows);
-  token_keys_kernel<<<grid_for(rows), kThreads, 0, stream()>>>(tokens, rows, last_token_vocab(),
+  // Rows past the last embedding_forward's vocabulary (its bad tokens) are skipped as well.
+  const int64_t end = vocab_end < last_token_vocab() ? vocab_end : last_token_vocab();
+  token_keys_kernel<<<grid_for(rows), kThreads, 0, stream()>>>(tokens, rows, vocab_begin, end,
                                                                keys, values);
   PARM_CUDA_CHECK_LAUNCH();
   run_add(sort_by_row(keys, values, rows), rows, dout, nullptr, model_dim, dwte);

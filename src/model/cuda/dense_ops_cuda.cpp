@@ -39,6 +39,14 @@ double cross_entropy(const float* logits, const int32_t* targets, float* dlogits
   return read_scalar(sum);
 }
 
+double ce_finish(const float* logits, const float* row_max, const double* stats,
+                 const int32_t* targets, float* dlogits, int64_t n, int64_t cols, float scale) {
+  double* sum = device_scalar();
+  PARM_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), cuda::stream()));
+  cuda::ce_finish(logits, row_max, stats, targets, dlogits, n, cols, scale, sum);
+  return read_scalar(sum);
+}
+
 void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t cols) {
   cuda::bias_backward(dy, dbias, rows, cols);
 }
@@ -74,6 +82,9 @@ DenseOps make_cuda_ops() {
   o.attention_backward = cuda::attention_backward;
   o.attention_scratch = attention_scratch;
   o.cross_entropy = cross_entropy;
+  o.ce_row_max = cuda::ce_row_max;
+  o.ce_row_sums = cuda::ce_row_sums;
+  o.ce_finish = ce_finish;
   o.layernorm_forward = cuda::layernorm_forward;
   o.layernorm_backward = cuda::layernorm_backward;
   o.bias_gelu_forward = cuda::bias_gelu_forward;
