@@ -36,8 +36,9 @@ struct Entry {
   const model::Param* param;
 };
 
+// `moments`: the optimizer's whole moments, in the order of `params`.
 std::vector<Entry> entries(const std::vector<model::ParamSpec>& all,
-                           const std::vector<model::Param*>& params, AdamW& opt) {
+                           const std::vector<model::Param*>& params, Moments& moments) {
   std::map<std::string, size_t> held;  // name -> index in params
   for (size_t i = 0; i < params.size(); ++i) held[params[i]->name] = i;
   PARM_CHECK(held.size() == params.size(), "parameter names are not unique");
@@ -58,8 +59,8 @@ std::vector<Entry> entries(const std::vector<model::ParamSpec>& all,
                      local, p});
     };
     add("param", nullptr);
-    add("adam_m", &opt.first_moments());
-    add("adam_v", &opt.second_moments());
+    add("adam_m", &moments.m);
+    add("adam_v", &moments.v);
   }
   return out;
 }
@@ -94,7 +95,9 @@ std::string save_checkpoint(Topology& topo, const std::string& save_dir,
   agree(world, error);
   nlohmann::json tensors = nlohmann::json::array();
   int written = 0;
-  for (const Entry& e : entries(all, params, optimizer)) {
+  // Gathered whole from the ranks that hold their shards (collective), like the parameters.
+  Moments moments = optimizer.gather_moments();
+  for (const Entry& e : entries(all, params, moments)) {
     const Tensor whole = gather_whole(topo, e.spec.shape, e.param, e.local);
     if (!root) continue;
     fault::before_checkpoint_file(written, name);
@@ -137,7 +140,13 @@ CheckpointState load_checkpoint(Topology& topo, const std::string& path,
                                 const nlohmann::json& tokenizer) {
   Communicator& world = topo.host_comm(Group::kWorld);
   const bool root = topo.world_rank() == 0;
-  const std::vector<Entry> es = entries(all, params, optimizer);
+  // Loaded whole, then each rank keeps its shard (AdamW::scatter_moments).
+  Moments moments;
+  for (const model::Param* p : params) {
+    moments.m.emplace_back(p->value.shape());
+    moments.v.emplace_back(p->value.shape());
+  }
+  const std::vector<Entry> es = entries(all, params, moments);
   std::string error, folder;
   Manifest manifest;
   if (root) {
@@ -180,12 +189,17 @@ CheckpointState load_checkpoint(Topology& topo, const std::string& path,
     agree(world, error);
     world.broadcast(whole.data(), static_cast<size_t>(whole.numel()), DType::kF32, 0);
     if (e.local == nullptr) continue;  // another pipeline stage's
+    if (e.spec.kind != "param") {  // a host tensor of `moments`, not yet the optimizer's
+      model::copy_shard_from_whole(whole, e.param->splits, *e.local);
+      continue;
+    }
     Tensor local(e.local->shape());
     model::copy_shard_from_whole(whole, e.param->splits, local);
     loaded.emplace_back(e.local, std::move(local));
   }
   // Only now, with everything verified, overwrite the model and the optimizer.
   for (auto& [t, v] : loaded) t->copy_from(v);
+  optimizer.scatter_moments(moments);
   optimizer.set_steps_taken(header.at("optimizer_steps").get<int64_t>());
   CheckpointState st;
   st.step = header.at("step").get<int64_t>();

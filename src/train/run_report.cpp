@@ -30,10 +30,10 @@ void print_run_header(const TrainConfig& cfg, const Layout& lay,
 }
 
 void print_stages(Topology& topo, model::Model& model, const std::vector<model::Param*>& params,
-                  int num_micro, bool print) {
+                  const OptimizerMemory& opt, int num_micro, bool print) {
   const model::StageBlocks& s = model.stage();
-  int64_t param_bytes = 0;
-  for (const auto* p : params) param_bytes += 4 * p->value.bytes();
+  int64_t param_bytes = opt.grad_bytes + opt.state_bytes();
+  for (const auto* p : params) param_bytes += p->value.bytes();
   Communicator& pp = topo.host_comm(Group::kPp);
   std::vector<double> mine = {static_cast<double>(s.begin), static_cast<double>(s.end),
                               static_cast<double>(model.activation_bytes()),

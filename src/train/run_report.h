@@ -25,9 +25,9 @@ void print_run_header(const TrainConfig& cfg, const Layout& lay,
 // One line per pipeline stage (collective over the world; printed when `print`): the world
 // ranks it runs on (so that a rank named by a failure maps to its stage), its blocks, its
 // activation slots and the memory it holds for them, and its parameters with their gradients
-// and AdamW moments (4 copies).
+// and AdamW state (`opt`: this rank's optimizer).
 void print_stages(Topology& topo, model::Model& model, const std::vector<model::Param*>& params,
-                  int num_micro, bool print);
+                  const OptimizerMemory& opt, int num_micro, bool print);
 
 // The summary table: first and last loss, final validation loss, mean tokens/s, the last
 // step's time, MFU, the schedules and the wall time.

@@ -222,6 +222,7 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
   o.get("eps", c.optim.eps);
   o.get("weight_decay", c.optim.weight_decay);
   o.get("grad_clip", c.optim.grad_clip);
+  o.get("sharding", c.optim.sharding);
   o.finish();
 
   Section d(section("data"), origin + ": data");
@@ -360,6 +361,7 @@ void validate(const TrainConfig& c) {
                         c.optim.beta2 < 1,
                     "optim.beta1 {} and optim.beta2 {} must be in [0, 1)", c.optim.beta1,
                     c.optim.beta2);
+  parse_optimizer_sharding(c.optim.sharding, "optim.sharding (--optimizer-sharding)");
   const auto& p = c.parallel;
   PARM_CONFIG_CHECK(p.schedule == "baseline" || p.schedule == "s1" || p.schedule == "s2" ||
                         p.schedule == "auto",

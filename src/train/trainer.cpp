@@ -99,21 +99,35 @@ Rebuilt rebuild_model(Topology& topo, const model::ModelConfig& c,
                       const std::vector<model::Param*>& params, AdamW& opt) {
   auto m = model::make_model(topo, c, schedules, micro, precision, pipe);
   auto mp = m->params();
-  AdamW mopt(mp);
+  AdamW mopt(topo, mp, opt.sharding());
   PARM_CHECK_EQ(mp.size(), params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     PARM_CHECK(mp[i]->name == params[i]->name && mp[i]->value.numel() == params[i]->value.numel(),
                "rebuilt model: parameter {} is {} ({} elements), was {} ({})", i, mp[i]->name,
                mp[i]->value.numel(), params[i]->name, params[i]->value.numel());
     mp[i]->value.copy_from(params[i]->value);
-    mopt.first_moments()[i].copy_from(opt.first_moments()[i]);
-    mopt.second_moments()[i].copy_from(opt.second_moments()[i]);
   }
+  mopt.scatter_moments(opt.gather_moments());
   mopt.set_steps_taken(opt.steps_taken());
   const auto from = old.moe_layers(), to = m->moe_layers();
   PARM_CHECK_EQ(from.size(), to.size());
   for (size_t i = 0; i < from.size(); ++i) to[i]->router_bias() = from[i]->router_bias();
   return {std::move(m), std::move(mp), std::move(mopt)};
+}
+
+// One line: where the AdamW state lives and the most moment bytes a rank holds, against the
+// most it would hold unsharded (collective over the world).
+void print_optimizer_state(Communicator& world, const Layout& lay, const AdamW& opt, bool print) {
+  const OptimizerMemory mem = opt.memory();
+  double bytes[2] = {static_cast<double>(mem.state_bytes()), 0.0};
+  for (const auto& g : mem.groups) bytes[1] += 8.0 * static_cast<double>(g.num_elements);
+  world.allreduce(bytes, 2, ReduceOp::kMax);
+  if (!print) return;
+  const bool sharded = opt.sharding() == OptimizerSharding::kDp;
+  std::printf("%-28s AdamW, moments %s over dp %d, edp %d: %.2f MiB per rank (unsharded "
+              "%.2f MiB)\n",
+              "optimizer", sharded ? "sharded" : "replicated", lay.dp, lay.edp,
+              bytes[0] / (1 << 20), bytes[1] / (1 << 20));
 }
 
 }  // namespace
@@ -135,7 +149,7 @@ Trainer::Trainer(const TrainConfig& cfg, bool verbose)
       params_(model_->params()),
       all_params_(model_->all_param_specs()),
       pipeline_(make_pipeline(cfg_, *topo_, *model_)),
-      opt_(params_),
+      opt_(*topo_, params_, parse_optimizer_sharding(cfg_.optim.sharding)),
       optim_(optim_config(cfg_)),
       model_json_(model_config_json(cfg_.model)),
       global_batch_(micro_ * accum_ * topo_->layout().dp),
@@ -159,7 +173,9 @@ Trainer::Trainer(const TrainConfig& cfg, bool verbose)
   if (root_ && verbose_)
     print_run_header(cfg_, lay, result_.schedules, data_.corpus,
                      data_.tokenizer->describe(), global_batch_, gemm);
-  if (lay.pp > 1) print_stages(*topo_, *model_, params_, static_cast<int>(accum_), root_ && verbose_);
+  print_optimizer_state(world_, lay, opt_, root_ && verbose_);
+  if (lay.pp > 1) print_stages(*topo_, *model_, params_, opt_.memory(), static_cast<int>(accum_),
+                              root_ && verbose_);
 
   if (cfg_.loop.phase_times) model_->time_phases(&phases_);
   schedules_line_ = fmt::format("{}", fmt::join(result_.schedules, ","));

@@ -94,7 +94,6 @@ class Trainer {
   std::unique_ptr<PipelineRunner> pipeline_;  // pp > 1
   AdamW opt_;
   OptimConfig optim_;
-  Tensor grad_flat_;  // reduce_gradients' flat buffer, kept across steps
   const nlohmann::json model_json_;
   const int64_t global_batch_, tokens_per_step_;
   TrainResult result_;

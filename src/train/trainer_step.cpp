@@ -82,17 +82,21 @@ StepMetrics Trainer::step() {
     return dt;
   };
   model_->sum_tied_grads();
-  reduce_gradients(*topo_, params_, &grad_flat_);
+  opt_.reduce_gradients();
   passes.comm_us += lap("grad-reduce");
-  const double norm = global_grad_norm(*topo_, params_);
+  const double norm = opt_.grad_norm();
   const double grad_norm_us = lap("grad-norm");
   const double clip =
       optim_.grad_clip > 0 && norm > optim_.grad_clip ? optim_.grad_clip / (norm + 1e-6) : 1.0;
   const double lr = lr_at(optim_, step_);
   opt_.step(optim_, lr, clip);
+  const double optimizer_us = lap("optimizer");
+  if (opt_.sharding() == OptimizerSharding::kDp) {
+    opt_.gather_parameters();
+    passes.comm_us += lap("param-gather");
+  }
   ++weights_version_;
   model_->set_weights_version(weights_version_);
-  const double optimizer_us = lap("optimizer");
   StepMetrics m;
   m.phases = phases_;
 

@@ -65,7 +65,7 @@ StepRun step_on(Device device, TopologyOptions o, Arch arch, Precision p,
     for (size_t i = 0; i < params.size(); ++i) params[i]->grad.copy_from(step_grads->reduced[i]);
     norm = step_grads->norm;
   }
-  train::AdamW opt(params);
+  train::AdamW opt(*r.topo, params);
   opt.step(train::OptimConfig{}, 1e-2, norm > 1.0 ? 1.0 / norm : 1.0);
   return r;
 }

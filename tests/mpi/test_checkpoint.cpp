@@ -1,7 +1,8 @@
 // Checkpoints across ranks: save/load traffic goes over the world group's communicator (so it
 // is counted and bounded by its deadline), a round trip is bit-exact (-0.0 included) on a
 // sharded layout, and a manifest whose `bytes` disagrees with the shape is refused on every
-// rank before any data is read, leaving the model untouched.
+// rank before any data is read, leaving the model untouched; the optimizer state saved
+// sharded over dp and edp loads unsharded and the reverse.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,17 +51,21 @@ struct Trained {
   std::unique_ptr<AdamW> opt;
 };
 
-Trained make(Topology& topo, uint64_t seed) {
+Trained make(Topology& topo, uint64_t seed, OptimizerSharding sharding) {
   Trained t;
   t.model = model::make_model(topo, small_config(seed), {{schedule::Kind::kS1, false, 1}}, 2);
-  t.opt = std::make_unique<AdamW>(t.model->params());
+  t.opt = std::make_unique<AdamW>(topo, t.model->params(), sharding);
   // Distinct moments, and a -0.0 that a float sum would turn into +0.0.
+  Moments moments;
   for (size_t i = 0; i < t.model->params().size(); ++i) {
-    Tensor& m = t.opt->first_moments()[i];
+    Tensor m(t.model->params()[i]->value.shape()), v(m.shape());
     for (int64_t j = 0; j < m.numel(); ++j) m[j] = static_cast<float>(seed + i) + 0.25f * j;
-    t.opt->second_moments()[i].fill(static_cast<float>(seed) * 0.5f);
+    v.fill(static_cast<float>(seed) * 0.5f);
+    moments.m.push_back(m);
+    moments.v.push_back(v);
     t.model->params()[i]->value[0] = -0.0f;
   }
+  t.opt->scatter_moments(moments);
   t.opt->set_steps_taken(7);
   return t;
 }
@@ -70,12 +75,14 @@ bool same_bits(const Tensor& a, const Tensor& b) {
          std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())) == 0;
 }
 
-// Two models on a sharded layout (a saves, b loads) and a save dir every rank names alike.
-class Checkpoint : public ::testing::Test {
+// Two models on a sharded layout (a saves, b loads) and a save dir every rank names alike;
+// the parameter says which of them shards its optimizer state over dp and edp.
+class Checkpoint : public ::testing::TestWithParam<std::pair<OptimizerSharding, OptimizerSharding>> {
  protected:
   Checkpoint()
       : topo(sharded_topology()), world(topo->host_comm(Group::kWorld)),
-        dir(shared_folder(world)), a(make(*topo, 1)), b(make(*topo, 2)) {}
+        dir(shared_folder(world)), a(make(*topo, 1, GetParam().first)),
+        b(make(*topo, 2, GetParam().second)) {}
   ~Checkpoint() override {
     world.barrier();
     if (world.rank() == 0) fs::remove_all(dir);
@@ -87,7 +94,7 @@ class Checkpoint : public ::testing::Test {
   Trained a, b;
 };
 
-TEST_F(Checkpoint, SaveAndLoadGoOverTheWorldCommunicatorBitExact) {
+TEST_P(Checkpoint, SaveAndLoadGoOverTheWorldCommunicatorBitExact) {
   const size_t num_tensors = 3 * a.model->params().size();
 
   topo->reset_stats();
@@ -105,18 +112,19 @@ TEST_F(Checkpoint, SaveAndLoadGoOverTheWorldCommunicatorBitExact) {
   EXPECT_EQ(st.step, 7);
   EXPECT_EQ(st.data_position, 40);
   EXPECT_EQ(b.opt->steps_taken(), 7);
+  const Moments ma = a.opt->gather_moments(), mb = b.opt->gather_moments();
   for (size_t i = 0; i < a.model->params().size(); ++i) {
     const auto& name = a.model->params()[i]->name;
     EXPECT_TRUE(same_bits(a.model->params()[i]->value, b.model->params()[i]->value)) << name;
-    EXPECT_TRUE(same_bits(a.opt->first_moments()[i], b.opt->first_moments()[i])) << name;
-    EXPECT_TRUE(same_bits(a.opt->second_moments()[i], b.opt->second_moments()[i])) << name;
+    EXPECT_TRUE(same_bits(ma.m[i], mb.m[i])) << name;
+    EXPECT_TRUE(same_bits(ma.v[i], mb.v[i])) << name;
     EXPECT_TRUE(std::signbit(b.model->params()[i]->value[0])) << name << ": -0.0 lost its sign";
   }
 }
 
 // A manifest whose `bytes` says more than the shape holds, with a file of that size and a
 // matching checksum: the loader used to copy the whole file into the shape-sized buffer.
-TEST_F(Checkpoint, BytesThatDisagreeWithTheShapeAreRefusedOnEveryRank) {
+TEST_P(Checkpoint, BytesThatDisagreeWithTheShapeAreRefusedOnEveryRank) {
   const std::string folder =
       save_checkpoint(*topo, dir, a.model->all_param_specs(), a.model->params(), *a.opt,
                       {7, 24, cfg});
@@ -143,10 +151,21 @@ TEST_F(Checkpoint, BytesThatDisagreeWithTheShapeAreRefusedOnEveryRank) {
   EXPECT_NE(msg.find("field 'bytes'"), std::string::npos) << "message: " << msg;
   if (world.rank() == 0) EXPECT_NE(msg.find(tensor), std::string::npos) << msg;
   // Refused before anything was overwritten.
-  for (size_t i = 0; i < b.model->params().size(); ++i)
-    EXPECT_FALSE(same_bits(a.opt->first_moments()[i], b.opt->first_moments()[i]));
+  const Moments ma = a.opt->gather_moments(), mb = b.opt->gather_moments();
+  for (size_t i = 0; i < b.model->params().size(); ++i) EXPECT_FALSE(same_bits(ma.m[i], mb.m[i]));
   EXPECT_EQ(b.opt->steps_taken(), 9);
 }
+
+constexpr auto kNone = OptimizerSharding::kNone;
+constexpr auto kDp = OptimizerSharding::kDp;
+INSTANTIATE_TEST_SUITE_P(Sharding, Checkpoint,
+                         ::testing::Values(std::pair{kNone, kNone}, std::pair{kDp, kDp},
+                                           std::pair{kDp, kNone}, std::pair{kNone, kDp}),
+                         [](const auto& info) {
+                           return fmt::format("{}_to_{}",
+                                              optimizer_sharding_name(info.param.first),
+                                              optimizer_sharding_name(info.param.second));
+                         });
 
 }  // namespace
 }  // namespace parm::train

@@ -104,6 +104,10 @@ TEST(TrainConfig, DefaultsAndSections) {
   EXPECT_EQ(c.model.arch, model::Arch::kBert);
   EXPECT_EQ(c.model.vocab, 257);  // bytes + [MASK]
   EXPECT_EQ(c.parallel.schedule, "s1");
+  EXPECT_EQ(c.optim.sharding, "none");
+  EXPECT_EQ(parse_train_config(nlohmann::json::parse(R"({"optim": {"sharding": "dp"}})"), "t")
+                .optim.sharding,
+            "dp");
 }
 
 TEST(TrainConfig, RefusesBadInputNamingTheKey) {
@@ -116,6 +120,9 @@ TEST(TrainConfig, RefusesBadInputNamingTheKey) {
   expect_refused(R"({"parallel": {"schedule": "fast"}})", "parallel.schedule 'fast' is not valid");
   expect_refused(R"({"model": {"capacity_factor": "1e3"}})", "1e3");
   expect_refused(R"({"optim": {"lr": 0.001, "min_lr": 0.01}})", "optim.min_lr");
+  expect_refused(R"({"optim": {"sharding": "zero1"}})",
+                 "optim.sharding (--optimizer-sharding) 'zero1' is not valid; use none");
+  expect_refused(R"({"optim": {"sharding": 1}})", "optim.sharding has the wrong type");
 }
 
 // The router options on a device whose gate has none are refused by validate(), before any

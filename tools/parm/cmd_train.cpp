@@ -29,6 +29,7 @@ struct TrainFlags {
   int shared_experts = -1;
   int64_t shared_hidden = -1;
   std::string device, precision, comm, order, pp_split, pp_overlap;
+  std::string optimizer_sharding;
   std::string resume;
   CLI::Option* resume_opt = nullptr;
   bool phase_times = false;
@@ -71,6 +72,7 @@ int run_train(TrainFlags& f) {
   if (f.ranks_per_node >= 0) p.ranks_per_node = f.ranks_per_node;
   if (f.timeout_s > 0) p.timeout_s = f.timeout_s;
   if (f.lr > 0) c.optim.lr = f.lr;
+  if (!f.optimizer_sharding.empty()) c.optim.sharding = f.optimizer_sharding;
   if (!f.schedule.empty()) p.schedule = f.schedule;
   if (!f.fuse.empty()) p.fuse = f.fuse;
   if (!f.device.empty()) p.device = f.device;
@@ -122,6 +124,10 @@ Command add_train(CLI::App& root) {
   app->add_option("--eval-every", f->eval_every, "validation every N steps (0: at the end)");
   app->add_option("--log-every", f->log_every, "progress line every N steps");
   app->add_option("--lr", f->lr, "peak learning rate");
+  app->add_option("--optimizer-sharding", f->optimizer_sharding,
+                  "none: every rank keeps the whole AdamW state; dp: each keeps 1/dp of the "
+                  "dense parameters' and 1/edp of its experts' (gradients reduce-scattered, "
+                  "parameters all-gathered; docs/optimizer.md); default none");
   app->add_option("--mp", f->mp, "model (tensor) parallel size");
   app->add_option("--ep", f->ep, "expert parallel size");
   app->add_option("--esp", f->esp, "expert sharding size");
