@@ -40,6 +40,7 @@ import time
 import torch
 
 import parm
+import parm.launch
 import parm.torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
@@ -130,8 +131,6 @@ def main():
     if a.backend == "mpi":
         parm.init(mp=a.mp, ep=a.ep, esp=a.esp, backend="mpi")
     else:
-        import parm.launch
-
         if a.backend == "both":
             parm.init(backend="mpi")  # MPI first (the launcher is mpirun)
         parm.launch.init_process_group("gloo")
