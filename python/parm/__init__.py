@@ -1,10 +1,12 @@
 """Parm: the Mixture-of-Experts layer and its schedules (docs/spec.md) from Python.
 
-Run a script under MPI (``mpirun -np N /usr/bin/python3 script.py``), call ``parm.init``
+Launch a script as any PyTorch one (``torchrun``: on Debian ``scripts/torchrun``;
+``parm.launch.spawn``; or ``mpirun -np N /usr/bin/python3 script.py``), call ``parm.init``
 once, then build ``parm.torch.MoE`` layers::
 
-    import parm, parm.torch
-    parm.init(mp=1, ep=2, esp=1)
+    import parm, parm.launch, parm.torch
+    parm.launch.init_process_group()   # torch.distributed (or the caller's own)
+    parm.init(mp=1, ep=2, esp=1)       # over torch's groups; without torch.distributed: MPI
     moe = parm.torch.MoE(model_dim=512, hidden=2048, experts=8, schedule="s2")
     y = moe(x)                        # x: (T, M) or (B, L, M) float32
     loss = task_loss(y) + 0.01 * moe.l_aux
@@ -13,7 +15,8 @@ Parm's errors arrive as Python exceptions: an invalid configuration or layout ra
 ValueError, a watchdog timeout parm.TimeoutError, any other failure RuntimeError, each with
 Parm's message. Everything but ``init`` raises RuntimeError before ``parm.init``. A script
 that ends on an uncaught exception, or after a collective failed (timed out), ends the whole
-job at exit (MPI_Abort, exit code 1), so no other rank waits for it.
+job at exit (MPI_Abort, exit code 1; over torch.distributed, exit code 1 without teardown,
+and the launcher stops the other ranks), so no other rank waits for it. docs/torch.md.
 """
 import atexit
 import sys
