@@ -21,6 +21,12 @@ as ratios within one run, interleaved, on a shared machine):
     mpirun -np 2 ... examples/torch_moe_layer.py --ep 2 --runs s2:off,plain --iters 8 --warmup 2
 and the binding's own overhead, in one process (--ab s2:off).
 
+The torch.distributed backend against Parm's MPI (docs/torch.md), both in one mpirun job
+(torch's gloo started beside MPI), runs interleaved per layer; the "comm" column is the time
+the layer's collectives took (from issue to completion, summed over the pass's collectives,
+per pass, this rank; the timing barriers excluded):
+    mpirun -np 2 ... examples/torch_moe_layer.py --ep 2 --runs s2:off,s2:on --backend both
+
 Threads: run it with OMP_NUM_THREADS set as for `parm bench-layer` (scripts/parmrun sets 1
 per rank). torch's and Parm's GEMMs share the process's OpenMP runtime; the line "# threads"
 says what torch runs with.
@@ -34,6 +40,7 @@ import time
 import torch
 
 import parm
+import parm.launch
 import parm.torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
@@ -82,8 +89,16 @@ def backward_of(dout):
 
 def report(label, fwd, bwd, extra=""):
     if parm.rank() == 0:
-        print(f"{label:<21} {fwd:9.2f} {bwd:9.2f} {fwd + bwd:9.2f}   torch threads "
+        print(f"{label:<27} {fwd:9.2f} {bwd:9.2f} {fwd + bwd:9.2f}   torch threads "
               f"{torch.get_num_threads()}{extra}", flush=True)
+
+
+def layer_comm_ms(passes):
+    """The layer's collectives' time per pass (ms, this rank) since the last reset: every
+    group's counters but the world's (the timing barriers run there)."""
+    us = sum(v[2] for key, v in parm._core.comm_stats().items()
+             if not key.startswith("world."))
+    return us / 1e3 / passes
 
 
 def main():
@@ -103,13 +118,23 @@ def main():
                     help="instead: the binding's overhead in this process, passes alternating "
                          "between parm.torch.MoE and its C++ layer driven directly (tensors "
                          "allocated once, no autograd: what `parm bench-layer` runs)")
+    ap.add_argument("--backend", default="mpi", choices=["mpi", "torch", "both"],
+                    help="parm.init's backend; both: each run over MPI, then over "
+                         "torch.distributed (gloo, started beside MPI)")
     ap.add_argument("--runs", default="all",
                     help="comma-separated schedule:fuse pairs (e.g. s2:off,s2:on), 'plain' for "
                          "the plain-PyTorch layer, or 'all' (every schedule of the layout, "
                          "then plain)")
     a = ap.parse_args()
 
-    parm.init(mp=a.mp, ep=a.ep, esp=a.esp)
+    backends = ["mpi", "torch"] if a.backend == "both" else [a.backend]
+    if a.backend == "mpi":
+        parm.init(mp=a.mp, ep=a.ep, esp=a.esp, backend="mpi")
+    else:
+        if a.backend == "both":
+            parm.init(backend="mpi")  # MPI first (the launcher is mpirun)
+        parm.launch.init_process_group("gloo")
+        parm.init(mp=a.mp, ep=a.ep, esp=a.esp, backend=backends[0])
     root = parm.rank() == 0
     # T per MP group: the MP group's ranks share its tokens (T per rank x N_MP).
     T = a.tokens * a.mp
@@ -133,7 +158,7 @@ def main():
         print(f"# threads: torch {torch.get_num_threads()}, OMP_NUM_THREADS="
               f"{os.environ.get('OMP_NUM_THREADS', '(unset)')}", flush=True)
         if not a.ab:
-            print(f"{'layer':<21} {'forward':>9} {'backward':>9} {'total':>9}")
+            print(f"{'layer':<27} {'forward':>9} {'backward':>9} {'total':>9}")
     if a.ab:
         ab_overhead(a, x, dout, *a.ab.split(":"))
         return
@@ -141,19 +166,26 @@ def main():
         if schedule == "plain":
             run_plain(a, x, dout)
             continue
-        moe = parm.torch.MoE(a.model_dim, a.hidden, a.experts, topk=a.topk,
-                             capacity_factor=a.capacity_factor, schedule=schedule, fuse=fuse)
+        for backend in backends:
+            if len(backends) > 1:
+                parm.init(mp=a.mp, ep=a.ep, esp=a.esp, backend=backend)
+            moe = parm.torch.MoE(a.model_dim, a.hidden, a.experts, topk=a.topk,
+                                 capacity_factor=a.capacity_factor, schedule=schedule,
+                                 fuse=fuse)
 
-        def forward():
-            for p in moe.parameters():  # as optimizer.zero_grad(set_to_none=True) does
-                p.grad = None
-            out = moe(x)
-            return out, moe.l_aux
+            def forward():
+                for p in moe.parameters():  # as optimizer.zero_grad(set_to_none=True) does
+                    p.grad = None
+                out = moe(x)
+                return out, moe.l_aux
 
-        fwd, bwd = time_passes(forward, backward_of(dout), a.iters, a.warmup)
-        # schedule_used: what ran ("+fused" only where the schedule has a collective to fuse
-        # on this layout).
-        report(f"parm {schedule} fuse {fuse}", fwd, bwd, f"   ran {moe.schedule_used}")
+            parm._core.reset_comm_stats()
+            fwd, bwd = time_passes(forward, backward_of(dout), a.iters, a.warmup)
+            comm = layer_comm_ms(a.iters + a.warmup)
+            # schedule_used: what ran ("+fused" only where the schedule has a collective to
+            # fuse on this layout).
+            report(f"parm {schedule} fuse {fuse} {parm.backend()}", fwd, bwd,
+                   f"   ran {moe.schedule_used}   comm {comm:.2f} ms/pass (rank 0)")
 
 
 def ab_overhead(a, x, dout, schedule, fuse):

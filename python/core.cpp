@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "dlpack_tensor.h"
 #include "kernels/cpu/kernels.h"
 #include "tensor_pool.h"
+#include "torch_group.h"
 #include "moe/moe_layer.h"
 #include "moe/reference_moe.h"
 #include "parm/error.h"
@@ -69,6 +71,15 @@ void init(int mp, int ep, int esp, int pp, const std::string& order, int ranks_p
   current_topology() = Topology::create(o);
 }
 
+// parm.init(backend="torch"): the topology over torch.distributed's groups (torch_group.h);
+// no MPI call is made.
+void init_torch(int world, int mp, int ep, int esp, int pp, const std::string& order,
+                double timeout_s, int world_rank, const std::vector<int>& node_of_rank,
+                const py::dict& groups, const std::string& device) {
+  current_topology() = py_torch::adopt(world, mp, ep, esp, pp, order, timeout_s, world_rank,
+                                       node_of_rank, groups, device);
+}
+
 // Set once a collective of this process failed (Timeout, CommError): MPI may still hold its
 // requests, so the process cannot finalize MPI cleanly.
 bool& comm_failed() {
@@ -79,8 +90,13 @@ bool& comm_failed() {
 // At exit: MPI_Finalize, or, after a failed collective or when `abort` (the script ended on
 // an uncaught exception), MPI_Abort, which ends every rank of the job so that none waits
 // for this one.
+// Without MPI (the torch backend): std::_Exit(1), skipping every destructor (torch's stuck
+// work would block them); the launcher (torchrun) then ends the other ranks.
 void finalize(bool abort) {
-  if (mpi_started() && (abort || comm_failed())) process::abort_job(1);
+  if (abort || comm_failed()) {
+    if (mpi_started()) process::abort_job(1);
+    if (current_topology()) std::_Exit(1);
+  }
   current_topology().reset();
   if (mpi_started()) process::finalize();
 }
@@ -181,6 +197,16 @@ class PyLayer {
     layer_->backward_into(dv, dl_aux, dxv);
   }
   int64_t forwards() const { return forwards_; }
+  // The bus bytes the step list says one pass moves per "group.op" (schedule::collective_parts:
+  // what the communicators count, docs/spec.md's table under a capacity factor).
+  std::map<std::string, double> listed_bytes(bool backward) const {
+    std::map<std::string, double> out;
+    for (const auto& step : layer_->schedule().steps)
+      for (const auto& part :
+           schedule::collective_parts(layer_->schedule(), step, topo_->layout(), backward))
+        out[std::string(group_name(part.group)) + "." + comm_op_name(part.op)] += part.bus_bytes;
+    return out;
+  }
 
  private:
   Device device() const { return layer_->device(); }
@@ -334,6 +360,30 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("init", &init, py::arg("mp"), py::arg("ep"), py::arg("esp"), py::arg("pp"),
         py::arg("order"), py::arg("ranks_per_node"), py::arg("device"), py::arg("timeout"));
+  m.def("init_torch", &init_torch, py::arg("world"), py::arg("mp"), py::arg("ep"),
+        py::arg("esp"), py::arg("pp"), py::arg("order"), py::arg("timeout"),
+        py::arg("world_rank"), py::arg("node_of_rank"), py::arg("groups"),
+        py::arg("device") = "cpu");
+  // This rank's counters since the last reset: "group.op" -> (calls, bus bytes, time in
+  // microseconds from issue to completion), the ops with a call.
+  m.def("comm_stats", [] {
+    Topology& t = topology("parm._core.comm_stats()");
+    std::map<std::string, std::tuple<int64_t, double, double>> out;
+    for (int gi = 0; gi < kNumGroups; ++gi) {
+      const Group g = static_cast<Group>(gi);
+      for (int oi = 0; oi < kNumCommOps; ++oi) {
+        const OpStats& st = t.host_comm(g).stats().op(static_cast<CommOp>(oi));
+        if (st.calls > 0)
+          out[std::string(group_name(g)) + "." + comm_op_name(static_cast<CommOp>(oi))] = {
+              st.calls, st.bus_bytes, st.time_us};
+      }
+    }
+    return out;
+  });
+  m.def("reset_comm_stats", [] { topology("parm._core.reset_comm_stats()").reset_stats(); });
+  m.def("check_device_name", [](const std::string& d) { (void)parse_device(d); });
+  m.def("comm_backend",
+        [] { return std::string(topology("parm.backend()").comm_backend()); });
   m.def("finalize", &finalize, py::arg("abort") = false);
   m.def("initialized", [] { return current_topology() != nullptr; });
   m.def("rank", [] { return topology("parm.rank()").world_rank(); });
@@ -348,6 +398,16 @@ PYBIND11_MODULE(_core, m) {
   m.def("group_ranks", [](const std::string& group) {
     Topology& t = topology("parm.group_ranks()");
     return group_members(t.layout(), parse_group(group), t.world_rank());
+  });
+  // The members of every world rank's group `group` in the layout of these values (the
+  // torch backend's check of the caller's groups): [group_members(r) for r in the world].
+  m.def("layout_members", [](int world, int mp, int ep, int esp, int pp,
+                             const std::string& order, const std::string& group) {
+    const Layout l = make_layout(world, mp, ep, esp, pp, order);
+    const Group g = parse_group(group);
+    std::vector<std::vector<int>> all;
+    for (int r = 0; r < world; ++r) all.push_back(group_members(l, g, r));
+    return all;
   });
   m.def("group_rank", [](const std::string& group) {
     Topology& t = topology("parm.group_rank()");
@@ -394,5 +454,6 @@ PYBIND11_MODULE(_core, m) {
       .def("set_grads", &PyLayer::set_grads)
       .def("forward", &PyLayer::forward)
       .def("backward", &PyLayer::backward)
-      .def("forwards", &PyLayer::forwards);
+      .def("forwards", &PyLayer::forwards)
+      .def("listed_bytes", &PyLayer::listed_bytes, py::arg("backward"));
 }

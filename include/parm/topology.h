@@ -108,6 +108,16 @@ struct TopologyOptions {
 class Topology {
  public:
   static std::unique_ptr<Topology> create(const TopologyOptions& options);
+  // A topology over host communicators another library built (the torch.distributed
+  // backend, python/torch_group.cpp): `comms[g]` is group g of `world_rank` in `layout` (each
+  // of the layout's size and this rank's position, checked here: InvalidConfig naming the
+  // group otherwise); `node_of_rank` the node of every world rank. Makes no call to MPI.
+  // device cuda (CUDA builds, a GPU per rank): comm(g) is Parm's own NCCL communicator,
+  // bootstrapped over comms[g] (its unique id broadcast over it), collective over each group.
+  static std::unique_ptr<Topology> adopt(
+      const Layout& layout, int world_rank, std::vector<int> node_of_rank,
+      std::array<std::unique_ptr<Communicator>, kNumGroups> comms,
+      Device device = Device::kCpu);
   ~Topology();
 
   const Layout& layout() const { return layout_; }
@@ -119,8 +129,9 @@ class Topology {
   Communicator& comm(Group g) { return *comms_[static_cast<int>(g)]; }
   Communicator& host_comm(Group g) { return *host_comms_[static_cast<int>(g)]; }
   Device device() const { return device_; }
-  // "mpi" (host buffers, or device buffers staged through host memory) or "nccl".
-  const char* comm_backend() const { return nccl_ ? "nccl" : "mpi"; }
+  // "mpi" (host buffers, or device buffers staged through host memory), "nccl", or the
+  // adopted communicators' backend ("torch").
+  const char* comm_backend() const { return nccl_ ? "nccl" : host_comms_[0]->backend(); }
   int node_of(int world_rank) const { return node_of_rank_[world_rank]; }
   int num_nodes() const;
   bool nodes_emulated() const { return emulated_; }

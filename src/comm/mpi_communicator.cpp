@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/block_sum.h"
 #include "comm/mpi_check.h"
 #include "comm/fused.h"
 #include "comm/fused_any.h"
@@ -38,38 +39,6 @@ int to_mpi_count(size_t count, const std::string& group, const char* op) {
     throw CommError(fmt::format("{} on group {}: count {} exceeds MPI's int limit {}", op, group,
                                 count, INT_MAX));
   return static_cast<int>(count);
-}
-
-// recv[i] = ((blocks[0][i] + blocks[1][i]) + blocks[2][i]) + ... : group-rank order.
-template <typename T>
-void sum_blocks_in_rank_order(const T* blocks, T* recv, size_t count, int n) {
-  if (count == 0) return;
-  std::memcpy(recv, blocks, count * sizeof(T));
-  for (int q = 1; q < n; ++q) {
-    const T* b = blocks + static_cast<size_t>(q) * count;
-    for (size_t i = 0; i < count; ++i) recv[i] += b[i];
-  }
-}
-
-void sum_blocks_in_rank_order(DType dtype, const void* blocks, void* recv, size_t count, int n) {
-  switch (dtype) {
-    case DType::kF32:
-      return sum_blocks_in_rank_order(static_cast<const float*>(blocks), static_cast<float*>(recv),
-                                      count, n);
-    case DType::kF64:
-      return sum_blocks_in_rank_order(static_cast<const double*>(blocks),
-                                      static_cast<double*>(recv), count, n);
-    case DType::kI32:
-      return sum_blocks_in_rank_order(static_cast<const int32_t*>(blocks),
-                                      static_cast<int32_t*>(recv), count, n);
-    case DType::kI64:
-      return sum_blocks_in_rank_order(static_cast<const int64_t*>(blocks),
-                                      static_cast<int64_t*>(recv), count, n);
-    case DType::kU8:  // wraps modulo 256, as MPI_SUM on MPI_UINT8_T does
-      return sum_blocks_in_rank_order(static_cast<const uint8_t*>(blocks),
-                                      static_cast<uint8_t*>(recv), count, n);
-  }
-  throw Error("unknown dtype");
 }
 
 // "rank 3 (group ep rank 1 of 2): alltoall of 4096 bytes did not complete within 60 s; a

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 
+#include "comm/external_communicator.h"
 #include "comm/mpi_check.h"
 #include "comm/mpi_communicator.h"
 #include "comm/staged_communicator.h"
@@ -181,6 +182,54 @@ std::unique_ptr<Topology> Topology::create(const TopologyOptions& o) {
   return t;
 }
 
+std::unique_ptr<Topology> Topology::adopt(
+    const Layout& layout, int world_rank, std::vector<int> node_of_rank,
+    std::array<std::unique_ptr<Communicator>, kNumGroups> comms, Device device) {
+  if (device == Device::kCuda) check_device(device);
+  PARM_CHECK(static_cast<int>(node_of_rank.size()) == layout.world,
+             "Topology::adopt: {} node numbers for a world of {}", node_of_rank.size(),
+             layout.world);
+  std::unique_ptr<Topology> t(new Topology());
+  t->layout_ = layout;
+  t->world_rank_ = world_rank;
+  t->node_of_rank_ = std::move(node_of_rank);
+  t->node_names_.assign(static_cast<size_t>(t->num_nodes()), "");
+  for (int n = 0; n < t->num_nodes(); ++n) t->node_names_[static_cast<size_t>(n)] =
+      fmt::format("node{}", n);
+  for (int gi = 0; gi < kNumGroups; ++gi) {
+    const Group g = static_cast<Group>(gi);
+    auto& c = comms[static_cast<size_t>(gi)];
+    PARM_CONFIG_CHECK(c != nullptr, "Topology::adopt: no communicator for group {}",
+                      group_name(g));
+    const int want_size = layout.group_size(g);
+    const int want_rank = group_coord(layout, g, world_rank).rank;
+    PARM_CONFIG_CHECK(c->size() == want_size && c->rank() == want_rank,
+                      "group {} of world rank {}: {} ranks with this rank at {}, but the layout "
+                      "(world {} mp {} ep {} esp {} dp {} edp {} pp {}, order {}) needs {} ranks "
+                      "with this rank at {}",
+                      group_name(g), world_rank, c->size(), c->rank(), layout.world, layout.mp,
+                      layout.ep, layout.esp, layout.dp, layout.edp, layout.pp,
+                      layout.order_name(), want_size, want_rank);
+    t->host_comms_[static_cast<size_t>(gi)] = std::move(c);
+    t->comms_[static_cast<size_t>(gi)] = t->host_comms_[static_cast<size_t>(gi)].get();
+  }
+  t->device_ = device;
+  if (device == Device::kCuda) {
+#ifdef PARM_HAVE_CUDA
+    t->nccl_ = true;
+    for (int gi = 0; gi < kNumGroups; ++gi) {
+      t->device_comms_[static_cast<size_t>(gi)] =
+          make_nccl_communicator(*t->host_comms_[static_cast<size_t>(gi)]);
+      t->comms_[static_cast<size_t>(gi)] = t->device_comms_[static_cast<size_t>(gi)].get();
+    }
+#else
+    throw InvalidConfig("device cuda over adopted communicators needs a CUDA build");
+#endif
+  }
+  t->reset_stats();
+  return t;
+}
+
 Topology::~Topology() {
   for (auto& c : device_comms_) c.reset();  // before the host communicators they use
 }
@@ -192,7 +241,10 @@ int Topology::num_nodes() const {
 }
 
 void Topology::set_timeout_s(double s) {
-  for (auto& c : host_comms_) static_cast<MpiCommunicator&>(*c).set_timeout_s(s);
+  for (auto& c : host_comms_) {
+    if (auto* m = dynamic_cast<MpiCommunicator*>(c.get())) m->set_timeout_s(s);
+    if (auto* e = dynamic_cast<ExternalCommunicator*>(c.get())) e->set_timeout_s(s);
+  }
 }
 
 void Topology::reset_stats() {

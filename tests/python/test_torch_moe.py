@@ -1,7 +1,9 @@
 """parm.torch.MoE against a pure-PyTorch fp64 MoE written here from docs/spec.md §2.
 
 Run under mpirun at any world size (CTest: 1, 2 and 4 ranks); every rank runs every case of
-the layouts its world size allows. For each case the layer's output, l_aux, input gradient
+the layouts its world size allows. PARM_TEST_BACKEND=torch runs the whole suite over the
+torch.distributed backend instead (gloo, started beside MPI: parm.init's "auto" then picks
+torch; CTest: python_test_torch_moe_torch_np1/2/4). For each case the layer's output, l_aux, input gradient
 and every parameter gradient must match the reference within check-layer's fp32 tolerance
 (max |error| / max |reference| <= 2e-4). Then bad input must raise, never crash or hang.
 Every failed check is printed (by the rank that saw it) and the run goes on; it exits
@@ -15,6 +17,7 @@ import sys
 import torch
 
 import parm
+import parm.launch
 import parm.torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -546,7 +549,11 @@ def before_init():
 def main():
     before_init()
     exceptions()
+    backend = os.environ.get("PARM_TEST_BACKEND", "mpi")
+    if backend == "torch":
+        parm.launch.init_process_group("gloo")
     parm.init()
+    check(parm.backend() == backend, f"parm.backend() is {parm.backend()}, not {backend}")
     threads()
     world = parm.world_size()
     check(parm.group_ranks("world") == list(range(world)), "group_ranks('world')")
@@ -560,7 +567,7 @@ def main():
     zero_copy(world)
     ok = not failures
     if parm.rank() == 0:
-        print(f"test_torch_moe: world {world}: {cases} equivalence cases, "
+        print(f"test_torch_moe: {backend} world {world}: {cases} equivalence cases, "
               f"{'passed' if ok else f'{len(failures)} failures'}", flush=True)
     sys.exit(0 if ok else 1)
 

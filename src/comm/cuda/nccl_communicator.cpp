@@ -240,7 +240,7 @@ bool nccl_group_open() { return group_state().depth > 0; }
 
 // ---- the communicator ----
 
-NcclCommunicator::NcclCommunicator(MpiCommunicator& host) : LayeredCommunicator(host), host_(host) {
+NcclCommunicator::NcclCommunicator(Communicator& host) : LayeredCommunicator(host), host_(host) {
   // NCCL binds the communicator to the current device: the process's GPU, on this thread.
   const cuda::Context& ctx = cuda::context();
   PARM_CUDA_CHECK(cudaSetDevice(ctx.device));
@@ -592,7 +592,7 @@ RequestPtr NcclCommunicator::do_ibarrier() {
   return make_request(CommOp::kBarrier, 0.0, 0.0, /*counted=*/true);
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator& host) {
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host) {
   return std::make_unique<NcclCommunicator>(host);
 }
 

@@ -18,8 +18,9 @@
 // it). Every operation is issued inside an NcclGroup, whose end waits, under the deadline,
 // until NCCL has enqueued it (ncclGroupEnd may return ncclInProgress).
 //
-// Identity, deadline and counters come from the MPI communicator of the same group
-// (`host`): name, rank, size, intra_node, timeout_s, and stats() IS host.stats(), so a group
+// Identity, deadline and counters come from the host communicator of the same group
+// (`host`: MPI's, or the torch backend's over a gloo group, python/torch_group.h; the unique
+// id travels by its broadcast): name, rank, size, intra_node, timeout_s, and stats() IS host.stats(), so a group
 // has one set of counters whichever backend moved its bytes. Each op records exactly what
 // MpiCommunicator records for it (one call, parm::bus_bytes, wall time from issue to the
 // completion seen by test()/wait()).
@@ -81,7 +82,7 @@ class NcclCommunicator final : public LayeredCommunicator {
   // (parm::Timeout past it, the half-made communicator aborted). `host` must outlive this
   // object. Throws parm::CommError when NCCL refuses (for instance two ranks of the group on
   // one GPU: use StagedCommunicator there).
-  explicit NcclCommunicator(MpiCommunicator& host);
+  explicit NcclCommunicator(Communicator& host);
   // Finalizes and destroys the NCCL communicator (nothing of it may still be in flight;
   // aborted if finalizing outlasts the deadline), or nothing when the watchdog aborted it.
   ~NcclCommunicator() override;
@@ -93,7 +94,7 @@ class NcclCommunicator final : public LayeredCommunicator {
   MemorySpace space_of(const void* p) const override { return cuda_space_of(p); }
 
   ncclComm_t nccl_comm() const { return comm_; }
-  MpiCommunicator& host() const { return host_; }
+  Communicator& host() const { return host_; }
   // True once the watchdog aborted the NCCL communicator.
   bool aborted() const { return aborted_; }
 
@@ -151,7 +152,7 @@ class NcclCommunicator final : public LayeredCommunicator {
   RequestPtr post_p2p(bool is_send, void* buf, size_t count, DType dtype, int peer, int tag,
                       bool counted);
 
-  MpiCommunicator& host_;
+  Communicator& host_;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
   cudaStream_t side_stream_ = nullptr;
@@ -188,7 +189,7 @@ bool nccl_group_open();
 
 // The communicator the topology builds for a group in a CUDA run with one GPU per rank.
 // Collective over `host`, as the constructor.
-std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator& host);
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host);
 // True when `c` is an NcclCommunicator (its backend() is "nccl").
 bool is_nccl(const Communicator& c);
 
