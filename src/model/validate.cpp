@@ -39,6 +39,8 @@ MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch) {
   shape.shared_experts = c.shared_experts;
   shape.shared_hidden = c.shared_hidden;
   shape.shared_gate = c.shared_gate;
+  // The sequence-wise l_aux: the rows of a micro-batch are its sequences, L tokens each.
+  shape.aux_seq_len = c.aux_scope == AuxScope::kSequence ? c.seq_len : 0;
   return shape;
 }
 
@@ -103,12 +105,14 @@ void validate_model(const ModelConfig& c, const Layout& l,
   // The MoE layer's own checks (E % N_EP, H % N_ESP, T % N_MP, the baseline's layouts).
   const MoeShape shape = moe_shape(c, micro_batch);
   const schedule::SizeNames names{"experts", "expert_hidden", "micro_batch x seq_len"};
-  if (moe_schedules.empty()) schedule::validate({shape, l}, schedule::Kind::kS1, names);
+  schedule::LayerSpec spec{shape, l};
+  spec.aux_scope = c.aux_scope;
+  if (moe_schedules.empty()) schedule::validate(spec, schedule::Kind::kS1, names);
   for (size_t i = 0; i < moe_schedules.size(); ++i) {
     const LayerSchedule& s = moe_schedules[i];
     PARM_CONFIG_CHECK(s.chunks >= 1, "MoE schedule {}: chunks {} must be at least 1", i,
                       s.chunks);
-    schedule::validate({shape, l}, s.kind, names);
+    schedule::validate(spec, s.kind, names);
   }
 }
 

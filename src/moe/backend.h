@@ -60,9 +60,9 @@ class LayerBackend {
   virtual Precision precision() const = 0;
 
   // ---- gate (moe_ops.h gate_forward / gate_backward, same phases) ----
-  // x (rows, M), wg (M, E); stats (2E + 1) = [first-choice counts, probability sums, sum of
-  // lse^2 (the z-loss; the CPU backend's, a device backend leaves it)]. Keeps the
-  // routing for the calls below.
+  // x (rows, M), wg (M, E); stats (2E x sets + 1) = per set [first-choice counts, probability
+  // sums], then the sum of lse^2 (the z-loss; the CPU backend's, a device backend leaves
+  // it). Keeps the routing for the calls below.
   virtual void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                             int64_t slots, float* stats, PhaseTimes* times) = 0;
   // The router bias (E, host; null: none) of the gate calls that follow; the pointer is
@@ -78,6 +78,16 @@ class LayerBackend {
                       "the {} layer backend computes docs/spec.md §2's softmax top-k router "
                       "only, not{}; use --device cpu",
                       device_name(device()), router.str());
+  }
+  // The statistics sets of the gate calls that follow (moe_ops.h AuxRows; the sequence-wise
+  // l_aux, MoeShape::aux_seq_len, with `sets` sequences). A backend whose gate writes one set
+  // only refuses any other.
+  virtual void set_aux_rows(const AuxRows& rows, int64_t sets) {
+    PARM_CONFIG_CHECK(rows.is_default() && sets == 1,
+                      "the {} layer backend computes one set of l_aux statistics per gate call, "
+                      "not the sequence-wise l_aux (--aux-loss sequence); use --device cpu or "
+                      "--aux-loss micro-batch|global",
+                      device_name(device()));
   }
   // The version of the expert weights the calls that follow are given (whoever writes them
   // changes it with every write; moe/bf16_weight_copies.h): a backend at bf16 (CPU or CUDA)
@@ -95,15 +105,18 @@ class LayerBackend {
   virtual const std::vector<int64_t>& fill() const = 0;
   // The last gate call's routing on the host (a copy on a device backend; for checks).
   virtual const GateRouting& routing() = 0;
-  // dstats (2E + 1) from l_aux and the z-loss; the combine-weight gradients come from the last
-  // combine_backward. Accumulates dwg (M, E) and dx (rows, M).
+  // dstats (2E x sets + 1) from l_aux and the z-loss; the combine-weight gradients come from
+  // the last combine_backward. Accumulates dwg (M, E) and dx (rows, M).
   virtual void gate_backward(const Tensor& x, const Tensor& wg, const float* dstats,
                              Tensor& dwg, Tensor& dx, PhaseTimes* times) = 0;
-  // l_aux and the z-loss from stats (2E + 1); their adjoint overwrites dstats (2E + 1).
-  virtual float aux_loss(const float* stats, int64_t experts, int64_t total_tokens) = 0;
-  virtual float z_loss(const float* stats, int64_t experts, int64_t total_tokens) = 0;
+  // l_aux and the z-loss from stats (2E x sets + 1, moe_ops.h aux_loss); their adjoint
+  // overwrites dstats (the same layout).
+  virtual float aux_loss(const float* stats, int64_t experts, int64_t total_tokens,
+                         int64_t sets) = 0;
+  virtual float z_loss(const float* stats, int64_t experts, int64_t total_tokens,
+                       int64_t sets) = 0;
   virtual void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens,
-                                 float dl_aux, float dl_z, float* dstats) = 0;
+                                 int64_t sets, float dl_aux, float dl_z, float* dstats) = 0;
 
   // ---- dispatch / combine over the last routing (moe_ops.h) ----
   virtual void dispatch_forward(const Tensor& x, Tensor& buf) = 0;    // overwrites buf

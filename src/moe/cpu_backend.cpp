@@ -26,11 +26,15 @@ class CpuBackend final : public LayerBackend {
   void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                     int64_t slots, float* stats, PhaseTimes* times) override {
     moe::gate_forward(x, wg, topk, capacity, slots, probs_, routing_, stats, times, bias_,
-                      router_);
+                      router_, aux_rows_, aux_sets_);
     if (packed_) pack_routing(routing_);
   }
   void set_router_bias(const float* bias) override { bias_ = bias; }
   void set_router(const RouterSpec& router) override { router_ = router; }
+  void set_aux_rows(const AuxRows& rows, int64_t sets) override {
+    aux_rows_ = rows;
+    aux_sets_ = sets;
+  }
   void set_weights_version(uint64_t version) override { ws_.bf16.set_weights_version(version); }
   WeightCopies weight_copies() const override {
     return {ws_.bf16.weight_packs(), ws_.bf16.last_pack_us()};
@@ -41,15 +45,15 @@ class CpuBackend final : public LayerBackend {
                      Tensor& dx, PhaseTimes* times) override {
     moe::gate_backward(x, wg, probs_, routing_, dweight_, dstats, dprobs_, dwg, dx, times);
   }
-  float aux_loss(const float* stats, int64_t experts, int64_t total) override {
-    return moe::aux_loss(stats, experts, total);
+  float aux_loss(const float* stats, int64_t experts, int64_t total, int64_t sets) override {
+    return moe::aux_loss(stats, experts, total, sets);
   }
-  float z_loss(const float* stats, int64_t experts, int64_t total) override {
-    return moe::z_loss(stats, experts, total);
+  float z_loss(const float* stats, int64_t experts, int64_t total, int64_t sets) override {
+    return moe::z_loss(stats, experts, total, sets);
   }
-  void aux_loss_backward(const float* stats, int64_t experts, int64_t total, float dl_aux,
-                         float dl_z, float* dstats) override {
-    moe::aux_loss_backward(stats, experts, total, dl_aux, dl_z, dstats);
+  void aux_loss_backward(const float* stats, int64_t experts, int64_t total, int64_t sets,
+                         float dl_aux, float dl_z, float* dstats) override {
+    moe::aux_loss_backward(stats, experts, total, dl_aux, dl_z, dstats, sets);
   }
 
   void dispatch_forward(const Tensor& x, Tensor& buf) override {
@@ -118,6 +122,8 @@ class CpuBackend final : public LayerBackend {
   Tensor probs_, dprobs_;  // (gate rows, E)
   const float* bias_ = nullptr;  // the layer's router bias (E), or none
   RouterSpec router_;
+  AuxRows aux_rows_;
+  int64_t aux_sets_ = 1;
   GateRouting routing_;
   bool zero_unrouted_;  // not dropless (BackendSizes::dropless)
   bool packed_;         // BackendSizes::packed

@@ -47,7 +47,8 @@ void limit_groups(float* sc, int64_t E, const RouterSpec& rs) {
 
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
                   Tensor& probs, GateRouting& r, float* stats, PhaseTimes* times,
-                  const float* bias, const RouterSpec& router) {
+                  const float* bias, const RouterSpec& router, const AuxRows& aux_rows,
+                  int64_t sets) {
   PhaseClock clock(times);
   const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
   PARM_CHECK_EQ(wg.rows(), M);
@@ -55,6 +56,9 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
              shape_str(probs.shape()), rows, E);
   PARM_CHECK(topk >= 1 && topk <= E, "top-k {} with {} experts", topk, E);
   PARM_CHECK(slots >= capacity, "dispatch slots {} below capacity {}", slots, capacity);
+  PARM_CHECK(sets >= 1 && (rows == 0 || aux_rows.set_of(rows - 1) < sets),
+             "gate rows [{}, {}) in sequences of {}: beyond the {} statistics sets",
+             aux_rows.first, aux_rows.first + rows, aux_rows.seq_len, sets);
   cpu::gemm(false, false, rows, E, M, x.data(), wg.data(), probs.data(), false, kLayerGemm);
   clock.lap("gate products");
   // The z-loss's log-sum-exp of each row's logits, read before the softmax overwrites them.
@@ -122,12 +126,14 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
     r.row[i] = math::slot_row(e, f, capacity, slots);
     if (f < capacity) ++f;
   }
-  float* count = stats;
-  float* psum = stats + E;
-  std::fill(stats, stats + 2 * E, 0.0f);
-  stats[2 * E] = static_cast<float>(zsum);
+  r.aux_rows = aux_rows;
+  r.aux_sets = sets;
+  std::fill(stats, stats + 2 * E * sets, 0.0f);
+  stats[2 * E * sets] = static_cast<float>(zsum);
   r.score_sum.resize(sigmoid ? static_cast<size_t>(rows) : 0);
   for (int64_t t = 0; t < rows; ++t) {
+    float* count = stats + 2 * E * aux_rows.set_of(t);
+    float* psum = count + E;
     count[r.expert[static_cast<size_t>(t * topk)]] += 1.0f;
     const float* p = probs.row(t);
     if (sigmoid) {  // l_aux's p: the scores normalised to sum 1
@@ -159,11 +165,11 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const
   PhaseClock clock(times);
   const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
   const int k = r.topk;
-  const float* dpsum = dstats + E;
   const bool sigmoid = r.router.score == RouterScore::kSigmoid;
   std::vector<float> dbal(sigmoid ? static_cast<size_t>(E) : 0);
   for (int64_t t = 0; t < rows; ++t) {
     const size_t base = static_cast<size_t>(t * k);
+    const float* dpsum = dstats + 2 * E * r.aux_rows.set_of(t) + E;
     const float* dp = dpsum;
     if (sigmoid) {
       // l_aux's p_e = s_e / z: ds_e = (dpsum_e - sum_i dpsum_i p_i) / z.
@@ -188,7 +194,7 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const
   }
   // z-loss: d(sum_t lse_t^2) / d logit[t, e] = 2 lse_t p[t, e], p the logits' softmax (the
   // scores, or under sigmoid exp(logit - lse)).
-  if (const float dz = dstats[2 * E]; dz != 0.0f)
+  if (const float dz = dstats[2 * E * r.aux_sets]; dz != 0.0f)
     for (int64_t t = 0; t < rows; ++t) {
       const float lse = r.lse[static_cast<size_t>(t)];
       const float c = 2.0f * dz * lse;
@@ -207,27 +213,40 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const
   clock.lap("gate products");
 }
 
-float aux_loss(const float* stats, int64_t E, int64_t total) {
+float aux_loss(const float* stats, int64_t E, int64_t total, int64_t sets) {
   if (total == 0) return 0.0f;
-  double sum = 0.0;
-  for (int64_t e = 0; e < E; ++e)
-    sum += static_cast<double>(stats[e]) / total * (static_cast<double>(stats[E + e]) / total);
-  return static_cast<float>(E * sum);
+  const int64_t L = total / sets;
+  double mean = 0.0;
+  for (int64_t q = 0; q < sets; ++q) {
+    const float* count = stats + 2 * E * q;
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; ++e)
+      sum += static_cast<double>(count[e]) / L * (static_cast<double>(count[E + e]) / L);
+    mean += E * sum;
+  }
+  return static_cast<float>(mean / static_cast<double>(sets));
 }
 
-float z_loss(const float* stats, int64_t E, int64_t total) {
-  return total == 0 ? 0.0f : static_cast<float>(static_cast<double>(stats[2 * E]) / total);
+float z_loss(const float* stats, int64_t E, int64_t total, int64_t sets) {
+  return total == 0 ? 0.0f
+                    : static_cast<float>(static_cast<double>(stats[2 * E * sets]) / total);
 }
 
 void aux_loss_backward(const float* stats, int64_t E, int64_t total, float dl_aux, float dl_z,
-                       float* dstats) {
-  dstats[2 * E] = total == 0 ? 0.0f : static_cast<float>(static_cast<double>(dl_z) / total);
-  for (int64_t e = 0; e < E; ++e) {
-    dstats[e] = 0.0f;
-    dstats[E + e] = total == 0 ? 0.0f
-                               : static_cast<float>(static_cast<double>(dl_aux) * E * stats[e] /
-                                                    (static_cast<double>(total) * total));
-  }
+                       float* dstats, int64_t sets) {
+  dstats[2 * E * sets] =
+      total == 0 ? 0.0f : static_cast<float>(static_cast<double>(dl_z) / total);
+  const int64_t L = total / sets;
+  // d/dpsum_se of (1/S) sum_s E sum_e (count_se / L)(psum_se / L).
+  const double denom = static_cast<double>(sets) * static_cast<double>(L) * L;
+  for (int64_t q = 0; q < sets; ++q)
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t i = 2 * E * q + e;
+      dstats[i] = 0.0f;
+      dstats[i + E] = total == 0 ? 0.0f
+                                 : static_cast<float>(static_cast<double>(dl_aux) * E *
+                                                      stats[i] / denom);
+    }
 }
 
 }  // namespace parm::moe

@@ -209,7 +209,8 @@ LayerCheckResult check_layer(Topology& topo, const LayerCheckOptions& o) {
   Communicator& world = topo.host_comm(Group::kWorld);
 
   // Validates the configuration first.
-  MoeLayer layer(topo, sh, o.kind, o.fuse, o.chunks, o.precision, o.dl_z != 0.0f);
+  MoeLayer layer(topo, sh, o.kind, o.fuse, o.chunks, o.precision, o.dl_z != 0.0f,
+                 sh.aux_seq_len > 0 ? AuxScope::kSequence : AuxScope::kMicroBatch);
   const auto params = check_params(o);
   const auto x = group_input(o, group);
   const auto dout = check_dout(sh, o.seed, group);

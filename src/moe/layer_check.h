@@ -20,7 +20,7 @@
 namespace parm {
 
 struct LayerCheckOptions {
-  MoeShape shape;  // T per MP group
+  MoeShape shape;  // T per MP group; aux_seq_len > 0: the sequence-wise l_aux
   schedule::Kind kind = schedule::Kind::kS1;
   bool fuse = false;  // S1/S2: fused collectives
   int chunks = fused_plan::kDefaultChunks;

@@ -132,6 +132,13 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
     sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);
   backend_ = moe::make_backend(device, precision, sizes);
   backend_->set_router(shape.router);
+  // The gate's rows among the sequences of the sequence-wise l_aux: S1 gates MP rank j's
+  // slice, rows [j T / N_MP, (j + 1) T / N_MP) of the MP group's T.
+  if (shape.aux_seq_len > 0) {
+    const bool sliced = schedule_.gate_tokens != shape.tokens;
+    backend_->set_aux_rows({sliced ? mp_rank_ * schedule_.gate_tokens : 0, shape.aux_seq_len},
+                           shape.aux_sequences());
+  }
   params_ = make_params(shape, e_loc, hl, l.mp, device);
   grads_ = make_params(shape, e_loc, hl, l.mp, device);
   const size_t num_steps = schedule_.steps.size();
@@ -391,8 +398,10 @@ void MoeLayer::compute_forward(const Step& s, moe::PhaseTimes* phases) {
                              sc.dispatch_slots, buf(s.out).data(), phases);
       break;
     case StepKind::kAuxLoss:
-      l_aux_ = backend_->aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens);
-      l_z_ = sc.z_loss ? backend_->z_loss(buf(s.in).data(), shape_.experts, sc.total_tokens)
+      l_aux_ = backend_->aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens,
+                                  shape_.aux_sequences());
+      l_z_ = sc.z_loss ? backend_->z_loss(buf(s.in).data(), shape_.experts, sc.total_tokens,
+                                          shape_.aux_sequences())
                        : 0.0f;
       break;
     case StepKind::kDispatch: {
@@ -433,7 +442,8 @@ void MoeLayer::compute_backward(const Step& s, float dl_aux, moe::PhaseTimes* ph
                               dbuf(s.in), phases);
       break;
     case StepKind::kAuxLoss:
-      backend_->aux_loss_backward(buf(s.in).data(), shape_.experts, sc.total_tokens, dl_aux,
+      backend_->aux_loss_backward(buf(s.in).data(), shape_.experts, sc.total_tokens,
+                                  shape_.aux_sequences(), dl_aux,
                                   dl_z_, dbuf(s.in).data());
       break;
     case StepKind::kDispatch: backend_->dispatch_backward(dbuf(s.out), dbuf(s.in)); break;

@@ -17,6 +17,17 @@
 namespace parm::moe {
 
 // Routing of one gate call over `tokens` rows.
+// Where a gate call's rows fall among the sequences of the sequence-wise l_aux
+// (MoeShape::aux_seq_len): row t of the call is row first + t of the MP group's T, in sequence
+// (first + t) / seq_len. seq_len 0: one set of statistics for all the rows.
+struct AuxRows {
+  int64_t first = 0;
+  int64_t seq_len = 0;
+  bool is_default() const { return first == 0 && seq_len == 0; }
+  // The statistics set of the call's row t.
+  int64_t set_of(int64_t t) const { return seq_len == 0 ? 0 : (first + t) / seq_len; }
+};
+
 struct GateRouting {
   int64_t tokens = 0;
   int64_t experts = 0;
@@ -38,6 +49,8 @@ struct GateRouting {
   RouterSpec router;            // the call's router (the backward's weights and scores)
   std::vector<float> logits;    // (tokens, E) sigmoid scores only: the logits (z-loss)
   std::vector<float> score_sum; // (tokens) sigmoid scores only: sum_e s (l_aux's p = s / it)
+  AuxRows aux_rows;             // the call's statistics sets
+  int64_t aux_sets = 1;         // how many (the stats' 2E blocks)
 
   // Expert e's first row in the dispatch buffer.
   int64_t start(int64_t e) const {
@@ -53,8 +66,11 @@ struct GateRouting {
 void pack_routing(GateRouting& routing);
 
 // logits/probs (rows, E) = softmax(x (rows, M) wg (M, E)); top-k; combine weights; slots
-// in GShard order with `capacity`; stats (2E + 1) = [1st-choice counts (E), probability
-// sums (E), sum of the rows' log-sum-exp of the logits squared] of these rows. Overwrites probs, routing and stats. `times` (may be null) gets the phases
+// in GShard order with `capacity`; stats (2E x sets + 1) = for each set [1st-choice counts
+// (E), probability sums (E)] of its rows of this call (zeros for a set without any), then the
+// sum of the rows' log-sum-exp of the logits squared. The sets: one, or under the
+// sequence-wise l_aux (aux_rows.seq_len > 0) the `sets` sequences of the MP group's T.
+// Overwrites probs, routing and stats. `times` (may be null) gets the phases
 // "gate products", "softmax", "top-k", "slots + statistics".
 // bias (E, may be null): DeepSeek-V3's router bias, added to the probabilities for the
 // top-k choice only; the combine weights are made of the unbiased probabilities.
@@ -62,10 +78,11 @@ void pack_routing(GateRouting& routing);
 // (docs/spec.md §7); probs then holds the scores.
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
                   Tensor& probs, GateRouting& routing, float* stats, PhaseTimes* times = nullptr,
-                  const float* bias = nullptr, const RouterSpec& router = {});
+                  const float* bias = nullptr, const RouterSpec& router = {},
+                  const AuxRows& aux_rows = {}, int64_t sets = 1);
 
-// Adjoint of the gate: dweight (rows, k) from the combine, dstats (2E + 1) from l_aux and
-// the z-loss.
+// Adjoint of the gate: dweight (rows, k) from the combine, dstats (2E x sets + 1, the
+// forward's layout) from l_aux and the z-loss.
 // dprobs is scratch (rows, E). Accumulates dwg (M, E) += x^T dlogits and
 // dx (rows, M) += dlogits wg^T. `times` (may be null): "top-k + weights backward",
 // "softmax backward", "gate products".
@@ -74,14 +91,16 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs,
                    const float* dstats, Tensor& dprobs, Tensor& dwg, Tensor& dx,
                    PhaseTimes* times = nullptr);
 
-// l_aux = E * sum_e (count_e / T) (psum_e / T); stats = [count (E), psum (E)].
-float aux_loss(const float* stats, int64_t experts, int64_t total_tokens);
-// ST-MoE's z-loss = mean over the T tokens of lse^2 = stats[2E] / T.
-float z_loss(const float* stats, int64_t experts, int64_t total_tokens);
-// dstats (2E + 1): no gradient for the counts, dpsum_e = dl_aux * E * count_e / T^2, and
-// dstats[2E] = dl_z / T. Overwrites.
+// l_aux = (1 / S) sum_s E * sum_e (count_se / L) (psum_se / L), L = T / S: the mean over the
+// S sets (sequences) of docs/spec.md §2.7's l_aux; stats = S x [count (E), psum (E)] (+ the
+// z-loss sum). S = 1: §2.7 over the T tokens.
+float aux_loss(const float* stats, int64_t experts, int64_t total_tokens, int64_t sets = 1);
+// ST-MoE's z-loss = mean over the T tokens of lse^2 = stats[2 E S] / T.
+float z_loss(const float* stats, int64_t experts, int64_t total_tokens, int64_t sets = 1);
+// dstats (2E x S + 1): no gradient for the counts, dpsum_se = dl_aux * E * count_se / (S L^2),
+// and the last dl_z / T. Overwrites.
 void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens, float dl_aux,
-                       float dl_z, float* dstats);
+                       float dl_z, float* dstats, int64_t sets = 1);
 
 // buf (E * slots, M), or (at least the routed rows, M) when packed: kept choices' rows hold
 // their token's x row, the rest zero. Overwrites.

@@ -805,6 +805,15 @@ MoeForward<S> moe_forward(const MoeShape& shape, const MoeParams<S>& params,
     }
   }
   f.l_aux = aux_loss(f.aux, T);
+  if (shape.aux_seq_len > 0) {  // the mean over the sequences of each one's l_aux
+    const int64_t L = shape.aux_seq_len, nseq = T / L;
+    S sum = S(0);
+    for (int64_t q = 0; q < nseq; ++q) {
+      f.seq_aux.push_back(aux_stats(f.routing, f.probs, q * L, (q + 1) * L));
+      sum += aux_loss(f.seq_aux.back(), L);
+    }
+    f.l_aux = sum / static_cast<S>(nseq);
+  }
   // Router z-loss over all T tokens (the slices' sums add up to it).
   row_logsumexp(E, f.logits, f.lse);
   f.l_z = S(0);
@@ -946,9 +955,24 @@ MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
   weight_backward(r, dweight, dprobs);
   // 7. l_aux -> probabilities (the counts carry no gradient); under sigmoid scores through
   // l_aux's normalisation p_e = s_e / Z: ds_e = (dp_e - sum_i dp_i p_i) / Z.
+  // d l_aux / d p into d (T, E): over all T tokens, or each sequence's rows from its own
+  // statistics with dl_aux / (T / L) (the mean over the sequences).
+  auto aux_backward = [&](std::vector<S>& d) {
+    if (fwd.seq_aux.empty()) {
+      aux_loss_backward(fwd.aux, T, dl_aux, d);
+      return;
+    }
+    const int64_t L = shape.aux_seq_len, nseq = static_cast<int64_t>(fwd.seq_aux.size());
+    std::vector<S> part(static_cast<Size>(L * E));
+    for (int64_t q = 0; q < nseq; ++q) {
+      std::fill(part.begin(), part.end(), S(0));
+      aux_loss_backward(fwd.seq_aux[q], L, dl_aux / static_cast<S>(nseq), part);
+      for (int64_t i = 0; i < L * E; ++i) d[q * L * E + i] += part[i];
+    }
+  };
   if (shape.router.score == RouterScore::kSigmoid) {
     std::vector<S> dbal(static_cast<Size>(T * E), S(0));
-    aux_loss_backward(fwd.aux, T, dl_aux, dbal);
+    aux_backward(dbal);
     for (int64_t t = 0; t < T; ++t) {
       S z = S(0), dot = S(0);
       for (int64_t e = 0; e < E; ++e) z += fwd.probs[t * E + e];
@@ -956,7 +980,7 @@ MoeGrads<S> moe_backward(const MoeParams<S>& params, const MoeForward<S>& fwd,
       for (int64_t e = 0; e < E; ++e) dprobs[t * E + e] += (dbal[t * E + e] - dot) / z;
     }
   } else {
-    aux_loss_backward(fwd.aux, T, dl_aux, dprobs);
+    aux_backward(dprobs);
   }
 
   // z-loss: d l_z / d lse_t = 2 lse_t / T.

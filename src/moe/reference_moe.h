@@ -160,6 +160,9 @@ struct MoeForward {
   std::vector<S> probs;       // (T, E)
   Routing<S> routing;
   AuxStats<S> aux;            // summed over the slices
+  // The sequence-wise l_aux (shape.aux_seq_len = L > 0): each sequence's statistics, T / L of
+  // them; l_aux is the mean of their l_aux (docs/spec.md §7). Empty otherwise.
+  std::vector<AuxStats<S>> seq_aux;
   S l_aux = 0;
   std::vector<S> lse;         // (T) log-sum-exp of each token's logits
   S l_z = 0;                  // router z-loss: mean over the T tokens of lse^2

@@ -19,15 +19,15 @@ StepBuffers::StepBuffers(Topology& topo, const schedule::Schedule& sc, const Moe
   dwg_call_ = Tensor::view(dweights_call_.data(), {M, E}, device);
   dsg_call_ = Tensor::view(dweights_call_.data() + M * E, {sc.gate_weight_numel - M * E},
                            device);
-  // The backends write the statistics as 2E + 1 values (the z-loss sum last) and their
-  // gradient likewise: without the z-loss the step buffer is a view of the first 2E of them.
+  // The backends write the statistics as 2E x sets + 1 values (the z-loss sum last) and their
+  // gradient likewise: without the z-loss the step buffer is a view of all but the last.
   int stats = -1;
   for (const Step& s : sc.steps)
     if (s.kind == StepKind::kGate) stats = s.out;
   for (size_t i = 0; i < sc.buffers.size(); ++i) {
     const schedule::BufferSpec& b = sc.buffers[i];
     if (static_cast<int>(i) == stats && !sc.z_loss) {
-      const int64_t n = schedule::stats_numel(E, false);
+      const int64_t n = schedule::stats_numel(E, false, shape.aux_sequences());
       values_.push_back(Tensor({n + 1}, device).slice_rows(0, n));
       grads_.push_back(Tensor({n + 1}, device).slice_rows(0, n));
     } else {

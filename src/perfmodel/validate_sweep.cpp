@@ -14,6 +14,7 @@
 #include "perfmodel/model.h"
 #include "perfmodel/same_program.h"
 #include "perfmodel/simulate.h"
+#include "perfmodel/sweep_policies.h"
 #include "schedule/schedule.h"
 
 namespace parm::perfmodel {
@@ -148,6 +149,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                   o.iters, o.warmup, order));
   nlohmann::json configs = nlohmann::json::array();
   std::vector<double> ratios, rel_errors;
+  std::vector<PolicyConfig> policy_configs;  // the policy view's input
   std::map<std::string, std::vector<double>> by_schedule;  // relative errors per schedule
   std::vector<std::string> wrong;                          // configurations auto got wrong
   std::vector<double> speedups;  // measured baseline / auto, where there is a baseline
@@ -287,6 +289,9 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       speedups.push_back(meas[0] / meas[chosen]);
     }
     configs.push_back(cj);
+    PolicyConfig pc{{}, cands[chosen].pred.name()};
+    for (size_t i = 0; i < cands.size(); ++i) pc.measured_ms[cands[i].pred.name()] = meas[i];
+    policy_configs.push_back(std::move(pc));
     // The rounds cannot order two schedules whose round ranges overlap (auto's fastest round
     // beat the fastest schedule's slowest one).
     const bool overlap = totals[chosen].min_total <= totals[oracle].max_total;
@@ -352,6 +357,18 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       {"round_spread", {{"median", median(spreads)}, {"max", max_of(spreads)}}}};
   for (const auto& [name, errs] : by_schedule)
     summary["median_abs_relative_error_by_schedule"][name] = median(errs);
+  const PolicyView policies = policy_view(policy_configs);
+  nlohmann::json fixed = nlohmann::json::object();
+  for (const FixedPolicy& f : policies.fixed)
+    fixed[f.schedule] = {{"configs", f.configs},
+                         {"total_ms", f.total_ms},
+                         {"auto_total_ms", f.auto_total_ms},
+                         {"over_auto", f.over_auto()}};
+  summary["policies"] = {{"configs", policies.configs},
+                         {"auto_total_ms", policies.auto_total_ms},
+                         {"fastest_total_ms", policies.fastest_total_ms},
+                         {"auto_over_fastest", policies.auto_over_fastest()},
+                         {"fixed", fixed}};
   summary["measured_over_predicted_by_schedule"] = nlohmann::json::object();
   std::string split;
   for (const auto& [name, parts] : part_ratios) {
@@ -370,6 +387,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                   correct_distinct, measured_configs, 100.0 * within));
   log(fmt::format("auto / fastest (measured): median {:.3f}, worst {:.3f}", median(ratios),
                   max_of(ratios)));
+  log(policy_table(policies));
   if (halves_compared > 0)
     log(fmt::format("the measurement against itself: the even and the odd rounds measured the "
                     "same fastest program in {:.1f}% ({} of {}) of the configurations (where the "

@@ -33,6 +33,8 @@ struct SweepOptions {
 // auto_over_fastest: {median, worst}, median_abs_relative_error, abs_relative_error_max,
 // predictions_compared, median_abs_relative_error_by_schedule, wrong_choices: [lines],
 // wrong_choices_rounds_overlap, measurement_self_agreement: {configs, share},
+// policies: {configs, auto_total_ms, fastest_total_ms, auto_over_fastest, fixed: {schedule:
+// {configs, total_ms, auto_total_ms, over_auto}}} (sweep_policies.h),
 // speedup_auto_over_baseline, same_schedule_spread: {pairs,
 // median, max}, round_spread: {median, max}, measured_over_predicted_by_schedule: {schedule:
 // {compute, rest, total}}}, configs: [one row per measured configuration:

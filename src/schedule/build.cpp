@@ -56,7 +56,8 @@ class Builder {
 int gate_and_dispatch(Builder& b, const LayerSpec& spec, int tokens, int64_t slots,
                       int* stats_over_mp = nullptr) {
   const auto& sh = spec.shape;
-  const int stats = b.buffer("aux_stats", {stats_numel(sh.experts, spec.z_loss)});
+  const int stats =
+      b.buffer("aux_stats", {stats_numel(sh.experts, spec.z_loss, sh.aux_sequences())});
   b.compute(StepKind::kGate, tokens, stats, "gate");
   if (stats_over_mp != nullptr)
     *stats_over_mp = stats;
@@ -362,6 +363,14 @@ void validate(const LayerSpec& spec, Kind kind, const SizeNames& names) {
                     "MP rank holds H_s/N_MP columns of a shared expert, as of the dense FFN); "
                     "valid --mp values for H_s={}: {}",
                     sh.shared_hidden, l.mp, sh.shared_hidden, divisors_of(sh.shared_hidden));
+  // The shape's aux_seq_len makes l_aux sequence-wise (whoever prices the layer passes the
+  // shape alone); the scopes that say otherwise are refused.
+  PARM_CONFIG_CHECK(spec.aux_scope != AuxScope::kSequence || sh.aux_seq_len > 0,
+                    "--aux-loss sequence needs the sequence length L of l_aux's sequences (> 0)");
+  PARM_CONFIG_CHECK(spec.aux_scope != AuxScope::kGlobal || sh.aux_seq_len == 0,
+                    "--aux-loss global takes l_aux over every replica's tokens, not per sequence "
+                    "(sequence length {}); use one scope",
+                    sh.aux_seq_len);
   PARM_CONFIG_CHECK(sh.tokens % l.mp == 0,
                     "{} = {} tokens is not divisible by --mp {} (the MoE layer splits an MP "
                     "group's tokens over its ranks); use a multiple of {}",

@@ -207,12 +207,19 @@ struct LayerSpec {
   bool z_loss = false;
   // kGlobal: the statistics are summed over dp (a kSumDup step at the end of the forward,
   // before l_aux is formed: nothing else waits on it) and total_tokens is N_DP x T.
+  // kSequence: shape.aux_seq_len is L (> 0; 0 under kGlobal) and the statistics hold one set
+  // per sequence of the MP group's T (summed over mp under S1 like the one set). A shape with
+  // aux_seq_len > 0 is sequence-wise under kMicroBatch too (a caller that prices the layer
+  // passes the shape alone).
   AuxScope aux_scope = AuxScope::kMicroBatch;
 };
 
-// Values of the gate's statistics: [1st-choice counts (E), probability sums (E)] and, with
-// the z-loss, the sum of the rows' squared log-sum-exp of the logits.
-inline int64_t stats_numel(int64_t experts, bool z_loss) { return 2 * experts + (z_loss ? 1 : 0); }
+// Values of the gate's statistics: per set (one, or one per sequence under the sequence-wise
+// l_aux: MoeShape::aux_sequences) [1st-choice counts (E), probability sums (E)], and, with
+// the z-loss, the sum of the rows' squared log-sum-exp of the logits last.
+inline int64_t stats_numel(int64_t experts, bool z_loss, int64_t sets = 1) {
+  return 2 * experts * sets + (z_loss ? 1 : 0);
+}
 
 // The collectives `step` issues in the forward (or backward) pass, with their bus bytes.
 std::vector<CollectivePart> collective_parts(const Schedule& schedule, const Step& step,

@@ -5,18 +5,22 @@
 namespace parm {
 
 const char* aux_scope_name(AuxScope s) {
-  return s == AuxScope::kGlobal ? "global" : "micro-batch";
+  switch (s) {
+    case AuxScope::kMicroBatch: return "micro-batch";
+    case AuxScope::kSequence: return "sequence";
+    case AuxScope::kGlobal: return "global";
+  }
+  return "?";
 }
 
 AuxScope parse_aux_scope(const std::string& text) {
   if (text == "micro-batch") return AuxScope::kMicroBatch;
+  if (text == "sequence") return AuxScope::kSequence;
   if (text == "global") return AuxScope::kGlobal;
-  PARM_CONFIG_CHECK(text != "sequence",
-                    "--aux-loss (model.aux_loss) 'sequence' (DeepSeek-V3's sequence-wise "
-                    "balance loss) is not implemented yet; use micro-batch or global");
   throw InvalidConfig(fmt::format(
       "--aux-loss (model.aux_loss) '{}' is not valid; use micro-batch (l_aux of each gate "
-      "call) or global (the gate statistics summed over the data-parallel replicas first)",
+      "call), sequence (the mean over the sequences of each one's l_aux) or global (the gate "
+      "statistics summed over the data-parallel replicas first)",
       text));
 }
 

@@ -122,6 +122,10 @@ void MoeShape::validate(int num_slices) const {
   PARM_CONFIG_CHECK(shared_experts > 0 || !shared_gate,
                     "--shared-gate on (model.shared_gate) needs shared experts: set "
                     "--shared-experts N >= 1, or --shared-gate off");
+  PARM_CONFIG_CHECK(aux_seq_len >= 0 && (aux_seq_len == 0 || tokens % aux_seq_len == 0),
+                    "MoE shape {}: the sequence-wise l_aux (--aux-loss sequence) needs T = {} "
+                    "tokens to be whole sequences of L = {}; use an L that divides T",
+                    str(), tokens, aux_seq_len);
 }
 
 std::string MoeShape::str() const {
@@ -132,7 +136,8 @@ std::string MoeShape::str() const {
                                                           expert_mlp_name(expert_mlp)) +
          (shared_experts == 0 ? std::string()
                               : fmt::format(" shared={}x{}{}", shared_experts, shared_hidden,
-                                            shared_gate ? ",gated" : ""));
+                                            shared_gate ? ",gated" : "")) +
+         (aux_seq_len == 0 ? std::string() : fmt::format(" aux_seq={}", aux_seq_len));
 }
 
 }  // namespace parm

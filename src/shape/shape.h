@@ -66,16 +66,23 @@ struct MoeShape {
   // experts computed (docs/spec.md §9, measured): no saving there.
   bool shared_overlap = false;
   bool has_shared() const { return shared_experts > 0; }
+  // The sequence-wise l_aux (docs/spec.md §7, aux-loss scope 'sequence'): L, the tokens of one
+  // sequence; rows [s*L, (s+1)*L) of T are sequence s, and l_aux is the mean over the T / L
+  // sequences of §2.7's l_aux over each. 0: §2.7 over all T tokens of the gate call.
+  int64_t aux_seq_len = 0;
+  // Sets of l_aux statistics the layer keeps: T / L sequence-wise, else 1.
+  int64_t aux_sequences() const { return aux_seq_len > 0 ? tokens / aux_seq_len : 1; }
 
   // The shape from its sizes; f is a decimal ("1.2"), parsed exactly (CapacityFactor::parse).
   static MoeShape of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const std::string& f);
 
   // Throws parm::InvalidConfig unless T, M, H, E >= 1, 1 <= k <= E, f > 0 (or none),
   // num_slices >= 1, T % num_slices == 0, the router's own checks (RouterSpec::validate), and
-  // shared experts >= 0 with H_s >= 1 when there are any (and no gate when there are none).
+  // shared experts >= 0 with H_s >= 1 when there are any (and no gate when there are none),
+  // and aux_seq_len 0 or a divisor of T.
   void validate(int num_slices = 1) const;
   // "T=8 M=4 H=6 E=4 k=2 f=1.25" (+ RouterSpec::str, + " mlp=swiglu" when not gelu, +
-  // " shared=2x64" (",gated") with shared experts)
+  // " shared=2x64" (",gated") with shared experts, + " aux_seq=L" sequence-wise)
   std::string str() const;
 };
 

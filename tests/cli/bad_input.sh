@@ -48,7 +48,6 @@ expect 2 "--router-group-topk (model.router_group_topk) 3 must be in [1, --route
 expect 2 "--router-groups (model.router_groups) 3 must divide the 4 experts" -- -n 4 -- train --router-groups 3 --steps 1
 expect 2 "run on the CPU layer only" -- -n 1 -- check-layer --device cuda --router-score sigmoid
 expect 2 "--aux-loss (model.aux_loss) 'bogus' is not valid; use micro-batch" -- -n 1 -- train --aux-loss bogus --steps 1
-expect 2 "'sequence' (DeepSeek-V3's sequence-wise balance loss) is not implemented yet" -- -n 1 -- train --aux-loss sequence --steps 1
 # The experts' kind (docs/spec.md §8): the valid ones named; swiglu at fp32 on the CPU only.
 expect 2 "--expert-mlp (model.expert_mlp) 'relu' is not valid; use gelu or swiglu" -- -n 1 -- check-layer --expert-mlp relu
 expect 2 "--expert-mlp (model.expert_mlp) 'relu' is not valid; use gelu or swiglu" -- -n 1 -- train --expert-mlp relu --steps 1

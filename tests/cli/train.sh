@@ -3,7 +3,8 @@
 # (b) resume is bit-exact, (c) a checkpoint saved on one layout loads on another, (d) bad
 # checkpoints and configs are refused, an interrupted save leaves the previous checkpoint
 # usable, (e) a rank that dies ends the whole job with a message naming it, (f) --aux-loss
-# global equals one process with the replicas' micro-batches concatenated, (g) the presets
+# global equals one process with the replicas' micro-batches concatenated and --aux-loss
+# sequence B one-sequence micro-batches, (g) the presets
 # track one process over 100 steps and their checkpoints (swiglu's w3) load on another layout.
 #   bash train.sh <path to parm> <source dir>
 source "$(dirname "$0")/lib/checks.bash" "$@"
@@ -169,6 +170,24 @@ if aux 2 "$work/aux.log" --micro-batch 4 --ep 2 --metrics "$work/aux.jsonl"; the
   if out=$(compare "$work/aux.jsonl" "$work/aux1.jsonl" 1e-5); then bad "(f) the micro-batch scope trained like global: $out"; else ok "(f) np2 --aux-loss micro-batch differs from global"; fi
 else
   bad "(f) np2 micro-batch run failed"; tail -5 "$work/aux.log"
+fi
+# --aux-loss sequence: l_aux of each sequence, averaged, so a micro-batch of 4 sequences trains
+# like 4 one-sequence micro-batches accumulated under the micro-batch scope, on one process and
+# under mp 2 ep 2 esp 2 (dp 2, micro-batch 2 each); the micro-batch scope on 4 does not.
+aux 1 "$work/seq1.log" --micro-batch 1 --grad-accum 4 --metrics "$work/seq1.jsonl" || bad "(f) one-sequence reference run"
+for layout in "1 --micro-batch 4" "4 --mp 2 --ep 2 --esp 2 --micro-batch 2 --schedule s1"; do
+  set -- $layout
+  n=$1
+  shift
+  if ! aux "$n" "$work/aux.log" --aux-loss sequence "$@" --metrics "$work/aux.jsonl"; then
+    bad "(f) np$n $* sequence: run failed"; tail -5 "$work/aux.log"; continue
+  fi
+  if out=$(compare "$work/aux.jsonl" "$work/seq1.jsonl" 1e-5); then ok "(f) np$n $* --aux-loss sequence: $out"; else bad "(f) np$n $* sequence: $out"; fi
+done
+if aux 1 "$work/aux.log" --micro-batch 4 --metrics "$work/aux.jsonl"; then
+  if out=$(compare "$work/aux.jsonl" "$work/seq1.jsonl" 1e-5); then bad "(f) the micro-batch scope trained like sequence: $out"; else ok "(f) np1 --aux-loss micro-batch differs from sequence"; fi
+else
+  bad "(f) np1 micro-batch run failed"; tail -5 "$work/aux.log"
 fi
 
 # (g) The presets (docs/presets.md): 100 steps of each under mp 2 ep 2 esp 2 (4 ranks, dp 2)

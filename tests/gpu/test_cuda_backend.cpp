@@ -245,13 +245,13 @@ TEST(CudaBackend, GateDispatchCombineMatchCpu) {
 
     // ---- l_aux and its adjoint ----
     const float l_aux = aux_loss(stats.data(), E, T);
-    EXPECT_NEAR(backend->aux_loss(stats_d.data(), E, T), l_aux,
+    EXPECT_NEAR(backend->aux_loss(stats_d.data(), E, T, 1), l_aux,
                 (static_cast<double>(T) + 24.0) * kU * std::fabs(l_aux) + 1e-30);
     const float dl_aux = 0.37f;
     std::vector<float> dstats(static_cast<size_t>(2 * E + 1));
     aux_loss_backward(stats.data(), E, T, dl_aux, 0.0f, dstats.data());
     Tensor dstats_d = on_gpu(host_filled({2 * E + 1}, kNaN));
-    backend->aux_loss_backward(stats_d.data(), E, T, dl_aux, 0.0f, dstats_d.data());
+    backend->aux_loss_backward(stats_d.data(), E, T, 1, dl_aux, 0.0f, dstats_d.data());
     expect_same_bits(dstats_d, Tensor::view(dstats.data(), {2 * E + 1}), "dstats");
 
     // ---- dispatch forward (the GPU buffer starts as NaN: every row must be written) ----

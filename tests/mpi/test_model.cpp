@@ -275,6 +275,107 @@ TEST(ModelLoss, GlobalAuxLossIsTheConcatenatedMicroBatchs) {
   }
 }
 
+// --aux-loss sequence (docs/spec.md §7): l_aux is the mean over the sequences of each one's,
+// so one micro-batch of B sequences has the loss and gradients of B one-sequence micro-batches
+// accumulated under the micro-batch scope (the mean over B gate calls); the micro-batch scope
+// on the B sequences at once gives another router gradient. Under every layout and schedule
+// the N_DP replicas then match the single process accumulating their micro-batches.
+TEST(ModelLoss, SequenceAuxLossIsTheMeanOverTheSequences) {
+  ModelConfig cfg = tiny_config(Arch::kGpt2);
+  cfg.aux_loss_coeff = 1.0f;
+  cfg.router_z_loss = 0.1f;
+  cfg.aux_scope = AuxScope::kSequence;
+  ModelConfig per = cfg;
+  per.aux_scope = AuxScope::kMicroBatch;
+  auto grads_of = [](Model& m) {
+    std::map<std::string, Tensor> g;
+    for (Param* p : m.params()) g[p->name] = p->grad.clone();
+    return g;
+  };
+  auto max_rel_diff = [](const std::map<std::string, Tensor>& a,
+                         const std::map<std::string, Tensor>& b, const char* only) {
+    double diff = 0.0;
+    for (const auto& [name, g] : a) {
+      if (only != nullptr && name.find(only) == std::string::npos) continue;
+      const Tensor& w = b.at(name);
+      for (int64_t i = 0; i < g.numel(); ++i)
+        diff = std::max(diff, std::fabs(static_cast<double>(g[i]) - w[i]) /
+                                  std::max(max_abs(w), 1e-6));
+    }
+    return diff;
+  };
+  const Batch b = make_batch(Arch::kGpt2, 0);
+  const double n = static_cast<double>(count_targets(b));
+  auto seq = make_model(self_topology(), cfg, {}, kMicroBatch);
+  const LossParts ls = seq->forward_backward(b, {n, 1.0}, 1.0f);
+  const auto want = grads_of(*seq);
+  {  // B one-sequence micro-batches under the micro-batch scope
+    auto split = make_model(self_topology(), per, {}, 1);
+    double aux = 0.0, lm = 0.0;
+    for (int64_t s = 0; s < b.batch; ++s) {
+      Batch one;
+      one.batch = 1;
+      one.seq_len = b.seq_len;
+      const auto from = static_cast<std::ptrdiff_t>(s * b.seq_len);
+      one.tokens.assign(b.tokens.begin() + from, b.tokens.begin() + from + b.seq_len);
+      one.targets.assign(b.targets.begin() + from, b.targets.begin() + from + b.seq_len);
+      const LossParts lp =
+          split->forward_backward(one, {n, static_cast<double>(b.batch)}, 1.0f);
+      aux += lp.aux_loss;
+      lm += lp.lm_loss_sum;
+    }
+    EXPECT_NEAR(ls.aux_loss, aux / static_cast<double>(b.batch), kLossTol * std::fabs(aux));
+    EXPECT_NEAR(ls.lm_loss_sum, lm, kLossTol * std::fabs(lm));
+    EXPECT_LE(max_rel_diff(grads_of(*split), want, nullptr), kGradTol);
+  }
+  {  // the micro-batch scope on all B sequences: another l_aux and router gradient
+    auto whole = make_model(self_topology(), per, {}, kMicroBatch);
+    const LossParts lw = whole->forward_backward(b, {n, 1.0}, 1.0f);
+    EXPECT_GT(std::fabs(lw.aux_loss - ls.aux_loss), 100 * kLossTol * std::fabs(ls.aux_loss));
+    EXPECT_GT(max_rel_diff(grads_of(*whole), want, "moe.gate"), 100 * kGradTol)
+        << "the two scopes give the same router gradient";
+  }
+  for (const Lay& lay : sweep_layouts()) {
+    auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    const int n_dp = topo->layout().dp;
+    double n_all = 0.0;
+    for (int d = 0; d < n_dp; ++d)
+      n_all += static_cast<double>(count_targets(make_batch(Arch::kGpt2, d)));
+    auto ref = make_model(self_topology(), cfg, {}, kMicroBatch);
+    double lm_want = 0.0, aux_want = 0.0;
+    for (int d = 0; d < n_dp; ++d) {
+      const LossParts lp = ref->forward_backward(make_batch(Arch::kGpt2, d),
+                                                 {n_all, static_cast<double>(n_dp)}, 1.0f);
+      lm_want += lp.lm_loss_sum;
+      aux_want += lp.aux_loss;
+    }
+    const auto grad = grads_of(*ref);
+    for (const SchedCase& sc : schedule_cases(lay)) {
+      const std::string what = fmt::format("mp={} ep={} esp={} dp={} {}", lay.mp, lay.ep,
+                                           lay.esp, n_dp, sc.name);
+      auto model = make_model(*topo, cfg, sc.scheds, kMicroBatch);
+      const Batch mine = make_batch(Arch::kGpt2, topo->comm(Group::kDp).rank());
+      const LossParts lp =
+          model->forward_backward(mine, {n_all, static_cast<double>(n_dp)}, 1.0f);
+      double sums[2] = {lp.lm_loss_sum, lp.aux_loss};
+      topo->comm(Group::kDp).allreduce(sums, 2);
+      EXPECT_NEAR(sums[0], lm_want, kLossTol * std::fabs(lm_want)) << what;
+      EXPECT_NEAR(sums[1], aux_want, kLossTol * std::fabs(aux_want) + 1e-7) << what;
+      for (Param* p : model->params()) {
+        Tensor g = p->grad.clone();
+        topo->comm(p->grad_reduce).allreduce(g.data(), static_cast<size_t>(g.numel()));
+        Tensor w(p->grad.shape());
+        copy_shard_from_whole(grad.at(p->name), p->splits, w);
+        double err = 0.0;
+        for (int64_t i = 0; i < g.numel(); ++i)
+          err = std::max(err, std::fabs(static_cast<double>(g[i]) - w[i]));
+        EXPECT_LE(err, kGradTol * std::max(max_abs(grad.at(p->name)), 1e-6))
+            << what << ": gradient of " << p->name;
+      }
+    }
+  }
+}
+
 // The loss of forward() is the loss forward_backward() reports; a second forward_backward
 // accumulates (doubles) the gradients.
 TEST(ModelSingle, ForwardMatchesForwardBackwardAndGradsAccumulate) {

@@ -251,6 +251,27 @@ TEST(Equivalence, RouterOptionsEveryScheduleMatchesTheOracle) {
   }
 }
 
+// --aux-loss sequence (docs/spec.md §7): l_aux the mean over the sequences of each one's, with
+// sequences of T = 24 rows that straddle S1's MP slices of 12, 8 or 6 rows and that don't
+// (L = 8 straddles at N_MP 2 and 4, L = 3 at N_MP 3); alone and with the sigmoid router's
+// normalised l_aux and the z-loss: l_aux and every gradient against the oracle under every
+// schedule, fused and not, dropping and dropless.
+TEST(Equivalence, SequenceAuxLossEveryScheduleMatchesTheOracle) {
+  for (const int64_t L : {3, 8})
+    for (const bool sigmoid : {false, true}) {
+      SCOPED_TRACE(fmt::format("aux_seq_len {}{}", L, sigmoid ? ", sigmoid router, z-loss" : ""));
+      expect_every_schedule_matches(
+          [&](LayerCheckOptions& o) {
+            o.shape.aux_seq_len = L;
+            o.dl_aux = 4.0f;
+            if (!sigmoid) return;
+            o.shape.router = {RouterScore::kSigmoid, true, 1.0f};
+            o.dl_z = 2.0f;
+          },
+          "l_aux");
+    }
+}
+
 // SwiGLU experts (docs/spec.md §8: W3 split along H like W1, no biases): every schedule, fused
 // and not, with drops and dropless, outputs and every gradient (dW3 among them) against the
 // oracle; alone and under DeepSeek-V3's router (sigmoid scores, groups, router bias, z-loss).

@@ -101,6 +101,7 @@ struct FdCase {
   ExpertMlp mlp = ExpertMlp::kGelu;  // docs/spec.md §8's expert kinds
   int shared = 0;             // shared experts (docs/spec.md §9), of width 4
   bool shared_gate = false;
+  int64_t aux_seq_len = 0;    // the sequence-wise l_aux (docs/spec.md §7)
 };
 
 std::string fd_name(const ::testing::TestParamInfo<FdCase>& info) {
@@ -122,6 +123,7 @@ TEST_P(ReferenceMoeGradient, MatchesCentralDifferences) {
   shape.shared_experts = c.shared;
   shape.shared_hidden = c.shared > 0 ? 4 : 0;
   shape.shared_gate = c.shared_gate;
+  shape.aux_seq_len = c.aux_seq_len;
   MoeParams<double> params = init_params<double>(shape, 1234);
   std::vector<double> x = init_input<double>(shape, 4321);
   const std::vector<double> R = uniform_vector(shape.tokens * shape.model_dim, 77, 1);
@@ -197,7 +199,13 @@ INSTANTIATE_TEST_SUITE_P(
                       FdCase{12, 2, "0.5", 2, true, "_shared1_gate", {}, ExpertMlp::kGelu, 1,
                              true},
                       FdCase{12, 3, "0.75", 3, true, "_swiglu_shared2_gate", {},
-                             ExpertMlp::kSwiglu, 2, true}),
+                             ExpertMlp::kSwiglu, 2, true},
+                      // The sequence-wise l_aux: sequences within and across the slices,
+                      // under softmax and sigmoid scores.
+                      FdCase{12, 2, "4", 1, false, "_seq3", {}, ExpertMlp::kGelu, 0, false, 3},
+                      FdCase{12, 2, "0.5", 2, true, "_seq4", {}, ExpertMlp::kGelu, 0, false, 4},
+                      FdCase{12, 3, "0.75", 3, true, "_sigmoid_seq6", {RouterScore::kSigmoid},
+                             ExpertMlp::kGelu, 0, false, 6}),
     fd_name);
 
 // The router z-loss by hand: identity gate, so a token's logits are its x row.
@@ -389,6 +397,30 @@ TEST(ReferenceMoeAux, LossByHand) {
   const MoeShape s4 = make_shape(6, 4, 2, 4, 2, "1");
   const MoeParams<double> p0 = MoeParams<double>::zeros(s4);
   EXPECT_NEAR(moe_forward(s4, p0, init_input<double>(s4, 1)).l_aux, 1.0, 1e-14);
+}
+
+// The sequence-wise l_aux (docs/spec.md §7) by hand: LossByHand's four tokens as two
+// sequences of two. Sequence 0: both 1st choices e0, p = (3/4, 1/4) twice: frac (1, 0),
+// meanp (3/4, 1/4), l_aux 2 * 3/4 = 1.5. Sequence 1: one e1 (p (1/4, 3/4)), one e0
+// (3/4, 1/4): frac (1/2, 1/2), meanp (1/2, 1/2), l_aux 2 * 1/2 = 1. Mean 1.25, where the
+// micro-batch l_aux is 1.125. L = T gives the micro-batch's.
+TEST(ReferenceMoeAux, SequenceLossByHand) {
+  const double l3 = std::log(3.0);
+  MoeShape shape = make_shape(4, 2, 2, 2, 1, "4");
+  const MoeParams<double> p = identity_gate_params(shape, true);
+  const std::vector<double> x = flat({{l3, 0}, {l3, 0}, {0, l3}, {l3, 0}});
+  shape.aux_seq_len = 2;
+  for (int slices : {1, 2, 4}) {
+    SCOPED_TRACE(slices);
+    const MoeForward<double> f = moe_forward(shape, p, x, slices);
+    ASSERT_EQ(f.seq_aux.size(), 2u);
+    EXPECT_EQ(f.seq_aux[1].first_count, (std::vector<double>{1, 1}));
+    EXPECT_NEAR(f.l_aux, 1.25, 1e-14);
+  }
+  shape.aux_seq_len = 4;
+  EXPECT_NEAR(moe_forward(shape, p, x).l_aux, 1.125, 1e-14);
+  shape.aux_seq_len = 3;
+  EXPECT_THROW(moe_forward(shape, p, x), InvalidConfig);
 }
 
 // ---- Precision, slices, ESP --------------------------------------------------------------

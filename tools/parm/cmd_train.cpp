@@ -154,8 +154,9 @@ Command add_train(CLI::App& root) {
                   "through host memory)");
   app->add_option("--capacity-factor", f->capacity_factor, "MoE capacity factor (a decimal), or none: dropless routing");
   app->add_option("--aux-loss", f->aux_loss,
-                  "what each l_aux is over: micro-batch (each gate call's tokens; default) or "
-                  "global (every token of the micro-step on all data-parallel replicas)");
+                  "what each l_aux is over: micro-batch (each gate call's tokens; default), "
+                  "sequence (each sequence's tokens, the mean over the sequences) or global "
+                  "(every token of the micro-step on all data-parallel replicas)");
   f->router.add_to(app);
   app->add_option("--expert-mlp", f->expert_mlp,
                   "the experts' FFN: gelu (with biases) or swiglu ((silu(x W1) * x W3) W2, no "

@@ -202,17 +202,21 @@ void CudaBackend::gate_backward(const Tensor& x, const Tensor& wg, const float* 
   clock.lap("gate products");
 }
 
-float CudaBackend::aux_loss(const float* stats, int64_t experts, int64_t total_tokens) {
+float CudaBackend::aux_loss(const float* stats, int64_t experts, int64_t total_tokens,
+                            int64_t sets) {
+  // One set per gate call: set_aux_rows refuses the sequence-wise l_aux here.
+  PARM_CHECK_EQ(sets, 1);
   stats_host_.resize(static_cast<size_t>(2 * experts + 1));
   device_copy(stats_host_.data(), stats, stats_host_.size() * sizeof(float));
   return moe::aux_loss(stats_host_.data(), experts, total_tokens);
 }
 
 // The device gate leaves the z-loss statistic alone (the layer refuses a z-loss here).
-float CudaBackend::z_loss(const float*, int64_t, int64_t) { return 0.0f; }
+float CudaBackend::z_loss(const float*, int64_t, int64_t, int64_t) { return 0.0f; }
 
 void CudaBackend::aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens,
-                                    float dl_aux, float dl_z, float* dstats) {
+                                    int64_t sets, float dl_aux, float dl_z, float* dstats) {
+  PARM_CHECK_EQ(sets, 1);
   stats_host_.resize(static_cast<size_t>(2 * experts + 1));
   dstats_host_.resize(static_cast<size_t>(2 * experts + 1));
   device_copy(stats_host_.data(), stats, stats_host_.size() * sizeof(float));

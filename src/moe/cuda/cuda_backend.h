@@ -42,9 +42,10 @@ class CudaBackend final : public LayerBackend {
   const GateRouting& routing() override;
   void gate_backward(const Tensor& x, const Tensor& wg, const float* dstats, Tensor& dwg,
                      Tensor& dx, PhaseTimes* times) override;
-  float aux_loss(const float* stats, int64_t experts, int64_t total_tokens) override;
-  float z_loss(const float* stats, int64_t experts, int64_t total_tokens) override;
-  void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens,
+  float aux_loss(const float* stats, int64_t experts, int64_t total_tokens,
+                 int64_t sets) override;
+  float z_loss(const float* stats, int64_t experts, int64_t total_tokens, int64_t sets) override;
+  void aux_loss_backward(const float* stats, int64_t experts, int64_t total_tokens, int64_t sets,
                          float dl_aux, float dl_z, float* dstats) override;
 
   void dispatch_forward(const Tensor& x, Tensor& buf) override;
