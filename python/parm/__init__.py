@@ -25,7 +25,8 @@ from . import _core
 
 TimeoutError = _core.TimeoutError  # a subclass of the built-in TimeoutError
 
-__all__ = ["init", "backend", "group", "rank", "world_size", "group_ranks", "group_rank", "layout", "device",
+__all__ = ["init", "backend", "group", "rank", "world_size", "group_ranks", "group_rank",
+           "layout", "device",
            "initialized", "allreduce_sum", "TimeoutError"]
 
 
