@@ -19,13 +19,15 @@ job at exit (MPI_Abort, exit code 1; over torch.distributed, exit code 1 without
 and the launcher stops the other ranks), so no other rank waits for it. docs/torch.md.
 """
 import atexit
+import os
 import sys
 
 from . import _core
 
 TimeoutError = _core.TimeoutError  # a subclass of the built-in TimeoutError
 
-__all__ = ["init", "backend", "group", "rank", "world_size", "group_ranks", "group_rank", "layout", "device",
+__all__ = ["init", "backend", "group", "rank", "world_size", "group_ranks", "group_rank",
+           "layout", "device",
            "initialized", "allreduce_sum", "TimeoutError"]
 
 
@@ -62,6 +64,15 @@ def init(mp=1, ep=1, esp=1, ranks_per_node=None, device="cpu", timeout=300, pp=1
                          f"'torch'")
     if backend == "auto":
         backend = "torch" if _torch_distributed_initialized() else "mpi"
+        launched = os.environ.get("WORLD_SIZE", "1")
+        if (backend == "mpi" and launched.isdigit() and int(launched) > 1
+                and "OMPI_COMM_WORLD_SIZE" not in os.environ):
+            # torchrun (or spawn) started WORLD_SIZE ranks: MPI would make each a job of one.
+            raise ValueError(
+                f"parm.init: launched as one of WORLD_SIZE={launched} ranks (torchrun?) but "
+                f"torch.distributed is not initialized; call "
+                f"torch.distributed.init_process_group (or parm.launch.init_process_group()) "
+                f"before parm.init, or launch with mpirun for backend='mpi'")
     if process_groups is not None and backend != "torch":
         raise ValueError("parm.init: process_groups are torch.distributed groups and need "
                          "backend='torch' (or 'auto' with torch.distributed initialized)")

@@ -1,6 +1,7 @@
 """parm over torch.multiprocessing.spawn (parm.launch.spawn), no MPI: N ranks, ep = N, one
 forward and backward of an S2 layer (fused) over torch's groups, each rank's output and
-input gradient against the fp64 reference of test_torch_moe.py within its tolerance.
+input gradient against the fp64 reference of test_torch_moe.py within its tolerance; and
+parm.init before torch.distributed is initialized is refused (not a job of one per rank).
 Prints "spawn_layer: passed" when every rank passed.
 
     spawn_layer.py N
@@ -22,6 +23,13 @@ K, F, SEED = 2, "0.5", 9
 
 
 def worker(rank, n):
+    # Before torch.distributed exists, "auto" must refuse (MPI would make each rank a job of
+    # one), naming what to call.
+    try:
+        parm.init(ep=n, timeout=60)
+        refused = False
+    except ValueError as e:
+        refused = "init_process_group" in str(e)
     parm.launch.init_process_group("gloo")
     parm.init(ep=n, timeout=60)
     moe = parm.torch.MoE(tm.M, tm.H, tm.E, topk=K, capacity_factor=F, schedule="s2",
@@ -37,6 +45,7 @@ def worker(rank, n):
     ro, rl, _ = tm.reference_moe(x64, w64, K, F, 1)
     (ro * dout.double()).sum().add(tm.DL_AUX * rl).backward()
     errs = {"backend": 0.0 if parm.backend() == "torch" else 1.0,
+            "auto without torch.distributed not refused": 0.0 if refused or n == 1 else 1.0,
             "out": tm.rel_err(out.detach(), ro.detach()), "dx": tm.rel_err(x.grad, x64.grad)}
     bad = torch.tensor([float(any(e > tm.TOL for e in errs.values()))])
     dist.all_reduce(bad)

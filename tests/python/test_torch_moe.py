@@ -3,8 +3,8 @@
 Run under mpirun at any world size (CTest: 1, 2 and 4 ranks); every rank runs every case of
 the layouts its world size allows. PARM_TEST_BACKEND=torch runs the whole suite over the
 torch.distributed backend instead (gloo, started beside MPI: parm.init's "auto" then picks
-torch; CTest: python_test_torch_moe_torch_np1/2/4). For each case the layer's output, l_aux, input gradient
-and every parameter gradient must match the reference within check-layer's fp32 tolerance
+torch; CTest: python_test_torch_moe_torch_np1/2/4). For each case the layer's output,
+l_aux, input gradient and every parameter gradient must match the reference within check-layer's fp32 tolerance
 (max |error| / max |reference| <= 2e-4). Then bad input must raise, never crash or hang.
 Every failed check is printed (by the rank that saw it) and the run goes on; it exits
 non-zero at the end when any check failed.

@@ -20,10 +20,10 @@
 //
 // Identity, deadline and counters come from the host communicator of the same group
 // (`host`: MPI's, or the torch backend's over a gloo group, python/torch_group.h; the unique
-// id travels by its broadcast): name, rank, size, intra_node, timeout_s, and stats() IS host.stats(), so a group
-// has one set of counters whichever backend moved its bytes. Each op records exactly what
-// MpiCommunicator records for it (one call, parm::bus_bytes, wall time from issue to the
-// completion seen by test()/wait()).
+// id travels by its broadcast): name, rank, size, intra_node, timeout_s, and stats() IS
+// host.stats(), so a group has one set of counters whichever backend moved its bytes. Each
+// op records exactly what MpiCommunicator records for it (one call, parm::bus_bytes, wall
+// time from issue to the completion seen by test()/wait()).
 //
 // Point-to-point (isend/irecv and the uncounted pair): NCCL cannot match tags, so `tag` is
 // only checked (>= 0); messages between one pair of ranks match in the order they are

@@ -33,8 +33,10 @@ namespace {
 // (not a collective: the context may be created at different points on different ranks);
 // 0 outside a launcher.
 int local_rank() {
+  // LOCAL_RANK: torchrun's and torch.multiprocessing's (parm.launch.spawn), for
+  // parm.init(backend="torch", device="cuda").
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK",
-                          "SLURM_LOCALID"})
+                          "SLURM_LOCALID", "LOCAL_RANK"})
     if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
   return 0;
 }
