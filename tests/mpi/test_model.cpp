@@ -57,6 +57,23 @@ std::vector<SchedCase> schedule_cases(const Lay& l) {
   return out;
 }
 
+// Every gradient shard of `model`, summed over its reduce group, against the whole tensors
+// `grad` (by name) of the single-process model.
+void expect_reduced_grads(Topology& topo, Model& model, const std::map<std::string, Tensor>& grad,
+                          const std::string& what) {
+  for (Param* p : model.params()) {
+    Tensor g = p->grad.clone();
+    topo.comm(p->grad_reduce).allreduce(g.data(), static_cast<size_t>(g.numel()));
+    Tensor w(p->grad.shape());
+    copy_shard_from_whole(grad.at(p->name), p->splits, w);
+    double err = 0.0;
+    for (int64_t i = 0; i < g.numel(); ++i)
+      err = std::max(err, std::fabs(static_cast<double>(g[i]) - w[i]));
+    EXPECT_LE(err, kGradTol * std::max(max_abs(grad.at(p->name)), 1e-6))
+        << what << ": gradient of " << p->name;
+  }
+}
+
 TEST(ModelEquivalence, EveryLayoutEveryScheduleMatchesSingleProcess) {
   int64_t num_checked = 0;
   double worst = 0.0;  // largest relative gradient error seen (printed: the margin)
@@ -260,17 +277,7 @@ TEST(ModelLoss, GlobalAuxLossIsTheConcatenatedMicroBatchs) {
       EXPECT_NEAR(lp.aux_loss, want.aux_loss, kLossTol * std::fabs(want.aux_loss) + 1e-7)
           << what;
       EXPECT_NEAR(lp.z_loss, want.z_loss, kLossTol * std::fabs(want.z_loss) + 1e-7) << what;
-      for (Param* p : model->params()) {
-        Tensor g = p->grad.clone();
-        topo->comm(p->grad_reduce).allreduce(g.data(), static_cast<size_t>(g.numel()));
-        Tensor w(p->grad.shape());
-        copy_shard_from_whole(grad.at(p->name), p->splits, w);
-        double err = 0.0;
-        for (int64_t i = 0; i < g.numel(); ++i)
-          err = std::max(err, std::fabs(static_cast<double>(g[i]) - w[i]));
-        EXPECT_LE(err, kGradTol * std::max(max_abs(grad.at(p->name)), 1e-6))
-            << what << ": gradient of " << p->name;
-      }
+      expect_reduced_grads(*topo, *model, grad, what);
     }
   }
 }
@@ -361,17 +368,7 @@ TEST(ModelLoss, SequenceAuxLossIsTheMeanOverTheSequences) {
       topo->comm(Group::kDp).allreduce(sums, 2);
       EXPECT_NEAR(sums[0], lm_want, kLossTol * std::fabs(lm_want)) << what;
       EXPECT_NEAR(sums[1], aux_want, kLossTol * std::fabs(aux_want) + 1e-7) << what;
-      for (Param* p : model->params()) {
-        Tensor g = p->grad.clone();
-        topo->comm(p->grad_reduce).allreduce(g.data(), static_cast<size_t>(g.numel()));
-        Tensor w(p->grad.shape());
-        copy_shard_from_whole(grad.at(p->name), p->splits, w);
-        double err = 0.0;
-        for (int64_t i = 0; i < g.numel(); ++i)
-          err = std::max(err, std::fabs(static_cast<double>(g[i]) - w[i]));
-        EXPECT_LE(err, kGradTol * std::max(max_abs(grad.at(p->name)), 1e-6))
-            << what << ": gradient of " << p->name;
-      }
+      expect_reduced_grads(*topo, *model, grad, what);
     }
   }
 }
