@@ -82,11 +82,12 @@ double shard_sum_of_squares(Topology* topo, const model::DenseOps& ops, const Fl
                             GradOf&& grad_of) {
   std::vector<const float*> bufs;
   std::vector<int64_t> sizes;
-  for_each_piece(g, g.shard_begin(), g.shard_end(), [&](size_t i, int64_t, int64_t flat, int64_t n) {
-    if (!counts_for_norm(*g.params[i], g.group, topo)) return;
-    bufs.push_back(grad_of(i, flat));
-    sizes.push_back(n);
-  });
+  for_each_piece(g, g.shard_begin(), g.shard_end(),
+                 [&](size_t i, int64_t, int64_t flat, int64_t n) {
+                   if (!counts_for_norm(*g.params[i], g.group, topo)) return;
+                   bufs.push_back(grad_of(i, flat));
+                   sizes.push_back(n);
+                 });
   return ops.sum_of_squares(bufs.data(), sizes.data(), static_cast<int64_t>(bufs.size()), 0.0);
 }
 

@@ -97,15 +97,16 @@ const float* AdamW::State::grad_at(size_t i, int64_t j) const {
                     : layout.params[i]->grad.data() + (j - layout.offsets[i]);
 }
 
-AdamW::AdamW(const std::vector<model::Param*>& params) : AdamW(nullptr, params, OptimizerSharding::kNone) {}
+AdamW::AdamW(const std::vector<model::Param*>& params)
+    : AdamW(nullptr, params, OptimizerSharding::kNone) {}
 
 AdamW::AdamW(Topology& topo, const std::vector<model::Param*>& params, OptimizerSharding sharding)
     : AdamW(&topo, params, sharding) {}
 
 AdamW::AdamW(Topology* topo, const std::vector<model::Param*>& params, OptimizerSharding sharding)
     : topo_(topo), params_(params), sharding_(sharding) {
-  const Device d = common_device(params, [](const model::Param& p) -> const Tensor& { return p.value; },
-                                 "the value");
+  const Device d = common_device(
+      params, [](const model::Param& p) -> const Tensor& { return p.value; }, "the value");
   grad_device(params);
   for (const model::Param* p : params)
     PARM_CHECK(p->grad.numel() == p->value.numel(), "parameter {} has {} values but {} gradients",

@@ -77,7 +77,8 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 
 // Two models on a sharded layout (a saves, b loads) and a save dir every rank names alike;
 // the parameter says which of them shards its optimizer state over dp and edp.
-class Checkpoint : public ::testing::TestWithParam<std::pair<OptimizerSharding, OptimizerSharding>> {
+using ShardingPair = std::pair<OptimizerSharding, OptimizerSharding>;
+class Checkpoint : public ::testing::TestWithParam<ShardingPair> {
  protected:
   Checkpoint()
       : topo(sharded_topology()), world(topo->host_comm(Group::kWorld)),

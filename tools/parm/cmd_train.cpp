@@ -194,8 +194,8 @@ Command add_train(CLI::App& root) {
   app->add_option("--chart", f->chart, "loss-curve SVG (default: <metrics>.svg)");
   app->add_flag("--phase-times", f->phase_times,
                 "time the step's phases (attention, dense, moe, embed+head, grad-reduce, "
-                "grad-norm, optimizer; each waits for the device): a 'phases' line and metrics key "
-                "phase_ms");
+                "grad-norm, optimizer, param-gather with --optimizer-sharding dp; each waits "
+                "for the device): a 'phases' line and metrics key phase_ms");
   app->add_option("--profile", f->profile, "cost-model profile for --schedule auto");
   return {app, [f] { return run_train(*f); }};
 }
