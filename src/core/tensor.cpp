@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "parm/error.h"
+#include "parm/memory.h"
 
 namespace parm {
 
@@ -30,7 +31,15 @@ Tensor::Tensor(Shape shape) : shape_(std::move(shape)), numel_(shape_numel(shape
   PARM_CHECK(p != nullptr, "out of memory allocating tensor {} ({} bytes)", shape_str(shape_),
              bytes);
   std::memset(p, 0, bytes);
-  storage_ = std::shared_ptr<float>(p, [](float* q) { std::free(q); });
+  // Counted (the tensor's bytes; not the alignment padding) under this thread's memory kind
+  // until freed.
+  const MemoryKind kind = current_memory_kind();
+  const int64_t counted = this->bytes();
+  count_tensor_bytes(false, kind, counted);
+  storage_ = std::shared_ptr<float>(p, [kind, counted](float* q) {
+    count_tensor_bytes(false, kind, -counted);
+    std::free(q);
+  });
   data_ = p;
 }
 
@@ -43,7 +52,13 @@ Tensor::Tensor(Shape shape, Device device) {
   numel_ = shape_numel(shape_);
   device_ = device;
   auto* p = static_cast<float*>(device_alloc(static_cast<size_t>(bytes())));
-  storage_ = std::shared_ptr<float>(p, [](float* q) { device_free(q); });
+  const MemoryKind kind = current_memory_kind();
+  const int64_t counted = bytes();
+  count_tensor_bytes(true, kind, counted);
+  storage_ = std::shared_ptr<float>(p, [kind, counted](float* q) {
+    count_tensor_bytes(true, kind, -counted);
+    device_free(q);
+  });
   data_ = p;
 }
 

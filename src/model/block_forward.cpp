@@ -71,4 +71,12 @@ void Transformer::block_output(Block& b, const float* ffn, Tensor& out) {
   ops_.add(b.a.res_mid.data(), ffn, out.data(), T_ * M_);
 }
 
+void Transformer::recompute_block(Block& b, const Tensor& in) {
+  block_attention(b, in);
+  if (b.is_moe)
+    b.a.moe->forward(b.a.ln2);
+  else
+    dense_ffn_forward(b);
+}
+
 }  // namespace parm::model

@@ -98,10 +98,32 @@ struct StageBlocks {
 };
 StageBlocks stage_blocks(const std::vector<int64_t>& split, int stage);
 
+// What a forward pass keeps for its backward (--recompute, train.recompute; docs/memory.md).
+// The backward recomputes what was dropped, to the same bits (the gradients equal kNone's):
+//   kNone    everything is kept, per block and per activation slot;
+//   kMoeAct  the routed experts' activation rows (their input rows, x W1 and the GeLU/SwiGLU
+//            output; swiglu's x W3) are kept by no layer: one set (moe/activation_pool.h)
+//            serves every MoE layer and slot, and each layer's backward runs its experts'
+//            forward again from the experts' input buffer (no collective is repeated);
+//   kMoe     kMoeAct, and also the MoE layers' step buffers that only their compute steps
+//            write (gate statistics, dispatch, expert and combine outputs) and every step
+//            buffer's gradient: one set serves every layer and slot; each layer's backward
+//            first replays its forward's compute steps from the buffers its collectives wrote
+//            (kept), repeating no collective;
+//   kBlock   only each block's input (the residual stream) is kept per slot: one set of block
+//            activations and one MoE layer per block serve every slot, and the backward of a
+//            block runs its forward again first (an MoE block's collectives included).
+enum class Recompute { kNone, kMoeAct, kMoe, kBlock };
+// "none", "moe-act", "moe", "block"; parse_recompute throws InvalidConfig listing them.
+const char* recompute_name(Recompute r);
+Recompute parse_recompute(const std::string& name);
+
 struct PipelineOptions {
   // Blocks per stage, first to last (empty: balanced); model/pp_split.h checks it.
   std::vector<int64_t> split;
   int slots = 1;               // activation slots: micro-batches in flight on this stage
+  Recompute recompute = Recompute::kNone;  // what the forward keeps (kMoe, kBlock: no split
+                                           // passes)
 };
 
 // A parameter of the whole model as checkpoints name it, held on this stage or not.

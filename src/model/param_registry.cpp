@@ -5,6 +5,7 @@
 
 #include "model/init.h"
 #include "parm/error.h"
+#include "parm/memory.h"
 
 namespace parm::model {
 
@@ -12,8 +13,17 @@ Param* ParamRegistry::add(bool held, const std::string& name, Shape whole,
                           std::vector<Split> splits, std::vector<Group> replicated, Group reduce,
                           bool decay) {
   const Shape local = held ? local_shape(whole, splits) : Shape{0};
+  Tensor value, grad;
+  {
+    MemoryKindScope kind(MemoryKind::kParameters);
+    value = Tensor(local, device_);
+  }
+  {
+    MemoryKindScope kind(MemoryKind::kGradients);
+    grad = Tensor(local, device_);
+  }
   return add_alias(held, name, std::move(whole), std::move(splits), std::move(replicated),
-                   reduce, decay, Tensor(local, device_), Tensor(local, device_));
+                   reduce, decay, std::move(value), std::move(grad));
 }
 
 Param* ParamRegistry::add_alias(bool held, const std::string& name, Shape whole,

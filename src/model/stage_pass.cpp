@@ -27,6 +27,10 @@ bool Transformer::start_forward(int slot, const Batch& batch, const LossDenomina
              counted);
   PARM_CHECK(!with_grad || d.gate_calls >= 1.0,
              "gate_calls {} must be at least 1 (this pass is one of them)", d.gate_calls);
+  PARM_CHECK(!split || (recompute_ != Recompute::kBlock && recompute_ != Recompute::kMoe),
+             "stage {}: --recompute {} shares one set of activations among the slots, so two "
+             "passes cannot be in flight together (use --pp-overlap off)",
+             stage_.stage, recompute_name(recompute_));
   p = StagePass{};
   if (pack_dense_) wpack_.begin_pass();  // packs again if the weights may have changed
   p.active = true;
@@ -164,6 +168,10 @@ bool Transformer::backward_piece(int slot) {
       if (b.a.moe->resume()) return true;
       dffn_in = b.a.moe->pass_result().data();
     } else {
+      if (recompute_ == Recompute::kBlock) {
+        recompute_block(b, res_[blocks_.size() - 1 - p.done]);
+        phases_.end_phase(b.is_moe ? "moe" : "dense");
+      }
       dffn_in = b.is_moe ? moe_backward(b, p.dl_aux, p.dl_z, p.split) : dense_ffn_backward(b);
     }
     p.in_moe = dffn_in == nullptr;

@@ -20,9 +20,11 @@
 #include "model/transformer.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "model/pp_split.h"
+#include "parm/memory.h"
 
 namespace parm::model {
 namespace {
@@ -35,10 +37,12 @@ constexpr int kTiedGradTag = 7;
 
 Transformer::Transformer(Topology& topo, const ModelConfig& c,
                          const std::vector<LayerSchedule>& scheds, int64_t micro_batch,
-                         Precision precision, const StageBlocks& stage, int slots)
+                         Precision precision, const StageBlocks& stage, int slots,
+                         Recompute recompute)
     : topo_(topo),
       stage_(stage),
       slots_(slots),
+      recompute_(recompute),
       c_(c),
       ops_(dense_ops(topo.device())),
       tp_(topo.comm(Group::kMp)),
@@ -48,6 +52,8 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
       phases_(ops_.device) {
   pack_dense_ = dense_ == Precision::kBf16 && wpack_.available();
   PARM_CHECK(slots >= 1, "a stage needs at least one activation slot, got {}", slots);
+  if (recompute_ == Recompute::kMoeAct || recompute_ == Recompute::kMoe)
+    acts_pool_ = std::make_unique<moe::ActivationPool>();
   const int mp = topo.layout().mp;
   B_ = micro_batch;
   L_ = c.seq_len;
@@ -87,26 +93,40 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
   passes_.resize(static_cast<size_t>(slots_));
 }
 
+BlockActs Transformer::block_acts(bool dense_mlp) const {
+  BlockActs a;
+  a.ln1 = device_tensor({T_, M_});
+  a.ln1_mean = device_tensor({T_});
+  a.ln1_rstd = device_tensor({T_});
+  a.qkv = device_tensor({3, T_, Ml_});
+  a.probs = device_tensor({B_, Hl_, L_, L_});
+  a.att = device_tensor({T_, Ml_});
+  a.res_mid = device_tensor({T_, M_});
+  a.ln2 = device_tensor({T_, M_});
+  a.ln2_mean = device_tensor({T_});
+  a.ln2_rstd = device_tensor({T_});
+  if (dense_mlp) {
+    a.fc_pre = device_tensor({T_, Fl_});
+    a.fc_act = device_tensor({T_, Fl_});
+  }
+  return a;
+}
+
 void Transformer::allocate_buffers() {
+  // What the passes keep for the backward (and kBlock's recompute scratch) are activations;
+  // the gradient scratch below is "other" (parm/memory.h).
+  std::optional<MemoryKindScope> kind(std::in_place, MemoryKind::kActivations);
+  // kBlock: one set for every block and slot (a Tensor copy shares storage).
+  const bool shared = recompute_ == Recompute::kBlock;
+  const bool any_dense = std::any_of(blocks_.begin(), blocks_.end(),
+                                     [](const Block& b) { return !b.is_moe; });
+  const BlockActs one = shared ? block_acts(any_dense) : BlockActs{};
   for (Block& b : blocks_) {
     b.slots.resize(static_cast<size_t>(slots_));
     for (size_t k = 0; k < b.slots.size(); ++k) {
       BlockActs& a = b.slots[k];
-      a.moe = b.is_moe ? b.moes[k].get() : nullptr;
-      a.ln1 = device_tensor({T_, M_});
-      a.ln1_mean = device_tensor({T_});
-      a.ln1_rstd = device_tensor({T_});
-      a.qkv = device_tensor({3, T_, Ml_});
-      a.probs = device_tensor({B_, Hl_, L_, L_});
-      a.att = device_tensor({T_, Ml_});
-      a.res_mid = device_tensor({T_, M_});
-      a.ln2 = device_tensor({T_, M_});
-      a.ln2_mean = device_tensor({T_});
-      a.ln2_rstd = device_tensor({T_});
-      if (!b.is_moe) {
-        a.fc_pre = device_tensor({T_, Fl_});
-        a.fc_act = device_tensor({T_, Fl_});
-      }
+      a = shared ? one : block_acts(!b.is_moe);
+      a.moe = b.is_moe ? b.moes[std::min(k, b.moes.size() - 1)].get() : nullptr;
     }
   }
   for (int k = 0; k < slots_; ++k) {
@@ -130,6 +150,9 @@ void Transformer::allocate_buffers() {
     head_in_ = device_tensor({T_, M_});
     logits_ = device_tensor({T_, vshard_.size()});
     vloss_ = VocabParallelLoss(ops_, vshard_, T_);
+  }
+  kind.emplace(MemoryKind::kOther);
+  if (stage_.last()) {
     dhead_in_ = device_tensor({T_, M_});
     dhd_ln_ = device_tensor({T_, M_});
   }
@@ -247,8 +270,12 @@ int64_t Transformer::activation_bytes() const {
   int64_t n = 0;
   for (const auto& res : res_slots_)
     for (const Tensor& t : res) n += t.bytes();
+  // kBlock: every block and slot has the same tensors (counted once).
+  if (recompute_ == Recompute::kBlock && !blocks_.empty())
+    n += blocks_.front().slots.front().bytes();
   for (const Block& b : blocks_) {
-    for (const BlockActs& a : b.slots) n += a.bytes();
+    if (recompute_ != Recompute::kBlock)
+      for (const BlockActs& a : b.slots) n += a.bytes();
     // A slot's MoE layer holds its step buffers; parameters and gradients are slot 0's.
     for (const auto& m : b.moes) {
       const MoeLayerParams& p = b.moes[0]->params();
@@ -258,6 +285,7 @@ int64_t Transformer::activation_bytes() const {
   for (const Tensor* t : {&lnf_, &lnf_mean_, &lnf_rstd_, &head_in_, &hd_pre_, &hd_act_, &hd_ln_,
                           &hd_mean_, &hd_rstd_, &logits_})
     n += t->bytes();
+  if (acts_pool_) n += acts_pool_->bytes();
   return n;
 }
 
@@ -300,7 +328,7 @@ std::unique_ptr<Model> make_model(Topology& topo, const ModelConfig& config,
       parse_pp_split(pp_split_text(pipeline.split), pp, config.num_layers);
   const StageBlocks stage = stage_blocks(split, topo.host_comm(Group::kPp).rank());
   return std::make_unique<Transformer>(topo, config, moe_schedules, micro_batch, precision,
-                                       stage, pipeline.slots);
+                                       stage, pipeline.slots, pipeline.recompute);
 }
 
 }  // namespace parm::model

@@ -76,7 +76,8 @@ struct Block {
 class Transformer final : public Model {
  public:
   Transformer(Topology& topo, const ModelConfig& c, const std::vector<LayerSchedule>& scheds,
-              int64_t micro_batch, Precision precision, const StageBlocks& stage, int slots);
+              int64_t micro_batch, Precision precision, const StageBlocks& stage, int slots,
+              Recompute recompute = Recompute::kNone);
 
   std::vector<Param*> params() override { return registry_.params(); }
   LossParts forward_backward(const Batch& batch, const LossDenominators& d,
@@ -196,6 +197,12 @@ class Transformer final : public Model {
   // the split pass has its AllToAll in flight; else the FFN output.
   const float* moe_forward(Block& b, bool split);
   void block_output(Block& b, const float* ffn, Tensor& out);
+  // --recompute block: block b's forward again from its input `in` (the slot's residual
+  // stream), refilling the activations its backward reads (the shared set, and its MoE
+  // layer's step buffers, collectives included); the output is not needed.
+  void recompute_block(Block& b, const Tensor& in);
+  // A block's activation tensors (fc_pre, fc_act when `dense_mlp`), on the model's device.
+  BlockActs block_acts(bool dense_mlp) const;
 
   // ---- A block's backward (block_backward.cpp; dres_: d(out) in, d(in) out) in two parts:
   // the FFN's (the gradient at LN2's output), and the rest from dffn_in, that gradient.
@@ -230,6 +237,9 @@ class Transformer final : public Model {
   Topology& topo_;
   StageBlocks stage_;
   int slots_ = 1;
+  Recompute recompute_ = Recompute::kNone;
+  // kMoeAct: the experts' activation rows of every MoE layer (outlives blocks_' layers).
+  std::unique_ptr<moe::ActivationPool> acts_pool_;
   int head_slot_ = -1;           // the slot whose head activations and dlogits are kept
   ModelConfig c_;
   // The dense ops of the device every tensor of this model lives on (parameters, gradients,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/transformer.h"
+#include "parm/memory.h"
 
 namespace parm::model {
 namespace {
@@ -77,16 +78,15 @@ void Transformer::register_dense_mlp(Block& b, int64_t i, bool held) {
 }
 
 void Transformer::build_moe(Block& b, int64_t micro_batch, Precision precision) {
-  for (int k = 0; k < slots_; ++k) {
-    b.moes.push_back(std::make_unique<MoeLayer>(topo_, moe_shape(c_, micro_batch), b.sched.kind,
-                                                b.sched.fuse, b.sched.chunks, precision,
-                                                c_.router_z_loss > 0.0f, c_.aux_scope));
-    if (k > 0) {
-      b.moes[static_cast<size_t>(k)]->params() = b.moes[0]->params();
-      b.moes[static_cast<size_t>(k)]->grads() = b.moes[0]->grads();
-      b.moes[static_cast<size_t>(k)]->share_router_bias(*b.moes[0]);
-    }
-  }
+  // Its step buffers and backend's are activations (its parameters and gradients the
+  // layer counts as such). kBlock: one layer serves every slot (each backward recomputes it).
+  MemoryKindScope kind(MemoryKind::kActivations);
+  const int layers = recompute_ == Recompute::kBlock ? 1 : slots_;
+  for (int k = 0; k < layers; ++k)
+    b.moes.push_back(std::make_unique<MoeLayer>(
+        topo_, moe_shape(c_, micro_batch), b.sched.kind, b.sched.fuse, b.sched.chunks,
+        precision, c_.router_z_loss > 0.0f, c_.aux_scope, k > 0 ? b.moes[0].get() : nullptr,
+        acts_pool_.get(), recompute_ == Recompute::kMoe));
 }
 
 // The MoE layer owns its tensors; the registry's parameters alias them.

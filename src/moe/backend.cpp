@@ -57,6 +57,10 @@ std::unique_ptr<LayerBackend> make_backend(Device device, Precision precision,
   check_device(device, precision);
   check_expert_mlp(device, precision, sizes.expert_mlp);
   check_shared_experts(device, precision, sizes.shared_experts);
+  PARM_CONFIG_CHECK(sizes.acts_pool == nullptr || device == Device::kCpu,
+                    "--recompute moe-act (train.recompute) with --device {}: the experts' "
+                    "activations are recomputed by the CPU layer only; use --recompute block "
+                    "or none there", device_name(device));
   if (device == Device::kCpu) return make_cpu_backend(sizes, precision);
 #ifdef PARM_HAVE_CUDA
   return make_cuda_backend(precision, sizes);

@@ -14,7 +14,7 @@ class CpuBackend final : public LayerBackend {
       : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}),
         zero_unrouted_(!s.dropless), packed_(s.packed) {
     ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p,
-                s.max_local_rows, s.expert_mlp);
+                s.max_local_rows, s.expert_mlp, s.acts_pool);
     if (s.shared_experts > 0)
       shared_.reserve(s.shared_experts, s.shared_rows, s.model_dim, s.shared_hidden_shard,
                       s.expert_mlp, s.shared_gate);

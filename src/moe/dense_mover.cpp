@@ -18,7 +18,7 @@ DenseMover::DenseMover(Topology& topo, const schedule::Schedule& sc, moe::LayerB
   for (const Step* s : steps)
     for (bool backward : {false, true})
       if (schedule::step_move(s->kind, backward) == Move::kAllGather && s->outer > 1)
-        scratch = std::max(scratch, destination(*s, backward).numel());
+        scratch = std::max(scratch, bufs_.pass_numel(backward ? s->in : s->out, backward));
   if (scratch > 0) gather_scratch_ = Tensor({scratch}, topo.device());
 }
 

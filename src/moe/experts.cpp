@@ -143,7 +143,8 @@ void ffn_backward(int64_t n, int64_t M, int64_t hl, const float* x, const float*
 }
 
 void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int64_t hl,
-                              Precision p, int64_t max_total_rows, ExpertMlp mlp_) {
+                              Precision p, int64_t max_total_rows, ExpertMlp mlp_,
+                              ActivationPool* pool_) {
   PARM_CONFIG_CHECK(!is_gated(mlp_) || p == Precision::kFp32,
                     "--expert-mlp {} runs at --precision fp32 on the CPU (its bf16 products "
                     "are not written yet); use --precision fp32, or --expert-mlp gelu",
@@ -163,7 +164,18 @@ void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int
   gate.clear();
   const bool gated = is_gated(mlp);
   const int64_t pools = packed ? 1 : experts;
-  for (int64_t e = 0; e < pools; ++e) {
+  pool = pool_;
+  bound = false;
+  model_dim = M;
+  hidden = hl;
+  if (pool != nullptr) {  // bind() points the lists at the pool's rows
+    const int64_t rows_m = pools * total_rows * M, rows_h = pools * total_rows * hl;
+    if (!bf16_path) pool->require(ActivationPool::kIn, rows_m);
+    pool->require(ActivationPool::kPre, rows_h);
+    if (!bf16_path) pool->require(ActivationPool::kAct, rows_h);
+    if (gated) pool->require(ActivationPool::kGate, rows_h);
+  }
+  for (int64_t e = 0; e < pools && pool == nullptr; ++e) {
     // At bf16 x and act are kept packed (bf16) for the backward pass, and x and dy are
     // packed from the exchange layout itself: neither x nor act is written in fp32. pre
     // holds gelu'(pre + b1) from the forward GeLU step on.
@@ -176,6 +188,23 @@ void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int
   d_out = bf16_path ? Tensor() : Tensor({max_rows, M});
   d_act = Tensor({max_rows, hl});
   d_gate = gated ? Tensor({max_rows, hl}) : Tensor();
+}
+
+void ExpertWorkspace::bind() {
+  if (pool == nullptr || bound) return;
+  const bool bf16_path = precision == Precision::kBf16, gated = is_gated(mlp);
+  const int64_t pools = packed ? 1 : static_cast<int64_t>(rows.size());
+  auto views = [&](std::vector<Tensor>& list, ActivationPool::Rows which, int64_t cols) {
+    float* base = pool->data(which);
+    list.clear();
+    for (int64_t e = 0; e < pools; ++e)
+      list.push_back(Tensor::view(base + e * total_rows * cols, {total_rows, cols}));
+  };
+  if (!bf16_path) views(in, ActivationPool::kIn, model_dim);
+  views(pre, ActivationPool::kPre, hidden);
+  if (!bf16_path) views(act, ActivationPool::kAct, hidden);
+  if (gated) views(gate, ActivationPool::kGate, hidden);
+  bound = true;
 }
 
 void ExpertWorkspace::place(int64_t e, int64_t n) {
@@ -212,7 +241,8 @@ float* ExpertWorkspace::gate_rows(int64_t e) {
 int64_t ExpertWorkspace::held_bytes() const {
   int64_t b = out_rows.bytes() + d_out.bytes() + d_act.bytes() + d_gate.bytes();
   for (const auto* list : {&in, &pre, &act, &gate})
-    for (const Tensor& t : *list) b += t.bytes();
+    for (const Tensor& t : *list)
+      if (t.owns()) b += t.bytes();  // not the views of a pool (ActivationPool)
   return b;
 }
 
@@ -227,6 +257,7 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
   check_fills(fills, blocks, e_loc, slots);
   check_buffers("expert buffers", in, out, lay, blocks, fills);
   check_kind(w, ws);
+  ws.bind();
   PhaseClock clock(times);
   const bool bf16 = ws.precision == Precision::kBf16;
   // All four layouts once per weight version; experts_backward reuses them.
@@ -263,6 +294,7 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
   check_kind(w, ws);
   PARM_CHECK(dw.gated() == w.gated(), "expert gradients {} W3 where the weights {}",
              dw.gated() ? "with" : "without", w.gated() ? "have one" : "have none");
+  ws.bind();
   PhaseClock clock(times);
   float* dy = ws.d_out.data();
   float* dact = ws.d_act.data();

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "parm/error.h"
+#include "parm/memory.h"
 #include "parm/timer.h"
 
 namespace parm {
@@ -97,11 +98,15 @@ MoeLayerParams params_on(const MoeLayerParams& p, Device device) {
 }
 
 MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse,
-                   int chunks, Precision precision, bool router_z_loss, AuxScope aux_scope)
+                   int chunks, Precision precision, bool router_z_loss, AuxScope aux_scope,
+                   const MoeLayer* share_params, moe::ActivationPool* acts_pool,
+                   bool pool_buffers)
     : topo_(topo),
       shape_(shape),
       schedule_(layer_schedule(topo, shape, kind, fuse, chunks, router_z_loss, aux_scope)),
-      bufs_(topo, schedule_, shape),
+      pooled_(pool_buffers && acts_pool != nullptr ? recomputable_buffers(schedule_)
+                                                   : std::vector<bool>{}),
+      bufs_(topo, schedule_, shape, pooled_.empty() ? nullptr : acts_pool, pooled_),
       router_bias_(
           std::make_shared<std::vector<float>>(static_cast<size_t>(shape.experts), 0.0f)) {
   const Layout& l = topo.layout();
@@ -128,6 +133,13 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.shared_rows = schedule_.shared_rows;
   sizes.shared_hidden_shard = shape.has_shared() ? shape.shared_hidden / l.mp : 0;
   sizes.shared_gate = shape.shared_gate;
+  sizes.acts_pool = acts_pool;
+  // moe-act: the experts step recomputes its rows; moe: the replay of the forward does.
+  recompute_experts_ = acts_pool != nullptr && pooled_.empty();
+  PARM_CONFIG_CHECK(pooled_.empty() || (!shape.has_shared() && device == Device::kCpu),
+                    "--recompute moe (train.recompute) runs on the CPU layer without shared "
+                    "experts; use --recompute moe-act or block there");
+  if (!pooled_.empty()) replay_stats_ = Tensor({schedule::stats_numel(E, true)}, device);
   if (schedule_.dropless)
     sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);
   backend_ = moe::make_backend(device, precision, sizes);
@@ -139,8 +151,23 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
     backend_->set_aux_rows({sliced ? mp_rank_ * schedule_.gate_tokens : 0, shape.aux_seq_len},
                            shape.aux_sequences());
   }
-  params_ = make_params(shape, e_loc, hl, l.mp, device);
-  grads_ = make_params(shape, e_loc, hl, l.mp, device);
+  if (share_params != nullptr) {
+    PARM_CHECK(share_params->shape_.str() == shape.str() &&
+                   share_params->device() == device,
+               "MoE layer sharing the parameters of a layer of shape {} on {}, it is {} on {}",
+               share_params->shape_.str(), device_name(share_params->device()), shape.str(),
+               device_name(device));
+    params_ = share_params->params_;
+    grads_ = share_params->grads_;
+    router_bias_ = share_params->router_bias_;
+  } else {
+    {
+      MemoryKindScope kind(MemoryKind::kParameters);
+      params_ = make_params(shape, e_loc, hl, l.mp, device);
+    }
+    MemoryKindScope kind(MemoryKind::kGradients);
+    grads_ = make_params(shape, e_loc, hl, l.mp, device);
+  }
   const size_t num_steps = schedule_.steps.size();
   fwd_us_.assign(num_steps, 0.0);
   bwd_us_.assign(num_steps, 0.0);
@@ -164,8 +191,8 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
 int64_t MoeLayer::held_bytes() const {
   int64_t b = 0;
   for (const MoeLayerParams* p : {&params_, &grads_}) b += p->bytes();
-  return b + bufs_.held_bytes() + dense_->held_bytes() + (rows_ ? rows_->held_bytes() : 0) +
-         backend_->held_bytes();
+  return b + bufs_.held_bytes() + replay_stats_.bytes() + dense_->held_bytes() +
+         (rows_ ? rows_->held_bytes() : 0) + backend_->held_bytes();
 }
 
 void MoeLayer::load_whole(const ref::MoeParams<float>& whole) {
@@ -233,6 +260,7 @@ void MoeLayer::zero_grad() {
 }
 
 const Tensor& MoeLayer::forward(const Tensor& x) {
+  bufs_.bind();
   Tensor& in = bufs_.value(schedule_.input);
   PARM_CHECK(x.numel() == in.numel(), "MoE layer input {} but the layer takes {}",
              shape_str(x.shape()), shape_str(in.shape()));
@@ -263,7 +291,23 @@ void MoeLayer::set_dl_z(float dl_z) {
   dl_z_ = dl_z;
 }
 
+void MoeLayer::replay_forward() {
+  for (const Step& s : schedule_.steps) {
+    if (schedule::is_collective(s.kind) || s.kind == StepKind::kAuxLoss) continue;
+    const bool pooled = pooled_[static_cast<size_t>(s.out)];
+    if (s.kind == StepKind::kGate) {
+      // The routing and the saved probabilities again; the statistics where they are the
+      // pool's, else into scratch (S1's are the summed ones: kept, not overwritten).
+      run_gate(s, pooled ? bufs_.value(s.out).data() : replay_stats_.data(), nullptr);
+      continue;
+    }
+    if (pooled) compute_forward(s, nullptr);  // else a collective's output too: kept
+  }
+}
+
 void MoeLayer::begin_backward(const Tensor& dout) {
+  bufs_.bind();
+  if (!pooled_.empty()) replay_forward();
   for (size_t i = 0; i < bufs_.size(); ++i)
     if (accumulated_[i]) bufs_.grad(static_cast<int>(i)).zero();
   bufs_.dweights_call().zero();
@@ -384,19 +428,20 @@ void MoeLayer::run_pass(const Step& s, bool backward, float dl_aux) {
   }
 }
 
+void MoeLayer::run_gate(const Step& s, float* stats, moe::PhaseTimes* phases) {
+  backend_->set_router_bias(std::any_of(router_bias_->begin(), router_bias_->end(),
+                                        [](float b) { return b != 0.0f; })
+                                ? router_bias_->data()
+                                : nullptr);
+  backend_->gate_forward(bufs_.value(s.in), params_.wg, shape_.topk, schedule_.capacity,
+                         schedule_.dispatch_slots, stats, phases);
+}
+
 void MoeLayer::compute_forward(const Step& s, moe::PhaseTimes* phases) {
   const auto& sc = schedule_;
   auto buf = [&](int id) -> Tensor& { return bufs_.value(id); };
   switch (s.kind) {
-    case StepKind::kGate:
-      backend_->set_router_bias(
-          std::any_of(router_bias_->begin(), router_bias_->end(),
-                      [](float b) { return b != 0.0f; })
-              ? router_bias_->data()
-              : nullptr);
-      backend_->gate_forward(buf(s.in), params_.wg, shape_.topk, sc.capacity,
-                             sc.dispatch_slots, buf(s.out).data(), phases);
-      break;
+    case StepKind::kGate: run_gate(s, buf(s.out).data(), phases); break;
     case StepKind::kAuxLoss:
       l_aux_ = backend_->aux_loss(buf(s.in).data(), shape_.experts, sc.total_tokens,
                                   shape_.aux_sequences());
@@ -448,6 +493,13 @@ void MoeLayer::compute_backward(const Step& s, float dl_aux, moe::PhaseTimes* ph
       break;
     case StepKind::kDispatch: backend_->dispatch_backward(dbuf(s.out), dbuf(s.in)); break;
     case StepKind::kExperts:
+      // --recompute moe-act: the experts' forward again, from its input buffer (kept: a
+      // collective's output, or the dispatch's), to refill the activation rows the pool shares
+      // with other layers. It writes the output buffer with the bits the forward wrote there.
+      if (recompute_experts_)
+        backend_->experts_forward(buf(s.in), params_.experts, sc.expert_blocks,
+                                  sc.exchange_slots, bufs_.fills(s.in).data(),
+                                  bufs_.starts(s.in), sc.adds_b2, buf(s.out), phases);
       // dout and din have the input's counts, so its segment starts.
       backend_->experts_backward(dbuf(s.out), params_.experts, sc.expert_blocks,
                                  sc.exchange_slots, bufs_.fills(s.in).data(), bufs_.starts(s.in),

@@ -53,9 +53,27 @@ class MoeLayer {
   // router_z_loss: the z-loss is on (l_z() computed, backward takes dl_z; CPU only), and its
   // statistic travels with l_aux's (schedule::LayerSpec::z_loss). aux_scope kGlobal: l_aux
   // and l_z are over the micro-step's tokens on every dp replica (schedule::LayerSpec).
+  // share_params: another layer of the same shape whose parameter and gradient tensors and
+  // router bias this one uses (a Tensor copy shares storage; one block's layers, one per
+  // activation slot), allocating none of its own; null: its own.
+  // acts_pool (--recompute moe-act; CPU; null: none): the experts keep their activation rows
+  // in this pool, shared with other layers, and the backward pass recomputes them (the
+  // experts' forward again, on the experts' input buffer, which the layer keeps) right before
+  // the experts' adjoint: no collective is repeated, the gradients are the same bits.
+  // pool_buffers (--recompute moe; with acts_pool, CPU, no shared experts): also the step
+  // buffers that only compute steps write (the gate's statistics where no collective sums
+  // them, the dispatch's output, the experts' output before their collective, the combine's
+  // output) and every buffer's gradient are the pool's. The buffers collectives wrote stay
+  // the layer's, so the backward pass first replays the forward's compute steps alone (the
+  // gate, the dispatch, the experts, the combine) from them and from the layer's input: no
+  // collective is repeated, and the gradients are the same bits.
+  // Allocations are counted (parm/memory.h) as parameters and gradients for those, and under
+  // the caller's memory kind for everything else the layer holds.
   MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, bool fuse = false,
            int chunks = fused_plan::kDefaultChunks, Precision precision = Precision::kFp32,
-           bool router_z_loss = false, AuxScope aux_scope = AuxScope::kMicroBatch);
+           bool router_z_loss = false, AuxScope aux_scope = AuxScope::kMicroBatch,
+           const MoeLayer* share_params = nullptr, moe::ActivationPool* acts_pool = nullptr,
+           bool pool_buffers = false);
   MoeLayer(const MoeLayer&) = delete;  // its movers keep references to its members
   MoeLayer& operator=(const MoeLayer&) = delete;
 
@@ -136,7 +154,7 @@ class MoeLayer {
   int64_t row_packing_bytes() const { return rows_ ? rows_->packing_bytes() : 0; }
   // Rows of M floats the layer holds for step buffer id (its gradient holds as many): the
   // shape's, or under a dropless schedule the rows routed at most.
-  int64_t buffer_rows(int id) const { return bufs_.value(id).numel() / shape_.model_dim; }
+  int64_t buffer_rows(int id) const { return bufs_.pass_numel(id, false) / shape_.model_dim; }
   // The routing of the last forward pass (gate rows: T, or T / N_MP under S1), on the host.
   const moe::GateRouting& routing() { return backend_->routing(); }
 
@@ -148,6 +166,10 @@ class MoeLayer {
   // The pass without the joined sum: a computation, or the move by the step's mover.
   void run_pass(const schedule::Step& s, bool backward, float dl_aux);
   void compute_forward(const schedule::Step& s, moe::PhaseTimes* phases);
+  // The gate step's forward with its statistics written to `stats`.
+  void run_gate(const schedule::Step& s, float* stats, moe::PhaseTimes* phases);
+  // --recompute moe: the forward's compute steps again, before a backward pass.
+  void replay_forward();
   void compute_backward(const schedule::Step& s, float dl_aux, moe::PhaseTimes* phases);
   // Whether step i is an AllToAll left in flight while step i + 1 runs in this pass
   // (schedule::Step::overlap_next), and that pair run so: post, compute, wait. `us` gets both
@@ -176,6 +198,7 @@ class MoeLayer {
 
   Topology& topo_;
   MoeShape shape_;
+  bool recompute_experts_ = false;  // moe-act: the experts step recomputes its rows
   schedule::Schedule schedule_;
   int first_expert_ = 0;
   int esp_rank_ = 0;
@@ -186,7 +209,9 @@ class MoeLayer {
   MoeLayerParams params_;
   MoeLayerParams grads_;
 
+  std::vector<bool> pooled_;  // --recompute moe: by buffer id, the pool's (else empty)
   StepBuffers bufs_;
+  Tensor replay_stats_;  // (2E + 1) the replayed gate's statistics where they are kept
   std::vector<bool> accumulated_;  // by buffer id: its gradient is accumulated (+=), zeroed
                                    // before each backward pass
   // The movers (moe/mover.h): rows_ only under dropless routing, for the steps on segmented

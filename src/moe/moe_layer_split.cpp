@@ -15,6 +15,7 @@ using schedule::Move;
 using schedule::Step;
 
 bool MoeLayer::start_forward(const Tensor& x) {
+  bufs_.bind();
   Tensor& in = bufs_.value(schedule_.input);
   PARM_CHECK(x.numel() == in.numel(), "MoE layer input {} but the layer takes {}",
              shape_str(x.shape()), shape_str(in.shape()));

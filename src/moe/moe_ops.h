@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "moe/activation_pool.h"
 #include "moe/expert_products.h"
 #include "moe/phase_times.h"
 #include "parm/device.h"
@@ -150,9 +151,15 @@ struct ExpertShards {
 // a capacity factor every expert has its own max_rows rows, as the bound on the total is
 // then E_loc x max_rows anyway.
 struct ExpertWorkspace {
+  // pool (--recompute moe-act; null: none): in, pre, act and gate are then views of the
+  // pool's rows (shared with every other layer that uses it), bound at the first pass
+  // (bind()), and experts_backward expects them recomputed (moe::experts_forward again on the
+  // same input) before it runs.
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden,
                Precision precision = Precision::kFp32, int64_t max_total_rows = 0,
-               ExpertMlp mlp = ExpertMlp::kGelu);
+               ExpertMlp mlp = ExpertMlp::kGelu, ActivationPool* pool = nullptr);
+  // Points in, pre, act and gate at the pool's rows (once; a no-op without a pool).
+  void bind();
   // Expert e's rows in the pools (its first rows[e] rows are used).
   float* in_rows(int64_t e);
   float* pre_rows(int64_t e);
@@ -178,6 +185,9 @@ struct ExpertWorkspace {
   Tensor d_out;               // (max_rows, M) scratch: an expert's output gradient rows (fp32)
   Tensor d_act;               // (max_rows, Hl) scratch
   Tensor d_gate;              // (max_rows, Hl) scratch, swiglu
+  ActivationPool* pool = nullptr;  // reserve's
+  bool bound = false;              // bind() has run
+  int64_t model_dim = 0, hidden = 0;
 };
 
 // One FFN (expert or shared expert e of w, fp32) over n contiguous rows x (n, M): pre = x W1

@@ -9,14 +9,21 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "comm/metadata.h"
+#include "moe/activation_pool.h"
 #include "parm/tensor.h"
 #include "parm/topology.h"
 #include "schedule/schedule.h"
 
 namespace parm {
+
+// --recompute moe: the buffers a backward pass can make again without a collective, those
+// that only compute steps write (no collective writes them as its output, its intermediate
+// buffer or its joined sum); the layer's input (the caller's copy) is not one. By buffer id.
+std::vector<bool> recomputable_buffers(const schedule::Schedule& sc);
 
 class StepBuffers {
  public:
@@ -24,10 +31,17 @@ class StepBuffers {
   // rows of M, segments back to back (the packed layout, docs/dropless.md). The gate's
   // statistics buffer is a view of 2E of the 2E + 1 values the backends write when the
   // schedule has no z-loss.
-  StepBuffers(Topology& topo, const schedule::Schedule& sc, const MoeShape& shape);
+  // pool (--recompute moe; null: none): every gradient and the values whose pooled_values
+  // flag is set are the pool's (moe/activation_pool.h), shared with other layers, bound at
+  // bind(); the others are allocated here.
+  StepBuffers(Topology& topo, const schedule::Schedule& sc, const MoeShape& shape,
+              moe::ActivationPool* pool = nullptr, const std::vector<bool>& pooled_values = {});
   StepBuffers(const StepBuffers&) = delete;
   StepBuffers& operator=(const StepBuffers&) = delete;
 
+  // Points the pooled buffers at the pool's storage (once, before the first pass; a no-op
+  // without a pool).
+  void bind();
   Tensor& value(int id) { return values_[static_cast<size_t>(id)]; }
   Tensor& grad(int id) { return grads_[static_cast<size_t>(id)]; }
   const Tensor& value(int id) const { return values_[static_cast<size_t>(id)]; }
@@ -43,6 +57,8 @@ class StepBuffers {
   // What a pass reads or writes of buffer id: the buffer forward, its gradient backward
   // (kGateWeight: dwg_call()).
   Tensor& pass(int id, bool backward);
+  // Its elements, also before bind() (a mover sizing its scratch at construction).
+  int64_t pass_numel(int id, bool backward) const;
 
   // The filled rows of each segment of buffer id (empty: not yet known, or not segmented).
   // A buffer with BufferSpec::fills_like has that buffer's counts (the combine path
@@ -68,7 +84,7 @@ class StepBuffers {
   // The fused dispatch's counts between its two hops (EP-exchanged, not yet ESP-gathered).
   std::vector<int32_t>& fills_stage() { return fills_stage_; }
 
-  // Bytes of the tensors (buffers, gradients, dwg_call()).
+  // Bytes of the tensors (buffers, gradients, dwg_call()) the layer owns (not the pool's).
   int64_t held_bytes() const;
 
  private:
@@ -85,6 +101,11 @@ class StepBuffers {
   std::vector<std::vector<int64_t>> starts_;  // by buffer id: packed segment starts
   std::vector<int32_t> fills_stage_;
   MetadataExchange meta_;
+  moe::ActivationPool* pool_ = nullptr;
+  bool bound_ = false;
+  std::vector<std::pair<size_t, bool>> pooled_;  // (buffer id, gradient) of the pool's
+  std::vector<Shape> held_;                      // by buffer id: the shape allocated
+  std::vector<int64_t> seen_;                    // by buffer id: the length seen, or -1
 };
 
 }  // namespace parm

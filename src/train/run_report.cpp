@@ -70,6 +70,9 @@ void print_summary(const std::string& name, const TrainResult& result, double wa
   }
   std::printf("%-28s %s\n", "MoE schedules", fmt::format("{}", fmt::join(result.schedules, ",")).c_str());
   std::printf("%-28s %.1f s\n", "wall time", wall_s);
+  for (size_t r = 0; r < result.rank_memory.size(); ++r)
+    std::printf("%-28s %s\n", fmt::format("peak MiB, rank {}", r).c_str(),
+                memory_peaks_text(result.rank_memory[r]).c_str());
 }
 
 }  // namespace parm::train

@@ -39,11 +39,11 @@ std::string progress_text(const StepMetrics& m, const ReportFields& f,
   std::string text = printf_string(
       "step %5lld/%lld  loss %.4f%s  aux %.4f%s  lr %.2e  |g| %.3f  %7.0f tok/s  "
       "%7.1f ms (comm %.1f, compute %.1f, grad-norm %.1f, optimizer %.1f)  MFU %.1f%%%s  "
-      "moe %s  load %s\n",
+      "moe %s  load %s  mem MiB %s\n",
       static_cast<long long>(m.step), static_cast<long long>(f.total_steps), m.loss, val.c_str(),
       m.aux_loss, z.c_str(), m.lr, m.grad_norm, m.tokens_per_s, m.step_ms, m.comm_ms,
       m.compute_ms, m.grad_norm_ms, m.optimizer_ms, 100.0 * m.mfu, bubble.c_str(),
-      schedules.c_str(), load.str().c_str());
+      schedules.c_str(), load.str().c_str(), memory_peaks_text(m.mem_peak_bytes).c_str());
   if (f.phase_times) {
     text += "        phases (ms, world rank 0):";
     for (int i = 0; i < m.phases.num; ++i)
@@ -67,6 +67,10 @@ nlohmann::json metrics_json(const StepMetrics& m, const ReportFields& f) {
                          {"tokens_per_s", m.tokens_per_s},
                          {"mfu", m.mfu}};
   if (m.val_loss >= 0) line["val_loss"] = m.val_loss;
+  const auto& mem = m.mem_peak_bytes;
+  line["mem_peak_bytes"] = {{"parameters", mem[0]}, {"gradients", mem[1]},
+                            {"optimizer", mem[2]},  {"activations", mem[3]},
+                            {"other", mem[4]},      {"total", mem[5]}};
   if (f.z_loss) line["z_loss"] = m.z_loss;
   if (f.pipeline) {
     line["bubble"] = m.bubble;

@@ -2,12 +2,14 @@
 // and the metrics JSON line (--metrics). Both read every number from one StepMetrics.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "moe/phase_times.h"
+#include "train/memory_report.h"
 
 namespace parm::train {
 
@@ -41,6 +43,9 @@ struct StepMetrics {
   double load_expert_max_over_mean = 0.0;
   double load_rank_max_over_mean = 0.0;
   moe::PhaseTimes phases;  // --phase-times: world rank 0's split of the step (us)
+  // Peak bytes held so far by parameters, gradients, optimizer state, activations and
+  // other tensors, then by all together: each the max over ranks (train/memory_report.h).
+  MemoryPeaks mem_peak_bytes{};
 };
 
 // What a run's lines hold beyond the numbers of every step; the same for each step of a run.

@@ -266,6 +266,8 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
   t.get("save_every", c.loop.save_every);
   t.get("save_dir", c.loop.save_dir);
   t.get("metrics", c.loop.metrics);
+  t.get("recompute", c.loop.recompute);
+  t.get("memory_limit", c.loop.memory_limit);
   t.finish();
 
   Section p(section("parallel"), origin + ": parallel");
@@ -373,6 +375,27 @@ void validate(const TrainConfig& c) {
   PARM_CONFIG_CHECK(p.pp >= 1, "parallel.pp {} must be at least 1", p.pp);
   PARM_CONFIG_CHECK(p.pp_overlap == "on" || p.pp_overlap == "off",
                     "parallel.pp_overlap '{}' is not valid; use on or off", p.pp_overlap);
+  const model::Recompute recompute = model::parse_recompute(c.loop.recompute);
+  PARM_CONFIG_CHECK(c.loop.memory_limit >= 0,
+                    "train.memory_limit {} must be >= 0 (bytes; 0: no limit)",
+                    c.loop.memory_limit);
+  const bool shares =
+      recompute == model::Recompute::kBlock || recompute == model::Recompute::kMoe;
+  PARM_CONFIG_CHECK(!shares || p.pp_overlap == "off",
+                    "--recompute {} (train.recompute) with --pp-overlap on: it keeps one set of "
+                    "activations for every micro-batch in flight, so two passes cannot run "
+                    "interleaved; use --pp-overlap off, or --recompute none or moe-act",
+                    c.loop.recompute);
+  const bool moe_layer =
+      recompute == model::Recompute::kMoeAct || recompute == model::Recompute::kMoe;
+  PARM_CONFIG_CHECK(!moe_layer || p.device == "cpu",
+                    "--recompute {} (train.recompute) with --device {}: the MoE layer's "
+                    "activations are recomputed by the CPU layer only; use --recompute block "
+                    "or none there", c.loop.recompute, p.device);
+  PARM_CONFIG_CHECK(recompute != model::Recompute::kMoe || m.shared_experts == 0,
+                    "--recompute moe (train.recompute) with --shared-experts {}: the shared "
+                    "experts' buffers are not replayed; use --recompute moe-act or block",
+                    m.shared_experts);
   // (The order needs the world size: Topology::create checks it.)
   model::parse_pp_split(p.pp_split, p.pp, m.num_layers, "--pp-split (parallel.pp_split)");
   // Names first (their messages list the valid ones), then whether they can run here.

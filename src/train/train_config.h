@@ -44,6 +44,12 @@ struct LoopConfig {
   // Time the step's phases (attention, dense MLP, MoE, embeddings + head, optimizer, gradient
   // reduction), waiting for the device at each boundary: slower, so off by default.
   bool phase_times = false;
+  // What a forward pass keeps for its backward: none | moe-act | block (model/model.h's
+  // Recompute; docs/memory.md).
+  std::string recompute = "none";
+  // Refuse the run before any work when the predicted per-rank memory (model/memory_plan.h)
+  // exceeds this many bytes (0: no limit).
+  int64_t memory_limit = 0;
 };
 
 struct ParallelConfig {

@@ -10,9 +10,11 @@
 #include "moe/moe_layer.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
+#include "parm/memory.h"
 #include "parm/timer.h"
 #include "train/checkpoint.h"
 #include "train/loss_chart.h"
+#include "train/memory_check.h"
 #include "train/moe_across_stages.h"
 #include "train/pipeline_schedule.h"
 #include "train/run_report.h"
@@ -50,6 +52,7 @@ std::unique_ptr<Topology> create_topology(const TrainConfig& cfg) {
   topt.device = parse_device(cfg.parallel.device);
   topt.comm = parse_comm_backend(cfg.parallel.comm);
   auto topo = Topology::create(topt);
+  check_memory_limit(cfg, topo->layout());  // every rank alike, before any work
   // Every rank refuses alike, before any work.
   PARM_CONFIG_CHECK(topo->layout().pp == 1 || std::string(topo->comm_backend()) != "nccl",
                     "--pp {} with --comm nccl: the pipeline's activations and gradients travel "
@@ -65,6 +68,7 @@ model::PipelineOptions pipeline_options(const TrainConfig& cfg, Topology& topo) 
   pipe.split = model::parse_pp_split(cfg.parallel.pp_split, pp, cfg.model.num_layers);
   pipe.slots = pipeline_slots(topo.host_comm(Group::kPp).rank(), pp,
                               static_cast<int>(cfg.loop.grad_accum));
+  pipe.recompute = model::parse_recompute(cfg.loop.recompute);
   return pipe;
 }
 
@@ -86,6 +90,13 @@ OptimConfig optim_config(const TrainConfig& cfg) {
   return optim;
 }
 
+// The optimizer, its state counted as such (parm/memory.h).
+AdamW make_adamw(Topology& topo, const std::vector<model::Param*>& params,
+                 OptimizerSharding sharding) {
+  MemoryKindScope kind(MemoryKind::kOptimizer);
+  return AdamW(topo, params, sharding);
+}
+
 // A model built with `schedules` that takes over `old`'s parameters, AdamW moments, step
 // count and router bias: the step lists change, no number does.
 struct Rebuilt {
@@ -99,7 +110,7 @@ Rebuilt rebuild_model(Topology& topo, const model::ModelConfig& c,
                       const std::vector<model::Param*>& params, AdamW& opt) {
   auto m = model::make_model(topo, c, schedules, micro, precision, pipe);
   auto mp = m->params();
-  AdamW mopt(topo, mp, opt.sharding());
+  AdamW mopt = make_adamw(topo, mp, opt.sharding());
   PARM_CHECK_EQ(mp.size(), params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     PARM_CHECK(mp[i]->name == params[i]->name && mp[i]->value.numel() == params[i]->value.numel(),
@@ -149,7 +160,7 @@ Trainer::Trainer(const TrainConfig& cfg, bool verbose)
       params_(model_->params()),
       all_params_(model_->all_param_specs()),
       pipeline_(make_pipeline(cfg_, *topo_, *model_)),
-      opt_(*topo_, params_, parse_optimizer_sharding(cfg_.optim.sharding)),
+      opt_(make_adamw(*topo_, params_, parse_optimizer_sharding(cfg_.optim.sharding))),
       optim_(optim_config(cfg_)),
       model_json_(model_config_json(cfg_.model)),
       global_batch_(micro_ * accum_ * topo_->layout().dp),
@@ -288,6 +299,7 @@ void Trainer::save() {
 void Trainer::finish() {
   if (metrics_ != nullptr) std::fclose(metrics_);
   metrics_ = nullptr;
+  result_.rank_memory = all_memory_peaks(world_, topo_->device());
   if (root_ && verbose_) print_summary(cfg_.name, result_, (now_us() - run_t0_us_) / 1e6);
   if (root_ && !result_.history.empty()) {
     std::string chart = cfg_.loop.chart;

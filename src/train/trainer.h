@@ -17,6 +17,7 @@
 #include "parm/topology.h"
 #include "perfmodel/profile.h"
 #include "train/gemm_rate.h"
+#include "train/memory_report.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
 #include "train/step_metrics.h"
@@ -30,6 +31,7 @@ struct TrainResult {
   double final_val_loss = -1.0;
   double gemm_gflops = 0.0;          // per rank, used for MFU
   std::vector<std::string> schedules;  // per MoE layer, e.g. "s1+fused"
+  std::vector<MemoryPeaks> rank_memory;  // by world rank: its peaks over the run
 };
 
 // One training run. The constructor and run() are collective over the world; world rank 0

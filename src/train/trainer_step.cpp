@@ -135,6 +135,7 @@ StepMetrics Trainer::step() {
   m.compute_ms = times[2] / 1e3;
   m.grad_norm_ms = times[3] / 1e3;
   m.optimizer_ms = times[4] / 1e3;
+  m.mem_peak_bytes = max_memory_peaks(world_, topo_->device());
   if (pipeline_) {
     // The mean over ranks of the share of the step each spent waiting on pp.recv.
     double share = passes.bubble_us / step_us;

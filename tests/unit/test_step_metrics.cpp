@@ -28,6 +28,7 @@ StepMetrics sample() {
   m.bubble = 0.25;
   m.bubble_1f1b = 0.125;
   m.moe_comm_ms = 12.5;
+  m.mem_peak_bytes = {1048576.0, 1048576.0, 2097152.0, 5242880.0, 524288.0, 9961472.0};
   return m;
 }
 
@@ -36,7 +37,8 @@ TEST(StepMetrics, ProgressLineSplitsTheStep) {
   EXPECT_EQ(line,
             "step     7/20  loss 3.5000  aux 1.2500  lr 6.25e-02  |g| 2.750     4096 tok/s  "
             "   96.5 ms (comm 40.5, compute 48.2, grad-norm 2.5, optimizer 1.5)  MFU 37.5%  "
-            "moe s1,s2  load max/mean per expert 0.000, per rank 0.000\n");
+            "moe s1,s2  load max/mean per expert 0.000, per rank 0.000  mem MiB params 1.00 "
+            "grads 1.00 optim 2.00 acts 5.00 other 0.50 peak 9.50\n");
 }
 
 TEST(StepMetrics, OptionalPartsFollowTheFields) {
@@ -50,7 +52,7 @@ TEST(StepMetrics, OptionalPartsFollowTheFields) {
   EXPECT_NE(text.find(" loss 3.5000 val 3.2500  aux 1.2500  z 0.5000  lr"), std::string::npos)
       << text;
   EXPECT_NE(text.find("MFU 37.5%  bubble 25.0% (1F1B 12.5%)  moe-comm 12.5 ms  moe s1  load "
-                      "max/mean per expert 1.500, per rank 1.250\n"),
+                      "max/mean per expert 1.500, per rank 1.250  mem MiB "),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("\n        phases (ms, world rank 0):  moe 2.5  optimizer 1.5\n"),
@@ -80,9 +82,12 @@ TEST(StepMetrics, MetricsLineLeavesOutWhatTheRunLacks) {
                           "phase_ms", "load_expert_max_over_mean", "load_rank_max_over_mean"})
     EXPECT_FALSE(j.contains(key)) << key;
   for (const char* key : {"step", "loss", "aux_loss", "lr", "grad_norm", "step_ms", "comm_ms",
-                          "compute_ms", "grad_norm_ms", "optimizer_ms", "tokens_per_s", "mfu"})
+                          "compute_ms", "grad_norm_ms", "optimizer_ms", "tokens_per_s", "mfu",
+                          "mem_peak_bytes"})
     EXPECT_TRUE(j.contains(key)) << key;
-  EXPECT_EQ(j.size(), 12u);
+  EXPECT_EQ(j.size(), 13u);
+  EXPECT_EQ(j.at("mem_peak_bytes").at("activations"), 5242880.0);
+  EXPECT_EQ(j.at("mem_peak_bytes").at("total"), 9961472.0);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include "cli_common.h"
 #include "router_flags.h"
 #include "parm/error.h"
+#include "model/memory_plan.h"
+#include "train/memory_check.h"
 #include "train/trainer.h"
 
 namespace parm::cli {
@@ -31,6 +33,9 @@ struct TrainFlags {
   std::string device, precision, comm, order, pp_split, pp_overlap;
   std::string optimizer_sharding;
   std::string resume;
+  std::string recompute, memory_limit;
+  bool dry_run_memory = false;
+  int dry_run_world = 0;
   CLI::Option* resume_opt = nullptr;
   bool phase_times = false;
 };
@@ -82,6 +87,9 @@ int run_train(TrainFlags& f) {
   if (!f.metrics.empty()) l.metrics = f.metrics;
   if (!f.chart.empty()) l.chart = f.chart;
   if (f.phase_times) l.phase_times = true;
+  if (!f.recompute.empty()) l.recompute = f.recompute;
+  if (!f.memory_limit.empty())
+    l.memory_limit = model::parse_bytes(f.memory_limit, "--memory-limit");
   if (!f.profile.empty()) l.profile = f.profile;
   if (!f.corpus.empty()) c.data.corpus = f.corpus;
   if (!f.tokenizer.empty()) {
@@ -105,6 +113,19 @@ int run_train(TrainFlags& f) {
     PARM_CONFIG_CHECK(!l.resume.empty(),
                       "--resume without a folder needs --save-dir (or train.save_dir) to resume "
                       "from its latest checkpoint");
+  }
+  PARM_CONFIG_CHECK(f.dry_run_world == 0 || f.dry_run_memory,
+                    "--world-size {} is for --dry-run-memory only (a run's world size is its "
+                    "ranks')", f.dry_run_world);
+  if (f.dry_run_memory) {
+    // The prediction alone: nothing is built, no rank talks to another.
+    train::validate(c);
+    const int world = f.dry_run_world > 0 ? f.dry_run_world : world_size();
+    const Layout lay = make_layout(world, p.mp, p.ep, p.esp, p.pp, p.order);
+    const auto plans = train::predict_run_memory(c, lay);
+    if (world_rank() == 0) std::fputs(train::memory_plan_text(c, lay, plans).c_str(), stdout);
+    train::check_memory_limit(c, lay);
+    return 0;
   }
   train::run_training(c, true);
   return 0;
@@ -197,6 +218,21 @@ Command add_train(CLI::App& root) {
                 "grad-norm, optimizer, param-gather with --optimizer-sharding dp; each waits "
                 "for the device): a 'phases' line and metrics key phase_ms");
   app->add_option("--profile", f->profile, "cost-model profile for --schedule auto");
+  app->add_option("--memory-limit", f->memory_limit,
+                  "refuse the run before any work when a rank's predicted memory exceeds this "
+                  "(train.memory_limit): bytes, or with a suffix KiB, MiB, GiB, TiB (1024^n) or "
+                  "KB, MB, GB, TB (1000^n), e.g. 8GiB");
+  app->add_flag("--dry-run-memory", f->dry_run_memory,
+                "print the predicted per-rank memory of the config and layout and exit, "
+                "building nothing (with --memory-limit: exit 2 when it does not fit)");
+  app->add_option("--world-size", f->dry_run_world,
+                  "with --dry-run-memory: the world size of the layout to predict (default: "
+                  "the ranks running)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--recompute", f->recompute,
+                  "what the forward drops and the backward recomputes (train.recompute): none, "
+                  "moe-act (the experts' activations), moe (the MoE layers' internals but what "
+                  "their collectives produced) or block (whole blocks); docs/memory.md");
   return {app, [f] { return run_train(*f); }};
 }
 

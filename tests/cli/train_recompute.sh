@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# --recompute (issue 39; docs/memory.md): (a) 30 steps of a small GPT-2 MoE model (BERT:
+# train_recompute_bert.sh; the runs: lib/recompute_runs.bash) under each mode equal
+# --recompute none bit for bit (losses, l_aux, gradient norm, every parameter and moment of
+# the final checkpoint) under dp 2 (mp 1 ep 2), mp 2 ep 2 esp 2 dp 2 (8 ranks)
+# and pp 2; (b) the measured activation bytes (the allocator's counters) drop by what each mode
+# promises; (c) the dry-run prediction is within its tolerance of the measured peaks, and
+# --memory-limit refuses a run that will not fit before any work.
+#   bash train_recompute.sh <path to parm> <source dir>
+source "$(dirname "$0")/lib/checks.bash" "$@"
+work="$tmp"
+
+source "$(dirname "$0")/lib/recompute_runs.bash"
+recompute_runs gpt2
+
+# (c) The prediction against the measured peaks of the dp 2 runs (the last step's, max over
+# ranks): parameters, gradients and optimizer state exact; activations within 2% (what the
+# prediction leaves out: the movers' communication scratch); docs/memory.md.
+for mode in none moe-act moe block; do
+  name="gpt2-dp2-$mode"
+  out=$(prun -n 2 -- train --config "$work/gpt2.json" --mp 1 --ep 2 --recompute $mode --dry-run-memory)
+  echo "$out" | grep -q "stage 0:" || { bad "(c) $mode: no prediction"; echo "$out" | tail -5; continue; }
+  got=$(python3 - "$work/$name.jsonl" "$out" <<'PY'
+import json, re, sys
+meas = json.loads(open(sys.argv[1]).readlines()[-1])["mem_peak_bytes"]
+m = re.search(r"stage 0: .*\((\d+) bytes: parameters (\d+) gradients (\d+) optimizer (\d+) activations (\d+)", sys.argv[2])
+p, g, o, a = (int(x) for x in m.groups()[1:])
+ok = p == meas["parameters"] and g == meas["gradients"] and o == meas["optimizer"] and \
+     abs(a - meas["activations"]) <= 0.02 * meas["activations"]
+print(("ok" if ok else "bad") + f" predicted params {p} grads {g} optim {o} acts {a}; measured "
+      f"{int(meas['parameters'])} {int(meas['gradients'])} {int(meas['optimizer'])} {int(meas['activations'])}")
+PY
+)
+  case "$got" in ok*) ok "(c) $mode: ${got#ok }";; *) bad "(c) $mode: ${got#bad }";; esac
+done
+out=$(prun -n 2 -- train --config "$work/gpt2.json" --mp 1 --ep 2 --memory-limit 1MiB --steps 1)
+check "(c) --memory-limit 1MiB refuses the run before any work" 2 $? "will not fit --memory-limit" "$out"
+grep -q "step " <<<"$out" && bad "(c) the refused run trained"
+out=$(prun -n 2 -- train --config "$work/gpt2.json" --mp 1 --ep 2 --memory-limit 8x)
+check "(c) --memory-limit 8x is refused" 2 $? "KiB, MiB, GiB" "$out"
+out=$(prun -n 2 -- train --config "$work/gpt2.json" --mp 1 --ep 2 --recompute all)
+check "(c) --recompute all is refused" 2 $? "use none, moe-act, moe or block" "$out"
+out=$(prun -n 4 -- train --config "$work/gpt2.json" --pp 2 --mp 1 --ep 2 --grad-accum 2 --recompute moe --pp-overlap on)
+check "(c) --recompute moe with --pp-overlap on is refused" 2 $? "use --pp-overlap off" "$out"
+finish
