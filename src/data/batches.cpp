@@ -51,7 +51,8 @@ Batch BatchSource::make(const TokenSpan& text, uint64_t stream, int64_t first,
         tgt[t] = id;
         const uint32_t kind = r[1] % 10;
         if (kind < 8) tok[t] = mask_token();
-        else if (kind == 8) tok[t] = static_cast<int32_t>(r[2] % static_cast<uint32_t>(corpus_.vocab));
+        else if (kind == 8)
+          tok[t] = static_cast<int32_t>(r[2] % static_cast<uint32_t>(corpus_.vocab));
       }
     }
   }

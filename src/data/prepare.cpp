@@ -84,7 +84,8 @@ std::string build_cache_entry(const CacheEntry& e, const std::string& corpus,
     o.model_type = kind;
     o.vocab = vocab;
     train_tokenizer(corpus, o, e.tokenizer_file);
-    said += fmt::format("data cache: trained a {} tokenizer of {} pieces on {} into {} ({:.1f} s)\n",
+    said += fmt::format("data cache: trained a {} tokenizer of {} pieces on {} into {} "
+                        "({:.1f} s)\n",
                         kind, vocab, corpus, e.tokenizer_file, (now_us() - t0) / 1e6);
   }
   if (!fs::exists(e.prepared)) {

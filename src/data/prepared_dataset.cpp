@@ -154,7 +154,8 @@ Corpus open_prepared_corpus(const std::string& dir, double val_fraction, int64_t
                     v.tokens, v.documents, dtype_name(v.width), v.vocab);
   PARM_CONFIG_CHECK(v.tokens <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
                     "prepared dataset {}: {} tokens", dir, v.tokens);
-  const auto tokenizer = tokenizer_from_record(h.tokenizer, dir, fmt::format("prepared dataset {}", dir));
+  const auto tokenizer =
+      tokenizer_from_record(h.tokenizer, dir, fmt::format("prepared dataset {}", dir));
   Corpus c;
   c.name = fmt::format("prepared:{} ({})", dir, h.corpus);
   split_tokens(c, TokenSpan(v.ids, v.width, static_cast<int64_t>(v.tokens)), val_fraction,

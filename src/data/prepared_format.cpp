@@ -48,7 +48,8 @@ std::string tokens_file_bytes(std::span<const int32_t> ids, std::span<const uint
     else store(out, kTokensHeaderBytes + 4 * i, static_cast<uint32_t>(ids[i]));
   }
   for (uint64_t k = 0; k < d; ++k) {
-    PARM_CHECK(doc_starts[k] <= n && (k == 0 ? doc_starts[k] == 0 : doc_starts[k] >= doc_starts[k - 1]),
+    PARM_CHECK(doc_starts[k] <= n &&
+                   (k == 0 ? doc_starts[k] == 0 : doc_starts[k] >= doc_starts[k - 1]),
                "document {} starts at {} (tokens {})", k, doc_starts[k], n);
     store(out, index_at + 8 * k, doc_starts[k]);
   }

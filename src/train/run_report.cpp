@@ -19,8 +19,8 @@ void print_run_header(const TrainConfig& cfg, const Layout& lay,
               static_cast<long long>(cfg.model.experts), cfg.model.topk,
               cfg.model.capacity_factor.c_str());
   std::printf("layout: %d ranks, pp=%d x (dp=%d mp=%d | edp=%d ep=%d esp=%d), order %s; global "
-              "batch %lld x %lld tokens; corpus %s (%lld train / %lld val tokens, tokenizer %s); MFU "
-              "against %.1f GFLOP/s per rank (%s)\n",
+              "batch %lld x %lld tokens; corpus %s (%lld train / %lld val tokens, tokenizer %s); "
+              "MFU against %.1f GFLOP/s per rank (%s)\n",
               lay.world, lay.pp, lay.dp, lay.mp, lay.edp, lay.ep, lay.esp,
               lay.order_name().c_str(),
               static_cast<long long>(global_batch), static_cast<long long>(cfg.model.seq_len),

@@ -47,7 +47,8 @@ TEST(TrainConfig, DataTokenizerKindAndSize) {
   apply_tokenizer_vocab(c);
   EXPECT_EQ(c.model.vocab, 8192);
   validate(c);
-  nlohmann::json j = nlohmann::json::parse(read_file(PARM_SOURCE_DIR "/configs/bert-moe-tiny.json"));
+  nlohmann::json j =
+      nlohmann::json::parse(read_file(PARM_SOURCE_DIR "/configs/bert-moe-tiny.json"));
   j["data"]["tokenizer"] = {{"kind", "unigram"}, {"vocab", 1000}};
   c = parse_train_config(j, "bert");
   apply_tokenizer_vocab(c);

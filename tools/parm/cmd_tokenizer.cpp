@@ -50,7 +50,9 @@ int run_tokenizer_check(const TokenizerFlags& f) {
   std::printf("tokenizer %s on %s: %zu bytes, %zu documents -> %zu tokens (%.2f bytes per "
               "token; encode %.1f s, decode %.1f s); round trip: %s\n",
               t->describe().c_str(), f.corpus.c_str(), text.size(), enc.doc_starts.size(),
-              enc.ids.size(), static_cast<double>(text.size()) / static_cast<double>(std::max<size_t>(1, enc.ids.size())),
+              enc.ids.size(),
+              static_cast<double>(text.size()) /
+                  static_cast<double>(std::max<size_t>(1, enc.ids.size())),
               (t1 - t0) / 1e6, (t2 - t1) / 1e6,
               same ? "identical" : fmt::format("differs from byte {}", first).c_str());
   return same ? 0 : 1;
