@@ -6,13 +6,12 @@
 
 #include "model/pp_split.h"
 #include "parm/error.h"
+#include "train/optimizer.h"
 #include "train/pipeline_schedule.h"
 
 namespace parm::train {
 
-std::vector<model::MemoryPlan> predict_run_memory(const TrainConfig& c, const Layout& layout,
-                                                  double dense_optimizer_divisor,
-                                                  double expert_optimizer_divisor) {
+std::vector<model::MemoryPlan> predict_run_memory(const TrainConfig& c, const Layout& layout) {
   const auto& p = c.parallel;
   model::MemoryPlanInput in;
   in.model = c.model;
@@ -23,8 +22,9 @@ std::vector<model::MemoryPlan> predict_run_memory(const TrainConfig& c, const La
   for (int k = 0; k < layout.pp; ++k)
     in.slots.push_back(pipeline_slots(k, layout.pp, static_cast<int>(c.loop.grad_accum)));
   in.recompute = model::parse_recompute(c.loop.recompute);
-  in.dense_optimizer_divisor = dense_optimizer_divisor;
-  in.expert_optimizer_divisor = expert_optimizer_divisor;
+  const bool sharded = parse_optimizer_sharding(c.optim.sharding) == OptimizerSharding::kDp;
+  in.dense_optimizer_divisor = sharded ? layout.dp : 1.0;
+  in.expert_optimizer_divisor = sharded ? layout.edp : 1.0;
   model::LayerSchedule fixed;
   fixed.chunks = p.chunks;
   fixed.fuse = p.fuse != "off";

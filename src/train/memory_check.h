@@ -13,10 +13,9 @@ namespace parm::train {
 
 // One plan per pipeline stage. Under --schedule auto the cost model's choice is not made yet:
 // each MoE layer is taken at whichever of baseline, S1 and S2 (those the layout allows) holds
-// the most. The optimizer divisors are the input's (1, 1: no optimizer sharding).
-std::vector<model::MemoryPlan> predict_run_memory(const TrainConfig& c, const Layout& layout,
-                                                  double dense_optimizer_divisor = 1.0,
-                                                  double expert_optimizer_divisor = 1.0);
+// the most. The optimizer state follows c.optim.sharding: under dp each rank keeps 1/dp of
+// the dense parameters' and 1/edp of its expert shards' (train/optimizer.h).
+std::vector<model::MemoryPlan> predict_run_memory(const TrainConfig& c, const Layout& layout);
 // The plan as a table, one line per stage (MiB and bytes).
 std::string memory_plan_text(const TrainConfig& c, const Layout& layout,
                              const std::vector<model::MemoryPlan>& plans);
