@@ -5,6 +5,7 @@
 
 #include "model/dense_ops.h"
 #include "parm/error.h"
+#include "parm/memory.h"
 
 namespace parm::train {
 
@@ -123,7 +124,10 @@ AdamW::AdamW(Topology* topo, const std::vector<model::Param*>& params, Optimizer
     const int64_t n = s.from_shard ? g.shard : g.total;
     s.m = Tensor({n}, d);
     s.v = Tensor({n}, d);
-    if (s.from_shard) s.grad_shard = Tensor({g.shard}, d);
+    if (s.from_shard) {  // the reduced gradients' shard: gradients, not optimizer state
+      MemoryKindScope kind(MemoryKind::kGradients);
+      s.grad_shard = Tensor({g.shard}, d);
+    }
     states_.push_back(std::move(s));
   }
   for (const model::Param* p : params_) {
