@@ -55,6 +55,14 @@ fi
 grep -q '"kind": *"sentencepiece"' "$work/ck/step-00000003/manifest.json" \
   && [ -f "$work/ck/step-00000003/tokenizer.model" ] \
   && ok "(c) the checkpoint records the tokenizer" || bad "(c) the checkpoint lacks the tokenizer"
+# parm generate reads the checkpoint's tokenizer back (the copy it keeps): the same text for
+# the same seed, text of the corpus's alphabet.
+gen() { "$src/scripts/parmrun" -n 1 --job-timeout 120 -- generate --checkpoint "$work/ck/step-00000003" --prompt "And God said" --max-tokens 20 --seed 7 2>/dev/null; }
+if g1=$(gen) && g2=$(gen) && [ -n "$g1" ] && [ "$g1" = "$g2" ]; then
+  ok "(c) generate decodes with the checkpoint's BPE tokenizer: $(printf '%s' "$g1" | head -c 60 | tr '\n' ' ')"
+else
+  bad "(c) generate on the BPE checkpoint: '$g1' / '$g2'"
+fi
 # Another layout (4 ranks, mp 2 x esp 2 x ep 2, dp 2): the same global batch, the same sequences.
 if train 4 "$work/res.log" --mp 2 --esp 2 --ep 2 --data "$work/ds" \
      --resume "$work/ck/step-00000003" --metrics "$work/res.jsonl"; then

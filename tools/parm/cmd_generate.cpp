@@ -77,7 +77,8 @@ Loaded load(const std::string& path) {
   train::AdamW moments(m->params());
   const train::CheckpointState st =
       train::load_checkpoint(*topo, out.folder, m->all_param_specs(), m->params(), moments,
-                             train::model_config_json(out.config));
+                             train::model_config_json(out.config),
+                             manifest.value("tokenizer", nlohmann::json()));
   out.step = st.step;
   for (model::Param* p : m->params()) out.weights.emplace(p->name, p->value.clone());
   if (st.router_bias.is_array())
@@ -118,7 +119,7 @@ int run_generate(const GenerateFlags& f) {
       ids.insert(ids.end(), part.begin(), part.end());
       if (at == std::string::npos) break;
       masked.push_back(static_cast<int64_t>(ids.size()));
-      ids.push_back(data::kBertMaskToken);
+      ids.push_back(codec->mask_id());
       pos = at + std::string(kMaskMarker).size();
     }
     PARM_CONFIG_CHECK(!masked.empty(), "--mask: the prompt has no {} to fill", kMaskMarker);
@@ -128,7 +129,7 @@ int run_generate(const GenerateFlags& f) {
     for (int64_t t : masked) {
       // A filled position gets a byte, never [MASK] itself (the MLM head's extra id).
       std::vector<float> row(logits.begin() + t * V, logits.begin() + (t + 1) * V);
-      if (V > data::kBertMaskToken) row[data::kBertMaskToken] = -INFINITY;
+      if (V > codec->mask_id()) row[static_cast<size_t>(codec->mask_id())] = -INFINITY;
       ids[static_cast<size_t>(t)] =
           model::sample_token(row.data(), V, f.temperature, f.top_k, rng.uniform());
     }

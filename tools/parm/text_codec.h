@@ -19,12 +19,15 @@ class TextCodec {
   // The text of `ids`; an id with no text of its own (BERT's [MASK]) is shown as "[MASK]".
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual std::string name() const = 0;
+  // BERT's [MASK]: the id after the tokenizer's last (256 for bytes).
+  virtual int32_t mask_id() const = 0;
 };
 
 // The tokenizer a checkpoint's model was trained with, from its manifest (its "tokenizer"
 // record: {"kind": K, "vocab": V, ...}, absent for byte-level tokens) and its folder (where a
-// tokenizer's model file is kept). Byte-level tokens (data/batch.h) are the only kind this
-// build reads; throws InvalidConfig naming any other.
+// tokenizer's model file is kept): bytes (data/batch.h), or the tokenizer the record names
+// (data/tokenizer.h, its model file kept in the checkpoint). Throws InvalidConfig naming a
+// record that cannot be read back.
 std::unique_ptr<TextCodec> make_text_codec(const nlohmann::json& manifest,
                                            const std::string& checkpoint_folder);
 
