@@ -8,6 +8,9 @@ orders of float sums, the counters and the deadline are Parm's (src/comm/
 external_communicator.h). Also here: building Parm's groups over torch's world, and
 checking the caller's own groups against a Parm layout before any work.
 """
+import atexit
+import collections
+import ctypes
 import datetime
 import itertools
 import socket
@@ -29,6 +32,27 @@ def _t(capsule):
     return torch.utils.dlpack.from_dlpack(capsule)
 
 
+# The last operations to finish, each its torch work handle and tensors. torch.distributed's
+# worker thread (gloo's runLoop) drops its own reference to an operation a moment after
+# marking it complete; were Python's the last reference to go first, that thread would free
+# the tensors' Python objects, taking the GIL, and during interpreter shutdown that ends the
+# process (std::terminate from pthread_exit). Held here, the tensors are freed by Python, on
+# the thread that drops them; at exit they are kept for good (_keep_retired_forever).
+_RETIRED = collections.deque(maxlen=8)
+
+
+def _retire(work, keep):
+    if work is not None or keep:
+        _RETIRED.append((work, keep))
+
+
+@atexit.register
+def _keep_retired_forever():
+    # One more reference that nothing drops: the interpreter's teardown never frees these.
+    held = list(_RETIRED)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))
+
+
 class Work:
     """One operation in flight: torch's work handle, the tensors it uses (kept alive until
     it completes) and what must run after it (copies out of a staging tensor)."""
@@ -42,7 +66,8 @@ class Work:
         if self.after is not None:
             self.after()
             self.after = None
-        self.keep = ()
+        _retire(self.work, self.keep)
+        self.work, self.keep = None, ()
 
     def done(self):
         if self.work is not None and not self.work.is_completed():
