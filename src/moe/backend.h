@@ -181,9 +181,11 @@ class LayerBackend {
 void check_router_options(Device device, float router_z_loss, float router_bias_update,
                           const RouterSpec& router = {});
 // The expert kinds a device's backend computes at a precision: gelu everywhere, swiglu on the
-// CPU at fp32. Throws InvalidConfig naming the flag, the config key and what would be valid.
+// CPU (fp32 and bf16). Throws InvalidConfig naming the flag, the config key and what would be
+// valid.
 void check_expert_mlp(Device device, Precision precision, ExpertMlp mlp);
-// Shared experts (docs/spec.md §9): on the CPU at fp32. Throws InvalidConfig naming the flags.
+// Shared experts (docs/spec.md §9): on the CPU (fp32 and bf16). Throws InvalidConfig naming
+// the flags.
 void check_shared_experts(Device device, Precision precision, int shared_experts);
 
 // Throws InvalidConfig when `device` / `precision` cannot run in this build or machine.

@@ -17,7 +17,7 @@ class CpuBackend final : public LayerBackend {
                 s.max_local_rows, s.expert_mlp, s.acts_pool);
     if (s.shared_experts > 0)
       shared_.reserve(s.shared_experts, s.shared_rows, s.model_dim, s.shared_hidden_shard,
-                      s.expert_mlp, s.shared_gate);
+                      s.expert_mlp, s.shared_gate, p);
   }
 
   Device device() const override { return Device::kCpu; }
@@ -35,7 +35,10 @@ class CpuBackend final : public LayerBackend {
     aux_rows_ = rows;
     aux_sets_ = sets;
   }
-  void set_weights_version(uint64_t version) override { ws_.bf16.set_weights_version(version); }
+  void set_weights_version(uint64_t version) override {
+    ws_.bf16.set_weights_version(version);
+    shared_.bf16.set_weights_version(version);
+  }
   WeightCopies weight_copies() const override {
     return {ws_.bf16.weight_packs(), ws_.bf16.last_pack_us()};
   }

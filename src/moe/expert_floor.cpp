@@ -48,8 +48,6 @@ ExpertProductsFloor::ExpertProductsFloor(std::vector<int64_t> rows, int64_t M, i
   PARM_CHECK(!rows_.empty() && M >= 1 && hl >= 1,
              "expert products floor: {} experts, M={}, Hl={} (need at least one expert, M and "
              "Hl >= 1)", rows_.size(), M, hl);
-  PARM_CHECK(!is_gated(mlp) || p == Precision::kFp32,
-             "expert products floor: {} experts at fp32 only", expert_mlp_name(mlp));
   experts_.resize(rows_.size());
   for (size_t e = 0; e < rows_.size(); ++e) {
     const int64_t n = rows_[e];
@@ -90,6 +88,15 @@ void ExpertProductsFloor::pack(int64_t e, Expert& x) {
     x.w2tb.resize(size(cpu::bf16_packed_b_size(M, hl)));
     cpu::bf16_pack_b_both(hl, M, w2.data(), x.w2b.data(), x.w2tb.data());
   }
+  if (is_gated(mlp_)) {
+    const auto w3 = filled(e, kW3, M, hl);
+    x.w3b.resize(size(cpu::bf16_packed_b_size(M, hl)));
+    x.w3tb.resize(size(cpu::bf16_packed_b_size(hl, M)));
+    cpu::bf16_pack_b_both(M, hl, w3.data(), x.w3b.data(), x.w3tb.data());
+    const auto dgate = filled(e, kDGate, n, hl);
+    x.dgatea = packed_a(false, n, hl, dgate, hl);
+    x.dgateb = packed_b(n, hl, dgate);
+  }
   const auto xi = filled(e, kX, n, M), act = filled(e, kAct, n, hl);
   const auto dy = filled(e, kDy, n, M), dpre = filled(e, kDPre, n, hl);
   x.xa = packed_a(false, n, M, xi, M);
@@ -109,12 +116,16 @@ void ExpertProductsFloor::run() {
     Expert& x = experts_[e];
     auto c = [&x](ExpertProduct q) { return x.out[static_cast<int>(q)].data(); };
     if (precision_ == Precision::kBf16) {
-      cpu::gemm_bf16_packed(n, hl, M, x.xa.data(), x.w1b.data(), c(ExpertProduct::kPre), hl, false);
-      cpu::gemm_bf16_packed(n, M, hl, x.acta.data(), x.w2b.data(), c(ExpertProduct::kOut), M, false);
-      cpu::gemm_bf16_packed(hl, M, n, x.actt.data(), x.dyb.data(), c(ExpertProduct::kDW2), M, true);
-      cpu::gemm_bf16_packed(n, hl, M, x.dya.data(), x.w2tb.data(), c(ExpertProduct::kDAct), hl, false);
-      cpu::gemm_bf16_packed(M, hl, n, x.xt.data(), x.dpreb.data(), c(ExpertProduct::kDW1), hl, true);
-      cpu::gemm_bf16_packed(n, M, hl, x.dprea.data(), x.w1tb.data(), c(ExpertProduct::kDX), M, false);
+      // By ExpertProduct: the packed operands (A, B) the layer's pass multiplies.
+      const std::pair<const cpu::Bf16Buffer*, const cpu::Bf16Buffer*> operands[] = {
+          {&x.xa, &x.w1b},    {&x.acta, &x.w2b},  {&x.actt, &x.dyb},
+          {&x.dya, &x.w2tb},  {&x.xt, &x.dpreb},  {&x.dprea, &x.w1tb},
+          {&x.xa, &x.w3b},    {&x.xt, &x.dgateb}, {&x.dgatea, &x.w3tb}};
+      for (ExpertProduct q : expert_products(mlp_)) {
+        const GemmCall g = expert_gemm(q, n, M, hl);
+        const auto& [a, b] = operands[static_cast<int>(q)];
+        cpu::gemm_bf16_packed(g.m, g.n, g.k, a->data(), b->data(), c(q), g.n, g.accumulate);
+      }
       continue;
     }
     const auto in = [&x](Input i) { return x.in[i].data(); };

@@ -29,7 +29,6 @@ class ExpertProductsFloor {
   static float input(int64_t expert, Input which, int64_t i);
 
   // Allocates and fills every expert's operands and outputs (packed at Precision::kBf16).
-  // swiglu experts: fp32 only.
   ExpertProductsFloor(std::vector<int64_t> rows, int64_t model_dim, int64_t hidden, Precision p,
                       ExpertMlp mlp = ExpertMlp::kGelu);
   // The products of every expert once, in the pass's order (dW1, dW2, dW3 and swiglu's
@@ -47,6 +46,7 @@ class ExpertProductsFloor {
     cpu::Bf16Buffer xt, actt;                 // x^T, act^T packed as A (dW1, dW2)
     cpu::Bf16Buffer dyb, dpreb;               // dy, dpre packed as B (dW2, dW1)
     cpu::Bf16Buffer w1b, w2b, w2tb, w1tb;     // W1, W2, W2^T, W1^T packed as B
+    cpu::Bf16Buffer w3b, w3tb, dgatea, dgateb;  // swiglu: W3, W3^T as B; dgate as A and B
     std::vector<float> out[kMaxExpertProducts];  // by ExpertProduct
   };
   void pack(int64_t e, Expert& x);

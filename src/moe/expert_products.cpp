@@ -94,8 +94,9 @@ void RowRuns::copy(int64_t r0, int64_t n, float* dst) const {
   PARM_CHECK(n == 0, "rows up to {} asked of {} runs holding {} rows", r0 + n, runs, first);
 }
 
-void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl) {
-  experts_ = experts, max_rows_ = max_rows, model_dim_ = M, hidden_ = hl;
+void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, int64_t hl,
+                                 bool gated) {
+  experts_ = experts, max_rows_ = max_rows, model_dim_ = M, hidden_ = hl, gated_ = gated;
   const auto n = [](int64_t x) { return static_cast<size_t>(x); };
   a_.assign(n(std::max(cpu::bf16_packed_a_size(max_rows, M),
                        cpu::bf16_packed_a_size(max_rows, hl))),
@@ -113,16 +114,26 @@ void Bf16ExpertProducts::reserve(int64_t experts, int64_t max_rows, int64_t M, i
   at_stride_ = cpu::bf16_packed_a_size(hl, max_rows);
   xt_.assign(n(experts * xt_stride_), 0);
   at_.assign(n(experts * at_stride_), 0);
+  w3_.assign(n(gated ? experts * w_stride_ : 0), 0);
+  w3t_.assign(n(gated ? experts * w_stride_ : 0), 0);
+  act_rows_.assign(n(gated ? kFuseRows * hl : 0), 0.0f);
+  copies_.forget();
 }
 
-bool Bf16ExpertProducts::pack_weights(const float* w1, const float* w2) {
+bool Bf16ExpertProducts::pack_weights(const float* w1, const float* w2, const float* w3) {
+  PARM_CHECK((w3 != nullptr) == gated_,
+             "bf16 expert products reserved for {} experts, given weights {} W3",
+             gated_ ? "swiglu" : "gelu", w3 != nullptr ? "with" : "without");
   if (!copies_.stale(w1, w2)) return false;
   const double t0 = now_us();
   const int64_t M = model_dim_, hl = hidden_, packed = w_stride_;
   for (int64_t e = 0; e < experts_; ++e) {
-    // W1 (M, Hl) and W1^T (Hl, M); W2 (Hl, M) and W2^T (M, Hl).
+    // W1 (M, Hl) and W1^T (Hl, M); W2 (Hl, M) and W2^T (M, Hl); W3 as W1.
     cpu::bf16_pack_b_both(M, hl, w1 + e * M * hl, w1_.data() + e * packed, w1t_.data() + e * packed);
     cpu::bf16_pack_b_both(hl, M, w2 + e * hl * M, w2_.data() + e * packed, w2t_.data() + e * packed);
+    if (gated_)
+      cpu::bf16_pack_b_both(M, hl, w3 + e * M * hl, w3_.data() + e * packed,
+                            w3t_.data() + e * packed);
   }
   copies_.made(w1, w2);
   last_pack_us_ = now_us() - t0;
@@ -146,8 +157,8 @@ void Bf16ExpertProducts::fc1_forward(int64_t e, int64_t rows, const RowRuns& x, 
 }
 
 void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, float* pre,
-                                               const float* b1, float* out,
-                                               PhaseClock* clock) {
+                                               const float* b1, float* out, PhaseClock* clock,
+                                               bool accumulate) {
   const int64_t M = model_dim_, hl = hidden_;
   for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
     const int64_t nr = std::min(kFuseRows, rows - r0);
@@ -158,7 +169,67 @@ void Bf16ExpertProducts::bias_gelu_fc2_forward(int64_t e, int64_t rows, float* p
                                   at_.data() + e * at_stride_, block_.data());
   }
   lap(clock, "bias + GeLU");
-  cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, false);
+  cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, accumulate);
+  lap(clock, "expert products");
+}
+
+void Bf16ExpertProducts::gate_forward(int64_t e, int64_t rows, float* gate, PhaseClock* clock) {
+  PARM_CHECK(gated_, "bf16 expert products: gate_forward on gelu experts");
+  const int64_t M = model_dim_, hl = hidden_;
+  cpu::gemm_bf16_packed(rows, hl, M, a_.data(), w3_.data() + e * w_stride_, gate, hl, false);
+  lap(clock, "expert products");
+}
+
+void Bf16ExpertProducts::swiglu_fc2_forward(int64_t e, int64_t rows, const float* pre,
+                                            const float* gate, float* out, PhaseClock* clock,
+                                            bool accumulate) {
+  PARM_CHECK(gated_, "bf16 expert products: swiglu_fc2_forward on gelu experts");
+  const int64_t M = model_dim_, hl = hidden_;
+  float* act = act_rows_.data();
+  for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
+    const int64_t nr = std::min(kFuseRows, rows - r0);
+    // act of this block, as row block r0 of packed A and as act^T's k block r0 (for dW2)
+    cpu::swiglu_forward(pre + r0 * hl, gate + r0 * hl, act, nr * hl);
+    cpu::bf16_pack_a(false, nr, hl, act, hl, a_.data() + cpu::bf16_packed_a_size(r0, hl));
+    cpu::bf16_pack_at_rows(r0, nr, hl, rows, act, hl, at_.data() + e * at_stride_);
+  }
+  lap(clock, "SwiGLU");
+  cpu::gemm_bf16_packed(rows, M, hl, a_.data(), w2_.data() + e * w_stride_, out, M, accumulate);
+  lap(clock, "expert products");
+}
+
+void Bf16ExpertProducts::pack_rows_a_b(int64_t r0, int64_t nr, int64_t rows, const float* t,
+                                       uint16_t* a) {
+  const int64_t hl = hidden_;
+  cpu::bf16_pack_a(false, nr, hl, t + r0 * hl, hl, a + cpu::bf16_packed_a_size(r0, hl));
+  cpu::bf16_pack_b_rows(r0, nr, rows, hl, t + r0 * hl, hl, b_.data());
+}
+
+void Bf16ExpertProducts::swiglu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre,
+                                                      const float* gate, float* dact,
+                                                      float* dgate, float* dw1, float* dw3,
+                                                      float* dx, PhaseClock* clock) {
+  PARM_CHECK(gated_, "bf16 expert products: swiglu_backward_fc1_backward on gelu experts");
+  const int64_t M = model_dim_, hl = hidden_;
+  // dpre (over dact) and dgate, each packed as A (for dx) and as B (for dW1, dW3) a block at
+  // a time while the block is in cache; dpre's products run before dgate's packing reuses b_.
+  for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows) {
+    const int64_t nr = std::min(kFuseRows, rows - r0);
+    cpu::swiglu_backward(pre + r0 * hl, gate + r0 * hl, dact + r0 * hl, dact + r0 * hl,
+                         dgate + r0 * hl, nr * hl);
+    pack_rows_a_b(r0, nr, rows, dact, a2_.data());
+  }
+  lap(clock, "SwiGLU backward");
+  // dW1 (M, Hl) += x^T dpre; dx (R, M) = dpre W1^T
+  cpu::gemm_bf16_packed(M, hl, rows, xt_.data() + e * xt_stride_, b_.data(), dw1, hl, true);
+  cpu::gemm_bf16_packed(rows, M, hl, a2_.data(), w1t_.data() + e * w_stride_, dx, M, false);
+  lap(clock, "expert products");
+  for (int64_t r0 = 0; r0 < rows; r0 += kFuseRows)
+    pack_rows_a_b(r0, std::min(kFuseRows, rows - r0), rows, dgate, a2_.data());
+  lap(clock, "SwiGLU backward");
+  // dW3 (M, Hl) += x^T dgate; dx (R, M) += dgate W3^T
+  cpu::gemm_bf16_packed(M, hl, rows, xt_.data() + e * xt_stride_, b_.data(), dw3, hl, true);
+  cpu::gemm_bf16_packed(rows, M, hl, a2_.data(), w3t_.data() + e * w_stride_, dx, M, true);
   lap(clock, "expert products");
 }
 
@@ -201,9 +272,9 @@ void Bf16ExpertProducts::gelu_backward_fc1_backward(int64_t e, int64_t rows, con
 
 int64_t Bf16ExpertProducts::held_bytes() const {
   size_t n = a_.size() + a2_.size() + b_.size() + w1_.size() + w2_.size() + w2t_.size() +
-             w1t_.size() + xt_.size() + at_.size();
+             w1t_.size() + xt_.size() + at_.size() + w3_.size() + w3t_.size();
   return static_cast<int64_t>(n * sizeof(uint16_t) +
-                              (block_.size() + rows_.size()) * sizeof(float));
+                              (block_.size() + rows_.size() + act_rows_.size()) * sizeof(float));
 }
 
 double expert_product_flops(int64_t rows, int64_t M, int64_t hl, ExpertMlp mlp) {

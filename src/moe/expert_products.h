@@ -91,9 +91,12 @@ struct RowRuns {
   void copy(int64_t r0, int64_t n, float* dst) const;
 };
 
-// The six products at Precision::kBf16 (bf16 operands, fp32 accumulation and outputs, as the
-// CUDA path), every operand rounded into the packed layouts of cpu::gemm_bf16_packed.
-// pack_weights packs every expert's W1, W2 and W1^T, W2^T before the forward products when
+// The six products (swiglu's nine) at Precision::kBf16 (bf16 operands, fp32 accumulation and
+// outputs, as the CUDA path), every operand rounded into the packed layouts of
+// cpu::gemm_bf16_packed, which runs the CPU's bf16 kernel (AMX, AVX512-BF16, or on a CPU
+// without bf16 units the fp32 GEMM over the widened bf16 operands: kernels.h Bf16Kernel).
+// pack_weights packs every expert's W1, W2 and W1^T, W2^T (swiglu: W3 and W3^T too) before
+// the forward products when
 // they are stale (moe/bf16_weight_copies.h: other tensors, another version given to
 // set_weights_version, or no version given: every forward call); the products of later passes
 // at the same version, backward ones among them, reuse them. An expert's forward pass keeps x^T
@@ -102,14 +105,18 @@ struct RowRuns {
 // a time with the bf16 GeLU and round every output into its packed layouts from registers
 // (cpu::bias_gelu_pack_both_bf16, gelu_grad_pack_both_bf16); the row operands x and dy are
 // read where the exchange layout holds them (RowRuns) a block at a time and packed twice
-// from cache, with no fp32 copy of the rows. Nothing is allocated after reserve().
+// from cache, with no fp32 copy of the rows. Swiglu experts (reserve's `gated`) keep pre and
+// gate (x W3) in fp32 for their backward pass; SiLU(pre) * gate runs in fp32 (cpu::swiglu_*)
+// 32 rows at a time and is rounded into act's packed layouts from cache; their backward pass
+// writes dpre and dgate in fp32 and packs each twice. Nothing is allocated after reserve().
 class Bf16ExpertProducts {
  public:
-  void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden);
-  // w1 (E_loc, M, Hl), w2 (E_loc, Hl, M), fp32: one pass over them writes all four layouts,
-  // unless the packed copies already hold these weights at the current version. Returns
-  // whether it packed.
-  bool pack_weights(const float* w1, const float* w2);
+  void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden,
+               bool gated = false);
+  // w1 (E_loc, M, Hl), w2 (E_loc, Hl, M), fp32, and w3 (E_loc, M, Hl) for swiglu experts
+  // (null for gelu ones): one pass over them writes all their layouts, unless the packed
+  // copies already hold these weights at the current version. Returns whether it packed.
+  bool pack_weights(const float* w1, const float* w2, const float* w3 = nullptr);
   // The version of the weights the next pack_weights is given (Bf16WeightCopies).
   void set_weights_version(uint64_t v) { copies_.set_version(v); }
   // Times the weights were packed so far, and the wall time of the last packing (us).
@@ -124,9 +131,16 @@ class Bf16ExpertProducts {
   void fc1_forward(int64_t e, int64_t rows, const RowRuns& x, float* pre,
                    PhaseClock* clock = nullptr);
   // act = gelu(pre + b1), out (R, M) = act W2; keeps act^T packed and overwrites pre with
-  // gelu'(pre + b1) for the backward pass. Overwrites out and pre.
+  // gelu'(pre + b1) for the backward pass. Overwrites pre, and out (accumulate: out += act W2).
   void bias_gelu_fc2_forward(int64_t e, int64_t rows, float* pre, const float* b1, float* out,
-                             PhaseClock* clock = nullptr);
+                             PhaseClock* clock = nullptr, bool accumulate = false);
+  // Swiglu (reserve's gated): gate (R, Hl) = x W3 for expert e, x as the fc1_forward just
+  // before packed it ("expert products"). Overwrites gate.
+  void gate_forward(int64_t e, int64_t rows, float* gate, PhaseClock* clock = nullptr);
+  // Swiglu: act = silu(pre) * gate ("SwiGLU"), out (R, M) = act W2; keeps act^T packed; pre
+  // and gate are left for the backward pass. Overwrites out (accumulate: out += act W2).
+  void swiglu_fc2_forward(int64_t e, int64_t rows, const float* pre, const float* gate,
+                          float* out, PhaseClock* clock = nullptr, bool accumulate = false);
   // db2 (M) += column sums of dy (skipped when db2 is null); dW2 (Hl, M) += act^T dy;
   // dact (R, Hl) = dy (R, M) W2^T, dy's R rows read from `dy`. Accumulates db2 and dw2,
   // overwrites dact.
@@ -137,10 +151,20 @@ class Bf16ExpertProducts {
   // and dw1, overwrites dx.
   void gelu_backward_fc1_backward(int64_t e, int64_t rows, const float* grad, const float* dact,
                                   float* db1, float* dw1, float* dx, PhaseClock* clock = nullptr);
+  // Swiglu: dpre = dact gate silu'(pre) (over dact) and dgate (R, Hl) = dact silu(pre)
+  // ("SwiGLU backward"); dW1 (M, Hl) += x^T dpre, dW3 (M, Hl) += x^T dgate, dx (R, M) =
+  // dpre W1^T + dgate W3^T. Accumulates dw1 and dw3, overwrites dact, dgate and dx.
+  void swiglu_backward_fc1_backward(int64_t e, int64_t rows, const float* pre, const float* gate,
+                                    float* dact, float* dgate, float* dw1, float* dw3, float* dx,
+                                    PhaseClock* clock = nullptr);
   int64_t held_bytes() const;
 
  private:
+  // Rows r0 .. r0 + nr - 1 of t (R, Hl), fp32, as row block r0 of packed A (into `a`) and as
+  // rows r0.. of packed B of the whole (R, Hl) operand (into b_).
+  void pack_rows_a_b(int64_t r0, int64_t nr, int64_t rows, const float* t, uint16_t* a);
   int64_t experts_ = 0, max_rows_ = 0, model_dim_ = 0, hidden_ = 0;
+  bool gated_ = false;
   int64_t w_stride_ = 0;   // values per expert in each packed weight buffer
   int64_t xt_stride_ = 0, at_stride_ = 0;  // values per expert in xt_, at_
   cpu::Bf16Buffer a_, b_;  // packed row operands of the product being run
@@ -153,6 +177,8 @@ class Bf16ExpertProducts {
   // and W1^T (Hl, M) for the backward pass; packed as A from the forward pass: x^T (M, R),
   // act^T (Hl, R).
   cpu::Bf16Buffer w1_, w2_, w2t_, w1t_, xt_, at_;
+  cpu::Bf16Buffer w3_, w3t_;  // swiglu: W3 (M, Hl) and W3^T (Hl, M) packed as B
+  std::vector<float> act_rows_;  // swiglu: (kFuseRows, Hl) fp32, act of one block of rows
   Bf16WeightCopies copies_;  // what w1_, w2_, w2t_, w1t_ hold
   double last_pack_us_ = 0;
 };

@@ -145,17 +145,13 @@ void ffn_backward(int64_t n, int64_t M, int64_t hl, const float* x, const float*
 void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int64_t hl,
                               Precision p, int64_t max_total_rows, ExpertMlp mlp_,
                               ActivationPool* pool_) {
-  PARM_CONFIG_CHECK(!is_gated(mlp_) || p == Precision::kFp32,
-                    "--expert-mlp {} runs at --precision fp32 on the CPU (its bf16 products "
-                    "are not written yet); use --precision fp32, or --expert-mlp gelu",
-                    expert_mlp_name(mlp_));
   precision = p;
   mlp = mlp_;
   max_rows = max_rows_;
   packed = max_total_rows > 0;
   total_rows = packed ? max_total_rows : max_rows;
   const bool bf16_path = p == Precision::kBf16;
-  if (bf16_path) bf16.reserve(experts, max_rows, M, hl);
+  if (bf16_path) bf16.reserve(experts, max_rows, M, hl, is_gated(mlp_));
   rows.assign(static_cast<size_t>(experts), 0);
   first.assign(static_cast<size_t>(experts), 0);
   in.clear();
@@ -261,16 +257,22 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
   PhaseClock clock(times);
   const bool bf16 = ws.precision == Precision::kBf16;
   // All four layouts once per weight version; experts_backward reuses them.
-  if (bf16 && ws.bf16.pack_weights(w.w1.data(), w.w2.data())) clock.lap("bf16 weight packing");
+  if (bf16 && ws.bf16.pack_weights(w.w1.data(), w.w2.data(), w.gated() ? w.w3.data() : nullptr))
+    clock.lap("bf16 weight packing");
   for (int64_t e = 0; e < e_loc; ++e) {
     ws.place(e, filled_rows(fills, blocks, e_loc, e));
     float* pre = ws.pre_rows(e);
     const int64_t n = ws.rows[static_cast<size_t>(e)];
-    if (bf16) {  // reads x where the layout holds it, packing it; GeLU packs act (each
-                 // step laps the clock: the GEMMs alone are "expert products")
+    if (bf16) {  // reads x where the layout holds it, packing it; GeLU (SwiGLU) packs act
+                 // (each step laps the clock: the GEMMs alone are "expert products")
       ws.bf16.fc1_forward(e, n, filled_runs(in, lay, blocks, e, fills), pre, &clock);
-      ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, ws.out_rows.data(),
-                                    &clock);
+      if (w.gated()) {
+        ws.bf16.gate_forward(e, n, ws.gate_rows(e), &clock);
+        ws.bf16.swiglu_fc2_forward(e, n, pre, ws.gate_rows(e), ws.out_rows.data(), &clock);
+      } else {
+        ws.bf16.bias_gelu_fc2_forward(e, n, pre, w.b1.data() + e * hl, ws.out_rows.data(),
+                                      &clock);
+      }
     } else {
       float* x = ws.in_rows(e);
       PARM_CHECK_EQ(gather_filled(in, lay, blocks, e, fills, x), n);
@@ -303,12 +305,20 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
     const float* pre = ws.pre_rows(e);
     const int64_t n = ws.rows[static_cast<size_t>(e)];
     PARM_CHECK_EQ(filled_rows(fills, blocks, e_loc, e), n);
-    if (bf16) {  // reads dy where the layout holds it (db2 and its packing); dpre from the
-                 // gelu' the forward pass left in pre (each step laps the clock, as there)
+    if (bf16) {  // reads dy where the layout holds it (db2 and its packing); gelu: dpre from
+                 // the gelu' the forward pass left in pre; swiglu: from pre and gate (each
+                 // step laps the clock, as there)
       ws.bf16.fc2_backward(e, n, filled_runs(dout, lay, blocks, e, fills),
-                           dw.b2.data() + e * M, dw.w2.data() + e * hl * M, dact, &clock);
-      ws.bf16.gelu_backward_fc1_backward(e, n, pre, dact, dw.b1.data() + e * hl,
-                                         dw.w1.data() + e * M * hl, ws.out_rows.data(), &clock);
+                           w.gated() ? nullptr : dw.b2.data() + e * M, dw.w2.data() + e * hl * M,
+                           dact, &clock);
+      if (w.gated())
+        ws.bf16.swiglu_backward_fc1_backward(e, n, pre, ws.gate_rows(e), dact, ws.d_gate.data(),
+                                             dw.w1.data() + e * M * hl, dw.w3.data() + e * M * hl,
+                                             ws.out_rows.data(), &clock);
+      else
+        ws.bf16.gelu_backward_fc1_backward(e, n, pre, dact, dw.b1.data() + e * hl,
+                                           dw.w1.data() + e * M * hl, ws.out_rows.data(),
+                                           &clock);
     } else {
       PARM_CHECK_EQ(gather_filled(dout, lay, blocks, e, fills, dy), n);
       clock.lap("rows in/out");

@@ -68,10 +68,12 @@ LayerMemory plan_layer_memory(const schedule::Schedule& sc, const MoeShape& shap
     acts += (bf16 ? 0 : rows_m) + rows_h + (bf16 ? 0 : rows_h) + (gated ? rows_h : 0);
   }
   acts += max_rows * M + (bf16 ? 0 : max_rows * M) + max_rows * hl + (gated ? max_rows * hl : 0);
-  // The shared experts' workspace (shared_experts.cpp).
+  // The shared experts' workspace (shared_experts.cpp): per expert pre, act (not at bf16:
+  // packed) and swiglu's gate.
   if (shape.has_shared()) {
     const int64_t r = sc.shared_rows;
-    acts += shape.shared_experts * r * hs * (gated ? 3 : 2) + r * hs + (gated ? r * hs : 0) +
+    acts += shape.shared_experts * r * hs * (1 + (bf16 ? 0 : 1) + (gated ? 1 : 0)) + r * hs +
+            (gated ? r * hs : 0) +
             r * M + (shape.shared_gate ? 2 * r * M + 2 * r : 0);
   }
   if (pool_buffers) acts += schedule::stats_numel(E, true);  // MoeLayer's replay_stats_

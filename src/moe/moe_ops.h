@@ -142,8 +142,8 @@ struct ExpertShards {
 // steady state then allocates nothing. At Precision::kBf16 the six products run on bf16
 // operands (Bf16ExpertProducts), which packs x and dy straight from the exchange layout and
 // keeps x and act packed for the backward pass: `in`, `act` and `d_out` are then empty; pre
-// stays fp32 and holds gelu'(pre + b1) after the forward GeLU step. Gated (swiglu, fp32 only):
-// `gate` holds x W3 beside pre, and d_gate its gradient.
+// stays fp32 and holds gelu'(pre + b1) after the forward GeLU step. Gated (swiglu, at either
+// precision): `gate` holds x W3 beside pre (pre then keeps x W1), and d_gate its gradient.
 //
 // Packed (max_total_rows > 0, dropless): in, pre and act are one pool each, of
 // max_total_rows rows, the bound on the rows all local experts get together in one pass;

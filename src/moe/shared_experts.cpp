@@ -9,15 +9,19 @@
 namespace parm::moe {
 
 void SharedWorkspace::reserve(int64_t experts, int64_t rows, int64_t M, int64_t hl,
-                              ExpertMlp mlp_, bool gate_on) {
+                              ExpertMlp mlp_, bool gate_on, Precision p) {
   mlp = mlp_;
+  precision = p;
   gated = gate_on;
+  const bool bf16_path = p == Precision::kBf16;
+  bf16 = Bf16ExpertProducts();
+  if (bf16_path) bf16.reserve(experts, rows, M, hl, is_gated(mlp));
   pre.clear();
   gate.clear();
   act.clear();
   for (int64_t s = 0; s < experts; ++s) {
     pre.emplace_back(Shape{rows, hl});
-    act.emplace_back(Shape{rows, hl});
+    if (!bf16_path) act.emplace_back(Shape{rows, hl});
     if (is_gated(mlp)) gate.emplace_back(Shape{rows, hl});
   }
   sum = gated ? Tensor({rows, M}) : Tensor();
@@ -34,7 +38,7 @@ int64_t SharedWorkspace::held_bytes() const {
               d_gate.bytes() + dx.bytes();
   for (const auto* list : {&pre, &gate, &act})
     for (const Tensor& t : *list) b += t.bytes();
-  return b;
+  return b + (precision == Precision::kBf16 ? bf16.held_bytes() : 0);
 }
 
 namespace {
@@ -62,11 +66,25 @@ void shared_forward(const Tensor& x, const ExpertShards& w, const Tensor& gate_w
              ws.gated ? "gated" : "ungated");
   PhaseClock clock(times);
   float* p = ws.gated ? ws.sum.data() : out.data();  // the partial sum P
+  const bool bf16 = ws.precision == Precision::kBf16;
+  if (bf16 && ws.bf16.pack_weights(w.w1.data(), w.w2.data(), w.gated() ? w.w3.data() : nullptr))
+    clock.lap("bf16 weight packing");
   for (int64_t s = 0; s < n; ++s) {
     // One FFN over every row, its output added into P (the first overwrites it).
-    ffn_forward(rows, M, hl, x.data(), w, s, ws.pre[static_cast<size_t>(s)].data(),
-                ws.gate.empty() ? nullptr : ws.gate[static_cast<size_t>(s)].data(),
-                ws.act[static_cast<size_t>(s)].data(), p, s > 0, clock);
+    float* pre = ws.pre[static_cast<size_t>(s)].data();
+    float* gate = ws.gate.empty() ? nullptr : ws.gate[static_cast<size_t>(s)].data();
+    if (bf16) {
+      ws.bf16.fc1_forward(s, rows, RowRuns::contiguous(x.data(), rows, M), pre, &clock);
+      if (w.gated()) {
+        ws.bf16.gate_forward(s, rows, gate, &clock);
+        ws.bf16.swiglu_fc2_forward(s, rows, pre, gate, p, &clock, s > 0);
+      } else {
+        ws.bf16.bias_gelu_fc2_forward(s, rows, pre, w.b1.data() + s * hl, p, &clock, s > 0);
+      }
+    } else {
+      ffn_forward(rows, M, hl, x.data(), w, s, pre, gate, ws.act[static_cast<size_t>(s)].data(),
+                  p, s > 0, clock);
+    }
     if (add_b2 && !w.gated()) cpu::add_bias(p, w.b2.data() + s * M, rows, M);
   }
   if (!ws.gated) return;
@@ -109,12 +127,28 @@ void shared_backward(const Tensor& x, const Tensor& dout, const ExpertShards& w,
     dp = ws.dsum.data();
     clock.lap("shared gate");
   }
+  const bool bf16 = ws.precision == Precision::kBf16;
   for (int64_t s = 0; s < n; ++s) {
-    if (!w.gated()) cpu::bias_backward(dp, dw.b2.data() + s * M, rows, M);
-    ffn_backward(rows, M, hl, x.data(), dp, w, s, ws.pre[static_cast<size_t>(s)].data(),
-                 ws.gate.empty() ? nullptr : ws.gate[static_cast<size_t>(s)].data(),
-                 ws.act[static_cast<size_t>(s)].data(), dw, ws.d_act.data(),
-                 ws.d_gate.empty() ? nullptr : ws.d_gate.data(), ws.dx.data(), clock);
+    const float* pre = ws.pre[static_cast<size_t>(s)].data();
+    const float* gate = ws.gate.empty() ? nullptr : ws.gate[static_cast<size_t>(s)].data();
+    float* db2 = w.gated() ? nullptr : dw.b2.data() + s * M;
+    if (bf16) {  // the routed experts' bf16 steps, dy (= dP) read in place; db2 among them
+      ws.bf16.fc2_backward(s, rows, RowRuns::contiguous(dp, rows, M), db2,
+                           dw.w2.data() + s * hl * M, ws.d_act.data(), &clock);
+      if (w.gated())
+        ws.bf16.swiglu_backward_fc1_backward(s, rows, pre, gate, ws.d_act.data(),
+                                             ws.d_gate.data(), dw.w1.data() + s * M * hl,
+                                             dw.w3.data() + s * M * hl, ws.dx.data(), &clock);
+      else
+        ws.bf16.gelu_backward_fc1_backward(s, rows, pre, ws.d_act.data(),
+                                           dw.b1.data() + s * hl, dw.w1.data() + s * M * hl,
+                                           ws.dx.data(), &clock);
+    } else {
+      if (db2 != nullptr) cpu::bias_backward(dp, db2, rows, M);
+      ffn_backward(rows, M, hl, x.data(), dp, w, s, pre, gate,
+                   ws.act[static_cast<size_t>(s)].data(), dw, ws.d_act.data(),
+                   ws.d_gate.empty() ? nullptr : ws.d_gate.data(), ws.dx.data(), clock);
+    }
     for (int64_t i = 0; i < rows * M; ++i) dx[i] += ws.dx[i];
   }
 }

@@ -48,19 +48,19 @@ expect 2 "--router-group-topk (model.router_group_topk) 3 must be in [1, --route
 expect 2 "--router-groups (model.router_groups) 3 must divide the 4 experts" -- -n 4 -- train --router-groups 3 --steps 1
 expect 2 "run on the CPU layer only" -- -n 1 -- check-layer --device cuda --router-score sigmoid
 expect 2 "--aux-loss (model.aux_loss) 'bogus' is not valid; use micro-batch" -- -n 1 -- train --aux-loss bogus --steps 1
-# The experts' kind (docs/spec.md §8): the valid ones named; swiglu at fp32 on the CPU only.
+# The experts' kind (docs/spec.md §8): the valid ones named; swiglu on the CPU only (fp32
+# and bf16: tests/cli/train_bf16.sh runs it).
 expect 2 "--expert-mlp (model.expert_mlp) 'relu' is not valid; use gelu or swiglu" -- -n 1 -- check-layer --expert-mlp relu
 expect 2 "--expert-mlp (model.expert_mlp) 'relu' is not valid; use gelu or swiglu" -- -n 1 -- train --expert-mlp relu --steps 1
-expect 2 "--expert-mlp (model.expert_mlp) swiglu with --precision bf16" -- -n 1 -- bench-layer --expert-mlp swiglu --precision bf16
-expect 2 "--expert-mlp (model.expert_mlp) swiglu with --precision bf16" -- -n 4 -- train --expert-mlp swiglu --precision bf16 --steps 1
 expect 2 "--expert-mlp (model.expert_mlp) swiglu with --device cuda" -- -n 1 -- check-layer --expert-mlp swiglu --device cuda
-# Shared experts (docs/spec.md §9): split over mp like the dense FFN; CPU fp32 only.
+# Shared experts (docs/spec.md §9): split over mp like the dense FFN; CPU only (fp32 and bf16).
 expect 2 "--shared-hidden (model.shared_hidden) 30 is not divisible by --mp 4" -- -n 4 -- check-layer --mp 4 --esp 4 --shared-experts 1 --shared-hidden 30
 expect 2 "--shared-gate on (model.shared_gate) needs shared experts" -- -n 1 -- check-layer --shared-gate on
 expect 2 "--shared-gate (model.shared_gate)" -- -n 1 -- check-layer --shared-experts 1 --shared-gate maybe
 expect 2 "--shared-experts (model.shared_experts) -1 must be in [0, 64]" -- -n 1 -- check-layer --shared-experts -1
-expect 2 "--shared-experts (model.shared_experts) 2 with --device cpu --precision bf16" -- -n 1 -- bench-layer --shared-experts 2 --precision bf16
 expect 2 "--shared-experts (model.shared_experts) 1 with --device cuda" -- -n 4 -- train --shared-experts 1 --shared-hidden 64 --device cuda --steps 1
+expect 2 "--shared-experts (model.shared_experts) 1 with --device cuda --precision bf16" -- -n 1 -- bench-layer --shared-experts 1 --device cuda --precision bf16
+expect 2 "--expert-mlp (model.expert_mlp) swiglu with --device cuda" -- -n 1 -- bench-layer --expert-mlp swiglu --device cuda --precision bf16
 expect 2 "unknown group 'tp'" -- -n 2 -- bench-comm --groups tp
 # Pipeline stages and the order (docs/layout.md).
 expect 2 "world size 4 is not divisible by --pp 3" -- -n 4 -- info --pp 3

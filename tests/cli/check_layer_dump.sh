@@ -33,11 +33,29 @@ out="$(recompute "$tmp/sw")"; rc=$?
 check "the swiglu dump recomputes, dw3 among the gradients" 0 $rc "oracle: dw3 summed over 2 MP groups" "$out"
 check "the swiglu dump recomputes, every check passes" 0 $rc " 0 failed" "$out"
 
-# Shared experts (docs/spec.md §9) the recomputation does not redo: it says so (exit 2).
+# Shared experts (docs/spec.md §9): their parameters (param.sw1 ...) and every source's
+# gradients (dsw1 ..., dswg) are dumped, and the recomputation redoes them: one rank, gelu;
+# 2 MP groups (each MP rank holding H_s / 2 columns), swiglu, two gated shared experts, at bf16.
 out="$(prun -n 1 -- check-layer $layer --shared-experts 1 --dump "$tmp/sh")"; rc=$?
 check "check-layer --shared-experts --dump" 0 $rc "dumped to" "$out"
 out="$(recompute "$tmp/sh")"; rc=$?
-check "a dump with shared experts is refused by the recomputation" 2 $rc "does not redo yet" "$out"
+check "the shared experts' dump recomputes, dsb2 among the gradients" 0 $rc "s1: dsb2 summed over 1 MP groups" "$out"
+check "the shared experts' dump recomputes, every check passes" 0 $rc " 0 failed" "$out"
+out="$(prun -n 4 -- check-layer $layer --mp 2 --ep 2 --esp 2 --schedule all --expert-mlp swiglu \
+       --shared-experts 2 --shared-gate on --precision bf16 --dump "$tmp/shg")"; rc=$?
+check "check-layer --shared-experts 2 --shared-gate on --expert-mlp swiglu --precision bf16 --dump" 0 $rc "dumped to" "$out"
+manifest="$(cat "$tmp/shg/manifest.json" 2>/dev/null)"
+for key in '"param.sw3.npy"' '"param.swg.npy"' '"oracle.dswg.npy"' '"baseline.dsw3.npy"'; do
+  check "the shared experts' manifest lists $key" 0 0 "$key" "$manifest"
+done
+out="$(recompute "$tmp/shg")"; rc=$?
+check "the gated shared experts' dump recomputes, dswg among the gradients" 0 $rc "oracle: dswg summed over 2 MP groups" "$out"
+check "the gated shared experts' dump recomputes, every check passes" 0 $rc " 0 failed" "$out"
+# The recomputation can fail here too: without the shared gate the outputs differ.
+cp -r "$tmp/shg" "$tmp/shg_off"
+sed -i 's/"shared_gate": true/"shared_gate": false/' "$tmp/shg_off/manifest.json"
+out="$(recompute "$tmp/shg_off")"; rc=$?
+check "a shared-experts dump recomputed without its gate fails" 1 $rc "FAIL: oracle: out of MP group 0" "$out"
 
 # The recomputation can fail: with group 1's input replaced by group 0's (all a dump held
 # before), the expert gradients differ; with one chosen expert changed, the routing differs.

@@ -3,7 +3,9 @@
 # expert and dense products, fp32 accumulation, master weights and optimizer) follows the
 # fp32 losses of the same run, on 2 ranks (ep = 2) and on the main job's layout (4 ranks,
 # mp = esp = ep = 2); the losses are not bit-identical (the bf16 products did run); `parm
-# info` and bench-layer name the bf16 kernel; MFU divides by the bf16 GEMM rate at bf16. The 100-step gpt2-moe-tiny comparison is too
+# info` and bench-layer name the bf16 kernel; MFU divides by the bf16 GEMM rate at bf16;
+# check-layer, bench-layer and train take swiglu experts with a shared expert at bf16. The
+# 100-step gpt2-moe-tiny comparison is too
 # slow for CI: docs/bf16-cpu.md reports it.
 #   bash train_bf16.sh <path to parm> <source dir>
 source "$(dirname "$0")/lib/checks.bash" "$@"
@@ -52,5 +54,21 @@ check "parm info names the CPU's bf16 support and the bf16 kernel" 0 $? "; produ
 out=$(prun -n 2 -- bench-layer --ep 2 --tokens 64 --model-dim 32 --hidden 64 --experts 4 \
       --topk 2 --schedule s2 --iters 1 --warmup 1 --precision bf16)
 check "bench-layer --precision bf16 names the bf16 kernel" 0 $? "# bf16 products: parm " "$out"
+
+# SwiGLU experts with a shared expert at bf16 (docs/spec.md §8-9): check-layer passes within
+# the bf16 tolerance (mp = esp = ep = 2, every schedule, the shared gate on), bench-layer and
+# a short train run.
+swiglu="--precision bf16 --expert-mlp swiglu --shared-experts 1"
+out=$(prun -n 4 -- check-layer --mp 2 --ep 2 --esp 2 --tokens 32 --model-dim 40 --hidden 72 \
+      --experts 4 --topk 2 --schedule all --shared-hidden 36 --shared-gate on $swiglu)
+check "check-layer $swiglu --shared-gate on at mp 2 ep 2 esp 2" 0 $? "s1 (fused): PASS" "$out"
+check "check-layer $swiglu: at bf16" 0 0 "device cpu, bf16 products" "$out"
+check "check-layer $swiglu: the shared gate's gradient checked" 0 0 "dswg" "$out"
+out=$(prun -n 2 -- bench-layer --ep 2 --tokens 64 --model-dim 32 --hidden 64 --experts 4 \
+      --topk 2 --schedule s2 --iters 1 --warmup 1 $swiglu)
+check "bench-layer $swiglu" 0 $? "# bf16 products: parm " "$out"
+out=$(prun -n 2 -- train --config gpt2-moe-tiny --steps 3 --micro-batch 2 --eval-every 0 \
+      --mp 1 --ep 2 --esp 1 --shared-hidden 64 $swiglu)
+check "train $swiglu" 0 $? "summary" "$out"
 
 finish

@@ -409,6 +409,64 @@ TEST(Equivalence, Bf16EveryScheduleEveryLayoutWithinTheBf16Tolerance) {
   EXPECT_GT(checks, 0);
 }
 
+// --precision bf16 with swiglu experts and shared experts (docs/spec.md §8-9, the routed
+// experts' bf16 products for both): every schedule, fused and not, on every layout of the
+// sweep (mp, ep, esp > 1), with drops and dropless, outputs and every gradient (dW3, the
+// shared experts' and the shared gate's among them) within the bf16 tolerance; the output's
+// error is bf16's rounding, not fp32's.
+TEST(Equivalence, Bf16SwigluAndSharedExpertsEveryScheduleWithinTheBf16Tolerance) {
+  struct Variant {
+    ExpertMlp mlp;
+    int shared;
+    bool gate;
+    const char* extra;  // an error entry that must be there
+  };
+  const Variant variants[] = {{ExpertMlp::kSwiglu, 0, false, "dw3"},
+                              {ExpertMlp::kGelu, 1, true, "dswg"},
+                              {ExpertMlp::kSwiglu, 2, false, "dsw3"},
+                              {ExpertMlp::kSwiglu, 1, true, "dswg"}};
+  int64_t checks = 0;
+  for (const Variant& v : variants) {
+    const std::string what = fmt::format("bf16 {} experts, {} shared, gate {}",
+                                         expert_mlp_name(v.mlp), v.shared, v.gate);
+    for (const Layout3& lay : sweep_layouts(false)) {
+      auto topo = topology_of(lay);
+      const int64_t experts = test::world_size() == 3 ? 6 : 8;
+      for (const Case& c : {kCases[1], kCases[5]})
+        for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+          for (bool fuse : {false, true}) {
+            if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
+            // M, H, H_s not multiples of the bf16 kernel's 16 / 32 blocks; H_s / N_MP too.
+            LayerCheckOptions o = case_options(c, kind, fuse, experts, 40, 72);
+            o.seed = 17;
+            o.precision = Precision::kBf16;
+            o.tolerance = default_tolerance(Precision::kBf16);
+            o.shape.expert_mlp = v.mlp;
+            o.shape.shared_experts = v.shared;
+            o.shape.shared_hidden = v.shared > 0 ? 36 : 0;
+            o.shape.shared_gate = v.gate;
+            const LayerCheckResult r = check_layer(*topo, o);
+            ++checks;
+            bool has_extra = false;
+            double out_error = 0.0;
+            std::string detail;
+            for (const auto& e : r.errors) {
+              has_extra = has_extra || e.name == v.extra;
+              if (e.name == "out") out_error = e.max_rel;
+              detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
+            }
+            const std::string where =
+                fmt::format("{}: {} {}{} [{}]:{}", what, lay.str(), schedule::kind_name(kind),
+                            fuse ? " fused" : "", c.name, detail);
+            EXPECT_TRUE(has_extra) << where << ": no " << v.extra;
+            EXPECT_TRUE(r.passed) << where;
+            EXPECT_GT(out_error, 1e-5) << where << ": no bf16 rounding in the output";
+          }
+    }
+  }
+  EXPECT_GT(checks, 0);
+}
+
 TEST(Equivalence, InvalidLayersAreRefusedBeforeAnyWork) {
   TopologyOptions topt;
   topt.ep = test::world_size();

@@ -4,8 +4,9 @@
 // steps give, for row counts that leave partial 16- and 32-row blocks, a single row and an
 // empty expert, on both bf16 kernels; x and dy read from runs of rows in a layout as from
 // contiguous rows. Also the bf16 GeLU against the fp32 one, and
-// bf16_pack_b_rows / bf16_pack_at_rows block by block against the whole operand. And the CPU
-// backend's packed weights kept per weight version (Bf16WeightCopies).
+// bf16_pack_b_rows / bf16_pack_at_rows block by block against the whole operand. The swiglu
+// experts' steps likewise. And the CPU backend's packed weights kept per weight version
+// (Bf16WeightCopies).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -113,6 +114,79 @@ TEST(Bf16ExpertProducts, FusedStepsMatchTheSeparateStepsBitForBit) {
       EXPECT_EQ(dw1_f, dw1_s) << at;
       EXPECT_EQ(dx_f, dx_s) << at;
       if (rows == 0) EXPECT_EQ(dw1_f, normal(M * hl, 8)) << "an empty expert adds nothing";
+    }
+  }
+  cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);
+}
+
+// Swiglu experts' bf16 steps (the gate projection x W3 from the x that fc1_forward packed,
+// SiLU(pre) * gate packed as act and act^T, dpre and dgate each packed twice, dx from both
+// products) give bit for bit what the separate steps give: fp32 SwiGLU, the products through
+// cpu::gemm_bf16, on every bf16 kernel of this CPU.
+TEST(Bf16ExpertProducts, SwigluStepsMatchTheSeparateStepsBitForBit) {
+  const int64_t experts = 2, max_rows = 70, M = 40, hl = 72;
+  const auto w1 = normal(experts * M * hl, 1, 0.2f), w2 = normal(experts * hl * M, 2, 0.2f);
+  const auto w3 = normal(experts * M * hl, 3, 0.2f), x = normal(max_rows * M, 4);
+  const auto dy = normal(max_rows * M, 6);
+  for (cpu::Bf16Kernel kernel : kernels()) {
+    cpu::set_bf16_kernel(kernel);
+    Bf16ExpertProducts fused;
+    fused.reserve(experts, max_rows, M, hl, true);
+    EXPECT_THROW(fused.pack_weights(w1.data(), w2.data()), Error) << "swiglu needs W3";
+    EXPECT_TRUE(fused.pack_weights(w1.data(), w2.data(), w3.data()));
+    for (int64_t rows : {0, 1, 16, 17, 31, 32, 33, 64, 70}) {
+      const int64_t e = rows % 2;
+      const float* w1e = w1.data() + e * M * hl;
+      const float* w2e = w2.data() + e * hl * M;
+      const float* w3e = w3.data() + e * M * hl;
+      const std::string at = std::string(cpu::bf16_kernel_name()) + ", rows " +
+                             std::to_string(rows);
+      const auto n = static_cast<size_t>(max_rows);
+      std::vector<float> pre_f(n * hl, 7.0f), pre_s = pre_f, gate_f = pre_f, gate_s = pre_f;
+      fused.fc1_forward(e, rows, RowRuns::contiguous(x.data(), rows, M), pre_f.data());
+      fused.gate_forward(e, rows, gate_f.data());
+      cpu::gemm_bf16(false, false, rows, hl, M, x.data(), w1e, pre_s.data(), false);
+      cpu::gemm_bf16(false, false, rows, hl, M, x.data(), w3e, gate_s.data(), false);
+      EXPECT_EQ(pre_f, pre_s) << at;
+      EXPECT_EQ(gate_f, gate_s) << at;
+      std::vector<float> out_f(n * M, 7.0f), out_s = out_f, act(n * hl, 0.0f);
+      const std::vector<float> pre_before = pre_f, gate_before = gate_f;
+      fused.swiglu_fc2_forward(e, rows, pre_f.data(), gate_f.data(), out_f.data());
+      EXPECT_EQ(pre_f, pre_before) << at << ": pre is kept";
+      EXPECT_EQ(gate_f, gate_before) << at << ": gate is kept";
+      cpu::swiglu_forward(pre_s.data(), gate_s.data(), act.data(), rows * hl);
+      cpu::gemm_bf16(false, false, rows, M, hl, act.data(), w2e, out_s.data(), false);
+      EXPECT_EQ(out_f, out_s) << at;
+      // accumulate: out += act W2
+      fused.swiglu_fc2_forward(e, rows, pre_f.data(), gate_f.data(), out_f.data(), nullptr, true);
+      cpu::gemm_bf16(false, false, rows, M, hl, act.data(), w2e, out_s.data(), true);
+      EXPECT_EQ(out_f, out_s) << at << " (accumulated)";
+      // Backward: dW2, dW1, dW3 accumulated onto start values; no db2 for swiglu.
+      std::vector<float> dact_f(n * hl, 7.0f), dact_s = dact_f;
+      std::vector<float> dw2_f = normal(hl * M, 10), dw2_s = dw2_f;
+      fused.fc2_backward(e, rows, RowRuns::contiguous(dy.data(), rows, M), nullptr,
+                         dw2_f.data(), dact_f.data());
+      cpu::gemm_bf16(true, false, hl, M, rows, act.data(), dy.data(), dw2_s.data(), true);
+      cpu::gemm_bf16(false, true, rows, hl, M, dy.data(), w2e, dact_s.data(), false);
+      EXPECT_EQ(dw2_f, dw2_s) << at;
+      EXPECT_EQ(dact_f, dact_s) << at;
+      std::vector<float> dx_f(n * M, 7.0f), dx_s = dx_f, dgate_f(n * hl, 7.0f), dgate_s = dgate_f;
+      std::vector<float> dw1_f = normal(M * hl, 8), dw1_s = dw1_f;
+      std::vector<float> dw3_f = normal(M * hl, 9), dw3_s = dw3_f;
+      fused.swiglu_backward_fc1_backward(e, rows, pre_f.data(), gate_f.data(), dact_f.data(),
+                                         dgate_f.data(), dw1_f.data(), dw3_f.data(), dx_f.data());
+      cpu::swiglu_backward(pre_s.data(), gate_s.data(), dact_s.data(), dact_s.data(),
+                           dgate_s.data(), rows * hl);
+      cpu::gemm_bf16(true, false, M, hl, rows, x.data(), dact_s.data(), dw1_s.data(), true);
+      cpu::gemm_bf16(false, true, rows, M, hl, dact_s.data(), w1e, dx_s.data(), false);
+      cpu::gemm_bf16(true, false, M, hl, rows, x.data(), dgate_s.data(), dw3_s.data(), true);
+      cpu::gemm_bf16(false, true, rows, M, hl, dgate_s.data(), w3e, dx_s.data(), true);
+      EXPECT_EQ(dact_f, dact_s) << at << ": dpre over dact";
+      EXPECT_EQ(dgate_f, dgate_s) << at;
+      EXPECT_EQ(dw1_f, dw1_s) << at;
+      EXPECT_EQ(dw3_f, dw3_s) << at;
+      EXPECT_EQ(dx_f, dx_s) << at;
+      if (rows == 0) EXPECT_EQ(dw3_f, normal(M * hl, 9)) << "an empty expert adds nothing";
     }
   }
   cpu::set_bf16_kernel(cpu::Bf16Kernel::kAuto);

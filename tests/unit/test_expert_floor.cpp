@@ -56,12 +56,13 @@ TEST(ExpertProductsFloor, EveryExpertRunsOnItsOwnOperands) {
   }
 }
 
-// SwiGLU's nine products (fp32): the six of W1 and W2 and the gate projection's three, each
-// on the expert's own x, W3 and dgate.
+// SwiGLU's nine products (fp32 and bf16): the six of W1 and W2 and the gate projection's
+// three, each on the expert's own x, W3 and dgate.
 TEST(ExpertProductsFloor, SwigluRunsItsNineProducts) {
   const std::vector<int64_t> rows = {9, 0, 21};
   const int64_t M = 24, hl = 40;
-  Floor floor(rows, M, hl, Precision::kFp32, ExpertMlp::kSwiglu);
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+  Floor floor(rows, M, hl, p, ExpertMlp::kSwiglu);
   floor.run();
   EXPECT_EQ(expert_products(ExpertMlp::kSwiglu).size(), 9u);
   for (int64_t e = 0; e < static_cast<int64_t>(rows.size()); ++e) {
@@ -79,14 +80,17 @@ TEST(ExpertProductsFloor, SwigluRunsItsNineProducts) {
       const GemmCall g = expert_gemm(q, n, M, hl);
       const auto& [a, b] = operands[static_cast<int>(q)];
       std::vector<float> want(static_cast<size_t>(g.m * g.n), 0.0f);
-      run_expert_gemm(q, n, M, hl, a, b, want.data());
+      if (p == Precision::kBf16)
+        cpu::gemm_bf16(g.trans_a, g.trans_b, g.m, g.n, g.k, a, b, want.data(), false);
+      else
+        run_expert_gemm(q, n, M, hl, a, b, want.data());
       EXPECT_EQ(0, std::memcmp(want.data(), floor.output(e, q), want.size() * sizeof(float)))
-          << "expert " << e << ", product " << static_cast<int>(q);
+          << precision_name(p) << ", expert " << e << ", product " << static_cast<int>(q);
     }
+  }
   }
   EXPECT_GT(expert_product_flops(10, M, hl, ExpertMlp::kSwiglu),
             1.49 * expert_product_flops(10, M, hl));  // 9 products of the same size for 6
-  EXPECT_THROW(Floor(rows, M, hl, Precision::kBf16, ExpertMlp::kSwiglu), Error);
 }
 
 TEST(ExpertProductsFloor, RefusesBadShapes) {

@@ -1,6 +1,7 @@
 // The CPU shared experts (moe/shared_experts.h, docs/spec.md §9) against the fp64 oracle's,
-// one rank holding the whole of each FFN, gated and not, of either kind; and a second
-// backward pass after one forward gives the same gradients (the passes keep what they read).
+// one rank holding the whole of each FFN, gated and not, of either kind, at fp32 and with the
+// bf16 products (within the bf16 tolerance, and visibly rounded); and a second backward pass
+// after one forward gives the same gradients (the passes keep what they read).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,9 +35,15 @@ double max_rel(const float* a, const std::vector<double>& b) {
 }
 
 TEST(SharedExperts, MatchTheOracleAndBackwardTwiceIsTheSame) {
+  for (const Precision prec : {Precision::kFp32, Precision::kBf16})
   for (const ExpertMlp mlp : {ExpertMlp::kGelu, ExpertMlp::kSwiglu})
     for (const bool gate : {false, true}) {
-      SCOPED_TRACE(std::string(expert_mlp_name(mlp)) + (gate ? " gated" : ""));
+      SCOPED_TRACE(std::string(precision_name(prec)) + " " + expert_mlp_name(mlp) +
+                   (gate ? " gated" : ""));
+      // fp32: sums of a few fp32 products; bf16: the layer's bf16 tolerance
+      // (moe::default_tolerance), and above fp32's error (the operands really are rounded).
+      const bool bf16 = prec == Precision::kBf16;
+      const double tol = bf16 ? 2e-2 : 1e-5;
       // A layer whose routed output the oracle's dout path does not need: E 2, k 1.
       MoeShape sh = MoeShape::of(12, 8, 4, 2, 1, "4");
       sh.expert_mlp = mlp;
@@ -60,14 +67,15 @@ TEST(SharedExperts, MatchTheOracleAndBackwardTwiceIsTheSame) {
       std::copy(p.swg.begin(), p.swg.end(), gate_w.data());
       const ExpertShards w = shards_of(sh, p);
       SharedWorkspace ws;
-      ws.reserve(2, T, M, 6, mlp, gate);
+      ws.reserve(2, T, M, 6, mlp, gate, prec);
       shared_forward(x, w, gate_w, true, ws, out, nullptr);
       // The oracle's shared part: g P (its out minus the routed output, here out - combine).
       std::vector<double> want(static_cast<size_t>(T * M));
       for (int64_t t = 0; t < T; ++t)
         for (int64_t m = 0; m < M; ++m)
           want[t * M + m] = f64.shared_gate[t] * f64.shared_sum[t * M + m];
-      EXPECT_LT(max_rel(out.data(), want), 1e-5);
+      EXPECT_LT(max_rel(out.data(), want), tol);
+      if (bf16) EXPECT_GT(max_rel(out.data(), want), 1e-5) << "no bf16 rounding in the output";
 
       std::vector<std::vector<float>> first;
       for (int pass = 0; pass < 2; ++pass) {
@@ -85,7 +93,7 @@ TEST(SharedExperts, MatchTheOracleAndBackwardTwiceIsTheSame) {
               &g64.dparams.sw3, &g64.dparams.swg};
           for (size_t i = 0; i < got.size(); ++i) {
             ASSERT_EQ(got[i].size(), oracle[i]->size()) << i;
-            EXPECT_LT(max_rel(got[i].data(), *oracle[i]), 1e-5) << "tensor " << i;
+            EXPECT_LT(max_rel(got[i].data(), *oracle[i]), tol) << "tensor " << i;
           }
         } else {
           EXPECT_EQ(got, first) << "a second backward pass differs";

@@ -2,15 +2,17 @@
 """Recomputes a `parm check-layer --dump DIR` independently and checks it.
 
 From the dump alone (manifest.json, the parameters and the inputs of every MP group) this
-script redoes the MoE layer of docs/spec.md §2 in plain Python floats (fp64), without Parm's code and
+script redoes the MoE layer of docs/spec.md §2 (§8's swiglu experts, §9's shared experts and
+gate) in plain Python floats (fp64), without Parm's code and
 without numpy, and checks for every source listed under "sources" in the manifest (the
 oracle, oracle_sliced, each schedule):
   routing   <source>.expert / .slot / .kept of MP group 0 equal the recomputed routing
             exactly (top-k with ties to the lower expert index, GShard slot order, capacity
             per gate call: S1 and oracle_sliced gate each MP slice separately)
   output    <source>.out of MP group 0
-  gradients <source>.dw1 / .db1 / .dw2 / .db2 (swiglu experts: .dw1 / .dw2 / .dw3), summed
-            over every MP group
+  gradients <source>.dw1 / .db1 / .dw2 / .db2 (swiglu experts: .dw1 / .dw2 / .dw3), with
+            shared experts (docs/spec.md §9) also .dsw1 ... (the same kind's) and with the
+            shared gate .dswg, summed over every MP group
 as max |dump - recomputed| / max |recomputed| <= tolerance (1e-9 for the fp64 oracles, the
 run's tolerance for the schedules).
 
@@ -46,10 +48,15 @@ def silu_grad(x):
 
 
 def expert_params(cfg):
-    """The whole parameters of the manifest's experts kind (docs/spec.md §8)."""
-    if cfg.get("expert_mlp", "gelu") == "swiglu":
-        return ("w1", "w2", "w3")
-    return ("w1", "b1", "w2", "b2")
+    """The whole parameters of the manifest's experts kind (docs/spec.md §8), then the shared
+    experts' (§9: the same kind, "s" before each name) and the shared gate's."""
+    names = ("w1", "w2", "w3") if cfg.get("expert_mlp", "gelu") == "swiglu" else \
+        ("w1", "b1", "w2", "b2")
+    if cfg.get("shared_experts", 0) > 0:
+        names += tuple("s" + n for n in names)
+        if cfg.get("shared_gate", False):
+            names += ("swg",)
+    return names
 
 
 def gelu_grad(x):
@@ -63,6 +70,8 @@ class Layer:
         self.T, self.M, self.H = cfg["tokens"], cfg["model_dim"], cfg["hidden"]
         self.E, self.k, self.f = cfg["experts"], cfg["topk"], cfg["capacity_factor"]
         self.swiglu = cfg.get("expert_mlp", "gelu") == "swiglu"
+        self.shared, self.Hs = cfg.get("shared_experts", 0), cfg.get("shared_hidden", 0)
+        self.shared_gate = bool(cfg.get("shared_gate", False))
         self.p = params
 
     def probs(self, x):
@@ -99,9 +108,53 @@ class Layer:
                         fill[e] += 1
         return expert, slot, weight
 
+    def ffn(self, xt, pf, e, H):
+        """FFN e of the routed (pf "") or shared (pf "s") experts, width H, on one token:
+        pre, gate (swiglu), act, y (docs/spec.md §2 item 5 or §8)."""
+        M, p, sw = self.M, self.p, self.swiglu
+        w1, w2 = e * M * H, e * H * M
+        pre = [(0.0 if sw else p[pf + "b1"][e * H + h]) +
+               sum(xt[m] * p[pf + "w1"][w1 + m * H + h] for m in range(M)) for h in range(H)]
+        gate = None
+        if sw:  # act = silu(x W1) * (x W3), no biases
+            gate = [sum(xt[m] * p[pf + "w3"][w1 + m * H + h] for m in range(M)) for h in range(H)]
+            act = [silu(pre[h]) * gate[h] for h in range(H)]
+        else:
+            act = [gelu(v) for v in pre]
+        y = [(0.0 if sw else p[pf + "b2"][e * M + m]) +
+             sum(act[h] * p[pf + "w2"][w2 + h * M + m] for h in range(H)) for m in range(M)]
+        return pre, gate, act, y
+
+    def ffn_backward(self, xt, dy, pf, e, H, fwd, grads):
+        """Adds FFN e's weight gradients for output gradient dy (one token) to grads; returns
+        nothing (the input gradient is not checked per FFN)."""
+        M, p, sw = self.M, self.p, self.swiglu
+        pre, gate, act, _ = fwd
+        w1, w2 = e * M * H, e * H * M
+        if not sw:
+            for m in range(M):
+                grads[pf + "b2"][e * M + m] += dy[m]
+        for h in range(H):
+            for m in range(M):
+                grads[pf + "w2"][w2 + h * M + m] += act[h] * dy[m]
+        dact = [sum(dy[m] * p[pf + "w2"][w2 + h * M + m] for m in range(M)) for h in range(H)]
+        if sw:
+            dpre = [dact[h] * gate[h] * silu_grad(pre[h]) for h in range(H)]
+            dgate = [dact[h] * silu(pre[h]) for h in range(H)]
+        else:
+            dpre = [gelu_grad(pre[h]) * dact[h] for h in range(H)]
+        for h in range(H):
+            if not sw:
+                grads[pf + "b1"][e * H + h] += dpre[h]
+            for m in range(M):
+                grads[pf + "w1"][w1 + m * H + h] += xt[m] * dpre[h]
+                if sw:
+                    grads[pf + "w3"][w1 + m * H + h] += xt[m] * dgate[h]
+
     def run(self, x, dout, slices, grads):
-        """Routing and output of one MP group; adds its expert gradients to grads."""
-        M, H, E, k, p = self.M, self.H, self.E, self.k, self.p
+        """Routing and output of one MP group; adds its expert (and shared expert) gradients
+        to grads."""
+        M, H, k = self.M, self.H, self.k
         probs = self.probs(x)
         expert, slot, weight = self.route(probs, slices)
         out = [0.0] * (self.T * M)
@@ -112,40 +165,24 @@ class Layer:
                 if slot[t][j] < 0:
                     continue
                 e, w = expert[t][j], weight[t][j]
-                w1, w2 = e * M * H, e * H * M
-                sw = self.swiglu
-                pre = [(0.0 if sw else p["b1"][e * H + h]) +
-                       sum(xt[m] * p["w1"][w1 + m * H + h] for m in range(M)) for h in range(H)]
-                if sw:  # act = silu(x W1) * (x W3), no biases
-                    gate = [sum(xt[m] * p["w3"][w1 + m * H + h] for m in range(M))
-                            for h in range(H)]
-                    act = [silu(pre[h]) * gate[h] for h in range(H)]
-                else:
-                    act = [gelu(v) for v in pre]
+                fwd = self.ffn(xt, "", e, H)
                 for m in range(M):
-                    y = (0.0 if sw else p["b2"][e * M + m]) + \
-                        sum(act[h] * p["w2"][w2 + h * M + m] for h in range(H))
-                    out[t * M + m] += w * y
-                dy = [w * v for v in dt]
-                if not sw:
+                    out[t * M + m] += w * fwd[3][m]
+                self.ffn_backward(xt, [w * v for v in dt], "", e, H, fwd, grads)
+            if self.shared:  # docs/spec.md §9: out_t += g_t P_t, P_t = sum_s FFN_s(x_t)
+                fwds = [self.ffn(xt, "s", s, self.Hs) for s in range(self.shared)]
+                P = [sum(f[3][m] for f in fwds) for m in range(M)]
+                g = 1.0
+                if self.shared_gate:
+                    z = sum(xt[m] * self.p["swg"][m] for m in range(M))
+                    g = 1.0 / (1.0 + math.exp(-z))
+                    dz = sum(dt[m] * P[m] for m in range(M)) * g * (1.0 - g)
                     for m in range(M):
-                        grads["b2"][e * M + m] += dy[m]
-                for h in range(H):
-                    for m in range(M):
-                        grads["w2"][w2 + h * M + m] += act[h] * dy[m]
-                dact = [sum(dy[m] * p["w2"][w2 + h * M + m] for m in range(M)) for h in range(H)]
-                if sw:
-                    dpre = [dact[h] * gate[h] * silu_grad(pre[h]) for h in range(H)]
-                    dgate = [dact[h] * silu(pre[h]) for h in range(H)]
-                else:
-                    dpre = [gelu_grad(pre[h]) * dact[h] for h in range(H)]
-                for h in range(H):
-                    if not sw:
-                        grads["b1"][e * H + h] += dpre[h]
-                    for m in range(M):
-                        grads["w1"][w1 + m * H + h] += xt[m] * dpre[h]
-                        if sw:
-                            grads["w3"][w1 + m * H + h] += xt[m] * dgate[h]
+                        grads["swg"][m] += dz * xt[m]
+                for m in range(M):
+                    out[t * M + m] += g * P[m]
+                for s, f in enumerate(fwds):
+                    self.ffn_backward(xt, [g * v for v in dt], "s", s, self.Hs, f, grads)
         return probs, expert, slot, out
 
 
@@ -177,11 +214,6 @@ def main():
         manifest = json.load(fh)
     cfg = manifest["config"]
     listed = {f["file"] for f in manifest["files"]}
-    if cfg.get("shared_experts", 0) > 0:
-        print("recompute_dump: the dump has shared experts (docs/spec.md §9), which this "
-              "recomputation does not redo yet; dump a layer without them", file=sys.stderr)
-        return 2
-
     def load(name):
         if name not in listed:
             raise ValueError(f"{name} is not listed in manifest.json")
