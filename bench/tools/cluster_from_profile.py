@@ -104,6 +104,11 @@ def cluster(profile, name, description, rendezvous=None):
             + ("." if rendezvous is None else f"; per_compute {rendezvous} given by hand."),
         ],
     }
+    intra_sync = block_of(profile, "step_sync_intra")
+    if intra_sync:  # the steps within a node (issue 42); absent: step_sync's
+        c["step_sync_intra_us"] = number(intra_sync, "us", 0.0, "step_sync_intra")
+        c["step_sync_intra_per_compute"] = number(intra_sync, "per_compute", 0.0,
+                                                  "step_sync_intra")
     limit = number(fused, "eager_limit_bytes", 0.0, "fused")
     if limit > 0:
         c["fused_eager_gain"] = round(number(fused, "eager_gain", 0.0, "fused"), 3)

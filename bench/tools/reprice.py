@@ -101,6 +101,59 @@ def ratios(sweep, prices):
             len(v)))
 
 
+def policies(sweep, prices):
+    """The policy view (src/perfmodel/sweep_policies.h) under these prices: auto's measured
+    total over the per-configuration fastest's, and every fixed rule "always X" over auto on
+    the configurations where X exists."""
+    auto_total = fastest_total = 0.0
+    fixed = {}
+    for c, pl in zip(sweep['configs'], prices):
+        cand = {x['schedule']: x['measured_ms'] for x in c['candidates']}
+        names = [n for n in pl if n in cand]
+        auto = min(names, key=lambda n: pl[n])
+        auto_total += cand[auto]
+        fastest_total += min(cand.values())
+        for n, t in cand.items():
+            f = fixed.setdefault(n, [0.0, 0.0, 0])
+            f[0] += t
+            f[1] += cand[auto]
+            f[2] += 1
+    out = {'auto_over_fastest': auto_total / fastest_total,
+           'fixed': {n: {'over_auto': f[0] / f[1], 'configs': f[2]} for n, f in fixed.items()}}
+    # By halves of the rounds, where the sweep kept them (measured_{even,odd}_rounds_ms): the
+    # fastest by one half timed by the other, and each fixed rule's verdict in both halves.
+    if all('measured_even_rounds_ms' in x for c in sweep['configs'] for x in c['candidates']):
+        cross = auto2 = 0.0
+        sides = [{}, {}]
+        for c, pl in zip(sweep['configs'], prices):
+            half = [{x['schedule']: x['measured_%s_rounds_ms' % h] for x in c['candidates']}
+                    for h in ('even', 'odd')]
+            auto = min((n for n in pl if n in half[0]), key=lambda n: pl[n])
+            for i in (0, 1):
+                cross += half[1 - i][min(half[i], key=half[i].get)]
+                auto2 += half[i][auto]
+                for n, t in half[i].items():
+                    f = sides[i].setdefault(n, [0.0, 0.0])
+                    f[0] += t
+                    f[1] += half[i][auto]
+        out['auto_over_cross_fastest'] = auto2 / cross
+        out['verdicts'] = {n: ('halves disagree' if (sides[0][n][0] < sides[0][n][1]) !=
+                               (sides[1][n][0] < sides[1][n][1]) else 'beats auto'
+                               if sides[0][n][0] < sides[0][n][1] else 'does not beat auto')
+                           for n in sides[0]}
+    return out
+
+
+def error_by_schedule(sweep, prices):
+    by = {}
+    for c, pl in zip(sweep['configs'], prices):
+        for x in c['candidates']:
+            if x['schedule'] in pl:
+                by.setdefault(x['schedule'], []).append(
+                    abs(pl[x['schedule']] - x['measured_ms']) / x['measured_ms'])
+    return {n: st.median(v) for n, v in by.items()}
+
+
 def judge(sweep, prices):
     prices = [{n: t[0] for n, t in pl.items()} for pl in prices]
     right = right_plain = 0
@@ -125,7 +178,8 @@ def judge(sweep, prices):
                           'predicted_auto_over_fastest': pl[auto] / pl[fastest],
                           'measured_auto_over_fastest': regrets[-1]})
     n = len(sweep['configs'])
-    return {'selection_accuracy': right_plain / n, 'selection_accuracy_distinct': right / n,
+    return {'policies': policies(sweep, prices), 'error_by_schedule': error_by_schedule(sweep, prices),
+            'selection_accuracy': right_plain / n, 'selection_accuracy_distinct': right / n,
             'auto_over_fastest': {'median': st.median(regrets), 'worst': max(regrets)},
             'median_abs_relative_error': st.median(errs),
             'speedup_auto_over_baseline': {
@@ -183,6 +237,16 @@ def main():
                   r['auto_over_fastest']['median'], r['auto_over_fastest']['worst'],
                   100 * r['median_abs_relative_error'], s['min'], s['median'], s['max'],
                   100 * s['share_above_1_13']))
+        pol = r['policies']
+        print('  policies: auto total / fastest %.3f; ' % pol['auto_over_fastest'] + ', '.join(
+            'always %s %.3f%s [%d]' % (n, f['over_auto'], ' <- beats auto' if f['over_auto'] < 1.0
+                                      else '', f['configs']) for n, f in pol['fixed'].items()))
+        if 'auto_over_cross_fastest' in pol:
+            print('  by halves of the rounds: auto / the fastest chosen by one half, timed by the '
+                  'other %.3f; ' % pol['auto_over_cross_fastest'] + ', '.join(
+                      'always %s %s' % nv for nv in pol['verdicts'].items()))
+        print('  median |err| by schedule: ' + ', '.join(
+            '%s %.1f%%' % (n, 100 * e) for n, e in r['error_by_schedule'].items()))
         if a.ratios:
             ratios(sweep, prices)
         if a.wrong:

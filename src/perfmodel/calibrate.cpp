@@ -50,15 +50,16 @@ namespace {
 
 // The rendezvous (model.h: step_sync, step_sync_world) is not timed alone: back-to-back
 // timings never see it, and a line over the compute before a collective came out as noise
-// here (docs/perfmodel.md). It is 0 until calibrate_rendezvous measures its per_compute inside
+// here (docs/perfmodel.md). It is 0 until calibrate_rendezvous measures its terms inside
 // the layer.
 void calibrate_step_sync(Calibration& cal, const Logger& log) {
-  for (SyncFit* f : {&cal.profile.step_sync, &cal.profile.step_sync_world}) {
+  for (SyncFit* f :
+       {&cal.profile.step_sync, &cal.profile.step_sync_world, &cal.profile.step_sync_intra}) {
     *f = SyncFit{};
     f->source = "assumed 0 (not measured in the layer)";
   }
-  log("  not measured alone; step_sync and step_sync_world 0 until the layer measures them "
-      "(docs/perfmodel.md)");
+  log("  not measured alone; step_sync, step_sync_world and step_sync_intra 0 until the layer "
+      "measures them (docs/perfmodel.md)");
 }
 
 }  // namespace
@@ -138,9 +139,19 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
 
   // The rendezvous layer, timed first, midway and last, so that a slow phase of the shared
   // cores during one timing does not set the term (calibrate_rendezvous.h); priced at the end.
-  std::vector<LayerTimes> rendezvous;
+  std::vector<RendezvousLayerTime> rendezvous, rendezvous_intra;
+  // Where the job spans nodes, also a layout whose groups stay within a node: its steps'
+  // rendezvous (step_sync_intra) is measured there (calibrate_rendezvous.h).
+  TopologyOptions intra_options;
+  std::unique_ptr<Topology> intra;
+  if (intra_rendezvous_layout(topo, topo_options, intra_options))
+    intra = Topology::create(intra_options);
   auto time_rendezvous = [&] {
-    if (auto t = time_rendezvous_layer(topo, o)) rendezvous.push_back(*t);
+    for (int64_t hidden : kRendezvousHidden) {
+      if (auto t = time_rendezvous_layer(topo, o, hidden)) rendezvous.push_back(*t);
+      if (intra)
+        if (auto t = time_rendezvous_layer(*intra, o, hidden)) rendezvous_intra.push_back(*t);
+    }
   };
   time_rendezvous();
   // The eager limit first: the inter-node collectives' handshake is fitted as a step there.
@@ -162,12 +173,13 @@ Calibration calibrate(Topology& topo, const TopologyOptions& topo_options,
   const FusedFit& ff = cal.profile.fused;
   log("fused collectives in the layer (eager limit {:.0f} bytes, {}):", ff.eager_limit_bytes,
       ff.eager_limit_source);
+  calibrate_overlap_in_layer(topo, o, cal, log_fn);
   calibrate_fused_layer(topo, topo_options, o, cal, log_fn);
   time_rendezvous();
   // Last: the eager shares above are measured against prices without a rendezvous (as the
   // sweeps that decided to apply it were priced: calibrate_rendezvous.cpp).
   log("collective after computation, inside the layer:");
-  calibrate_rendezvous(topo, o, rendezvous, cal, log_fn);
+  calibrate_rendezvous(topo, o, rendezvous, cal, log_fn, intra.get(), rendezvous_intra);
   return cal;
 }
 

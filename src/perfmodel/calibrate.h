@@ -57,9 +57,18 @@ struct CalibrationSample {
   double us = 0.0;    // median over iterations of the max over ranks
 };
 
+// The fused collectives timed alone (calibrate_fused), per size outside the eager regime:
+// measured, the model's parts in sequence and pipelined (fit.h fit_overlap's inputs), and the
+// sizes whose pipeline the model prices below the sequence (fit_overlap's sizes_used).
+struct FusedAlone {
+  std::vector<double> measured, unfused, pipelined;
+  int64_t sizes_with_gain = 0;
+};
+
 struct Calibration {
   Profile profile;
   std::vector<CalibrationSample> samples;
+  FusedAlone fused_alone;
 };
 
 // `log` receives progress lines (on every rank; print them on rank 0 only). topo_options:

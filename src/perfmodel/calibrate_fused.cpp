@@ -95,6 +95,7 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
       std::vector<double> c, alphas;
       std::vector<Link> links;
       double bus = 0.0;
+      bool eager_regime = false;
       for (int j = 0; j < 2; ++j) {
         const fused_plan::Stage& st = stage(j);
         const bool on_ep = st.group == fused_plan::Role::kEp;
@@ -107,16 +108,31 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
         alphas.push_back(pc.latency_us);
         links.push_back(span.link);
         bus += stage_bus;
+        // An inter-node part whose whole per-peer message waits for its receiver (above the
+        // eager limit) while its pieces' do not: fusion saves that wait as well, a saving the
+        // model prices apart (eager_saving_us, its share fitted in the layer) and the overlap
+        // must not take for its own.
+        const double m = peer_message_bytes(span, stage_bus);
+        eager_regime = eager_regime || (span.link == Link::kInter && pieces_go_eager(ff, m, W));
       }
-      meas.push_back(f);
-      serial.push_back(fused_us(c, alphas, links, W, 0.0));  // the stages in sequence
-      piped.push_back(fused_us(c, alphas, links, W, 1.0));
+      const double s0 = fused_us(c, alphas, links, W, 0.0);  // the stages in sequence
+      const double s1 = fused_us(c, alphas, links, W, 1.0);
+      log("    {} {:.0f} bus bytes: fused {:.1f} us, parts {:.1f} us; priced in sequence {:.1f}, "
+          "pipelined {:.1f}{}",
+          dispatch ? "dispatch" : "combine", bus, f, p1 + p2, s0, s1,
+          eager_regime ? "  (pieces eager, the whole not: left to the eager gain)" : "");
+      if (!eager_regime) {
+        meas.push_back(f);
+        serial.push_back(s0);
+        piped.push_back(s1);
+      }
       cal.samples.push_back({dispatch ? "fused.dispatch" : "fused.combine", bus, f});
       cal.samples.push_back({dispatch ? "fused.dispatch_parts" : "fused.combine_parts", 0.0,
                              p1 + p2});
     }
   }
   const OverlapFit of = fit_overlap(meas, serial, piped, W);
+  cal.fused_alone = {meas, serial, piped, of.sizes_used};
   ff.overlap = of.overlap;
   ff.per_piece_us = of.per_piece_us;
   std::vector<double> pred(meas.size()), ratios(meas.size());
@@ -129,7 +145,7 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
   ff.source = topo.nodes_emulated() ? "emulated" : "measured";
   log("  fused dispatch+combine on ep ({} ranks, {}) x esp ({} ranks, {}), {} chunks: overlap "
       "{:.3f} (median of {} sizes {:.3f}, bounded to [0, 1]), per piece {:.2f} us, r2 {:.4f}  "
-      "[{} samples]; fused / parts in sequence: median {:.3f}",
+      "[{} samples outside the eager regime]; fused / parts in sequence: median {:.3f}",
       n_ep, link_name(ep_link), n_esp, link_name(esp_link), W, ff.overlap, of.sizes_used, of.raw,
       ff.per_piece_us, ff.r2, ff.samples, ratios.empty() ? 0.0 : median(ratios));
 }

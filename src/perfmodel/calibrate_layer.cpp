@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -11,6 +12,7 @@
 #include "parm/error.h"
 #include "parm/stats.h"
 #include "parm/timer.h"
+#include "perfmodel/fit.h"
 #include "perfmodel/measured_steps.h"
 #include "perfmodel/model.h"
 
@@ -48,6 +50,17 @@ bool fused_kind(const Layout& l, schedule::Kind& kind) {
   }
   kind = schedule::Kind::kS2;
   return l.mp > 1;
+}
+
+// The profile a layer calibration prices against: compute scale 1, no eager gains, no
+// rendezvous, no per-piece cost (each measured, or priced, on its own).
+Profile plain_layer_profile(const Profile& prof) {
+  Profile p = prof;
+  p.layer_compute.scale = 1.0;
+  p.fused.eager_gain = p.fused.eager_gain_mixed = 0.0;
+  p.step_sync = p.step_sync_world = p.step_sync_intra = SyncFit{};
+  p.fused.per_piece_us = 0.0;
+  return p;
 }
 
 }  // namespace
@@ -163,6 +176,102 @@ MoeShape eager_calibration_shape(const Layout& l, double eager_limit_bytes) {
   int64_t T = step;
   while (static_cast<double>(T) * per_token < 2.0 * eager_limit_bytes) T += step;
   return MoeShape::of(T, 256, 256, E, 1, "1");
+}
+
+std::optional<MoeShape> overlap_calibration_shape(const Profile& prof, const Target& here,
+                                                  int chunks) {
+  const Layout& l = here.layout;
+  schedule::Kind kind = schedule::Kind::kS1;
+  if (!fused_kind(l, kind) || chunks < 2) return std::nullopt;
+  const double limit = prof.fused.eager_limit_bytes > 0.0 ? prof.fused.eager_limit_bytes : 65536.0;
+  const MoeShape first = eager_calibration_shape(l, chunks * limit);
+  Profile p = plain_layer_profile(prof);
+  for (int64_t f = 1; f <= kOverlapShapeGrowth; f *= 2) {
+    const MoeShape shape = MoeShape::of(first.tokens * f, first.model_dim, first.hidden,
+                                        first.experts, first.topk, "1");
+    const double unfused = total_us(p, shape, here, kind, false, chunks);
+    p.fused.overlap = 0.0;
+    const double at0 = total_us(p, shape, here, kind, true, chunks);
+    p.fused.overlap = 1.0;
+    const double at1 = total_us(p, shape, here, kind, true, chunks);
+    if (at0 - at1 >= kMinEligibleShare * unfused) return shape;
+  }
+  return std::nullopt;
+}
+
+double layer_overlap(double measured_us, const std::function<double(double)>& priced_us) {
+  // Priced beyond measured: decreasing in ov (more overlap, a cheaper fused layer).
+  auto excess = [&](double ov) { return priced_us(ov) - measured_us; };
+  if (excess(0.0) <= 0.0) return 0.0;
+  if (excess(1.0) >= 0.0) return 1.0;
+  double lo = 0.0, hi = 1.0;
+  for (int i = 0; i < 50; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (excess(mid) > 0.0 ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+void calibrate_overlap_in_layer(Topology& topo, const CalibrateOptions& o, Calibration& cal,
+                                const std::function<void(const std::string&)>& log) {
+  FusedFit& ff = cal.profile.fused;
+  const FusedAlone& alone = cal.fused_alone;
+  if (topo.device() != Device::kCpu ||
+      topo.comm(Group::kWorld).memory_space() != MemorySpace::kHost)
+    return;
+  const Target here = target_of(topo);
+  const int W = o.chunks;
+  schedule::Kind kind = schedule::Kind::kS1;
+  const std::optional<MoeShape> found = overlap_calibration_shape(cal.profile, here, W);
+  if (!found || !fused_kind(here.layout, kind)) {
+    log(fmt::format("  overlap in the layer: not measured (no layer up to {}x the tokens of the "
+                    "first where overlap 1 would save {:.0f}% of it); the fused collectives "
+                    "alone's {:.3f} stays, {}",
+                    kOverlapShapeGrowth, 100 * kMinEligibleShare, ff.overlap, ff.source));
+    return;
+  }
+  const MoeShape& shape = *found;
+  const LayerTimes t = time_layer_pair(topo, shape, kind, o, true);
+  const std::string name = fmt::format("layer.overlap.{}", schedule::kind_name(kind));
+  const double x = static_cast<double>(shape.tokens);
+  cal.samples.push_back({name, x, t.unfused_us});
+  cal.samples.push_back({name + "+fused", x, t.fused_us});
+  const Profile plain = plain_layer_profile(cal.profile);
+  const double unfused = total_us(plain, shape, here, kind, false, W);
+  auto per_piece = [&](double ov) {
+    return overlap_per_piece_us(alone.measured, alone.unfused, alone.pipelined, W, ov);
+  };
+  // The fused layer's price at overlap ov, the per-piece cost refitted to the fused
+  // collectives alone at that overlap.
+  auto fused_at = [&](double ov) {
+    Profile p = plain;
+    p.fused.overlap = ov;
+    p.fused.per_piece_us = per_piece(ov);
+    return total_us(p, shape, here, kind, true, W);
+  };
+  const double ov = layer_overlap(t.fused_us - t.unfused_us,
+                                  [&](double v) { return fused_at(v) - unfused; });
+  ff.overlap = ov;
+  ff.per_piece_us = per_piece(ov);
+  ff.source = fmt::format(
+      "{} (overlap in the layer, {} T={} M={} H={} E={} k=1; per piece from the fused "
+      "collectives alone at that overlap, where {} of their sizes had a gain to measure)",
+      topo.nodes_emulated() ? "emulated" : "measured", schedule::kind_name(kind), shape.tokens,
+      shape.model_dim, shape.hidden, shape.experts, alone.sizes_with_gain);
+  std::vector<double> pred(alone.measured.size());
+  for (size_t i = 0; i < pred.size(); ++i)
+    pred[i] = alone.unfused[i] - ov * (alone.unfused[i] - alone.pipelined[i]) +
+              (W - 1) * ff.per_piece_us;
+  if (!pred.empty()) ff.r2 = r_squared(alone.measured, pred);
+  cal.samples.push_back({"layer.overlap", x, ov});
+  const Layout& l = here.layout;
+  log(fmt::format(
+      "  overlap in the layer: {} mp={} ep={} esp={} T={} M={} H={} E={} k=1 f=1, measured "
+      "unfused {:.3f} ms, fused {:.3f} ms; priced unfused {:.3f} ms, fused at overlap 0 / 1 "
+      "{:.3f} / {:.3f} ms: overlap {:.3f}, per piece {:.2f} us",
+      schedule::kind_name(kind), l.mp, l.ep, l.esp, shape.tokens, shape.model_dim, shape.hidden,
+      shape.experts, t.unfused_us / 1e3, t.fused_us / 1e3, unfused / 1e3, fused_at(0.0) / 1e3,
+      fused_at(1.0) / 1e3, ov, ff.per_piece_us));
 }
 
 void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,

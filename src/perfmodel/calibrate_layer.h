@@ -9,12 +9,14 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shape/shape.h"
 #include "parm/topology.h"
 #include "perfmodel/calibrate.h"
+#include "perfmodel/model.h"
 #include "schedule/schedule.h"
 
 namespace parm::perfmodel {
@@ -45,6 +47,37 @@ LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind
 inline constexpr double kMinEligibleShare = 0.1;
 // True when eligible_us >= kMinEligibleShare * unfused_us (both > 0).
 bool eager_gain_measurable(double eligible_us, double unfused_us);
+
+// The fused overlap measured inside the layer (issue 42), replacing the fused collectives
+// alone's (calibrate_fused), which keep the per-piece cost. Alone they rarely measure it: on
+// both emulated clusters of issue 42 most calibrations had no size whose pipeline the model
+// prices below its parts in sequence (their latencies outweigh the bytes that could overlap;
+// fit_overlap then keeps 1, measured nowhere), the others one or two that set it to 0. And
+// ranks that share cores overlap a pipeline's stages in the layer as they can: on 2 x 2 at
+// 1 Gbit/s fused S1 ran 0.86-0.99x plain S1; on 2 x 4 at 10 Gbit/s 1.00-1.10x, where overlap 1
+// priced it 0.91x. The layer: overlap_calibration_shape's; `kind` unfused and fused timed as
+// time_layer_pair, then
+//     overlap = the ov in [0, 1] where p_fused(ov) - p_unfused = t_fused - t_unfused
+// (layer_overlap), p priced by plain_layer_profile with per_piece_us refitted to the fused
+// collectives alone at ov (fit.h overlap_per_piece_us); 0 where fusion measured above its
+// price at 0, 1 where below it at 1. Sets fused.overlap, per_piece_us, r2 (over the sizes
+// alone) and source "measured (overlap in the layer, ...)". Nothing on a device other than
+// the CPU or where no layer qualifies (logged: the fused collectives alone's fit stays).
+void calibrate_overlap_in_layer(Topology& topo, const CalibrateOptions& options,
+                                Calibration& cal,
+                                const std::function<void(const std::string&)>& log);
+// The layer for it on `here`: eager_calibration_shape at chunks x the eager limit (pieces at
+// least twice the limit: no eager effect), its tokens doubled up to kOverlapShapeGrowth times
+// until overlap 1 would save kMinEligibleShare of the unfused layer's price (at compute
+// scale 1, no gains, rendezvous or per-piece cost). nullopt where none does, without a fused
+// schedule on the layout or with chunks < 2.
+inline constexpr int64_t kOverlapShapeGrowth = 16;
+std::optional<MoeShape> overlap_calibration_shape(const Profile& profile, const Target& here,
+                                                  int chunks);
+// The ov in [0, 1] where priced_us(ov) (what fusion adds to the layer's price at overlap ov,
+// decreasing in ov) equals measured_us (what it added measured), by bisection: 0 where fusion
+// measured at or above its price at 0, 1 where at or below it at 1.
+double layer_overlap(double measured_us, const std::function<double(double)>& priced_us);
 
 // Measures layer_compute.scale and fused.eager_gain on this topology (collective) and writes
 // them, with their sources, into cal.profile (whose other terms must be calibrated already:

@@ -22,34 +22,57 @@ namespace parm::perfmodel {
 // The layer calibrate times for the rendezvous on `layout`: a sweep-sized layer whose time
 // outside its compute steps is mostly waiting, not bytes (the term is what is left of that
 // time beyond its price, so an error in the bytes' price must stay small next to it): M =
-// 64, H = 4096 (the expert products of M 256 H 1024 with a quarter of their bytes on the
-// wire; twelfth round), E = 2 N_EP, k = 1, f = 1, T = 1024 rounded up to N_MP x E.
-MoeShape rendezvous_calibration_shape(const Layout& layout);
+// 64, H = `hidden` (4096: the expert products of M 256 H 1024 with a quarter of their bytes on
+// the wire; twelfth round), E = 2 N_EP, k = 1, f = 1, T = 1024 rounded up to N_MP x E.
+// Timed at both kRendezvousHidden, a quarter of the compute apart with the same steps and
+// bytes, so that the fixed cost per step and the share of the compute come apart.
+inline constexpr int64_t kRendezvousHidden[2] = {1024, 4096};  // small, large
+MoeShape rendezvous_calibration_shape(const Layout& layout, int64_t hidden = 4096);
 
-// calibrate times the rendezvous layer three times, spread across the calibration (first,
-// after the GEMM and memory kernels, last), and applies the smallest of their per_compute.
-// One timing alone caught slow phases of shared cores: on 2 x 2 at 1 Gbit/s one calibration
-// measured 1.076 where two earlier the same day measured 0.062 and 0.257, and its sweep's
-// error rose from 15.9% at 0 to 23.4% (docs/perfmodel.md, "Issue 20, twelfth round").
+// calibrate times the rendezvous layer (at both sizes) three times, spread across the
+// calibration (first, after the GEMM and memory kernels, last), and fits the medians of each
+// size (model.h: fit_rendezvous). One timing alone caught slow phases of shared cores: on 2 x
+// 2 at 1 Gbit/s one calibration measured 1.076 where two earlier the same day measured 0.062
+// and 0.257, and its sweep's error rose from 15.9% at 0 to 23.4% (docs/perfmodel.md, "Issue
+// 20, twelfth round").
+struct RendezvousLayerTime {
+  int64_t hidden = 0;  // of rendezvous_calibration_shape
+  LayerTimes times;
+};
 
-// One timing of rendezvous_calibration_shape's layer (collective): S1 unfused, forward +
-// backward, median over options.iters of the slowest rank, its compute steps by the
+// One timing of rendezvous_calibration_shape(hidden)'s layer (collective): S1 unfused,
+// forward + backward, median over options.iters of the slowest rank, its compute steps by the
 // executor's step timers. Priced later (calibrate_rendezvous), so it may run before any
 // other term is measured. nullopt (and nothing run) on a device other than the CPU or over
 // other than host memory: the term is measured only there.
-std::optional<LayerTimes> time_rendezvous_layer(Topology& topo, const CalibrateOptions& options);
+std::optional<RendezvousLayerTime> time_rendezvous_layer(Topology& topo,
+                                                         const CalibrateOptions& options,
+                                                         int64_t hidden);
 
-// Sets the rendezvous' per_compute from `timings` (time_rendezvous_layer's):
-// each one's rendezvous_per_compute (model.h) against the layer priced by cal.profile (whose
-// other terms must be calibrated already) without a rendezvous, then the smallest, set as the
-// per_compute of both step_sync and step_sync_world (their us 0; source "measured
-// (per_compute inside the layer, smallest of N timings: a, b, c; no fixed cost per step)",
-// "emulated" on emulated nodes), with the samples layer.rendezvous.per_compute (one per
-// timing) and layer.rendezvous.per_compute.applied (calibrate_rendezvous.cpp says what it did
-// to the sweeps). With no timings (another device), or where the layout has no collective step
-// after computation, both stay as they are (0, assumed).
+// The layout for the rendezvous of steps within a node (model.h: step_sync_intra), beside
+// the job's own: mp 2, ep 2, esp 1 (the layer's world is two consecutive ranks; the rest is
+// data parallel), taken where the job spans nodes of an even number of ranks each and every
+// group of that layout lies within a node. False otherwise (one node: the job's own layout
+// measures every step).
+bool intra_rendezvous_layout(const Topology& topo, const TopologyOptions& job, TopologyOptions& out);
+
+// Sets the rendezvous' us and per_compute from `timings` (time_rendezvous_layer's, at both
+// sizes): each one's excess and rendezvous at per_compute 1 against the layer priced by
+// cal.profile (whose other terms must be calibrated already) without a rendezvous, then
+// fit_rendezvous (model.h), set on both step_sync and step_sync_world (source "measured
+// (inside the layer at H 1024 and 4096, medians of N timings each: ...)", "emulated" on
+// emulated nodes), with the samples layer.rendezvous.excess / .at_one (one per timing, x the
+// hidden size) and layer.rendezvous.us.applied / .per_compute.applied. With no timings
+// (another device), or where the layout has no collective step after computation, both stay as
+// they are (0, assumed).
+// With `intra` (the topology of intra_rendezvous_layout) and its timings, step_sync_intra
+// is measured first on it (every collective step there lies within a node), and the job's
+// own timings then price their steps within a node at it and set step_sync and
+// step_sync_world from the rest; without, all three get the job's value.
 void calibrate_rendezvous(Topology& topo, const CalibrateOptions& options,
-                          const std::vector<LayerTimes>& timings, Calibration& cal,
-                          const std::function<void(const std::string&)>& log);
+                          const std::vector<RendezvousLayerTime>& timings, Calibration& cal,
+                          const std::function<void(const std::string&)>& log,
+                          Topology* intra = nullptr,
+                          const std::vector<RendezvousLayerTime>& intra_timings = {});
 
 }  // namespace parm::perfmodel

@@ -134,12 +134,20 @@ OverlapFit fit_overlap(const std::vector<double>& measured, const std::vector<do
   f.sizes_used = static_cast<int64_t>(shares.size());
   f.raw = shares.empty() ? 1.0 : median(shares);
   f.overlap = std::clamp(f.raw, 0.0, 1.0);
-  if (measured.empty() || chunks == 1) return f;
+  f.per_piece_us = overlap_per_piece_us(measured, unfused, pipelined, chunks, f.overlap);
+  return f;
+}
+
+double overlap_per_piece_us(const std::vector<double>& measured,
+                            const std::vector<double>& unfused,
+                            const std::vector<double>& pipelined, int chunks, double overlap) {
+  PARM_CHECK_EQ(measured.size(), unfused.size());
+  PARM_CHECK_EQ(measured.size(), pipelined.size());
+  if (measured.empty() || chunks <= 1) return 0.0;
   std::vector<double> rest(measured.size());
   for (size_t i = 0; i < measured.size(); ++i)
-    rest[i] = measured[i] - (unfused[i] - f.overlap * (unfused[i] - pipelined[i]));
-  f.per_piece_us = std::max(0.0, median(rest)) / (chunks - 1);
-  return f;
+    rest[i] = measured[i] - (unfused[i] - overlap * (unfused[i] - pipelined[i]));
+  return std::max(0.0, median(rest)) / (chunks - 1);
 }
 
 double pair_latency(const std::vector<double>& alpha_us) {

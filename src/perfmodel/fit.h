@@ -79,6 +79,10 @@ struct OverlapFit {
 };
 OverlapFit fit_overlap(const std::vector<double>& measured, const std::vector<double>& unfused,
                        const std::vector<double>& pipelined, int chunks);
+// The per_piece_us of fit_overlap at a given overlap (0 with chunks 1 or no sizes).
+double overlap_per_piece_us(const std::vector<double>& measured,
+                            const std::vector<double>& unfused,
+                            const std::vector<double>& pipelined, int chunks, double overlap);
 
 // The latency of a group of 2 ranks on one link class, one for every op: the median of the
 // ops' own fitted latencies. At n = 2 each op is one exchange with the peer (Open MPI:

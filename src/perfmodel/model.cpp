@@ -157,11 +157,14 @@ double fused_us(const std::vector<double>& piece_us, const std::vector<double>& 
   return unfused - overlap * (unfused - pipelined) + (chunks - 1) * per_piece_us;
 }
 
+bool pieces_go_eager(const FusedFit& f, double message_bytes, int chunks) {
+  PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
+  return above_eager_limit(f, message_bytes) && !above_eager_limit(f, message_bytes / chunks);
+}
+
 double eager_saving_us(const FusedFit& f, double message_bytes, int chunks, double bytes_us,
                        bool mixed) {
-  PARM_CHECK(chunks >= 1, "fused collective with {} chunks", chunks);
-  if (!above_eager_limit(f, message_bytes) || above_eager_limit(f, message_bytes / chunks))
-    return 0.0;
+  if (!pieces_go_eager(f, message_bytes, chunks)) return 0.0;
   return (mixed ? f.eager_gain_mixed : f.eager_gain) * std::max(0.0, bytes_us);
 }
 
@@ -345,20 +348,37 @@ void add_rendezvous(const Profile& prof, const Target& target, std::vector<StepC
       if (group_span(target, p.group).size < target.layout.world) return false;
     return true;
   };
+  auto has = [&](const std::vector<PartCost>& parts, Link link) {
+    for (const auto& p : parts)
+      if (p.link == link) return true;
+    return false;
+  };
   for (bool bwd : {false, true}) {
-    double since = bwd ? ex.bwd_us : ex.fwd_us;
+    // The compute since the previous collective step, and since the previous one that
+    // crossed the nodes (or the pass's start).
+    double since = bwd ? ex.bwd_us : ex.fwd_us, since_inter = since;
     for (size_t j = 0; j < n; ++j) {
       StepCost& c = steps[bwd ? n - 1 - j : j];
       const std::vector<PartCost>& parts = bwd ? c.bwd_parts : c.fwd_parts;
       double& us = bwd ? c.bwd_us : c.fwd_us;
       if (parts.empty()) {
         since += us;
+        since_inter += us;
         continue;
       }
+      // A step with parts on both kinds of link (a fused pipeline of an intra-node and an
+      // inter-node collective) waits for both, as its parts would as separate steps, but the
+      // wait within the node delays only its intra-node stage, which the pipeline overlaps
+      // with the inter-node one as it does the stages' transfers: it pays 1 - overlap of it.
+      const bool inter = has(parts, Link::kInter), intra = has(parts, Link::kIntra);
+      const bool world = whole_world(parts);
+      const double intra_share = inter ? 1.0 - prof.fused.overlap : 1.0;
       double& sync = bwd ? c.bwd_sync_us : c.fwd_sync_us;
-      sync = rendezvous_us(prof, whole_world(parts), since);
+      sync = (intra ? intra_share * intra_rendezvous_us(prof, world, since) : 0.0) +
+             (inter ? rendezvous_us(prof, world, since_inter) : 0.0);
       us += sync;
       since = 0.0;
+      if (inter) since_inter = 0.0;
     }
   }
 }
@@ -370,11 +390,43 @@ double rendezvous_us(const Profile& prof, bool whole_world, double compute_us) {
   return f.us + f.per_compute * std::max(0.0, compute_us);
 }
 
+double intra_rendezvous_us(const Profile& prof, bool whole_world, double compute_us) {
+  const SyncFit& f = whole_world ? prof.step_sync_world : prof.step_sync_intra;
+  return f.us + f.per_compute * std::max(0.0, compute_us);
+}
+
 double rendezvous_per_compute(double total_us, double compute_us, double priced_total_us,
                               double priced_compute_us, double rendezvous_at_one_us) {
   if (rendezvous_at_one_us <= 0.0 || compute_us <= 0.0 || priced_compute_us <= 0.0) return 0.0;
   const double excess = (total_us - compute_us) - (priced_total_us - priced_compute_us);
   return std::max(0.0, excess / (rendezvous_at_one_us * compute_us / priced_compute_us));
+}
+
+RendezvousTerms fit_rendezvous(const std::vector<RendezvousTiming>& small,
+                               const std::vector<RendezvousTiming>& large, double steps) {
+  RendezvousTerms out;
+  if (small.empty() || large.empty() || steps <= 0.0) return out;
+  auto med = [](const std::vector<RendezvousTiming>& v, double RendezvousTiming::*field) {
+    std::vector<double> x;
+    for (const auto& t : v) x.push_back(t.*field);
+    return median(std::move(x));
+  };
+  using T = RendezvousTiming;
+  const double es = med(small, &T::excess_us), el = med(large, &T::excess_us);
+  const double as = med(small, &T::at_one_us), al = med(large, &T::at_one_us);
+  const double pc = al > as ? (el - es) / (al - as) : -1.0;
+  if (pc < 0.0) {
+    out.us = std::max(0.0, 0.5 * (es + el) / steps);
+    return out;
+  }
+  const double us = (es - pc * as) / steps;
+  if (us < 0.0) {
+    out.per_compute = as + al > 0.0 ? std::max(0.0, (es + el) / (as + al)) : 0.0;
+    return out;
+  }
+  out.us = us;
+  out.per_compute = pc;
+  return out;
 }
 
 double mean_routed_rows(const schedule::Schedule& sc, const MoeShape& shape, const Layout& l) {

@@ -22,11 +22,19 @@
 // m / W pays it where m / W is above E (piece_cost).
 // Rendezvous after computation, once per collective step and direction (rendezvous_us):
 //     sync = s.us + s.per_compute * C
-// C = the step's predicted compute since the previous collective step in the order the
-// executor runs them (backward: reversed); s = step_sync_world when every group of the step
-// holds all ranks (they meet in lock step), else step_sync (smaller groups drift out of phase
-// on shared cores). A fused step is one rendezvous: its pieces follow each other without
-// compute. `calibrate` measures per_compute inside a layer (rendezvous_per_compute).
+// in the order the executor runs the steps (backward: reversed). A step with a group across
+// the nodes: C = the predicted compute since the previous step that crossed the nodes (or the
+// pass's start), s = step_sync (step_sync_world when every group of the step holds all
+// ranks): ranks on different nodes drift apart until a step joins them, and a step within a
+// node in between joins only that node's ranks. A step whose groups all lie within a node:
+// C = the compute since the previous collective step, s = step_sync_intra (step_sync_world
+// where its group is the world, on one node). A step with parts on both (a fused pipeline of
+// an inter-node and an intra-node collective) pays both, the intra-node one times 1 - the
+// fused overlap: the wait within the node delays its intra-node stage, which the pipeline
+// overlaps with the inter-node one as it does the stages' transfers. A fused step is one
+// rendezvous: its pieces follow each other without compute. `calibrate` fits both terms inside
+// a layer timed at two computations (fit_rendezvous): step_sync_intra on a layout whose
+// groups stay within a node, step_sync on its own layout, whose EP group crosses them.
 // Routing imbalance, one input (Target::load_max_over_mean = lambda; 1: a balanced router): the
 // experts step prices R = min(R_pad, lambda R_mean) rows per local expert (R_mean from
 // mean_routed_rows); a dropless exchange moves lambda times the mean routed rows
@@ -120,8 +128,11 @@ PieceCost piece_cost(const Profile& profile, CommOp op, const GroupSpan& span, d
                      double part_us, int chunks);
 
 // The rendezvous of one collective step (header comment) after compute_us of computation;
-// whole_world: every group of the step holds all ranks.
+// whole_world: every group of the step holds all ranks. rendezvous_us: a step with a group
+// across the nodes (step_sync), intra_rendezvous_us: one whose groups all lie within a node
+// (step_sync_intra); step_sync_world where whole_world.
 double rendezvous_us(const Profile& profile, bool whole_world, double compute_us);
+double intra_rendezvous_us(const Profile& profile, bool whole_world, double compute_us);
 // The measured per_compute of the header comment: one layer's time outside its compute steps
 // beyond its price, per us of compute the ranks did before its collective steps,
 //     per_compute = ((t - t_c) - (p0 - p_c)) / (R1 * t_c / p_c),   bounded below by 0
@@ -132,6 +143,24 @@ double rendezvous_us(const Profile& profile, bool whole_world, double compute_us
 // compute time is not positive.
 double rendezvous_per_compute(double total_us, double compute_us, double priced_total_us,
                               double priced_compute_us, double rendezvous_at_one_us);
+// The rendezvous' two terms (header comment: sync = us + per_compute * C) from one layout's
+// layer timed at two computations (calibrate_rendezvous). Per timing: excess_us = (t - t_c) -
+// (p0 - p_c) and at_one_us = R1 * t_c / p_c (as rendezvous_per_compute); `steps`: the layer's
+// collective steps that pay it (its rendezvous priced at us 1, in us). Through the median
+// (at_one, excess) of each computation:
+//     per_compute = (E_large - E_small) / (A_large - A_small),   us = (E_small - per_compute
+//     A_small) / steps
+// bounded below by 0: where per_compute would be negative (or the two A do not differ),
+// per_compute 0 and us = the mean of the two E / steps; where us would be, us 0 and
+// per_compute = (E_small + E_large) / (A_small + A_large). Both 0 where nothing is positive.
+struct RendezvousTiming {
+  double excess_us = 0.0, at_one_us = 0.0;
+};
+struct RendezvousTerms {
+  double us = 0.0, per_compute = 0.0;
+};
+RendezvousTerms fit_rendezvous(const std::vector<RendezvousTiming>& small,
+                               const std::vector<RendezvousTiming>& large, double steps);
 
 // Expert rows a rank computes (summed over its E_loc local experts) when the router sends
 // every expert the same share and nothing drops: E_loc x expert_blocks x (k T_gate / E) /
@@ -182,6 +211,11 @@ double compute_steps_us(const Prediction& p);
 double fused_us(const std::vector<double>& piece_us, const std::vector<double>& alpha_us,
                 const std::vector<Link>& links, int chunks, double overlap,
                 double per_piece_us = 0.0);
+
+// Whether a part whose per-peer message is message_bytes is sent by rendezvous whole but
+// eagerly in chunks pieces (above the eager limit, its pieces not): the case eager_saving_us
+// prices, and the one calibrate leaves out of the fused overlap's fit.
+bool pieces_go_eager(const FusedFit& fused, double message_bytes, int chunks);
 
 // What one part of a fused step saves by sending its pieces eagerly (header comment):
 // g * bytes_us when message_bytes is above the eager limit and message_bytes / chunks is not

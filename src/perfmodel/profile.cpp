@@ -103,7 +103,8 @@ nlohmann::json profile_to_json(const Profile& p) {
                 {"eager_gain_mixed", p.fused.eager_gain_mixed},
                 {"eager_gain_mixed_source", p.fused.eager_gain_mixed_source}};
   for (const auto& [key, f] : {std::pair{"step_sync", &p.step_sync},
-                               std::pair{"step_sync_world", &p.step_sync_world}})
+                               std::pair{"step_sync_world", &p.step_sync_world},
+                               std::pair{"step_sync_intra", &p.step_sync_intra}})
     j[key] = {{"us", f->us}, {"per_compute", f->per_compute}, {"r2", f->r2},
               {"samples", f->samples}, {"source", f->source}};
   j["layer_compute"] = {{"scale", p.layer_compute.scale}, {"source", p.layer_compute.source}};
@@ -188,6 +189,12 @@ Profile profile_from_json(const nlohmann::json& j, const std::string& origin) {
     }
   }
   read_sync_fit(r, j, "step_sync", p.step_sync);
+  if (j.contains("step_sync_intra")) {
+    read_sync_fit(r, j, "step_sync_intra", p.step_sync_intra);
+  } else {
+    p.step_sync_intra = p.step_sync;
+    p.step_sync_intra.source = "assumed (copied from step_sync: not in the profile)";
+  }
   if (j.contains("step_sync_world")) {
     read_sync_fit(r, j, "step_sync_world", p.step_sync_world);
   } else {  // profiles written before the world was measured apart

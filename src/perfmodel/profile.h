@@ -159,6 +159,7 @@ struct Profile {
   ComputeScale layer_compute;  // JSON "layer_compute": {"scale", "source"}
   SyncFit step_sync;        // a collective step on groups smaller than the world
   SyncFit step_sync_world;  // one on the group of every rank
+  SyncFit step_sync_intra;  // one whose groups all lie within a node (absent: step_sync)
   std::array<GemmFit, kNumGemmClasses> gemm{};
   std::array<MemFit, kNumMemClasses> mem{};
 
@@ -183,6 +184,7 @@ struct Profile {
 //  "fused": {"overlap", "per_piece_us", "r2", "samples", "source"},
 //  "step_sync": {"us", "per_compute" (absent: 0), "r2" (absent: 1), "samples", "source"},
 //  "step_sync_world": {the same keys} (absent: a copy of step_sync),
+//  "step_sync_intra": {the same keys} (absent: a copy of step_sync),
 //  "gemm": {"expert_nn": {"alpha_us", "gflops", "r2", "samples", "source"}, "expert_tn",
 //           "expert_nt", "gate"},
 //  "memory": {"copy": {"alpha_us", "gbps", "r2", "samples", "source"}, "gelu"}}

@@ -53,4 +53,61 @@ std::string policy_table(const PolicyView& v) {
   return t;
 }
 
+PolicyHalves policy_halves(const std::vector<PolicyConfig>& configs) {
+  PolicyHalves h;
+  std::array<std::vector<PolicyConfig>, 2> half;
+  for (const PolicyConfig& c : configs) {
+    if (c.half_ms[0].empty() || c.half_ms[1].empty()) return PolicyHalves{};
+    for (int i = 0; i < 2; ++i) {
+      PARM_CHECK(c.half_ms[i].size() == c.measured_ms.size(),
+                 "a half of the rounds measured {} candidates of {}", c.half_ms[i].size(),
+                 c.measured_ms.size());
+      half[i].push_back({c.half_ms[i], c.auto_choice, {}});
+    }
+    // The fastest by half i, timed by the other half.
+    for (int i = 0; i < 2; ++i) {
+      const auto& by = c.half_ms[i];
+      const auto best = std::min_element(by.begin(), by.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      });
+      h.cross_fastest_total_ms += c.half_ms[1 - i].at(best->first);
+    }
+  }
+  if (configs.empty()) return h;
+  h.even = policy_view(half[0]);
+  h.odd = policy_view(half[1]);
+  h.configs = h.even.configs;
+  h.auto_total_ms = h.even.auto_total_ms + h.odd.auto_total_ms;
+  for (size_t i = 0; i < h.even.fixed.size(); ++i) {
+    const bool e = h.even.fixed[i].over_auto() < 1.0, o = h.odd.fixed[i].over_auto() < 1.0;
+    h.verdicts[h.even.fixed[i].schedule] =
+        e != o ? Verdict::kHalvesDisagree : e ? Verdict::kBeatsAuto : Verdict::kDoesNotBeatAuto;
+  }
+  return h;
+}
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::kBeatsAuto: return "beats auto";
+    case Verdict::kDoesNotBeatAuto: return "does not beat auto";
+    case Verdict::kHalvesDisagree: return "halves disagree";
+  }
+  return "?";
+}
+
+std::string halves_table(const PolicyHalves& h) {
+  if (h.configs == 0) return "";
+  std::string t = fmt::format(
+      "the same from each half of the rounds (even | odd): auto / fastest {:.3f} | {:.3f}; "
+      "auto / the fastest chosen by one half and timed by the other (no selection bias) "
+      "{:.3f}\n    {:<12} {:>8} {:>8}  verdict",
+      h.even.auto_over_fastest(), h.odd.auto_over_fastest(), h.auto_over_cross_fastest(),
+      "always", "even", "odd");
+  for (size_t i = 0; i < h.even.fixed.size(); ++i)
+    t += fmt::format("\n    {:<12} {:>8.3f} {:>8.3f}  {}", h.even.fixed[i].schedule,
+                     h.even.fixed[i].over_auto(), h.odd.fixed[i].over_auto(),
+                     verdict_name(h.verdicts.at(h.even.fixed[i].schedule)));
+  return t;
+}
+
 }  // namespace parm::perfmodel

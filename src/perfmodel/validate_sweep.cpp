@@ -243,6 +243,8 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                           {"measured_rest_ms", m.total() - m.compute},
                           {"measured_compute_step_max_ms", m.compute_step_max},
                           {"measured_outside_steps_ms", m.outside_steps},
+                          {"measured_even_rounds_ms", m.half_total[0]},
+                          {"measured_odd_rounds_ms", m.half_total[1]},
                           {"predicted_compute_ms", pred_compute},
                           {"predicted_rest_ms", pred - pred_compute}};
       auto& pr = part_ratios[cand.pred.name()];
@@ -289,8 +291,13 @@ nlohmann::json validate_sweep(const SweepOptions& o,
       speedups.push_back(meas[0] / meas[chosen]);
     }
     configs.push_back(cj);
-    PolicyConfig pc{{}, cands[chosen].pred.name()};
-    for (size_t i = 0; i < cands.size(); ++i) pc.measured_ms[cands[i].pred.name()] = meas[i];
+    PolicyConfig pc;
+    pc.auto_choice = cands[chosen].pred.name();
+    for (size_t i = 0; i < cands.size(); ++i) {
+      pc.measured_ms[cands[i].pred.name()] = meas[i];
+      if (o.iters >= 2)
+        for (int h = 0; h < 2; ++h) pc.half_ms[h][cands[i].pred.name()] = totals[i].half_total[h];
+    }
     policy_configs.push_back(std::move(pc));
     // The rounds cannot order two schedules whose round ranges overlap (auto's fastest round
     // beat the fastest schedule's slowest one).
@@ -369,6 +376,19 @@ nlohmann::json validate_sweep(const SweepOptions& o,
                          {"fastest_total_ms", policies.fastest_total_ms},
                          {"auto_over_fastest", policies.auto_over_fastest()},
                          {"fixed", fixed}};
+  const PolicyHalves halves = policy_halves(policy_configs);
+  if (halves.configs > 0) {
+    nlohmann::json hj = {{"auto_over_cross_fastest", halves.auto_over_cross_fastest()},
+                         {"auto_total_ms", halves.auto_total_ms},
+                         {"cross_fastest_total_ms", halves.cross_fastest_total_ms}};
+    for (const auto* v : {&halves.even, &halves.odd}) {
+      nlohmann::json side = {{"auto_over_fastest", v->auto_over_fastest()}};
+      for (const FixedPolicy& f : v->fixed) side["fixed"][f.schedule] = f.over_auto();
+      hj[v == &halves.even ? "even" : "odd"] = side;
+    }
+    for (const auto& [name, verdict] : halves.verdicts) hj["verdicts"][name] = verdict_name(verdict);
+    summary["policies"]["halves"] = hj;
+  }
   summary["measured_over_predicted_by_schedule"] = nlohmann::json::object();
   std::string split;
   for (const auto& [name, parts] : part_ratios) {
@@ -388,6 +408,7 @@ nlohmann::json validate_sweep(const SweepOptions& o,
   log(fmt::format("auto / fastest (measured): median {:.3f}, worst {:.3f}", median(ratios),
                   max_of(ratios)));
   log(policy_table(policies));
+  if (halves.configs > 0) log(halves_table(halves));
   if (halves_compared > 0)
     log(fmt::format("the measurement against itself: the even and the odd rounds measured the "
                     "same fastest program in {:.1f}% ({} of {}) of the configurations (where the "

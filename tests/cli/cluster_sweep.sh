@@ -51,18 +51,22 @@ for op in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
     assert inter["handshake_source"] == "measured (the step at the eager limit)", inter
     assert intra["handshake_us"] == 0, intra
     assert intra["handshake_source"] == "not priced on an intra-node link", intra
-# The rendezvous: its per_compute measured inside the layer three times across the
-# calibration (calibrate_rendezvous), the smallest applied to both lines (the same value); no
-# fixed cost per step.
+# The rendezvous: its fixed cost per step and per_compute fitted inside the layer, timed at
+# two sizes three times across the calibration (calibrate_rendezvous, model.h fit_rendezvous):
+# within a node on mp 2 ep 2 esp 1 (step_sync_intra), then across the nodes on the
+# calibration's own layout (step_sync and step_sync_world, the same values).
+def terms(sy, what):
+    m = re.fullmatch(r"measured \(inside %s at H 1024 and 4096, medians of 3 timings each: "
+                     r"us ([0-9.]+) per step \+ per_compute ([0-9.]+)\)" % what, sy["source"])
+    assert m, sy
+    assert abs(sy["us"] - float(m.group(1))) <= 0.05 + 1e-9, sy
+    assert abs(sy["per_compute"] - float(m.group(2))) <= 5e-4, sy
+    assert sy["us"] >= 0 and sy["per_compute"] >= 0, sy
 for key in ("step_sync", "step_sync_world"):
-    sy = p[key]
-    m = re.fullmatch(r"measured \(per_compute inside the layer, smallest of 3 timings: "
-                     r"([0-9.]+), ([0-9.]+), ([0-9.]+); no fixed cost per step\)", sy["source"])
-    assert m, (key, sy)
-    listed = sorted(float(v) for v in m.groups())
-    assert abs(sy["per_compute"] - listed[0]) <= 5e-4, (key, sy)
-    assert sy["us"] == 0 and sy["per_compute"] >= 0, (key, sy)
-    assert sy["per_compute"] == p["step_sync"]["per_compute"], (key, sy)
+    terms(p[key], "a layer")
+    assert (p[key]["us"], p[key]["per_compute"]) == \
+        (p["step_sync"]["us"], p["step_sync"]["per_compute"]), (key, p[key])
+terms(p["step_sync_intra"], "a layer whose groups lie within a node")
 # The fused overlap is a median of ratios bounded to [0, 1].
 assert 0.0 <= p["fused"]["overlap"] <= 1.0, p["fused"]
 # The eager shares are taken inside the layer, in [0, 1]: the all-remote one on the
@@ -100,7 +104,8 @@ for want in "3 configurations measured (1 skipped)" "selection accuracy" "regret
             "<- auto" "<- fastest" "median error by schedule" "noise floor" \
             "counting schedules that run the same program as one" "(same program as baseline)" \
             "spread over the rounds" "the measurement against itself" \
-            "measured / predicted, median per schedule, of the compute steps"; do
+            "measured / predicted, median per schedule, of the compute steps" \
+            "the same from each half of the rounds (even | odd)"; do
   check "the sweep report has '$want'" 0 0 "$want" "$out"
 done
 out=$("$PY" - "$tmp/sweep.json" 2>&1 <<'PY'
@@ -118,6 +123,20 @@ assert agree["configs"] == 3 and 0 <= agree["share"] <= 1, agree
 assert "worst" in s["auto_over_fastest"] and "median" in s["auto_over_fastest"]
 assert s["configs_measured"] == 3 and len(r["configs"]) == 3, s
 assert r["ranks_per_node"] == 0  # nodes found by shared memory, not emulated
+# The policy view by halves of the rounds, recomputed here from the rows' half times.
+hv = s["policies"]["halves"]
+cross = auto = 0.0
+for c in r["configs"]:
+    half = [{x["schedule"]: x["measured_%s_rounds_ms" % h] for x in c["candidates"]}
+            for h in ("even", "odd")]
+    for i in (0, 1):
+        cross += half[1 - i][min(half[i], key=half[i].get)]
+        auto += half[i][c["auto"]]
+assert abs(hv["cross_fastest_total_ms"] - cross) <= 1e-9 * cross, (hv, cross)
+assert abs(hv["auto_total_ms"] - auto) <= 1e-9 * auto, (hv, auto)
+for n, v in hv["verdicts"].items():
+    e, o = hv["even"]["fixed"][n] < 1, hv["odd"]["fixed"][n] < 1
+    assert v == ("halves disagree" if e != o else "beats auto" if e else "does not beat auto"), (n, v, hv)
 for c in r["configs"]:
     names = [x["schedule"] for x in c["candidates"]]
     assert c["auto"] in names and c["fastest"] in names, c

@@ -133,6 +133,13 @@ done
 out="$(/usr/bin/python3 "$src/bench/tools/cluster_from_profile.py" --profile "$tmp/p.json" \
         --name from-p --description "the CTest calibration" --out "$tmp/from-p.json" 2>&1)"
 check "cluster_from_profile writes a cluster file" 0 $? "" "$out"
+out="$(/usr/bin/python3 -c 'import json, sys
+p, c = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+for k in ("us", "per_compute"):
+    assert c["step_sync_intra_" + k] == p["step_sync_intra"][k], (k, c, p["step_sync_intra"])
+    assert c["step_sync_" + k] == p["step_sync"][k], (k, c, p["step_sync"])
+print("ok")' "$tmp/p.json" "$tmp/from-p.json" 2>&1)"
+check "the cluster file carries both rendezvous lines of the profile" 0 $? "ok" "$out"
 out="$(prun -n 1 -- simulate --cluster "$tmp/from-p.json" \
         --grid "$src/configs/grids/cluster-sample.json" --out "$tmp/sim-from-p")"; rc=$?
 check "simulate reads the cluster file made from the profile" 0 $rc "in the grid" "$out"

@@ -701,7 +701,7 @@ TEST(PerfModel, StepSyncOncePerCollectiveStep) {
   const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
   const Target t = make_target(0, 2, 2, 2, 2);
   const Prediction plain = predict_kind(p, shape, t, Kind::kS1, true);
-  p.step_sync.us = 7.0;
+  p.step_sync.us = p.step_sync_intra.us = 7.0;  // across the nodes and within one
   const Prediction synced = predict_kind(p, shape, t, Kind::kS1, true);
   int stepped = 0;
   for (size_t i = 0; i < plain.steps.size(); ++i) {
@@ -722,33 +722,53 @@ TEST(PerfModel, RendezvousAfterTheComputeBeforeIt) {
     p.gemm_fit(c) = GemmFit{2.0, 1.0, 1.0, 0, "t"};  // only the experts compute
   p.step_sync = SyncFit{7.0, 0.5, 1.0, 0, "t"};
   p.step_sync_world = SyncFit{3.0, 0.25, 1.0, 0, "t"};
+  p.step_sync_intra = SyncFit{2.0, 0.1, 1.0, 0, "t"};
   EXPECT_DOUBLE_EQ(rendezvous_us(p, false, 100.0), 57.0);
   EXPECT_DOUBLE_EQ(rendezvous_us(p, true, 100.0), 28.0);
   EXPECT_DOUBLE_EQ(rendezvous_us(p, false, -1.0), 7.0);
+  EXPECT_DOUBLE_EQ(intra_rendezvous_us(p, false, 100.0), 12.0);
+  EXPECT_DOUBLE_EQ(intra_rendezvous_us(p, true, 100.0), 28.0);
   const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
-  // 2 nodes x 2, mp = ep = esp = 2: every group has 2 of the 4 ranks. Forward: ... experts,
-  // esp reduce_scatter (after the experts), combine alltoall; backward: esp reduce_scatter's
-  // adjoint, experts, esp allgather's adjoint (after the experts' backward).
+  // 2 nodes x 2, mp = ep = esp = 2: every group has 2 of the 4 ranks; mp and esp within a
+  // node, ep across. Forward: dispatch alltoall (ep), esp allgather, experts, esp
+  // reduce_scatter (within a node, right after the experts: the intra line over them),
+  // combine alltoall (across: the experts are the compute since the dispatch alltoall, the
+  // last step across), mp allgather. Backward, reversed: combine alltoall, esp reduce_scatter's
+  // adjoint, experts, esp allgather's adjoint (intra, after them), dispatch alltoall (across,
+  // the experts since the combine alltoall), mp slice's adjoint.
   const Prediction s1 = predict_kind(p, shape, make_target(0, 2, 2, 2, 2), Kind::kS1, false);
   const StepCost& ex = step_named(s1, "experts");
   ASSERT_GT(ex.fwd_us, 4.0);
   ASSERT_GT(ex.bwd_us, 8.0);
-  int collectives = 0;
+  auto across = [](const std::vector<PartCost>& parts) {
+    for (const auto& q : parts)
+      if (q.link == Link::kInter) return true;
+    return false;
+  };
+  int collectives = 0, inter_steps = 0;
   double fwd_sync = 0.0, bwd_sync = 0.0;
   for (const auto& c : s1.steps) {
+    const double fwd = c.label == "esp reduce_scatter" ? 2.0 + 0.1 * ex.fwd_us
+                       : c.label == "combine alltoall" ? 7.0 + 0.5 * ex.fwd_us
+                       : across(c.fwd_parts)           ? 7.0
+                                                       : 2.0;
+    const double bwd = c.label == "esp allgather"       ? 2.0 + 0.1 * ex.bwd_us
+                       : c.label == "dispatch alltoall" ? 7.0 + 0.5 * ex.bwd_us
+                       : across(c.bwd_parts)            ? 7.0
+                                                        : 2.0;
     if (c.fwd_parts.empty()) EXPECT_EQ(c.fwd_sync_us, 0.0) << c.label;
-    else EXPECT_DOUBLE_EQ(c.fwd_sync_us,
-                          c.label == "esp reduce_scatter" ? 7.0 + 0.5 * ex.fwd_us : 7.0) << c.label;
+    else EXPECT_DOUBLE_EQ(c.fwd_sync_us, fwd) << c.label;
     if (c.bwd_parts.empty()) EXPECT_EQ(c.bwd_sync_us, 0.0) << c.label;
-    else EXPECT_DOUBLE_EQ(c.bwd_sync_us,
-                          c.label == "esp allgather" ? 7.0 + 0.5 * ex.bwd_us : 7.0) << c.label;
+    else EXPECT_DOUBLE_EQ(c.bwd_sync_us, bwd) << c.label;
     collectives += !c.fwd_parts.empty();
+    inter_steps += across(c.fwd_parts);
     fwd_sync += c.fwd_sync_us;
     bwd_sync += c.bwd_sync_us;
   }
   EXPECT_GE(collectives, 5);
+  EXPECT_EQ(inter_steps, 2);  // the two ep alltoalls
   Profile unsynced = p;
-  unsynced.step_sync = unsynced.step_sync_world = SyncFit{};
+  unsynced.step_sync = unsynced.step_sync_world = unsynced.step_sync_intra = SyncFit{};
   const Prediction plain =
       predict_kind(unsynced, shape, make_target(0, 2, 2, 2, 2), Kind::kS1, false);
   EXPECT_NEAR(s1.fwd_us - plain.fwd_us, fwd_sync, 1e-9);
@@ -759,6 +779,49 @@ TEST(PerfModel, RendezvousAfterTheComputeBeforeIt) {
   EXPECT_DOUBLE_EQ(step_named(world, "combine alltoall").fwd_sync_us, 3.0 + 0.25 * wex.fwd_us);
   EXPECT_DOUBLE_EQ(step_named(world, "dispatch alltoall").bwd_sync_us, 3.0 + 0.25 * wex.bwd_us);
   EXPECT_DOUBLE_EQ(step_named(world, "dispatch alltoall").fwd_sync_us, 3.0);
+  // One node: every step within it. The esp reduce_scatter takes the intra line after the
+  // experts, the combine alltoall after nothing.
+  const Prediction one = predict_kind(p, shape, make_target(0, 2, 2, 2, 0), Kind::kS1, false);
+  const StepCost& oex = step_named(one, "experts");
+  EXPECT_DOUBLE_EQ(step_named(one, "esp reduce_scatter").fwd_sync_us, 2.0 + 0.1 * oex.fwd_us);
+  EXPECT_DOUBLE_EQ(step_named(one, "combine alltoall").fwd_sync_us, 2.0);
+}
+
+// A fused step of an inter-node and an intra-node collective pays both rendezvous, the one
+// within the node times 1 - overlap (model.h): fused S1 on 2 nodes x 2, mp = ep = esp = 2.
+TEST(PerfModel, FusedStepAcrossBothLinksPaysBothRendezvous) {
+  Profile p = comm_only_profile(0.0, 0.0, 0.0, 0.0);
+  for (GemmClass c : {GemmClass::kExpertNN, GemmClass::kExpertTN, GemmClass::kExpertNT})
+    p.gemm_fit(c) = GemmFit{2.0, 1.0, 1.0, 0, "t"};  // only the experts compute
+  p.step_sync = p.step_sync_world = SyncFit{7.0, 0.5, 1.0, 0, "t"};
+  p.step_sync_intra = SyncFit{2.0, 0.1, 1.0, 0, "t"};
+  p.fused.overlap = 0.25;
+  const auto shape = shape_of(8, 4, 8, 4, 2, "1.0");
+  const Prediction f = predict_kind(p, shape, make_target(0, 2, 2, 2, 2), Kind::kS1, true, 2);
+  const StepCost& ex = step_named(f, "experts");
+  ASSERT_GT(ex.fwd_us, 4.0);
+  // Forward: the fused combine (esp reduce_scatter + ep alltoall) right after the experts:
+  // 0.75 x (2 + 0.1 x experts) + (7 + 0.5 x experts); the fused dispatch after no compute:
+  // 0.75 x 2 + 7. Backward, reversed: the fused dispatch's adjoint after the experts.
+  const StepCost& comb = step_named(f, "fused combine (esp reduce_scatter + ep alltoall)");
+  const StepCost& disp = step_named(f, "fused dispatch (ep alltoall + esp allgather)");
+  EXPECT_DOUBLE_EQ(comb.fwd_sync_us, 0.75 * (2.0 + 0.1 * ex.fwd_us) + 7.0 + 0.5 * ex.fwd_us);
+  EXPECT_DOUBLE_EQ(disp.fwd_sync_us, 0.75 * 2.0 + 7.0);
+  EXPECT_DOUBLE_EQ(disp.bwd_sync_us, 0.75 * (2.0 + 0.1 * ex.bwd_us) + 7.0 + 0.5 * ex.bwd_us);
+  EXPECT_DOUBLE_EQ(comb.bwd_sync_us, 0.75 * 2.0 + 7.0);
+  // At overlap 1 the wait within the node is hidden; at 0 it is paid whole, as unfused S1
+  // pays its esp reduce_scatter's and its combine alltoall's.
+  for (double ov : {0.0, 1.0}) {
+    p.fused.overlap = ov;
+    const Prediction g = predict_kind(p, shape, make_target(0, 2, 2, 2, 2), Kind::kS1, true, 2);
+    EXPECT_DOUBLE_EQ(
+        step_named(g, "fused combine (esp reduce_scatter + ep alltoall)").fwd_sync_us,
+        (1.0 - ov) * (2.0 + 0.1 * ex.fwd_us) + 7.0 + 0.5 * ex.fwd_us);
+  }
+  const Prediction u = predict_kind(p, shape, make_target(0, 2, 2, 2, 2), Kind::kS1, false);
+  EXPECT_DOUBLE_EQ(step_named(u, "esp reduce_scatter").fwd_sync_us +
+                       step_named(u, "combine alltoall").fwd_sync_us,
+                   (2.0 + 0.1 * ex.fwd_us) + 7.0 + 0.5 * ex.fwd_us);
 }
 
 // calibrate's per_compute from one measured layer (model.h): the rest's excess over its price
@@ -794,6 +857,63 @@ TEST(PerfModel, RendezvousPerComputeRecoversThePricedLine) {
   const double c = compute_steps_us(p0);
   ASSERT_GT(c, 0.0);
   EXPECT_NEAR(rendezvous_per_compute(measured.total_us(), c, p0.total_us(), c, r1), 0.3, 1e-12);
+}
+
+// The two terms through the medians of the two computations (model.h: fit_rendezvous).
+TEST(PerfModel, RendezvousFitHandComputed) {
+  using T = RendezvousTiming;
+  // Medians: small (E 1000, A 100), large (E 3000, A 1000); 4 steps. per_compute 2000 / 900,
+  // us (1000 - 100 x 2000 / 900) / 4.
+  const std::vector<T> small{{1000, 100}, {1200, 110}, {900, 90}};
+  const std::vector<T> large{{3000, 1000}, {2800, 900}, {5000, 1100}};
+  RendezvousTerms t = fit_rendezvous(small, large, 4.0);
+  EXPECT_DOUBLE_EQ(t.per_compute, 2000.0 / 900.0);
+  EXPECT_DOUBLE_EQ(t.us, (1000.0 - 100.0 * 2000.0 / 900.0) / 4.0);
+  // More compute waited less: per_compute 0, us the mean excess per step, (3000 + 1000) / 2 / 4.
+  t = fit_rendezvous({{3000, 100}}, {{1000, 1000}}, 4.0);
+  EXPECT_DOUBLE_EQ(t.per_compute, 0.0);
+  EXPECT_DOUBLE_EQ(t.us, 500.0);
+  // The line would cross below 0 at no compute: us 0, per_compute (100 + 3000) / (100 + 1000).
+  t = fit_rendezvous({{100, 100}}, {{3000, 1000}}, 4.0);
+  EXPECT_DOUBLE_EQ(t.us, 0.0);
+  EXPECT_DOUBLE_EQ(t.per_compute, 3100.0 / 1100.0);
+  // Rests under their price: nothing.
+  t = fit_rendezvous({{-50, 100}}, {{-20, 1000}}, 4.0);
+  EXPECT_DOUBLE_EQ(t.us, 0.0);
+  EXPECT_DOUBLE_EQ(t.per_compute, 0.0);
+  // No steps, or a size not timed: nothing.
+  EXPECT_DOUBLE_EQ(fit_rendezvous(small, large, 0.0).per_compute, 0.0);
+  EXPECT_DOUBLE_EQ(fit_rendezvous({}, large, 4.0).us, 0.0);
+}
+
+// The fit inverts the price: the rendezvous layer at both sizes "measured" at what a profile
+// with us 5 and per_compute 0.3 predicts gives back 5 and 0.3, each size's excess and R1
+// taken as calibrate_rendezvous takes them.
+TEST(PerfModel, RendezvousFitRecoversThePricedTerms) {
+  Profile p = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
+  for (GemmClass c : {GemmClass::kExpertNN, GemmClass::kExpertTN, GemmClass::kExpertNT})
+    p.gemm_fit(c) = GemmFit{2.0, 1.0, 1.0, 0, "t"};
+  const Target t = make_target(0, 2, 2, 2, 2);
+  std::vector<RendezvousTiming> at[2];
+  double steps = 0.0;
+  for (int i = 0; i < 2; ++i) {
+    const MoeShape shape = rendezvous_calibration_shape(t.layout, kRendezvousHidden[i]);
+    const Prediction p0 = predict_kind(p, shape, t, Kind::kS1, false);
+    auto with = [&](double us, double pc) {
+      Profile q = p;
+      q.step_sync = q.step_sync_world = q.step_sync_intra = SyncFit{us, pc, 1.0, 0, "t"};
+      return predict_kind(q, shape, t, Kind::kS1, false).total_us() - p0.total_us();
+    };
+    steps = with(1.0, 0.0);
+    const double measured = p0.total_us() + with(5.0, 0.3);
+    const double c = compute_steps_us(p0);
+    at[i].push_back({measured - p0.total_us(), with(0.0, 1.0)});
+    ASSERT_GT(c, 0.0);
+  }
+  ASSERT_GT(steps, 0.0);
+  const RendezvousTerms r = fit_rendezvous(at[0], at[1], steps);
+  EXPECT_NEAR(r.us, 5.0, 1e-6);
+  EXPECT_NEAR(r.per_compute, 0.3, 1e-9);
 }
 
 // compute_steps_us sums exactly the steps that are not collectives and not the executor's.
@@ -1381,6 +1501,75 @@ TEST(Fit, FusedOverlapIsAMedianOfRatiosInZeroOne) {
   EXPECT_DOUBLE_EQ(c.overlap, 1.0);
   EXPECT_DOUBLE_EQ(c.per_piece_us, 1.5);
   EXPECT_THROW(fit_overlap({1}, {1, 2}, {1}, 4), Error);
+}
+
+// The per-piece cost at a given overlap (calibrate_overlap_in_layer refits it at each ov):
+// the median excess over unfused - ov (unfused - pipelined), per extra piece, >= 0.
+TEST(Fit, FusedPerPieceAtAGivenOverlap) {
+  const std::vector<double> t{10, 20}, u{8, 16}, p{12, 18};
+  EXPECT_DOUBLE_EQ(overlap_per_piece_us(t, u, p, 3, 0.0), 1.5);   // excess 2, 4
+  EXPECT_DOUBLE_EQ(overlap_per_piece_us(t, u, p, 3, 0.5), 0.75);  // 0, 3
+  EXPECT_DOUBLE_EQ(overlap_per_piece_us(t, u, p, 3, 1.0), 0.0);   // -2, 2: median 0
+  EXPECT_DOUBLE_EQ(overlap_per_piece_us(t, u, p, 1, 0.0), 0.0);   // one piece
+  EXPECT_DOUBLE_EQ(overlap_per_piece_us({}, {}, {}, 4, 0.0), 0.0);
+  const auto c = fit_overlap({109, 118, 103.5}, {100, 100, 100}, {106, 112, 99}, 4);
+  EXPECT_DOUBLE_EQ(c.per_piece_us, overlap_per_piece_us({109, 118, 103.5}, {100, 100, 100},
+                                                         {106, 112, 99}, 4, c.overlap));
+}
+
+// The layer's overlap: where what fusion adds to the price meets what it added measured.
+TEST(Fit, LayerOverlapMeetsTheMeasuredDifference) {
+  // Priced: +3.35 ms at overlap 0, -53.95 ms at 1 (a line). Measured -6.75 ms: ov 10.1 / 57.3.
+  const auto priced = [](double v) { return 3.35 - 57.3 * v; };
+  EXPECT_NEAR(layer_overlap(-6.75, priced), 10.1 / 57.3, 1e-12);
+  // Fusion measured slower than its price at 0 (2 x 4, 10 Gbit/s: +32.7 ms against +5.9): 0.
+  EXPECT_DOUBLE_EQ(layer_overlap(32.7, [](double v) { return 5.9 - 150.0 * v; }), 0.0);
+  // Faster than its price at 1: 1.
+  EXPECT_DOUBLE_EQ(layer_overlap(-80.0, priced), 1.0);
+  // A curve: the root of 2 (0.75 - v)(1 + v) = 0.
+  EXPECT_NEAR(layer_overlap(0.0, [](double v) { return 2.0 * (0.75 - v) * (1.0 + v); }), 0.75,
+              1e-12);
+}
+
+// The overlap layer: pieces at least twice the eager limit, the tokens doubled until overlap 1
+// would save a tenth of the unfused price; none without a fused schedule or with one chunk.
+TEST(PerfModel, OverlapCalibrationShapeGrowsUntilTheCreditIsMeasurable) {
+  // Bytes as costly within a node as across, latencies of 20 and 500 us: fusion's overlap
+  // credit (the shorter stage's bytes) grows with T against the pipeline's extra latencies.
+  Profile p = comm_only_profile(20.0, 2e-3, 500.0, 2e-3, 0.3);
+  for (GemmClass c : {GemmClass::kExpertNN, GemmClass::kExpertTN, GemmClass::kExpertNT})
+    p.gemm_fit(c) = GemmFit{0.0, 1e3, 1.0, 0, "t"};
+  p.fused.eager_limit_bytes = 65472.0;
+  const Target t = make_target(0, 2, 2, 2, 2);
+  const int W = 4;
+  const auto shape = overlap_calibration_shape(p, t, W);
+  ASSERT_TRUE(shape.has_value());
+  const MoeShape first = eager_calibration_shape(t.layout, W * 65472.0);
+  EXPECT_EQ(shape->tokens % first.tokens, 0);
+  const int64_t f = shape->tokens / first.tokens;
+  EXPECT_TRUE(f > 1 && f <= kOverlapShapeGrowth && (f & (f - 1)) == 0) << f;  // it grew
+  auto credit = [&](int64_t T) {
+    Profile q = p;
+    q.fused.per_piece_us = 0.0;
+    const MoeShape sh = MoeShape::of(T, 256, 256, first.experts, 1, "1");
+    const double u = predict_kind(q, sh, t, Kind::kS1, false, W).total_us();
+    q.fused.overlap = 0.0;
+    const double a0 = predict_kind(q, sh, t, Kind::kS1, true, W).total_us();
+    q.fused.overlap = 1.0;
+    return (a0 - predict_kind(q, sh, t, Kind::kS1, true, W).total_us()) / u;
+  };
+  EXPECT_GE(credit(shape->tokens), kMinEligibleShare);
+  EXPECT_LT(credit(shape->tokens / 2), kMinEligibleShare);
+  // The S1 ep alltoall's per-peer message (E / N_EP experts' T / (N_MP E) slots of M floats)
+  // is at least 2 W x the limit: its W pieces are above the limit.
+  const double per_peer = static_cast<double>(shape->tokens) / (2 * shape->experts) *
+                          (shape->experts / 2) * 256 * 4;
+  EXPECT_GE(per_peer, 2.0 * W * 65472.0);
+  EXPECT_FALSE(overlap_calibration_shape(p, t, 1).has_value());
+  EXPECT_FALSE(overlap_calibration_shape(p, make_target(0, 2, 1, 1, 2), W).has_value());
+  // Free bytes: overlap has nothing to save at any size.
+  EXPECT_FALSE(
+      overlap_calibration_shape(comm_only_profile(50.0, 0.0, 500.0, 0.0), t, W).has_value());
 }
 
 TEST(Fit, LineAndOrigin) {

@@ -32,6 +32,33 @@ TEST(SweepPolicies, AutoAgainstTheFastestAndEveryFixedRule) {
   EXPECT_NE(policy_table(v).find("s1+fused"), std::string::npos);
 }
 
+TEST(SweepPolicies, TheHalvesJudgeTheNoise) {
+  // Two configurations, auto always s1. Even rounds: s2 fastest in both; odd rounds: s1 in
+  // the first, s2 in the second.
+  std::vector<PolicyConfig> configs = {
+      {{{"s1", 10.0}, {"s2", 10.0}}, "s1", {{{{"s1", 11.0}, {"s2", 9.0}}, {{"s1", 9.0}, {"s2", 12.0}}}}},
+      {{{"s1", 20.0}, {"s2", 19.0}}, "s1", {{{{"s1", 21.0}, {"s2", 18.0}}, {{"s1", 19.0}, {"s2", 18.5}}}}}};
+  const PolicyHalves h = policy_halves(configs);
+  ASSERT_EQ(h.configs, 2);
+  EXPECT_DOUBLE_EQ(h.auto_total_ms, 11.0 + 21.0 + 9.0 + 19.0);
+  // Config 1: even's fastest s2 timed by odd 12; odd's fastest s1 timed by even 11.
+  // Config 2: even's fastest s2 timed by odd 18.5; odd's fastest s2 timed by even 18.
+  EXPECT_DOUBLE_EQ(h.cross_fastest_total_ms, 12.0 + 11.0 + 18.5 + 18.0);
+  EXPECT_DOUBLE_EQ(h.auto_over_cross_fastest(), 60.0 / 59.5);
+  EXPECT_DOUBLE_EQ(h.even.fixed[1].over_auto(), 27.0 / 32.0);  // s2 in the even rounds
+  EXPECT_DOUBLE_EQ(h.odd.fixed[1].over_auto(), 30.5 / 28.0);
+  EXPECT_EQ(h.verdicts.at("s2"), Verdict::kHalvesDisagree);
+  EXPECT_EQ(h.verdicts.at("s1"), Verdict::kDoesNotBeatAuto);  // auto itself: ratio 1
+  // s2 faster in both halves: confirmed.
+  configs[0].half_ms[1]["s2"] = 8.0;
+  EXPECT_EQ(policy_halves(configs).verdicts.at("s2"), Verdict::kBeatsAuto);
+  EXPECT_NE(halves_table(policy_halves(configs)).find("beats auto"), std::string::npos);
+  // A configuration measured in one round: no halves at all.
+  configs[1].half_ms[1].clear();
+  EXPECT_EQ(policy_halves(configs).configs, 0);
+  EXPECT_EQ(halves_table(policy_halves(configs)), "");
+}
+
 TEST(SweepPolicies, AnUnmeasuredChoiceIsRefused) {
   EXPECT_THROW(policy_view({{{{"s1", 1.0}}, "s2"}}), Error);
   EXPECT_EQ(policy_view({}).best_fixed(), nullptr);

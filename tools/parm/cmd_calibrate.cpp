@@ -53,9 +53,10 @@ void print_table(const perfmodel::Profile& p) {
               p.fused.eager_gain_mixed, "-", "-", "", "", p.fused.eager_gain_mixed_source.c_str());
   std::printf("%-26s %10.3f %14s %12s %8s %7s  %s\n", "layer compute scale", p.layer_compute.scale,
               "-", "-", "", "", p.layer_compute.source.c_str());
-  std::printf("%-26s %10.2f %14s %7.4f/us  %8.4f %7lld  %s\n", "step sync (+ per compute)",
-              p.step_sync.us, "-", p.step_sync.per_compute, p.step_sync.r2,
-              static_cast<long long>(p.step_sync.samples), p.step_sync.source.c_str());
+  for (const auto& [name, f] : {std::pair{"step sync (+ per compute)", &p.step_sync},
+                                std::pair{"step sync within a node", &p.step_sync_intra}})
+    std::printf("%-26s %10.2f %14s %7.4f/us  %8.4f %7lld  %s\n", name, f->us, "-",
+                f->per_compute, f->r2, static_cast<long long>(f->samples), f->source.c_str());
   for (int c = 0; c < kNumGemmClasses; ++c) {
     const GemmFit& f = p.gemm[static_cast<size_t>(c)];
     std::printf("%-26s %10.2f %14s %6.2f GFLOP/s %8.4f %7lld  %s\n",
