@@ -97,6 +97,12 @@ void run_product(ExpertProduct p, const std::vector<int64_t>& rows, int64_t M, i
       case ExpertProduct::kDX:
         q.a = offset(o.dpre, rh, in), q.b = offset(o.w1, w, in), q.c = offset(o.dx, rm, out);
         break;
+      case ExpertProduct::kGate:
+      case ExpertProduct::kDW3:
+      case ExpertProduct::kDXGate:
+        // SwiGLU's third weight: the CUDA experts refuse swiglu before they are built
+        // (moe::check_expert_mlp), so no product of it reaches here.
+        PARM_CHECK(false, "the CUDA experts have no SwiGLU product ({})", static_cast<int>(p));
     }
     problems.push_back(q);
   }
