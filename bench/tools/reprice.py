@@ -101,16 +101,13 @@ def ratios(sweep, prices):
             len(v)))
 
 
-def policies(sweep, prices):
-    """The policy view (src/perfmodel/sweep_policies.h) under these prices: auto's measured
-    total over the per-configuration fastest's, and every fixed rule "always X" over auto on
-    the configurations where X exists."""
+def view(rows):
+    """The policy view (src/perfmodel/sweep_policies.h) of rows (measured ms by schedule, auto's
+    choice): auto's total over the per-configuration fastest's, and per fixed rule "always X"
+    (its total, auto's total, configurations) over those where X exists."""
     auto_total = fastest_total = 0.0
     fixed = {}
-    for c, pl in zip(sweep['configs'], prices):
-        cand = {x['schedule']: x['measured_ms'] for x in c['candidates']}
-        names = [n for n in pl if n in cand]
-        auto = min(names, key=lambda n: pl[n])
+    for cand, auto in rows:
         auto_total += cand[auto]
         fastest_total += min(cand.values())
         for n, t in cand.items():
@@ -118,29 +115,30 @@ def policies(sweep, prices):
             f[0] += t
             f[1] += cand[auto]
             f[2] += 1
+    return auto_total, fastest_total, fixed
+
+
+def policies(sweep, prices):
+    """The policy view under these prices, and by halves of the rounds where the sweep kept
+    them (measured_{even,odd}_rounds_ms): the fastest by one half timed by the other, and each
+    fixed rule's verdict in both halves."""
+    autos = [min((n for n in pl if n in {x['schedule'] for x in c['candidates']}),
+                 key=lambda n: pl[n]) for c, pl in zip(sweep['configs'], prices)]
+    def measured(key):
+        return [{x['schedule']: x[key] for x in c['candidates']} for c in sweep['configs']]
+    auto_total, fastest_total, fixed = view(zip(measured('measured_ms'), autos))
     out = {'auto_over_fastest': auto_total / fastest_total,
            'fixed': {n: {'over_auto': f[0] / f[1], 'configs': f[2]} for n, f in fixed.items()}}
-    # By halves of the rounds, where the sweep kept them (measured_{even,odd}_rounds_ms): the
-    # fastest by one half timed by the other, and each fixed rule's verdict in both halves.
     if all('measured_even_rounds_ms' in x for c in sweep['configs'] for x in c['candidates']):
-        cross = auto2 = 0.0
-        sides = [{}, {}]
-        for c, pl in zip(sweep['configs'], prices):
-            half = [{x['schedule']: x['measured_%s_rounds_ms' % h] for x in c['candidates']}
-                    for h in ('even', 'odd')]
-            auto = min((n for n in pl if n in half[0]), key=lambda n: pl[n])
-            for i in (0, 1):
-                cross += half[1 - i][min(half[i], key=half[i].get)]
-                auto2 += half[i][auto]
-                for n, t in half[i].items():
-                    f = sides[i].setdefault(n, [0.0, 0.0])
-                    f[0] += t
-                    f[1] += half[i][auto]
-        out['auto_over_cross_fastest'] = auto2 / cross
-        out['verdicts'] = {n: ('halves disagree' if (sides[0][n][0] < sides[0][n][1]) !=
-                               (sides[1][n][0] < sides[1][n][1]) else 'beats auto'
-                               if sides[0][n][0] < sides[0][n][1] else 'does not beat auto')
-                           for n in sides[0]}
+        half = [measured('measured_%s_rounds_ms' % h) for h in ('even', 'odd')]
+        cross = sum(half[1 - i][j][min(half[i][j], key=half[i][j].get)]
+                    for i in (0, 1) for j in range(len(autos)))
+        sides = [view(zip(half[i], autos)) for i in (0, 1)]
+        out['auto_over_cross_fastest'] = (sides[0][0] + sides[1][0]) / cross
+        beats = [{n: f[0] < f[1] for n, f in side[2].items()} for side in sides]
+        out['verdicts'] = {n: 'halves disagree' if beats[0][n] != beats[1][n] else
+                           'beats auto' if beats[0][n] else 'does not beat auto'
+                           for n in beats[0]}
     return out
 
 

@@ -135,12 +135,9 @@ void calibrate_fused(Topology& topo, const CalibrateOptions& o, BenchDevice& dev
   cal.fused_alone = {meas, serial, piped, of.sizes_used};
   ff.overlap = of.overlap;
   ff.per_piece_us = of.per_piece_us;
-  std::vector<double> pred(meas.size()), ratios(meas.size());
-  for (size_t i = 0; i < meas.size(); ++i) {
-    pred[i] = serial[i] - ff.overlap * (serial[i] - piped[i]) + (W - 1) * ff.per_piece_us;
-    ratios[i] = meas[i] / serial[i];
-  }
-  ff.r2 = r_squared(meas, pred);
+  std::vector<double> ratios(meas.size());
+  for (size_t i = 0; i < meas.size(); ++i) ratios[i] = meas[i] / serial[i];
+  ff.r2 = overlap_r2(meas, serial, piped, W, ff.overlap, ff.per_piece_us);
   ff.samples = static_cast<int64_t>(meas.size());
   ff.source = topo.nodes_emulated() ? "emulated" : "measured";
   log("  fused dispatch+combine on ep ({} ranks, {}) x esp ({} ranks, {}), {} chunks: overlap "

@@ -222,8 +222,9 @@ void calibrate_overlap_in_layer(Topology& topo, const CalibrateOptions& o, Calib
   const Target here = target_of(topo);
   const int W = o.chunks;
   schedule::Kind kind = schedule::Kind::kS1;
+  const bool has_fused = fused_kind(here.layout, kind);
   const std::optional<MoeShape> found = overlap_calibration_shape(cal.profile, here, W);
-  if (!found || !fused_kind(here.layout, kind)) {
+  if (!has_fused || !found) {
     log(fmt::format("  overlap in the layer: not measured (no layer up to {}x the tokens of the "
                     "first where overlap 1 would save {:.0f}% of it); the fused collectives "
                     "alone's {:.3f} stays, {}",
@@ -258,11 +259,8 @@ void calibrate_overlap_in_layer(Topology& topo, const CalibrateOptions& o, Calib
       "collectives alone at that overlap, where {} of their sizes had a gain to measure)",
       topo.nodes_emulated() ? "emulated" : "measured", schedule::kind_name(kind), shape.tokens,
       shape.model_dim, shape.hidden, shape.experts, alone.sizes_with_gain);
-  std::vector<double> pred(alone.measured.size());
-  for (size_t i = 0; i < pred.size(); ++i)
-    pred[i] = alone.unfused[i] - ov * (alone.unfused[i] - alone.pipelined[i]) +
-              (W - 1) * ff.per_piece_us;
-  if (!pred.empty()) ff.r2 = r_squared(alone.measured, pred);
+  if (!alone.measured.empty())
+    ff.r2 = overlap_r2(alone.measured, alone.unfused, alone.pipelined, W, ov, ff.per_piece_us);
   cal.samples.push_back({"layer.overlap", x, ov});
   const Layout& l = here.layout;
   log(fmt::format(

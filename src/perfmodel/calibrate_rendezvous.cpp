@@ -95,9 +95,8 @@ std::optional<RendezvousTerms> terms_of(Topology& topo, const CalibrateOptions& 
     if (r1 <= 0.0 || steps <= 0.0) return std::nullopt;
     const LayerTimes& t = timings[i].times;
     const double priced_compute = compute_steps_us(pr0);
-    RendezvousTiming rt;
-    rt.excess_us = (t.unfused_us - t.compute_us) - (pr0.total_us() - priced_compute);
-    rt.at_one_us = priced_compute > 0.0 ? r1 * t.compute_us / priced_compute : 0.0;
+    const RendezvousTiming rt =
+        rendezvous_timing(t.unfused_us, t.compute_us, pr0.total_us(), priced_compute, r1);
     (timings[i].hidden == kRendezvousHidden[0] ? small : large).push_back(rt);
     const double x = static_cast<double>(timings[i].hidden);
     cal.samples.push_back({"layer.rendezvous" + label, x, t.unfused_us});
@@ -108,12 +107,13 @@ std::optional<RendezvousTerms> terms_of(Topology& topo, const CalibrateOptions& 
         "  layer {} T={} M={} H={} E={} k=1 f=1, mp={} ep={} esp={}: measured {:.3f} ms, of it "
         "compute steps {:.3f} ms (slowest rank); priced without the rendezvous {:.3f} ms, "
         "compute {:.3f} ms; rest measured / priced {:.3f} / {:.3f} ms: excess {:.3f} ms over "
-        "{:.0f} steps, the rendezvous at per_compute 1 {:.3f} ms",
+        "{:.0f} steps, the rendezvous at per_compute 1 {:.3f} ms (per_compute alone {:.3f})",
         schedule::kind_name(kind), shape.tokens, shape.model_dim, shape.hidden, shape.experts,
         l.mp, l.ep, l.esp, t.unfused_us / 1e3, t.compute_us / 1e3, pr0.total_us() / 1e3,
         priced_compute / 1e3, (t.unfused_us - t.compute_us) / 1e3,
         (pr0.total_us() - priced_compute) / 1e3, rt.excess_us / 1e3, steps,
-        rt.at_one_us / 1e3));
+        rt.at_one_us / 1e3,
+        rendezvous_per_compute(t.unfused_us, t.compute_us, pr0.total_us(), priced_compute, r1)));
   }
   if (small.empty() || large.empty()) return std::nullopt;
   return fit_rendezvous(small, large, steps);

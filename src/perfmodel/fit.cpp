@@ -138,6 +138,17 @@ OverlapFit fit_overlap(const std::vector<double>& measured, const std::vector<do
   return f;
 }
 
+double overlap_r2(const std::vector<double>& measured, const std::vector<double>& unfused,
+                  const std::vector<double>& pipelined, int chunks, double overlap,
+                  double per_piece_us) {
+  PARM_CHECK_EQ(measured.size(), unfused.size());
+  PARM_CHECK_EQ(measured.size(), pipelined.size());
+  std::vector<double> pred(measured.size());
+  for (size_t i = 0; i < pred.size(); ++i)
+    pred[i] = unfused[i] - overlap * (unfused[i] - pipelined[i]) + (chunks - 1) * per_piece_us;
+  return r_squared(measured, pred);
+}
+
 double overlap_per_piece_us(const std::vector<double>& measured,
                             const std::vector<double>& unfused,
                             const std::vector<double>& pipelined, int chunks, double overlap) {

@@ -79,6 +79,11 @@ struct OverlapFit {
 };
 OverlapFit fit_overlap(const std::vector<double>& measured, const std::vector<double>& unfused,
                        const std::vector<double>& pipelined, int chunks);
+// r^2 of the fused collectives' measured times against u_i - overlap (u_i - p_i) + (W - 1)
+// per_piece_us, the price fit_overlap's terms give them (as r_squared: 0 for no sizes).
+double overlap_r2(const std::vector<double>& measured, const std::vector<double>& unfused,
+                  const std::vector<double>& pipelined, int chunks, double overlap,
+                  double per_piece_us);
 // The per_piece_us of fit_overlap at a given overlap (0 with chunks 1 or no sizes).
 double overlap_per_piece_us(const std::vector<double>& measured,
                             const std::vector<double>& unfused,

@@ -395,11 +395,22 @@ double intra_rendezvous_us(const Profile& prof, bool whole_world, double compute
   return f.us + f.per_compute * std::max(0.0, compute_us);
 }
 
+RendezvousTiming rendezvous_timing(double total_us, double compute_us, double priced_total_us,
+                                   double priced_compute_us, double rendezvous_at_one_us) {
+  RendezvousTiming t;
+  t.excess_us = (total_us - compute_us) - (priced_total_us - priced_compute_us);
+  t.at_one_us = priced_compute_us > 0.0
+                    ? rendezvous_at_one_us * compute_us / priced_compute_us
+                    : 0.0;
+  return t;
+}
+
 double rendezvous_per_compute(double total_us, double compute_us, double priced_total_us,
                               double priced_compute_us, double rendezvous_at_one_us) {
   if (rendezvous_at_one_us <= 0.0 || compute_us <= 0.0 || priced_compute_us <= 0.0) return 0.0;
-  const double excess = (total_us - compute_us) - (priced_total_us - priced_compute_us);
-  return std::max(0.0, excess / (rendezvous_at_one_us * compute_us / priced_compute_us));
+  const RendezvousTiming t = rendezvous_timing(total_us, compute_us, priced_total_us,
+                                               priced_compute_us, rendezvous_at_one_us);
+  return std::max(0.0, t.excess_us / t.at_one_us);
 }
 
 RendezvousTerms fit_rendezvous(const std::vector<RendezvousTiming>& small,

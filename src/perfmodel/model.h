@@ -156,6 +156,10 @@ double rendezvous_per_compute(double total_us, double compute_us, double priced_
 struct RendezvousTiming {
   double excess_us = 0.0, at_one_us = 0.0;
 };
+// One timing's (excess, at_one) from the arguments of rendezvous_per_compute (at_one 0 where
+// p_c is not positive).
+RendezvousTiming rendezvous_timing(double total_us, double compute_us, double priced_total_us,
+                                   double priced_compute_us, double rendezvous_at_one_us);
 struct RendezvousTerms {
   double us = 0.0, per_compute = 0.0;
 };
