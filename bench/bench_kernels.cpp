@@ -366,6 +366,8 @@ BENCHMARK(BM_TopK)
     ->ArgNames({"rows", "cols", "k"})
     ->Args({1024, 8, 2})  // the gate at the reference MoE configuration: T = 1024, E = 8, k = 2
     ->Args({2048, 8, 2})
+    ->Args({1024, 64, 8})   // fine-grained experts (issue 36): E = 64, k = 8
+    ->Args({1024, 256, 8})
     ->UseRealTime()
     ->MinTime(0.2);
 

@@ -458,13 +458,21 @@ TEST(TopK, TiesGoToTheLowerIndex) {
 
 TEST(TopK, MatchesStableSortForEveryK) {
   const int64_t rows = 6;
-  for (int64_t cols : {1, 3, 8, 20}) {
-    // Few distinct values: many ties; one NaN, one -inf and one +inf sprinkled in.
+  // Up to 64 columns (fine-grained experts), both sides of the CPU's switch from one-pass
+  // insertion to a partial sort at k = 32.
+  for (int64_t cols : {1, 3, 8, 20, 40, 64}) {
+    // Few distinct values: many ties; NaNs, one -inf and one +inf sprinkled in.
     std::vector<float> x = quarter_ints(rows * cols, 30 + cols);
     if (cols >= 3) {
       x[1] = kNaN;
       x[cols + 2] = -kInf;
       x[2 * cols] = kInf;
+    }
+    if (cols >= 20) {
+      x[3 * cols + cols - 1] = kNaN;  // a NaN after every number: must still come first
+      x[3 * cols + 5] = kNaN;
+      for (int64_t c = 0; c < cols; ++c)  // ascending: every element enters the kept k
+        x[4 * cols + c] = static_cast<float>(c) * 0.5f;
     }
     for (int k = 1; k <= cols; ++k) {
       std::vector<int32_t> idx(rows * k), ref;

@@ -82,7 +82,8 @@ PARM_HD inline bool ranks_before(float va, int32_t ia, float vb, int32_t ib) {
 
 // idx (k), val (k): the k first of x (cols) in that order. k selection passes, each picking
 // the best element ranked strictly after the previous pick: the same result as the CPU's
-// selection (k <= 8) and partial sort (k > 8), the order being total. 1 <= k <= cols.
+// one-pass insertion (k <= 32) and partial sort (k > 32), the order being total.
+// 1 <= k <= cols.
 PARM_HD inline void topk_row(const float* x, int64_t cols, int k, int32_t* idx, float* val) {
   const auto n = static_cast<int32_t>(cols);
   int32_t prev_i = -1;
