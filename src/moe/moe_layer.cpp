@@ -136,9 +136,9 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.acts_pool = acts_pool;
   // moe-act: the experts step recomputes its rows; moe: the replay of the forward does.
   recompute_experts_ = acts_pool != nullptr && pooled_.empty();
-  PARM_CONFIG_CHECK(pooled_.empty() || (!shape.has_shared() && device == Device::kCpu),
-                    "--recompute moe (train.recompute) runs on the CPU layer without shared "
-                    "experts; use --recompute moe-act or block there");
+  PARM_CONFIG_CHECK(pooled_.empty() || device == Device::kCpu,
+                    "--recompute moe (train.recompute) runs on the CPU layer; use --recompute "
+                    "moe-act or block there");
   if (!pooled_.empty()) replay_stats_ = Tensor({schedule::stats_numel(E, true)}, device);
   if (schedule_.dropless)
     sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);

@@ -60,7 +60,7 @@ class MoeLayer {
   // in this pool, shared with other layers, and the backward pass recomputes them (the
   // experts' forward again, on the experts' input buffer, which the layer keeps) right before
   // the experts' adjoint: no collective is repeated, the gradients are the same bits.
-  // pool_buffers (--recompute moe; with acts_pool, CPU, no shared experts): also the step
+  // pool_buffers (--recompute moe; with acts_pool, CPU): also the step
   // buffers that only compute steps write (the gate's statistics where no collective sums
   // them, the dispatch's output, the experts' output before their collective, the combine's
   // output) and every buffer's gradient are the pool's. The buffers collectives wrote stay

@@ -392,10 +392,6 @@ void validate(const TrainConfig& c) {
                     "--recompute {} (train.recompute) with --device {}: the MoE layer's "
                     "activations are recomputed by the CPU layer only; use --recompute block "
                     "or none there", c.loop.recompute, p.device);
-  PARM_CONFIG_CHECK(recompute != model::Recompute::kMoe || m.shared_experts == 0,
-                    "--recompute moe (train.recompute) with --shared-experts {}: the shared "
-                    "experts' buffers are not replayed; use --recompute moe-act or block",
-                    m.shared_experts);
   // (The order needs the world size: Topology::create checks it.)
   model::parse_pp_split(p.pp_split, p.pp, m.num_layers, "--pp-split (parallel.pp_split)");
   // Names first (their messages list the valid ones), then whether they can run here.

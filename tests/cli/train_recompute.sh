@@ -33,6 +33,40 @@ PY
 )
   case "$got" in ok*) ok "(c) $mode: ${got#ok }";; *) bad "(c) $mode: ${got#bad }";; esac
 done
+# (d) --recompute moe with shared experts (two, gated): the replay recomputes them too (their
+# output buffer is a compute step's; their workspace stays the layer's), so the runs equal
+# --recompute none bit for bit under S2 at dp 2 and fused S1 at mp 2 ep 2 esp 2 dp 2, and the
+# prediction equals the measured peaks.
+for layout in "dp2:2 --mp 1 --ep 2" "mp2:8 --mp 2 --ep 2 --esp 2 --schedule s1 --fuse on"; do
+  tag="${layout%%:*}"
+  set -- ${layout#*:}
+  n=$1
+  shift
+  sh=(--shared-experts 2 --shared-hidden 32 --shared-gate on)
+  train gpt2 "$n" "sh-$tag-none" "$@" "${sh[@]}" --recompute none &&
+    train gpt2 "$n" "sh-$tag-moe" "$@" "${sh[@]}" --recompute moe ||
+    { bad "(d) $tag: run failed"; tail -5 "$work/sh-$tag-moe.log"; continue; }
+  if out=$(python3 "$src/tests/cli/lib/same_run.py" "$work/sh-$tag-moe.jsonl" "$work/sh-$tag-none.jsonl") &&
+     out2=$(same_params "sh-$tag-moe" "sh-$tag-none"); then
+    ok "(d) shared experts, $tag: moe = none: $out; $out2"
+  else
+    bad "(d) shared experts, $tag: moe differs from none: $out ${out2:-}"
+  fi
+  [ "$tag" = dp2 ] || continue
+  out=$(prun -n 2 -- train --config "$work/gpt2.json" "$@" "${sh[@]}" --recompute moe --dry-run-memory)
+  got=$(python3 - "$work/sh-$tag-moe.jsonl" "$out" <<'PY'
+import json, re, sys
+meas = json.loads(open(sys.argv[1]).readlines()[-1])["mem_peak_bytes"]
+m = re.search(r"stage 0: .*\((\d+) bytes: parameters (\d+) gradients (\d+) optimizer (\d+) activations (\d+)", sys.argv[2])
+p, g, o, a = (int(x) for x in m.groups()[1:])
+ok = (p, g, o) == (meas["parameters"], meas["gradients"], meas["optimizer"]) and \
+     abs(a - meas["activations"]) <= 0.02 * meas["activations"]
+print(("ok" if ok else "bad") + f" predicted acts {a}, measured {int(meas['activations'])}")
+PY
+)
+  case "$got" in ok*) ok "(d) shared experts, moe: ${got#ok }";; *) bad "(d) shared experts, moe: ${got#bad }";; esac
+done
+
 out=$(prun -n 2 -- train --config "$work/gpt2.json" --mp 1 --ep 2 --memory-limit 1MiB --steps 1)
 check "(c) --memory-limit 1MiB refuses the run before any work" 2 $? "will not fit --memory-limit" "$out"
 grep -q "step " <<<"$out" && bad "(c) the refused run trained"
