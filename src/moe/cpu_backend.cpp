@@ -1,6 +1,7 @@
 // The CPU backend of the MoE layer: moe_ops.h's functions over host tensors.
 #include <cstring>
 
+#include "kernels/cpu/kernels.h"
 #include "moe/backend.h"
 #include "moe/expert_products.h"
 #include "moe/shared_experts.h"
@@ -13,6 +14,7 @@ class CpuBackend final : public LayerBackend {
   CpuBackend(const BackendSizes& s, Precision p)
       : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}),
         zero_unrouted_(!s.dropless), packed_(s.packed) {
+    cpu::stream_min_bytes();  // a bad PARM_STREAM_MIN_BYTES is refused here, before any work
     ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p,
                 s.max_local_rows, s.expert_mlp, s.acts_pool);
     if (s.shared_experts > 0)

@@ -1,6 +1,7 @@
 // Dispatch into the [E, slots, M] buffer and combine out of it (docs/spec.md §2 items 4 and 6).
 #include <cstring>
 
+#include "kernels/cpu/kernels.h"
 #include "moe/moe_ops.h"
 #include "parm/error.h"
 
@@ -45,11 +46,18 @@ void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& buf, bool z
                "packed dispatch buffer {} for {} routed rows of M={}", shape_str(buf.shape()),
                r.start(r.experts - 1) + r.fill.back(), M);
   if (zero_unrouted) zero_unfilled(r, M, buf);
+  // A large buffer is written past the cache: it is read only by the exchange after it.
+  const bool stream = cpu::streamed(buf.bytes());
   for (int64_t t = 0; t < r.tokens; ++t)
     for (int j = 0; j < r.topk; ++j) {
       const int64_t row = r.row[static_cast<size_t>(t * r.topk + j)];
-      if (row >= 0) std::memcpy(buf.data() + row * M, x.row(t), static_cast<size_t>(M) * 4);
+      if (row < 0) continue;
+      if (stream)
+        cpu::copy_stream(buf.data() + row * M, x.row(t), M);
+      else
+        std::memcpy(buf.data() + row * M, x.row(t), static_cast<size_t>(M) * 4);
     }
+  if (stream) cpu::stream_fence();
 }
 
 void dispatch_backward(const Tensor& dbuf, const GateRouting& r, Tensor& dx) {
@@ -85,6 +93,7 @@ void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& 
   const int64_t M = dout.cols();
   if (zero_unrouted) zero_unfilled(r, M, dbuf);
   dweight.assign(static_cast<size_t>(r.tokens * r.topk), 0.0f);
+  const bool stream = cpu::streamed(dbuf.bytes());  // as dispatch_forward's buffer
   for (int64_t t = 0; t < r.tokens; ++t) {
     const float* g = dout.row(t);
     for (int j = 0; j < r.topk; ++j) {
@@ -93,10 +102,14 @@ void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& 
       const float w = r.weight[i];
       const float* y = buf.data() + r.row[i] * M;
       float* d = dbuf.data() + r.row[i] * M;
-      for (int64_t m = 0; m < M; ++m) d[m] = w * g[m];
+      if (stream)
+        cpu::scale_stream(d, g, w, M);
+      else
+        for (int64_t m = 0; m < M; ++m) d[m] = w * g[m];
       dweight[i] = dot_lanes(g, y, M);
     }
   }
+  if (stream) cpu::stream_fence();
 }
 
 }  // namespace parm::moe

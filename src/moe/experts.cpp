@@ -44,14 +44,20 @@ int64_t filled_rows(const int32_t* fills, int64_t blocks, int64_t e_loc, int64_t
 
 // The reverse: filled rows back into the layout; the empty slots after them are zeroed (the
 // packed layout has none).
+// A large layout is written past the cache (the exchange after the experts reads it; the
+// caller fences once all experts are scattered).
 void scatter_filled(const float* rows, const SegmentLayout& l, int64_t blocks, int64_t e,
                     const int32_t* fills, Tensor& layout) {
   const int64_t M = l.M;
+  const bool stream = cpu::streamed(layout.bytes());
   int64_t n = 0;
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t f = fills[b * l.e_loc + e];
     float* seg = layout.data() + l.segment(b, e);
-    std::memcpy(seg, rows + n * M, static_cast<size_t>(f * M) * sizeof(float));
+    if (stream)
+      cpu::copy_stream(seg, rows + n * M, f * M);
+    else
+      std::memcpy(seg, rows + n * M, static_cast<size_t>(f * M) * sizeof(float));
     if (l.first == nullptr)
       std::memset(seg + f * M, 0, static_cast<size_t>((l.slots - f) * M) * sizeof(float));
     n += f;
@@ -285,6 +291,7 @@ void experts_forward(const Tensor& in, const ExpertShards& w, int64_t blocks, in
     scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, out);
     clock.lap("rows in/out");
   }
+  cpu::stream_fence();  // scatter_filled's streaming writes
 }
 
 void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks, int64_t slots,
@@ -333,6 +340,7 @@ void experts_backward(const Tensor& dout, const ExpertShards& w, int64_t blocks,
     scatter_filled(ws.out_rows.data(), lay, blocks, e, fills, din);
     clock.lap("rows in/out");
   }
+  cpu::stream_fence();
 }
 
 }  // namespace parm::moe

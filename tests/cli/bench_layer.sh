@@ -45,4 +45,20 @@ EOF
 )"
 check "the floor's filled rows are the same for every schedule and are the kept choices" 0 0 "floor rows agree" "$out"
 
+# Buffers past cpu::kStreamMinBytes (8 MiB) are written with streaming stores (the dispatched
+# rows, the experts' outputs and the combine's gradient rows): 640 tokens x k 8 x M 512 fp32
+# is 10 MiB. Every schedule, dropping and dropless, against the fp64 oracle.
+for cf in none 1.25; do
+  out="$(prun -n 2 -- check-layer --mp 1 --ep 2 --experts 64 --topk 8 --tokens 640 \
+        --model-dim 512 --hidden 32 --capacity-factor $cf --schedule all --fuse both)"; rc=$?
+  check "check-layer past the streaming threshold (f $cf): s2 passes" 0 $rc "s2: PASS" "$out"
+  passed=$(grep -c ": PASS" <<<"$out")
+  [ "$passed" = 3 ] && ! grep -q "FAIL" <<<"$out" &&
+    ok "check-layer past the streaming threshold (f $cf): baseline, s1 and s2 pass" ||
+    bad "check-layer past the streaming threshold (f $cf): $passed of 3 schedules pass"
+done
+out="$(PARM_STREAM_MIN_BYTES=8M prun -n 2 -- bench-layer $small --mp 1 --ep 2 --iters 1)"
+check "PARM_STREAM_MIN_BYTES=8M is refused, naming the valid values" 2 $? "byte counts >= 0" "$out"
+grep -q "time / floor" <<<"$out" && bad "the refused PARM_STREAM_MIN_BYTES ran the layer"
+
 finish

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -425,6 +426,38 @@ TEST(CrossEntropy, MatchesFp64) {
       EXPECT_EQ(in_place, d);
       EXPECT_EQ(cross_entropy_rows(x.data(), y.data(), nullptr, n, vocab, scale), loss);
     }
+  }
+}
+
+// ---- streaming writes --------------------------------------------------------------------
+
+// copy_stream and scale_stream give the plain loop's bits at every alignment of dst (16-byte
+// aligned: streamed; else plain) and every length around the 16-float blocks.
+TEST(StreamWrites, PlainBitsAtEveryAlignmentAndLength) {
+  const std::vector<float> src = normal(300, 41);
+  for (int64_t off : {0, 1, 2, 3, 4, 8}) {
+    for (int64_t n : {0, 1, 15, 16, 17, 31, 32, 33, 100, 256}) {
+      std::vector<float> dst(320 + 16, kNaN), want(dst);
+      // Offsets counted from a 64-byte boundary inside dst.
+      const auto base = reinterpret_cast<uintptr_t>(dst.data());
+      const int64_t head = static_cast<int64_t>(((64 - base % 64) % 64) / sizeof(float));
+      float* d = dst.data() + head + off;
+      copy_stream(d, src.data() + 3, n);
+      stream_fence();
+      for (int64_t i = 0; i < n; ++i) want[static_cast<size_t>(head + off + i)] = src[3 + i];
+      EXPECT_EQ(0, std::memcmp(dst.data(), want.data(), dst.size() * sizeof(float)))
+          << "copy, offset " << off << ", n " << n;
+      const float w = 0.37f;
+      scale_stream(d, src.data() + 5, w, n);
+      stream_fence();
+      for (int64_t i = 0; i < n; ++i) want[static_cast<size_t>(head + off + i)] = w * src[5 + i];
+      EXPECT_EQ(0, std::memcmp(dst.data(), want.data(), dst.size() * sizeof(float)))
+          << "scale, offset " << off << ", n " << n;
+    }
+  }
+  if (std::getenv("PARM_STREAM_MIN_BYTES") == nullptr) {
+    EXPECT_FALSE(streamed(kStreamMinBytes - 1));
+    EXPECT_TRUE(streamed(kStreamMinBytes));
   }
 }
 

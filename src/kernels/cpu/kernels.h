@@ -299,6 +299,25 @@ void adamw_reference(const AdamWScalars& s, float* w, const float* g, float* m, 
 double sum_of_squares(const float* x, int64_t n);
 double sum_of_squares_reference(const float* x, int64_t n);
 
+// ---- Streaming writes --------------------------------------------------------------------
+// For buffers written now and read only after much other traffic (the AllToAll's send
+// buffers: the dispatched rows, the experts' outputs and their gradients): dst's cache lines
+// are written without being read first (x86 non-temporal stores where dst is 16-byte
+// aligned; a plain copy elsewhere), which halves the memory traffic of the write. The values
+// are the plain copy's (scale_stream: each element w * src[i], rounded once). Call
+// stream_fence() after the last write of a buffer and before anything reads it.
+void copy_stream(float* dst, const float* src, int64_t n);
+void scale_stream(float* dst, const float* src, float w, int64_t n);
+void stream_fence();
+// Whether a buffer of `bytes` is written with the streaming writes: one too large to still
+// be in cache when it is read, stream_min_bytes() and more (smaller ones are read from
+// cache). The threshold is kStreamMinBytes unless PARM_STREAM_MIN_BYTES (a byte count, read
+// once; a count larger than any buffer turns the streaming writes off) says otherwise;
+// a value that is not a count throws InvalidConfig naming it.
+inline constexpr int64_t kStreamMinBytes = int64_t{8} << 20;
+int64_t stream_min_bytes();
+inline bool streamed(int64_t bytes) { return bytes >= stream_min_bytes(); }
+
 // ---- Row gather / scatter-add ----------------------------------------------------------
 // dst (n, cols): row i = src row idx[i] (idx[i] < 0: a zero row). Overwrites dst.
 void gather_rows(const float* src, int64_t cols, const int64_t* idx, int64_t n, float* dst);
