@@ -106,9 +106,10 @@ constexpr const char* kLayerOp = "parm.torch.MoE";
 
 // parm.torch.MoE's router and expert-kind arguments (router_score, router_topk_norm,
 // router_scale, router_groups, router_group_topk, expert_mlp, shared_experts, shared_hidden,
-// shared_gate), as the package passes them; checked by MoeShape::validate with the shape.
+// shared_gate) and how its shared experts run (shared_overlap), as the package passes them;
+// checked by MoeShape::validate with the shape.
 using KindArgs =
-    std::tuple<std::string, bool, double, int, int, std::string, int, int64_t, bool>;
+    std::tuple<std::string, bool, double, int, int, std::string, int, int64_t, bool, bool>;
 
 RouterSpec router_of(const KindArgs& a) {
   RouterSpec r;
@@ -128,6 +129,7 @@ MoeShape layer_shape(int64_t tokens, int64_t model_dim, int64_t hidden, int64_t 
   shape.shared_experts = std::get<6>(router);
   shape.shared_hidden = std::get<7>(router);
   shape.shared_gate = std::get<8>(router);
+  shape.shared_overlap = std::get<9>(router);
   return shape;
 }
 
@@ -153,10 +155,7 @@ class PyLayer {
     return {layer_->params().experts.w1.dim(0), layer_->shard_hidden(), layer_->first_expert(),
             layer_->esp_rank(), layer_->esp_size()};
   }
-  std::string schedule_name() const {
-    return std::string(schedule::kind_name(layer_->schedule().kind)) +
-           (layer_->schedule().fused ? "+fused" : "");
-  }
+  std::string schedule_name() const { return layer_->schedule().name(); }
 
   // The layer computes on these tensors' memory (the caller keeps them alive and unmoved
   // while the layer uses them).

@@ -133,7 +133,11 @@ class MoE(torch.nn.Module):
     shared_hidden (default: hidden) that every token passes through, their sum added to the
     routed output, times sigmoid(x swg) with shared_gate=True; split over mp like a dense FFN
     (parameters sw1 (N_s, M, H_s/mp), sw2, sw3 or sb1 likewise, sb2 (N_s, M) and swg (M)
-    whole).
+    whole). shared_overlap=True (Megatron's --moe-shared-expert-overlap; the CLI's
+    --shared-overlap on): schedules s1 and s2 compute the shared experts while the dispatch
+    AllToAll is in flight (where it is not fused and ep > 1), forward and backward; how the
+    layer runs, not what it computes: the results are bit-identical to shared_overlap=False
+    (the default). It needs shared_experts >= 1.
 
     forward(x, out=None): x (T, M) or (B, L, M), the tokens of this rank's MP group (the
     same x on every rank of the group); returns the output of the same shape and sets
@@ -155,7 +159,7 @@ class MoE(torch.nn.Module):
                  schedule="auto", fuse="auto", profile=None, precision="fp32", seed=0,
                  router_score="softmax", router_topk_norm=True, router_scale=1.0,
                  router_groups=1, router_group_topk=1, expert_mlp="gelu", shared_experts=0,
-                 shared_hidden=None, shared_gate=False):
+                 shared_hidden=None, shared_gate=False, shared_overlap=False):
         super().__init__()
         if not _core.initialized():
             raise RuntimeError("parm.torch.MoE before parm.init(): call parm.init(mp=, ep=, "
@@ -180,6 +184,12 @@ class MoE(torch.nn.Module):
         if not isinstance(shared_gate, bool):
             raise ValueError(f"parm.torch.MoE: shared_gate must be True or False, got "
                              f"{shared_gate!r}")
+        if not isinstance(shared_overlap, bool):
+            raise ValueError(f"parm.torch.MoE: shared_overlap must be True or False, got "
+                             f"{shared_overlap!r}")
+        if shared_overlap and shared_experts == 0:
+            raise ValueError("parm.torch.MoE: shared_overlap=True needs shared experts: set "
+                             "shared_experts >= 1, or shared_overlap=False")
         if expert_mlp not in _EXPERT_MLPS:
             raise ValueError(f"parm.torch.MoE: expert_mlp {expert_mlp!r} is not valid; use "
                              f"one of {', '.join(_EXPERT_MLPS)}")
@@ -208,10 +218,10 @@ class MoE(torch.nn.Module):
         # shards of them.
         self._router = (router_score, router_topk_norm, float(router_scale), router_groups,
                         router_group_topk, expert_mlp, shared_experts, shared_hidden,
-                        shared_gate)
+                        shared_gate, shared_overlap)
         self.expert_mlp = expert_mlp
         self.shared_experts, self.shared_hidden = shared_experts, shared_hidden
-        self.shared_gate = shared_gate
+        self.shared_gate, self.shared_overlap = shared_gate, shared_overlap
         self._names = _PARAMS[expert_mlp] + (_SHARED[expert_mlp] if shared_experts > 0 else ()) \
             + (("swg",) if shared_gate else ())
         self._shards = _core.expert_shards(model_dim, hidden, experts, topk, capacity_factor,
@@ -225,6 +235,7 @@ class MoE(torch.nn.Module):
         self._layer_tokens = None
         self.l_aux = None
         self.schedule_used = None  # what the last forward ran: "s2+fused", "baseline", ...
+        # ("+shared-overlap" after it where the shared experts overlapped the dispatch)
 
         whole = self._empty_whole()
         _core.init_params(model_dim, hidden, experts, seed, self._router,
@@ -287,8 +298,8 @@ class MoE(torch.nn.Module):
     def _router_repr(self):
         names = ("router_score", "router_topk_norm", "router_scale", "router_groups",
                  "router_group_topk", "expert_mlp", "shared_experts", "shared_hidden",
-                 "shared_gate")
-        defaults = ("softmax", True, 1.0, 1, 1, "gelu", 0, 0, False)
+                 "shared_gate", "shared_overlap")
+        defaults = ("softmax", True, 1.0, 1, 1, "gelu", 0, 0, False, False)
         return "".join(f", {n}={v!r}" for n, v, d in zip(names, self._router, defaults)
                        if v != d)
 

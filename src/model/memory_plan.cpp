@@ -22,7 +22,6 @@ std::vector<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   constexpr int64_t kF = sizeof(float);
   const int64_t B = in.micro_batch, L = c.seq_len, T = B * L, M = c.model_dim, V = c.vocab;
   const int64_t Ml = M / lay.mp, Hl = c.num_heads / lay.mp, Fl = c.ffn_hidden / lay.mp;
-  const MoeShape shape = moe_shape(c, B);
   PARM_CHECK(static_cast<int>(in.slots.size()) == lay.pp &&
                  static_cast<int>(in.split.size()) == lay.pp,
              "memory plan: {} slot counts and {} stage sizes for pp {}", in.slots.size(),
@@ -63,6 +62,7 @@ std::vector<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
                                      : in.schedules[static_cast<size_t>(moe_index)];
       ++moe_index;
       // Every rank of an ESP group holds the same sizes; ESP rank 0 names them.
+      const MoeShape shape = layer_shape(c, B, ls);
       const schedule::Schedule sc = schedule::build(
           {shape, lay, 0, ls.fuse, ls.chunks, c.router_z_loss > 0.0f, c.aux_scope}, ls.kind);
       const bool pool_buffers = in.recompute == Recompute::kMoe;

@@ -132,12 +132,19 @@ struct ParamSpec {
   Shape whole_shape;
 };
 
-// Per-MoE-layer schedule choice (the training run may pick one per layer).
+// Per-MoE-layer schedule choice (the training run may pick one per layer): how the layer
+// runs, never what it computes, so none of it is in a checkpoint.
 struct LayerSchedule {
   schedule::Kind kind = schedule::Kind::kS1;
   bool fuse = true;
   int chunks = fused_plan::kDefaultChunks;
+  // The shared experts computed while the dispatch AllToAll is in flight
+  // (MoeShape::shared_overlap; --shared-overlap, parallel.shared_overlap).
+  bool shared_overlap = false;
 };
+// The shape of an MoE layer run under `s`: moe_shape(c, micro_batch) with s's execution
+// choices (shared_overlap).
+MoeShape layer_shape(const ModelConfig& c, int64_t micro_batch, const LayerSchedule& s);
 
 class Model {
  public:

@@ -84,7 +84,7 @@ void Transformer::build_moe(Block& b, int64_t micro_batch, Precision precision) 
   const int layers = recompute_ == Recompute::kBlock ? 1 : slots_;
   for (int k = 0; k < layers; ++k)
     b.moes.push_back(std::make_unique<MoeLayer>(
-        topo_, moe_shape(c_, micro_batch), b.sched.kind, b.sched.fuse, b.sched.chunks,
+        topo_, layer_shape(c_, micro_batch, b.sched), b.sched.kind, b.sched.fuse, b.sched.chunks,
         precision, c_.router_z_loss > 0.0f, c_.aux_scope, k > 0 ? b.moes[0].get() : nullptr,
         acts_pool_.get(), recompute_ == Recompute::kMoe));
 }

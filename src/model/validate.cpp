@@ -44,6 +44,12 @@ MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch) {
   return shape;
 }
 
+MoeShape layer_shape(const ModelConfig& c, int64_t micro_batch, const LayerSchedule& s) {
+  MoeShape shape = moe_shape(c, micro_batch);
+  shape.shared_overlap = s.shared_overlap;
+  return shape;
+}
+
 void validate_model(const ModelConfig& c, const Layout& l,
                     const std::vector<LayerSchedule>& moe_schedules, int64_t micro_batch) {
   PARM_CONFIG_CHECK(c.arch == Arch::kGpt2 || c.arch == Arch::kBert, "unknown model arch {}",
@@ -103,15 +109,15 @@ void validate_model(const ModelConfig& c, const Layout& l,
                     "{} MoE schedules given for {} MoE blocks: give one for all or one per block",
                     moe_schedules.size(), num_moe);
   // The MoE layer's own checks (E % N_EP, H % N_ESP, T % N_MP, the baseline's layouts).
-  const MoeShape shape = moe_shape(c, micro_batch);
   const schedule::SizeNames names{"experts", "expert_hidden", "micro_batch x seq_len"};
-  schedule::LayerSpec spec{shape, l};
+  schedule::LayerSpec spec{moe_shape(c, micro_batch), l};
   spec.aux_scope = c.aux_scope;
   if (moe_schedules.empty()) schedule::validate(spec, schedule::Kind::kS1, names);
   for (size_t i = 0; i < moe_schedules.size(); ++i) {
     const LayerSchedule& s = moe_schedules[i];
     PARM_CONFIG_CHECK(s.chunks >= 1, "MoE schedule {}: chunks {} must be at least 1", i,
                       s.chunks);
+    spec.shape = layer_shape(c, micro_batch, s);
     schedule::validate(spec, s.kind, names);
   }
 }

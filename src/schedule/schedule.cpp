@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iterator>
 
 #include "comm/fused_plan.h"
@@ -175,6 +176,13 @@ std::vector<bool> accumulated_gradients(const Schedule& sc) {
   for (const Step& s : sc.steps)
     if (step_info(s.kind).accumulates_input_grad) acc[static_cast<size_t>(s.in)] = true;
   return acc;
+}
+
+std::string Schedule::name() const {
+  const bool overlap = std::any_of(steps.begin(), steps.end(),
+                                   [](const Step& st) { return st.overlap_next; });
+  return std::string(kind_name(kind)) + (fused ? "+fused" : "") +
+         (overlap ? "+shared-overlap" : "");
 }
 
 std::string Schedule::describe() const {

@@ -189,6 +189,10 @@ struct Schedule {
   int64_t shared_rows = 0;     // shared experts: the tokens they compute (the MP group's T)
 
   std::string describe() const;  // one line per step
+  // "s2", "s2+fused" where it uses fused collectives, "+shared-overlap" after that where a
+  // step's computation runs while an AllToAll is in flight (Step::overlap_next: the shared
+  // experts, MoeShape::shared_overlap): what the layer runs, as the CLI and parm.torch name it.
+  std::string name() const;
 };
 
 // Dropless: collective `step` moves segmented buffers (BufferSpec::slots) in both passes, so

@@ -96,6 +96,12 @@ MoeShape MoeShape::of(int64_t T, int64_t M, int64_t H, int64_t E, int k, const s
   return s;
 }
 
+void check_shared_overlap(int shared_experts, bool shared_overlap) {
+  PARM_CONFIG_CHECK(shared_experts > 0 || !shared_overlap,
+                    "--shared-overlap on (parallel.shared_overlap) needs shared experts: set "
+                    "--shared-experts N >= 1 (model.shared_experts), or --shared-overlap off");
+}
+
 void MoeShape::validate(int num_slices) const {
   PARM_CONFIG_CHECK(tokens >= 1 && model_dim >= 1 && hidden >= 1 && experts >= 1,
                     "MoE shape {}: T, M, H and E must all be >= 1", str());
@@ -122,6 +128,7 @@ void MoeShape::validate(int num_slices) const {
   PARM_CONFIG_CHECK(shared_experts > 0 || !shared_gate,
                     "--shared-gate on (model.shared_gate) needs shared experts: set "
                     "--shared-experts N >= 1, or --shared-gate off");
+  check_shared_overlap(shared_experts, shared_overlap);
   PARM_CONFIG_CHECK(aux_seq_len >= 0 && (aux_seq_len == 0 || tokens % aux_seq_len == 0),
                     "MoE shape {}: the sequence-wise l_aux (--aux-loss sequence) needs T = {} "
                     "tokens to be whole sequences of L = {}; use an L that divides T",

@@ -78,12 +78,17 @@ struct MoeShape {
 
   // Throws parm::InvalidConfig unless T, M, H, E >= 1, 1 <= k <= E, f > 0 (or none),
   // num_slices >= 1, T % num_slices == 0, the router's own checks (RouterSpec::validate), and
-  // shared experts >= 0 with H_s >= 1 when there are any (and no gate when there are none),
-  // and aux_seq_len 0 or a divisor of T.
+  // shared experts >= 0 with H_s >= 1 when there are any (and no gate and no overlap when
+  // there are none: check_shared_overlap), and aux_seq_len 0 or a divisor of T.
   void validate(int num_slices = 1) const;
   // "T=8 M=4 H=6 E=4 k=2 f=1.25" (+ RouterSpec::str, + " mlp=swiglu" when not gelu, +
   // " shared=2x64" (",gated") with shared experts, + " aux_seq=L" sequence-wise)
   std::string str() const;
 };
+
+// The shared experts' overlap needs shared experts: throws parm::InvalidConfig naming
+// --shared-overlap and --shared-experts unless shared_experts > 0 or the overlap is off
+// (MoeShape::validate, and the trainer's config check before any work).
+void check_shared_overlap(int shared_experts, bool shared_overlap);
 
 }  // namespace parm

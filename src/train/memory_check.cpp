@@ -28,6 +28,7 @@ std::vector<model::MemoryPlan> predict_run_memory(const TrainConfig& c, const La
   model::LayerSchedule fixed;
   fixed.chunks = p.chunks;
   fixed.fuse = p.fuse != "off";
+  fixed.shared_overlap = p.shared_overlap;
   std::vector<schedule::Kind> kinds;
   if (p.schedule == "auto")
     kinds = {schedule::Kind::kBaseline, schedule::Kind::kS1, schedule::Kind::kS2};

@@ -22,6 +22,7 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
   model::LayerSchedule fixed;
   fixed.chunks = p.chunks;
   fixed.fuse = p.fuse == "on";
+  fixed.shared_overlap = p.shared_overlap;
   if (!auto_kind) fixed.kind = schedule::parse_kind(p.schedule);
   if (!auto_kind && !auto_fuse) return {fixed};
   PARM_CONFIG_CHECK(!c.loop.profile.empty(),
@@ -36,7 +37,7 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
     profile = perfmodel::read_profile(c.loop.profile);
     perfmodel::check_profile_device(*profile, topo.device(), c.loop.profile);
   }
-  const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
+  const MoeShape shape = model::layer_shape(c.model, c.loop.micro_batch, fixed);
   const std::vector<schedule::Kind> kinds =
       auto_kind ? std::vector<schedule::Kind>{schedule::Kind::kBaseline, schedule::Kind::kS1,
                                               schedule::Kind::kS2}
@@ -71,12 +72,13 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
 
 std::vector<std::string> schedule_names(const std::vector<model::LayerSchedule>& schedules,
                                         const TrainConfig& c, const Layout& layout) {
-  const MoeShape shape = model::moe_shape(c.model, c.loop.micro_batch);
   std::vector<std::string> out;
   for (int64_t i = 0; i < model::num_moe_blocks(c.model); ++i) {
     const auto& s = schedules[schedules.size() == 1 ? 0 : static_cast<size_t>(i)];
-    const bool fused = schedule::build({shape, layout, 0, s.fuse, s.chunks}, s.kind).fused;
-    out.push_back(std::string(schedule::kind_name(s.kind)) + (fused ? "+fused" : ""));
+    out.push_back(schedule::build({model::layer_shape(c.model, c.loop.micro_batch, s),
+                                   layout, 0, s.fuse, s.chunks},
+                                  s.kind)
+                      .name());
   }
   return out;
 }

@@ -30,7 +30,9 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
                                                    std::optional<perfmodel::Profile>& profile);
 
 // Per MoE layer of the whole model, "s2+fused" when the layer really runs a fused
-// collective (not when the layout leaves nothing to fuse). `schedules`: one per MoE layer or
+// collective (not when the layout leaves nothing to fuse), "+shared-overlap" after it when
+// the shared experts really run while the dispatch AllToAll is in flight (not where it is
+// fused or absent: docs/spec.md §9). `schedules`: one per MoE layer or
 // one for all, as choose_schedules returns them.
 std::vector<std::string> schedule_names(const std::vector<model::LayerSchedule>& schedules,
                                         const TrainConfig& c, const Layout& layout);

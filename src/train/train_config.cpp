@@ -299,6 +299,7 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
   p.get("pp_overlap", c.parallel.pp_overlap);
   p.get("schedule", c.parallel.schedule);
   p.get("fuse", c.parallel.fuse);
+  p.get("shared_overlap", c.parallel.shared_overlap);
   p.get("chunks", c.parallel.chunks);
   p.get("device", c.parallel.device);
   p.get("precision", c.parallel.precision);
@@ -392,6 +393,7 @@ void validate(const TrainConfig& c) {
                     "--recompute {} (train.recompute) with --device {}: the MoE layer's "
                     "activations are recomputed by the CPU layer only; use --recompute block "
                     "or none there", c.loop.recompute, p.device);
+  check_shared_overlap(m.shared_experts, p.shared_overlap);
   // (The order needs the world size: Topology::create checks it.)
   model::parse_pp_split(p.pp_split, p.pp, m.num_layers, "--pp-split (parallel.pp_split)");
   // Names first (their messages list the valid ones), then whether they can run here.

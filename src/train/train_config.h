@@ -60,6 +60,9 @@ struct ParallelConfig {
                                    // MoE AllToAlls (train/pipeline.h)
   std::string schedule = "s1";  // baseline | s1 | s2 | auto
   std::string fuse = "on";      // on | off | auto
+  // The shared experts computed while the dispatch AllToAll is in flight (S1, S2; docs/spec.md
+  // §9): how the layers run, not what they compute, so not in a checkpoint's model section.
+  bool shared_overlap = false;
   int chunks = fused_plan::kDefaultChunks;
   int ranks_per_node = 0;
   double timeout_s = 300.0;

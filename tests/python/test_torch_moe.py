@@ -263,6 +263,47 @@ def router_options(world):
     return cases
 
 
+# ---- the shared experts' overlap --------------------------------------------------------
+
+def shared_overlap(world):
+    """shared_overlap=True (the shared experts computed while the dispatch AllToAll is in
+    flight) moves where their compute sits, not what it computes: the output, l_aux, the
+    input gradient and every parameter gradient equal those of shared_overlap=False bit for
+    bit, under every layout's S1 and S2, fused and not, with drops and without; and it ran
+    overlapped (schedule_used says so) wherever the dispatch AllToAll exists (ep > 1) and is
+    not fused (fuse off, or esp 1)."""
+    cases = 0
+    for layout in layouts(world):
+        parm.init(*layout)
+        _, ep, esp = layout
+        for schedule, fuse in schedules(layout):
+            if schedule == "baseline":  # DeepSpeed-MoE's steps, one after another
+                continue
+            for f, router in (("0.5", {"shared_experts": 1}),
+                              ("4.0", {"expert_mlp": "swiglu", "shared_experts": 2,
+                                       "shared_gate": True})):
+                got = []
+                for overlap in (False, True):
+                    moe = parm.torch.MoE(M, H, E, topk=2, capacity_factor=f, schedule=schedule,
+                                         fuse=fuse, seed=31, shared_overlap=overlap, **router)
+                    x, dout = group_data(31, parm.rank() // layout[0])
+                    x = x.clone().requires_grad_(True)
+                    out = moe(x)
+                    (out * dout).sum().add(DL_AUX * moe.l_aux).backward()
+                    r = {"out": out.detach(), "l_aux": moe.l_aux.detach(), "dx": x.grad}
+                    r.update({"d" + n: getattr(moe, n).grad for n in moe._names})
+                    got.append((r, moe.schedule_used))
+                name = f"shared_overlap layout {layout} {schedule} fuse={fuse} f={f} {router}"
+                (off, used_off), (on, used_on) = got
+                diff = [k for k in off if not torch.equal(off[k], on[k])]
+                check(not diff, f"{name}: {diff} differ from shared_overlap=False")
+                want = ep > 1 and (fuse == "off" or esp == 1)
+                check(("+shared-overlap" in used_on) == want and "+shared-overlap" not in used_off,
+                      f"{name}: ran {used_on!r} (off: {used_off!r}); overlapped expected {want}")
+                cases += 1
+    return cases
+
+
 # ---- bf16, and a state dict moved between layouts ---------------------------------------
 
 def bf16(world):
@@ -365,6 +406,13 @@ def bad_input(world):
            "bad capacity factor")
     raises(ValueError, lambda: parm.torch.MoE(M, H, E, precision="fp8", schedule="s2")(x),
            "bad precision")
+    # The shared experts' overlap: a bool, and only with shared experts.
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", shared_experts=1,
+                                              shared_overlap="on"),
+           "shared_overlap not a bool", "shared_overlap must be True or False")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", shared_overlap=True),
+           "shared_overlap without shared experts",
+           "shared_overlap=True needs shared experts: set shared_experts >= 1")
     # The experts' kind: the valid ones named (swiglu at bf16 runs: bf16() below).
     raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", expert_mlp="relu"),
            "expert_mlp", "swiglu")
@@ -557,7 +605,7 @@ def main():
     world = parm.world_size()
     check(parm.group_ranks("world") == list(range(world)), "group_ranks('world')")
     raises(ValueError, lambda: parm.group_ranks("xp"), "group name", "xp")
-    cases = equivalence(world) + router_options(world)
+    cases = equivalence(world) + router_options(world) + shared_overlap(world)
     bf16(world)
     state_dict_across_layouts(world)
     if world == 1:

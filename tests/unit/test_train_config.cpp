@@ -139,6 +139,32 @@ TEST(TrainConfig, RefusesRouterOptionsOnCudaBeforeTheDeviceCheck) {
   EXPECT_THROW(moe::check_router_options(Device::kCuda, 0.0f, 0.5f), InvalidConfig);
 }
 
+// parallel.shared_overlap (--shared-overlap): a bool, false by default; it needs shared
+// experts (the message names both flags, as the layer commands'); how the layers run, so not
+// in the model section a checkpoint compares.
+TEST(TrainConfig, SharedOverlapIsAParallelBoolOutsideTheModelSection) {
+  const char* on = R"({"model": {"shared_experts": 1, "shared_hidden": 64},
+                       "parallel": {"shared_overlap": true}})";
+  const TrainConfig c = parse_train_config(nlohmann::json::parse(on), "t");
+  EXPECT_TRUE(c.parallel.shared_overlap);
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_FALSE(parse_train_config(nlohmann::json::object(), "t").parallel.shared_overlap);
+  TrainConfig off = c;
+  off.parallel.shared_overlap = false;
+  EXPECT_EQ(model_config_json(c.model), model_config_json(off.model));
+  EXPECT_FALSE(model_config_json(c.model).contains("shared_overlap"));
+  expect_refused(R"({"parallel": {"shared_overlap": "on"}})",
+                 "parallel.shared_overlap has the wrong type or is out of range: \"on\" "
+                 "(expected true or false)");
+  expect_refused(R"({"parallel": {"shared_overlap": 1}})", "parallel.shared_overlap has the "
+                                                          "wrong type");
+  expect_refused(R"({"parallel": {"shared_overlap": true}})",
+                 "--shared-overlap on (parallel.shared_overlap) needs shared experts: set "
+                 "--shared-experts N >= 1 (model.shared_experts), or --shared-overlap off");
+  EXPECT_NO_THROW(validate(parse_train_config(
+      nlohmann::json::parse(R"({"parallel": {"shared_overlap": false}})"), "t")));
+}
+
 // Values that nlohmann's get<T> would convert silently: fractions to integers, integers
 // wrapped into a narrower type, and out-of-range doubles into floats.
 TEST(TrainConfig, RefusesNumbersThatDoNotFitTheirField) {

@@ -27,7 +27,7 @@ struct TrainFlags {
   RouterFlags router;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
   std::string tokenizer, data, data_cache;
-  std::string aux_loss, expert_mlp, shared_gate;
+  std::string aux_loss, expert_mlp, shared_gate, shared_overlap;
   int shared_experts = -1;
   int64_t shared_hidden = -1;
   std::string device, precision, comm, order, pp_split, pp_overlap;
@@ -80,6 +80,9 @@ int run_train(TrainFlags& f) {
   if (!f.optimizer_sharding.empty()) c.optim.sharding = f.optimizer_sharding;
   if (!f.schedule.empty()) p.schedule = f.schedule;
   if (!f.fuse.empty()) p.fuse = f.fuse;
+  if (!f.shared_overlap.empty())
+    p.shared_overlap =
+        parse_on_off(f.shared_overlap, "--shared-overlap (parallel.shared_overlap)");
   if (!f.device.empty()) p.device = f.device;
   if (!f.precision.empty()) p.precision = f.precision;
   if (!f.comm.empty()) p.comm = f.comm;
@@ -164,6 +167,10 @@ Command add_train(CLI::App& root) {
   app->add_option("--schedule", f->schedule, "MoE schedule: baseline, s1, s2 or auto");
   app->add_option("--fuse", f->fuse, "fused collectives: on, off or auto");
   app->add_option("--chunks", f->chunks, "pipeline depth of the fused collectives");
+  app->add_option("--shared-overlap", f->shared_overlap,
+                  "on: S1 and S2 compute the shared experts while the dispatch AllToAll is in "
+                  "flight (where it is not fused; needs --shared-experts; bit-identical); off "
+                  "(default): one after the other (parallel.shared_overlap)");
   app->add_option("--device", f->device,
                   "where the model computes: cpu or cuda (every layer, the optimizer and the "
                   "gradient reductions on the device; checkpoints are copied to the host)");

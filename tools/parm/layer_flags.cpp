@@ -35,8 +35,8 @@ void LayerFlags::add_to(CLI::App* app) {
                   "on: the shared output times sigmoid(x w_sg) (Qwen2-MoE); off (default)");
   app->add_option("--shared-overlap", shared_overlap,
                   "on: S1 and S2 compute the shared experts while the dispatch AllToAll is in "
-                  "flight (where its transport moves data without MPI calls); off (default): "
-                  "one after the other");
+                  "flight (where its transport moves data without MPI calls; needs "
+                  "--shared-experts); off (default): one after the other");
   app->add_option("--fuse", fuse,
                   "fused dispatch/combine collectives for s1/s2: on, off, both, or auto (the "
                   "cost model picks; needs --profile)");
