@@ -36,6 +36,8 @@ std::vector<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
   for (int k = 0; k < lay.pp; ++k) {
     const StageBlocks st = stage_blocks(in.split, k);
     const int64_t slots = in.slots[static_cast<size_t>(k)];
+    // kBlock: one set of block activations and one MoE layer per block for each lane.
+    const int64_t lanes = std::max<int64_t>(1, std::min<int64_t>(in.lanes, slots));
     MemoryPlan p;
     p.stage = k;
     double dense_params = 0, expert_params = 0;  // floats
@@ -73,12 +75,12 @@ std::vector<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
       // experts' shards over edp.
       expert_params += static_cast<double>(lm.routed_parameters / kF);
       dense_params += static_cast<double>((lm.parameters - lm.routed_parameters) / kF);
-      moe_acts += (block ? 1 : slots) * lm.activations;
+      moe_acts += (block ? lanes : slots) * lm.activations;
       if (pool.size() < lm.pooled.size()) pool.resize(lm.pooled.size(), 0);
       for (size_t key = 0; key < lm.pooled.size(); ++key)
         pool[key] = std::max(pool[key], lm.pooled[key]);
     }
-    if (block && st.end > st.begin) acts += block_acts(any_dense);  // the one shared set
+    if (block && st.end > st.begin) acts += lanes * block_acts(any_dense);  // a set per lane
     if (st.last()) {
       dense_params += static_cast<double>(2 * M);  // the final LN
       if (c.arch == Arch::kBert)  // the MLM head

@@ -22,6 +22,7 @@ struct MemoryPlanInput {
   std::vector<int64_t> split;            // blocks per stage (model/pp_split.h), whole list
   std::vector<int> slots;                // activation slots per stage
   Recompute recompute = Recompute::kNone;
+  int lanes = 1;  // passes of a stage in flight together (PipelineOptions::lanes)
   // What each rank keeps of the AdamW moments: 1 / divisor of them. 1 and 1 without
   // optimizer sharding; with it (--optimizer-sharding dp) N_DP for the dense parameters and
   // N_EDP for the experts'.

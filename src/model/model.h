@@ -122,8 +122,10 @@ struct PipelineOptions {
   // Blocks per stage, first to last (empty: balanced); model/pp_split.h checks it.
   std::vector<int64_t> split;
   int slots = 1;               // activation slots: micro-batches in flight on this stage
-  Recompute recompute = Recompute::kNone;  // what the forward keeps (kMoe, kBlock: no split
-                                           // passes)
+  Recompute recompute = Recompute::kNone;  // what the forward keeps (kMoe: no split passes)
+  // Passes of the stage in flight together (--pp-overlap on: 2, else 1). kBlock keeps one set
+  // of block activations and one MoE layer per block for each (at most one per slot).
+  int lanes = 1;
 };
 
 // A parameter of the whole model as checkpoints name it, held on this stage or not.

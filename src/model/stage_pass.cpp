@@ -27,7 +27,7 @@ bool Transformer::start_forward(int slot, const Batch& batch, const LossDenomina
              counted);
   PARM_CHECK(!with_grad || d.gate_calls >= 1.0,
              "gate_calls {} must be at least 1 (this pass is one of them)", d.gate_calls);
-  PARM_CHECK(!split || (recompute_ != Recompute::kBlock && recompute_ != Recompute::kMoe),
+  PARM_CHECK(!split || recompute_ != Recompute::kMoe,
              "stage {}: --recompute {} shares one set of activations among the slots, so two "
              "passes cannot be in flight together (use --pp-overlap off)",
              stage_.stage, recompute_name(recompute_));
@@ -39,6 +39,7 @@ bool Transformer::start_forward(int slot, const Batch& batch, const LossDenomina
   p.denominators = d;
   p.loss_scale = loss_scale;
   p.with_grad = with_grad;
+  take_lane(slot);
   select_slot(slot);
   phases_.start_phase();
   if (stage_.first()) {  // vocabulary-parallel: each MP rank's rows, summed over mp
@@ -121,6 +122,7 @@ bool Transformer::start_backward(int slot, const Batch& batch, const Tensor& dy,
     PARM_CHECK(!(q.active && q.backward),
                "stage {}: backward of slot {} while another backward is in flight",
                stage_.stage, slot);
+  take_lane(slot);
   select_slot(slot);
   phases_.start_phase();
   if (stage_.last()) {

@@ -38,11 +38,12 @@ constexpr int kTiedGradTag = 7;
 Transformer::Transformer(Topology& topo, const ModelConfig& c,
                          const std::vector<LayerSchedule>& scheds, int64_t micro_batch,
                          Precision precision, const StageBlocks& stage, int slots,
-                         Recompute recompute)
+                         Recompute recompute, int lanes)
     : topo_(topo),
       stage_(stage),
       slots_(slots),
       recompute_(recompute),
+      lanes_(recompute == Recompute::kBlock ? std::max(1, std::min(lanes, slots)) : 1),
       c_(c),
       ops_(dense_ops(topo.device())),
       tp_(topo.comm(Group::kMp)),
@@ -52,6 +53,7 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
       phases_(ops_.device) {
   pack_dense_ = dense_ == Precision::kBf16 && wpack_.available();
   PARM_CHECK(slots >= 1, "a stage needs at least one activation slot, got {}", slots);
+  PARM_CHECK(lanes >= 1, "a stage needs at least one lane for its passes, got {}", lanes);
   if (recompute_ == Recompute::kMoeAct || recompute_ == Recompute::kMoe)
     acts_pool_ = std::make_unique<moe::ActivationPool>();
   const int mp = topo.layout().mp;
@@ -116,17 +118,20 @@ void Transformer::allocate_buffers() {
   // What the passes keep for the backward (and kBlock's recompute scratch) are activations;
   // the gradient scratch below is "other" (parm/memory.h).
   std::optional<MemoryKindScope> kind(std::in_place, MemoryKind::kActivations);
-  // kBlock: one set for every block and slot (a Tensor copy shares storage).
+  // kBlock: one set for every block and slot per lane (a Tensor copy shares storage); a
+  // slot's pass takes a lane's when it starts (take_lane).
   const bool shared = recompute_ == Recompute::kBlock;
   const bool any_dense = std::any_of(blocks_.begin(), blocks_.end(),
                                      [](const Block& b) { return !b.is_moe; });
-  const BlockActs one = shared ? block_acts(any_dense) : BlockActs{};
+  if (shared)
+    for (int l = 0; l < lanes_; ++l) lane_acts_.push_back(block_acts(any_dense));
+  slot_lane_.assign(static_cast<size_t>(slots_), 0);
   for (Block& b : blocks_) {
     b.slots.resize(static_cast<size_t>(slots_));
     for (size_t k = 0; k < b.slots.size(); ++k) {
       BlockActs& a = b.slots[k];
-      a = shared ? one : block_acts(!b.is_moe);
-      a.moe = b.is_moe ? b.moes[std::min(k, b.moes.size() - 1)].get() : nullptr;
+      a = shared ? lane_acts_[0] : block_acts(!b.is_moe);
+      a.moe = b.is_moe ? b.moes[shared ? 0 : k].get() : nullptr;
     }
   }
   for (int k = 0; k < slots_; ++k) {
@@ -179,6 +184,26 @@ void Transformer::allocate_buffers() {
     if (stage_.last()) {
       counted_rows_dev_ = DeviceArray<int64_t>(ops_, T_);
     }
+  }
+}
+
+void Transformer::take_lane(int slot) {
+  if (recompute_ != Recompute::kBlock) return;
+  const size_t k = checked(slot);
+  std::vector<bool> held(static_cast<size_t>(lanes_), false);
+  for (size_t s = 0; s < passes_.size(); ++s)
+    if (s != k && passes_[s].active) held[static_cast<size_t>(slot_lane_[s])] = true;
+  const auto free = std::find(held.begin(), held.end(), false);
+  PARM_CHECK(free != held.end(),
+             "stage {}: a pass of slot {} starts while {} passes are in flight, but "
+             "--recompute block keeps {} set(s) of block activations (PipelineOptions::lanes)",
+             stage_.stage, slot, lanes_, lanes_);
+  const int lane = static_cast<int>(free - held.begin());
+  slot_lane_[k] = lane;
+  for (Block& b : blocks_) {
+    BlockActs& a = b.slots[k];
+    a = lane_acts_[static_cast<size_t>(lane)];
+    a.moe = b.is_moe ? b.moes[static_cast<size_t>(lane)].get() : nullptr;
   }
 }
 
@@ -270,9 +295,9 @@ int64_t Transformer::activation_bytes() const {
   int64_t n = 0;
   for (const auto& res : res_slots_)
     for (const Tensor& t : res) n += t.bytes();
-  // kBlock: every block and slot has the same tensors (counted once).
+  // kBlock: every block and slot has one lane's tensors (each lane counted once).
   if (recompute_ == Recompute::kBlock && !blocks_.empty())
-    n += blocks_.front().slots.front().bytes();
+    for (const BlockActs& a : lane_acts_) n += a.bytes();
   for (const Block& b : blocks_) {
     if (recompute_ != Recompute::kBlock)
       for (const BlockActs& a : b.slots) n += a.bytes();
@@ -328,7 +353,8 @@ std::unique_ptr<Model> make_model(Topology& topo, const ModelConfig& config,
       parse_pp_split(pp_split_text(pipeline.split), pp, config.num_layers);
   const StageBlocks stage = stage_blocks(split, topo.host_comm(Group::kPp).rank());
   return std::make_unique<Transformer>(topo, config, moe_schedules, micro_batch, precision,
-                                       stage, pipeline.slots, pipeline.recompute);
+                                       stage, pipeline.slots, pipeline.recompute,
+                                       pipeline.lanes);
 }
 
 }  // namespace parm::model

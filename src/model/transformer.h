@@ -77,7 +77,7 @@ class Transformer final : public Model {
  public:
   Transformer(Topology& topo, const ModelConfig& c, const std::vector<LayerSchedule>& scheds,
               int64_t micro_batch, Precision precision, const StageBlocks& stage, int slots,
-              Recompute recompute = Recompute::kNone);
+              Recompute recompute = Recompute::kNone, int lanes = 1);
 
   std::vector<Param*> params() override { return registry_.params(); }
   LossParts forward_backward(const Batch& batch, const LossDenominators& d,
@@ -169,6 +169,9 @@ class Transformer final : public Model {
     return static_cast<size_t>(slot);
   }
   void select_slot(int slot);
+  // --recompute block: slot's pass (starting) takes a lane no other pass in flight holds, and
+  // the slot's block activations and MoE layers become that lane's. Other modes: no-op.
+  void take_lane(int slot);
   void check_batch(const Batch& batch) const;
   // Slot's batch tokens in this device's memory: on a device, checked and copied there by
   // the slot's forward (`upload`), read again by its backward.
@@ -238,6 +241,12 @@ class Transformer final : public Model {
   StageBlocks stage_;
   int slots_ = 1;
   Recompute recompute_ = Recompute::kNone;
+  // kBlock: the passes that may be in flight together (min(PipelineOptions::lanes, slots)),
+  // each set of block activations (shared by the stage's blocks; moe unset) and the lane each
+  // slot's pass holds (take_lane).
+  int lanes_ = 1;
+  std::vector<BlockActs> lane_acts_;
+  std::vector<int> slot_lane_;
   // kMoeAct: the experts' activation rows of every MoE layer (outlives blocks_' layers).
   std::unique_ptr<moe::ActivationPool> acts_pool_;
   int head_slot_ = -1;           // the slot whose head activations and dlogits are kept

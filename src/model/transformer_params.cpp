@@ -79,9 +79,10 @@ void Transformer::register_dense_mlp(Block& b, int64_t i, bool held) {
 
 void Transformer::build_moe(Block& b, int64_t micro_batch, Precision precision) {
   // Its step buffers and backend's are activations (its parameters and gradients the
-  // layer counts as such). kBlock: one layer serves every slot (each backward recomputes it).
+  // layer counts as such). kBlock: one layer per lane serves every slot (each backward
+  // recomputes it).
   MemoryKindScope kind(MemoryKind::kActivations);
-  const int layers = recompute_ == Recompute::kBlock ? 1 : slots_;
+  const int layers = recompute_ == Recompute::kBlock ? lanes_ : slots_;
   for (int k = 0; k < layers; ++k)
     b.moes.push_back(std::make_unique<MoeLayer>(
         topo_, layer_shape(c_, micro_batch, b.sched), b.sched.kind, b.sched.fuse, b.sched.chunks,

@@ -22,6 +22,7 @@ std::vector<model::MemoryPlan> predict_run_memory(const TrainConfig& c, const La
   for (int k = 0; k < layout.pp; ++k)
     in.slots.push_back(pipeline_slots(k, layout.pp, static_cast<int>(c.loop.grad_accum)));
   in.recompute = model::parse_recompute(c.loop.recompute);
+  in.lanes = pipeline_lanes(layout.pp, p.pp_overlap);
   const bool sharded = parse_optimizer_sharding(c.optim.sharding) == OptimizerSharding::kDp;
   in.dense_optimizer_divisor = sharded ? layout.dp : 1.0;
   in.expert_optimizer_divisor = sharded ? layout.edp : 1.0;

@@ -10,6 +10,10 @@ int pipeline_slots(int stage, int num_stages, int num_micro) {
   return std::min(num_stages - stage, num_micro);
 }
 
+int pipeline_lanes(int num_stages, const std::string& pp_overlap) {
+  return num_stages > 1 && pp_overlap == "on" ? 2 : 1;
+}
+
 std::vector<PipeStep> one_f_one_b(int stage, int num_stages, int num_micro) {
   PARM_CONFIG_CHECK(num_stages >= 1 && stage >= 0 && stage < num_stages,
                     "pipeline stage {} is not one of 0..{}", stage, num_stages - 1);

@@ -29,6 +29,10 @@ std::vector<PipeStep> one_f_one_b(int stage, int num_stages, int num_micro);
 // Micro-batches in flight on a stage at most: min(p - stage, m).
 int pipeline_slots(int stage, int num_stages, int num_micro);
 
+// Passes of a stage that run together: 2 under --pp-overlap on with pipelining (pp > 1; the
+// pipeline runs overlap_groups' pairs), else 1 (model::PipelineOptions::lanes).
+int pipeline_lanes(int num_stages, const std::string& pp_overlap);
+
 // 1F1B's idle share of a step when every forward and backward of every stage takes the same
 // time: (p - 1) / (m + p - 1).
 double one_f_one_b_bubble(int num_stages, int num_micro);

@@ -69,6 +69,7 @@ model::PipelineOptions pipeline_options(const TrainConfig& cfg, Topology& topo) 
   pipe.slots = pipeline_slots(topo.host_comm(Group::kPp).rank(), pp,
                               static_cast<int>(cfg.loop.grad_accum));
   pipe.recompute = model::parse_recompute(cfg.loop.recompute);
+  pipe.lanes = pipeline_lanes(pp, cfg.parallel.pp_overlap);
   return pipe;
 }
 
