@@ -122,9 +122,10 @@ struct PipelineOptions {
   // Blocks per stage, first to last (empty: balanced); model/pp_split.h checks it.
   std::vector<int64_t> split;
   int slots = 1;               // activation slots: micro-batches in flight on this stage
-  Recompute recompute = Recompute::kNone;  // what the forward keeps (kMoe: no split passes)
+  Recompute recompute = Recompute::kNone;  // what the forward keeps
   // Passes of the stage in flight together (--pp-overlap on: 2, else 1). kBlock keeps one set
-  // of block activations and one MoE layer per block for each (at most one per slot).
+  // of block activations and one MoE layer per block for each, kMoe one set of its activation
+  // pool (at most one per slot).
   int lanes = 1;
 };
 

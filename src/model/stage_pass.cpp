@@ -27,10 +27,6 @@ bool Transformer::start_forward(int slot, const Batch& batch, const LossDenomina
              counted);
   PARM_CHECK(!with_grad || d.gate_calls >= 1.0,
              "gate_calls {} must be at least 1 (this pass is one of them)", d.gate_calls);
-  PARM_CHECK(!split || recompute_ != Recompute::kMoe,
-             "stage {}: --recompute {} shares one set of activations among the slots, so two "
-             "passes cannot be in flight together (use --pp-overlap off)",
-             stage_.stage, recompute_name(recompute_));
   p = StagePass{};
   if (pack_dense_) wpack_.begin_pass();  // packs again if the weights may have changed
   p.active = true;

@@ -43,7 +43,9 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
       stage_(stage),
       slots_(slots),
       recompute_(recompute),
-      lanes_(recompute == Recompute::kBlock ? std::max(1, std::min(lanes, slots)) : 1),
+      lanes_(recompute == Recompute::kBlock || recompute == Recompute::kMoe
+                 ? std::max(1, std::min(lanes, slots))
+                 : 1),
       c_(c),
       ops_(dense_ops(topo.device())),
       tp_(topo.comm(Group::kMp)),
@@ -55,7 +57,7 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
   PARM_CHECK(slots >= 1, "a stage needs at least one activation slot, got {}", slots);
   PARM_CHECK(lanes >= 1, "a stage needs at least one lane for its passes, got {}", lanes);
   if (recompute_ == Recompute::kMoeAct || recompute_ == Recompute::kMoe)
-    acts_pool_ = std::make_unique<moe::ActivationPool>();
+    acts_pool_ = std::make_unique<moe::ActivationPool>(recompute_ == Recompute::kMoe ? lanes_ : 1);
   const int mp = topo.layout().mp;
   B_ = micro_batch;
   L_ = c.seq_len;
@@ -188,7 +190,7 @@ void Transformer::allocate_buffers() {
 }
 
 void Transformer::take_lane(int slot) {
-  if (recompute_ != Recompute::kBlock) return;
+  if (recompute_ != Recompute::kBlock && recompute_ != Recompute::kMoe) return;
   const size_t k = checked(slot);
   std::vector<bool> held(static_cast<size_t>(lanes_), false);
   for (size_t s = 0; s < passes_.size(); ++s)
@@ -196,10 +198,11 @@ void Transformer::take_lane(int slot) {
   const auto free = std::find(held.begin(), held.end(), false);
   PARM_CHECK(free != held.end(),
              "stage {}: a pass of slot {} starts while {} passes are in flight, but "
-             "--recompute block keeps {} set(s) of block activations (PipelineOptions::lanes)",
-             stage_.stage, slot, lanes_, lanes_);
+             "--recompute {} keeps {} set(s) of activations (PipelineOptions::lanes)",
+             stage_.stage, slot, lanes_, recompute_name(recompute_), lanes_);
   const int lane = static_cast<int>(free - held.begin());
   slot_lane_[k] = lane;
+  if (recompute_ == Recompute::kMoe) return;  // select_slot points the pool at the lane
   for (Block& b : blocks_) {
     BlockActs& a = b.slots[k];
     a = lane_acts_[static_cast<size_t>(lane)];
@@ -211,6 +214,9 @@ void Transformer::select_slot(int slot) {
   const size_t k = checked(slot);
   for (Block& b : blocks_) b.a = b.slots[k];
   res_ = res_slots_[k];
+  // kMoe: the pool's lane of the slot's pass (its layers re-bind their views when it differs
+  // from the one they point at: at the pass's start).
+  if (recompute_ == Recompute::kMoe) acts_pool_->set_lane(slot_lane_[k]);
 }
 
 void Transformer::check_batch(const Batch& batch) const {

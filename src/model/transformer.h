@@ -169,8 +169,9 @@ class Transformer final : public Model {
     return static_cast<size_t>(slot);
   }
   void select_slot(int slot);
-  // --recompute block: slot's pass (starting) takes a lane no other pass in flight holds, and
-  // the slot's block activations and MoE layers become that lane's. Other modes: no-op.
+  // --recompute block, moe: slot's pass (starting) takes a lane no other pass in flight
+  // holds; block: the slot's block activations and MoE layers become that lane's; moe: the
+  // activation pool's lane (select_slot). Other modes: no-op.
   void take_lane(int slot);
   void check_batch(const Batch& batch) const;
   // Slot's batch tokens in this device's memory: on a device, checked and copied there by
@@ -241,9 +242,9 @@ class Transformer final : public Model {
   StageBlocks stage_;
   int slots_ = 1;
   Recompute recompute_ = Recompute::kNone;
-  // kBlock: the passes that may be in flight together (min(PipelineOptions::lanes, slots)),
-  // each set of block activations (shared by the stage's blocks; moe unset) and the lane each
-  // slot's pass holds (take_lane).
+  // kBlock, kMoe: the passes that may be in flight together (min(PipelineOptions::lanes,
+  // slots)); kBlock: each lane's set of block activations (shared by the stage's blocks; moe
+  // unset; kMoe: the activation pool's lanes); the lane each slot's pass holds (take_lane).
   int lanes_ = 1;
   std::vector<BlockActs> lane_acts_;
   std::vector<int> slot_lane_;

@@ -5,8 +5,11 @@
 // gradient); layers that name the same key share its storage, sized to the largest need. The
 // layers of a model run one pass at a time (no split passes), and each either fills a key
 // before reading it in that pass or reads what its own replay refilled, so one set serves
-// every layer and every activation slot. Allocated (as activations, parm/memory.h) at the
-// first use, after every layer has said what it needs; the storage never moves after that.
+// every layer and every activation slot. Passes that run interleaved (--pp-overlap on) need
+// one set each: the pool holds `lanes` sets, and data() gives the current lane's (set_lane,
+// chosen when a pass starts or resumes; a layer's views are re-bound when the lane they were
+// bound to is not the current one). Allocated (as activations, parm/memory.h) at the first
+// use, after every layer has said what it needs; the storage never moves after that.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +24,9 @@ namespace parm::moe {
 
 class ActivationPool {
  public:
+  explicit ActivationPool(int lanes = 1) : lanes_(lanes) {
+    PARM_CHECK(lanes >= 1, "activation pool: {} lanes", lanes);
+  }
   // The experts' activation rows (moe_ops.h's ExpertWorkspace).
   enum Rows { kIn = 0, kPre, kAct, kGate, kNumRows };
   // Step buffer `id`'s value or gradient (moe/step_buffers.h).
@@ -34,26 +40,36 @@ class ActivationPool {
     auto& n = need_[static_cast<size_t>(key)];
     n = std::max(n, numel);
   }
-  // The start of key's storage (everything allocated at the first call, on the host).
+  // The start of key's storage in the current lane (every lane allocated at the first call,
+  // on the host).
   float* data(int key) {
     if (allocated_.empty()) {
       MemoryKindScope kind(MemoryKind::kActivations);
-      for (int64_t n : need_) allocated_.emplace_back(Shape{n});
+      for (int l = 0; l < lanes_; ++l)
+        for (int64_t n : need_) allocated_.emplace_back(Shape{n});
     }
-    PARM_CHECK(static_cast<size_t>(key) < allocated_.size() &&
-                   allocated_[static_cast<size_t>(key)].numel() > 0,
+    const size_t keys = need_.size();
+    PARM_CHECK(static_cast<size_t>(key) < keys && need_[static_cast<size_t>(key)] > 0,
                "activation pool: key {} was never required", key);
-    return allocated_[static_cast<size_t>(key)].data();
+    return allocated_[static_cast<size_t>(lane_) * keys + static_cast<size_t>(key)].data();
+  }
+  int lanes() const { return lanes_; }
+  int lane() const { return lane_; }
+  void set_lane(int lane) {
+    PARM_CHECK(lane >= 0 && lane < lanes_, "activation pool: lane {} of {}", lane, lanes_);
+    lane_ = lane;
   }
   int64_t bytes() const {
     int64_t b = 0;
     for (int64_t n : need_) b += n * static_cast<int64_t>(sizeof(float));
-    return b;
+    return b * lanes_;
   }
 
  private:
+  int lanes_ = 1;
+  int lane_ = 0;
   std::vector<int64_t> need_;
-  std::vector<Tensor> allocated_;
+  std::vector<Tensor> allocated_;  // lane-major: lane l's key k at l * keys + k
 };
 
 }  // namespace parm::moe

@@ -167,7 +167,7 @@ void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int
   const bool gated = is_gated(mlp);
   const int64_t pools = packed ? 1 : experts;
   pool = pool_;
-  bound = false;
+  bound_lane = -1;
   model_dim = M;
   hidden = hl;
   if (pool != nullptr) {  // bind() points the lists at the pool's rows
@@ -193,7 +193,7 @@ void ExpertWorkspace::reserve(int64_t experts, int64_t max_rows_, int64_t M, int
 }
 
 void ExpertWorkspace::bind() {
-  if (pool == nullptr || bound) return;
+  if (pool == nullptr || bound_lane == pool->lane()) return;
   const bool bf16_path = precision == Precision::kBf16, gated = is_gated(mlp);
   const int64_t pools = packed ? 1 : static_cast<int64_t>(rows.size());
   auto views = [&](std::vector<Tensor>& list, ActivationPool::Rows which, int64_t cols) {
@@ -206,7 +206,7 @@ void ExpertWorkspace::bind() {
   views(pre, ActivationPool::kPre, hidden);
   if (!bf16_path) views(act, ActivationPool::kAct, hidden);
   if (gated) views(gate, ActivationPool::kGate, hidden);
-  bound = true;
+  bound_lane = pool->lane();
 }
 
 void ExpertWorkspace::place(int64_t e, int64_t n) {

@@ -158,7 +158,8 @@ struct ExpertWorkspace {
   void reserve(int64_t experts, int64_t max_rows, int64_t model_dim, int64_t hidden,
                Precision precision = Precision::kFp32, int64_t max_total_rows = 0,
                ExpertMlp mlp = ExpertMlp::kGelu, ActivationPool* pool = nullptr);
-  // Points in, pre, act and gate at the pool's rows (once; a no-op without a pool).
+  // Points in, pre, act and gate at the pool's rows in its current lane (a no-op without a
+  // pool or where they already point there).
   void bind();
   // Expert e's rows in the pools (its first rows[e] rows are used).
   float* in_rows(int64_t e);
@@ -186,7 +187,7 @@ struct ExpertWorkspace {
   Tensor d_act;               // (max_rows, Hl) scratch
   Tensor d_gate;              // (max_rows, Hl) scratch, swiglu
   ActivationPool* pool = nullptr;  // reserve's
-  bool bound = false;              // bind() has run
+  int bound_lane = -1;             // the pool's lane bind() pointed the lists at (-1: none)
   int64_t model_dim = 0, hidden = 0;
 };
 

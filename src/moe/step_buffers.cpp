@@ -74,13 +74,13 @@ StepBuffers::StepBuffers(Topology& topo, const schedule::Schedule& sc, const Moe
 }
 
 void StepBuffers::bind() {
-  if (bound_ || pool_ == nullptr) return;
+  if (pool_ == nullptr || bound_lane_ == pool_->lane()) return;
   for (const auto& [i, grad] : pooled_) {
     Tensor t = Tensor::view(pool_->data(moe::ActivationPool::buffer_key(static_cast<int>(i), grad)),
                             held_[i], topo_.device());
     (grad ? grads_ : values_)[i] = seen_[i] >= 0 ? t.slice_rows(0, seen_[i]) : t;
   }
-  bound_ = true;
+  bound_lane_ = pool_->lane();
 }
 
 int64_t StepBuffers::pass_numel(int id, bool backward) const {

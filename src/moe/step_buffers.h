@@ -39,8 +39,8 @@ class StepBuffers {
   StepBuffers(const StepBuffers&) = delete;
   StepBuffers& operator=(const StepBuffers&) = delete;
 
-  // Points the pooled buffers at the pool's storage (once, before the first pass; a no-op
-  // without a pool).
+  // Points the pooled buffers at the pool's storage in its current lane (before a pass; a
+  // no-op without a pool or where they already point there).
   void bind();
   Tensor& value(int id) { return values_[static_cast<size_t>(id)]; }
   Tensor& grad(int id) { return grads_[static_cast<size_t>(id)]; }
@@ -102,7 +102,7 @@ class StepBuffers {
   std::vector<int32_t> fills_stage_;
   MetadataExchange meta_;
   moe::ActivationPool* pool_ = nullptr;
-  bool bound_ = false;
+  int bound_lane_ = -1;  // the pool's lane the pooled views point at (-1: none yet)
   std::vector<std::pair<size_t, bool>> pooled_;  // (buffer id, gradient) of the pool's
   std::vector<Shape> held_;                      // by buffer id: the shape allocated
   std::vector<int64_t> seen_;                    // by buffer id: the length seen, or -1

@@ -380,11 +380,6 @@ void validate(const TrainConfig& c) {
   PARM_CONFIG_CHECK(c.loop.memory_limit >= 0,
                     "train.memory_limit {} must be >= 0 (bytes; 0: no limit)",
                     c.loop.memory_limit);
-  PARM_CONFIG_CHECK(recompute != model::Recompute::kMoe || p.pp_overlap == "off",
-                    "--recompute {} (train.recompute) with --pp-overlap on: it keeps one set of "
-                    "activations for every micro-batch in flight, so two passes cannot run "
-                    "interleaved; use --pp-overlap off, or --recompute none, moe-act or block",
-                    c.loop.recompute);
   const bool moe_layer =
       recompute == model::Recompute::kMoeAct || recompute == model::Recompute::kMoe;
   PARM_CONFIG_CHECK(!moe_layer || p.device == "cpu",
