@@ -38,7 +38,7 @@ std::vector<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
     const int64_t slots = in.slots[static_cast<size_t>(k)];
     // kBlock: one set of block activations and one MoE layer per block for each lane; kMoe:
     // one set of the pool for each lane.
-    const int64_t lanes = std::max<int64_t>(1, std::min<int64_t>(in.lanes, slots));
+    const int64_t lanes = recompute_lanes(in.recompute, in.lanes, static_cast<int>(slots));
     MemoryPlan p;
     p.stage = k;
     double dense_params = 0, expert_params = 0;  // floats
@@ -96,7 +96,7 @@ std::vector<MemoryPlan> plan_memory(const MemoryPlanInput& in) {
         std::ceil(2.0 * kF * (dense_params / in.dense_optimizer_divisor +
                               expert_params / in.expert_optimizer_divisor)));
     p.activations = acts * kF + moe_acts;
-    for (int64_t b : pool) p.activations += (in.recompute == Recompute::kMoe ? lanes : 1) * b;
+    for (int64_t b : pool) p.activations += lanes * b;
     // Gradient scratch: dres, dtmp, dln, dqkv, datt, dfc, dscores (the CPU's L x L); the head's.
     int64_t other = 3 * T * M + 3 * T * Ml + T * Ml + T * std::max<int64_t>(Fl, 1) + L * L;
     if (st.last()) other += 2 * T * M;

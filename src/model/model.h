@@ -117,6 +117,11 @@ enum class Recompute { kNone, kMoeAct, kMoe, kBlock };
 // "none", "moe-act", "moe", "block"; parse_recompute throws InvalidConfig listing them.
 const char* recompute_name(Recompute r);
 Recompute parse_recompute(const std::string& name);
+// The sets of dropped-and-remade activations a stage keeps, one per pass that may be in flight
+// (`lanes`: PipelineOptions::lanes) but no more than its `slots`: kBlock's block activations
+// and MoE layers, kMoe's activation pool; 1 for the other modes (nothing shared, or nothing
+// read across a pass's pause).
+int recompute_lanes(Recompute r, int lanes, int slots);
 
 struct PipelineOptions {
   // Blocks per stage, first to last (empty: balanced); model/pp_split.h checks it.

@@ -1,4 +1,6 @@
 // The names of --recompute's modes (model/model.h).
+#include <algorithm>
+
 #include "model/model.h"
 #include "parm/error.h"
 
@@ -12,6 +14,11 @@ const char* recompute_name(Recompute r) {
     case Recompute::kBlock: return "block";
   }
   return "?";
+}
+
+int recompute_lanes(Recompute r, int lanes, int slots) {
+  const bool shared = r == Recompute::kBlock || r == Recompute::kMoe;
+  return shared ? std::max(1, std::min(lanes, slots)) : 1;
 }
 
 Recompute parse_recompute(const std::string& name) {

@@ -43,9 +43,7 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
       stage_(stage),
       slots_(slots),
       recompute_(recompute),
-      lanes_(recompute == Recompute::kBlock || recompute == Recompute::kMoe
-                 ? std::max(1, std::min(lanes, slots))
-                 : 1),
+      lanes_(recompute_lanes(recompute, lanes, slots)),
       c_(c),
       ops_(dense_ops(topo.device())),
       tp_(topo.comm(Group::kMp)),
@@ -57,7 +55,7 @@ Transformer::Transformer(Topology& topo, const ModelConfig& c,
   PARM_CHECK(slots >= 1, "a stage needs at least one activation slot, got {}", slots);
   PARM_CHECK(lanes >= 1, "a stage needs at least one lane for its passes, got {}", lanes);
   if (recompute_ == Recompute::kMoeAct || recompute_ == Recompute::kMoe)
-    acts_pool_ = std::make_unique<moe::ActivationPool>(recompute_ == Recompute::kMoe ? lanes_ : 1);
+    acts_pool_ = std::make_unique<moe::ActivationPool>(lanes_);
   const int mp = topo.layout().mp;
   B_ = micro_batch;
   L_ = c.seq_len;

@@ -2,13 +2,13 @@
 // layer would keep from its forward for its backward and can make again in the backward
 // without a collective. Each layer names what it needs by key (the experts' activation rows;
 // under --recompute moe also the step buffers its compute steps write and every buffer's
-// gradient); layers that name the same key share its storage, sized to the largest need. The
-// layers of a model run one pass at a time (no split passes), and each either fills a key
-// before reading it in that pass or reads what its own replay refilled, so one set serves
-// every layer and every activation slot. Passes that run interleaved (--pp-overlap on) need
-// one set each: the pool holds `lanes` sets, and data() gives the current lane's (set_lane,
-// chosen when a pass starts or resumes; a layer's views are re-bound when the lane they were
-// bound to is not the current one). Allocated (as activations, parm/memory.h) at the first
+// gradient); layers that name the same key share its storage, sized to the largest need. Each
+// layer either fills a key before reading it in a pass or reads what its own replay refilled,
+// so one set serves every layer and every activation slot of passes that run one at a time.
+// Passes that run interleaved (--pp-overlap on: split at the AllToAlls) need one set each:
+// the pool holds `lanes` sets, and data() gives the current lane's (set_lane, chosen when a
+// pass starts or resumes; a layer's views are re-bound when the lane they were bound to is
+// not the current one). Allocated (as activations, parm/memory.h) at the first
 // use, after every layer has said what it needs; the storage never moves after that.
 #pragma once
 
@@ -53,7 +53,6 @@ class ActivationPool {
                "activation pool: key {} was never required", key);
     return allocated_[static_cast<size_t>(lane_) * keys + static_cast<size_t>(key)].data();
   }
-  int lanes() const { return lanes_; }
   int lane() const { return lane_; }
   void set_lane(int lane) {
     PARM_CHECK(lane >= 0 && lane < lanes_, "activation pool: lane {} of {}", lane, lanes_);
