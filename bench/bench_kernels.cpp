@@ -469,6 +469,35 @@ void BM_BiasGeluBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_BiasGeluBackward)->UseRealTime()->MinTime(0.2);
 
+// The gated experts' act = silu(a) g and its adjoint, over one expert's block of rows as the
+// layer runs them (rows 256, H 1024: 1 MiB per operand).
+void BM_SwigluForward(benchmark::State& state) {
+  const int64_t n = 256 * 1024;
+  const std::vector<float> a = random_vector(n, 16), g = random_vector(n, 17);
+  std::vector<float> act(a.size());
+  for (auto _ : state) {
+    parm::cpu::swiglu_forward(a.data(), g.data(), act.data(), n);
+    benchmark::DoNotOptimize(act.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 3 * n);
+}
+BENCHMARK(BM_SwigluForward)->UseRealTime()->MinTime(0.2);
+
+void BM_SwigluBackward(benchmark::State& state) {
+  const int64_t n = 256 * 1024;
+  const std::vector<float> a = random_vector(n, 16), g = random_vector(n, 17);
+  const std::vector<float> dact = random_vector(n, 18);
+  std::vector<float> da(a.size()), dg(a.size());
+  for (auto _ : state) {
+    parm::cpu::swiglu_backward(a.data(), g.data(), dact.data(), da.data(), dg.data(), n);
+    benchmark::DoNotOptimize(da.data());
+    benchmark::ClobberMemory();
+  }
+  set_byte_counters(state, 4.0 * 5 * n);
+}
+BENCHMARK(BM_SwigluBackward)->UseRealTime()->MinTime(0.2);
+
 // The experts' GeLU steps over one expert's 513 rows (Hl 2048; pre and dact 4 MiB, out of
 // L2), 32 rows at a time as Bf16ExpertProducts runs them, with every packing they feed.
 // steps = 0: the previous steps (bias + GeLU packing act as A from registers, then act^T from

@@ -29,6 +29,11 @@ using data::Batch;
 using data::kBertMaskToken;
 using data::kBertVocab;
 
+struct ModelConfig;
+// The shared experts' width H_s: shared_hidden, or the routed experts' H where there are shared
+// experts and it is 0 (the layer commands' and parm.torch.MoE's default).
+int64_t shared_width(const ModelConfig& c);
+
 struct ModelConfig {
   Arch arch = Arch::kGpt2;
   int64_t vocab = 256;      // byte-level tokenizer (BERT adds [MASK] etc. on top: see data/)
@@ -47,7 +52,7 @@ struct ModelConfig {
   RouterSpec router;  // score function, weights, group limit (docs/spec.md §7)
   ExpertMlp expert_mlp = ExpertMlp::kGelu;  // the experts' FFN (docs/spec.md §8)
   int shared_experts = 0;       // docs/spec.md §9: FFNs every token passes through
-  int64_t shared_hidden = 0;    // their width H_s
+  int64_t shared_hidden = 0;    // their width H_s (0: the routed experts' H; shared_width)
   bool shared_gate = false;     // their output times sigmoid(x w_sg)
   float router_z_loss = 0.0f;  // ST-MoE's z-loss coefficient (0: off)
   float router_bias_update = 0.0f;  // DeepSeek-V3's router bias update rate (0: off)

@@ -148,7 +148,7 @@ void Transformer::register_shared_experts(const std::string& pre, bool held,
                                           const MoeLayerParams& value,
                                           const MoeLayerParams& grad) {
   const int mp = topo_.layout().mp, mpr = held ? topo_.host_comm(Group::kMp).rank() : 0;
-  const int64_t N = c_.shared_experts, H = c_.shared_hidden;
+  const int64_t N = c_.shared_experts, H = shared_width(c_);
   ParamRegistry& r = registry_;
   const bool biases = has_expert_biases(c_.expert_mlp);
   const auto& v = value.shared;

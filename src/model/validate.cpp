@@ -20,6 +20,10 @@ bool has_dense_block(const ModelConfig& c) {
 
 }  // namespace
 
+int64_t shared_width(const ModelConfig& c) {
+  return c.shared_experts > 0 && c.shared_hidden == 0 ? c.expert_hidden : c.shared_hidden;
+}
+
 int64_t num_moe_blocks(const ModelConfig& c) {
   int64_t n = 0;
   for (int64_t i = 0; i < c.num_layers; ++i) n += is_moe_block(c, i) ? 1 : 0;
@@ -37,7 +41,7 @@ MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch) {
   shape.router = c.router;
   shape.expert_mlp = c.expert_mlp;
   shape.shared_experts = c.shared_experts;
-  shape.shared_hidden = c.shared_hidden;
+  shape.shared_hidden = shared_width(c);
   shape.shared_gate = c.shared_gate;
   // The sequence-wise l_aux: the rows of a micro-batch are its sequences, L tokens each.
   shape.aux_seq_len = c.aux_scope == AuxScope::kSequence ? c.seq_len : 0;

@@ -20,20 +20,6 @@ void zero_unfilled(const GateRouting& r, int64_t M, Tensor& buf) {
   }
 }
 
-// <a, b> over n floats in 16 independent lanes summed at the end: a fixed order (the same
-// bits on every rank and run) that the compiler can vectorise, unlike one serial sum.
-float dot_lanes(const float* a, const float* b, int64_t n) {
-  constexpr int kLanes = 16;
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
-  float sum = 0.0f;
-  for (float v : acc) sum += v;
-  return sum;
-}
-
 }  // namespace
 
 void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& buf, bool zero_unrouted) {
@@ -62,29 +48,17 @@ void dispatch_forward(const Tensor& x, const GateRouting& r, Tensor& buf, bool z
 
 void dispatch_backward(const Tensor& dbuf, const GateRouting& r, Tensor& dx) {
   const int64_t M = dx.cols();
-  for (int64_t t = 0; t < r.tokens; ++t) {
-    float* d = dx.row(t);
-    for (int j = 0; j < r.topk; ++j) {
-      const int64_t row = r.row[static_cast<size_t>(t * r.topk + j)];
-      if (row < 0) continue;
-      const float* s = dbuf.data() + row * M;
-      for (int64_t m = 0; m < M; ++m) d[m] += s[m];
-    }
-  }
+  for (int64_t t = 0; t < r.tokens; ++t)
+    cpu::gather_add_rows(dbuf.data(), M, &r.row[static_cast<size_t>(t * r.topk)], nullptr,
+                         r.topk, dx.row(t));
 }
 
 void combine_forward(const Tensor& buf, const GateRouting& r, Tensor& out) {
   const int64_t M = out.cols();
   out.zero();
   for (int64_t t = 0; t < r.tokens; ++t) {
-    float* o = out.row(t);
-    for (int j = 0; j < r.topk; ++j) {
-      const size_t i = static_cast<size_t>(t * r.topk + j);
-      if (r.row[i] < 0) continue;
-      const float w = r.weight[i];
-      const float* y = buf.data() + r.row[i] * M;
-      for (int64_t m = 0; m < M; ++m) o[m] += w * y[m];
-    }
+    const size_t i = static_cast<size_t>(t * r.topk);
+    cpu::gather_add_rows(buf.data(), M, &r.row[i], &r.weight[i], r.topk, out.row(t));
   }
 }
 
@@ -106,7 +80,7 @@ void combine_backward(const Tensor& buf, const Tensor& dout, const GateRouting& 
         cpu::scale_stream(d, g, w, M);
       else
         for (int64_t m = 0; m < M; ++m) d[m] = w * g[m];
-      dweight[i] = dot_lanes(g, y, M);
+      dweight[i] = cpu::dot_lanes(g, y, M);
     }
   }
   if (stream) cpu::stream_fence();

@@ -11,13 +11,13 @@ namespace parm::train {
 void print_run_header(const TrainConfig& cfg, const Layout& lay,
                       const std::vector<std::string>& schedules, const data::Corpus& corpus,
                       const std::string& tokenizer, int64_t global_batch, const GemmRate& rate) {
-  std::printf("parm train %s: %s, %lld layers (MoE every %d: %s), M=%lld, E=%lld k=%d f=%s\n",
+  // The MoE layer as the layer commands name it (its H, router, experts' kind and shared
+  // experts included), over one micro-batch.
+  const std::string moe = model::moe_shape(cfg.model, cfg.loop.micro_batch).str();
+  std::printf("parm train %s: %s, %lld layers (MoE every %d: %s), MoE layer %s\n",
               cfg.name.c_str(), cfg.model.arch == model::Arch::kGpt2 ? "GPT-2" : "BERT",
               static_cast<long long>(cfg.model.num_layers), cfg.model.moe_every,
-              fmt::format("{}", fmt::join(schedules, ",")).c_str(),
-              static_cast<long long>(cfg.model.model_dim),
-              static_cast<long long>(cfg.model.experts), cfg.model.topk,
-              cfg.model.capacity_factor.c_str());
+              fmt::format("{}", fmt::join(schedules, ",")).c_str(), moe.c_str());
   std::printf("layout: %d ranks, pp=%d x (dp=%d mp=%d | edp=%d ep=%d esp=%d), order %s; global "
               "batch %lld x %lld tokens; corpus %s (%lld train / %lld val tokens, tokenizer %s); "
               "MFU against %.1f GFLOP/s per rank (%s)\n",

@@ -117,7 +117,7 @@ nlohmann::json model_config_json(const model::ModelConfig& m) {
   if (m.expert_mlp != ExpertMlp::kGelu) j["expert_mlp"] = expert_mlp_name(m.expert_mlp);
   if (m.shared_experts != 0) {
     j["shared_experts"] = m.shared_experts;
-    j["shared_hidden"] = m.shared_hidden;
+    j["shared_hidden"] = model::shared_width(m);
     j["shared_gate"] = m.shared_gate;
   }
   return j;

@@ -8,6 +8,7 @@
 #include "moe/backend.h"
 #include "parm/error.h"
 #include "parm/fileio.h"
+#include "parm/topology.h"
 #include "train/data_setup.h"
 #include "train/optimizer.h"
 #include "train/train_config.h"
@@ -163,6 +164,38 @@ TEST(TrainConfig, SharedOverlapIsAParallelBoolOutsideTheModelSection) {
                  "--shared-experts N >= 1 (model.shared_experts), or --shared-overlap off");
   EXPECT_NO_THROW(validate(parse_train_config(
       nlohmann::json::parse(R"({"parallel": {"shared_overlap": false}})"), "t")));
+}
+
+// model.shared_hidden left out (or 0) with shared experts is the experts' width, as the layer
+// commands' --shared-hidden and parm.torch.MoE's shared_hidden default; the model section a
+// checkpoint compares holds the width itself, so either spelling resumes the other.
+TEST(TrainConfig, SharedHiddenDefaultsToTheExpertsWidth) {
+  const TrainConfig c = parse_train_config(
+      nlohmann::json::parse(R"({"model": {"shared_experts": 2, "expert_hidden": 96}})"), "t");
+  EXPECT_EQ(c.model.shared_hidden, 0);
+  EXPECT_EQ(model::shared_width(c.model), 96);
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_EQ(model::moe_shape(c.model, 2).shared_hidden, 96);
+  TrainConfig explicit_width = c;
+  explicit_width.model.shared_hidden = 96;
+  EXPECT_EQ(model_config_json(c.model), model_config_json(explicit_width.model));
+  EXPECT_EQ(model_config_json(c.model)["shared_hidden"], 96);
+  explicit_width.model.shared_hidden = 48;
+  EXPECT_EQ(model::moe_shape(explicit_width.model, 2).shared_hidden, 48);
+  // Without shared experts there is no width.
+  const TrainConfig none = parse_train_config(nlohmann::json::object(), "t");
+  EXPECT_EQ(model::shared_width(none.model), 0);
+  EXPECT_EQ(model::moe_shape(none.model, 2).shared_hidden, 0);
+  TrainConfig negative = c;
+  negative.model.shared_hidden = -4;
+  try {
+    model::validate_model(negative.model, make_layout(2, 1, 2, 1), {}, 2);
+    ADD_FAILURE() << "shared_hidden -4 accepted";
+  } catch (const InvalidConfig& e) {
+    EXPECT_NE(std::string(e.what()).find("--shared-hidden (model.shared_hidden) -4 must be >= 1"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Values that nlohmann's get<T> would convert silently: fractions to integers, integers

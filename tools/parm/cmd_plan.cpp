@@ -39,6 +39,9 @@ nlohmann::json parts_json(const std::vector<perfmodel::PartCost>& parts) {
 }
 
 int run_plan(PlanFlags f) {
+  // The layer's flags first: a bad shape is named before the profile is asked for or read.
+  const MoeShape shape = f.layer.shape();
+  f.layer.layout.refuse_pp("plan");
   PARM_CONFIG_CHECK(!f.layer.profile.empty(),
                     "plan needs a cost profile: run `scripts/parmrun -n 4 -- calibrate --out "
                     "profile.json`, then pass --profile profile.json");
@@ -48,8 +51,6 @@ int run_plan(PlanFlags f) {
                     rpn, f.devices_per_node);
   const int dpn = f.devices_per_node > 0 ? f.devices_per_node : rpn;
   const auto profile = perfmodel::read_profile(f.layer.profile);
-  const MoeShape shape = f.layer.shape();
-  f.layer.layout.refuse_pp("plan");
   const auto target = perfmodel::make_target(f.world, f.layer.layout.mp, f.layer.layout.ep,
                                              f.layer.layout.esp, dpn, f.layer.layout.order);
   const auto kinds = f.layer.schedules(target.layout);

@@ -192,7 +192,8 @@ Command add_train(CLI::App& root) {
   app->add_option("--shared-experts", f->shared_experts,
                   "shared experts every token passes through (model.shared_experts; 0: none)");
   app->add_option("--shared-hidden", f->shared_hidden,
-                  "their hidden width H_s (model.shared_hidden)");
+                  "their hidden width H_s (model.shared_hidden; default: the experts' hidden "
+                  "width, model.expert_hidden)");
   app->add_option("--shared-gate", f->shared_gate,
                   "on: their output times sigmoid(x w_sg) (model.shared_gate); off");
   f->router_z_loss_opt = app->add_option(

@@ -25,6 +25,20 @@ inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? __mmask16{0xffff} : n <= 0 ? __mmask16{0} : static_cast<__mmask16>((1u << n) - 1u);
 }
 
+// q 2^n for integral n in [-150, 128] (exp_f32's range): 2^n as two factors whose exponents
+// are both normal, so that the last product rounds once into the denormals, or overflows,
+// where exp does. exp_f32's last step, shared by its AVX-512 forms (vec_math_avx512.h,
+// softmax_attention.cpp).
+PARM_AVX512 inline __m512 times_pow2_avx512(__m512 q, __m512 n) {
+  const __m512i ni = _mm512_cvttps_epi32(n);
+  const __m512i n1 = _mm512_srai_epi32(ni, 1);
+  const __m512i n2 = _mm512_sub_epi32(ni, n1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
+  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
+  return _mm512_mul_ps(_mm512_mul_ps(q, s1), s2);
+}
+
 // The 16 lanes of an AVX-512 register added in lane order (0 + lane 0 + lane 1 + ... + lane
 // 15): the order in which the scalar kernels add their kLanes partial sums (vec_math.h) and
 // the CUDA kernels reproduce, straight from the register (a 64-byte store read back as 4-byte

@@ -1,6 +1,10 @@
 // GeLU, tanh form (as GPT-2), fp32: kernels/math/gelu_math.h's formulas with the CPU's exp_f32.
+// These loops are the bits' definition; on a CPU with AVX-512 each call runs
+// gelu_avx512.cpp's copy of its loop instead, which gives the same bits faster.
 #include <limits>
 
+#include "kernels/cpu/avx512.h"
+#include "kernels/cpu/gelu_avx512.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/math/gelu_math.h"
 #include "kernels/cpu/vec_math.h"
@@ -26,18 +30,21 @@ inline float gelu_grad(float x) {
 PARM_SIMD_CLONES
 void gelu_forward(const float* x, float* y, int64_t n) {
   PARM_CHECK(n >= 0, "gelu_forward: n = {}", n);
+  if (detail::have_avx512f()) return detail::gelu_forward_avx512(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = gelu_value(x[i]);
 }
 
 PARM_SIMD_CLONES
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
   PARM_CHECK(n >= 0, "gelu_backward: n = {}", n);
+  if (detail::have_avx512f()) return detail::gelu_backward_avx512(x, dy, dx, n);
   for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i]) * dy[i];
 }
 
 PARM_SIMD_CLONES
 void bias_gelu_forward(float* pre, const float* bias, float* act, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_forward: bad shape ({}, {})", rows, cols);
+  if (detail::have_avx512f()) return detail::bias_gelu_forward_avx512(pre, bias, act, rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
     float* pr = pre + r * cols;
     float* ar = act + r * cols;
@@ -52,6 +59,7 @@ void bias_gelu_forward(float* pre, const float* bias, float* act, int64_t rows, 
 PARM_SIMD_CLONES
 void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu: bad shape ({}, {})", rows, cols);
+  if (detail::have_avx512f()) return detail::bias_gelu_avx512(x, bias, act, rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* ar = act + r * cols;
@@ -64,6 +72,8 @@ PARM_SIMD_CLONES
 void bias_gelu_backward(const float* x, const float* bias, const float* dact, float* dx,
                         float* dbias, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_backward: bad shape ({}, {})", rows, cols);
+  if (detail::have_avx512f())
+    return detail::bias_gelu_backward_avx512(x, bias, dact, dx, dbias, rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     const float* ar = dact + r * cols;
@@ -83,6 +93,7 @@ void bias_gelu_backward(const float* x, const float* bias, const float* dact, fl
 PARM_SIMD_CLONES
 void bias_gelu_grad(const float* x, const float* bias, float* g, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_grad: bad shape ({}, {})", rows, cols);
+  if (detail::have_avx512f()) return detail::bias_gelu_grad_avx512(x, bias, g, rows, cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* gr = g + r * cols;

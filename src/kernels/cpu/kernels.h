@@ -170,6 +170,7 @@ double ce_finish(const float* logits, const float* row_max, const double* stats,
 void topk(const float* x, int64_t rows, int64_t cols, int k, int32_t* idx, float* val);
 
 // ---- SwiGLU (the gated experts: act = silu(a) * g) -------------------------------------
+// AVX-512 where the CPU has it, with the bits of the scalar loops (swiglu.cpp).
 // act = silu(a) g over n elements (a = x W1, g = x W3). Overwrites act (may alias g).
 void swiglu_forward(const float* a, const float* g, float* act, int64_t n);
 // Its adjoint: da = dact g silu'(a), dg = dact silu(a). Overwrites da and dg (da may alias
@@ -178,6 +179,7 @@ void swiglu_backward(const float* a, const float* g, const float* dact, float* d
                      int64_t n);
 
 // ---- GeLU (tanh form, as GPT-2) --------------------------------------------------------
+// AVX-512 where the CPU has it, with the bits of the scalar loops (gelu.cpp).
 // y = gelu(x), n elements; overwrites y (may alias x).
 void gelu_forward(const float* x, float* y, int64_t n);
 // dx = gelu'(x) * dy; overwrites dx (may alias dy).
@@ -325,5 +327,13 @@ void gather_rows(const float* src, int64_t cols, const int64_t* idx, int64_t n, 
 // skipped. Accumulates into dst; repeated indices add up.
 void scatter_add_rows(const float* src, int64_t cols, const int64_t* idx, const float* scale,
                       int64_t n, float* dst);
+// dst (cols) += scale[i] * src row idx[i], for i = 0 .. n - 1 in that order (scale may be null:
+// 1; idx[i] < 0 is skipped): the combine's weighted sum of a token's rows and the dispatch's
+// adjoint. Every element rounds as the plain loop does.
+void gather_add_rows(const float* src, int64_t cols, const int64_t* idx, const float* scale,
+                     int64_t n, float* dst);
+// sum_i a[i] b[i] over n floats, in 16 lanes (element i into lane i % 16) added in lane order
+// at the end: the same bits on every rank, run and instruction set.
+float dot_lanes(const float* a, const float* b, int64_t n);
 
 }  // namespace parm::cpu

@@ -95,6 +95,34 @@ void gather_rows(const float* src, int64_t cols, const int64_t* idx, int64_t n, 
 }
 
 PARM_SIMD_CLONES
+void gather_add_rows(const float* src, int64_t cols, const int64_t* idx, const float* scale,
+                     int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (idx[i] < 0) continue;
+    const float* s = src + idx[i] * cols;
+    if (scale == nullptr) {
+      for (int64_t c = 0; c < cols; ++c) dst[c] += s[c];
+    } else {
+      const float w = scale[i];
+      for (int64_t c = 0; c < cols; ++c) dst[c] += w * s[c];
+    }
+  }
+}
+
+PARM_SIMD_CLONES
+float dot_lanes(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = detail::kLanes;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+  float sum = 0.0f;
+  for (float v : acc) sum += v;
+  return sum;
+}
+
+PARM_SIMD_CLONES
 void scatter_add_rows(const float* src, int64_t cols, const int64_t* idx, const float* scale,
                       int64_t n, float* dst) {
   PARM_CHECK(n >= 0 && cols >= 0, "scatter_add_rows: n = {}, cols = {}", n, cols);

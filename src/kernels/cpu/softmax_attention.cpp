@@ -64,14 +64,7 @@ PARM_AVX512 __m512 exp_avx512(__m512 x) {
   q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(0.5f));
   q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f));
   q = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f));
-  // 2^n as two normal factors, so that the last product rounds once into the denormals.
-  const __m512i ni = _mm512_cvttps_epi32(n);
-  const __m512i n1 = _mm512_srai_epi32(ni, 1);
-  const __m512i n2 = _mm512_sub_epi32(ni, n1);
-  const __m512i bias = _mm512_set1_epi32(127);
-  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
-  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, bias), 23));
-  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(q, s1), s2);
+  const __m512 y = detail::times_pow2_avx512(q, n);
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
 }
 
