@@ -51,6 +51,9 @@ struct BackendSizes {
   int64_t shared_rows = 0;
   int64_t shared_hidden_shard = 0;
   bool shared_gate = false;
+  // The router z-loss is on: the gate computes each row's log-sum-exp (the CPU backend's;
+  // off, it skips them and their sum in the statistics is 0).
+  bool z_loss = false;
   // --recompute moe-act (CPU only; null: none): the routed experts' activation rows are the
   // pool's, shared with the model's other layers (moe/activation_pool.h).
   ActivationPool* acts_pool = nullptr;

@@ -13,7 +13,7 @@ class CpuBackend final : public LayerBackend {
  public:
   CpuBackend(const BackendSizes& s, Precision p)
       : probs_({s.gate_rows, s.experts}), dprobs_({s.gate_rows, s.experts}),
-        zero_unrouted_(!s.dropless), packed_(s.packed) {
+        zero_unrouted_(!s.dropless), packed_(s.packed), z_loss_(s.z_loss) {
     cpu::stream_min_bytes();  // a bad PARM_STREAM_MIN_BYTES is refused here, before any work
     ws_.reserve(s.local_experts, s.max_expert_rows, s.model_dim, s.hidden_shard, p,
                 s.max_local_rows, s.expert_mlp, s.acts_pool);
@@ -28,7 +28,7 @@ class CpuBackend final : public LayerBackend {
   void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
                     int64_t slots, float* stats, PhaseTimes* times) override {
     moe::gate_forward(x, wg, topk, capacity, slots, probs_, routing_, stats, times, bias_,
-                      router_, aux_rows_, aux_sets_);
+                      router_, aux_rows_, aux_sets_, z_loss_);
     if (packed_) pack_routing(routing_);
   }
   void set_router_bias(const float* bias) override { bias_ = bias; }
@@ -132,6 +132,7 @@ class CpuBackend final : public LayerBackend {
   GateRouting routing_;
   bool zero_unrouted_;  // not dropless (BackendSizes::dropless)
   bool packed_;         // BackendSizes::packed
+  bool z_loss_;         // BackendSizes::z_loss
   std::vector<float> dweight_;
   ExpertWorkspace ws_;
   SharedWorkspace shared_;  // shared experts only

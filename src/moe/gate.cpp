@@ -48,7 +48,7 @@ void limit_groups(float* sc, int64_t E, const RouterSpec& rs) {
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
                   Tensor& probs, GateRouting& r, float* stats, PhaseTimes* times,
                   const float* bias, const RouterSpec& router, const AuxRows& aux_rows,
-                  int64_t sets) {
+                  int64_t sets, bool z_loss) {
   PhaseClock clock(times);
   const int64_t rows = x.rows(), M = x.cols(), E = wg.cols();
   PARM_CHECK_EQ(wg.rows(), M);
@@ -62,9 +62,9 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   cpu::gemm(false, false, rows, E, M, x.data(), wg.data(), probs.data(), false, kLayerGemm);
   clock.lap("gate products");
   // The z-loss's log-sum-exp of each row's logits, read before the softmax overwrites them.
-  r.lse.resize(static_cast<size_t>(rows));
+  r.lse.resize(z_loss ? static_cast<size_t>(rows) : 0);
   double zsum = 0.0;
-  for (int64_t t = 0; t < rows; ++t) {
+  for (int64_t t = 0; z_loss && t < rows; ++t) {
     const float* l = probs.row(t);
     const float mx = *std::max_element(l, l + E);
     double s = 0.0;
@@ -78,8 +78,11 @@ void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity,
   r.router = router;
   if (sigmoid) {
     // Scores s = sigmoid(logit); the z-loss's backward needs the logits' softmax, so the
-    // logits are kept.
-    r.logits.assign(probs.data(), probs.data() + rows * E);
+    // logits are kept (with the z-loss only).
+    if (z_loss)
+      r.logits.assign(probs.data(), probs.data() + rows * E);
+    else
+      r.logits.clear();
     for (int64_t i = 0; i < rows * E; ++i)
       probs.data()[i] = 1.0f / (1.0f + std::exp(-probs.data()[i]));
   } else {
@@ -194,7 +197,9 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const
   }
   // z-loss: d(sum_t lse_t^2) / d logit[t, e] = 2 lse_t p[t, e], p the logits' softmax (the
   // scores, or under sigmoid exp(logit - lse)).
-  if (const float dz = dstats[2 * E * r.aux_sets]; dz != 0.0f)
+  if (const float dz = dstats[2 * E * r.aux_sets]; dz != 0.0f) {
+    PARM_CHECK(static_cast<int64_t>(r.lse.size()) == rows,
+               "a z-loss gradient ({}) for a gate call made without the z-loss", dz);
     for (int64_t t = 0; t < rows; ++t) {
       const float lse = r.lse[static_cast<size_t>(t)];
       const float c = 2.0f * dz * lse;
@@ -207,6 +212,7 @@ void gate_backward(const Tensor& x, const Tensor& wg, const Tensor& probs, const
         for (int64_t e = 0; e < E; ++e) dl[e] += c * p[e];
       }
     }
+  }
   clock.lap("softmax backward");
   cpu::gemm(true, false, M, E, rows, x.data(), dprobs.data(), dwg.data(), true, kLayerGemm);
   cpu::gemm(false, true, rows, M, E, dprobs.data(), wg.data(), dx.data(), true, kLayerGemm);

@@ -134,6 +134,7 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.shared_hidden_shard = shape.has_shared() ? shape.shared_hidden / l.mp : 0;
   sizes.shared_gate = shape.shared_gate;
   sizes.acts_pool = acts_pool;
+  sizes.z_loss = schedule_.z_loss;
   // moe-act: the experts step recomputes its rows; moe: the replay of the forward does.
   recompute_experts_ = acts_pool != nullptr && pooled_.empty();
   PARM_CONFIG_CHECK(pooled_.empty() || device == Device::kCpu,

@@ -77,10 +77,12 @@ void pack_routing(GateRouting& routing);
 // top-k choice only; the combine weights are made of the unbiased probabilities.
 // router: the score function, the weights' normalisation and scale, the group limit
 // (docs/spec.md §7); probs then holds the scores.
+// z_loss false (the router z-loss is off): the log-sum-exps are not computed, their sum in
+// stats is 0, and gate_backward must not be given a z-loss gradient.
 void gate_forward(const Tensor& x, const Tensor& wg, int topk, int64_t capacity, int64_t slots,
                   Tensor& probs, GateRouting& routing, float* stats, PhaseTimes* times = nullptr,
                   const float* bias = nullptr, const RouterSpec& router = {},
-                  const AuxRows& aux_rows = {}, int64_t sets = 1);
+                  const AuxRows& aux_rows = {}, int64_t sets = 1, bool z_loss = true);
 
 // Adjoint of the gate: dweight (rows, k) from the combine, dstats (2E x sets + 1, the
 // forward's layout) from l_aux and the z-loss.

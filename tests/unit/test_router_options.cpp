@@ -109,5 +109,46 @@ TEST(RouterSpecValidate, RefusesBadCombinationsNamingTheValidValues) {
   groups(4, 2).validate(8, 4);  // k = K_g x E / G: the limit itself is fine
 }
 
+// The gate without the z-loss skips the log-sum-exps: the same scores, routing and statistics
+// but a zero z-loss sum, under softmax and sigmoid; its backward equals the z-loss gate's at a
+// zero z-loss gradient and refuses a nonzero one (it has no log-sum-exps to use).
+TEST(RouterZLoss, GateWithoutTheZLossSkipsOnlyItsSum) {
+  const int64_t T = 6, M = 5, E = 8;
+  Tensor x({T, M}), wg({M, E});
+  for (int64_t i = 0; i < x.numel(); ++i) x[i] = std::sin(0.7f * static_cast<float>(i));
+  for (int64_t i = 0; i < wg.numel(); ++i) wg[i] = std::cos(0.3f * static_cast<float>(i));
+  for (const RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    RouterSpec rs;
+    rs.score = score;
+    Tensor p_on({T, E}), p_off({T, E});
+    std::vector<float> s_on(2 * E + 1), s_off(2 * E + 1, 7.0f);
+    moe::GateRouting r_on, r_off;
+    moe::gate_forward(x, wg, 2, 4, 4, p_on, r_on, s_on.data(), nullptr, nullptr, rs);
+    moe::gate_forward(x, wg, 2, 4, 4, p_off, r_off, s_off.data(), nullptr, nullptr, rs, {}, 1,
+                      false);
+    EXPECT_NE(s_on[2 * E], 0.0f);
+    EXPECT_EQ(s_off[2 * E], 0.0f);
+    s_on[2 * E] = 0.0f;
+    EXPECT_EQ(s_on, s_off);
+    EXPECT_EQ(r_on.expert, r_off.expert);
+    EXPECT_EQ(r_on.weight, r_off.weight);
+    for (int64_t i = 0; i < p_on.numel(); ++i) ASSERT_EQ(p_on[i], p_off[i]) << i;
+
+    const std::vector<float> dweight(static_cast<size_t>(T * 2), 0.5f);
+    std::vector<float> dstats(2 * E + 1, 0.25f);
+    dstats[2 * E] = 0.0f;
+    Tensor dp_on({T, E}), dp_off({T, E}), dwg_on({M, E}), dwg_off({M, E}), dx_on({T, M}),
+        dx_off({T, M});
+    moe::gate_backward(x, wg, p_on, r_on, dweight, dstats.data(), dp_on, dwg_on, dx_on);
+    moe::gate_backward(x, wg, p_off, r_off, dweight, dstats.data(), dp_off, dwg_off, dx_off);
+    for (int64_t i = 0; i < dwg_on.numel(); ++i) ASSERT_EQ(dwg_on[i], dwg_off[i]) << i;
+    for (int64_t i = 0; i < dx_on.numel(); ++i) ASSERT_EQ(dx_on[i], dx_off[i]) << i;
+    dstats[2 * E] = 1.0f;
+    EXPECT_THROW(
+        moe::gate_backward(x, wg, p_off, r_off, dweight, dstats.data(), dp_off, dwg_off, dx_off),
+        Error);
+  }
+}
+
 }  // namespace
 }  // namespace parm
