@@ -102,6 +102,15 @@ class CpuBackend final : public LayerBackend {
 
   void take_chunk(const float* full, int64_t outer, int n, int j, int64_t chunk,
                   float* mine) override {
+    // A copy of cpu::streamed size (the row exchanges' own block: 8 MiB for fine-grained
+    // experts) is written past the cache: 1.7-2x faster than memcpy there, and what reads it
+    // next reads it no slower (docs/fine-grained.md).
+    if (cpu::streamed(outer * chunk * static_cast<int64_t>(sizeof(float)))) {
+      for (int64_t o = 0; o < outer; ++o)
+        cpu::copy_stream(mine + o * chunk, full + (o * n + j) * chunk, chunk);
+      cpu::stream_fence();
+      return;
+    }
     for (int64_t o = 0; o < outer; ++o)
       std::memcpy(mine + o * chunk, full + (o * n + j) * chunk,
                   static_cast<size_t>(chunk) * sizeof(float));

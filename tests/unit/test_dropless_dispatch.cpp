@@ -147,5 +147,29 @@ TEST(DroplessDispatch, PackedRowsAreTheRoutedRowsBackToBack) {
   EXPECT_EQ(wide.dx, packed.dx);
 }
 
+// The CPU backend's take_chunk (the row exchanges' local copies): the same values below and
+// above the size it streams at (cpu::streamed: 8 MiB), at an unaligned chunk, nothing written
+// beside the slice it takes.
+TEST(DroplessDispatch, TakeChunkCopiesTheSliceAtEverySize) {
+  auto backend = moe::make_cpu_backend(one_rank_sizes(4, 4, 4, 2, 4, true, true));
+  const int64_t big = (int64_t{8} << 20) / 4 + 37;  // floats: one chunk past the threshold
+  for (const int64_t chunk : {int64_t{1000}, big}) {
+    for (const int64_t outer : {int64_t{1}, int64_t{2}}) {
+      const int n = 3, j = 1;
+      std::vector<float> full(static_cast<size_t>(outer * n * chunk));
+      for (size_t i = 0; i < full.size(); ++i) full[i] = static_cast<float>(i % 9973) - 0.5f;
+      std::vector<float> mine(static_cast<size_t>(outer * chunk + 2), kPoison);
+      backend->take_chunk(full.data(), outer, n, j, chunk, mine.data() + 1);
+      EXPECT_EQ(mine.front(), kPoison);
+      EXPECT_EQ(mine.back(), kPoison);
+      for (int64_t o = 0; o < outer; ++o)
+        ASSERT_EQ(std::memcmp(mine.data() + 1 + o * chunk, full.data() + (o * n + j) * chunk,
+                              static_cast<size_t>(chunk) * sizeof(float)),
+                  0)
+            << "chunk " << chunk << " outer " << outer << " block " << o;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace parm
