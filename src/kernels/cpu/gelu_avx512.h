@@ -1,9 +1,9 @@
 // The fp32 GeLU kernels of gelu.cpp, 16 lanes at a time with AVX-512, giving the bits of its
 // scalar loops (kernels/math/gelu_math.h's formulas with exp_f32): every product is rounded on
 // its own (no FMA), in the same order, and a NaN input gives the NaN the scalar clamp-and-patch
-// gives. GCC's own vectorisation of those loops (target_clones) spends a third of its
-// instructions on the integer-bit clamps; this runs them 8-15% faster (docs/fine-grained.md).
-// Callers check
+// gives. GCC's own vectorisation of those loops (target_clones) spends about a third of its
+// instructions on the clamps and NaN checks on integer bits; this runs them 8-15% faster
+// (docs/fine-grained.md). Callers check
 // detail::have_avx512f(); the arguments are checked by gelu.cpp. Private to the CPU kernels.
 #pragma once
 
