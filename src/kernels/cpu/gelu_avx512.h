@@ -3,8 +3,8 @@
 // its own (no FMA), in the same order, and a NaN input gives the NaN the scalar clamp-and-patch
 // gives. GCC's own vectorisation of those loops (target_clones) spends about a third of its
 // instructions on the clamps and NaN checks on integer bits; this runs them 8-15% faster
-// (docs/fine-grained.md). Callers check
-// detail::have_avx512f(); the arguments are checked by gelu.cpp. Private to the CPU kernels.
+// (docs/fine-grained.md). Callers check detail::have_avx512f(); the arguments are checked by
+// gelu.cpp. Private to the CPU kernels.
 #pragma once
 
 #include <cstdint>
