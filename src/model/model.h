@@ -30,8 +30,7 @@ using data::kBertMaskToken;
 using data::kBertVocab;
 
 struct ModelConfig;
-// The shared experts' width H_s: shared_hidden, or the routed experts' H where there are shared
-// experts and it is 0 (the layer commands' and parm.torch.MoE's default).
+// The shared experts' width H_s of a model (shape.h's shared_width rule over its expert_hidden).
 int64_t shared_width(const ModelConfig& c);
 
 struct ModelConfig {

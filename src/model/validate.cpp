@@ -21,7 +21,7 @@ bool has_dense_block(const ModelConfig& c) {
 }  // namespace
 
 int64_t shared_width(const ModelConfig& c) {
-  return c.shared_experts > 0 && c.shared_hidden == 0 ? c.expert_hidden : c.shared_hidden;
+  return parm::shared_width(c.shared_experts, c.shared_hidden, c.expert_hidden);
 }
 
 int64_t num_moe_blocks(const ModelConfig& c) {

@@ -45,6 +45,13 @@ struct CapacityFactor {
 // num < 0 or den < 1, or a product that does not fit in int64.
 int64_t capacity(int k, CapacityFactor f, int64_t tokens, int64_t experts);
 
+// The shared experts' width H_s: `shared_hidden`, or the routed experts' `hidden` where there
+// are shared experts and it is 0 (the default of the layer commands, train's configs and
+// parm.torch.MoE).
+inline int64_t shared_width(int shared_experts, int64_t shared_hidden, int64_t hidden) {
+  return shared_experts > 0 && shared_hidden == 0 ? hidden : shared_hidden;
+}
+
 struct MoeShape {
   int64_t tokens = 0;     // T: rows of x, in row order
   int64_t model_dim = 0;  // M

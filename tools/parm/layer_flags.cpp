@@ -75,7 +75,7 @@ MoeShape LayerFlags::shape() const {
   router.apply(s.router);
   s.expert_mlp = parse_expert_mlp(expert_mlp);
   s.shared_experts = shared_experts;
-  s.shared_hidden = shared_experts > 0 && shared_hidden == 0 ? hidden : shared_hidden;
+  s.shared_hidden = shared_width(shared_experts, shared_hidden, hidden);
   s.shared_gate = parse_on_off(shared_gate, "--shared-gate (model.shared_gate)");
   s.shared_overlap = parse_on_off(shared_overlap, "--shared-overlap");
   s.validate();

@@ -27,21 +27,21 @@ inline float gelu_grad(float x) {
 
 }  // namespace
 
-PARM_SIMD_CLONES
+PARM_SIMD_CLONES_BELOW_AVX512
 void gelu_forward(const float* x, float* y, int64_t n) {
   PARM_CHECK(n >= 0, "gelu_forward: n = {}", n);
   if (detail::have_avx512f()) return detail::gelu_forward_avx512(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = gelu_value(x[i]);
 }
 
-PARM_SIMD_CLONES
+PARM_SIMD_CLONES_BELOW_AVX512
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
   PARM_CHECK(n >= 0, "gelu_backward: n = {}", n);
   if (detail::have_avx512f()) return detail::gelu_backward_avx512(x, dy, dx, n);
   for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i]) * dy[i];
 }
 
-PARM_SIMD_CLONES
+PARM_SIMD_CLONES_BELOW_AVX512
 void bias_gelu_forward(float* pre, const float* bias, float* act, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_forward: bad shape ({}, {})", rows, cols);
   if (detail::have_avx512f()) return detail::bias_gelu_forward_avx512(pre, bias, act, rows, cols);
@@ -56,7 +56,7 @@ void bias_gelu_forward(float* pre, const float* bias, float* act, int64_t rows, 
   }
 }
 
-PARM_SIMD_CLONES
+PARM_SIMD_CLONES_BELOW_AVX512
 void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu: bad shape ({}, {})", rows, cols);
   if (detail::have_avx512f()) return detail::bias_gelu_avx512(x, bias, act, rows, cols);
@@ -68,7 +68,7 @@ void bias_gelu(const float* x, const float* bias, float* act, int64_t rows, int6
   }
 }
 
-PARM_SIMD_CLONES
+PARM_SIMD_CLONES_BELOW_AVX512
 void bias_gelu_backward(const float* x, const float* bias, const float* dact, float* dx,
                         float* dbias, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_backward: bad shape ({}, {})", rows, cols);
@@ -90,7 +90,7 @@ void bias_gelu_backward(const float* x, const float* bias, const float* dact, fl
   }
 }
 
-PARM_SIMD_CLONES
+PARM_SIMD_CLONES_BELOW_AVX512
 void bias_gelu_grad(const float* x, const float* bias, float* g, int64_t rows, int64_t cols) {
   PARM_CHECK(rows >= 0 && cols >= 0, "bias_gelu_grad: bad shape ({}, {})", rows, cols);
   if (detail::have_avx512f()) return detail::bias_gelu_grad_avx512(x, bias, g, rows, cols);

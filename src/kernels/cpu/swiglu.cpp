@@ -15,7 +15,7 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 }  // namespace
 
-PARM_SIMD_CLONES
+PARM_SIMD_CLONES_BELOW_AVX512
 void swiglu_forward(const float* a, const float* g, float* act, int64_t n) {
   PARM_CHECK(n >= 0, "swiglu_forward: n = {}", n);
   if (detail::have_avx512f()) return detail::swiglu_forward_avx512(a, g, act, n);
@@ -28,7 +28,7 @@ void swiglu_forward(const float* a, const float* g, float* act, int64_t n) {
   }
 }
 
-PARM_SIMD_CLONES
+PARM_SIMD_CLONES_BELOW_AVX512
 void swiglu_backward(const float* a, const float* g, const float* dact, float* da, float* dg,
                      int64_t n) {
   PARM_CHECK(n >= 0, "swiglu_backward: n = {}", n);

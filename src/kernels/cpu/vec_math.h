@@ -17,8 +17,13 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define PARM_SIMD_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// For loops that have their own AVX-512 copy (called whenever detail::have_avx512f()): the
+// AVX2 clone and the baseline only, with no AVX-512 clone that nothing would call.
+#define PARM_SIMD_CLONES_BELOW_AVX512 \
+  __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define PARM_SIMD_CLONES
+#define PARM_SIMD_CLONES_BELOW_AVX512
 #endif
 
 namespace parm::cpu::detail {
