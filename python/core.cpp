@@ -106,10 +106,10 @@ constexpr const char* kLayerOp = "parm.torch.MoE";
 
 // parm.torch.MoE's router and expert-kind arguments (router_score, router_topk_norm,
 // router_scale, router_groups, router_group_topk, expert_mlp, shared_experts, shared_hidden,
-// shared_gate) and how its shared experts run (shared_overlap), as the package passes them;
+// shared_gate) and how it runs (shared_overlap, pad_to_capacity), as the package passes them;
 // checked by MoeShape::validate with the shape.
-using KindArgs =
-    std::tuple<std::string, bool, double, int, int, std::string, int, int64_t, bool, bool>;
+using KindArgs = std::tuple<std::string, bool, double, int, int, std::string, int, int64_t, bool,
+                            bool, bool>;
 
 RouterSpec router_of(const KindArgs& a) {
   RouterSpec r;
@@ -130,6 +130,7 @@ MoeShape layer_shape(int64_t tokens, int64_t model_dim, int64_t hidden, int64_t 
   shape.shared_hidden = std::get<7>(router);
   shape.shared_gate = std::get<8>(router);
   shape.shared_overlap = std::get<9>(router);
+  shape.pad_to_capacity = std::get<10>(router);
   return shape;
 }
 

@@ -139,6 +139,11 @@ class MoE(torch.nn.Module):
     layer runs, not what it computes: the results are bit-identical to shared_overlap=False
     (the default). It needs shared_experts >= 1.
 
+    pad_to_capacity (with a capacity factor; the CLI's --pad-to-capacity): True (the
+    default) moves whole capacity buffers, E x C rows with the empty slots, through the
+    exchanges (GShard, DeepSpeed-MoE); False moves the kept rows only, as dropless routing
+    does (Megatron-Core's default). How the layer runs, not what it computes.
+
     forward(x, out=None): x (T, M) or (B, L, M), the tokens of this rank's MP group (the
     same x on every rank of the group); returns the output of the same shape and sets
     self.l_aux, the auxiliary loss, a 0-d tensor in the autograd graph. The layer writes the
@@ -159,7 +164,8 @@ class MoE(torch.nn.Module):
                  schedule="auto", fuse="auto", profile=None, precision="fp32", seed=0,
                  router_score="softmax", router_topk_norm=True, router_scale=1.0,
                  router_groups=1, router_group_topk=1, expert_mlp="gelu", shared_experts=0,
-                 shared_hidden=None, shared_gate=False, shared_overlap=False):
+                 shared_hidden=None, shared_gate=False, shared_overlap=False,
+                 pad_to_capacity=True):
         super().__init__()
         if not _core.initialized():
             raise RuntimeError("parm.torch.MoE before parm.init(): call parm.init(mp=, ep=, "
@@ -187,6 +193,9 @@ class MoE(torch.nn.Module):
         if not isinstance(shared_overlap, bool):
             raise ValueError(f"parm.torch.MoE: shared_overlap must be True or False, got "
                              f"{shared_overlap!r}")
+        if not isinstance(pad_to_capacity, bool):
+            raise ValueError(f"parm.torch.MoE: pad_to_capacity must be True or False, got "
+                             f"{pad_to_capacity!r}")
         if shared_overlap and shared_experts == 0:
             raise ValueError("parm.torch.MoE: shared_overlap=True needs shared experts: set "
                              "shared_experts >= 1, or shared_overlap=False")
@@ -218,10 +227,11 @@ class MoE(torch.nn.Module):
         # shards of them.
         self._router = (router_score, router_topk_norm, float(router_scale), router_groups,
                         router_group_topk, expert_mlp, shared_experts, shared_hidden,
-                        shared_gate, shared_overlap)
+                        shared_gate, shared_overlap, pad_to_capacity)
         self.expert_mlp = expert_mlp
         self.shared_experts, self.shared_hidden = shared_experts, shared_hidden
         self.shared_gate, self.shared_overlap = shared_gate, shared_overlap
+        self.pad_to_capacity = pad_to_capacity
         self._names = _PARAMS[expert_mlp] + (_SHARED[expert_mlp] if shared_experts > 0 else ()) \
             + (("swg",) if shared_gate else ())
         self._shards = _core.expert_shards(model_dim, hidden, experts, topk, capacity_factor,
@@ -298,8 +308,8 @@ class MoE(torch.nn.Module):
     def _router_repr(self):
         names = ("router_score", "router_topk_norm", "router_scale", "router_groups",
                  "router_group_topk", "expert_mlp", "shared_experts", "shared_hidden",
-                 "shared_gate", "shared_overlap")
-        defaults = ("softmax", True, 1.0, 1, 1, "gelu", 0, 0, False, False)
+                 "shared_gate", "shared_overlap", "pad_to_capacity")
+        defaults = ("softmax", True, 1.0, 1, 1, "gelu", 0, 0, False, False, True)
         return "".join(f", {n}={v!r}" for n, v, d in zip(names, self._router, defaults)
                        if v != d)
 

@@ -153,9 +153,12 @@ struct LayerSchedule {
   // The shared experts computed while the dispatch AllToAll is in flight
   // (MoeShape::shared_overlap; --shared-overlap, parallel.shared_overlap).
   bool shared_overlap = false;
+  // With a capacity factor, the exchanges move whole capacity buffers (on) or the kept rows
+  // only (MoeShape::pad_to_capacity; --pad-to-capacity, parallel.pad_to_capacity).
+  bool pad_to_capacity = true;
 };
 // The shape of an MoE layer run under `s`: moe_shape(c, micro_batch) with s's execution
-// choices (shared_overlap).
+// choices (shared_overlap, pad_to_capacity).
 MoeShape layer_shape(const ModelConfig& c, int64_t micro_batch, const LayerSchedule& s);
 
 class Model {

@@ -51,6 +51,7 @@ MoeShape moe_shape(const ModelConfig& c, int64_t micro_batch) {
 MoeShape layer_shape(const ModelConfig& c, int64_t micro_batch, const LayerSchedule& s) {
   MoeShape shape = moe_shape(c, micro_batch);
   shape.shared_overlap = s.shared_overlap;
+  shape.pad_to_capacity = s.pad_to_capacity;
   return shape;
 }
 

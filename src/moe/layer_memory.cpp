@@ -55,8 +55,8 @@ LayerMemory plan_layer_memory(const schedule::Schedule& sc, const MoeShape& shap
   // The experts' workspace (experts.cpp's ExpertWorkspace::reserve).
   const int64_t max_rows = sc.expert_blocks * sc.exchange_slots;
   const int64_t total_rows =
-      sc.dropless ? schedule::dropless_local_rows(sc, shape.topk, e_loc) : max_rows;
-  const int64_t pools = sc.dropless ? 1 : e_loc;
+      sc.packed ? schedule::dropless_local_rows(sc, shape.topk, e_loc) : max_rows;
+  const int64_t pools = sc.packed ? 1 : e_loc;
   const bool bf16 = precision == Precision::kBf16;
   const int64_t rows_m = pools * total_rows * M, rows_h = pools * total_rows * hl;
   if (pool_rows) {

@@ -126,8 +126,8 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
   sizes.local_experts = e_loc;
   sizes.hidden_shard = hl;
   sizes.max_expert_rows = schedule_.expert_blocks * schedule_.exchange_slots;
-  // Dropless: buffers packed (sized by the rows routed; docs/dropless.md).
-  sizes.dropless = sizes.packed = schedule_.dropless;
+  // Dropless or unpadded: buffers packed (sized by the rows routed; docs/dropless.md).
+  sizes.dropless = sizes.packed = schedule_.packed;
   sizes.expert_mlp = shape.expert_mlp;
   sizes.shared_experts = shape.shared_experts;
   sizes.shared_rows = schedule_.shared_rows;
@@ -141,7 +141,7 @@ MoeLayer::MoeLayer(Topology& topo, const MoeShape& shape, schedule::Kind kind, b
                     "--recompute moe (train.recompute) runs on the CPU layer; use --recompute "
                     "moe-act or block there");
   if (!pooled_.empty()) replay_stats_ = Tensor({schedule::stats_numel(E, true)}, device);
-  if (schedule_.dropless)
+  if (schedule_.packed)
     sizes.max_local_rows = schedule::dropless_local_rows(schedule_, shape.topk, e_loc);
   backend_ = moe::make_backend(device, precision, sizes);
   backend_->set_router(shape.router);

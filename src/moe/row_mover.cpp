@@ -37,8 +37,8 @@ RowMover::RowMover(Topology& topo, const schedule::Schedule& sc, moe::LayerBacke
   // per buffer"). A reduce-scatter receives n - 1 peers' rows of its destination, an
   // all-reduce n of its buffer, a fused combine N_ESP of its source's part (its source over
   // N_ESP). The row exchanges' packing buffers are sized here too, as their first call would.
-  PARM_CHECK(sc.dropless, "row moves for a schedule with a capacity factor (its buffers "
-                          "are not packed)");
+  PARM_CHECK(sc.packed, "row moves for a schedule with padded capacity buffers (its "
+                        "buffers are not packed)");
   const int64_t M = bufs.model_dim();
   const auto routed_elems = [&](int id) {  // at most, of buffer id
     return sc.buffers[static_cast<size_t>(id)].max_routed_rows * M;

@@ -95,7 +95,7 @@ Tensor& StepBuffers::pass(int id, bool backward) {
 }
 
 const int64_t* StepBuffers::starts(int id) {
-  if (!sc_.dropless) return nullptr;
+  if (!sc_.packed) return nullptr;
   const auto& spec = sc_.buffers[static_cast<size_t>(id)];
   const auto& f = fills(id);
   auto& first = starts_[static_cast<size_t>(id)];

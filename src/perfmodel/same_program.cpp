@@ -14,7 +14,7 @@ auto fields(const schedule::Step& s) {
 auto fields(const schedule::Schedule& s) {
   return std::tie(s.input, s.output, s.gate_tokens, s.total_tokens, s.capacity,
                   s.dispatch_slots, s.exchange_slots, s.expert_blocks, s.adds_b2,
-                  s.gate_weight_numel, s.fused, s.dropless, s.chunks);
+                  s.gate_weight_numel, s.fused, s.dropless, s.packed, s.chunks);
 }
 
 template <typename T>

@@ -396,7 +396,8 @@ Schedule build(const LayerSpec& spec, Kind kind) {
                                    : build_baseline(sp);
   s.adds_b2 = spec.esp_rank == 0;
   s.dropless = dropless;
-  if (dropless)
+  s.packed = spec.shape.packed_rows();
+  if (s.packed)
     for (BufferSpec& buf : s.buffers)
       if (buf.slots > 0) buf.max_routed_rows = dropless_buffer_rows(s, spec.shape.topk, buf);
   for (const Step& st : s.steps)

@@ -78,7 +78,7 @@ bool moves_routed_rows(const Schedule& sc, const Step& s) {
   const auto segmented = [&](int id) {
     return id >= 0 && sc.buffers[static_cast<size_t>(id)].slots > 0;
   };
-  return sc.dropless && is_collective(s.kind) && segmented(s.in) && segmented(s.out);
+  return sc.packed && is_collective(s.kind) && segmented(s.in) && segmented(s.out);
 }
 
 namespace {

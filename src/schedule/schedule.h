@@ -100,8 +100,8 @@ struct BufferSpec {
   // dispatch path); -1: its counts come from its own step (dispatch, or the exchange that
   // carries them).
   int fills_like = -1;
-  // Dropless, segmented: the most routed rows the buffer can hold in one pass
-  // (dropless_buffer_rows; docs/dropless.md, "Worst case per buffer"); 0 otherwise. The layer
+  // Packed (Schedule::packed), segmented: the most routed rows the buffer can hold in one
+  // pass (dropless_buffer_rows; docs/dropless.md, "Worst case per buffer"); 0 otherwise. The layer
   // then holds this many rows, its segments back to back (the packed layout,
   // shape/packed_rows.h); `shape` stays the (segments, slots, M) form the byte formulas of
   // the capacity-factor layout and the cost model read.
@@ -181,9 +181,12 @@ struct Schedule {
   bool adds_b2 = true;         // this rank adds b2 (ESP rank 0 of its group)
   int64_t gate_weight_numel = 0;  // M * E (+ M with the shared gate)
   bool fused = false;          // uses fused collectives
-  // Capacity factor none: segmented buffers hold max_routed_rows rows, packed, and their
-  // exchanges move the routed rows only (moves_routed_rows).
+  // Capacity factor none (C = the gate call's tokens, nothing drops).
   bool dropless = false;
+  // Dropless, or a capacity factor without padding (MoeShape::packed_rows): segmented
+  // buffers hold max_routed_rows rows, packed, and their exchanges move the routed (kept)
+  // rows only (moves_routed_rows).
+  bool packed = false;
   bool z_loss = false;         // the router z-loss is on: its sum is the statistics' last value
   int chunks = 1;              // their pipeline depth
   int64_t shared_rows = 0;     // shared experts: the tokens they compute (the MP group's T)
@@ -267,9 +270,12 @@ inline RowPart dropless_part(int64_t routed, int64_t j, int64_t n) {
 // dispatch_slots) MP rank j's part dropless_part(n_e, j, N_MP) <= n_e / N_MP + 1 of each
 // expert's n_e <= T routed rows, with sum n_e <= min(k, segments) T: at most
 // min(k, segments) Cs + segments rows. Never above segments x slots, the capacity-factor
-// layout's rows.
+// layout's rows, which is the bound of a packed capacity-factor layer (not dropless): its
+// segments keep at most C rows (S2's parts ceil(n_e / N_MP) <= Cs), and k C may be fewer
+// than an expert's share of k T.
 inline int64_t dropless_block_rows(const Schedule& s, int topk, int64_t segments,
                                    int64_t slots) {
+  if (!s.dropless) return segments * slots;
   const int64_t choices = topk < segments ? topk : segments;
   const int64_t slack = s.dispatch_slots > slots ? segments : 0;
   const int64_t rows = choices * slots + slack;
@@ -277,13 +283,13 @@ inline int64_t dropless_block_rows(const Schedule& s, int topk, int64_t segments
   return rows < most ? rows : most;
 }
 
-// Dropless: the most rows `local_experts` experts get together in one pass, over the
+// Packed: the most rows `local_experts` experts get together in one pass, over the
 // schedule's expert_blocks blocks of exchange_slots rows per expert.
 inline int64_t dropless_local_rows(const Schedule& s, int topk, int64_t local_experts) {
   return s.expert_blocks * dropless_block_rows(s, topk, local_experts, s.exchange_slots);
 }
 
-// Dropless: the most routed rows segmented buffer b holds: its shape is (blocks...,
+// Packed: the most routed rows segmented buffer b holds: its shape is (blocks...,
 // segments, slots, M), each block one gate call's rows for its segments' experts.
 int64_t dropless_buffer_rows(const Schedule& s, int topk, const BufferSpec& b);
 

@@ -144,7 +144,8 @@ std::string MoeShape::str() const {
          (shared_experts == 0 ? std::string()
                               : fmt::format(" shared={}x{}{}", shared_experts, shared_hidden,
                                             shared_gate ? ",gated" : "")) +
-         (aux_seq_len == 0 ? std::string() : fmt::format(" aux_seq={}", aux_seq_len));
+         (aux_seq_len == 0 ? std::string() : fmt::format(" aux_seq={}", aux_seq_len)) +
+         (pad_to_capacity || capacity_factor.dropless ? "" : " unpadded");
 }
 
 }  // namespace parm

@@ -72,6 +72,14 @@ struct MoeShape {
   // one after the other. Over MPI on CPUs the posted AllToAll did not move while the shared
   // experts computed (docs/spec.md §9, measured): no saving there.
   bool shared_overlap = false;
+  // With a capacity factor: the exchanges move whole capacity buffers, E x C rows, the empty
+  // slots as zeros (GShard's and DeepSpeed-MoE's layout, docs/spec.md §3; the default). Off
+  // (Megatron-Core's default, whose --moe-pad-expert-input-to-capacity turns it on): they move
+  // the kept rows only, packed, as dropless routing's do (docs/dropless.md). How the layer
+  // runs, never what it computes. Dropless has no padding either way.
+  bool pad_to_capacity = true;
+  // The exchanges of expert rows move the routed (kept) rows only: dropless, or unpadded.
+  bool packed_rows() const { return capacity_factor.dropless || !pad_to_capacity; }
   bool has_shared() const { return shared_experts > 0; }
   // The sequence-wise l_aux (docs/spec.md §7, aux-loss scope 'sequence'): L, the tokens of one
   // sequence; rows [s*L, (s+1)*L) of T are sequence s, and l_aux is the mean over the T / L
@@ -89,7 +97,8 @@ struct MoeShape {
   // there are none: check_shared_overlap), and aux_seq_len 0 or a divisor of T.
   void validate(int num_slices = 1) const;
   // "T=8 M=4 H=6 E=4 k=2 f=1.25" (+ RouterSpec::str, + " mlp=swiglu" when not gelu, +
-  // " shared=2x64" (",gated") with shared experts, + " aux_seq=L" sequence-wise)
+  // " shared=2x64" (",gated") with shared experts, + " aux_seq=L" sequence-wise, + " unpadded"
+  // with a capacity factor and pad_to_capacity off)
   std::string str() const;
 };
 

@@ -30,6 +30,7 @@ std::vector<model::MemoryPlan> predict_run_memory(const TrainConfig& c, const La
   fixed.chunks = p.chunks;
   fixed.fuse = p.fuse != "off";
   fixed.shared_overlap = p.shared_overlap;
+  fixed.pad_to_capacity = p.pad_to_capacity;
   std::vector<schedule::Kind> kinds;
   if (p.schedule == "auto")
     kinds = {schedule::Kind::kBaseline, schedule::Kind::kS1, schedule::Kind::kS2};

@@ -12,8 +12,10 @@ void print_run_header(const TrainConfig& cfg, const Layout& lay,
                       const std::vector<std::string>& schedules, const data::Corpus& corpus,
                       const std::string& tokenizer, int64_t global_batch, const GemmRate& rate) {
   // The MoE layer as the layer commands name it (its H, router, experts' kind and shared
-  // experts included), over one micro-batch.
-  const std::string moe = model::moe_shape(cfg.model, cfg.loop.micro_batch).str();
+  // experts included), over one micro-batch, and how its exchanges move rows (unpadded).
+  MoeShape shape = model::moe_shape(cfg.model, cfg.loop.micro_batch);
+  shape.pad_to_capacity = cfg.parallel.pad_to_capacity;
+  const std::string moe = shape.str();
   std::printf("parm train %s: %s, %lld layers (MoE every %d: %s), MoE layer %s\n",
               cfg.name.c_str(), cfg.model.arch == model::Arch::kGpt2 ? "GPT-2" : "BERT",
               static_cast<long long>(cfg.model.num_layers), cfg.model.moe_every,

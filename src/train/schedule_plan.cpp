@@ -23,6 +23,7 @@ std::vector<model::LayerSchedule> choose_schedules(const TrainConfig& c, Topolog
   fixed.chunks = p.chunks;
   fixed.fuse = p.fuse == "on";
   fixed.shared_overlap = p.shared_overlap;
+  fixed.pad_to_capacity = p.pad_to_capacity;
   if (!auto_kind) fixed.kind = schedule::parse_kind(p.schedule);
   if (!auto_kind && !auto_fuse) return {fixed};
   PARM_CONFIG_CHECK(!c.loop.profile.empty(),

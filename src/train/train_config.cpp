@@ -300,6 +300,7 @@ TrainConfig parse_train_config(const nlohmann::json& j, const std::string& origi
   p.get("schedule", c.parallel.schedule);
   p.get("fuse", c.parallel.fuse);
   p.get("shared_overlap", c.parallel.shared_overlap);
+  p.get("pad_to_capacity", c.parallel.pad_to_capacity);
   p.get("chunks", c.parallel.chunks);
   p.get("device", c.parallel.device);
   p.get("precision", c.parallel.precision);

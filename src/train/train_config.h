@@ -63,6 +63,9 @@ struct ParallelConfig {
   // The shared experts computed while the dispatch AllToAll is in flight (S1, S2; docs/spec.md
   // §9): how the layers run, not what they compute, so not in a checkpoint's model section.
   bool shared_overlap = false;
+  // With a capacity factor: the exchanges move whole capacity buffers (true, the default) or
+  // the kept rows only (MoeShape::pad_to_capacity); how the layers run, not in a checkpoint.
+  bool pad_to_capacity = true;
   int chunks = fused_plan::kDefaultChunks;
   int ranks_per_node = 0;
   double timeout_s = 300.0;

@@ -58,6 +58,9 @@ expect 2 "--shared-hidden (model.shared_hidden) 30 is not divisible by --mp 4" -
 expect 2 "--shared-gate on (model.shared_gate) needs shared experts" -- -n 1 -- check-layer --shared-gate on
 expect 2 "--shared-gate (model.shared_gate)" -- -n 1 -- check-layer --shared-experts 1 --shared-gate maybe
 expect 2 "--shared-experts (model.shared_experts) -1 must be in [0, 64]" -- -n 1 -- check-layer --shared-experts -1
+# --pad-to-capacity on|off (parallel.pad_to_capacity), as every on/off flag.
+expect 2 "--pad-to-capacity 'maybe' is not valid; use on or off" -- -n 1 -- check-layer --pad-to-capacity maybe
+expect 2 "--pad-to-capacity (parallel.pad_to_capacity) 'maybe' is not valid; use on or off" -- -n 1 -- train --pad-to-capacity maybe --steps 1
 # plan names a bad layer before it asks for a cost profile.
 expect 2 "--shared-overlap on (parallel.shared_overlap) needs shared experts" -- -n 1 -- plan --shared-overlap on
 expect 2 "--shared-experts (model.shared_experts) 1 with --device cuda" -- -n 4 -- train --shared-experts 1 --shared-hidden 64 --device cuda --steps 1

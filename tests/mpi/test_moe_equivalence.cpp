@@ -167,6 +167,39 @@ TEST(Equivalence, EveryScheduleEveryLayoutMatchesTheOracle) {
   EXPECT_GT(without_drops, 0);
 }
 
+// --pad-to-capacity off (MoeShape::pad_to_capacity): the capacity-factor cases (drops, heavy
+// drops, one expert overflowing while others get nothing) run on the packed exchanges of the
+// kept rows, as dropless routing's; the same maths as padded: every schedule, fused and not,
+// every layout, outputs and every gradient against the oracle.
+TEST(Equivalence, UnpaddedCapacityEveryScheduleMatchesTheOracle) {
+  int64_t checks = 0, with_drops = 0;
+  for (const Layout3& lay : sweep_layouts(false)) {
+    auto topo = topology_of(lay);
+    const int64_t experts = test::world_size() == 3 ? 6 : 8;
+    for (const Case& c : {kCases[1], kCases[2], kCases[3]})
+      for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
+        for (bool fuse : {false, true}) {
+          if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
+          LayerCheckOptions o = case_options(c, kind, fuse, experts, 8, 24);
+          o.shape.pad_to_capacity = false;
+          o.seed = 17;
+          o.tolerance = kTolerance;
+          const LayerCheckResult r = check_layer(*topo, o);
+          ++checks;
+          with_drops += r.dropped_choices > 0 ? 1 : 0;
+          std::string detail;
+          for (const auto& e : r.errors)
+            detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
+          EXPECT_TRUE(r.passed) << lay.str() << " " << schedule::kind_name(kind)
+                                << (fuse ? " fused" : "") << " [" << c.name << ", unpadded] routing "
+                                << (r.routing_matches ? "ok" : "DIFFERS") << " dropped "
+                                << r.dropped_choices << ":" << detail;
+        }
+  }
+  EXPECT_GT(checks, 0);
+  EXPECT_GT(with_drops, 0);
+}
+
 // Every schedule (fused and not) on every layout of the sweep against the oracle, with and
 // without drops, the options set by `set`; `extra`: an error entry that must be there.
 template <class Set>
@@ -513,13 +546,16 @@ TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
     int topk;
     const char* f;
     float skew;
+    bool padded = true;  // MoeShape::pad_to_capacity
   };
-  int64_t fused_dropless = 0;
+  int64_t fused_dropless = 0, fused_unpadded = 0;
   for (const Layout3& lay : sweep_layouts(false))
   for (const Routing& rt : {Routing{2, "1.1", 0.0f}, Routing{2, "none", 0.0f},
-                            Routing{1, "none", 3.0f}}) {
+                            Routing{1, "none", 3.0f}, Routing{2, "1.0", 0.0f, false},
+                            Routing{1, "1.25", 3.0f, false}}) {
     auto topo = topology_of(lay);
-    const auto s = MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, rt.topk, rt.f);
+    auto s = MoeShape::of(24, 8, 24, test::world_size() == 3 ? 6 : 8, rt.topk, rt.f);
+    s.pad_to_capacity = rt.padded;
     auto params = ref::init_params<float>(s, 5);
     const int group = group_coord(topo->layout(), Group::kMp, topo->world_rank()).index;
     auto x = check_input(s, 5, group);
@@ -539,10 +575,12 @@ TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
         fused.zero_grad();
         const Tensor out1 = fused.forward(xt).clone();
         const Tensor dx1 = fused.backward(dt, 0.5f).clone();
-        const std::string where = fmt::format("{} {} f={} skew {} chunks {} ({})", lay.str(),
-                                              schedule::kind_name(kind), rt.f, rt.skew, chunks,
-                                              fused.schedule().fused ? "fused" : "nothing to fuse");
+        const std::string where = fmt::format(
+            "{} {} f={}{} skew {} chunks {} ({})", lay.str(), schedule::kind_name(kind), rt.f,
+            rt.padded ? "" : " unpadded", rt.skew, chunks,
+            fused.schedule().fused ? "fused" : "nothing to fuse");
         if (fused.schedule().fused && s.capacity_factor.dropless) ++fused_dropless;
+        if (fused.schedule().fused && !rt.padded) ++fused_unpadded;
         auto same = [](const Tensor& a, const Tensor& b) {
           return a.numel() == b.numel() &&
                  std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())) == 0;
@@ -560,6 +598,7 @@ TEST(Equivalence, FusedEqualsUnfusedBitForBit) {
   }
   // Some layouts of every world size from 2 on fuse (two of ep, esp, mp above one).
   if (test::world_size() >= 2) EXPECT_GT(fused_dropless, 0);
+  if (test::world_size() >= 2) EXPECT_GT(fused_unpadded, 0);
 }
 
 // ---- bytes: docs/spec.md §3's table, in elements; N = N_MP = N_ESP ------------------------------
@@ -794,10 +833,12 @@ Bytes formula_bytes(Kind kind, const MoeShape& s, const Layout& l, int me,
 
 }  // namespace dropless
 
-// Dropless: every exchange carries exactly the routed rows. The counted bytes equal the
-// formulas of docs/dropless.md evaluated on the routing, for even and skewed routing, and the
-// skewed case really is skewed (some expert gets nothing, the busiest more than 2x the mean).
-TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
+// Dropless, and a capacity factor without padding (--pad-to-capacity off): every exchange
+// carries exactly the routed (kept) rows. The counted bytes equal the formulas of
+// docs/dropless.md evaluated on the routing, for even and skewed routing, and the skewed case
+// really is skewed (dropless: some expert gets nothing, the busiest more than 2x the mean;
+// unpadded at f 1.0: choices were dropped).
+TEST(Bytes, PackedCountedBytesMatchTheRoutedCountFormulas) {
   std::vector<Layout3> layouts;
   switch (test::world_size()) {
     case 1: layouts = {{1, 1, 1}}; break;
@@ -806,11 +847,13 @@ TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
     case 8: layouts = {{2, 4, 2}, {4, 2, 4}}; break;
     default: GTEST_SKIP() << "dropless byte layouts are defined for 1, 2, 4 and 8 ranks";
   }
-  int64_t skewed_checked = 0, fused_checked = 0;
+  int64_t skewed_checked = 0, fused_checked = 0, unpadded_dropped = 0;
   for (const Layout3& lay : layouts) {
     auto topo = test::make_topology(lay.mp, lay.ep, lay.esp);
+    for (const char* f : {"none", "1.0"})
     for (float skew : {0.0f, 3.0f}) {
-      auto s = MoeShape::of(40, 8, 16, 8, 2, "none");
+      auto s = MoeShape::of(40, 8, 16, 8, 2, f);
+      s.pad_to_capacity = false;
       for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2})
       for (bool fuse : {false, true}) {
         if (!allowed(kind, lay) || (fuse && kind == Kind::kBaseline)) continue;
@@ -841,14 +884,23 @@ TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
           want_bwd["mp.allreduce"] = 2 * (N - 1) / N * s.model_dim * s.experts * 4.0;
         }
         const std::string where =
-            fmt::format("mp={} ep={} esp={} {}{} skew {}", lay.mp, lay.ep, lay.esp,
-                        schedule::kind_name(kind), layer.schedule().fused ? " fused" : "", skew);
+            fmt::format("mp={} ep={} esp={} {}{} f={} skew {}", lay.mp, lay.ep, lay.esp,
+                        schedule::kind_name(kind), layer.schedule().fused ? " fused" : "", f, skew);
         if (layer.schedule().fused) ++fused_checked;
         EXPECT_EQ(fwd, want_fwd) << where << " forward counted:" << show(fwd)
                                  << " formulas:" << show(want_fwd);
         EXPECT_EQ(bwd, want_bwd) << where << " backward counted:" << show(bwd)
                                  << " formulas:" << show(want_bwd);
-        if (skew > 0) {
+        if (!s.capacity_factor.dropless) {  // dropped choices anywhere (row -1)
+          const auto& rt = layer.routing();
+          double mine = 0;
+          for (const int64_t row : rt.row) mine += row < 0 ? 1.0 : 0.0;
+          Communicator& world = topo->host_comm(Group::kWorld);
+          std::vector<double> all(static_cast<size_t>(world.size()));
+          world.allgather(&mine, all.data(), 1);
+          unpadded_dropped += std::accumulate(all.begin(), all.end(), 0.0) > 0 ? 1 : 0;
+        }
+        if (skew > 0 && s.capacity_factor.dropless) {
           std::vector<double> per_expert(static_cast<size_t>(s.experts), 0.0);
           for (const auto& d : D)
             for (size_t e = 0; e < d.size(); ++e) per_expert[e] += d[e];
@@ -863,6 +915,7 @@ TEST(Bytes, DroplessCountedBytesMatchTheRoutedCountFormulas) {
     }
   }
   EXPECT_GT(skewed_checked, 0);
+  EXPECT_GT(unpadded_dropped, 0);
   if (test::world_size() >= 4) EXPECT_GT(fused_checked, 0);
 }
 

@@ -304,6 +304,39 @@ def shared_overlap(world):
     return cases
 
 
+def pad_to_capacity(world):
+    """pad_to_capacity=False (the exchanges move the kept rows only) changes how the layer
+    runs, not what it computes: the output, l_aux, the input gradient and every parameter
+    gradient equal those of pad_to_capacity=True to rounding (S2 splits an expert's rows over
+    the MP ranks evenly instead of by slots, so the sums of the weight gradients may group
+    differently), under every layout's schedules, fused and not, with drops; and the layer
+    names the option in its repr."""
+    cases = 0
+    for layout in layouts(world):
+        parm.init(*layout)
+        for schedule, fuse in schedules(layout):
+            got = []
+            for pad in (True, False):
+                moe = parm.torch.MoE(M, H, E, topk=2, capacity_factor="0.5", schedule=schedule,
+                                     fuse=fuse, seed=37, pad_to_capacity=pad)
+                x, dout = group_data(37, parm.rank() // layout[0])
+                x = x.clone().requires_grad_(True)
+                out = moe(x)
+                (out * dout).sum().add(DL_AUX * moe.l_aux).backward()
+                r = {"out": out.detach(), "l_aux": moe.l_aux.detach(), "dx": x.grad}
+                r.update({"d" + n: getattr(moe, n).grad for n in moe._names})
+                got.append((r, repr(moe)))
+            name = f"pad_to_capacity layout {layout} {schedule} fuse={fuse}"
+            (padded, rep_on), (unpadded, rep_off) = got
+            diff = [k for k in padded
+                    if not torch.allclose(padded[k], unpadded[k], rtol=1e-5, atol=1e-6)]
+            check(not diff, f"{name}: {diff} differ from pad_to_capacity=True")
+            check("pad_to_capacity=False" in rep_off and "pad_to_capacity" not in rep_on,
+                  f"{name}: repr {rep_off!r} / {rep_on!r}")
+            cases += 1
+    return cases
+
+
 # ---- bf16, and a state dict moved between layouts ---------------------------------------
 
 def bf16(world):
@@ -413,6 +446,8 @@ def bad_input(world):
     raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", shared_overlap=True),
            "shared_overlap without shared experts",
            "shared_overlap=True needs shared experts: set shared_experts >= 1")
+    raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", pad_to_capacity="off"),
+           "pad_to_capacity not a bool", "pad_to_capacity must be True or False")
     # The experts' kind: the valid ones named (swiglu at bf16 runs: bf16() below).
     raises(ValueError, lambda: parm.torch.MoE(M, H, E, schedule="s2", expert_mlp="relu"),
            "expert_mlp", "swiglu")
@@ -605,7 +640,8 @@ def main():
     world = parm.world_size()
     check(parm.group_ranks("world") == list(range(world)), "group_ranks('world')")
     raises(ValueError, lambda: parm.group_ranks("xp"), "group name", "xp")
-    cases = equivalence(world) + router_options(world) + shared_overlap(world)
+    cases = (equivalence(world) + router_options(world) + shared_overlap(world)
+             + pad_to_capacity(world))
     bf16(world)
     state_dict_across_layouts(world)
     if world == 1:

@@ -58,5 +58,51 @@ TEST(DroplessPrice, ExchangesCarryTheRoutedRowsTimesTheImbalance) {
   }
 }
 
+// --pad-to-capacity off: the exchanges of a capacity-factor layer carry the kept rows, priced as
+// dropless's: k T_gate / E of an expert's C slots times the imbalance, never above the buffer.
+// At f 2.0 the padded buffers are twice the routed rows; unpadded pays half of them, and at
+// an imbalance past f (3.0) the whole buffer, as padded, since no expert keeps more than C.
+TEST(DroplessPrice, UnpaddedCapacityPaysTheKeptRows) {
+  Target t = make_target(0, 2, 2, 2, 0);
+  const auto padded = MoeShape::of(2048, 64, 128, 8, 2, "2.0");
+  auto unpadded = padded;
+  unpadded.pad_to_capacity = false;
+  for (Kind kind : {Kind::kBaseline, Kind::kS1, Kind::kS2}) {
+    const auto sp = schedule::build({padded, t.layout, 0, false, 1}, kind);
+    const auto su = schedule::build({unpadded, t.layout, 0, false, 1}, kind);
+    EXPECT_FALSE(sp.packed) << schedule::kind_name(kind);
+    EXPECT_TRUE(su.packed && !su.dropless) << schedule::kind_name(kind);
+    EXPECT_EQ(su.capacity, sp.capacity) << schedule::kind_name(kind);
+    const Prediction p = predict(bytes_profile(), sp, padded, t);
+    const Prediction u = predict(bytes_profile(), su, unpadded, t);
+    EXPECT_DOUBLE_EQ(bytes_of(u, "dispatch alltoall"), 0.5 * bytes_of(p, "dispatch alltoall"))
+        << schedule::kind_name(kind);
+    t.load_max_over_mean = 3.0;
+    const Prediction full = predict(bytes_profile(), su, unpadded, t);
+    t.load_max_over_mean = 1.0;
+    EXPECT_DOUBLE_EQ(bytes_of(full, "dispatch alltoall"), bytes_of(p, "dispatch alltoall"))
+        << schedule::kind_name(kind);
+  }
+}
+
+// A packed capacity-factor buffer holds at most its padded layout's rows (each segment keeps at
+// most its slots): the bound is E x slots, not dropless's k x slots, which would be short
+// where slots = C < T (here k C = 8 x 128 rows against the 64 x 128 of a block).
+TEST(DroplessPrice, UnpaddedBuffersHoldTheirPaddedRows) {
+  auto s = MoeShape::of(1024, 64, 128, 64, 8, "1.0");  // C = 128 per expert
+  s.pad_to_capacity = false;
+  const Layout l = make_target(0, 1, 2, 1, 0).layout;
+  for (Kind kind : {Kind::kS1, Kind::kS2}) {
+    const auto sc = schedule::build({s, l, 0, false, 1}, kind);
+    for (const auto& b : sc.buffers) {
+      if (b.slots == 0) continue;
+      EXPECT_EQ(b.max_routed_rows, shape_numel(b.shape) / s.model_dim)
+          << schedule::kind_name(kind) << " " << b.name;
+    }
+    EXPECT_EQ(schedule::dropless_local_rows(sc, s.topk, s.experts / 2),
+              sc.expert_blocks * sc.exchange_slots * (s.experts / 2));
+  }
+}
+
 }  // namespace
 }  // namespace parm::perfmodel

@@ -166,6 +166,31 @@ TEST(TrainConfig, SharedOverlapIsAParallelBoolOutsideTheModelSection) {
       nlohmann::json::parse(R"({"parallel": {"shared_overlap": false}})"), "t")));
 }
 
+// parallel.pad_to_capacity (--pad-to-capacity): a bool, true by default; false reaches the
+// layers' shapes through their schedules (model::layer_shape), so their exchanges move the
+// kept rows only; how the layers run, so not in the model section a checkpoint compares.
+TEST(TrainConfig, PadToCapacityIsAParallelBoolOutsideTheModelSection) {
+  const TrainConfig def = parse_train_config(nlohmann::json::object(), "t");
+  EXPECT_TRUE(def.parallel.pad_to_capacity);
+  const TrainConfig c = parse_train_config(
+      nlohmann::json::parse(R"({"parallel": {"pad_to_capacity": false}})"), "t");
+  EXPECT_FALSE(c.parallel.pad_to_capacity);
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_EQ(model_config_json(c.model), model_config_json(def.model));
+  EXPECT_FALSE(model_config_json(c.model).contains("pad_to_capacity"));
+  model::LayerSchedule s;
+  EXPECT_TRUE(model::layer_shape(c.model, 2, s).pad_to_capacity);
+  s.pad_to_capacity = false;
+  const MoeShape unpadded = model::layer_shape(c.model, 2, s);
+  EXPECT_FALSE(unpadded.pad_to_capacity);
+  EXPECT_TRUE(unpadded.packed_rows());  // the default model has a capacity factor (1.25)
+  EXPECT_FALSE(model::layer_shape(c.model, 2, model::LayerSchedule{}).packed_rows());
+  EXPECT_NE(unpadded.str().find(" unpadded"), std::string::npos) << unpadded.str();
+  expect_refused(R"({"parallel": {"pad_to_capacity": "off"}})",
+                 "parallel.pad_to_capacity has the wrong type or is out of range: \"off\" "
+                 "(expected true or false)");
+}
+
 // model.shared_hidden left out (or 0) with shared experts is the experts' width, as the layer
 // commands' --shared-hidden and parm.torch.MoE's shared_hidden default; the model section a
 // checkpoint compares holds the width itself, so either spelling resumes the other.

@@ -462,6 +462,7 @@ int run_bench_layer(const BenchLayerFlags& f) {
         {"capacity", sc.capacity},
         {"gate_tokens", sc.gate_tokens},
         {"dropless", sc.dropless},
+        {"packed", sc.packed},
         {"load_imbalance", {{"expert_max_over_mean", imbalance.expert_max_over_mean},
                             {"rank_max_over_mean", imbalance.rank_max_over_mean}}},
         {"cross_node_choices_per_token", traffic.cross_choices_per_token},

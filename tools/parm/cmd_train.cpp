@@ -27,7 +27,7 @@ struct TrainFlags {
   RouterFlags router;
   std::string schedule, fuse, save_dir, metrics, chart, profile, corpus, capacity_factor;
   std::string tokenizer, data, data_cache;
-  std::string aux_loss, expert_mlp, shared_gate, shared_overlap;
+  std::string aux_loss, expert_mlp, shared_gate, shared_overlap, pad_to_capacity;
   int shared_experts = -1;
   int64_t shared_hidden = -1;
   std::string device, precision, comm, order, pp_split, pp_overlap;
@@ -83,6 +83,9 @@ int run_train(TrainFlags& f) {
   if (!f.shared_overlap.empty())
     p.shared_overlap =
         parse_on_off(f.shared_overlap, "--shared-overlap (parallel.shared_overlap)");
+  if (!f.pad_to_capacity.empty())
+    p.pad_to_capacity =
+        parse_on_off(f.pad_to_capacity, "--pad-to-capacity (parallel.pad_to_capacity)");
   if (!f.device.empty()) p.device = f.device;
   if (!f.precision.empty()) p.precision = f.precision;
   if (!f.comm.empty()) p.comm = f.comm;
@@ -171,6 +174,10 @@ Command add_train(CLI::App& root) {
                   "on: S1 and S2 compute the shared experts while the dispatch AllToAll is in "
                   "flight (where it is not fused; needs --shared-experts; bit-identical); off "
                   "(default): one after the other (parallel.shared_overlap)");
+  app->add_option("--pad-to-capacity", f->pad_to_capacity,
+                  "with a capacity factor: on (default): the MoE exchanges move whole capacity "
+                  "buffers (GShard, DeepSpeed-MoE); off: the kept rows only, as dropless "
+                  "routing's do (parallel.pad_to_capacity)");
   app->add_option("--device", f->device,
                   "where the model computes: cpu or cuda (every layer, the optimizer and the "
                   "gradient reductions on the device; checkpoints are copied to the host)");

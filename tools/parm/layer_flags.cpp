@@ -15,6 +15,10 @@ void LayerFlags::add_to(CLI::App* app) {
   app->add_option("--experts", experts, "number of experts E");
   app->add_option("--topk", topk, "experts per token k");
   app->add_option("--capacity-factor", capacity_factor, "capacity factor f (a decimal), or none: dropless routing");
+  app->add_option("--pad-to-capacity", pad_to_capacity,
+                  "with a capacity factor: on (default): the exchanges move whole capacity "
+                  "buffers, E x C rows (GShard, DeepSpeed-MoE); off: the kept rows only, as "
+                  "dropless routing's do (Megatron-Core's default)");
   app->add_option("--schedule", schedule,
                   "baseline, s1, s2, all, or auto (the cost model picks; needs --profile)");
   app->add_option("--seed", seed, "seed of the weights and inputs");
@@ -78,6 +82,7 @@ MoeShape LayerFlags::shape() const {
   s.shared_hidden = shared_width(shared_experts, shared_hidden, hidden);
   s.shared_gate = parse_on_off(shared_gate, "--shared-gate (model.shared_gate)");
   s.shared_overlap = parse_on_off(shared_overlap, "--shared-overlap");
+  s.pad_to_capacity = parse_on_off(pad_to_capacity, "--pad-to-capacity");
   s.validate();
   return s;
 }
@@ -125,7 +130,7 @@ nlohmann::json LayerFlags::config_json() const {
           {"router_groups", r.groups}, {"router_group_topk", r.group_topk},
           {"expert_mlp", expert_mlp}, {"shared_experts", shared_experts},
           {"shared_hidden", shared_hidden}, {"shared_gate", shared_gate},
-          {"shared_overlap", shared_overlap},
+          {"shared_overlap", shared_overlap}, {"pad_to_capacity", pad_to_capacity},
           {"schedule", schedule}, {"seed", seed}, {"fuse", fuse}, {"chunks", chunks},
           {"profile", profile}, {"device", device}, {"precision", precision},
           {"comm", comm}};

@@ -34,6 +34,7 @@ struct LayerFlags {
   int64_t shared_hidden = 0;        // 0: the routed experts' H
   std::string shared_gate = "off";  // on | off
   std::string shared_overlap = "off";  // on | off
+  std::string pad_to_capacity = "on";  // on | off
   std::string device = "cpu";     // cpu | cuda
   std::string precision = "fp32"; // fp32 | bf16
   std::string comm = "auto";      // auto | mpi | nccl: what moves device buffers
