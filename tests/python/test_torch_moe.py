@@ -265,6 +265,18 @@ def router_options(world):
 
 # ---- the shared experts' overlap --------------------------------------------------------
 
+def passes(moe, seed, layout):
+    """One forward and backward of moe on the MP group's data for `seed`: the output, l_aux,
+    the input gradient and every parameter gradient, by name."""
+    x, dout = group_data(seed, parm.rank() // layout[0])
+    x = x.clone().requires_grad_(True)
+    out = moe(x)
+    (out * dout).sum().add(DL_AUX * moe.l_aux).backward()
+    r = {"out": out.detach(), "l_aux": moe.l_aux.detach(), "dx": x.grad}
+    r.update({"d" + n: getattr(moe, n).grad for n in moe._names})
+    return r
+
+
 def shared_overlap(world):
     """shared_overlap=True (the shared experts computed while the dispatch AllToAll is in
     flight) moves where their compute sits, not what it computes: the output, l_aux, the
@@ -286,13 +298,7 @@ def shared_overlap(world):
                 for overlap in (False, True):
                     moe = parm.torch.MoE(M, H, E, topk=2, capacity_factor=f, schedule=schedule,
                                          fuse=fuse, seed=31, shared_overlap=overlap, **router)
-                    x, dout = group_data(31, parm.rank() // layout[0])
-                    x = x.clone().requires_grad_(True)
-                    out = moe(x)
-                    (out * dout).sum().add(DL_AUX * moe.l_aux).backward()
-                    r = {"out": out.detach(), "l_aux": moe.l_aux.detach(), "dx": x.grad}
-                    r.update({"d" + n: getattr(moe, n).grad for n in moe._names})
-                    got.append((r, moe.schedule_used))
+                    got.append((passes(moe, 31, layout), moe.schedule_used))
                 name = f"shared_overlap layout {layout} {schedule} fuse={fuse} f={f} {router}"
                 (off, used_off), (on, used_on) = got
                 diff = [k for k in off if not torch.equal(off[k], on[k])]
@@ -319,13 +325,7 @@ def pad_to_capacity(world):
             for pad in (True, False):
                 moe = parm.torch.MoE(M, H, E, topk=2, capacity_factor="0.5", schedule=schedule,
                                      fuse=fuse, seed=37, pad_to_capacity=pad)
-                x, dout = group_data(37, parm.rank() // layout[0])
-                x = x.clone().requires_grad_(True)
-                out = moe(x)
-                (out * dout).sum().add(DL_AUX * moe.l_aux).backward()
-                r = {"out": out.detach(), "l_aux": moe.l_aux.detach(), "dx": x.grad}
-                r.update({"d" + n: getattr(moe, n).grad for n in moe._names})
-                got.append((r, repr(moe)))
+                got.append((passes(moe, 37, layout), repr(moe)))
             name = f"pad_to_capacity layout {layout} {schedule} fuse={fuse}"
             (padded, rep_on), (unpadded, rep_off) = got
             diff = [k for k in padded
