@@ -63,6 +63,8 @@ struct CalibrationSample {
 struct FusedAlone {
   std::vector<double> measured, unfused, pipelined;
   int64_t sizes_with_gain = 0;
+  // The overlap was measured in the layer (calibrate_overlap_in_layer), not fit_overlap's.
+  bool overlap_in_layer = false;
 };
 
 struct Calibration {

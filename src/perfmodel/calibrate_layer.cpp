@@ -199,6 +199,22 @@ std::optional<MoeShape> overlap_calibration_shape(const Profile& prof, const Tar
   return std::nullopt;
 }
 
+bool bound_unmeasured_overlap(FusedFit& ff, const FusedAlone& alone, double fused_us,
+                              double unfused_us, int chunks) {
+  if (alone.sizes_with_gain > 0 || alone.overlap_in_layer || fused_us < unfused_us) return false;
+  ff.overlap = 0.0;
+  ff.per_piece_us =
+      overlap_per_piece_us(alone.measured, alone.unfused, alone.pipelined, chunks, 0.0);
+  if (!alone.measured.empty())
+    ff.r2 = overlap_r2(alone.measured, alone.unfused, alone.pipelined, chunks, 0.0,
+                       ff.per_piece_us);
+  ff.source += fmt::format(
+      "; overlap 0, not the fallback 1: measured nowhere, and the calibration layer ran fused "
+      "at {:.3f}x unfused (per piece refitted at 0)",
+      unfused_us > 0.0 ? fused_us / unfused_us : 0.0);
+  return true;
+}
+
 double layer_overlap(double measured_us, const std::function<double(double)>& priced_us) {
   // Priced beyond measured: decreasing in ov (more overlap, a cheaper fused layer).
   auto excess = [&](double ov) { return priced_us(ov) - measured_us; };
@@ -254,6 +270,7 @@ void calibrate_overlap_in_layer(Topology& topo, const CalibrateOptions& o, Calib
                                   [&](double v) { return fused_at(v) - unfused; });
   ff.overlap = ov;
   ff.per_piece_us = per_piece(ov);
+  cal.fused_alone.overlap_in_layer = true;
   ff.source = fmt::format(
       "{} (overlap in the layer, {} T={} M={} H={} E={} k=1; per piece from the fused "
       "collectives alone at that overlap, where {} of their sizes had a gain to measure)",
@@ -303,6 +320,15 @@ void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,
   cal.samples.push_back({name + "+fused", x, t.fused_us});
   cal.samples.push_back({name + ".compute", x, t.compute_us});
   const std::string source = topo.nodes_emulated() ? "emulated" : "measured";
+  // Before the gains are fitted against it: the overlap they price with. Only where the EP
+  // group crosses nodes: within one node the stages share one link class, the model's
+  // pipeline never gains, and the fallback prices nothing.
+  if (has_fused && group_link(here, Group::kEp) == Link::kInter &&
+      bound_unmeasured_overlap(ff, cal.fused_alone, t.fused_us, t.unfused_us, W))
+    log(fmt::format("  overlap: measured nowhere, and this layer ran fused at {:.3f}x unfused "
+                    "({:.3f} / {:.3f} ms): 0, not the fallback 1; per piece {:.2f} us at 0",
+                    t.fused_us / t.unfused_us, t.fused_us / 1e3, t.unfused_us / 1e3,
+                    ff.per_piece_us));
 
   // The compute scale: the measured compute steps over their price at scale 1 (the same
   // steps, balanced router).

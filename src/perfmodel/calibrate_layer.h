@@ -74,6 +74,21 @@ void calibrate_overlap_in_layer(Topology& topo, const CalibrateOptions& options,
 inline constexpr int64_t kOverlapShapeGrowth = 16;
 std::optional<MoeShape> overlap_calibration_shape(const Profile& profile, const Target& here,
                                                   int chunks);
+// The overlap measured nowhere (issue 42): the fused collectives alone had no size with a gain
+// (fit_overlap's fallback, 1) and no overlap layer ran. The calibration layer's own fused and
+// unfused timings (calibrate_fused_layer, timed for the eager gain) then decide between the
+// bounds. A fused layer that ran no faster than the unfused one earns no pipelining credit:
+// overlap 0, its per-piece cost refitted to the fused collectives alone at 0
+// (overlap_per_piece_us). One that ran faster keeps 1. Derivation: on the emulated 2 x 4 at
+// 10 Gbit/s both calibrations that fell to 1 timed the layer fused at 1.06-1.09x unfused, and
+// their sweeps measured fused S1 no faster than plain S1 on any esp 2 layer, while 1 priced
+// its collectives 16-17 ms below (sweep k: "always s1" beat auto by 1.6%); on 2 x 2 at 1
+// Gbit/s the three calibrations timed it at 0.69-0.72x and fused S1 was the fastest on 11 of
+// 12 esp 2 layers, as 1 priced it. Applied where the EP group crosses nodes (within one node
+// the model's pipeline never gains and the overlap prices nothing). Returns whether it set
+// the overlap; a measured one is never changed.
+bool bound_unmeasured_overlap(FusedFit& ff, const FusedAlone& alone, double fused_us,
+                              double unfused_us, int chunks);
 // The ov in [0, 1] where priced_us(ov) (what fusion adds to the layer's price at overlap ov,
 // decreasing in ov) equals measured_us (what it added measured), by bisection: 0 where fusion
 // measured at or above its price at 0, 1 where at or below it at 1.

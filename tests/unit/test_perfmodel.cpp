@@ -1531,6 +1531,46 @@ TEST(Fit, LayerOverlapMeetsTheMeasuredDifference) {
               1e-12);
 }
 
+// The overlap measured nowhere (no size of the fused collectives alone with a gain, no overlap
+// layer) is bounded by the calibration layer's fused / unfused pair: a layer where fusion ran
+// no faster gives 0, with the per-piece cost refitted at 0 (by hand: t - u = 500 and 600 us,
+// median 550, over W - 1 = 3 pieces: 183.33 us); one where it ran faster keeps the fallback;
+// a measured overlap is never changed.
+TEST(PerfModel, UnmeasuredOverlapIsBoundedByTheCalibrationLayer) {
+  FusedAlone alone;
+  alone.measured = {1500.0, 2000.0};
+  alone.unfused = {1000.0, 1400.0};
+  alone.pipelined = {2500.0, 2600.0};  // no gain: fit_overlap's fallback
+  FusedFit fallback;
+  fallback.overlap = 1.0;
+  fallback.per_piece_us = 0.0;
+  fallback.source = "emulated";
+
+  FusedFit ff = fallback;
+  EXPECT_TRUE(bound_unmeasured_overlap(ff, alone, 41065.0, 38668.0, 4));  // sweep k's layer
+  EXPECT_EQ(ff.overlap, 0.0);
+  EXPECT_NEAR(ff.per_piece_us, 550.0 / 3.0, 1e-9);
+  EXPECT_NE(ff.source.find("not the fallback 1"), std::string::npos) << ff.source;
+  ff = fallback;
+  EXPECT_TRUE(bound_unmeasured_overlap(ff, alone, 1000.0, 1000.0, 4));  // no faster
+  EXPECT_EQ(ff.overlap, 0.0);
+
+  ff = fallback;
+  EXPECT_FALSE(bound_unmeasured_overlap(ff, alone, 12544.0, 18233.0, 4));  // sweep j's layer
+  EXPECT_EQ(ff.overlap, 1.0);
+  EXPECT_EQ(ff.per_piece_us, 0.0);
+  EXPECT_EQ(ff.source, "emulated");
+
+  FusedAlone measured = alone;
+  measured.sizes_with_gain = 1;  // fit_overlap measured it
+  EXPECT_FALSE(bound_unmeasured_overlap(ff, measured, 41065.0, 38668.0, 4));
+  EXPECT_EQ(ff.overlap, 1.0);
+  FusedAlone in_layer = alone;
+  in_layer.overlap_in_layer = true;  // calibrate_overlap_in_layer measured it
+  EXPECT_FALSE(bound_unmeasured_overlap(ff, in_layer, 41065.0, 38668.0, 4));
+  EXPECT_EQ(ff.overlap, 1.0);
+}
+
 // The overlap layer: pieces at least twice the eager limit, the tokens doubled until overlap 1
 // would save a tenth of the unfused price; none without a fused schedule or with one chunk.
 TEST(PerfModel, OverlapCalibrationShapeGrowsUntilTheCreditIsMeasurable) {
