@@ -36,11 +36,12 @@ struct BackendSizes {
   // workspace into one pool of this many rows per buffer (ExpertWorkspace; the CUDA
   // DeviceExperts, each expert's rows aligned).
   int64_t max_local_rows = 0;
-  // Dropless: only routed rows of the dispatch-path buffers are read or sent, so the dispatch
-  // (and the combine's adjoint) leave the others unwritten instead of zeroing them.
+  // Dropless (or a capacity factor unpadded, MoeShape::packed_rows): only routed rows of the
+  // dispatch-path buffers are read or sent, so the dispatch (and the combine's adjoint) leave
+  // the others unwritten instead of zeroing them.
   bool dropless = false;
-  // The packed layout (every dropless MoeLayer's; docs/dropless.md): the gate numbers the
-  // dispatch rows back to back (moe::pack_routing; the CUDA one on the device,
+  // The packed layout (every dropless or unpadded MoeLayer's; docs/dropless.md): the gate
+  // numbers the dispatch rows back to back (moe::pack_routing; the CUDA one on the device,
   // moe_pack_routing) and the experts read their segments at the starts they are given.
   bool packed = false;
   // The experts' kind (docs/spec.md §8): swiglu reserves the gate projection's rows.

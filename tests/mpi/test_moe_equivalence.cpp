@@ -191,7 +191,8 @@ TEST(Equivalence, UnpaddedCapacityEveryScheduleMatchesTheOracle) {
           for (const auto& e : r.errors)
             detail += fmt::format(" {}={:.2e}{}", e.name, e.max_rel, e.passed ? "" : "(FAIL)");
           EXPECT_TRUE(r.passed) << lay.str() << " " << schedule::kind_name(kind)
-                                << (fuse ? " fused" : "") << " [" << c.name << ", unpadded] routing "
+                                << (fuse ? " fused" : "") << " [" << c.name
+                                << ", unpadded] routing "
                                 << (r.routing_matches ? "ok" : "DIFFERS") << " dropped "
                                 << r.dropped_choices << ":" << detail;
         }
