@@ -25,9 +25,11 @@ std::optional<RendezvousLayerTime> time_rendezvous_layer(Topology& topo,
   if (topo.device() != Device::kCpu ||
       topo.comm(Group::kWorld).memory_space() != MemorySpace::kHost)
     return std::nullopt;
+  CalibrateOptions opts = o;
+  if (hidden == kRendezvousHidden[2]) opts.iters = std::max(3, o.iters / 3);
   return RendezvousLayerTime{
       hidden, time_layer_pair(topo, rendezvous_calibration_shape(topo.layout(), hidden),
-                              schedule::Kind::kS1, o, false)};
+                              schedule::Kind::kS1, opts, false)};
 }
 
 bool intra_rendezvous_layout(const Topology& topo, const TopologyOptions& job,
@@ -80,7 +82,7 @@ std::optional<RendezvousTerms> terms_of(Topology& topo, const CalibrateOptions& 
     if (which != Priced::kInter) p1.step_sync_intra = t;
     return predict(p1, sc, shape, here).total_us();
   };
-  std::vector<RendezvousTiming> small, large;
+  std::vector<RendezvousTiming> at[3];  // by kRendezvousHidden
   double steps = 0.0;
   for (size_t i = 0; i < timings.size(); ++i) {
     const MoeShape shape = rendezvous_calibration_shape(l, timings[i].hidden);
@@ -89,15 +91,30 @@ std::optional<RendezvousTerms> terms_of(Topology& topo, const CalibrateOptions& 
     SyncFit one;
     one.per_compute = 1.0;
     const double r1 = priced_with(sc, shape, one) - pr0.total_us();
+    // The compute before each step that pays it: that step's rendezvous at per_compute 1.
+    std::vector<double> step_compute;
+    {
+      Profile p1 = p0;
+      if (which != Priced::kIntra) p1.step_sync = p1.step_sync_world = one;
+      if (which != Priced::kInter) p1.step_sync_intra = one;
+      for (const StepCost& c : predict(p1, sc, shape, here).steps)
+        for (double v : {c.fwd_sync_us, c.bwd_sync_us})
+          if (v > 0.0) step_compute.push_back(v);
+    }
     one = SyncFit{};
     one.us = 1.0;
     steps = priced_with(sc, shape, one) - pr0.total_us();
     if (r1 <= 0.0 || steps <= 0.0) return std::nullopt;
     const LayerTimes& t = timings[i].times;
     const double priced_compute = compute_steps_us(pr0);
-    const RendezvousTiming rt =
+    RendezvousTiming rt =
         rendezvous_timing(t.unfused_us, t.compute_us, pr0.total_us(), priced_compute, r1);
-    (timings[i].hidden == kRendezvousHidden[0] ? small : large).push_back(rt);
+    for (double c : step_compute)
+      rt.step_compute_us.push_back(priced_compute > 0.0 ? c * t.compute_us / priced_compute : 0.0);
+    const auto size = std::find(std::begin(kRendezvousHidden), std::end(kRendezvousHidden),
+                                timings[i].hidden);
+    if (size == std::end(kRendezvousHidden)) continue;
+    at[size - std::begin(kRendezvousHidden)].push_back(rt);
     const double x = static_cast<double>(timings[i].hidden);
     cal.samples.push_back({"layer.rendezvous" + label, x, t.unfused_us});
     cal.samples.push_back({"layer.rendezvous" + label + ".compute", x, t.compute_us});
@@ -115,14 +132,20 @@ std::optional<RendezvousTerms> terms_of(Topology& topo, const CalibrateOptions& 
         rt.at_one_us / 1e3,
         rendezvous_per_compute(t.unfused_us, t.compute_us, pr0.total_us(), priced_compute, r1)));
   }
-  if (small.empty() || large.empty()) return std::nullopt;
-  return fit_rendezvous(small, large, steps);
+  if (at[0].empty() || at[1].empty()) return std::nullopt;
+  return fit_rendezvous(at[0], at[1], steps, at[2]);
+}
+
+std::string cap_text(const RendezvousTerms& t) {
+  return t.compute_cap_us > 0.0 ? fmt::format("min(C, {:.1f} ms)", t.compute_cap_us / 1e3)
+                                : std::string("C");
 }
 
 void set_sync(SyncFit& f, const RendezvousTerms& t, int64_t samples, const std::string& source) {
   f = SyncFit{};
   f.us = t.us;
   f.per_compute = t.per_compute;
+  f.compute_cap_us = t.compute_cap_us;
   f.samples = samples;
   f.source = source;
 }
@@ -145,10 +168,10 @@ void calibrate_rendezvous(Topology& topo, const CalibrateOptions& o,
   // per_compute alone overpriced S1 by 14% there (docs/perfmodel.md, "Issue 42"). A profile,
   // a cluster file or reprice.py --rendezvous-per-compute may state other values.
   auto why = [&](const char* where, const RendezvousTerms& t, size_t n) {
-    return fmt::format("{} (inside a layer{} at H {} and {}, medians of {} timings each: "
-                       "us {:.1f} per step + per_compute {:.3f})",
+    return fmt::format("{} (inside a layer{} at H {}, {} and {}, medians of {} timings each: "
+                       "us {:.1f} per step + per_compute {:.3f} x {})",
                        source, where, kRendezvousHidden[0], kRendezvousHidden[1],
-                       n / 2, t.us, t.per_compute);
+                       kRendezvousHidden[2], n / 3, t.us, t.per_compute, cap_text(t));
   };
   const int64_t samples = o.iters * static_cast<int64_t>(timings.size());
   bool have_intra = false;
@@ -159,8 +182,11 @@ void calibrate_rendezvous(Topology& topo, const CalibrateOptions& o,
                why(" whose groups lie within a node", *t, intra_timings.size()));
       cal.samples.push_back({"layer.rendezvous.intra.us.applied", 0.0, t->us});
       cal.samples.push_back({"layer.rendezvous.intra.per_compute.applied", 0.0, t->per_compute});
-      log(fmt::format("  within a node: us {:.1f} per step + per_compute {:.3f} (applied to "
-                      "the steps whose groups lie within a node)", t->us, t->per_compute));
+      cal.samples.push_back(
+          {"layer.rendezvous.intra.compute_cap_us.applied", 0.0, t->compute_cap_us});
+      log(fmt::format("  within a node: us {:.1f} per step + per_compute {:.3f} x {} (applied "
+                      "to the steps whose groups lie within a node)", t->us, t->per_compute,
+                      cap_text(*t)));
       have_intra = true;
     }
   }
@@ -172,11 +198,13 @@ void calibrate_rendezvous(Topology& topo, const CalibrateOptions& o,
   }
   cal.samples.push_back({"layer.rendezvous.us.applied", 0.0, t->us});
   cal.samples.push_back({"layer.rendezvous.per_compute.applied", 0.0, t->per_compute});
+  cal.samples.push_back({"layer.rendezvous.compute_cap_us.applied", 0.0, t->compute_cap_us});
   set_sync(cal.profile.step_sync, *t, samples, why("", *t, timings.size()));
   set_sync(cal.profile.step_sync_world, *t, samples, why("", *t, timings.size()));
   if (!have_intra) set_sync(cal.profile.step_sync_intra, *t, samples, why("", *t, timings.size()));
-  log(fmt::format("  us {:.1f} per step + per_compute {:.3f} (applied to {})", t->us,
-                  t->per_compute, have_intra ? "the steps across the nodes" : "every step"));
+  log(fmt::format("  us {:.1f} per step + per_compute {:.3f} x {} (applied to {})", t->us,
+                  t->per_compute, cap_text(*t),
+                  have_intra ? "the steps across the nodes" : "every step"));
 }
 
 }  // namespace parm::perfmodel

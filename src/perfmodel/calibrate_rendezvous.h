@@ -24,12 +24,14 @@ namespace parm::perfmodel {
 // time beyond its price, so an error in the bytes' price must stay small next to it): M =
 // 64, H = `hidden` (4096: the expert products of M 256 H 1024 with a quarter of their bytes on
 // the wire; twelfth round), E = 2 N_EP, k = 1, f = 1, T = 1024 rounded up to N_MP x E.
-// Timed at both kRendezvousHidden, a quarter of the compute apart with the same steps and
-// bytes, so that the fixed cost per step and the share of the compute come apart.
-inline constexpr int64_t kRendezvousHidden[2] = {1024, 4096};  // small, large
+// Timed at each kRendezvousHidden, 4x the compute apart with the same steps and bytes: the
+// two smaller sizes part the fixed cost per step from the share of the compute, the largest
+// (a sweep layer's compute per step; timed with a third of the iterations) finds where the
+// wait stops growing with the compute (model.h: fit_rendezvous, compute_cap_us).
+inline constexpr int64_t kRendezvousHidden[3] = {1024, 4096, 16384};  // small, large, largest
 MoeShape rendezvous_calibration_shape(const Layout& layout, int64_t hidden = 4096);
 
-// calibrate times the rendezvous layer (at both sizes) three times, spread across the
+// calibrate times the rendezvous layer (at each size) three times, spread across the
 // calibration (first, after the GEMM and memory kernels, last), and fits the medians of each
 // size (model.h: fit_rendezvous). One timing alone caught slow phases of shared cores: on 2 x
 // 2 at 1 Gbit/s one calibration measured 1.076 where two earlier the same day measured 0.062
@@ -41,7 +43,8 @@ struct RendezvousLayerTime {
 };
 
 // One timing of rendezvous_calibration_shape(hidden)'s layer (collective): S1 unfused,
-// forward + backward, median over options.iters of the slowest rank, its compute steps by the
+// forward + backward, median over options.iters (a third of them, at least 3, at the largest
+// size) of the slowest rank, its compute steps by the
 // executor's step timers. Priced later (calibrate_rendezvous), so it may run before any
 // other term is measured. nullopt (and nothing run) on a device other than the CPU or over
 // other than host memory: the term is measured only there.
@@ -56,13 +59,15 @@ std::optional<RendezvousLayerTime> time_rendezvous_layer(Topology& topo,
 // measures every step).
 bool intra_rendezvous_layout(const Topology& topo, const TopologyOptions& job, TopologyOptions& out);
 
-// Sets the rendezvous' us and per_compute from `timings` (time_rendezvous_layer's, at both
-// sizes): each one's excess and rendezvous at per_compute 1 against the layer priced by
+// Sets the rendezvous' us, per_compute and compute_cap_us from `timings`
+// (time_rendezvous_layer's, at each size): each one's excess, rendezvous at per_compute 1
+// and compute per step that pays it against the layer priced by
 // cal.profile (whose other terms must be calibrated already) without a rendezvous, then
 // fit_rendezvous (model.h), set on both step_sync and step_sync_world (source "measured
-// (inside the layer at H 1024 and 4096, medians of N timings each: ...)", "emulated" on
+// (inside the layer at H 1024, 4096 and 16384, medians of N timings each: ...)", "emulated" on
 // emulated nodes), with the samples layer.rendezvous.excess / .at_one (one per timing, x the
-// hidden size) and layer.rendezvous.us.applied / .per_compute.applied. With no timings
+// hidden size) and layer.rendezvous.us.applied / .per_compute.applied / .compute_cap_us.applied.
+// With no timings
 // (another device), or where the layout has no collective step after computation, both stay as
 // they are (0, assumed).
 // With `intra` (the topology of intra_rendezvous_layout) and its timings, step_sync_intra

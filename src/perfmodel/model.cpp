@@ -1,6 +1,8 @@
 #include "perfmodel/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -385,14 +387,17 @@ void add_rendezvous(const Profile& prof, const Target& target, std::vector<StepC
 
 }  // namespace
 
+double sync_us(const SyncFit& f, double compute_us) {
+  const double c = std::max(0.0, compute_us);
+  return f.us + f.per_compute * (f.compute_cap_us > 0.0 ? std::min(c, f.compute_cap_us) : c);
+}
+
 double rendezvous_us(const Profile& prof, bool whole_world, double compute_us) {
-  const SyncFit& f = whole_world ? prof.step_sync_world : prof.step_sync;
-  return f.us + f.per_compute * std::max(0.0, compute_us);
+  return sync_us(whole_world ? prof.step_sync_world : prof.step_sync, compute_us);
 }
 
 double intra_rendezvous_us(const Profile& prof, bool whole_world, double compute_us) {
-  const SyncFit& f = whole_world ? prof.step_sync_world : prof.step_sync_intra;
-  return f.us + f.per_compute * std::max(0.0, compute_us);
+  return sync_us(whole_world ? prof.step_sync_world : prof.step_sync_intra, compute_us);
 }
 
 RendezvousTiming rendezvous_timing(double total_us, double compute_us, double priced_total_us,
@@ -413,18 +418,30 @@ double rendezvous_per_compute(double total_us, double compute_us, double priced_
   return std::max(0.0, t.excess_us / t.at_one_us);
 }
 
-RendezvousTerms fit_rendezvous(const std::vector<RendezvousTiming>& small,
-                               const std::vector<RendezvousTiming>& large, double steps) {
+double rendezvous_at_one(const RendezvousTiming& t, double cap_us) {
+  if (cap_us <= 0.0 || t.step_compute_us.empty()) return t.at_one_us;
+  double a = 0.0;
+  for (double c : t.step_compute_us) a += std::min(std::max(0.0, c), cap_us);
+  return a;
+}
+
+namespace {
+
+double median_of(const std::vector<RendezvousTiming>& v,
+                 const std::function<double(const RendezvousTiming&)>& field) {
+  std::vector<double> x;
+  for (const auto& t : v) x.push_back(field(t));
+  return median(std::move(x));
+}
+
+// The line through the two smaller computations, their A taken at `cap` (model.h).
+RendezvousTerms fit_line(const std::vector<RendezvousTiming>& small,
+                         const std::vector<RendezvousTiming>& large, double steps, double cap) {
   RendezvousTerms out;
-  if (small.empty() || large.empty() || steps <= 0.0) return out;
-  auto med = [](const std::vector<RendezvousTiming>& v, double RendezvousTiming::*field) {
-    std::vector<double> x;
-    for (const auto& t : v) x.push_back(t.*field);
-    return median(std::move(x));
-  };
-  using T = RendezvousTiming;
-  const double es = med(small, &T::excess_us), el = med(large, &T::excess_us);
-  const double as = med(small, &T::at_one_us), al = med(large, &T::at_one_us);
+  auto excess = [](const RendezvousTiming& t) { return t.excess_us; };
+  auto at_one = [cap](const RendezvousTiming& t) { return rendezvous_at_one(t, cap); };
+  const double es = median_of(small, excess), el = median_of(large, excess);
+  const double as = median_of(small, at_one), al = median_of(large, at_one);
   const double pc = al > as ? (el - es) / (al - as) : -1.0;
   if (pc < 0.0) {
     out.us = std::max(0.0, 0.5 * (es + el) / steps);
@@ -437,6 +454,52 @@ RendezvousTerms fit_rendezvous(const std::vector<RendezvousTiming>& small,
   }
   out.us = us;
   out.per_compute = pc;
+  return out;
+}
+
+}  // namespace
+
+RendezvousTerms fit_rendezvous(const std::vector<RendezvousTiming>& small,
+                               const std::vector<RendezvousTiming>& large, double steps,
+                               const std::vector<RendezvousTiming>& largest) {
+  if (small.empty() || large.empty() || steps <= 0.0) return {};
+  RendezvousTerms out = fit_line(small, large, steps, 0.0);
+  double top = 0.0;  // the largest C of the largest computation: a cap above it is none
+  for (const auto& t : largest)
+    for (double c : t.step_compute_us) top = std::max(top, c);
+  if (top <= 0.0) return out;
+  const double excess =
+      median_of(largest, [](const RendezvousTiming& t) { return t.excess_us; });
+  // The largest computation's rendezvous priced by `t` at cap c.
+  auto priced = [&](const RendezvousTerms& t, double c) {
+    return steps * t.us +
+           t.per_compute * median_of(largest, [c](const RendezvousTiming& x) {
+             return rendezvous_at_one(x, c);
+           });
+  };
+  double cap = 0.0;
+  for (int round = 0; round < 200; ++round) {
+    // No cap where the line prices the largest at most its excess (to rounding): the line.
+    if (out.per_compute <= 0.0 || excess >= priced(out, 0.0) * (1.0 - 1e-9)) {
+      if (cap > 0.0) out = fit_line(small, large, steps, 0.0);
+      cap = 0.0;
+      break;
+    }
+    // priced(out, c) grows with c from steps us (c = 0) to the uncapped price (c = top):
+    // bisect for the cap where it meets the excess (the smallest positive cap where even
+    // steps us is above it).
+    double lo = 0.0, hi = top;
+    for (int i = 0; i < 60; ++i) {
+      const double mid = 0.5 * (lo + hi);
+      (priced(out, mid) < excess ? lo : hi) = mid;
+    }
+    const double next = std::max(hi, 1.0);
+    const bool settled = std::abs(next - cap) <= 1e-12 * top;
+    cap = next;
+    out = fit_line(small, large, steps, cap);
+    if (settled) break;
+  }
+  if (out.per_compute > 0.0 && cap > 0.0 && cap < top * (1.0 - 1e-9)) out.compute_cap_us = cap;
   return out;
 }
 

@@ -21,7 +21,7 @@
 // after a handshake with its receiver; m = b / (n - 1), the per-peer message. A fused piece of
 // m / W pays it where m / W is above E (piece_cost).
 // Rendezvous after computation, once per collective step and direction (rendezvous_us):
-//     sync = s.us + s.per_compute * C
+//     sync = s.us + s.per_compute * min(C, s.compute_cap_us)   (no cap where it is 0)
 // in the order the executor runs the steps (backward: reversed). A step with a group across
 // the nodes: C = the predicted compute since the previous step that crossed the nodes (or the
 // pass's start), s = step_sync (step_sync_world when every group of the step holds all
@@ -131,6 +131,8 @@ PieceCost piece_cost(const Profile& profile, CommOp op, const GroupSpan& span, d
 // whole_world: every group of the step holds all ranks. rendezvous_us: a step with a group
 // across the nodes (step_sync), intra_rendezvous_us: one whose groups all lie within a node
 // (step_sync_intra); step_sync_world where whole_world.
+// sync_us: one line's us + per_compute * C, C = compute_us capped at compute_cap_us (if set).
+double sync_us(const SyncFit& f, double compute_us);
 double rendezvous_us(const Profile& profile, bool whole_world, double compute_us);
 double intra_rendezvous_us(const Profile& profile, bool whole_world, double compute_us);
 // The measured per_compute of the header comment: one layer's time outside its compute steps
@@ -143,28 +145,38 @@ double intra_rendezvous_us(const Profile& profile, bool whole_world, double comp
 // compute time is not positive.
 double rendezvous_per_compute(double total_us, double compute_us, double priced_total_us,
                               double priced_compute_us, double rendezvous_at_one_us);
-// The rendezvous' two terms (header comment: sync = us + per_compute * C) from one layout's
-// layer timed at two computations (calibrate_rendezvous). Per timing: excess_us = (t - t_c) -
-// (p0 - p_c) and at_one_us = R1 * t_c / p_c (as rendezvous_per_compute); `steps`: the layer's
-// collective steps that pay it (its rendezvous priced at us 1, in us). Through the median
-// (at_one, excess) of each computation:
+// The rendezvous' terms (header comment: sync = us + per_compute * min(C, cap)) from one
+// layout's layer timed at two computations, and optionally a third, larger one
+// (calibrate_rendezvous). Per timing: excess_us = (t - t_c) - (p0 - p_c) and at_one_us = R1 *
+// t_c / p_c (as rendezvous_per_compute); step_compute_us: the C of each collective step that
+// pays it (priced, scaled by t_c / p_c; their sum is at_one_us), from which A(cap) = sum over
+// steps of min(C, cap) (at_one_us where they are not given); `steps`: the layer's collective
+// steps that pay it (its rendezvous priced at us 1, in us). Through the median (A, excess) of
+// each of the two smaller computations:
 //     per_compute = (E_large - E_small) / (A_large - A_small),   us = (E_small - per_compute
 //     A_small) / steps
 // bounded below by 0: where per_compute would be negative (or the two A do not differ),
 // per_compute 0 and us = the mean of the two E / steps; where us would be, us 0 and
 // per_compute = (E_small + E_large) / (A_small + A_large). Both 0 where nothing is positive.
+// The largest computation sets the cap: none where its median excess reaches the line's
+// price (steps us + per_compute A_largest); else the cap at which the line prices it (and
+// the line refitted through the two smaller ones at that cap, until the cap settles).
 struct RendezvousTiming {
   double excess_us = 0.0, at_one_us = 0.0;
+  std::vector<double> step_compute_us;
 };
+// A(cap) of one timing (cap <= 0: none).
+double rendezvous_at_one(const RendezvousTiming& t, double cap_us);
 // One timing's (excess, at_one) from the arguments of rendezvous_per_compute (at_one 0 where
 // p_c is not positive).
 RendezvousTiming rendezvous_timing(double total_us, double compute_us, double priced_total_us,
                                    double priced_compute_us, double rendezvous_at_one_us);
 struct RendezvousTerms {
-  double us = 0.0, per_compute = 0.0;
+  double us = 0.0, per_compute = 0.0, compute_cap_us = 0.0;
 };
 RendezvousTerms fit_rendezvous(const std::vector<RendezvousTiming>& small,
-                               const std::vector<RendezvousTiming>& large, double steps);
+                               const std::vector<RendezvousTiming>& large, double steps,
+                               const std::vector<RendezvousTiming>& largest = {});
 
 // Expert rows a rank computes (summed over its E_loc local experts) when the router sends
 // every expert the same share and nothing drops: E_loc x expert_blocks x (k T_gate / E) /

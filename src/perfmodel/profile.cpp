@@ -66,6 +66,8 @@ void read_sync_fit(JsonReader& r, const nlohmann::json& j, const std::string& ke
   f.us = r.number(sy, key, "us", 0.0, true);
   // Profiles written before the compute term priced a constant rendezvous.
   if (sy.contains("per_compute")) f.per_compute = r.number(sy, key, "per_compute", 0.0, true);
+  if (sy.contains("compute_cap_us"))
+    f.compute_cap_us = r.number(sy, key, "compute_cap_us", 0.0, true);
   if (sy.contains("r2")) f.r2 = r.number(sy, key, "r2", -INFINITY, true, 1.0);
   f.samples = r.integer(sy, key, "samples", 0);
   f.source = r.text(sy, key, "source");
@@ -105,7 +107,8 @@ nlohmann::json profile_to_json(const Profile& p) {
   for (const auto& [key, f] : {std::pair{"step_sync", &p.step_sync},
                                std::pair{"step_sync_world", &p.step_sync_world},
                                std::pair{"step_sync_intra", &p.step_sync_intra}})
-    j[key] = {{"us", f->us}, {"per_compute", f->per_compute}, {"r2", f->r2},
+    j[key] = {{"us", f->us}, {"per_compute", f->per_compute},
+              {"compute_cap_us", f->compute_cap_us}, {"r2", f->r2},
               {"samples", f->samples}, {"source", f->source}};
   j["layer_compute"] = {{"scale", p.layer_compute.scale}, {"source", p.layer_compute.source}};
   write_rate_fits(p.gemm, "gflops", &GemmFit::gflops, gemm_class_name, j["gemm"]);

@@ -123,7 +123,7 @@ struct FusedFit {
 // times and a loaded or oversubscribed machine has descheduled some of them, which a
 // collective timed back to back (the collective fits) never pays. Added once per collective
 // step and direction (model.h, rendezvous_us): us + per_compute * the compute the ranks ran
-// since their last collective.
+// since their last collective, that compute taken up to compute_cap_us where a cap is set.
 struct SyncFit {
   double us = 0.0;
   // Extra wait per us of compute before the step (dimensionless): a longer computation is
@@ -132,6 +132,11 @@ struct SyncFit {
   double r2 = 1.0;
   int64_t samples = 0;
   std::string source = "assumed";
+  // The compute (us) beyond which the wait stops growing (0: none). Ranks that share cores
+  // take turns on them, so their arrivals drift apart with the computation only until the
+  // scheduler's rotation bounds it (issue 42: on 2 x 4 ranks of 2 cores the layers with 6x
+  // the calibration's compute waited 1.5-2x as long, not 6x).
+  double compute_cap_us = 0.0;
 };
 
 // How much slower the layer's compute runs than the products and kernels timed alone

@@ -76,13 +76,18 @@ ClusterSpec cluster_from_json(const nlohmann::json& j, const std::string& origin
   if (j.contains("step_sync_us")) p.step_sync.us = r.number(j, "", "step_sync_us", 0.0, true);
   if (j.contains("step_sync_per_compute"))
     p.step_sync.per_compute = r.number(j, "", "step_sync_per_compute", 0.0, true);
+  if (j.contains("step_sync_compute_cap_us"))
+    p.step_sync.compute_cap_us = r.number(j, "", "step_sync_compute_cap_us", 0.0, true);
   // One rendezvous for every group, but for the steps within a node where the file gives
-  // their own (step_sync_intra_us / _per_compute, issue 42; model.h).
+  // their own (step_sync_intra_us / _per_compute / _compute_cap_us, issue 42; model.h).
   p.step_sync_world = p.step_sync_intra = p.step_sync;
   if (j.contains("step_sync_intra_us"))
     p.step_sync_intra.us = r.number(j, "", "step_sync_intra_us", 0.0, true);
   if (j.contains("step_sync_intra_per_compute"))
     p.step_sync_intra.per_compute = r.number(j, "", "step_sync_intra_per_compute", 0.0, true);
+  if (j.contains("step_sync_intra_compute_cap_us"))
+    p.step_sync_intra.compute_cap_us =
+        r.number(j, "", "step_sync_intra_compute_cap_us", 0.0, true);
   if (j.contains("fused_per_piece_us"))
     p.fused.per_piece_us = r.number(j, "", "fused_per_piece_us", 0.0, true);
   // The rendezvous a fused step's pieces avoid (model.h, eager_saving_us): both or neither.

@@ -51,21 +51,26 @@ for op in ("allreduce", "allgather", "reduce_scatter", "alltoall"):
     assert inter["handshake_source"] == "measured (the step at the eager limit)", inter
     assert intra["handshake_us"] == 0, intra
     assert intra["handshake_source"] == "not priced on an intra-node link", intra
-# The rendezvous: its fixed cost per step and per_compute fitted inside the layer, timed at
-# two sizes three times across the calibration (calibrate_rendezvous, model.h fit_rendezvous):
-# within a node on mp 2 ep 2 esp 1 (step_sync_intra), then across the nodes on the
-# calibration's own layout (step_sync and step_sync_world, the same values).
+# The rendezvous: its fixed cost per step, per_compute and the cap on the compute fitted
+# inside the layer, timed at three sizes three times across the calibration
+# (calibrate_rendezvous, model.h fit_rendezvous): within a node on mp 2 ep 2 esp 1
+# (step_sync_intra), then across the nodes on the calibration's own layout (step_sync and
+# step_sync_world, the same values).
 def terms(sy, what):
-    m = re.fullmatch(r"measured \(inside %s at H 1024 and 4096, medians of 3 timings each: "
-                     r"us ([0-9.]+) per step \+ per_compute ([0-9.]+)\)" % what, sy["source"])
+    m = re.fullmatch(r"measured \(inside %s at H 1024, 4096 and 16384, medians of 3 timings "
+                     r"each: us ([0-9.]+) per step \+ per_compute ([0-9.]+) x "
+                     r"(C|min\(C, ([0-9.]+) ms\))\)" % what, sy["source"])
     assert m, sy
     assert abs(sy["us"] - float(m.group(1))) <= 0.05 + 1e-9, sy
     assert abs(sy["per_compute"] - float(m.group(2))) <= 5e-4, sy
     assert sy["us"] >= 0 and sy["per_compute"] >= 0, sy
+    cap = sy["compute_cap_us"]
+    assert (cap == 0) if m.group(3) == "C" else abs(cap / 1e3 - float(m.group(4))) <= 0.05, sy
+    assert cap == 0 or sy["per_compute"] > 0, sy
 for key in ("step_sync", "step_sync_world"):
     terms(p[key], "a layer")
-    assert (p[key]["us"], p[key]["per_compute"]) == \
-        (p["step_sync"]["us"], p["step_sync"]["per_compute"]), (key, p[key])
+    assert all(p[key][k] == p["step_sync"][k] for k in ("us", "per_compute", "compute_cap_us")), \
+        (key, p[key])
 terms(p["step_sync_intra"], "a layer whose groups lie within a node")
 # The fused overlap is a median of ratios bounded to [0, 1].
 assert 0.0 <= p["fused"]["overlap"] <= 1.0, p["fused"]

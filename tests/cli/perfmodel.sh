@@ -135,9 +135,9 @@ out="$(/usr/bin/python3 "$src/bench/tools/cluster_from_profile.py" --profile "$t
 check "cluster_from_profile writes a cluster file" 0 $? "" "$out"
 out="$(/usr/bin/python3 -c 'import json, sys
 p, c = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-for k in ("us", "per_compute"):
-    assert c["step_sync_intra_" + k] == p["step_sync_intra"][k], (k, c, p["step_sync_intra"])
-    assert c["step_sync_" + k] == p["step_sync"][k], (k, c, p["step_sync"])
+for k in ("us", "per_compute", "compute_cap_us"):
+    assert c.get("step_sync_intra_" + k, 0) == p["step_sync_intra"][k], (k, c, p["step_sync_intra"])
+    assert c.get("step_sync_" + k, 0) == p["step_sync"][k], (k, c, p["step_sync"])
 print("ok")' "$tmp/p.json" "$tmp/from-p.json" 2>&1)"
 check "the cluster file carries both rendezvous lines of the profile" 0 $? "ok" "$out"
 out="$(prun -n 1 -- simulate --cluster "$tmp/from-p.json" \

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -886,34 +887,84 @@ TEST(PerfModel, RendezvousFitHandComputed) {
   EXPECT_DOUBLE_EQ(fit_rendezvous({}, large, 4.0).us, 0.0);
 }
 
-// The fit inverts the price: the rendezvous layer at both sizes "measured" at what a profile
-// with us 5 and per_compute 0.3 predicts gives back 5 and 0.3, each size's excess and R1
-// taken as calibrate_rendezvous takes them.
+// The cap (model.h: fit_rendezvous) on a hand-computed case. Two steps per timing whose
+// compute before them is (1, 2), (4, 8) and (16, 32) ms, "measured" at us 100 per step,
+// per_compute 0.5, cap 6 ms: excess 200 + 0.5 x (1000 + 2000) = 1700, 200 + 0.5 x (4000 + 6000)
+// = 5200, 200 + 0.5 x (6000 + 6000) = 6200 us. The line through the two smaller alone is per
+// compute 3500 / 9000 (0.389) and would price the largest at 19200; the fit finds the cap and
+// refits the line at it until both settle on the terms that made the data.
+TEST(PerfModel, RendezvousCapHandComputed) {
+  using T = RendezvousTiming;
+  const std::vector<T> small{{1700, 3000, {1000, 2000}}};
+  const std::vector<T> large{{5200, 12000, {4000, 8000}}};
+  const std::vector<T> largest{{6200, 48000, {16000, 32000}}};
+  EXPECT_DOUBLE_EQ(rendezvous_at_one(largest[0], 6000), 12000.0);
+  EXPECT_DOUBLE_EQ(rendezvous_at_one(largest[0], 0), 48000.0);
+  EXPECT_DOUBLE_EQ(rendezvous_at_one(largest[0], 20000), 36000.0);
+  RendezvousTerms t = fit_rendezvous(small, large, 2.0, largest);
+  EXPECT_NEAR(t.compute_cap_us, 6000.0, 1e-3);
+  EXPECT_NEAR(t.per_compute, 0.5, 1e-7);
+  EXPECT_NEAR(t.us, 100.0, 1e-4);
+  // The price of that profile: a step after 20 ms of compute pays 100 + 0.5 x 6000.
+  Profile p;
+  p.step_sync = SyncFit{t.us, t.per_compute, 1.0, 0, "t", t.compute_cap_us};
+  EXPECT_NEAR(rendezvous_us(p, false, 20000.0), 3100.0, 1e-2);
+  EXPECT_NEAR(rendezvous_us(p, false, 1000.0), 600.0, 1e-4);
+  // Without the largest, or where it waited as long as the line says (the data on a line,
+  // 200 + 0.5 x 48000): no cap, the line of the two smaller.
+  const std::vector<T> on_line{{24200, 48000, {16000, 32000}}};
+  for (const auto& top : {std::vector<T>{}, on_line}) {
+    t = fit_rendezvous(small, large, 2.0, top);
+    EXPECT_DOUBLE_EQ(t.compute_cap_us, 0.0);
+    EXPECT_DOUBLE_EQ(t.per_compute, 3500.0 / 9000.0);
+  }
+  // Longer than the line: no cap either (the line stays; more than linear is not modelled).
+  t = fit_rendezvous(small, large, 2.0, {{40000, 48000, {16000, 32000}}});
+  EXPECT_DOUBLE_EQ(t.compute_cap_us, 0.0);
+  EXPECT_DOUBLE_EQ(t.per_compute, 3500.0 / 9000.0);
+}
+
+// The fit inverts the price: the rendezvous layer at the three sizes "measured" at what a
+// profile with us 5, per_compute 0.3 and a cap between the large and the largest size's
+// compute per step predicts gives back 5, 0.3 and the cap, each size's excess, R1 and compute
+// per step taken as calibrate_rendezvous takes them.
 TEST(PerfModel, RendezvousFitRecoversThePricedTerms) {
   Profile p = comm_only_profile(10.0, 1e-3, 100.0, 1e-2);
   for (GemmClass c : {GemmClass::kExpertNN, GemmClass::kExpertTN, GemmClass::kExpertNT})
     p.gemm_fit(c) = GemmFit{2.0, 1.0, 1.0, 0, "t"};
   const Target t = make_target(0, 2, 2, 2, 2);
-  std::vector<RendezvousTiming> at[2];
-  double steps = 0.0;
-  for (int i = 0; i < 2; ++i) {
-    const MoeShape shape = rendezvous_calibration_shape(t.layout, kRendezvousHidden[i]);
-    const Prediction p0 = predict_kind(p, shape, t, Kind::kS1, false);
-    auto with = [&](double us, double pc) {
-      Profile q = p;
-      q.step_sync = q.step_sync_world = q.step_sync_intra = SyncFit{us, pc, 1.0, 0, "t"};
-      return predict_kind(q, shape, t, Kind::kS1, false).total_us() - p0.total_us();
-    };
-    steps = with(1.0, 0.0);
-    const double measured = p0.total_us() + with(5.0, 0.3);
-    const double c = compute_steps_us(p0);
-    at[i].push_back({measured - p0.total_us(), with(0.0, 1.0)});
-    ASSERT_GT(c, 0.0);
+  auto priced = [&](const MoeShape& shape, SyncFit f) {
+    Profile q = p;
+    q.step_sync = q.step_sync_world = q.step_sync_intra = f;
+    return predict_kind(q, shape, t, Kind::kS1, false);
+  };
+  std::vector<double> step_compute[3];
+  for (int i = 0; i < 3; ++i)
+    for (const StepCost& c : priced(rendezvous_calibration_shape(t.layout, kRendezvousHidden[i]),
+                                    SyncFit{0.0, 1.0, 1.0, 0, "t"}).steps)
+      for (double v : {c.fwd_sync_us, c.bwd_sync_us})
+        if (v > 0.0) step_compute[i].push_back(v);
+  const double top_large = *std::max_element(step_compute[1].begin(), step_compute[1].end());
+  const double top = *std::max_element(step_compute[2].begin(), step_compute[2].end());
+  ASSERT_GT(top, top_large);
+  const double cap = 0.5 * (top_large + top);
+  for (const double c : {0.0, cap}) {
+    std::vector<RendezvousTiming> at[3];
+    double steps = 0.0;
+    for (int i = 0; i < 3; ++i) {
+      const MoeShape shape = rendezvous_calibration_shape(t.layout, kRendezvousHidden[i]);
+      const double p0 = priced(shape, SyncFit{}).total_us();
+      auto with = [&](SyncFit f) { return priced(shape, f).total_us() - p0; };
+      steps = with(SyncFit{1.0, 0.0, 1.0, 0, "t"});
+      at[i].push_back({with(SyncFit{5.0, 0.3, 1.0, 0, "t", c}),
+                       with(SyncFit{0.0, 1.0, 1.0, 0, "t"}), step_compute[i]});
+    }
+    ASSERT_GT(steps, 0.0);
+    const RendezvousTerms r = fit_rendezvous(at[0], at[1], steps, at[2]);
+    EXPECT_NEAR(r.us, 5.0, 1e-6) << "cap " << c;
+    EXPECT_NEAR(r.per_compute, 0.3, 1e-9) << "cap " << c;
+    EXPECT_NEAR(r.compute_cap_us, c, 1e-6 * top) << "cap " << c;
   }
-  ASSERT_GT(steps, 0.0);
-  const RendezvousTerms r = fit_rendezvous(at[0], at[1], steps);
-  EXPECT_NEAR(r.us, 5.0, 1e-6);
-  EXPECT_NEAR(r.per_compute, 0.3, 1e-9);
 }
 
 // compute_steps_us sums exactly the steps that are not collectives and not the executor's.
@@ -1062,6 +1113,7 @@ Profile sample_profile() {
   p.layer_compute = ComputeScale{1.25, "measured"};
   p.step_sync = SyncFit{42.0, 0.125, 0.8, 10, "measured"};
   p.step_sync_world = SyncFit{5.0, 0.5, 0.7, 8, "emulated"};
+  p.step_sync_intra = SyncFit{3.0, 0.25, 0.9, 9, "measured", 60000.0};
   for (auto& g : p.gemm) {
     g = GemmFit{v, 10.0 * v, 0.95, 54, "measured"};
     v += 1.0;
@@ -1110,6 +1162,8 @@ TEST(Profile, WriteReadRoundTrip) {
   EXPECT_DOUBLE_EQ(q.step_sync_world.us, 5.0);
   EXPECT_DOUBLE_EQ(q.step_sync_world.per_compute, 0.5);
   EXPECT_EQ(q.step_sync_world.source, "emulated");
+  EXPECT_DOUBLE_EQ(q.step_sync.compute_cap_us, 0.0);
+  EXPECT_DOUBLE_EQ(q.step_sync_intra.compute_cap_us, 60000.0);
   // A profile from before the world was measured apart: the world copies step_sync.
   nlohmann::json old = profile_to_json(p);
   // A profile of one measured share: it prices both spans.

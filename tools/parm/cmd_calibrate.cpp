@@ -55,8 +55,11 @@ void print_table(const perfmodel::Profile& p) {
               "-", "-", "", "", p.layer_compute.source.c_str());
   for (const auto& [name, f] : {std::pair{"step sync (+ per compute)", &p.step_sync},
                                 std::pair{"step sync within a node", &p.step_sync_intra}})
-    std::printf("%-26s %10.2f %14s %7.4f/us  %8.4f %7lld  %s\n", name, f->us, "-",
-                f->per_compute, f->r2, static_cast<long long>(f->samples), f->source.c_str());
+    std::printf("%-26s %10.2f %14s %7.4f/us  %8.4f %7lld  %s%s\n", name, f->us, "-",
+                f->per_compute, f->r2, static_cast<long long>(f->samples), f->source.c_str(),
+                f->compute_cap_us > 0.0
+                    ? fmt::format("; compute capped at {:.1f} ms", f->compute_cap_us / 1e3).c_str()
+                    : "");
   for (int c = 0; c < kNumGemmClasses; ++c) {
     const GemmFit& f = p.gemm[static_cast<size_t>(c)];
     std::printf("%-26s %10.2f %14s %6.2f GFLOP/s %8.4f %7lld  %s\n",
