@@ -94,9 +94,19 @@ LayerTimes time_layer_pair(Topology& topo, const MoeShape& shape, schedule::Kind
       t[v].push_back(now_us() - t0);
       if (v == 0) compute.push_back(compute_us_of(sc, last_pass_step_us(*layers[0])));
     }
-  return {median(max_over_ranks(world, t[0])),
-          fused_too ? median(max_over_ranks(world, t[1])) : 0.0,
-          median(max_over_ranks(world, compute)), shape.tokens};
+  LayerTimes out;
+  out.tokens = shape.tokens;
+  out.compute_us = median(max_over_ranks(world, compute));
+  for (size_t v = 0; v < variants; ++v) {
+    const std::vector<double> slowest = max_over_ranks(world, t[v]);
+    (v == 0 ? out.unfused_us : out.fused_us) = median(slowest);
+    if (slowest.size() < 2) continue;
+    std::array<std::vector<double>, 2> half;
+    for (size_t i = 0; i < slowest.size(); ++i) half[i % 2].push_back(slowest[i]);
+    for (size_t h = 0; h < 2; ++h)
+      (v == 0 ? out.unfused_half_us : out.fused_half_us)[h] = median(half[h]);
+  }
+  return out;
 }
 
 namespace {
@@ -228,6 +238,15 @@ double layer_overlap(double measured_us, const std::function<double(double)>& pr
   return 0.5 * (lo + hi);
 }
 
+double supported_layer_overlap(const LayerTimes& t,
+                               const std::function<double(double)>& priced_us) {
+  if (t.unfused_half_us[0] <= 0.0 || t.fused_half_us[0] <= 0.0 || t.unfused_half_us[1] <= 0.0 ||
+      t.fused_half_us[1] <= 0.0)
+    return layer_overlap(t.fused_us - t.unfused_us, priced_us);
+  return std::min(layer_overlap(t.fused_half_us[0] - t.unfused_half_us[0], priced_us),
+                  layer_overlap(t.fused_half_us[1] - t.unfused_half_us[1], priced_us));
+}
+
 void calibrate_overlap_in_layer(Topology& topo, const CalibrateOptions& o, Calibration& cal,
                                 const std::function<void(const std::string&)>& log) {
   FusedFit& ff = cal.profile.fused;
@@ -266,8 +285,8 @@ void calibrate_overlap_in_layer(Topology& topo, const CalibrateOptions& o, Calib
     p.fused.per_piece_us = per_piece(ov);
     return total_us(p, shape, here, kind, true, W);
   };
-  const double ov = layer_overlap(t.fused_us - t.unfused_us,
-                                  [&](double v) { return fused_at(v) - unfused; });
+  const auto priced = [&](double v) { return fused_at(v) - unfused; };
+  const double ov = supported_layer_overlap(t, priced);
   ff.overlap = ov;
   ff.per_piece_us = per_piece(ov);
   cal.fused_alone.overlap_in_layer = true;
@@ -282,11 +301,14 @@ void calibrate_overlap_in_layer(Topology& topo, const CalibrateOptions& o, Calib
   const Layout& l = here.layout;
   log(fmt::format(
       "  overlap in the layer: {} mp={} ep={} esp={} T={} M={} H={} E={} k=1 f=1, measured "
-      "unfused {:.3f} ms, fused {:.3f} ms; priced unfused {:.3f} ms, fused at overlap 0 / 1 "
-      "{:.3f} / {:.3f} ms: overlap {:.3f}, per piece {:.2f} us",
+      "unfused {:.3f} ms, fused {:.3f} ms (even rounds {:.3f} / {:.3f}, odd {:.3f} / {:.3f}); "
+      "priced unfused {:.3f} ms, fused at overlap 0 / 1 {:.3f} / {:.3f} ms: overlap {:.3f} "
+      "(all rounds {:.3f}; the smaller of the halves'), per piece {:.2f} us",
       schedule::kind_name(kind), l.mp, l.ep, l.esp, shape.tokens, shape.model_dim, shape.hidden,
-      shape.experts, t.unfused_us / 1e3, t.fused_us / 1e3, unfused / 1e3, fused_at(0.0) / 1e3,
-      fused_at(1.0) / 1e3, ov, ff.per_piece_us));
+      shape.experts, t.unfused_us / 1e3, t.fused_us / 1e3, t.unfused_half_us[0] / 1e3,
+      t.fused_half_us[0] / 1e3, t.unfused_half_us[1] / 1e3, t.fused_half_us[1] / 1e3,
+      unfused / 1e3, fused_at(0.0) / 1e3, fused_at(1.0) / 1e3, ov,
+      layer_overlap(t.fused_us - t.unfused_us, priced), ff.per_piece_us));
 }
 
 void calibrate_fused_layer(Topology& topo, const TopologyOptions& topo_options,

@@ -8,6 +8,7 @@
 // eager_saving_us) and layer_compute.scale.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <optional>
 #include <string>
@@ -32,6 +33,8 @@ struct LayerTimes {
   double unfused_us = 0.0, fused_us = 0.0;  // fused_us: 0 when not timed
   double compute_us = 0.0;  // the unfused layer's compute steps (measured_steps.h)
   int64_t tokens = 0;
+  // The same medians over the even and over the odd rounds (0 with fewer than 2 rounds).
+  std::array<double, 2> unfused_half_us{}, fused_half_us{};
 };
 // Interleaved rounds of forward + backward of `kind` unfused and (fused_too) fused on topo
 // (collective), so that a load change hits both alike: medians over o.iters of the slowest
@@ -58,7 +61,8 @@ bool eager_gain_measurable(double eligible_us, double unfused_us);
 // priced it 0.91x. The layer: overlap_calibration_shape's; `kind` unfused and fused timed as
 // time_layer_pair, then
 //     overlap = the ov in [0, 1] where p_fused(ov) - p_unfused = t_fused - t_unfused
-// (layer_overlap), p priced by plain_layer_profile with per_piece_us refitted to the fused
+// (layer_overlap), the smaller of the even and the odd rounds' (supported_layer_overlap), p
+// priced by plain_layer_profile with per_piece_us refitted to the fused
 // collectives alone at ov (fit.h overlap_per_piece_us); 0 where fusion measured above its
 // price at 0, 1 where below it at 1. Sets fused.overlap, per_piece_us, r2 (over the sizes
 // alone) and source "measured (overlap in the layer, ...)". Nothing on a device other than
@@ -93,6 +97,14 @@ bool bound_unmeasured_overlap(FusedFit& ff, const FusedAlone& alone, double fuse
 // decreasing in ov) equals measured_us (what it added measured), by bisection: 0 where fusion
 // measured at or above its price at 0, 1 where at or below it at 1.
 double layer_overlap(double measured_us, const std::function<double(double)>& priced_us);
+// The overlap both halves of the rounds support (calibrate_overlap_in_layer): the smaller of
+// layer_overlap over the even and over the odd rounds' fused - unfused (over all rounds where
+// the halves were not timed). A credit that one half of the same timing does not give is
+// noise: on 2 x 4 at 10 Gbit/s the layer (T 65536, 1.45 s a pass) measured fusion 3.5% faster
+// once, which set 0.414, and fused S1 then ran slower than plain S1 on the sweep's esp 2 layers
+// where it was chosen ("always s1" 0.982 of auto, sweep q); 0-0.09 in three other calibrations.
+double supported_layer_overlap(const LayerTimes& t,
+                               const std::function<double(double)>& priced_us);
 
 // Measures layer_compute.scale and fused.eager_gain on this topology (collective) and writes
 // them, with their sources, into cal.profile (whose other terms must be calibrated already:

@@ -1585,6 +1585,25 @@ TEST(Fit, LayerOverlapMeetsTheMeasuredDifference) {
               1e-12);
 }
 
+// The overlap both halves of the rounds support: the smaller of the two halves' (sweep q's
+// calibration: fusion 3.5% faster over all rounds; a half that measured it slower gives 0).
+TEST(Fit, LayerOverlapIsWhatBothHalvesSupport) {
+  const auto priced = [](double v) { return 4.5 - 128.5 * v; };  // ms: +4.5 at 0, -124 at 1
+  LayerTimes t;
+  t.unfused_us = 1453.0;
+  t.fused_us = 1402.0;
+  // Halves: fusion 60 ms and 20 ms faster: (4.5 + 60) / 128.5 and (4.5 + 20) / 128.5.
+  t.unfused_half_us = {1450.0, 1456.0};
+  t.fused_half_us = {1390.0, 1436.0};
+  EXPECT_NEAR(supported_layer_overlap(t, priced), 24.5 / 128.5, 1e-12);
+  // One half measured fusion 10 ms slower: nothing both support.
+  t.fused_half_us = {1390.0, 1466.0};
+  EXPECT_DOUBLE_EQ(supported_layer_overlap(t, priced), 0.0);
+  // Halves not timed (one round): all rounds, (4.5 + 51) / 128.5.
+  t.unfused_half_us = t.fused_half_us = {0.0, 0.0};
+  EXPECT_NEAR(supported_layer_overlap(t, priced), 55.5 / 128.5, 1e-12);
+}
+
 // The overlap measured nowhere (no size of the fused collectives alone with a gain, no overlap
 // layer) is bounded by the calibration layer's fused / unfused pair: a layer where fusion ran
 // no faster gives 0, with the per-piece cost refitted at 0 (by hand: t - u = 500 and 600 us,
