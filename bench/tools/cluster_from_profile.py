@@ -109,11 +109,12 @@ def cluster(profile, name, description, rendezvous=None):
         c["step_sync_intra_us"] = number(intra_sync, "us", 0.0, "step_sync_intra")
         c["step_sync_intra_per_compute"] = number(intra_sync, "per_compute", 0.0,
                                                   "step_sync_intra")
-        if number(intra_sync, "compute_cap_us", 0.0, "step_sync_intra") > 0:
-            c["step_sync_intra_compute_cap_us"] = number(intra_sync, "compute_cap_us", 0.0,
-                                                         "step_sync_intra")
-    if number(sync, "compute_cap_us", 0.0, "step_sync") > 0:
-        c["step_sync_compute_cap_us"] = number(sync, "compute_cap_us", 0.0, "step_sync")
+        cap = number(intra_sync, "compute_cap_us", 0.0, "step_sync_intra")
+        if cap > 0:  # 0: no cap, the key left out
+            c["step_sync_intra_compute_cap_us"] = cap
+    cap = number(sync, "compute_cap_us", 0.0, "step_sync")
+    if cap > 0:
+        c["step_sync_compute_cap_us"] = cap
     limit = number(fused, "eager_limit_bytes", 0.0, "fused")
     if limit > 0:
         c["fused_eager_gain"] = round(number(fused, "eager_gain", 0.0, "fused"), 3)

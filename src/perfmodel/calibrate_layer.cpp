@@ -240,8 +240,8 @@ double layer_overlap(double measured_us, const std::function<double(double)>& pr
 
 double supported_layer_overlap(const LayerTimes& t,
                                const std::function<double(double)>& priced_us) {
-  if (t.unfused_half_us[0] <= 0.0 || t.fused_half_us[0] <= 0.0 || t.unfused_half_us[1] <= 0.0 ||
-      t.fused_half_us[1] <= 0.0)
+  if (std::min({t.unfused_half_us[0], t.unfused_half_us[1], t.fused_half_us[0],
+                t.fused_half_us[1]}) <= 0.0)
     return layer_overlap(t.fused_us - t.unfused_us, priced_us);
   return std::min(layer_overlap(t.fused_half_us[0] - t.unfused_half_us[0], priced_us),
                   layer_overlap(t.fused_half_us[1] - t.unfused_half_us[1], priced_us));

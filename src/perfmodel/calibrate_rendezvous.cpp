@@ -75,12 +75,12 @@ std::optional<RendezvousTerms> terms_of(Topology& topo, const CalibrateOptions& 
   p0.layer_compute.scale = 1.0;
   if (which != Priced::kIntra) p0.step_sync = p0.step_sync_world = SyncFit{};
   if (which != Priced::kInter) p0.step_sync_intra = SyncFit{};
-  // The rendezvous with (us, per_compute) set to `t` on its steps, less none.
+  // The layer priced with (us, per_compute) set to `t` on its steps, less none.
   auto priced_with = [&](const schedule::Schedule& sc, const MoeShape& shape, SyncFit t) {
     Profile p1 = p0;
     if (which != Priced::kIntra) p1.step_sync = p1.step_sync_world = t;
     if (which != Priced::kInter) p1.step_sync_intra = t;
-    return predict(p1, sc, shape, here).total_us();
+    return predict(p1, sc, shape, here);
   };
   std::vector<RendezvousTiming> at[3];  // by kRendezvousHidden
   double steps = 0.0;
@@ -90,20 +90,16 @@ std::optional<RendezvousTerms> terms_of(Topology& topo, const CalibrateOptions& 
     const Prediction pr0 = predict(p0, sc, shape, here);
     SyncFit one;
     one.per_compute = 1.0;
-    const double r1 = priced_with(sc, shape, one) - pr0.total_us();
+    const Prediction at_one = priced_with(sc, shape, one);
+    const double r1 = at_one.total_us() - pr0.total_us();
     // The compute before each step that pays it: that step's rendezvous at per_compute 1.
     std::vector<double> step_compute;
-    {
-      Profile p1 = p0;
-      if (which != Priced::kIntra) p1.step_sync = p1.step_sync_world = one;
-      if (which != Priced::kInter) p1.step_sync_intra = one;
-      for (const StepCost& c : predict(p1, sc, shape, here).steps)
-        for (double v : {c.fwd_sync_us, c.bwd_sync_us})
-          if (v > 0.0) step_compute.push_back(v);
-    }
+    for (const StepCost& c : at_one.steps)
+      for (double v : {c.fwd_sync_us, c.bwd_sync_us})
+        if (v > 0.0) step_compute.push_back(v);
     one = SyncFit{};
     one.us = 1.0;
-    steps = priced_with(sc, shape, one) - pr0.total_us();
+    steps = priced_with(sc, shape, one).total_us() - pr0.total_us();
     if (r1 <= 0.0 || steps <= 0.0) return std::nullopt;
     const LayerTimes& t = timings[i].times;
     const double priced_compute = compute_steps_us(pr0);
